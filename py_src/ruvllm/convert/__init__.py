@@ -1,0 +1,61 @@
+"""`ruvllm convert`: Hugging Face folders and GGUF files into ruvllm model folders.
+
+The converter is offline tooling: it needs the `convert` extra (gguf, safetensors, tokenizers). The
+engine itself reads the result with NumPy alone.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, LoadError
+from ..formats import GROUP, get_format
+from .writer import ConvertedTensor
+
+WEIGHT_CHOICES = ("f32", "f16", "q8", "q4_0", "q4_1")
+
+
+def convert(src: str, out: str, weights: str | None = None, log: Callable[[str], None] = lambda line: None) -> None:
+    """Convert `src` (an HF model folder or a .gguf file) into the ruvllm folder `out`.
+
+    `weights` is the storage format for matrices (f32, f16, q8, q4_0, q4_1); None keeps each tensor's
+    source format. GGUF tensors already in Q8_0 / Q4_0 / Q4_1 are always copied without loss.
+    """
+    if weights is not None and weights not in WEIGHT_CHOICES:
+        raise InvalidArgumentError(f"--weights must be one of {', '.join(WEIGHT_CHOICES)}, got {weights!r}")
+    if os.path.isdir(src):
+        from .hf import convert_hf
+
+        convert_hf(src, out, weights, log)
+    elif os.path.isfile(src) and src.endswith(".gguf"):
+        from .gguf import convert_gguf
+
+        convert_gguf(src, out, weights, log)
+    elif not os.path.exists(src):
+        raise LoadError(f"{src}: no such file or folder")
+    else:
+        raise LoadError(f"{src}: expected a Hugging Face model folder or a .gguf file")
+
+
+def encode(name: str, w: np.ndarray, target: str) -> ConvertedTensor:
+    """Store float32 `w` in `target`, or in f32 where a quantized target cannot hold it.
+
+    Only matrices are quantized; vectors (norms, biases) stay f32. The note gives the max abs error.
+    """
+    if w.ndim != 2 and target != "f32":
+        return ConvertedTensor(name, "f32", w.shape, {"": w.astype(np.float32)}, "f32 (vector)")
+    fmt = get_format(target)
+    if fmt.quantized and w.shape[1] % GROUP:
+        return ConvertedTensor(name, "f32", w.shape, {"": w.astype(np.float32)}, f"f32 ({w.shape[1]} columns is not a multiple of {GROUP})")
+    parts = fmt.quantize(w)
+    if target == "f32":
+        return ConvertedTensor(name, "f32", w.shape, parts, "f32")
+    error = float(np.max(np.abs(fmt.dequantize(parts, w.shape) - w))) if w.size else 0.0
+    return ConvertedTensor(name, target, w.shape, parts, f"{target} max |error| {error:.3g}")
+
+
+def report(t: ConvertedTensor) -> str:
+    return f"{t.name:48s} {str(list(t.shape)):14s} {t.note}"

@@ -1,0 +1,51 @@
+"""Converting a Hugging Face model folder (safetensors in f32/f16/bf16)."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from collections.abc import Callable
+
+from ..config import ModelConfig
+from ..errors import LoadError
+from ..tensorfile import SafetensorsFile
+from ..weights import TensorStore, sanitize
+from . import encode, report
+from .writer import ModelFolder, write_model
+
+_COPIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json")
+
+
+def convert_hf(src: str, out: str, weights: str | None, log: Callable[[str], None]) -> None:
+    config = _read_json(os.path.join(src, "config.json"))
+    ModelConfig.from_dict(config, f"{src}/config.json")  # refuse unsupported models before any work
+    files = sorted(glob.glob(os.path.join(src, "*.safetensors")))
+    if not files:
+        raise LoadError(f"{src}: no .safetensors files (PyTorch .bin checkpoints are not read)")
+    store = TensorStore([SafetensorsFile.from_path(p) for p in files])
+
+    tensors = []
+    for name, stored in sanitize(store.names()).items():
+        source_format = store.tensors[stored].format
+        converted = encode(name, store.load_f32(stored), weights or source_format)
+        tensors.append(converted)
+        log(report(converted))
+
+    folder = ModelFolder(config=config)
+    for name in _COPIED:
+        path = os.path.join(src, name)
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                folder.extra_files[name] = f.read()
+    write_model(out, folder, tensors, log)
+
+
+def _read_json(path: str) -> dict:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return json.load(f)
+    except FileNotFoundError:
+        raise LoadError(f"{path}: not found") from None
+    except json.JSONDecodeError as e:
+        raise LoadError(f"{path}: not valid JSON ({e})") from None

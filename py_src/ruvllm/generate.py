@@ -1,0 +1,177 @@
+"""Generation as layered generators (as in mlx-lm):
+
+1. `generate_tokens` - token ids in, one `Step` per sampled token out (prefill, then decode).
+   The Pyodide worker drives exactly this layer, one `next()` per token.
+2. `generate_text`   - adds streaming detokenization, stop strings and timings, yielding `Chunk`s.
+
+Every call builds its own cache state and sampler, so calls on one engine never see each other.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field, fields
+
+from .cache import KVCache
+from .detokenizer import StreamingDetokenizer
+from .engine import Engine
+from .errors import ContextFullError, InvalidArgumentError
+from .sampling import SamplingOptions, make_sampler
+
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass(frozen=True)
+class GenerationOptions:
+    max_tokens: int = DEFAULT_MAX_TOKENS
+    stop: tuple[str, ...] = ()
+    ignore_eos: bool = False
+    sampling: SamplingOptions = field(default_factory=SamplingOptions)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
+            raise InvalidArgumentError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
+            raise InvalidArgumentError(f"stop must be a list of non-empty strings, got {self.stop!r}")
+
+    @classmethod
+    def from_kwargs(cls, **kwargs: object) -> GenerationOptions:
+        """Flat keyword options (max_tokens=..., temperature=..., ...), unknown names refused."""
+        own = {f.name for f in fields(cls)} - {"sampling"}
+        sampling = {f.name for f in fields(SamplingOptions)}
+        unknown = set(kwargs) - own - sampling
+        if unknown:
+            raise InvalidArgumentError(
+                f"unknown option {sorted(unknown)[0]!r}; options are: {', '.join(sorted(own | sampling))}"
+            )
+        if "stop" in kwargs:
+            stop = kwargs["stop"]
+            kwargs["stop"] = (stop,) if isinstance(stop, str) else tuple(stop or ())
+        return cls(
+            **{k: v for k, v in kwargs.items() if k in own},
+            sampling=SamplingOptions(**{k: v for k, v in kwargs.items() if k in sampling}),
+        )
+
+
+@dataclass(frozen=True)
+class Step:
+    token_id: int
+    finish_reason: str | None  # "stop" (end-of-sequence token), "length", or None to continue
+    prefill_ms: float | None = None  # on the first step only
+
+
+def generate_tokens(
+    engine: Engine,
+    prompt_ids: Sequence[int],
+    options: GenerationOptions,
+    eos_ids: Iterable[int] = (),
+    cache: KVCache | None = None,
+) -> Iterator[Step]:
+    """Prefill the prompt, then sample one token per step until EOS, `max_tokens` or a full context.
+
+    Bad prompts raise here, at call time; the returned generator does the work.
+    """
+    prompt = [int(t) for t in prompt_ids]
+    limit = engine.context_length
+    if not prompt:
+        raise InvalidArgumentError("the prompt is empty: give at least one token")
+    if len(prompt) > limit:
+        raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context window is {limit}")
+    cache = cache if cache is not None else engine.new_cache()
+    return _token_loop(engine, prompt, options, set() if options.ignore_eos else set(eos_ids), cache)
+
+
+def _token_loop(engine: Engine, prompt: list[int], options: GenerationOptions, eos: set[int], cache: KVCache) -> Iterator[Step]:
+    limit = engine.context_length
+    sample = make_sampler(options.sampling)
+    cache.reset()
+    cache.reserve(min(limit, len(prompt) + options.max_tokens))
+
+    started = time.perf_counter()
+    logits = engine.forward(prompt, 0, cache, last_only=True)[0]  # (V,)
+    prefill_ms = (time.perf_counter() - started) * 1000
+    history = list(prompt)
+    for i in range(options.max_tokens):
+        token = sample(logits, history)
+        history.append(token)
+        position = len(history) - 1  # where this token goes when fed back
+        if token in eos:
+            reason = "stop"
+        elif i == options.max_tokens - 1 or position >= limit:
+            reason = "length"
+        else:
+            reason = None
+        yield Step(token, reason, prefill_ms if i == 0 else None)
+        if reason is not None:
+            return
+        logits = engine.forward([token], position, cache, last_only=True)[0]  # (V,)
+
+
+@dataclass(frozen=True)
+class Stats:
+    prompt_tokens: int
+    completion_tokens: int
+    prefill_ms: float
+    ttft_ms: float
+    decode_tok_s: float
+
+
+@dataclass(frozen=True)
+class Chunk:
+    text: str  # new text since the previous chunk (may be empty while a character or stop string is pending)
+    token_id: int
+    finish_reason: str | None
+    stats: Stats
+
+
+def generate_text(
+    steps: Iterator[Step],
+    detokenizer: StreamingDetokenizer,
+    prompt_tokens: int,
+    stop: Sequence[str] = (),
+    eos_ids: Iterable[int] = (),
+    started: float | None = None,
+) -> Iterator[Chunk]:
+    """Text deltas for each step; cut right before the first stop string; EOS adds no text."""
+    started = time.perf_counter() if started is None else started
+    eos = set(eos_ids)
+    held = ""  # decoded text not yet emitted: it may be the start of a stop string
+    prefill_ms = first_at = 0.0
+    count = 0
+    for step in steps:
+        now = time.perf_counter()
+        count += 1
+        if step.prefill_ms is not None:
+            prefill_ms, first_at = step.prefill_ms, now
+        finish = step.finish_reason
+        if not (finish == "stop" and step.token_id in eos):
+            held += detokenizer.add(step.token_id)
+        if finish is not None:
+            held += detokenizer.finish()
+        emit, held, hit = _split_at_stop(held, stop, final=finish is not None)
+        if hit:
+            finish = "stop"
+        decode_s = now - first_at
+        stats = Stats(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=count,
+            prefill_ms=prefill_ms,
+            ttft_ms=(first_at - started) * 1000,
+            decode_tok_s=(count - 1) / decode_s if count > 1 and decode_s > 0 else 0.0,
+        )
+        yield Chunk(emit, step.token_id, finish, stats)
+        if finish is not None:
+            return
+
+
+def _split_at_stop(text: str, stop: Sequence[str], final: bool) -> tuple[str, str, bool]:
+    """(text to emit now, text to hold back, whether a stop string was found)."""
+    cut = min((i for i in (text.find(s) for s in stop) if i >= 0), default=-1)
+    if cut >= 0:
+        return text[:cut], "", True
+    if final or not stop:
+        return text, "", False
+    # Hold back the longest tail that could still grow into a stop string.
+    hold = max((k for s in stop for k in range(min(len(s) - 1, len(text)), 0, -1) if text.endswith(s[:k])), default=0)
+    return text[: len(text) - hold], text[len(text) - hold :], False

@@ -1,0 +1,114 @@
+"""The transformer forward: plain functions over config, weights, explicit positions and a cache.
+
+Llama, Mistral and Qwen2 share this code: pre-norm decoder blocks with RMSNorm, rotary grouped-query
+attention (Qwen2 adds q/k/v biases, Mistral a sliding window) and a SwiGLU MLP. Everything is float32.
+
+Dimension letters: T new tokens, S cached positions (S >= T), D hidden size, H query heads,
+K key/value heads, G = H/K query heads per key/value head, E head size, F MLP size, V vocab.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .cache import KVCache
+from .config import ModelConfig
+from .rope import apply_rope, rope_tables
+from .weights import MLP, Attention, DecoderLayer, Weights, linear
+
+
+def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    variance = np.mean(x * x, axis=-1, keepdims=True)  # (T, 1)
+    return x / np.sqrt(variance + np.float32(eps)) * weight  # (T, D)
+
+
+def silu(x: np.ndarray) -> np.ndarray:
+    # x * sigmoid(x), with sigmoid via tanh so that no exp() overflows for large |x|.
+    return x * (np.float32(0.5) + np.float32(0.5) * np.tanh(np.float32(0.5) * x))
+
+
+def softmax(x: np.ndarray) -> np.ndarray:
+    e = np.exp(x - x.max(axis=-1, keepdims=True))
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def attention_mask(start: int, count: int, total: int, window: int | None) -> np.ndarray | None:
+    """Additive mask (T, S): query at position p sees key j iff j <= p and, with a window, p - j < window."""
+    if count == 1 and (window is None or total <= window):
+        return None
+    query = np.arange(start, start + count)[:, None]  # (T, 1)
+    key = np.arange(total)[None, :]  # (1, S)
+    allowed = key <= query  # (T, S)
+    if window is not None:
+        allowed &= query - key < window
+    return np.where(allowed, np.float32(0), np.float32(-np.inf))  # (T, S)
+
+
+def attention(
+    x: np.ndarray,
+    w: Attention,
+    config: ModelConfig,
+    rope: tuple[np.ndarray, np.ndarray],
+    start: int,
+    cache,
+    window: int | None,
+) -> np.ndarray:
+    T = x.shape[0]
+    H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
+    q = linear(x, w.q_proj).reshape(T, H, E).transpose(1, 0, 2)  # (H, T, E)
+    k = linear(x, w.k_proj).reshape(T, K, E).transpose(1, 0, 2)  # (K, T, E)
+    v = linear(x, w.v_proj).reshape(T, K, E).transpose(1, 0, 2)  # (K, T, E)
+    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    keys, values = cache.update_and_fetch(k, v, start)  # (K, S, E) each
+    S = keys.shape[1]
+
+    q = q.reshape(K, G * T, E)  # (K, G*T, E): the G heads sharing one key/value head, stacked
+    scores = (q @ keys.transpose(0, 2, 1)).reshape(K, G, T, S)  # (K, G, T, S)
+    scores *= np.float32(1.0 / np.sqrt(E))
+    mask = attention_mask(start, T, S, window)
+    if mask is not None:
+        scores += mask
+    probs = softmax(scores).reshape(K, G * T, S)  # (K, G*T, S)
+    out = (probs @ values).reshape(H, T, E)  # (H, T, E)
+    return linear(out.transpose(1, 0, 2).reshape(T, H * E), w.o_proj)  # (T, D)
+
+
+def mlp(x: np.ndarray, w: MLP) -> np.ndarray:
+    return linear(silu(linear(x, w.gate_proj)) * linear(x, w.up_proj), w.down_proj)  # (T, D)
+
+
+def block(
+    x: np.ndarray,
+    w: DecoderLayer,
+    config: ModelConfig,
+    rope: tuple[np.ndarray, np.ndarray],
+    start: int,
+    cache,
+    window: int | None,
+) -> np.ndarray:
+    eps = config.rms_norm_eps
+    x = x + attention(rms_norm(x, w.input_layernorm, eps), w.self_attn, config, rope, start, cache, window)  # (T, D)
+    return x + mlp(rms_norm(x, w.post_attention_layernorm, eps), w.mlp)  # (T, D)
+
+
+def forward(
+    weights: Weights,
+    config: ModelConfig,
+    inv_freq: np.ndarray,
+    tokens: np.ndarray,
+    start: int,
+    cache: KVCache,
+    last_only: bool = False,
+) -> np.ndarray:
+    """Logits for `tokens` placed at positions start, start+1, ...; appends their keys/values to `cache`.
+
+    Returns (T, V), or (1, V) for the last token only when `last_only` (prefill needs no more).
+    """
+    tokens = np.asarray(tokens, dtype=np.int64)
+    x = weights.embed_tokens[tokens]  # (T, D)
+    rope = rope_tables(inv_freq, start, len(tokens))  # (T, E/2) cos, sin
+    for layer, layer_cache, window in zip(weights.layers, cache.layers, config.sliding_windows):
+        x = block(x, layer, config, rope, start, layer_cache, window)  # (T, D)
+    if last_only:
+        x = x[-1:]  # (1, D)
+    return linear(rms_norm(x, weights.norm, config.rms_norm_eps), weights.lm_head)  # (T, V)

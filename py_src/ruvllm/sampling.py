@@ -1,0 +1,100 @@
+"""Choosing the next token: options, checked once, and a sampler closure that owns its RNG.
+
+Order of operations (as Hugging Face transformers applies its logits warpers): repetition penalty,
+then temperature, top-k, top-p, min-p, and a draw from what is left. Temperature 0 is greedy.
+The same seed gives the same tokens.
+
+Dimension letters: V vocab, N candidates left after filtering.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import InvalidArgumentError
+
+Sampler = Callable[[np.ndarray, Sequence[int]], int]
+
+
+@dataclass(frozen=True)
+class SamplingOptions:
+    """Defaults follow llama.cpp's command line: temperature 0.8, top-k 40, top-p 0.95, min-p 0.05."""
+
+    temperature: float = 0.8
+    top_k: int = 40  # 0 disables
+    top_p: float = 0.95  # 1 disables
+    min_p: float = 0.05  # 0 disables
+    repetition_penalty: float = 1.0  # 1 disables
+    seed: int | None = None  # None draws a fresh seed from the OS
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "top_p", "min_p", "repetition_penalty"):
+            value = getattr(self, name)
+            _check(name, value, isinstance(value, (int, float)) and not isinstance(value, bool), "a number")
+        _check("temperature", self.temperature, math.isfinite(self.temperature) and self.temperature >= 0, ">= 0")
+        _check("top_k", self.top_k, isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0, "an integer >= 0")
+        _check("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]")
+        _check("min_p", self.min_p, 0 <= self.min_p <= 1, "in [0, 1]")
+        _check(
+            "repetition_penalty",
+            self.repetition_penalty,
+            math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
+            "> 0",
+        )
+        _check("seed", self.seed, self.seed is None or (isinstance(self.seed, int) and self.seed >= 0), "an integer >= 0")
+
+
+def _check(name: str, value: object, ok: bool, expected: str) -> None:
+    if not ok:
+        raise InvalidArgumentError(f"{name} must be {expected}, got {value!r}")
+
+
+def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int], penalty: float) -> np.ndarray:
+    """CTRL-style: for tokens already seen, divide positive logits by `penalty`, multiply negative ones."""
+    if penalty == 1.0 or not len(history):
+        return logits
+    seen = np.unique(np.asarray(history, dtype=np.int64))  # (n,)
+    values = logits[seen]
+    logits = logits.copy()
+    logits[seen] = np.where(values > 0, values / penalty, values * penalty)
+    return logits
+
+
+def filter_candidates(logits: np.ndarray, options: SamplingOptions) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, probabilities) that survive temperature, top-k, top-p and min-p; probabilities sum to 1."""
+    scaled = logits.astype(np.float64) / options.temperature  # (V,)
+    ids = np.arange(scaled.size)
+    if 0 < options.top_k < scaled.size:
+        ids = np.argpartition(-scaled, options.top_k - 1)[: options.top_k]  # (N,)
+    order = np.argsort(-scaled[ids], kind="stable")  # best first
+    ids = ids[order]  # (N,)
+    probs = np.exp(scaled[ids] - scaled[ids[0]])
+    probs /= probs.sum()  # (N,)
+    if options.top_p < 1.0:
+        # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is < top_p.
+        before = np.cumsum(probs) - probs
+        keep = before < options.top_p
+        ids, probs = ids[keep], probs[keep]
+    if options.min_p > 0.0:
+        keep = probs >= options.min_p * probs[0]
+        ids, probs = ids[keep], probs[keep]
+    return ids, probs / probs.sum()
+
+
+def make_sampler(options: SamplingOptions) -> Sampler:
+    """A closure `sample(logits (V,), history) -> token id` with its own random generator."""
+    rng = np.random.default_rng(options.seed)
+
+    def sample(logits: np.ndarray, history: Sequence[int]) -> int:
+        logits = apply_repetition_penalty(logits, history, options.repetition_penalty)
+        if options.temperature == 0:
+            return int(np.argmax(logits))
+        ids, probs = filter_candidates(logits, options)
+        index = int(np.searchsorted(np.cumsum(probs), rng.random(), side="right"))
+        return int(ids[min(index, ids.size - 1)])
+
+    return sample

@@ -1,0 +1,260 @@
+"""Reading safetensors files with NumPy: every tensor is a view into one buffer, nothing is copied.
+
+The format (https://github.com/huggingface/safetensors):
+
+    [8 bytes: N, little-endian u64][N bytes: JSON header][data section]
+
+The header maps each tensor name to `{"dtype", "shape", "data_offsets": [begin, end]}`, offsets relative
+to the start of the data section, plus an optional `"__metadata__"` of string to string. The spec asks
+that the tensors cover the data section exactly: no overlaps, no holes, nothing after the last one.
+
+Sources: a path, any object with the buffer protocol (`bytes`, `bytearray`, `memoryview`, a NumPy
+array), or a `PieceBuffer`, preallocated and filled in pieces as a download streams in. Every check
+that can fail names the file and the tensor. Writing uses the `safetensors` library (converter only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+
+import numpy as np
+
+from .errors import LoadError
+
+# The safetensors library refuses headers above 100 MB; so do we.
+MAX_HEADER_BYTES = 100_000_000
+
+# BF16 has no NumPy dtype: its tensors are returned as raw uint16 views (see `bf16_to_f32`).
+DTYPES: dict[str, np.dtype] = {
+    "F64": np.dtype("<f8"),
+    "F32": np.dtype("<f4"),
+    "F16": np.dtype("<f2"),
+    "BF16": np.dtype("<u2"),
+    "I64": np.dtype("<i8"),
+    "I32": np.dtype("<i4"),
+    "I16": np.dtype("<i2"),
+    "I8": np.dtype("i1"),
+    "U64": np.dtype("<u8"),
+    "U32": np.dtype("<u4"),
+    "U16": np.dtype("<u2"),
+    "U8": np.dtype("u1"),
+    "BOOL": np.dtype("?"),
+}
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """Where one tensor lives: `begin`/`end` are absolute byte offsets in the file's buffer."""
+
+    name: str
+    dtype: str
+    shape: tuple[int, ...]
+    begin: int
+    end: int
+
+
+def bf16_to_f32(raw: np.ndarray) -> np.ndarray:
+    """Widen raw bfloat16 bits (uint16) to float32: bf16 is the top half of an f32."""
+    return (raw.astype(np.uint32) << 16).view(np.float32)
+
+
+def parse_header(
+    prefix: bytes | memoryview | np.ndarray, total_size: int, source: str
+) -> tuple[dict[str, str], dict[str, TensorInfo]]:
+    """Validate the header against a file of `total_size` bytes; `prefix` holds at least the header.
+
+    Returns `(metadata, tensors)`. Raises `LoadError` naming `source` and the tensor at fault.
+    """
+    prefix = memoryview(prefix).cast("B")
+    if total_size < 8:
+        raise LoadError(f"{source}: {total_size} bytes is too short for a safetensors file (need 8 for the header length)")
+    header_len = int.from_bytes(prefix[:8], "little")
+    if header_len > MAX_HEADER_BYTES:
+        raise LoadError(f"{source}: header length {header_len} exceeds the limit of {MAX_HEADER_BYTES} bytes")
+    if 8 + header_len > total_size:
+        raise LoadError(
+            f"{source}: header length {header_len} runs past the end of the file ({total_size} bytes); "
+            "the file is truncated or not a safetensors file"
+        )
+    if len(prefix) < 8 + header_len:
+        raise LoadError(f"{source}: only {len(prefix)} bytes given, the header needs {8 + header_len}")
+    try:
+        header = json.loads(bytes(prefix[8 : 8 + header_len]).decode("utf-8"), object_pairs_hook=_no_duplicates)
+    except (UnicodeDecodeError, json.JSONDecodeError, _DuplicateKey) as e:
+        raise LoadError(f"{source}: the header is not valid JSON ({e})") from None
+    if not isinstance(header, dict):
+        raise LoadError(f"{source}: the header must be a JSON object, found {type(header).__name__}")
+
+    metadata = header.pop("__metadata__", None) or {}
+    if not isinstance(metadata, dict) or not all(isinstance(v, str) for v in metadata.values()):
+        raise LoadError(f"{source}: __metadata__ must map strings to strings")
+
+    data_start = 8 + header_len
+    data_size = total_size - data_start
+    tensors = {name: _tensor_info(source, name, entry, data_start) for name, entry in header.items()}
+    _check_coverage(source, tensors, data_start, data_size)
+    return metadata, tensors
+
+
+def _tensor_info(source: str, name: str, entry: object, data_start: int) -> TensorInfo:
+    where = f"{source}: tensor {name!r}"
+    if not isinstance(entry, dict):
+        raise LoadError(f"{where}: entry must be an object with dtype, shape and data_offsets")
+    dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
+    if dtype not in DTYPES:
+        raise LoadError(f"{where}: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
+    if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
+        raise LoadError(f"{where}: shape must be a list of non-negative integers, found {shape!r}")
+    if (
+        not isinstance(offsets, list)
+        or len(offsets) != 2
+        or not all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in offsets)
+        or offsets[0] > offsets[1]
+    ):
+        raise LoadError(f"{where}: data_offsets must be [begin, end] with 0 <= begin <= end, found {offsets!r}")
+    expected = int(np.prod(shape, dtype=object)) * DTYPES[dtype].itemsize
+    if offsets[1] - offsets[0] != expected:
+        raise LoadError(
+            f"{where}: shape {shape} of {dtype} needs {expected} bytes but data_offsets {offsets} "
+            f"span {offsets[1] - offsets[0]}"
+        )
+    return TensorInfo(name, dtype, tuple(shape), data_start + offsets[0], data_start + offsets[1])
+
+
+def _check_coverage(source: str, tensors: dict[str, TensorInfo], data_start: int, data_size: int) -> None:
+    """Tensors must tile the data section exactly, in offset order (the spec forbids holes and overlaps)."""
+    position = data_start
+    for info in sorted(tensors.values(), key=lambda t: (t.begin, t.end)):
+        if info.end - data_start > data_size:
+            raise LoadError(
+                f"{source}: tensor {info.name!r} ends at byte {info.end - data_start} of the data section, "
+                f"which has only {data_size} bytes: the file is truncated"
+            )
+        if info.begin < position:
+            raise LoadError(f"{source}: tensor {info.name!r} overlaps the tensor before it (data_offsets)")
+        if info.begin > position:
+            raise LoadError(
+                f"{source}: {info.begin - position} unused bytes before tensor {info.name!r} (the data section must have no holes)"
+            )
+        position = info.end
+    if position != data_start + data_size:
+        raise LoadError(
+            f"{source}: {data_start + data_size - position} bytes after the last tensor; "
+            "the header does not describe the whole file"
+        )
+
+
+class _DuplicateKey(ValueError):
+    pass
+
+
+def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
+    result = {}
+    for key, value in pairs:
+        if key in result:
+            raise _DuplicateKey(f"duplicate key {key!r}")
+        result[key] = value
+    return result
+
+
+class SafetensorsFile:
+    """A parsed, validated safetensors file; `get(name)` returns a view into the file's buffer."""
+
+    def __init__(self, buffer: object, source: str = "<buffer>") -> None:
+        data = np.frombuffer(buffer, dtype=np.uint8) if not isinstance(buffer, np.ndarray) else buffer.reshape(-1)
+        if data.dtype != np.uint8:
+            data = data.view(np.uint8)
+        self.source = source
+        self.buffer = data
+        self.metadata, self.tensors = parse_header(data, data.size, source)
+
+    @classmethod
+    def from_path(cls, path: str | os.PathLike, header_only: bool = False) -> SafetensorsFile:
+        """Read a whole file into one buffer (a single read, no intermediate copies).
+
+        With `header_only`, read and validate just the header: `get` is then unavailable.
+        """
+        path = os.fspath(path)
+        try:
+            size = os.path.getsize(path)
+            with open(path, "rb") as f:
+                if header_only:
+                    head = f.read(8)
+                    head += f.read(min(int.from_bytes(head, "little"), MAX_HEADER_BYTES + 1)) if len(head) == 8 else b""
+                    self = cls.__new__(cls)
+                    self.source, self.buffer = os.path.basename(path), None
+                    self.metadata, self.tensors = parse_header(head, size, self.source)
+                    return self
+                buffer = np.empty(size, dtype=np.uint8)
+                got = f.readinto(memoryview(buffer))
+        except OSError as e:
+            raise LoadError(f"cannot read {path}: {e.strerror or e}") from None
+        if got != size:
+            raise LoadError(f"{path}: read {got} of {size} bytes")
+        return cls(buffer, source=os.path.basename(path))
+
+    def keys(self) -> list[str]:
+        return list(self.tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def info(self, name: str) -> TensorInfo:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise LoadError(f"{self.source}: no tensor named {name!r}") from None
+
+    def get(self, name: str) -> np.ndarray:
+        """The tensor as a read-only view (BF16 as raw uint16; see `bf16_to_f32`)."""
+        info = self.info(name)
+        assert self.buffer is not None, "opened with header_only"
+        view = self.buffer[info.begin : info.end].view(DTYPES[info.dtype]).reshape(info.shape)
+        view.flags.writeable = False
+        return view
+
+
+class PieceBuffer:
+    """A preallocated buffer for one file that arrives in pieces (a streamed download).
+
+    Owns one uint8 array of the file's full size; `write` appends each piece in place, so the file is
+    never held twice. `header()` parses as soon as the header bytes are in; `finish()` checks that every
+    byte arrived and returns the `SafetensorsFile`.
+    """
+
+    def __init__(self, size: int, source: str = "<stream>") -> None:
+        if size < 0:
+            raise LoadError(f"{source}: negative size {size}")
+        self.array = np.empty(size, dtype=np.uint8)
+        self.filled = 0
+        self.source = source
+
+    def write(self, piece: object) -> int:
+        """Append `piece` (anything with the buffer protocol); returns the bytes written so far."""
+        chunk = np.frombuffer(piece, dtype=np.uint8)
+        if self.filled + chunk.size > self.array.size:
+            raise LoadError(
+                f"{self.source}: received more than the expected {self.array.size} bytes "
+                f"({self.filled + chunk.size} so far)"
+            )
+        self.array[self.filled : self.filled + chunk.size] = chunk
+        self.filled += chunk.size
+        return self.filled
+
+    def header(self) -> tuple[dict[str, str], dict[str, TensorInfo]] | None:
+        """`(metadata, tensors)` once the header has arrived, else None."""
+        if self.filled < 8:
+            return None
+        needed = 8 + int.from_bytes(self.array[:8].tobytes(), "little")
+        if self.filled < min(needed, self.array.size):
+            return None
+        return parse_header(self.array[: self.filled], self.array.size, self.source)
+
+    def finish(self) -> SafetensorsFile:
+        if self.filled != self.array.size:
+            raise LoadError(
+                f"{self.source}: download incomplete: received {self.filled} of {self.array.size} bytes"
+            )
+        return SafetensorsFile(self.array, source=self.source)

@@ -1,0 +1,88 @@
+"""Text on CPython: the model's own `tokenizer.json` run by Hugging Face `tokenizers`, its chat template,
+and the streaming detokenizer.
+
+In the browser the same files are read by HF's JavaScript libraries instead; the engine itself only
+ever sees token ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from .chat_template import ChatTemplate
+from .detokenizer import StreamingDetokenizer, token_byte_table
+from .errors import InvalidArgumentError, LoadError
+
+
+class Tokenizer:
+    def __init__(self, tokenizer_json: str, tokenizer_config: dict, source: str = "tokenizer.json") -> None:
+        try:
+            from tokenizers import Tokenizer as HFTokenizer
+        except ImportError:
+            raise LoadError("text needs the tokenizers package: pip install 'ruvllm[text]'") from None
+        try:
+            self._tokenizer = HFTokenizer.from_str(tokenizer_json)
+            data = json.loads(tokenizer_json)
+        except Exception as e:  # tokenizers raises a bare Exception for a malformed file
+            raise LoadError(f"{source}: cannot be read ({e})") from None
+        self.config = tokenizer_config
+        self.token_bytes, self._strip_space = token_byte_table(data)
+        self.special_tokens = {
+            name: _token_text(tokenizer_config.get(name)) for name in ("bos_token", "eos_token", "unk_token", "pad_token")
+        }
+        template = tokenizer_config.get("chat_template")
+        if isinstance(template, list):  # several named templates: use the default one
+            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        self.chat_template = ChatTemplate(template, self.special_tokens) if template else None
+
+    @classmethod
+    def from_folder(cls, folder: str) -> Tokenizer:
+        path = os.path.join(folder, "tokenizer.json")
+        if not os.path.exists(path):
+            raise LoadError(f"{folder}: no tokenizer.json")
+        config = {}
+        config_path = os.path.join(folder, "tokenizer_config.json")
+        if os.path.exists(config_path):
+            try:
+                with open(config_path, encoding="utf-8") as f:
+                    config = json.load(f)
+            except json.JSONDecodeError as e:
+                raise LoadError(f"{config_path}: not valid JSON ({e})") from None
+        with open(path, encoding="utf-8") as f:
+            return cls(f.read(), config, path)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.token_bytes)
+
+    def token_id(self, text: str | None) -> int | None:
+        return None if text is None else self._tokenizer.token_to_id(text)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of raw text, with the model's default handling (BOS if the tokenizer adds one;
+        special tokens written in the text are recognised)."""
+        if not isinstance(text, str):
+            raise InvalidArgumentError(f"prompt must be a string, got {type(text).__name__}")
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: list[int]) -> str:
+        return self._tokenizer.decode(ids, skip_special_tokens=False)
+
+    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+        if self.chat_template is None:
+            raise InvalidArgumentError("this model has no chat template (tokenizer_config.json has no chat_template)")
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+
+    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+        # The template writes any BOS itself; adding special tokens again would double it.
+        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+
+    def detokenizer(self) -> StreamingDetokenizer:
+        return StreamingDetokenizer(self.token_bytes, self._strip_space)
+
+
+def _token_text(value: object) -> str | None:
+    if isinstance(value, dict):  # {"content": "<s>", "__type": "AddedToken", ...}
+        return value.get("content")
+    return value if isinstance(value, str) else None

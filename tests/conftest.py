@@ -1,0 +1,73 @@
+"""Shared fixtures: the demo model (built on demand), its GGUF, and tiny seeded HF reference models."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_DIR = ROOT / "models" / "smollm2-135m-instruct"
+GGUF_PATH = ROOT / "build" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir() -> Path:
+    """The converted SmolLM2-135M-Instruct folder; `./build.sh model` makes it if it is missing."""
+    if not (MODEL_DIR / ".complete").exists() or not GGUF_PATH.exists():
+        env = {**os.environ, "RUVLLM_VENV": str(Path(sys.executable).parent.parent)}
+        subprocess.run(["bash", str(ROOT / "build.sh"), "model"], check=True, env=env)
+    return MODEL_DIR
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf(smollm2_dir: Path) -> Path:
+    return GGUF_PATH
+
+
+def randomize(model) -> None:
+    """Give every parameter a visible random value (HF inits biases to 0 and norms to 1)."""
+    import torch
+
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(0.5, 1.5)
+            else:
+                p.normal_(0.0, 0.2)
+
+
+def tiny_config(kind: str, **overrides):
+    """A small config of `kind` (llama, qwen2, mistral) for parity tests."""
+    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+
+    base = dict(
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=256,
+        rms_norm_eps=1e-5,
+        attn_implementation="eager",
+    )
+    base.update(overrides)
+    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[kind](**base)
+
+
+def tiny_model(kind: str, folder: Path | None = None, seed: int = 0, **overrides):
+    """A seeded random HF model (eval mode), saved as safetensors to `folder` when given."""
+    import torch
+    from transformers import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    cls = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "mistral": MistralForCausalLM}[kind]
+    model = cls(tiny_config(kind, **overrides)).eval()
+    randomize(model)
+    if folder is not None:
+        model.save_pretrained(folder)
+    return model
