@@ -28,6 +28,14 @@ def smollm2_gguf(smollm2_dir: Path) -> Path:
     return GGUF_PATH
 
 
+@pytest.fixture(scope="session")
+def smollm2(smollm2_dir: Path):
+    """The demo model loaded once for the whole session (calls on it must not leak into each other)."""
+    import ruvllm
+
+    return ruvllm.load(str(smollm2_dir))
+
+
 def randomize(model) -> None:
     """Give every parameter a visible random value (HF inits biases to 0 and norms to 1)."""
     import torch

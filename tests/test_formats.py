@@ -7,8 +7,8 @@ import pytest
 import torch
 from gguf import GGMLQuantizationType, quants
 
-from ruvllm.formats import FORMATS, get_format
 from ruvllm.errors import LoadError
+from ruvllm.formats import FORMATS, get_format
 
 GGML = {"q8": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1}
 # Bytes of each part inside one ggml block of 32 weights: suffix -> (start, end, dtype)
@@ -73,7 +73,9 @@ def test_quantization_error_is_about_half_a_step(name):
 def test_float_formats():
     w = weights()
     np.testing.assert_array_equal(FORMATS["f32"].dequantize(FORMATS["f32"].quantize(w), w.shape), w)
-    np.testing.assert_array_equal(FORMATS["f16"].dequantize(FORMATS["f16"].quantize(w), w.shape), w.astype(np.float16).astype(np.float32))
+    np.testing.assert_array_equal(
+        FORMATS["f16"].dequantize(FORMATS["f16"].quantize(w), w.shape), w.astype(np.float16).astype(np.float32)
+    )
     bf16 = FORMATS["bf16"].dequantize(FORMATS["bf16"].quantize(w), w.shape)
     np.testing.assert_array_equal(bf16, torch.from_numpy(w).to(torch.bfloat16).float().numpy())
 
@@ -81,7 +83,9 @@ def test_float_formats():
 def test_sizes_and_errors():
     assert get_format("q4_1").nbytes((64, 128)) == 64 * 64 + 2 * (64 * 4 * 2)
     assert get_format("q8").nbytes((64, 128)) == 64 * 128 + 64 * 4 * 2
-    with pytest.raises(ValueError, match=r"format q4_0 needs a 2-D tensor with a multiple of 32 columns, got shape \(4, 20\)"):
+    with pytest.raises(
+        ValueError, match=r"format q4_0 needs a 2-D tensor with a multiple of 32 columns, got shape \(4, 20\)"
+    ):
         get_format("q4_0").quantize(np.zeros((4, 20), np.float32))
     with pytest.raises(LoadError, match="unknown storage format 'q3'; expected one of f32, f16, bf16, q8, q4_0, q4_1"):
         get_format("q3")

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from conftest import tiny_model
 
+from conftest import tiny_model
 from ruvllm.engine import load_engine
 
 PREFILL, DECODE = 20, 20
@@ -25,14 +25,21 @@ VARIANTS = {
         dict(
             rope_theta=500000.0,
             rope_scaling=dict(
-                rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0, original_max_position_embeddings=32
+                rope_type="llama3",
+                factor=8.0,
+                low_freq_factor=1.0,
+                high_freq_factor=4.0,
+                original_max_position_embeddings=32,
             ),
         ),
     ),
     "llama linear rope scaling": ("llama", dict(rope_scaling=dict(rope_type="linear", factor=4.0))),
     "llama with attention and mlp biases": ("llama", dict(attention_bias=True, mlp_bias=True)),
     "qwen2 with q/k/v biases": ("qwen2", dict()),
-    "qwen2 sliding window on upper layers": ("qwen2", dict(use_sliding_window=True, sliding_window=6, max_window_layers=1)),
+    "qwen2 sliding window on upper layers": (
+        "qwen2",
+        dict(use_sliding_window=True, sliding_window=6, max_window_layers=1),
+    ),
     "mistral sliding window < sequence": ("mistral", dict(sliding_window=7)),
 }
 

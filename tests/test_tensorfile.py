@@ -105,11 +105,20 @@ def build(header: dict | bytes, data: bytes = b"", header_len: int | None = None
     return struct.pack("<Q", len(raw) if header_len is None else header_len) + raw + data
 
 
-GOOD = {"a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]}, "b": {"dtype": "I8", "shape": [4], "data_offsets": [16, 20]}}
+GOOD = {
+    "a": {"dtype": "F32", "shape": [2, 2], "data_offsets": [0, 16]},
+    "b": {"dtype": "I8", "shape": [4], "data_offsets": [16, 20]},
+}
 
 BAD_FILES = {
-    "truncated": (build(GOOD, bytes(20))[:-3], r"tensor 'b' ends at byte 20 of the data section, which has only 17 bytes: the file is truncated"),
-    "header past end": (build(GOOD, bytes(20), header_len=10_000), r"header length 10000 runs past the end of the file"),
+    "truncated": (
+        build(GOOD, bytes(20))[:-3],
+        r"tensor 'b' ends at byte 20 of the data section, which has only 17 bytes: the file is truncated",
+    ),
+    "header past end": (
+        build(GOOD, bytes(20), header_len=10_000),
+        r"header length 10000 runs past the end of the file",
+    ),
     "header too large": (build(GOOD, bytes(20), header_len=200_000_000), r"header length 200000000 exceeds the limit"),
     "too short": (b"\x01\x02", r"2 bytes is too short for a safetensors file"),
     "not json": (build(b"{not json at all}", bytes(20)), r"the header is not valid JSON"),
@@ -119,11 +128,23 @@ BAD_FILES = {
         r"tensor 'a': shape \[2, 3\] of F32 needs 24 bytes but data_offsets \[0, 16\] span 16",
     ),
     "overlap": (
-        build({"a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]}, "b": {"dtype": "U8", "shape": [8], "data_offsets": [4, 12]}}, bytes(12)),
+        build(
+            {
+                "a": {"dtype": "U8", "shape": [8], "data_offsets": [0, 8]},
+                "b": {"dtype": "U8", "shape": [8], "data_offsets": [4, 12]},
+            },
+            bytes(12),
+        ),
         r"tensor 'b' overlaps the tensor before it",
     ),
     "hole": (
-        build({"a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]}, "b": {"dtype": "U8", "shape": [4], "data_offsets": [8, 12]}}, bytes(12)),
+        build(
+            {
+                "a": {"dtype": "U8", "shape": [4], "data_offsets": [0, 4]},
+                "b": {"dtype": "U8", "shape": [4], "data_offsets": [8, 12]},
+            },
+            bytes(12),
+        ),
         r"4 unused bytes before tensor 'b'",
     ),
     "trailing bytes": (build(GOOD, bytes(24)), r"4 bytes after the last tensor"),
@@ -136,7 +157,11 @@ BAD_FILES = {
         r"tensor 'a': data_offsets must be \[begin, end\] with 0 <= begin <= end",
     ),
     "duplicate name": (
-        build(b'{"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, "a": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}}', bytes(2)),
+        build(
+            b'{"a": {"dtype": "U8", "shape": [1], "data_offsets": [0, 1]}, '
+            b'"a": {"dtype": "U8", "shape": [1], "data_offsets": [1, 2]}}',
+            bytes(2),
+        ),
         r"the header is not valid JSON \(duplicate key 'a'\)",
     ),
 }

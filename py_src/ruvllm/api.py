@@ -1,11 +1,11 @@
 """The Python API: a model folder loaded with its tokenizer, generating streamed text.
 
-    import ruvllm
-    model = ruvllm.load("models/smollm2-135m-instruct")
-    for chunk in model.generate("Once upon a time", max_tokens=32, temperature=0):
-        print(chunk.text, end="", flush=True)
-    for chunk in model.chat([{"role": "user", "content": "Hi!"}], temperature=0.7, seed=1):
-        ...
+import ruvllm
+model = ruvllm.load("models/smollm2-135m-instruct")
+for chunk in model.generate("Once upon a time", max_tokens=32, temperature=0):
+    print(chunk.text, end="", flush=True)
+for chunk in model.chat([{"role": "user", "content": "Hi!"}], temperature=0.7, seed=1):
+    ...
 """
 
 from __future__ import annotations

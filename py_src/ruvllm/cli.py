@@ -104,7 +104,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         f"shape          {c.num_hidden_layers} layers, hidden {c.hidden_size}, {c.num_attention_heads} heads "
         f"({c.num_key_value_heads} key/value) of {c.head_dim}, MLP {c.intermediate_size}, vocab {c.vocab_size}"
     )
-    print(f"context        {c.max_position_embeddings} positions (cache default {min(c.max_position_embeddings, DEFAULT_MAX_CONTEXT)})")
+    cache_default = min(c.max_position_embeddings, DEFAULT_MAX_CONTEXT)
+    print(f"context        {c.max_position_embeddings} positions (cache default {cache_default})")
     print(f"embeddings     {'tied to the output' if c.tie_word_embeddings else 'separate output matrix'}")
     for fmt in sorted(params, key=lambda f: -nbytes[f]):
         print(f"storage {fmt:6s} {params[fmt] / 1e6:8.2f}M params  {nbytes[fmt] / 2**20:8.1f} MiB")
@@ -165,7 +166,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         "token_ids": ids,
         "prompt_token_ids": prompt_ids,
         "finish_reason": last.finish_reason,
-        "stats": {k: getattr(last.stats, k) for k in ("prompt_tokens", "completion_tokens", "prefill_ms", "ttft_ms", "decode_tok_s")},
+        "stats": {
+            k: getattr(last.stats, k)
+            for k in ("prompt_tokens", "completion_tokens", "prefill_ms", "ttft_ms", "decode_tok_s")
+        },
     }
     print(json.dumps(result, ensure_ascii=False))
     return 0

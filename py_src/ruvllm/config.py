@@ -57,7 +57,9 @@ class ModelConfig:
         hidden, heads = need("hidden_size"), need("num_attention_heads")
         kv_heads = raw.get("num_key_value_heads") or heads
         if heads % kv_heads:
-            raise LoadError(f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}")
+            raise LoadError(
+                f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
+            )
         head_dim = raw.get("head_dim") or hidden // heads
         layers = need("num_hidden_layers")
         act = raw.get("hidden_act", "silu")
@@ -115,7 +117,10 @@ def _rope(raw: dict, source: str) -> tuple[float, dict | None]:
         )
     if rope_type == "default":
         return theta, None
-    required = {"linear": ("factor",), "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings")}
+    required = {
+        "linear": ("factor",),
+        "llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
+    }
     missing = [k for k in required[rope_type] if k not in merged]
     if missing:
         raise LoadError(f"{source}: RoPE type {rope_type!r} needs {', '.join(missing)}")

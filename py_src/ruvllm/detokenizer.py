@@ -75,7 +75,9 @@ def _decoder_kind(decoder: dict | None) -> tuple[str, bool]:
     if kind == "ByteLevel":
         return "byte_level", False
     if kind == "Metaspace":
-        return "sentencepiece", decoder.get("prepend_scheme", "always") != "never" and decoder.get("add_prefix_space", True)
+        return "sentencepiece", decoder.get("prepend_scheme", "always") != "never" and decoder.get(
+            "add_prefix_space", True
+        )
     if kind == "Sequence":
         types = [d.get("type") for d in decoder.get("decoders", [])]
         if "ByteLevel" in types:

@@ -40,7 +40,9 @@ class Engine:
     def new_cache(self) -> KVCache:
         return KVCache(self.config, self.context_length)
 
-    def forward(self, tokens: list[int] | np.ndarray, start: int, cache: KVCache, last_only: bool = False) -> np.ndarray:
+    def forward(
+        self, tokens: list[int] | np.ndarray, start: int, cache: KVCache, last_only: bool = False
+    ) -> np.ndarray:
         """Logits (T, V) for tokens at positions start.. (or (1, V) for the last one)."""
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.ndim != 1 or tokens.size == 0:

@@ -73,7 +73,7 @@ class F16(StorageFormat):
 class BF16(StorageFormat):
     """bfloat16 (the top 16 bits of a float32), held in NumPy as raw uint16; any shape.
 
-        bit 15: sign | bits 14-7: exponent | bits 6-0: mantissa
+    bit 15: sign | bits 14-7: exponent | bits 6-0: mantissa
     """
 
     name = "bf16"
@@ -94,9 +94,9 @@ class BF16(StorageFormat):
 class Q8(StorageFormat):
     """Symmetric int8 in blocks of 32 along each row, one f16 scale per block (ggml Q8_0 values).
 
-        name         int8 (R, C)      code q in [-127, 127]
-        name.scales  f16  (R, C/32)   d
-        weight[r, c] = d[r, c // 32] * q[r, c]
+    name         int8 (R, C)      code q in [-127, 127]
+    name.scales  f16  (R, C/32)   d
+    weight[r, c] = d[r, c // 32] * q[r, c]
     """
 
     name = "q8"
@@ -124,9 +124,9 @@ class Q8(StorageFormat):
 class Q4_0(StorageFormat):
     """4-bit codes in blocks of 32 along each row, one f16 scale per block (ggml Q4_0 values and order).
 
-        name         uint8 (R, C/2)   16 bytes per block: byte j = q[j] | q[j + 16] << 4
-        name.scales  f16   (R, C/32)  d
-        weight = d * (q - 8),  q in [0, 15]
+    name         uint8 (R, C/2)   16 bytes per block: byte j = q[j] | q[j + 16] << 4
+    name.scales  f16   (R, C/32)  d
+    weight = d * (q - 8),  q in [0, 15]
     """
 
     name = "q4_0"
@@ -163,10 +163,10 @@ class Q4_0(StorageFormat):
 class Q4_1(Q4_0):
     """4-bit codes in blocks of 32 with an f16 scale and an f16 minimum per block (ggml Q4_1 values).
 
-        name         uint8 (R, C/2)   16 bytes per block: byte j = q[j] | q[j + 16] << 4
-        name.scales  f16   (R, C/32)  d
-        name.mins    f16   (R, C/32)  m
-        weight = d * q + m,  q in [0, 15]
+    name         uint8 (R, C/2)   16 bytes per block: byte j = q[j] | q[j + 16] << 4
+    name.scales  f16   (R, C/32)  d
+    name.mins    f16   (R, C/32)  m
+    weight = d * q + m,  q in [0, 15]
     """
 
     name = "q4_1"
@@ -199,7 +199,9 @@ def get_format(name: str, where: str = "") -> StorageFormat:
 
 def _matrix_shape(fmt: str, shape: tuple[int, ...]) -> tuple[int, int]:
     if len(shape) != 2 or shape[1] % GROUP:
-        raise ValueError(f"format {fmt} needs a 2-D tensor with a multiple of {GROUP} columns, got shape {tuple(shape)}")
+        raise ValueError(
+            f"format {fmt} needs a 2-D tensor with a multiple of {GROUP} columns, got shape {tuple(shape)}"
+        )
     return int(shape[0]), int(shape[1])
 
 

@@ -82,7 +82,9 @@ def generate_tokens(
     return _token_loop(engine, prompt, options, set() if options.ignore_eos else set(eos_ids), cache)
 
 
-def _token_loop(engine: Engine, prompt: list[int], options: GenerationOptions, eos: set[int], cache: KVCache) -> Iterator[Step]:
+def _token_loop(
+    engine: Engine, prompt: list[int], options: GenerationOptions, eos: set[int], cache: KVCache
+) -> Iterator[Step]:
     limit = engine.context_length
     sample = make_sampler(options.sampling)
     cache.reset()

@@ -107,7 +107,7 @@ def forward(
     tokens = np.asarray(tokens, dtype=np.int64)
     x = weights.embed_tokens[tokens]  # (T, D)
     rope = rope_tables(inv_freq, start, len(tokens))  # (T, E/2) cos, sin
-    for layer, layer_cache, window in zip(weights.layers, cache.layers, config.sliding_windows):
+    for layer, layer_cache, window in zip(weights.layers, cache.layers, config.sliding_windows, strict=True):
         x = block(x, layer, config, rope, start, layer_cache, window)  # (T, D)
     if last_only:
         x = x[-1:]  # (1, D)

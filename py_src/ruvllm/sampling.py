@@ -36,7 +36,12 @@ class SamplingOptions:
             value = getattr(self, name)
             _check(name, value, isinstance(value, (int, float)) and not isinstance(value, bool), "a number")
         _check("temperature", self.temperature, math.isfinite(self.temperature) and self.temperature >= 0, ">= 0")
-        _check("top_k", self.top_k, isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0, "an integer >= 0")
+        _check(
+            "top_k",
+            self.top_k,
+            isinstance(self.top_k, int) and not isinstance(self.top_k, bool) and self.top_k >= 0,
+            "an integer >= 0",
+        )
         _check("top_p", self.top_p, 0 < self.top_p <= 1, "in (0, 1]")
         _check("min_p", self.min_p, 0 <= self.min_p <= 1, "in [0, 1]")
         _check(
@@ -45,7 +50,9 @@ class SamplingOptions:
             math.isfinite(self.repetition_penalty) and self.repetition_penalty > 0,
             "> 0",
         )
-        _check("seed", self.seed, self.seed is None or (isinstance(self.seed, int) and self.seed >= 0), "an integer >= 0")
+        _check(
+            "seed", self.seed, self.seed is None or (isinstance(self.seed, int) and self.seed >= 0), "an integer >= 0"
+        )
 
 
 def _check(name: str, value: object, ok: bool, expected: str) -> None:

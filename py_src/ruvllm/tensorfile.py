@@ -69,7 +69,9 @@ def parse_header(
     """
     prefix = memoryview(prefix).cast("B")
     if total_size < 8:
-        raise LoadError(f"{source}: {total_size} bytes is too short for a safetensors file (need 8 for the header length)")
+        raise LoadError(
+            f"{source}: {total_size} bytes is too short for a safetensors file (need 8 for the header length)"
+        )
     header_len = int.from_bytes(prefix[:8], "little")
     if header_len > MAX_HEADER_BYTES:
         raise LoadError(f"{source}: header length {header_len} exceeds the limit of {MAX_HEADER_BYTES} bytes")
@@ -82,7 +84,7 @@ def parse_header(
         raise LoadError(f"{source}: only {len(prefix)} bytes given, the header needs {8 + header_len}")
     try:
         header = json.loads(bytes(prefix[8 : 8 + header_len]).decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError, _DuplicateKey) as e:
+    except (UnicodeDecodeError, json.JSONDecodeError, _DuplicateKeyError) as e:
         raise LoadError(f"{source}: the header is not valid JSON ({e})") from None
     if not isinstance(header, dict):
         raise LoadError(f"{source}: the header must be a JSON object, found {type(header).__name__}")
@@ -136,7 +138,8 @@ def _check_coverage(source: str, tensors: dict[str, TensorInfo], data_start: int
             raise LoadError(f"{source}: tensor {info.name!r} overlaps the tensor before it (data_offsets)")
         if info.begin > position:
             raise LoadError(
-                f"{source}: {info.begin - position} unused bytes before tensor {info.name!r} (the data section must have no holes)"
+                f"{source}: {info.begin - position} unused bytes before tensor {info.name!r} "
+                "(the data section must have no holes)"
             )
         position = info.end
     if position != data_start + data_size:
@@ -146,7 +149,7 @@ def _check_coverage(source: str, tensors: dict[str, TensorInfo], data_start: int
         )
 
 
-class _DuplicateKey(ValueError):
+class _DuplicateKeyError(ValueError):
     pass
 
 
@@ -154,39 +157,34 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
     result = {}
     for key, value in pairs:
         if key in result:
-            raise _DuplicateKey(f"duplicate key {key!r}")
+            raise _DuplicateKeyError(f"duplicate key {key!r}")
         result[key] = value
     return result
 
 
 class SafetensorsFile:
-    """A parsed, validated safetensors file; `get(name)` returns a view into the file's buffer."""
+    """A parsed, validated safetensors file; `get(name)` returns a view into the file's buffer.
+
+    A file opened with `header_only` has `buffer = None`: its layout is known, its data is not.
+    """
 
     def __init__(self, buffer: object, source: str = "<buffer>") -> None:
         data = np.frombuffer(buffer, dtype=np.uint8) if not isinstance(buffer, np.ndarray) else buffer.reshape(-1)
         if data.dtype != np.uint8:
             data = data.view(np.uint8)
         self.source = source
-        self.buffer = data
+        self.buffer: np.ndarray | None = data
         self.metadata, self.tensors = parse_header(data, data.size, source)
 
     @classmethod
     def from_path(cls, path: str | os.PathLike, header_only: bool = False) -> SafetensorsFile:
-        """Read a whole file into one buffer (a single read, no intermediate copies).
-
-        With `header_only`, read and validate just the header: `get` is then unavailable.
-        """
+        """Read a whole file into one buffer (a single read, no intermediate copies), or just its header."""
         path = os.fspath(path)
         try:
             size = os.path.getsize(path)
             with open(path, "rb") as f:
                 if header_only:
-                    head = f.read(8)
-                    head += f.read(min(int.from_bytes(head, "little"), MAX_HEADER_BYTES + 1)) if len(head) == 8 else b""
-                    self = cls.__new__(cls)
-                    self.source, self.buffer = os.path.basename(path), None
-                    self.metadata, self.tensors = parse_header(head, size, self.source)
-                    return self
+                    return cls._header_only(f, size, os.path.basename(path))
                 buffer = np.empty(size, dtype=np.uint8)
                 got = f.readinto(memoryview(buffer))
         except OSError as e:
@@ -194,6 +192,16 @@ class SafetensorsFile:
         if got != size:
             raise LoadError(f"{path}: read {got} of {size} bytes")
         return cls(buffer, source=os.path.basename(path))
+
+    @classmethod
+    def _header_only(cls, f, size: int, source: str) -> SafetensorsFile:
+        head = f.read(8)
+        if len(head) == 8:
+            head += f.read(min(int.from_bytes(head, "little"), MAX_HEADER_BYTES + 1))
+        file = cls.__new__(cls)
+        file.source, file.buffer = source, None
+        file.metadata, file.tensors = parse_header(head, size, source)
+        return file
 
     def keys(self) -> list[str]:
         return list(self.tensors)
@@ -210,7 +218,8 @@ class SafetensorsFile:
     def get(self, name: str) -> np.ndarray:
         """The tensor as a read-only view (BF16 as raw uint16; see `bf16_to_f32`)."""
         info = self.info(name)
-        assert self.buffer is not None, "opened with header_only"
+        if self.buffer is None:
+            raise LoadError(f"{self.source}: opened for its header only; tensor data is not loaded")
         view = self.buffer[info.begin : info.end].view(DTYPES[info.dtype]).reshape(info.shape)
         view.flags.writeable = False
         return view
@@ -254,7 +263,5 @@ class PieceBuffer:
 
     def finish(self) -> SafetensorsFile:
         if self.filled != self.array.size:
-            raise LoadError(
-                f"{self.source}: download incomplete: received {self.filled} of {self.array.size} bytes"
-            )
+            raise LoadError(f"{self.source}: download incomplete: received {self.filled} of {self.array.size} bytes")
         return SafetensorsFile(self.array, source=self.source)

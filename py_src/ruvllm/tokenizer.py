@@ -29,7 +29,8 @@ class Tokenizer:
         self.config = tokenizer_config
         self.token_bytes, self._strip_space = token_byte_table(data)
         self.special_tokens = {
-            name: _token_text(tokenizer_config.get(name)) for name in ("bos_token", "eos_token", "unk_token", "pad_token")
+            name: _token_text(tokenizer_config.get(name))
+            for name in ("bos_token", "eos_token", "unk_token", "pad_token")
         }
         template = tokenizer_config.get("chat_template")
         if isinstance(template, list):  # several named templates: use the default one

@@ -83,7 +83,9 @@ def _logical_tensors(f: SafetensorsFile) -> list[tuple[str, str, tuple[int, ...]
 
     version = f.metadata.get("format_version")
     if version != FORMAT_VERSION:
-        raise LoadError(f"{f.source}: ruvllm format version {version!r} is not supported (this build reads {FORMAT_VERSION})")
+        raise LoadError(
+            f"{f.source}: ruvllm format version {version!r} is not supported (this build reads {FORMAT_VERSION})"
+        )
     try:
         table = json.loads(f.metadata["tensors"])
     except (KeyError, json.JSONDecodeError):
@@ -93,7 +95,9 @@ def _logical_tensors(f: SafetensorsFile) -> list[tuple[str, str, tuple[int, ...]
         fmt = get_format(entry.get("format"), f"{f.source}: tensor {name!r}")
         shape = tuple(entry.get("shape", ()))
         if fmt.quantized and entry.get("group_size") != GROUP:
-            raise LoadError(f"{f.source}: tensor {name!r}: group_size {entry.get('group_size')!r} is not supported (only {GROUP})")
+            raise LoadError(
+                f"{f.source}: tensor {name!r}: group_size {entry.get('group_size')!r} is not supported (only {GROUP})"
+            )
         try:
             specs = fmt.part_specs(shape)
         except ValueError as e:
@@ -201,7 +205,9 @@ def load_weights(config: ModelConfig, store: TensorStore, dtype: np.dtype = np.f
         return store.load_f32(names[name]).astype(dtype, copy=False)
 
     def proj(prefix: str, out_dim: int, in_dim: int, bias: bool) -> Linear:
-        return Linear(tensor(f"{prefix}.weight", (out_dim, in_dim)), tensor(f"{prefix}.bias", (out_dim,)) if bias else None)
+        return Linear(
+            tensor(f"{prefix}.weight", (out_dim, in_dim)), tensor(f"{prefix}.bias", (out_dim,)) if bias else None
+        )
 
     layers = []
     for i in range(config.num_hidden_layers):

@@ -49,7 +49,9 @@ def encode(name: str, w: np.ndarray, target: str) -> ConvertedTensor:
         return ConvertedTensor(name, "f32", w.shape, {"": w.astype(np.float32)}, "f32 (vector)")
     fmt = get_format(target)
     if fmt.quantized and w.shape[1] % GROUP:
-        return ConvertedTensor(name, "f32", w.shape, {"": w.astype(np.float32)}, f"f32 ({w.shape[1]} columns is not a multiple of {GROUP})")
+        return ConvertedTensor(
+            name, "f32", w.shape, {"": w.astype(np.float32)}, f"f32 ({w.shape[1]} columns is not a multiple of {GROUP})"
+        )
     parts = fmt.quantize(w)
     if target == "f32":
         return ConvertedTensor(name, "f32", w.shape, parts, "f32")
@@ -58,4 +60,4 @@ def encode(name: str, w: np.ndarray, target: str) -> ConvertedTensor:
 
 
 def report(t: ConvertedTensor) -> str:
-    return f"{t.name:48s} {str(list(t.shape)):14s} {t.note}"
+    return f"{t.name:48s} {list(t.shape)!s:14s} {t.note}"

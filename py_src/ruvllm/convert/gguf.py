@@ -36,7 +36,11 @@ _LAYER_NAMES = {
     "ffn_up.weight": "mlp.up_proj.weight",
     "ffn_down.weight": "mlp.down_proj.weight",
 }
-_GLOBAL_NAMES = {"token_embd.weight": "model.embed_tokens.weight", "output_norm.weight": "model.norm.weight", "output.weight": "lm_head.weight"}
+_GLOBAL_NAMES = {
+    "token_embd.weight": "model.embed_tokens.weight",
+    "output_norm.weight": "model.norm.weight",
+    "output.weight": "lm_head.weight",
+}
 
 # GGUF block layouts we copy: type name -> (our format, bytes per block of 32, byte ranges of the parts)
 _LOSSLESS = {
@@ -158,7 +162,8 @@ def _convert_tensor(gguf, t, name: str, weights: str | None, rows_per_head: int 
     if weights is None:
         weights = "f32" if type_name == "F32" else "f16"
     converted = encode(name, w, weights)
-    converted.note += f" (from GGUF {type_name})"
+    if type_name != "F32" or converted.format != "f32":
+        converted.note += f" (from GGUF {type_name})"
     return converted
 
 
@@ -169,4 +174,3 @@ def unpermute_rows(w: np.ndarray, heads: int) -> np.ndarray:
     """
     rows = w.shape[0]
     return np.ascontiguousarray(w.reshape(heads, rows // heads // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape))
-

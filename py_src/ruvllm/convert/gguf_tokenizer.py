@@ -77,9 +77,15 @@ def build_tokenizer(reader, meta: dict, src: str) -> tuple[dict, dict, dict]:
     tokenizer.pre_tokenizer = _pre_tokenizer(field("pre", "default"))
     tokenizer.decoder = decoders.ByteLevel()
     tokenizer.add_special_tokens(
-        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types) if k == _CONTROL]
+        [AddedToken(t, special=True, normalized=False) for t, k in zip(tokens, types, strict=True) if k == _CONTROL]
     )
-    tokenizer.add_tokens([AddedToken(t, special=False, normalized=False) for t, k in zip(tokens, types) if k == _USER_DEFINED])
+    tokenizer.add_tokens(
+        [
+            AddedToken(t, special=False, normalized=False)
+            for t, k in zip(tokens, types, strict=True)
+            if k == _USER_DEFINED
+        ]
+    )
 
     def token(name: str) -> str | None:
         index = field(f"{name}_token_id")
@@ -90,7 +96,9 @@ def build_tokenizer(reader, meta: dict, src: str) -> tuple[dict, dict, dict]:
     if add_bos or add_eos:
         template = " ".join(([bos] if add_bos else []) + ["$A"] + ([eos] if add_eos else []))
         used = {t for t in (bos if add_bos else None, eos if add_eos else None) if t}
-        tokenizer.post_processor = processors.TemplateProcessing(single=template, special_tokens=[(t, vocab[t]) for t in used])
+        tokenizer.post_processor = processors.TemplateProcessing(
+            single=template, special_tokens=[(t, vocab[t]) for t in used]
+        )
 
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",

@@ -1,0 +1,195 @@
+"""The `ruvllm` command: output shapes, streaming, chat, and one-line errors for bad input."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from conftest import tiny_model
+from ruvllm import cli
+
+
+def ruvllm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "ruvllm", *args], capture_output=True, text=True, input=stdin, timeout=600
+    )
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, message: str, code: int = 1) -> None:
+    assert result.returncode == code, result.stderr
+    assert "Traceback" not in result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert message in lines[0], lines[0]
+
+
+def test_generate_json_has_the_documented_shape(smollm2_dir, smollm2):
+    result = ruvllm(
+        "generate",
+        str(smollm2_dir),
+        "--prompt",
+        "What is 2+2?",
+        "--chat",
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "24",
+        "--json",
+    )
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert set(data) == {"text", "token_ids", "prompt_token_ids", "finish_reason", "stats"}
+    assert set(data["stats"]) == {"prompt_tokens", "completion_tokens", "prefill_ms", "ttft_ms", "decode_tok_s"}
+    expected_prompt = smollm2.tokenizer.encode_chat([{"role": "user", "content": "What is 2+2?"}])
+    assert data["prompt_token_ids"] == expected_prompt
+    expected = list(smollm2.generate(expected_prompt, max_tokens=24, temperature=0))
+    assert data["token_ids"] == [c.token_id for c in expected]
+    assert data["text"] == "".join(c.text for c in expected)
+    assert data["finish_reason"] == expected[-1].finish_reason
+    assert data["stats"]["prompt_tokens"] == len(expected_prompt)
+    assert data["stats"]["completion_tokens"] == len(data["token_ids"])
+
+
+def test_generate_streams_the_same_text(smollm2_dir):
+    args = ["generate", str(smollm2_dir), "--prompt", "Once upon a time", "--temperature", "0", "--max-tokens", "20"]
+    streamed = ruvllm(*args)
+    as_json = json.loads(ruvllm(*args, "--json").stdout)
+    assert streamed.returncode == 0
+    assert streamed.stdout == as_json["text"] + "\n"
+
+
+def test_generate_with_system_prompt_and_sampling_options(smollm2_dir, smollm2):
+    args = ["generate", str(smollm2_dir), "--prompt", "Hi", "--chat", "--system", "You are a pirate.", "--json"]
+    sampled = [
+        "--temperature",
+        "0.9",
+        "--top-k",
+        "20",
+        "--top-p",
+        "0.9",
+        "--min-p",
+        "0.1",
+        "--repetition-penalty",
+        "1.1",
+        "--seed",
+        "5",
+    ]
+    first = json.loads(ruvllm(*args, *sampled, "--max-tokens", "16").stdout)
+    second = json.loads(ruvllm(*args, *sampled, "--max-tokens", "16").stdout)
+    assert first["token_ids"] == second["token_ids"]
+    messages = [{"role": "system", "content": "You are a pirate."}, {"role": "user", "content": "Hi"}]
+    assert first["prompt_token_ids"] == smollm2.tokenizer.encode_chat(messages)
+
+
+def test_info(smollm2_dir):
+    result = ruvllm("info", str(smollm2_dir))
+    assert result.returncode == 0
+    for expected in (
+        "LlamaForCausalLM",
+        "134.5M",
+        "30 layers",
+        "9 heads (3 key/value)",
+        "8192 positions",
+        "q4_1",
+        "q8",
+        "tied",
+    ):
+        assert expected in result.stdout
+
+
+def test_chat_keeps_history_and_obeys_commands(smollm2_dir, monkeypatch, capsys):
+    seen = []
+    from ruvllm.api import Model
+
+    real_chat = Model.chat
+
+    def recording_chat(self, messages, **options):
+        seen.append((messages, options["temperature"]))
+        return real_chat(self, messages, **options)
+
+    monkeypatch.setattr(Model, "chat", recording_chat)
+    lines = ["/temp 0", "What is the capital of France?", "And of Italy?", "/system You are terse.", "/clear", "Hi"]
+    script = "\n".join([*lines, "/bogus", "/quit", "never read", ""])
+    monkeypatch.setattr(sys, "stdin", io.StringIO(script))
+    assert cli.main(["chat", str(smollm2_dir), "--max-tokens", "24"]) == 0
+    out, err = capsys.readouterr()
+    assert "Paris" in out
+    assert [temperature for _, temperature in seen] == [0.0, 0.0, 0.0]
+    first, second, third = (messages for messages, _ in seen)
+    assert first == [{"role": "user", "content": "What is the capital of France?"}]
+    assert second[0] == first[0] and second[1]["role"] == "assistant" and second[2]["content"] == "And of Italy?"
+    assert third == [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}]
+    assert "(conversation cleared)" in err and "unknown command /bogus" in err
+
+
+# --- bad input: exit code 1 (2 for a malformed command line), one line on stderr, no traceback
+
+
+def test_missing_model_folder(tmp_path):
+    assert_one_line_error(
+        ruvllm("generate", str(tmp_path / "nope"), "--prompt", "x"), f"{tmp_path / 'nope'}: model folder not found"
+    )
+
+
+def test_unknown_architecture(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    result = ruvllm("generate", str(tmp_path), "--prompt", "x")
+    assert_one_line_error(
+        result,
+        "unsupported architecture GPT2LMHeadModel; supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM",
+    )
+
+
+def test_truncated_weight_file(tmp_path, smollm2_dir):
+    tiny_model("llama", tmp_path)
+    weights = tmp_path / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:-1000])
+    result = ruvllm("generate", str(tmp_path), "--prompt", "x")
+    assert_one_line_error(result, "model.safetensors: tensor")
+    assert "the file is truncated" in result.stderr
+
+
+def test_prompt_longer_than_the_context(smollm2_dir):
+    result = ruvllm("generate", str(smollm2_dir), "--prompt", "word " * 39 + "word", "--context-length", "16")
+    assert_one_line_error(result, "the prompt has 40 tokens but the context window is 16")
+
+
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--temperature", "-1"], "temperature must be >= 0, got -1.0"),
+        (["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
+        (["--top-p", "0"], "top_p must be in (0, 1], got 0.0"),
+        (["--max-tokens", "0"], "max_tokens must be an integer >= 1, got 0"),
+        (["--context-length", "100000"], "context_length must be an integer in [1, 8192], got 100000"),
+    ],
+)
+def test_invalid_option_values(smollm2_dir, option, message):
+    assert_one_line_error(ruvllm("generate", str(smollm2_dir), "--prompt", "x", *option), message)
+
+
+def test_malformed_command_line_is_one_line_too(smollm2_dir):
+    result = ruvllm("generate", str(smollm2_dir), "--prompt", "x", "--max-tokens", "many")
+    assert_one_line_error(result, "argument --max-tokens: invalid int value: 'many'", code=2)
+    assert_one_line_error(
+        ruvllm("generate", str(smollm2_dir)), "the following arguments are required: --prompt", code=2
+    )
+
+
+def test_verbose_shows_the_traceback(tmp_path):
+    result = ruvllm("--verbose", "generate", str(tmp_path / "nope"), "--prompt", "x")
+    assert result.returncode == 1 and "Traceback" in result.stderr and "model folder not found" in result.stderr
+
+
+def test_convert_prints_quantization_errors(tmp_path):
+    tiny_model("llama", tmp_path / "hf")
+    result = ruvllm("convert", str(tmp_path / "hf"), str(tmp_path / "out"), "--weights", "q4_0")
+    assert result.returncode == 0, result.stderr
+    assert "model.layers.0.mlp.up_proj.weight" in result.stdout and "q4_0 max |error|" in result.stdout
+    assert "model.norm.weight" in result.stdout and "f32 (vector)" in result.stdout
+    shutil.rmtree(tmp_path / "out")
