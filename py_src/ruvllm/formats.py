@@ -40,31 +40,17 @@ class StorageFormat:
         return sum(DTYPES[dt].itemsize * int(np.prod(s)) for dt, s in self.part_specs(shape).values())
 
 
-class F32(StorageFormat):
-    """IEEE float32, any shape."""
+class IEEEFloat(StorageFormat):
+    """IEEE float32 or float16, any shape."""
 
-    name = "f32"
-
-    def part_specs(self, shape):
-        return {"": ("F32", tuple(shape))}
-
-    def quantize(self, w):
-        return {"": np.ascontiguousarray(w, dtype=np.float32)}
-
-    def dequantize(self, parts, shape):
-        return parts[""].astype(np.float32)
-
-
-class F16(StorageFormat):
-    """IEEE float16, any shape."""
-
-    name = "f16"
+    def __init__(self, name: str, st_dtype: str, dtype: type) -> None:
+        self.name, self.st_dtype, self.dtype = name, st_dtype, dtype
 
     def part_specs(self, shape):
-        return {"": ("F16", tuple(shape))}
+        return {"": (self.st_dtype, tuple(shape))}
 
     def quantize(self, w):
-        return {"": np.ascontiguousarray(w, dtype=np.float16)}
+        return {"": np.ascontiguousarray(w, dtype=self.dtype)}
 
     def dequantize(self, parts, shape):
         return parts[""].astype(np.float32)
@@ -186,7 +172,10 @@ class Q4_1(Q4_0):
         }
 
 
-FORMATS: dict[str, StorageFormat] = {f.name: f for f in (F32(), F16(), BF16(), Q8(), Q4_0(), Q4_1())}
+FORMATS: dict[str, StorageFormat] = {
+    f.name: f
+    for f in (IEEEFloat("f32", "F32", np.float32), IEEEFloat("f16", "F16", np.float16), BF16(), Q8(), Q4_0(), Q4_1())
+}
 
 
 def get_format(name: str, where: str = "") -> StorageFormat:
