@@ -4,8 +4,11 @@
 #   ./build.sh            set up the Python environment and build everything that exists so far
 #   ./build.sh setup      only the Python environment (.venv, the package in editable mode + test tools)
 #   ./build.sh model      only the demo model: SmolLM2-135M-Instruct converted to models/smollm2-135m-instruct
+#   ./build.sh wheel      only the pure-Python wheel, into npm/wheel/ (the npm package ships it)
+#   ./build.sh npm        the npm package in npm/: its dependencies and the wheel
 #   ./build.sh demo       build, then stream a chat reply from the demo model on CPython (the main job)
 #   ./build.sh test       build, then run every test and the linter
+#   ./build.sh bench      build, then the Pyodide-vs-CPython benchmark (needs a local Pyodide distribution)
 set -euo pipefail
 cd "$(dirname "$0")"
 
@@ -59,8 +62,28 @@ PY
   touch "$MODEL_DIR/.complete"
 }
 
+wheel() {
+  log "building the ruvllm wheel into npm/wheel/"
+  rm -rf npm/wheel build/wheel
+  mkdir -p npm/wheel
+  "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w build/wheel .
+  local file
+  file=$(cd build/wheel && ls ruvllm-*-py3-none-any.whl)
+  cp "build/wheel/$file" "npm/wheel/$file"
+  printf '{"file": "%s", "sha256": "%s"}\n' "$file" "$(sha256sum "npm/wheel/$file" | cut -d' ' -f1)" > npm/wheel/manifest.json
+}
+
+npm_package() {
+  if [ ! -d npm/node_modules ] || [ npm/package-lock.json -nt npm/node_modules/.package-lock.json ]; then
+    log "installing the npm package's dependencies"
+    (cd npm && npm ci --no-audit --no-fund --loglevel=error)
+  fi
+  wheel
+}
+
 build_all() {
   setup
+  npm_package
   model
 }
 
@@ -68,6 +91,8 @@ case "${1:-all}" in
   all) build_all ;;
   setup) setup ;;
   model) setup; model ;;
+  wheel) setup; wheel ;;
+  npm) setup; npm_package ;;
   demo)
     build_all
     log "chatting with $MODEL_DIR on CPython"
@@ -78,9 +103,17 @@ case "${1:-all}" in
     "$VENV/bin/ruff" check py_src tests
     "$VENV/bin/ruff" format --check py_src tests
     "$PY" -m pytest -q
+    log "node tests (the Pyodide ones skip, saying how to get a distribution, when none is on disk)"
+    py_abs=$(realpath -s "$PY")
+    (cd npm && RUVLLM_PYTHON="$py_abs" node --test test/*.test.js)
+    ;;
+  bench)
+    build_all
+    py_abs=$(realpath -s "$PY")
+    (cd npm && RUVLLM_PYTHON="$py_abs" node bench/bench.js)
     ;;
   *)
-    echo "usage: ./build.sh [all|setup|model|demo|test]" >&2
+    echo "usage: ./build.sh [all|setup|model|wheel|npm|demo|test|bench]" >&2
     exit 2
     ;;
 esac

@@ -8,30 +8,20 @@ text without non-ASCII numerals that is exactly transformers' plain output (chec
 
 from __future__ import annotations
 
+import json
 import unicodedata
+from pathlib import Path
 
 import pytest
 from transformers import AutoTokenizer
 
 from ruvllm.tokenizer import Tokenizer
 
-CORPUS = [
-    "Hello, world!",
-    "Ça va? Déjà vu — naïve café, Ångström, Straße, e\u0301 (combining)",
-    "你好，世界！日本語のテキストです。한국어 문장도 있습니다.",
-    "مرحبا بالعالم، كيف حالك؟",
-    "Family 👩\u200d👩\u200d👧\u200d👦, flag 🏳️\u200d🌈, thumbs 👍🏽, 🤖🚀",
-    "def square(x):\n\treturn x ** 2  # the square\n\nprint(square(12))",
-    "a  b   c\t\td\n\n\ne \r\n    f\u00a0g",
-    "   leading and trailing spaces   ",
-    "12345 3.14159 1,000,000 2026-11-22 0x1F",
-    "½ cup, ① first, Ⅻ twelve, Arabic ٣٤٥, squared x², fraction ⅞",
-    "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n",
-    "end of text<|endoftext|>next document",
-    "not special: <|im_start and <im_end|>",
-    "",
-    "I'm sure they'll say we've done it. DON'T SHOUT",
-]
+# Shared with the JavaScript parity test (test_js_text.py): accents, CJK, Arabic, emoji with ZWJ, code,
+# runs of spaces/tabs/newlines, digits and other numerals, special tokens written in text.
+_DATA = json.loads((Path(__file__).parent / "data" / "text_corpus.json").read_text(encoding="utf-8"))
+CORPUS: list[str] = _DATA["texts"]
+CONVERSATIONS: list[list[dict]] = _DATA["conversations"]
 
 
 @pytest.fixture(scope="module")
@@ -94,17 +84,6 @@ def test_detokenizer_holds_back_a_split_character(ours):
     detok = ours.detokenizer()
     pieces = [detok.add(i) for i in ids]
     assert pieces[:-1] == [""] * (len(ids) - 1) and pieces[-1] == "🤖"
-
-
-CONVERSATIONS = [
-    [{"role": "user", "content": "What is the capital of France?"}],
-    [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi"}],
-    [
-        {"role": "user", "content": "Count to three."},
-        {"role": "assistant", "content": "One, two, three."},
-        {"role": "user", "content": "Now in French, with accents: très bien?"},
-    ],
-]
 
 
 @pytest.mark.parametrize("messages", CONVERSATIONS)

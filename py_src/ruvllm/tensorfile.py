@@ -243,14 +243,18 @@ class PieceBuffer:
     def write(self, piece: object) -> int:
         """Append `piece` (anything with the buffer protocol); returns the bytes written so far."""
         chunk = np.frombuffer(piece, dtype=np.uint8)
-        if self.filled + chunk.size > self.array.size:
+        self.next_slice(chunk.size)[:] = chunk
+        return self.filled
+
+    def next_slice(self, length: int) -> np.ndarray:
+        """The next `length` bytes of the buffer, counted as filled: the caller copies a piece into it."""
+        if self.filled + length > self.array.size:
             raise LoadError(
                 f"{self.source}: received more than the expected {self.array.size} bytes "
-                f"({self.filled + chunk.size} so far)"
+                f"({self.filled + length} so far)"
             )
-        self.array[self.filled : self.filled + chunk.size] = chunk
-        self.filled += chunk.size
-        return self.filled
+        self.filled += length
+        return self.array[self.filled - length : self.filled]
 
     def header(self) -> tuple[dict[str, str], dict[str, TensorInfo]] | None:
         """`(metadata, tensors)` once the header has arrived, else None."""

@@ -1,0 +1,128 @@
+/**
+ * `ruvllm-js`: the Node command of @ruvector/ruvllm.
+ *
+ *   ruvllm-js generate MODEL --prompt TEXT [--chat] [--system TEXT] [--max-tokens N] [--temperature T]
+ *                     [--seed S] [--ignore-eos] [--json] [--pyodide DIR]
+ *
+ * With --json it prints exactly the object `ruvllm generate --json` prints on CPython. The Pyodide
+ * distribution comes from --pyodide, else RUVLLM_PYODIDE_DIST, else the `pyodide` package (NumPy from
+ * the CDN). Errors: exit code 1 and one line on stderr.
+ */
+
+import { parseArgs } from 'node:util';
+
+import { RuvLLM, RuvLLMError } from './index.js';
+
+const USAGE = `usage: ruvllm-js generate MODEL --prompt TEXT [--chat] [--system TEXT] [--max-tokens N]
+                 [--temperature T] [--seed S] [--ignore-eos] [--json] [--pyodide DIR] [--context-length N]`;
+
+class UsageError extends Error {}
+
+function number(value, name, integer) {
+  if (value === undefined) return undefined;
+  const n = Number(value);
+  if (value.trim() === '' || !Number.isFinite(n) || (integer && !Number.isInteger(n))) {
+    throw new UsageError(`argument --${name}: invalid ${integer ? 'int' : 'float'} value: '${value}'`);
+  }
+  return n;
+}
+
+export function parse(argv) {
+  let parsed;
+  try {
+    parsed = parseArgs({
+      args: argv,
+      allowPositionals: true,
+      options: {
+        prompt: { type: 'string' },
+        chat: { type: 'boolean', default: false },
+        system: { type: 'string' },
+        'max-tokens': { type: 'string', default: '256' },
+        temperature: { type: 'string', default: '0.8' },
+        seed: { type: 'string' },
+        'ignore-eos': { type: 'boolean', default: false },
+        json: { type: 'boolean', default: false },
+        pyodide: { type: 'string' },
+        'context-length': { type: 'string' },
+        help: { type: 'boolean', default: false },
+      },
+    });
+  } catch (error) {
+    throw new UsageError(error.message);
+  }
+  const { values, positionals } = parsed;
+  if (values.help) return { help: true };
+  const [command, model, ...extra] = positionals;
+  if (command !== 'generate') throw new UsageError(command ? `unknown command '${command}'` : 'a command is required');
+  if (!model) throw new UsageError('the following arguments are required: MODEL');
+  if (extra.length) throw new UsageError(`unexpected arguments: ${extra.join(' ')}`);
+  if (values.prompt === undefined) throw new UsageError('the following arguments are required: --prompt');
+  return {
+    model,
+    prompt: values.prompt,
+    chat: values.chat,
+    system: values.system,
+    json: values.json,
+    pyodide: values.pyodide ?? process.env.RUVLLM_PYODIDE_DIST,
+    contextLength: number(values['context-length'], 'context-length', true),
+    options: {
+      maxTokens: number(values['max-tokens'], 'max-tokens', true),
+      temperature: number(values.temperature, 'temperature', false),
+      seed: number(values.seed, 'seed', true),
+      ignoreEos: values['ignore-eos'],
+    },
+  };
+}
+
+export async function main(argv = process.argv.slice(2), out = process.stdout, err = process.stderr) {
+  let args;
+  try {
+    args = parse(argv);
+  } catch (error) {
+    err.write(`ruvllm-js: error: ${error.message} (see --help)\n`);
+    return 2;
+  }
+  if (args.help) {
+    out.write(`${USAGE}\n`);
+    return 0;
+  }
+  let llm;
+  try {
+    llm = await RuvLLM.load({
+      model: args.model,
+      pyodide: args.pyodide ? { indexURL: args.pyodide } : undefined,
+      contextLength: args.contextLength,
+    });
+    const messages = [...(args.system !== undefined ? [{ role: 'system', content: args.system }] : []), { role: 'user', content: args.prompt }];
+    const promptIds = await llm.tokenize(args.chat ? messages : args.prompt);
+    const text = [];
+    const ids = [];
+    let last = null;
+    for await (const chunk of llm.generate(promptIds, args.options)) {
+      if (!args.json) out.write(chunk.text);
+      text.push(chunk.text);
+      ids.push(chunk.tokenId);
+      last = chunk;
+    }
+    if (!args.json) {
+      out.write('\n');
+    } else {
+      const s = last.stats;
+      const result = {
+        text: text.join(''),
+        token_ids: ids,
+        prompt_token_ids: promptIds,
+        finish_reason: last.finishReason,
+        stats: { prompt_tokens: s.promptTokens, completion_tokens: s.completionTokens, prefill_ms: s.prefillMs, ttft_ms: s.ttftMs, decode_tok_s: s.decodeTokS },
+      };
+      out.write(`${JSON.stringify(result)}\n`);
+    }
+    return 0;
+  } catch (error) {
+    const message = error instanceof RuvLLMError ? error.message : `internal error: ${error.message}`;
+    err.write(`ruvllm-js generate: error: ${message}\n`);
+    return 1;
+  } finally {
+    await llm?.dispose();
+  }
+}

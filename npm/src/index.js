@@ -1,0 +1,243 @@
+/**
+ * @ruvector/ruvllm: a small language model engine in NumPy, running in Pyodide inside a worker.
+ *
+ *   import { RuvLLM } from '@ruvector/ruvllm';
+ *   const llm = await RuvLLM.load({ model: 'https://host/models/smollm2/', onProgress: (p) => {} });
+ *   for await (const c of llm.generate('Once upon a time', { maxTokens: 64, temperature: 0 })) {
+ *     process.stdout.write(c.text);
+ *   }
+ *   await llm.dispose();
+ */
+
+import { AbortError, RuvLLMError, deserializeError } from './errors.js';
+import { newId } from './protocol.js';
+
+export { AbortError, RuvLLMError } from './errors.js';
+
+const IS_NODE = typeof process === 'object' && typeof process.versions?.node === 'string';
+
+/** A worker with one interface in Node and browsers: post(message), onEvent(fn), onFailure(fn), terminate(). */
+async function spawnWorker() {
+  const url = new URL('./worker.js', import.meta.url);
+  if (IS_NODE) {
+    const { Worker } = await import('node:worker_threads');
+    const worker = new Worker(url);
+    return {
+      post: (m) => worker.postMessage(m),
+      onEvent: (fn) => worker.on('message', fn),
+      onFailure: (fn) => {
+        worker.on('error', (e) => fn(e.message));
+        worker.on('exit', (code) => fn(`exited with code ${code}`));
+      },
+      setActive: (active) => (active ? worker.ref() : worker.unref()),
+      terminate: () => worker.terminate(),
+    };
+  }
+  const worker = new Worker(url, { type: 'module' });
+  return {
+    post: (m) => worker.postMessage(m),
+    onEvent: (fn) => worker.addEventListener('message', (e) => fn(e.data)),
+    onFailure: (fn) => worker.addEventListener('error', (e) => fn(e.message || 'worker error')),
+    setActive: () => {},
+    terminate: () => worker.terminate(),
+  };
+}
+
+/** Events for one request, consumed in order. */
+class EventQueue {
+  #items = [];
+  #waiting = null;
+
+  push(event) {
+    if (this.#waiting) {
+      const resolve = this.#waiting;
+      this.#waiting = null;
+      resolve(event);
+    } else {
+      this.#items.push(event);
+    }
+  }
+
+  next() {
+    if (this.#items.length) return Promise.resolve(this.#items.shift());
+    return new Promise((resolve) => {
+      this.#waiting = resolve;
+    });
+  }
+}
+
+function checkLoadOptions(options) {
+  if (!options || typeof options !== 'object') throw new RuvLLMError('invalid_argument', 'RuvLLM.load needs an options object');
+  if (typeof options.model !== 'string' || !options.model) {
+    throw new RuvLLMError('invalid_argument', 'options.model must be a URL (or, in Node, a folder path) of a ruvllm model');
+  }
+  if (options.onProgress !== undefined && typeof options.onProgress !== 'function') {
+    throw new RuvLLMError('invalid_argument', 'options.onProgress must be a function');
+  }
+  const ctx = options.contextLength;
+  if (ctx !== undefined && (!Number.isInteger(ctx) || ctx < 1)) {
+    throw new RuvLLMError('invalid_argument', `options.contextLength must be a positive integer, got ${ctx}`);
+  }
+}
+
+export class RuvLLM {
+  #worker;
+  #queues = new Map();
+  #failed = null;
+
+  /** What the worker reported once the model was ready (architecture, contextLength, heapBytes, ...). */
+  info = null;
+
+  constructor(worker) {
+    this.#worker = worker;
+    worker.onEvent((event) => this.#queues.get(event.id)?.push(event));
+    worker.onFailure((reason) => {
+      this.#failed ??= new RuvLLMError('inference', `the ruvllm worker stopped: ${reason}`);
+      for (const queue of this.#queues.values()) queue.push({ type: 'error', error: { type: 'inference', message: this.#failed.message } });
+    });
+  }
+
+  /**
+   * Start a worker, boot Pyodide and load a model.
+   * @param {import('../types/index.d.ts').LoadOptions} options
+   * @returns {Promise<RuvLLM>}
+   */
+  static async load(options) {
+    checkLoadOptions(options);
+    const { signal, onProgress, ...rest } = options;
+    if (signal?.aborted) throw new AbortError('loading aborted');
+    const llm = new RuvLLM(await spawnWorker());
+    const onAbort = () => {
+      llm.#worker.terminate();
+      llm.#failed = new AbortError('loading aborted');
+      for (const queue of llm.#queues.values()) queue.push({ type: 'error', error: { type: 'abort', message: 'loading aborted' } });
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
+    try {
+      for await (const event of llm.#request({ type: 'load', options: rest })) {
+        if (event.type === 'progress') onProgress?.(event.progress);
+        else if (event.type === 'loaded') llm.info = renameInfo(event.info);
+      }
+    } catch (error) {
+      llm.#worker.terminate();
+      throw error;
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+    }
+    return llm;
+  }
+
+  /**
+   * Stream the continuation of raw text (or of token ids), one chunk per generated token.
+   * @param {string | number[]} prompt
+   * @param {import('../types/index.d.ts').GenerateOptions} [options]
+   * @returns {AsyncIterable<import('../types/index.d.ts').Chunk>}
+   */
+  generate(prompt, options = {}) {
+    checkPrompt(prompt);
+    return this.#stream({ type: 'generate', prompt }, options);
+  }
+
+  /**
+   * Stream the assistant's reply to a conversation, rendered with the model's chat template.
+   * @param {{role: string, content: string}[]} messages
+   * @param {import('../types/index.d.ts').GenerateOptions} [options]
+   * @returns {AsyncIterable<import('../types/index.d.ts').Chunk>}
+   */
+  chat(messages, options = {}) {
+    return this.#stream({ type: 'chat', messages: checkMessages(messages) }, options);
+  }
+
+  /**
+   * Token ids of raw text, or of a conversation rendered with the chat template (what generate/chat feed the model).
+   * @param {string | {role: string, content: string}[]} input
+   * @returns {Promise<number[]>}
+   */
+  async tokenize(input) {
+    const request = Array.isArray(input) ? { type: 'tokenize', messages: checkMessages(input) } : { type: 'tokenize', prompt: input };
+    if (!Array.isArray(input)) checkPrompt(input);
+    let ids = null;
+    for await (const event of this.#request(request)) if (event.type === 'tokens') ids = event.ids;
+    return ids;
+  }
+
+  /** Free the model and stop the worker. */
+  async dispose() {
+    if (!this.#failed) {
+      try {
+        for await (const _ of this.#request({ type: 'dispose' }));
+      } catch {
+        // The worker is going away either way.
+      }
+    }
+    this.#failed ??= new RuvLLMError('inference', 'this model was disposed');
+    await this.#worker.terminate();
+  }
+
+  async *#stream(request, { signal, ...options }) {
+    if (signal?.aborted) throw new AbortError('generation aborted');
+    for await (const event of this.#request({ ...request, options }, signal)) {
+      if (event.type === 'chunk') yield event.chunk;
+    }
+  }
+
+  /** Send one request and yield its events until 'done' (returns) or 'error' (throws). */
+  async *#request(request, signal) {
+    if (this.#failed) throw this.#failed;
+    const id = newId();
+    const queue = new EventQueue();
+    this.#queues.set(id, queue);
+    this.#worker.setActive(true);
+    let finished = false;
+    const onAbort = () => {
+      this.#worker.post({ type: 'abort', id });
+      queue.push({ type: 'error', error: { type: 'abort', message: 'generation aborted' } });
+    };
+    signal?.addEventListener('abort', onAbort, { once: true });
+    this.#worker.post({ ...request, id });
+    try {
+      for (;;) {
+        const event = await queue.next();
+        if (event.type === 'done') {
+          finished = true;
+          return;
+        }
+        if (event.type === 'error') {
+          finished = true;
+          throw deserializeError(event.error);
+        }
+        yield event;
+      }
+    } finally {
+      signal?.removeEventListener('abort', onAbort);
+      if (!finished && !this.#failed) this.#worker.post({ type: 'abort', id }); // the caller stopped iterating
+      this.#queues.delete(id);
+      if (this.#queues.size === 0) this.#worker.setActive(false);
+    }
+  }
+}
+
+function checkPrompt(prompt) {
+  const ids = Array.isArray(prompt) && prompt.length > 0 && prompt.every((t) => Number.isInteger(t) && t >= 0);
+  if (typeof prompt !== 'string' && !ids) {
+    throw new RuvLLMError('invalid_argument', 'prompt must be a string or a non-empty array of token ids');
+  }
+}
+
+function checkMessages(messages) {
+  const ok = Array.isArray(messages) && messages.length > 0 && messages.every((m) => typeof m?.role === 'string' && typeof m?.content === 'string');
+  if (!ok) throw new RuvLLMError('invalid_argument', 'messages must be a non-empty array of { role, content } strings');
+  return messages;
+}
+
+function renameInfo(info) {
+  return {
+    architecture: info.architecture,
+    vocabSize: info.vocab_size,
+    contextLength: info.context_length,
+    parameters: info.parameters,
+    downloadedBytes: info.downloadedBytes,
+    fromCache: info.fromCache,
+    heapBytes: info.heapBytes,
+  };
+}

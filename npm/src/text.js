@@ -1,0 +1,117 @@
+/**
+ * Text in JavaScript: the model's tokenizer.json run by @huggingface/tokenizers, its chat template by
+ * @huggingface/jinja, and streaming detokenization (detokenize.js). Token ids are what cross into Python.
+ *
+ * Two pre-tokenizer steps of @huggingface/tokenizers 0.2 differ from the Rust library that defines the
+ * format (and that ruvllm uses on CPython): its `Digits` splits only ASCII 0-9 where Rust splits every
+ * Unicode number (\p{N}: ½ ① Ⅻ ٣), and its `ByteLevel` regex uses JavaScript's \s (which includes
+ * U+FEFF and misses U+0085). `equivalentPreTokenizer` rewrites both into `Split` steps that mean the same
+ * in Rust and that the JS library implements faithfully, so both runtimes produce the same ids.
+ */
+
+import { Template } from '@huggingface/jinja';
+import { Tokenizer } from '@huggingface/tokenizers';
+
+import { RuvLLMError } from './errors.js';
+import { StreamingDetokenizer, tokenByteTable } from './detokenize.js';
+
+// The GPT-2 split used by ByteLevel(use_regex=true), as in the Rust tokenizers library.
+const GPT2_SPLIT = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
+
+function isolate(regex) {
+  return { type: 'Split', pattern: { Regex: regex }, behavior: 'Isolated', invert: false };
+}
+
+/** The same pre-tokenizer, written with steps the JS library implements exactly like Rust. */
+export function equivalentPreTokenizer(step) {
+  if (!step || typeof step !== 'object') return step;
+  if (step.type === 'Sequence') {
+    return { ...step, pretokenizers: step.pretokenizers.flatMap((s) => flatten(equivalentPreTokenizer(s))) };
+  }
+  if (step.type === 'Digits') return isolate(step.individual_digits ? '\\p{N}' : '\\p{N}+');
+  if (step.type === 'ByteLevel' && step.use_regex !== false && !step.add_prefix_space) {
+    return { type: 'Sequence', pretokenizers: [isolate(GPT2_SPLIT), { ...step, use_regex: false }] };
+  }
+  return step;
+}
+
+function flatten(step) {
+  return step?.type === 'Sequence' ? step.pretokenizers : [step];
+}
+
+function tokenText(value) {
+  if (value && typeof value === 'object') return value.content ?? null;
+  return typeof value === 'string' ? value : null;
+}
+
+function idList(value) {
+  if (value === undefined || value === null) return [];
+  return Array.isArray(value) ? value : [value];
+}
+
+/**
+ * @param {{tokenizerJson: object, tokenizerConfig: object, generationConfig: object, config: object}} files
+ */
+export function createText({ tokenizerJson, tokenizerConfig = {}, generationConfig = {}, config = {} }) {
+  if (!tokenizerJson) throw new RuvLLMError('load', 'tokenizer.json: not found');
+  let tokenizer;
+  try {
+    const json = { ...tokenizerJson, pre_tokenizer: equivalentPreTokenizer(tokenizerJson.pre_tokenizer) };
+    tokenizer = new Tokenizer(json, tokenizerConfig);
+  } catch (error) {
+    throw new RuvLLMError('load', `tokenizer.json cannot be used: ${error.message}`);
+  }
+  let table;
+  try {
+    table = tokenByteTable(tokenizerJson);
+  } catch (error) {
+    throw new RuvLLMError('load', error.message);
+  }
+
+  const special = {};
+  for (const name of ['bos_token', 'eos_token', 'unk_token', 'pad_token']) {
+    const text = tokenText(tokenizerConfig[name]);
+    if (text !== null) special[name] = text;
+  }
+  let source = tokenizerConfig.chat_template;
+  if (Array.isArray(source)) source = source.find((t) => t.name === 'default')?.template;
+  let template = null;
+  if (source) {
+    try {
+      template = new Template(source);
+    } catch (error) {
+      throw new RuvLLMError('load', `chat_template in tokenizer_config.json does not parse: ${error.message}`);
+    }
+  }
+
+  // End-of-sequence ids: config.json, generation_config.json and the tokenizer's eos_token (as on CPython).
+  const eos = new Set([...idList(config.eos_token_id), ...idList(generationConfig.eos_token_id)]);
+  const eosToken = special.eos_token !== undefined ? tokenizer.token_to_id(special.eos_token) : undefined;
+  if (eosToken !== undefined && eosToken !== null) eos.add(eosToken);
+
+  return {
+    eosIds: [...eos].sort((a, b) => a - b),
+    encode(text) {
+      if (typeof text !== 'string') throw new RuvLLMError('invalid_argument', 'prompt must be a string');
+      return text ? tokenizer.encode(text).ids : [];
+    },
+    applyChatTemplate(messages, addGenerationPrompt = true) {
+      if (!template) throw new RuvLLMError('invalid_argument', 'this model has no chat template (tokenizer_config.json has no chat_template)');
+      try {
+        return template.render({ messages, add_generation_prompt: addGenerationPrompt, ...special });
+      } catch (error) {
+        throw new RuvLLMError('invalid_argument', `the chat template rejected these messages: ${error.message}`);
+      }
+    },
+    encodeChat(messages, addGenerationPrompt = true) {
+      // The template writes any BOS itself; adding special tokens again would double it.
+      return tokenizer.encode(this.applyChatTemplate(messages, addGenerationPrompt), { add_special_tokens: false }).ids;
+    },
+    decode(ids) {
+      return ids.length ? tokenizer.decode(ids) : '';
+    },
+    newDetokenizer() {
+      return new StreamingDetokenizer(table);
+    },
+  };
+}

@@ -1,0 +1,208 @@
+/**
+ * The worker: owns Pyodide, the loaded model and the text tools, and answers the requests of
+ * protocol.js. It runs as a module Web Worker in browsers and as a worker_threads Worker in Node.
+ *
+ * Generation advances the Python generator one token per call and yields to the event loop between
+ * tokens, so an abort request is honoured before the next token.
+ */
+
+import { AbortError, RuvLLMError, serializeError } from './errors.js';
+import { readJson } from './files.js';
+import { checkRequest } from './protocol.js';
+import { startPython } from './runtime.js';
+import { createText } from './text.js';
+import { loadWeights } from './weights.js';
+import { splitAtStop } from './detokenize.js';
+
+const IS_NODE = typeof process === 'object' && typeof process.versions?.node === 'string';
+
+const port = IS_NODE ? (await import('node:worker_threads')).parentPort : globalThis;
+const send = (message) => port.postMessage(message);
+
+const state = {
+  py: null,
+  loader: null, // ruvllm.bridge.ModelLoader (PyProxy)
+  engine: null, // ruvllm.bridge.EngineHandle (PyProxy)
+  text: null,
+  aborted: new Set(), // ids of generate/chat requests asked to stop
+  busy: false,
+};
+
+/** Resolve after pending messages (an abort) had their turn; no 4 ms timer clamping. */
+function yieldToEventLoop() {
+  return new Promise((resolve) => {
+    const channel = new MessageChannel();
+    channel.port1.onmessage = () => {
+      channel.port1.close();
+      resolve();
+    };
+    channel.port2.postMessage(null);
+  });
+}
+
+/** Unwrap a bridge result ({"ok"} or {"error"}) or throw the RuvLLMError it describes. */
+function unwrap(json) {
+  const result = JSON.parse(json);
+  if (result.error) throw new RuvLLMError(result.error.type, result.error.message);
+  return result.ok;
+}
+
+async function load(id, options) {
+  const progress = (p) => send({ type: 'progress', id, progress: p });
+  // The small files first: a wrong model location fails in milliseconds, before Pyodide boots.
+  const files = { cache: options.cache !== false };
+  const config = await readJson(options.model, 'config.json', files);
+  const tokenizerJson = await readJson(options.model, 'tokenizer.json', files);
+  const tokenizerConfig = (await readJson(options.model, 'tokenizer_config.json', { ...files, optional: true })) ?? {};
+  const generationConfig = (await readJson(options.model, 'generation_config.json', { ...files, optional: true })) ?? {};
+  state.text = createText({ tokenizerJson, tokenizerConfig, generationConfig, config });
+
+  progress({ phase: 'runtime', loaded: 0, total: 0 });
+  state.py = await startPython(options.pyodide ?? {});
+  const bridge = state.py.pyimport('ruvllm.bridge');
+  try {
+    state.loader = bridge.new_loader();
+  } finally {
+    bridge.destroy();
+  }
+  unwrap(state.loader.set_config(JSON.stringify(config)));
+
+  const download = await loadWeights(state.loader, options.model, { ...files, sha256: options.sha256, onProgress: progress });
+  progress({ phase: 'load', loaded: download.total, total: download.total });
+  const built = unwrap(state.loader.build(options.contextLength)); // undefined -> None
+  state.engine = state.loader.handle.copy(); // the attribute proxy itself dies with the loader
+  state.loader.destroy();
+  state.loader = null;
+  const heapBytes = state.py._module.HEAP8.buffer.byteLength;
+  send({ type: 'loaded', id, info: { ...built, downloadedBytes: download.total, fromCache: download.fromCache, heapBytes } });
+}
+
+async function generate(id, ids, options) {
+  const { stop = [], ...rest } = options;
+  const started = performance.now();
+  const eosIds = rest.ignoreEos ? [] : state.text.eosIds;
+  unwrap(
+    state.engine.start(
+      JSON.stringify({ prompt_ids: ids, eos_ids: state.text.eosIds, options: pythonOptions(rest, stop) }),
+    ),
+  );
+  const detokenizer = state.text.newDetokenizer();
+  let held = '';
+  let count = 0;
+  let prefillMs = 0;
+  let firstAt = 0;
+  for (;;) {
+    await yieldToEventLoop();
+    if (state.aborted.delete(id)) {
+      unwrap(state.engine.stop());
+      throw new AbortError('generation aborted');
+    }
+    const step = unwrap(state.engine.step());
+    if (step === null) return;
+    const now = performance.now();
+    count += 1;
+    if (step.prefill_ms !== null) [prefillMs, firstAt] = [step.prefill_ms, now];
+    let finish = step.finish_reason;
+    if (!(finish === 'stop' && eosIds.includes(step.token_id))) held += detokenizer.add(step.token_id);
+    if (finish !== null) held += detokenizer.finish();
+    const [emit, keep, hit] = splitAtStop(held, stop, finish !== null);
+    held = keep;
+    if (hit) finish = 'stop';
+    const decodeS = (now - firstAt) / 1000;
+    const stats = {
+      promptTokens: ids.length,
+      completionTokens: count,
+      prefillMs,
+      ttftMs: firstAt - started,
+      decodeTokS: count > 1 && decodeS > 0 ? (count - 1) / decodeS : 0,
+    };
+    send({ type: 'chunk', id, chunk: { text: emit, tokenId: step.token_id, finishReason: finish, stats } });
+    if (finish !== null) {
+      if (hit) unwrap(state.engine.stop());
+      return;
+    }
+  }
+}
+
+/** Token ids of a request: a chat (messages), raw text, or ids given as they are. */
+function promptIds({ messages, prompt }) {
+  if (messages !== undefined) return state.text.encodeChat(messages);
+  if (Array.isArray(prompt)) return prompt;
+  return state.text.encode(prompt);
+}
+
+/** JS option names (camelCase) to the Python ones; unknown names are refused by Python. */
+function pythonOptions(options, stop) {
+  const names = {
+    maxTokens: 'max_tokens',
+    temperature: 'temperature',
+    topK: 'top_k',
+    topP: 'top_p',
+    minP: 'min_p',
+    repetitionPenalty: 'repetition_penalty',
+    seed: 'seed',
+    ignoreEos: 'ignore_eos',
+  };
+  const out = {};
+  for (const [key, value] of Object.entries(options)) {
+    if (value === undefined) continue;
+    if (!(key in names)) throw new RuvLLMError('invalid_argument', `unknown option ${JSON.stringify(key)}; options are: ${Object.keys(names).join(', ')}, stop`);
+    out[names[key]] = value;
+  }
+  if (!Array.isArray(stop) || !stop.every((s) => typeof s === 'string' && s.length > 0)) {
+    throw new RuvLLMError('invalid_argument', 'stop must be an array of non-empty strings');
+  }
+  return out;
+}
+
+async function handle(message) {
+  const { type, id } = message;
+  if (type === 'abort') {
+    state.aborted.add(id);
+    return;
+  }
+  try {
+    if (type === 'load') {
+      await load(id, message.options);
+    } else if (type === 'dispose') {
+      dispose();
+    } else {
+      if (!state.engine) throw new RuvLLMError('inference', 'the model is not loaded');
+      if (state.busy) throw new RuvLLMError('inference', 'another generation is running on this model');
+      state.busy = type !== 'tokenize';
+      try {
+        const ids = promptIds(message);
+        if (type === 'tokenize') send({ type: 'tokens', id, ids });
+        else await generate(id, ids, message.options ?? {});
+      } finally {
+        state.busy = false;
+        state.aborted.delete(id);
+      }
+    }
+    send({ type: 'done', id });
+  } catch (error) {
+    send({ type: 'error', id, error: serializeError(error) });
+  }
+}
+
+function dispose() {
+  state.engine?.destroy();
+  state.loader?.destroy();
+  state.engine = state.loader = state.text = null;
+}
+
+// Requests are handled in order, except aborts, which must get through while a generation runs.
+let queue = Promise.resolve();
+const onMessage = (data) => {
+  let message;
+  try {
+    message = checkRequest(data);
+  } catch (error) {
+    send({ type: 'error', id: data?.id ?? 0, error: { type: 'invalid_argument', message: error.message } });
+    return;
+  }
+  if (message.type === 'abort') handle(message);
+  else queue = queue.then(() => handle(message));
+};
+if (IS_NODE) port.on('message', onMessage);
+else port.addEventListener('message', (event) => onMessage(event.data));

@@ -1,0 +1,166 @@
+// The real SmolLM2 model in Pyodide under Node, against the CPython engine. Needs a local Pyodide
+// distribution (RUVLLM_PYODIDE_DIST or ~/.cache/ruvllm/pyodide/314.0.1); skipped, with how to get one, without it.
+import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
+import { existsSync } from 'node:fs';
+import { copyFile, mkdtemp, open, readFile } from 'node:fs/promises';
+import { createServer } from 'node:http';
+import { homedir, tmpdir } from 'node:os';
+import { join, resolve } from 'node:path';
+import { after, before, describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+import { promisify } from 'node:util';
+
+import { AbortError, RuvLLM, RuvLLMError } from '../src/index.js';
+
+const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
+const MODEL = join(ROOT, 'models', 'smollm2-135m-instruct');
+const DIST = process.env.RUVLLM_PYODIDE_DIST || join(homedir(), '.cache', 'ruvllm', 'pyodide', '314.0.1');
+const PYTHON = process.env.RUVLLM_PYTHON || join(ROOT, '.venv', 'bin', 'python');
+const HAVE_DIST = existsSync(join(DIST, 'pyodide.asm.wasm')) && existsSync(join(DIST, 'pyodide-lock.json'));
+const SKIP = HAVE_DIST
+  ? false
+  : `no local Pyodide distribution at ${DIST}: set RUVLLM_PYODIDE_DIST to a Pyodide 314.0.1 folder with NumPy (docs/pyodide.md says how to make one)`;
+const run = promisify(execFile);
+const PYODIDE = { indexURL: DIST };
+const GREEDY = { temperature: 0, maxTokens: 24, ignoreEos: true };
+
+async function cpython(prompt, chat) {
+  const args = ['-m', 'ruvllm', 'generate', MODEL, '--prompt', prompt, '--temperature', '0', '--max-tokens', '24', '--ignore-eos', '--json'];
+  const { stdout } = await run(PYTHON, chat ? [...args, '--chat'] : args, { maxBuffer: 1 << 24 });
+  return JSON.parse(stdout);
+}
+
+async function collect(stream) {
+  const chunks = [];
+  for await (const c of stream) chunks.push(c);
+  return chunks;
+}
+
+async function loadError(options) {
+  try {
+    const llm = await RuvLLM.load({ pyodide: PYODIDE, ...options });
+    await llm.dispose();
+  } catch (error) {
+    assert.ok(error instanceof RuvLLMError, `expected a RuvLLMError, got ${error}`);
+    return error;
+  }
+  assert.fail('the load succeeded');
+}
+
+describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
+  let llm;
+  before(async () => {
+    const progress = [];
+    llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE, onProgress: (p) => progress.push(p) });
+    const downloads = progress.filter((p) => p.phase === 'download');
+    assert.equal(downloads.at(-1).loaded, downloads.at(-1).total);
+    assert.ok(llm.info.heapBytes > 0 && llm.info.parameters === 134515008);
+  });
+  after(async () => llm?.dispose());
+
+  const cases = [
+    ['Once upon a time', false],
+    ['The three primary colors are', false],
+    ['What is the capital of France?', true],
+    ['Write a short poem about the sea.', true],
+  ];
+  for (const [prompt, chat] of cases) {
+    test(`greedy tokens equal CPython: ${chat ? 'chat' : 'raw'} "${prompt}"`, async () => {
+      const expected = await cpython(prompt, chat);
+      const ids = await llm.tokenize(chat ? [{ role: 'user', content: prompt }] : prompt);
+      assert.deepEqual(ids, expected.prompt_token_ids);
+      const chunks = await collect(llm.generate(ids, GREEDY));
+      assert.deepEqual(chunks.map((c) => c.tokenId), expected.token_ids);
+      assert.equal(chunks.map((c) => c.text).join(''), expected.text);
+      assert.equal(chunks.at(-1).finishReason, expected.finish_reason);
+    });
+  }
+
+  test('ruvllm-js --json carries the same token ids as ruvllm --json', async () => {
+    const expected = await cpython('What is the capital of France?', true);
+    const args = [join(ROOT, 'npm', 'bin', 'ruvllm-js.js'), 'generate', MODEL, '--prompt', 'What is the capital of France?', '--chat'];
+    const { stdout } = await run(process.execPath, [...args, '--temperature', '0', '--max-tokens', '24', '--ignore-eos', '--json', '--pyodide', DIST]);
+    const got = JSON.parse(stdout);
+    assert.deepEqual(Object.keys(got), ['text', 'token_ids', 'prompt_token_ids', 'finish_reason', 'stats']);
+    assert.deepEqual(Object.keys(got.stats), Object.keys(expected.stats));
+    assert.deepEqual(got.token_ids, expected.token_ids);
+    assert.deepEqual(got.prompt_token_ids, expected.prompt_token_ids);
+    assert.equal(got.text, expected.text);
+  });
+
+  test('an abort in the middle of a stream stops it, and the model keeps working', async () => {
+    const controller = new AbortController();
+    const seen = [];
+    await assert.rejects(
+      async () => {
+        for await (const c of llm.generate('Once upon a time', { ...GREEDY, maxTokens: 200, signal: controller.signal })) {
+          seen.push(c.tokenId);
+          if (seen.length === 3) controller.abort();
+        }
+      },
+      (e) => e instanceof AbortError,
+    );
+    assert.equal(seen.length, 3);
+    const expected = await cpython('Once upon a time', false);
+    assert.deepEqual((await collect(llm.generate('Once upon a time', GREEDY))).map((c) => c.tokenId), expected.token_ids);
+  });
+
+  test('two consecutive generations are independent', async () => {
+    const first = await collect(llm.chat([{ role: 'user', content: 'Name a fruit.' }], GREEDY));
+    await collect(llm.generate('Something else entirely, to fill the cache', { maxTokens: 8, temperature: 0.9, seed: 4 }));
+    const second = await collect(llm.chat([{ role: 'user', content: 'Name a fruit.' }], GREEDY));
+    assert.deepEqual(second.map((c) => c.tokenId), first.map((c) => c.tokenId));
+  });
+
+  test('seeded sampling reproduces', async () => {
+    const options = { temperature: 1, topK: 0, topP: 1, minP: 0, seed: 7, maxTokens: 16, ignoreEos: true };
+    const a = await collect(llm.generate('My favourite animal is', options));
+    const b = await collect(llm.generate('My favourite animal is', options));
+    assert.deepEqual(a.map((c) => c.tokenId), b.map((c) => c.tokenId));
+  });
+
+  test('a prompt longer than the context is a context_full error', async () => {
+    await assert.rejects(collect(llm.generate('word '.repeat(5000))), (e) => e instanceof RuvLLMError && e.type === 'context_full' && /but the context window is 4096/.test(e.message));
+  });
+
+  test('invalid options are invalid_argument errors naming the option', async () => {
+    await assert.rejects(collect(llm.generate('x', { temperature: -1 })), (e) => e.type === 'invalid_argument' && e.message === 'temperature must be >= 0, got -1');
+    await assert.rejects(collect(llm.generate('x', { topP: 1.5 })), (e) => e.type === 'invalid_argument' && e.message === 'top_p must be in (0, 1], got 1.5');
+    await assert.rejects(collect(llm.generate('x', { temprature: 1 })), (e) => e.type === 'invalid_argument' && /unknown option "temprature"/.test(e.message));
+  });
+});
+
+describe('bad models in Pyodide under Node', { skip: SKIP }, () => {
+  test('a bad model URL is a download error naming the file', async () => {
+    const server = createServer((req, res) => {
+      res.writeHead(404);
+      res.end();
+    });
+    await new Promise((done) => server.listen(0, '127.0.0.1', done));
+    const url = `http://127.0.0.1:${server.address().port}/no/such/model/`;
+    const error = await loadError({ model: url });
+    server.close();
+    assert.equal(error.type, 'download');
+    assert.equal(error.message, `config.json: ${url}config.json answered HTTP 404 Not Found`);
+  });
+
+  test('a corrupted weight file is a load error naming the file', async () => {
+    const dir = await mkdtemp(join(tmpdir(), 'ruvllm-corrupt-'));
+    for (const name of ['config.json', 'tokenizer.json', 'tokenizer_config.json', 'generation_config.json']) await copyFile(join(MODEL, name), join(dir, name));
+    const bytes = await readFile(join(MODEL, 'model.safetensors'));
+    bytes.fill(0x7b, 8, 40); // the JSON header turns into garbage
+    const handle = await open(join(dir, 'model.safetensors'), 'w');
+    await handle.write(bytes);
+    await handle.close();
+    const error = await loadError({ model: dir });
+    assert.equal(error.type, 'load');
+    assert.match(error.message, /^model\.safetensors: the header is not valid JSON/);
+  });
+
+  test('a weight file that fails its sha256 is a download error', async () => {
+    const error = await loadError({ model: MODEL, sha256: { 'model.safetensors': '0'.repeat(64) } });
+    assert.equal(error.type, 'download');
+    assert.match(error.message, /^model\.safetensors: sha256 mismatch: expected 0{64}, got [0-9a-f]{64}$/);
+  });
+});

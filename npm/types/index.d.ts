@@ -1,0 +1,178 @@
+/**
+ * @ruvector/ruvllm — a small language model engine in pure NumPy, running in Pyodide inside a worker.
+ *
+ * @example
+ * import { RuvLLM } from '@ruvector/ruvllm';
+ * const llm = await RuvLLM.load({ model: 'https://example.com/models/smollm2/' });
+ * for await (const c of llm.chat([{ role: 'user', content: 'Hi!' }], { temperature: 0 })) {
+ *   console.log(c.text);
+ * }
+ * await llm.dispose();
+ */
+
+/** What went wrong, in a form a program can branch on. */
+export type RuvLLMErrorType = 'download' | 'load' | 'inference' | 'context_full' | 'invalid_argument';
+
+/**
+ * Every failure a caller can act on.
+ * @example
+ * try { await RuvLLM.load({ model: url }); }
+ * catch (e) { if (e instanceof RuvLLMError && e.type === 'download') showRetryButton(e.message); }
+ */
+export class RuvLLMError extends Error {
+  constructor(type: RuvLLMErrorType, message: string);
+  readonly name: 'RuvLLMError';
+  readonly type: RuvLLMErrorType;
+}
+
+/**
+ * Thrown when an `AbortSignal` stops loading or generation.
+ * @example
+ * catch (e) { if (e.name === 'AbortError') return; }
+ */
+export class AbortError extends Error {
+  readonly name: 'AbortError';
+}
+
+/** Load progress, reported through `LoadOptions.onProgress`. */
+export interface Progress {
+  /** 'runtime': starting Pyodide; 'download': weight bytes arriving; 'load': preparing weights for compute. */
+  phase: 'runtime' | 'download' | 'load';
+  /** Bytes done and expected over all weight files. */
+  loaded: number;
+  total: number;
+  /** The weight file being downloaded, with its own bytes done and size ('download' only). */
+  file?: string;
+  fileLoaded?: number;
+  fileTotal?: number;
+  /** True when the bytes come from the browser's Cache API rather than the network. */
+  fromCache?: boolean;
+}
+
+/**
+ * @example
+ * await RuvLLM.load({
+ *   model: '/models/smollm2-135m-instruct/',
+ *   pyodide: { indexURL: '/pyodide/' },
+ *   onProgress: (p) => bar.value = p.total ? p.loaded / p.total : 0,
+ * });
+ */
+export interface LoadOptions {
+  /** Base URL of a ruvllm model folder (config.json, tokenizer.json, model.safetensors ...); in Node also a folder path. */
+  model: string;
+  /** Where Pyodide comes from. Default: the official CDN (browsers) or the `pyodide` npm package (Node, NumPy from the CDN). */
+  pyodide?: { indexURL?: string };
+  /** Called as the runtime starts and the weights arrive. */
+  onProgress?: (progress: Progress) => void;
+  /** Aborting stops the download and the worker; `load` rejects with an AbortError. */
+  signal?: AbortSignal;
+  /** Keep downloaded files in the browser's Cache API so a reload does not download again. Default true. */
+  cache?: boolean;
+  /** Expected sha256 (hex) of weight files, by file name; a mismatch is a 'download' error. */
+  sha256?: Record<string, string>;
+  /** KV cache positions (default: the model's context, at most 4096). */
+  contextLength?: number;
+}
+
+/**
+ * Generation options; the same meaning as the Python CLI's flags.
+ * @example
+ * llm.generate('Once upon a time', { maxTokens: 64, temperature: 0.7, topP: 0.9, seed: 1, stop: ['\n\n'] })
+ */
+export interface GenerateOptions {
+  /** At most this many new tokens (default 256). */
+  maxTokens?: number;
+  /** 0 is greedy (default 0.8). */
+  temperature?: number;
+  /** Keep the k most likely tokens; 0 disables (default 40). */
+  topK?: number;
+  /** Nucleus sampling mass in (0, 1] (default 0.95). */
+  topP?: number;
+  /** Drop tokens below minP × the top probability (default 0.05). */
+  minP?: number;
+  /** > 1 discourages tokens already in the context (default 1, off). */
+  repetitionPenalty?: number;
+  /** Same seed, same tokens. */
+  seed?: number;
+  /** Stop before the first of these strings; it is not part of the output. */
+  stop?: string[];
+  /** Keep going past the end-of-sequence token. */
+  ignoreEos?: boolean;
+  /** Aborting ends the stream with an AbortError before the next token. */
+  signal?: AbortSignal;
+}
+
+/** Timings and counts, updated on every chunk. */
+export interface Stats {
+  promptTokens: number;
+  completionTokens: number;
+  prefillMs: number;
+  /** Time from the request to the first token. */
+  ttftMs: number;
+  decodeTokS: number;
+}
+
+/**
+ * One generated token.
+ * @example
+ * for await (const c of llm.generate('Hi')) { out.textContent += c.text; if (c.finishReason) console.log(c.stats); }
+ */
+export interface Chunk {
+  /** New text (may be '' while a character or a possible stop string is incomplete). */
+  text: string;
+  tokenId: number;
+  /** 'stop' (end of sequence or a stop string), 'length' (maxTokens or a full context), null while streaming. */
+  finishReason: 'stop' | 'length' | null;
+  stats: Stats;
+}
+
+export interface ChatMessage {
+  role: 'system' | 'user' | 'assistant' | string;
+  content: string;
+}
+
+/** What the worker reported once the model was ready. */
+export interface ModelInfo {
+  architecture: string;
+  vocabSize: number;
+  contextLength: number;
+  parameters: number;
+  downloadedBytes: number;
+  fromCache: boolean;
+  /** WebAssembly memory after loading: the peak, since it never shrinks. */
+  heapBytes: number;
+}
+
+export class RuvLLM {
+  /**
+   * Start a worker, boot Pyodide and load a model.
+   * @example const llm = await RuvLLM.load({ model: 'https://host/models/smollm2/' });
+   */
+  static load(options: LoadOptions): Promise<RuvLLM>;
+
+  readonly info: ModelInfo;
+
+  /**
+   * Stream the continuation of raw text (or of token ids).
+   * @example for await (const c of llm.generate('The sky is', { maxTokens: 16 })) process.stdout.write(c.text);
+   */
+  generate(prompt: string | number[], options?: GenerateOptions): AsyncIterable<Chunk>;
+
+  /**
+   * Stream the assistant's reply, with the conversation rendered by the model's chat template.
+   * @example for await (const c of llm.chat([{ role: 'user', content: 'Hi' }])) reply += c.text;
+   */
+  chat(messages: ChatMessage[], options?: GenerateOptions): AsyncIterable<Chunk>;
+
+  /**
+   * Token ids of raw text, or of a conversation rendered with the chat template.
+   * @example const ids = await llm.tokenize([{ role: 'user', content: 'Hi' }]);
+   */
+  tokenize(input: string | ChatMessage[]): Promise<number[]>;
+
+  /**
+   * Free the model and stop the worker.
+   * @example await llm.dispose();
+   */
+  dispose(): Promise<void>;
+}

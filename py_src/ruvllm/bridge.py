@@ -1,0 +1,185 @@
+"""The bridge between the JavaScript worker (Pyodide) and the engine. The only module the worker calls.
+
+Everything crosses as JSON strings or plain numbers, so no proxy outlives a call, plus the raw bytes of
+weight files, which JavaScript hands over chunk by chunk: each chunk is copied once, straight into a
+NumPy buffer the engine then reads without copying (`PieceBuffer`). A JS typed array arrives as a
+Pyodide JsProxy whose `assign_to` does that copy; any object with the buffer protocol works too, so
+this module runs (and is tested) on CPython as well.
+
+Every call returns a JSON object: `{"ok": value}` or `{"error": {"type", "message"}}`, with `type`
+one of the `RuvLLMError` types, so JavaScript can raise the right error without parsing tracebacks.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+from collections.abc import Callable
+
+from .config import ModelConfig
+from .engine import Engine
+from .errors import DownloadError, InferenceError, InvalidArgumentError, LoadError, RuvLLMError
+from .generate import GenerationOptions, Step, generate_tokens
+from .tensorfile import PieceBuffer
+from .weights import TensorStore
+
+
+def _json_result(fn: Callable) -> Callable[..., str]:
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs) -> str:
+        try:
+            return json.dumps({"ok": fn(*args, **kwargs)})
+        except RuvLLMError as e:
+            return json.dumps({"error": {"type": e.type, "message": e.message}})
+        except MemoryError:
+            message = "out of memory: the model does not fit in this tab's WebAssembly memory"
+            return json.dumps({"error": {"type": "load", "message": message}})
+        except Exception as e:  # anything else is our bug; keep the worker alive and say what happened
+            return json.dumps({"error": {"type": "inference", "message": f"internal error: {type(e).__name__}: {e}"}})
+
+    return wrapper
+
+
+class ModelLoader:
+    """Receives a model's files (config first, then weights in pieces) and builds the engine."""
+
+    def __init__(self) -> None:
+        self.config: ModelConfig | None = None
+        self.files: dict[str, PieceBuffer] = {}
+        self.hashes: dict[str, object] = {}
+        self.done: list = []
+        self.handle: EngineHandle | None = None  # set by build()
+
+    @_json_result
+    def set_config(self, config_json: str) -> dict:
+        try:
+            raw = json.loads(config_json)
+        except json.JSONDecodeError as e:
+            raise LoadError(f"config.json is not valid JSON ({e})") from None
+        self.config = ModelConfig.from_dict(raw)
+        c = self.config
+        return {"architecture": c.architecture, "max_position_embeddings": c.max_position_embeddings}
+
+    @_json_result
+    def begin_file(self, name: str, size: int, want_sha256: bool = False) -> int:
+        if not isinstance(size, int) or size < 0:
+            raise InvalidArgumentError(f"{name}: size must be a non-negative integer, got {size!r}")
+        self.files[name] = PieceBuffer(size, name)
+        if want_sha256:
+            self.hashes[name] = hashlib.sha256()
+        return size
+
+    @_json_result
+    def write(self, name: str, chunk: object) -> int:
+        """Append one chunk (a JsProxy of a Uint8Array, or any bytes-like object); returns bytes so far."""
+        piece = self.files[name]
+        is_js = hasattr(chunk, "assign_to")
+        length = int(chunk.length) if is_js else memoryview(chunk).nbytes
+        if piece.filled + length > piece.array.size:
+            raise DownloadError(f"{name}: received more than the announced {piece.array.size} bytes")
+        target = piece.next_slice(length)
+        if is_js:
+            chunk.assign_to(target)
+        else:
+            target[:] = memoryview(chunk).cast("B")
+        if name in self.hashes:
+            self.hashes[name].update(memoryview(target))
+        return piece.filled
+
+    @_json_result
+    def finish_file(self, name: str, sha256: str | None = None) -> dict:
+        piece = self.files[name]
+        if piece.filled != piece.array.size:
+            raise DownloadError(f"{name}: download incomplete: received {piece.filled} of {piece.array.size} bytes")
+        if sha256 is not None:
+            digest = self.hashes.pop(name).hexdigest()
+            if digest != sha256.lower():
+                raise DownloadError(f"{name}: sha256 mismatch: expected {sha256.lower()}, got {digest}")
+        self.done.append(piece.finish())
+        return {"bytes": piece.filled}
+
+    @_json_result
+    def build(self, context_length: int | None = None) -> dict:
+        if self.config is None:
+            raise LoadError("config.json was not given before the weights")
+        if not self.done:
+            raise LoadError("no weight files were given")
+        store = TensorStore(self.done)
+        engine = Engine.from_store(self.config, store, context_length)
+        self.files.clear()
+        self.done.clear()  # the engine holds its own compute-form weights; the file buffers can go
+        self.handle = EngineHandle(engine)
+        c = engine.config
+        return {
+            "architecture": c.architecture,
+            "vocab_size": c.vocab_size,
+            "context_length": engine.context_length,
+            "parameters": sum(int(t.size) for t in _weight_arrays(engine)),
+        }
+
+
+def _weight_arrays(engine: Engine) -> list:
+    w = engine.weights
+    arrays = [w.embed_tokens, w.norm]
+    if w.lm_head.weight is not w.embed_tokens:
+        arrays.append(w.lm_head.weight)
+    for layer in w.layers:
+        arrays += [layer.input_layernorm, layer.post_attention_layernorm]
+        for lin in (*vars(layer.self_attn).values(), *vars(layer.mlp).values()):
+            arrays.append(lin.weight)
+            if lin.bias is not None:
+                arrays.append(lin.bias)
+    return arrays
+
+
+class EngineHandle:
+    """A loaded engine; one generation at a time, advanced one token per `step` call."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+        self.cache = engine.new_cache()
+        self.steps = None
+
+    @_json_result
+    def start(self, request_json: str) -> dict:
+        """request: {"prompt_ids": [...], "eos_ids": [...], "options": {max_tokens, temperature, ...}}"""
+        request = json.loads(request_json)
+        options = GenerationOptions.from_kwargs(**request.get("options", {}))
+        ids = request.get("prompt_ids")
+        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
+            raise InvalidArgumentError("prompt_ids must be a list of integers")
+        self.steps = generate_tokens(self.engine, ids, options, request.get("eos_ids", []), self.cache)
+        return {"prompt_tokens": len(ids)}
+
+    @_json_result
+    def step(self) -> dict | None:
+        """The next token as {"token_id", "finish_reason", "prefill_ms"}, or None when finished."""
+        if self.steps is None:
+            return None
+        try:
+            step: Step = next(self.steps)
+        except StopIteration:
+            self.steps = None
+            return None
+        except RuvLLMError:
+            self.steps = None
+            raise
+        except Exception as e:
+            self.steps = None
+            raise InferenceError(f"generation failed: {type(e).__name__}: {e}") from e
+        if step.finish_reason is not None:
+            self.steps = None
+        return {"token_id": step.token_id, "finish_reason": step.finish_reason, "prefill_ms": step.prefill_ms}
+
+    @_json_result
+    def stop(self) -> bool:
+        """Abandon the current generation (an abort from JavaScript)."""
+        if self.steps is not None:
+            self.steps.close()
+        self.steps = None
+        return True
+
+
+def new_loader() -> ModelLoader:
+    return ModelLoader()

@@ -1,0 +1,134 @@
+"""The Pyodide bridge, driven from CPython the way the worker drives it: JSON in and out, weights
+streamed in chunks into Python-owned buffers, one token per step."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import pytest
+
+from conftest import tiny_model
+from ruvllm.bridge import ModelLoader
+from ruvllm.engine import load_engine
+from ruvllm.generate import GenerationOptions, generate_tokens
+
+
+def ok(answer: str):
+    data = json.loads(answer)
+    assert "error" not in data, data
+    return data["ok"]
+
+
+def error(answer: str) -> dict:
+    return json.loads(answer)["error"]
+
+
+@pytest.fixture()
+def folder(tmp_path):
+    tiny_model("llama", tmp_path)
+    return tmp_path
+
+
+def stream_model(folder, chunk: int = 4096, sha256: str | None = None, cut: int = 0) -> tuple[ModelLoader, str]:
+    loader = ModelLoader()
+    ok(loader.set_config((folder / "config.json").read_text()))
+    data = (folder / "model.safetensors").read_bytes()
+    ok(loader.begin_file("model.safetensors", len(data), sha256 is not None))
+    body = data[: len(data) - cut]
+    for start in range(0, len(body), chunk):
+        ok(loader.write("model.safetensors", body[start : start + chunk]))
+    return loader, loader.finish_file("model.safetensors", sha256)
+
+
+def test_streamed_model_generates_like_the_folder(folder):
+    data = (folder / "model.safetensors").read_bytes()
+    loader, finished = stream_model(folder, sha256=hashlib.sha256(data).hexdigest())
+    assert ok(finished) == {"bytes": len(data)}
+    info = ok(loader.build(64))
+    assert info["architecture"] == "LlamaForCausalLM" and info["context_length"] == 64
+    handle = loader.handle
+    request = {"prompt_ids": [1, 2, 3], "eos_ids": [], "options": {"max_tokens": 6, "temperature": 0}}
+    assert ok(handle.start(json.dumps(request))) == {"prompt_tokens": 3}
+    steps = []
+    while (step := ok(handle.step())) is not None:
+        steps.append(step)
+    expected = list(
+        generate_tokens(load_engine(str(folder)), [1, 2, 3], GenerationOptions.from_kwargs(max_tokens=6, temperature=0))
+    )
+    assert [s["token_id"] for s in steps] == [s.token_id for s in expected]
+    assert [s["finish_reason"] for s in steps] == [None] * 5 + ["length"]
+    assert steps[0]["prefill_ms"] > 0 and steps[1]["prefill_ms"] is None
+
+
+def test_incomplete_download_is_a_download_error(folder):
+    _, finished = stream_model(folder, cut=100)
+    size = (folder / "model.safetensors").stat().st_size
+    assert error(finished) == {
+        "type": "download",
+        "message": f"model.safetensors: download incomplete: received {size - 100} of {size} bytes",
+    }
+
+
+def test_sha256_mismatch_is_a_download_error(folder):
+    _, finished = stream_model(folder, sha256="ab" * 32)
+    got = error(finished)
+    assert got["type"] == "download"
+    assert got["message"].startswith(f"model.safetensors: sha256 mismatch: expected {'ab' * 32}, got ")
+
+
+def test_more_bytes_than_announced_is_a_download_error(folder):
+    loader = ModelLoader()
+    ok(loader.begin_file("model.safetensors", 10))
+    ok(loader.write("model.safetensors", b"12345678"))
+    assert error(loader.write("model.safetensors", b"abc")) == {
+        "type": "download",
+        "message": "model.safetensors: received more than the announced 10 bytes",
+    }
+
+
+def test_corrupt_weights_and_bad_config_are_load_errors(folder):
+    loader = ModelLoader()
+    assert error(loader.set_config('{"architectures": ["BertModel"]}'))["message"].startswith(
+        "config.json: unsupported architecture BertModel"
+    )
+    assert error(loader.set_config("{nope"))["type"] == "load"
+    ok(loader.set_config((folder / "config.json").read_text()))
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[8:30] = b"!" * 22
+    ok(loader.begin_file("model.safetensors", len(data)))
+    ok(loader.write("model.safetensors", bytes(data)))
+    got = error(loader.finish_file("model.safetensors"))
+    assert got["type"] == "load" and got["message"].startswith("model.safetensors: the header is not valid JSON")
+
+
+def test_generation_errors_keep_their_type(folder):
+    loader, finished = stream_model(folder)
+    ok(finished)
+    ok(loader.build(16))
+    handle = loader.handle
+    too_long = {"prompt_ids": list(range(20)), "options": {}}
+    assert error(handle.start(json.dumps(too_long))) == {
+        "type": "context_full",
+        "message": "the prompt has 20 tokens but the context window is 16",
+    }
+    bad_option = {"prompt_ids": [1], "options": {"top_p": 2}}
+    assert error(handle.start(json.dumps(bad_option))) == {
+        "type": "invalid_argument",
+        "message": "top_p must be in (0, 1], got 2",
+    }
+    bad_token = {"prompt_ids": [1, 100000], "options": {}}
+    ok(handle.start(json.dumps(bad_token)))
+    assert error(handle.step())["message"] == "token id 100000 is outside the vocabulary [0, 128)"
+    assert ok(handle.step()) is None  # the failed generation is over
+
+
+def test_stop_abandons_a_generation(folder):
+    loader, finished = stream_model(folder)
+    ok(finished)
+    ok(loader.build())
+    handle = loader.handle
+    ok(handle.start(json.dumps({"prompt_ids": [1, 2], "options": {"max_tokens": 50}})))
+    ok(handle.step())
+    assert ok(handle.stop()) is True
+    assert ok(handle.step()) is None
