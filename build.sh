@@ -79,6 +79,8 @@ npm_package() {
     (cd npm && npm ci --no-audit --no-fund --loglevel=error)
   fi
   wheel
+  log "bundling the browser build of the npm package (npm/browser/)"
+  (cd npm && npm run --silent build)
 }
 
 build_all() {

@@ -104,7 +104,7 @@ export class RuvLLM {
    */
   static async load(options) {
     checkLoadOptions(options);
-    const { signal, onProgress, ...rest } = options;
+    const { signal, onProgress, ...rest } = resolveLocations(options);
     if (signal?.aborted) throw new AbortError('loading aborted');
     const llm = new RuvLLM(await spawnWorker());
     const onAbort = () => {
@@ -215,6 +215,14 @@ export class RuvLLM {
       if (this.#queues.size === 0) this.#worker.setActive(false);
     }
   }
+}
+
+/** In browsers, relative URLs mean relative to the page; the worker lives elsewhere, so resolve them here. */
+function resolveLocations(options) {
+  if (IS_NODE || typeof location === 'undefined') return options;
+  const resolved = { ...options, model: new URL(options.model, location.href).href };
+  if (options.pyodide?.indexURL) resolved.pyodide = { ...options.pyodide, indexURL: new URL(options.pyodide.indexURL, location.href).href };
+  return resolved;
 }
 
 function checkPrompt(prompt) {

@@ -1,0 +1,16 @@
+// Builds browser/: the facade and the worker as self-contained ES modules (our dependencies bundled in),
+// so the package runs in a browser with or without a bundler. Node uses src/ directly.
+// Pyodide itself is not bundled: the worker imports it at run time from the chosen indexURL.
+import { build } from 'esbuild';
+
+await build({
+  entryPoints: { index: 'src/index.js', worker: 'src/worker.js' },
+  outdir: 'browser',
+  bundle: true,
+  format: 'esm',
+  platform: 'browser',
+  target: 'es2022',
+  external: ['node:*', 'pyodide'], // reached only when running in Node
+  legalComments: 'linked',
+  logLevel: 'warning',
+});
