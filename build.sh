@@ -6,7 +6,8 @@
 #   ./build.sh model      only the demo model: SmolLM2-135M-Instruct converted to models/smollm2-135m-instruct
 #   ./build.sh wheel      only the pure-Python wheel, into npm/wheel/ (the npm package ships it)
 #   ./build.sh npm        the npm package in npm/: its dependencies and the wheel
-#   ./build.sh demo       build, then stream a chat reply from the demo model on CPython (the main job)
+#   ./build.sh serve [--port PORT]  build, then serve the demo chat page on 127.0.0.1 (the main job)
+#   ./build.sh demo       build, then stream a chat reply from the demo model on CPython
 #   ./build.sh test       build, then run every test and the linter
 #   ./build.sh bench      build, then the Pyodide-vs-CPython benchmark (needs a local Pyodide distribution)
 set -euo pipefail
@@ -83,6 +84,18 @@ npm_package() {
   (cd npm && npm run --silent build)
 }
 
+browser() {
+  # Debian's chromium for the Playwright tests (Playwright's own browser download cannot work here).
+  if command -v chromium >/dev/null 2>&1; then
+    return
+  fi
+  log "installing Debian's chromium for the browser tests"
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+}
+
 build_all() {
   setup
   npm_package
@@ -95,6 +108,11 @@ case "${1:-all}" in
   model) setup; model ;;
   wheel) setup; wheel ;;
   npm) setup; npm_package ;;
+  serve)
+    shift
+    build_all
+    exec "$PY" web/serve.py "$@"
+    ;;
   demo)
     build_all
     log "chatting with $MODEL_DIR on CPython"
@@ -102,6 +120,7 @@ case "${1:-all}" in
     ;;
   test)
     build_all
+    browser
     "$VENV/bin/ruff" check py_src tests
     "$VENV/bin/ruff" format --check py_src tests
     "$PY" -m pytest -q
@@ -115,7 +134,7 @@ case "${1:-all}" in
     (cd npm && RUVLLM_PYTHON="$py_abs" node bench/bench.js)
     ;;
   *)
-    echo "usage: ./build.sh [all|setup|model|wheel|npm|demo|test|bench]" >&2
+    echo "usage: ./build.sh [all|setup|model|wheel|npm|serve [--port PORT]|demo|test|bench]" >&2
     exit 2
     ;;
 esac

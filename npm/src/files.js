@@ -22,13 +22,15 @@ export function fileLocation(base, name) {
 
 /**
  * Open one file: resolves to { size (bytes, or null if unknown), chunks (async iterable of Uint8Array),
- * fromCache } or to null for a missing optional file. Throws a `download` RuvLLMError naming the file.
+ * fromCache, stored (a promise that settles when a browser cache copy is written) } or to null for a
+ * missing optional file. Throws a `download` RuvLLMError naming the file.
  */
 export async function openFile(base, name, { signal, cache = true, optional = false } = {}) {
   const where = fileLocation(base, name);
   if (isLocalPath(base)) return openLocal(where, name, optional);
   let response = null;
   let fromCache = false;
+  let stored = Promise.resolve(false); // settles once the Cache API holds the file (never rejects)
   const store = cache && typeof caches !== 'undefined' ? await caches.open(CACHE_NAME).catch(() => null) : null;
   if (store) {
     response = (await store.match(where)) ?? null;
@@ -46,12 +48,12 @@ export async function openFile(base, name, { signal, cache = true, optional = fa
       throw new RuvLLMError('download', `${name}: ${where} answered HTTP ${response.status} ${response.statusText}`.trim());
     }
     // The cache gets its own copy of the stream (written to disk); a failed write only costs the caching.
-    if (store) store.put(where, response.clone()).catch(() => {});
+    if (store) stored = store.put(where, response.clone()).then(() => true, () => false);
   }
   const encoding = response.headers.get('content-encoding');
   const length = response.headers.get('content-length');
   const size = length !== null && (!encoding || encoding === 'identity') ? Number(length) : null;
-  return { size, chunks: streamChunks(response.body, name, signal), fromCache };
+  return { size, chunks: streamChunks(response.body, name, signal), fromCache, stored };
 }
 
 async function* streamChunks(body, name, signal) {
@@ -83,7 +85,8 @@ async function openLocal(path, name, optional) {
     const reason = error.code === 'ENOENT' ? 'no such file' : error.message;
     throw new RuvLLMError('download', `${name}: cannot read ${path}: ${reason}`);
   }
-  return { size: stat.size, chunks: plainBytes(fs.createReadStream(path, { highWaterMark: 1 << 20 })), fromCache: false };
+  const chunks = plainBytes(fs.createReadStream(path, { highWaterMark: 1 << 20 }));
+  return { size: stat.size, chunks, fromCache: false, stored: Promise.resolve(false) };
 }
 
 /** Node Buffers as plain Uint8Array views (Pyodide copies only plain typed arrays into Python). */

@@ -59,5 +59,7 @@ export async function loadWeights(loader, base, { cache, signal, sha256 = {}, on
     report(true);
     unwrap(loader.finish_file(file.name, expected));
   }
+  // Ready means cached: a reload right after loading must not download again.
+  await Promise.all(files.map((f) => f.stored));
   return { total, fromCache: files.every((f) => f.fromCache) };
 }

@@ -1,0 +1,108 @@
+"""Serve the demo on 127.0.0.1: the page (web/), the npm package (npm/), the converted models (models/)
+and, when one is on disk, a local Pyodide distribution (else the page uses the official CDN).
+
+    python web/serve.py [--port 8000]
+
+Every response carries COOP/COEP headers (cross-origin isolation) and the right MIME types for .mjs and
+.wasm. `/config.json` tells the page its default model and where Pyodide is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+from collections import Counter
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_MODEL = "/models/smollm2-135m-instruct/"
+PYODIDE_VERSION = "314.0.1"
+
+
+def local_pyodide() -> Path | None:
+    """RUVLLM_PYODIDE_DIST, else ~/.cache/ruvllm/pyodide/<version>, if it holds a distribution."""
+    candidate = os.environ.get("RUVLLM_PYODIDE_DIST") or Path.home() / ".cache" / "ruvllm" / "pyodide" / PYODIDE_VERSION
+    path = Path(candidate)
+    return path if (path / "pyodide.asm.wasm").exists() and (path / "pyodide-lock.json").exists() else None
+
+
+class DemoServer(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, port: int, pyodide: Path | None) -> None:
+        self.mounts = {"/npm/": ROOT / "npm", "/models/": ROOT / "models", "/": ROOT / "web"}
+        if pyodide is not None:
+            self.mounts = {"/pyodide/": pyodide, **self.mounts}
+        self.config = {"model": DEFAULT_MODEL, "pyodideIndexURL": "/pyodide/" if pyodide else None}
+        self.requests: Counter[str] = Counter()  # path -> GET count, for tests
+        self.lock = threading.Lock()
+        super().__init__(("127.0.0.1", port), DemoHandler)
+
+
+class DemoHandler(SimpleHTTPRequestHandler):
+    server: DemoServer
+    extensions_map = {
+        **SimpleHTTPRequestHandler.extensions_map,
+        ".js": "text/javascript",
+        ".mjs": "text/javascript",
+        ".wasm": "application/wasm",
+        ".json": "application/json",
+        ".safetensors": "application/octet-stream",
+        ".whl": "application/zip",
+        ".zip": "application/zip",
+    }
+
+    def end_headers(self) -> None:
+        self.send_header("Cross-Origin-Opener-Policy", "same-origin")
+        self.send_header("Cross-Origin-Embedder-Policy", "require-corp")
+        self.send_header("Cross-Origin-Resource-Policy", "same-origin")
+        self.send_header("Cache-Control", "no-cache")
+        super().end_headers()
+
+    def do_GET(self) -> None:
+        path = unquote(urlsplit(self.path).path)
+        with self.server.lock:
+            self.server.requests[path] += 1
+        if path == "/config.json":
+            body = json.dumps(self.server.config).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+            return
+        super().do_GET()
+
+    def translate_path(self, path: str) -> str:
+        path = unquote(urlsplit(path).path)
+        for prefix, folder in self.server.mounts.items():
+            if path.startswith(prefix):
+                target = (folder / path[len(prefix) :]).resolve()
+                if target == folder.resolve() or folder.resolve() in target.parents:
+                    return str(target)
+        return str(ROOT / "web" / "__not_found__")
+
+    def log_message(self, format: str, *args: object) -> None:  # quiet: the page is the interface
+        pass
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    pyodide = local_pyodide()
+    server = DemoServer(args.port, pyodide)
+    where = f"local Pyodide from {pyodide}" if pyodide else f"Pyodide {PYODIDE_VERSION} from the official CDN"
+    print(f"ruvllm demo: http://127.0.0.1:{server.server_address[1]}/  ({where}; Ctrl+C stops)", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+
+
+if __name__ == "__main__":
+    main()
