@@ -8,10 +8,11 @@ import json
 
 import pytest
 
-from conftest import tiny_model
 from ruvllm.bridge import ModelLoader
 from ruvllm.engine import load_engine
 from ruvllm.generate import GenerationOptions, generate_tokens
+
+from conftest import tiny_model
 
 
 def ok(answer: str):

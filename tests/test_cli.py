@@ -10,8 +10,9 @@ import sys
 
 import pytest
 
-from conftest import tiny_model
 from ruvllm import cli
+
+from conftest import tiny_model
 
 
 def ruvllm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:

@@ -16,11 +16,12 @@ import torch
 from gguf import GGMLQuantizationType as Q
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from conftest import tiny_model
 from ruvllm.convert import convert
 from ruvllm.engine import load_engine, open_store
 from ruvllm.errors import InvalidArgumentError, LoadError
 from ruvllm.tokenizer import Tokenizer
+
+from conftest import tiny_model
 
 TOLERANCE = 1e-4
 IDS = np.random.default_rng(3).integers(0, 128, 24)

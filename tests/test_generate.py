@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import tiny_model
 from ruvllm.detokenizer import StreamingDetokenizer
 from ruvllm.engine import load_engine
 from ruvllm.errors import ContextFullError, InvalidArgumentError
 from ruvllm.generate import GenerationOptions, Step, generate_text, generate_tokens
+
+from conftest import tiny_model
 
 TABLE = [b"Hel", b"lo", b" wor", b"ld", b"!", b"\xf0\x9f", b"\xa4\x96", b"<eos>"]
 EOS = 7

@@ -10,8 +10,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import tiny_model
 from ruvllm.engine import load_engine
+
+from conftest import tiny_model
 
 PREFILL, DECODE = 20, 20
 TOLERANCE = 1e-4

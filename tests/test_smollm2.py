@@ -53,10 +53,10 @@ def test_weights_equal_transformers_dequantization(model, reference):
     state = reference.state_dict()
     ours = model.engine.weights
     for name, got in [
-        ("model.embed_tokens.weight", ours.embed_tokens),
-        ("model.layers.0.self_attn.q_proj.weight", ours.layers[0].self_attn.q_proj.weight),
-        ("model.layers.7.self_attn.k_proj.weight", ours.layers[7].self_attn.k_proj.weight),
-        ("model.layers.29.mlp.down_proj.weight", ours.layers[29].mlp.down_proj.weight),
+        ("model.embed_tokens.weight", ours.embed_tokens.weight),
+        ("model.layers.0.self_attn.q_proj.weight", ours.layers[0].self_attn.q_proj.matrix.weight),
+        ("model.layers.7.self_attn.k_proj.weight", ours.layers[7].self_attn.k_proj.matrix.weight),
+        ("model.layers.29.mlp.down_proj.weight", ours.layers[29].mlp.down_proj.matrix.weight),
         ("model.norm.weight", ours.norm),
     ]:
         np.testing.assert_array_equal(got, state[name].numpy(), err_msg=name)

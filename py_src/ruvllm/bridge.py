@@ -21,8 +21,8 @@ from .config import ModelConfig
 from .engine import Engine
 from .errors import DownloadError, InferenceError, InvalidArgumentError, LoadError, RuvLLMError
 from .generate import GenerationOptions, Step, generate_tokens
+from .store import TensorStore, count_parameters
 from .tensorfile import PieceBuffer
-from .weights import TensorStore
 
 
 def _json_result(fn: Callable) -> Callable[..., str]:
@@ -115,22 +115,9 @@ class ModelLoader:
             "architecture": c.architecture,
             "vocab_size": c.vocab_size,
             "context_length": engine.context_length,
-            "parameters": sum(int(t.size) for t in _weight_arrays(engine)),
+            "parameters": count_parameters(store),
+            "weight_bytes": engine.weights.nbytes,
         }
-
-
-def _weight_arrays(engine: Engine) -> list:
-    w = engine.weights
-    arrays = [w.embed_tokens, w.norm]
-    if w.lm_head.weight is not w.embed_tokens:
-        arrays.append(w.lm_head.weight)
-    for layer in w.layers:
-        arrays += [layer.input_layernorm, layer.post_attention_layernorm]
-        for lin in (*vars(layer.self_attn).values(), *vars(layer.mlp).values()):
-            arrays.append(lin.weight)
-            if lin.bias is not None:
-                arrays.append(lin.bias)
-    return arrays
 
 
 class EngineHandle:

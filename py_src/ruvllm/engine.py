@@ -7,6 +7,7 @@ from __future__ import annotations
 import glob
 import json
 import os
+import sys
 
 import numpy as np
 
@@ -15,10 +16,16 @@ from .config import ModelConfig
 from .errors import InvalidArgumentError, LoadError
 from .model import forward
 from .rope import inverse_frequencies
+from .store import TensorStore
 from .tensorfile import SafetensorsFile
-from .weights import TensorStore, Weights, load_weights
+from .weights import ComputeOptions, Weights, load_weights
 
 DEFAULT_MAX_CONTEXT = 4096  # cache positions reserved at most by default (memory grows with it)
+
+
+def default_kernel() -> str:
+    """The matrix kernel for this runtime: NumPy in Pyodide (emscripten) has no BLAS, einsum wins there."""
+    return "einsum" if sys.platform == "emscripten" else "blas"
 
 
 class Engine:
@@ -34,8 +41,15 @@ class Engine:
         self.inv_freq = inverse_frequencies(config)  # (E/2,)
 
     @classmethod
-    def from_store(cls, config: ModelConfig, store: TensorStore, context_length: int | None = None) -> Engine:
-        return cls(config, load_weights(config, store), context_length)
+    def from_store(
+        cls,
+        config: ModelConfig,
+        store: TensorStore,
+        context_length: int | None = None,
+        compute: ComputeOptions | None = None,
+    ) -> Engine:
+        weights = load_weights(config, store, compute or ComputeOptions(kernel=default_kernel()))
+        return cls(config, weights, context_length)
 
     def new_cache(self) -> KVCache:
         return KVCache(self.config, self.context_length)
@@ -72,7 +86,7 @@ def open_store(folder: str, header_only: bool = False) -> TensorStore:
     return TensorStore([SafetensorsFile.from_path(p, header_only) for p in files])
 
 
-def load_engine(folder: str, context_length: int | None = None) -> Engine:
+def load_engine(folder: str, context_length: int | None = None, compute: ComputeOptions | None = None) -> Engine:
     if not os.path.isdir(folder):
         raise LoadError(f"{folder}: model folder not found")
-    return Engine.from_store(read_config(folder), open_store(folder), context_length)
+    return Engine.from_store(read_config(folder), open_store(folder), context_length, compute)

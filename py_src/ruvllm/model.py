@@ -105,7 +105,7 @@ def forward(
     Returns (T, V), or (1, V) for the last token only when `last_only` (prefill needs no more).
     """
     tokens = np.asarray(tokens, dtype=np.int64)
-    x = weights.embed_tokens[tokens]  # (T, D)
+    x = weights.embed_tokens.rows(tokens)  # (T, D)
     rope = rope_tables(inv_freq, start, len(tokens))  # (T, E/2) cos, sin
     for layer, layer_cache, window in zip(weights.layers, cache.layers, config.sliding_windows, strict=True):
         x = block(x, layer, config, rope, start, layer_cache, window)  # (T, D)

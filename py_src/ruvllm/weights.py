@@ -1,137 +1,34 @@
-"""Weights: the stored tensors of a model folder, and the containers the forward reads.
-
-`TensorStore` sees one or more safetensors files as logical tensors, each with a storage format
-(`formats.py`) taken from the file's own metadata: ruvllm files say it in `__metadata__`; plain
-Hugging Face checkpoints (f32/f16/bf16 only) are read by dtype. `load_weights` prepares every tensor
-for compute (float32 for now) and fills the containers, whose field names are the HF names.
+"""The weights the forward reads: containers whose field names are the Hugging Face names, filled from a
+`TensorStore` with every matrix prepared in its compute form (matrices.py).
 
 Dimension letters: V vocab, D hidden, H query heads, K key/value heads, E head size, F MLP size.
 """
 
 from __future__ import annotations
 
-import json
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
 
 from .config import ModelConfig
-from .errors import LoadError
+from .errors import InvalidArgumentError, LoadError
 from .formats import GROUP, get_format
-from .tensorfile import SafetensorsFile
+from .matrices import KERNELS, DenseMatrix, Int4Matrix, Int8Matrix
+from .store import TensorStore, sanitize
 
-FORMAT_NAME = "ruvllm"
-FORMAT_VERSION = "1"
-_DTYPE_FORMATS = {"F32": "f32", "F16": "f16", "BF16": "bf16"}
-
-
-@dataclass(frozen=True)
-class StoredTensor:
-    name: str
-    format: str
-    shape: tuple[int, ...]
-    file: SafetensorsFile
-
-
-class TensorStore:
-    """Logical tensors over a set of safetensors files (a model may be split into shards)."""
-
-    def __init__(self, files: list[SafetensorsFile]) -> None:
-        self.tensors: dict[str, StoredTensor] = {}
-        for f in files:
-            for name, fmt, shape in _logical_tensors(f):
-                if name in self.tensors:
-                    raise LoadError(f"tensor {name!r} appears in both {self.tensors[name].file.source} and {f.source}")
-                self.tensors[name] = StoredTensor(name, fmt, shape, f)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.tensors
-
-    def names(self) -> list[str]:
-        return list(self.tensors)
-
-    def parts(self, name: str) -> dict[str, np.ndarray]:
-        """The stored entries of one tensor (views into the file), keyed by suffix."""
-        t = self._get(name)
-        return {suffix: t.file.get(name + suffix) for suffix in get_format(t.format).part_specs(t.shape)}
-
-    def load_f32(self, name: str) -> np.ndarray:
-        """The tensor dequantized to a new float32 array."""
-        t = self._get(name)
-        return get_format(t.format).dequantize(self.parts(name), t.shape)
-
-    def _get(self, name: str) -> StoredTensor:
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise LoadError(f"the model has no tensor {name!r}") from None
-
-
-def _logical_tensors(f: SafetensorsFile) -> list[tuple[str, str, tuple[int, ...]]]:
-    """(name, format, shape) of each logical tensor in one file, checked against the stored entries."""
-    if f.metadata.get("format") != FORMAT_NAME:
-        result = []
-        for name, info in f.tensors.items():
-            if info.dtype not in _DTYPE_FORMATS:
-                raise LoadError(
-                    f"{f.source}: tensor {name!r} has dtype {info.dtype}; a plain safetensors checkpoint must hold "
-                    "F32, F16 or BF16 (convert it with `ruvllm convert`)"
-                )
-            result.append((name, _DTYPE_FORMATS[info.dtype], info.shape))
-        return result
-
-    version = f.metadata.get("format_version")
-    if version != FORMAT_VERSION:
-        raise LoadError(
-            f"{f.source}: ruvllm format version {version!r} is not supported (this build reads {FORMAT_VERSION})"
-        )
-    try:
-        table = json.loads(f.metadata["tensors"])
-    except (KeyError, json.JSONDecodeError):
-        raise LoadError(f"{f.source}: __metadata__ 'tensors' is missing or not JSON") from None
-    result, claimed = [], set()
-    for name, entry in table.items():
-        fmt = get_format(entry.get("format"), f"{f.source}: tensor {name!r}")
-        shape = tuple(entry.get("shape", ()))
-        if fmt.quantized and entry.get("group_size") != GROUP:
-            raise LoadError(
-                f"{f.source}: tensor {name!r}: group_size {entry.get('group_size')!r} is not supported (only {GROUP})"
-            )
-        try:
-            specs = fmt.part_specs(shape)
-        except ValueError as e:
-            raise LoadError(f"{f.source}: tensor {name!r}: {e}") from None
-        for suffix, (dtype, part_shape) in specs.items():
-            stored = f.tensors.get(name + suffix)
-            if stored is None:
-                raise LoadError(f"{f.source}: tensor {name!r} ({fmt.name}) has no entry {name + suffix!r}")
-            if stored.shape != part_shape or stored.dtype != dtype:
-                raise LoadError(
-                    f"{f.source}: entry {name + suffix!r} of {fmt.name} tensor {name!r} {list(shape)} should be "
-                    f"{dtype} {list(part_shape)}, found {stored.dtype} {list(stored.shape)}"
-                )
-            claimed.add(name + suffix)
-        result.append((name, fmt.name, shape))
-    stray = set(f.tensors) - claimed
-    if stray:
-        raise LoadError(f"{f.source}: entries not described by the metadata: {', '.join(sorted(stray)[:5])}")
-    return result
-
-
-# ---------------------------------------------------------------------------------------------------
-# Compute-side containers. Field names are the Hugging Face names.
+Matrix = DenseMatrix | Int8Matrix | Int4Matrix
+COMPUTE_FORMS = ("f32", "q8", "q4")
 
 
 @dataclass
 class Linear:
-    """y = x @ weight.T + bias, with `weight` (out, in) float32. The one place a matmul happens."""
+    """y = x @ W.T + bias, W in any compute form. The one place a projection happens."""
 
-    weight: np.ndarray  # (out, in)
+    matrix: Matrix  # (out, in)
     bias: np.ndarray | None = None  # (out,)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        y = x @ self.weight.T  # (T, out)
+        y = self.matrix(x)  # (T, out)
         if self.bias is not None:
             y += self.bias
         return y
@@ -167,46 +64,95 @@ class DecoderLayer:
 
 @dataclass
 class Weights:
-    embed_tokens: np.ndarray  # (V, D)
+    embed_tokens: Matrix  # (V, D), read by rows
     layers: list[DecoderLayer]
     norm: np.ndarray  # (D,)
-    lm_head: Linear  # (V, D); shares embed_tokens when the embeddings are tied
+    lm_head: Linear  # (V, D); shares the embed_tokens matrix when the embeddings are tied
+
+    def matrices(self) -> list[Matrix]:
+        """Every distinct matrix, once (a tied lm_head is the embedding matrix)."""
+        found = {id(self.embed_tokens): self.embed_tokens, id(self.lm_head.matrix): self.lm_head.matrix}
+        for layer in self.layers:
+            for lin in (*vars(layer.self_attn).values(), *vars(layer.mlp).values()):
+                found[id(lin.matrix)] = lin.matrix
+        return list(found.values())
+
+    @property
+    def nbytes(self) -> int:
+        vectors = [self.norm] + [
+            v for layer in self.layers for v in (layer.input_layernorm, layer.post_attention_layernorm)
+        ]
+        return sum(m.nbytes for m in self.matrices()) + sum(v.nbytes for v in vectors)
 
 
-def sanitize(names: list[str]) -> dict[str, str]:
-    """HF name -> stored name. Every key fix-up lives here.
+@dataclass(frozen=True)
+class ComputeOptions:
+    """How weights live in memory while computing.
 
-    Checkpoints saved from some trainers drop the `model.` prefix; old Llama checkpoints carry
-    `rotary_emb.inv_freq` buffers, which are recomputed from the config instead.
+    form: "f32" (expanded, fastest), "q8" (int8 codes, ~1.1 bytes/weight) or "q4" (packed 4-bit,
+      ~0.6). Quantized tensors keep their exact values in any form that can hold them (a q8 tensor
+      stays int8 under "q4"); float tensors are quantized at load (runtime quantization, round to
+      nearest) to q8, or to `isq_format` under "q4".
+    kernel: "blas" (best on CPython) or "einsum" (best in Pyodide); see matrices.py.
     """
-    mapping = {}
-    for stored in names:
-        if stored.endswith("rotary_emb.inv_freq"):
-            continue
-        name = stored
-        if not name.startswith(("model.", "lm_head.")):
-            name = "model." + name
-        mapping[name] = stored
-    return mapping
+
+    form: str = "f32"
+    kernel: str = "blas"
+    isq_format: str = "q4_1"
+
+    def __post_init__(self) -> None:
+        if self.form not in COMPUTE_FORMS:
+            raise InvalidArgumentError(f"compute must be one of {', '.join(COMPUTE_FORMS)}, got {self.form!r}")
+        if self.kernel not in KERNELS:
+            raise InvalidArgumentError(f"kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
+        if self.isq_format not in ("q4_0", "q4_1"):
+            raise InvalidArgumentError(f"isq_format must be q4_0 or q4_1, got {self.isq_format!r}")
 
 
-def load_weights(config: ModelConfig, store: TensorStore, dtype: np.dtype = np.float32) -> Weights:
-    """Read, check and dequantize every tensor the config calls for."""
+def prepare_matrix(fmt: str, parts: dict[str, np.ndarray], shape: tuple[int, ...], options: ComputeOptions) -> Matrix:
+    """A stored matrix in the compute form `options` asks for, never losing precision it has."""
+    kernel = options.kernel
+    if options.form == "f32" or len(shape) != 2 or shape[1] % GROUP:
+        return DenseMatrix(get_format(fmt).dequantize(parts, shape), kernel)
+    if fmt in ("f32", "f16", "bf16"):  # runtime quantization
+        target = "q8" if options.form == "q8" else options.isq_format
+        w = get_format(fmt).dequantize(parts, shape)
+        return prepare_matrix(target, get_format(target).quantize(w), shape, options)
+    scales = parts[".scales"].astype(np.float32)
+    if fmt == "q8":
+        return Int8Matrix(parts[""], scales, None, kernel)
+    mins = parts[".mins"].astype(np.float32) if fmt == "q4_1" else None
+    packed = Int4Matrix(parts[""], scales, mins, offset=8 if fmt == "q4_0" else 0, kernel=kernel)
+    if options.form == "q4":
+        return packed
+    return Int8Matrix(packed._codes(), scales, mins, kernel)
+
+
+def load_weights(config: ModelConfig, store: TensorStore, options: ComputeOptions | None = None) -> Weights:
+    """Read and check every tensor the config calls for, and prepare it in its compute form."""
+    options = options or ComputeOptions()
     names = sanitize(store.names())
     D, E, F, V = config.hidden_size, config.head_dim, config.intermediate_size, config.vocab_size
     H, K = config.num_attention_heads, config.num_key_value_heads
 
-    def tensor(name: str, shape: tuple[int, ...]) -> np.ndarray:
+    def stored(name: str, shape: tuple[int, ...]):
         if name not in names:
             raise LoadError(f"the model has no tensor {name!r} (needed by {config.architecture})")
-        stored = store.tensors[names[name]]
-        if stored.shape != shape:
-            raise LoadError(f"tensor {name!r} has shape {list(stored.shape)}, expected {list(shape)} from config.json")
-        return store.load_f32(names[name]).astype(dtype, copy=False)
+        t = store.tensors[names[name]]
+        if t.shape != shape:
+            raise LoadError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)} from config.json")
+        return t
+
+    def vector(name: str, size: int) -> np.ndarray:
+        return store.load_f32(stored(name, (size,)).name)
+
+    def matrix(name: str, shape: tuple[int, int]) -> Matrix:
+        t = stored(name, shape)
+        return prepare_matrix(t.format, store.parts(t.name), t.shape, options)
 
     def proj(prefix: str, out_dim: int, in_dim: int, bias: bool) -> Linear:
         return Linear(
-            tensor(f"{prefix}.weight", (out_dim, in_dim)), tensor(f"{prefix}.bias", (out_dim,)) if bias else None
+            matrix(f"{prefix}.weight", (out_dim, in_dim)), vector(f"{prefix}.bias", out_dim) if bias else None
         )
 
     layers = []
@@ -214,14 +160,14 @@ def load_weights(config: ModelConfig, store: TensorStore, dtype: np.dtype = np.f
         p = f"model.layers.{i}"
         layers.append(
             DecoderLayer(
-                input_layernorm=tensor(f"{p}.input_layernorm.weight", (D,)),
+                input_layernorm=vector(f"{p}.input_layernorm.weight", D),
                 self_attn=Attention(
                     q_proj=proj(f"{p}.self_attn.q_proj", H * E, D, config.qkv_bias),
                     k_proj=proj(f"{p}.self_attn.k_proj", K * E, D, config.qkv_bias),
                     v_proj=proj(f"{p}.self_attn.v_proj", K * E, D, config.qkv_bias),
                     o_proj=proj(f"{p}.self_attn.o_proj", D, H * E, config.o_bias),
                 ),
-                post_attention_layernorm=tensor(f"{p}.post_attention_layernorm.weight", (D,)),
+                post_attention_layernorm=vector(f"{p}.post_attention_layernorm.weight", D),
                 mlp=MLP(
                     gate_proj=proj(f"{p}.mlp.gate_proj", F, D, config.mlp_bias),
                     up_proj=proj(f"{p}.mlp.up_proj", F, D, config.mlp_bias),
@@ -229,10 +175,6 @@ def load_weights(config: ModelConfig, store: TensorStore, dtype: np.dtype = np.f
                 ),
             )
         )
-    embed = tensor("model.embed_tokens.weight", (V, D))
+    embed = matrix("model.embed_tokens.weight", (V, D))
     lm_head = Linear(embed) if config.tie_word_embeddings else proj("lm_head", V, D, False)
-    return Weights(embed_tokens=embed, layers=layers, norm=tensor("model.norm.weight", (D,)), lm_head=lm_head)
-
-
-def count_parameters(store: TensorStore, is_counted: Callable[[str], bool] = lambda name: True) -> int:
-    return sum(int(np.prod(t.shape)) for t in store.tensors.values() if is_counted(t.name))
+    return Weights(embed_tokens=embed, layers=layers, norm=vector("model.norm.weight", D), lm_head=lm_head)

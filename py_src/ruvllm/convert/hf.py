@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 from ..config import ModelConfig
 from ..errors import LoadError
+from ..store import TensorStore, sanitize
 from ..tensorfile import SafetensorsFile
-from ..weights import TensorStore, sanitize
 from . import encode, report
 from .writer import ModelFolder, write_model
 

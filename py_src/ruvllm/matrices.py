@@ -1,0 +1,146 @@
+"""Weight matrices in their compute form: how a matrix lives in memory while the model runs.
+
+Three forms, one interface (`matrix(x)` for x @ W.T, `matrix.rows(ids)` for embedding lookups):
+
+    DenseMatrix  float32 (N, K)                      4 bytes/weight; the fastest everywhere
+    Int8Matrix   int8 codes (N, K) + f32 scales/mins  ~1.1 bytes/weight; exact for q8, q4_0, q4_1 values
+    Int4Matrix   packed nibbles (N, K/2) + scales     ~0.6 bytes/weight; exact for q4_0, q4_1 values
+
+Quantized forms store w[n, k] = scale[n, g] * code[n, k] + min[n, g] (g = k // 32; no min for
+symmetric formats), so every storage format maps onto them without loss (formats.py).
+
+Dimension letters: T rows of x, N output features, K input features, G = K / 32 groups.
+
+The matrix product itself has two kernels, picked per runtime at load: "blas" (`x @ W.T`, fastest
+where NumPy has a BLAS, i.e. CPython) and "einsum" (`np.einsum("tk,nk->tn")`: NumPy inside Pyodide
+has no BLAS and no SIMD, and there einsum runs 1.5-2x faster than `@`; measured, see
+docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .formats import GROUP
+
+KERNELS = ("blas", "einsum")
+# Above this many rows of x, a quantized matrix is expanded to float32 for the product (one
+# expansion serves all rows); at or below it, codes are contracted group by group without expanding.
+_EXPAND_ABOVE_ROWS = 4
+
+
+def _dense_product(x: np.ndarray, w: np.ndarray, kernel: str) -> np.ndarray:
+    if kernel == "einsum":
+        return np.einsum("tk,nk->tn", x, w)  # (T, N)
+    return x @ w.T  # (T, N)
+
+
+class DenseMatrix:
+    form = "f32"
+
+    def __init__(self, weight: np.ndarray, kernel: str = "blas") -> None:
+        self.weight = np.ascontiguousarray(weight, dtype=np.float32)  # (N, K)
+        self.kernel = kernel
+        self.shape = self.weight.shape
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return _dense_product(x, self.weight, self.kernel)  # (T, N)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        return self.weight[ids]  # (T, K)
+
+    def dequantize(self) -> np.ndarray:
+        return self.weight
+
+    @property
+    def nbytes(self) -> int:
+        return self.weight.nbytes
+
+
+class Int8Matrix:
+    """w = scales * codes (+ mins), codes int8, one scale (and min) per group of 32 along K."""
+
+    form = "q8"
+
+    def __init__(
+        self, codes: np.ndarray, scales: np.ndarray, mins: np.ndarray | None = None, kernel: str = "blas"
+    ) -> None:
+        N, K = codes.shape
+        self.codes = np.ascontiguousarray(codes, dtype=np.int8)  # (N, K)
+        self.scales = np.ascontiguousarray(scales, dtype=np.float32)  # (N, G)
+        self.mins = None if mins is None else np.ascontiguousarray(mins, dtype=np.float32)  # (N, G)
+        self.kernel = kernel
+        self.shape = (N, K)
+
+    def _codes(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+        return self.codes[rows]  # (n, K) int8
+
+    def dequantize(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+        K = self.shape[1]
+        codes = self._codes(rows)  # (n, K)
+        w = codes.reshape(-1, K // GROUP, GROUP) * self.scales[rows][..., None]  # (n, G, 32) f32
+        if self.mins is not None:
+            w += self.mins[rows][..., None]
+        return w.reshape(-1, K)  # (n, K)
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        T = x.shape[0]
+        if T > _EXPAND_ABOVE_ROWS:
+            return _dense_product(x, self.dequantize(), self.kernel)  # (T, N)
+        N, K = self.shape
+        xg = x.reshape(T, K // GROUP, GROUP)  # (T, G, 32)
+        per_group = np.einsum("tgk,ngk->tng", xg, self._codes().reshape(N, K // GROUP, GROUP))  # (T, N, G)
+        y = np.einsum("tng,ng->tn", per_group, self.scales)  # (T, N)
+        if self.mins is not None:
+            y += xg.sum(axis=-1) @ self.mins.T  # (T, G) @ (G, N)
+        return y
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        return self.dequantize(ids)  # (T, K)
+
+    @property
+    def nbytes(self) -> int:
+        return self.codes.nbytes + self.scales.nbytes + (0 if self.mins is None else self.mins.nbytes)
+
+
+class Int4Matrix(Int8Matrix):
+    """Packed 4-bit codes (ggml nibble order, see formats.py), unpacked to int8 on every use.
+
+    `offset` is subtracted from each code (8 for q4_0, whose codes are centred; 0 for q4_1).
+    """
+
+    form = "q4"
+
+    def __init__(
+        self, packed: np.ndarray, scales: np.ndarray, mins: np.ndarray | None, offset: int, kernel: str = "blas"
+    ) -> None:
+        N, half = packed.shape
+        self.packed = np.ascontiguousarray(packed, dtype=np.uint8)  # (N, K/2)
+        self.offset = np.int8(offset)
+        self.scales = np.ascontiguousarray(scales, dtype=np.float32)  # (N, G)
+        self.mins = None if mins is None else np.ascontiguousarray(mins, dtype=np.float32)  # (N, G)
+        self.kernel = kernel
+        self.shape = (N, half * 2)
+
+    def _codes(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
+        K = self.shape[1]
+        packed = self.packed[rows]  # (n, K/2)
+        n = packed.shape[0]
+        blocks = packed.reshape(n, K // GROUP, GROUP // 2)  # (n, G, 16)
+        codes = np.empty((n, K // GROUP, GROUP), dtype=np.uint8)  # (n, G, 32)
+        np.bitwise_and(blocks, np.uint8(15), out=codes[..., : GROUP // 2])
+        np.right_shift(blocks, np.uint8(4), out=codes[..., GROUP // 2 :])
+        codes = codes.view(np.int8).reshape(n, K)  # (n, K), values 0..15
+        if self.offset:
+            codes -= self.offset
+        return codes
+
+    @property
+    def nbytes(self) -> int:
+        return self.packed.nbytes + self.scales.nbytes + (0 if self.mins is None else self.mins.nbytes)
+
+
+def bytes_per_weight(form: str, has_mins: bool = True) -> float:
+    """Memory per weight of a compute form (for planning before anything is loaded)."""
+    group = 4 * (2 if has_mins else 1) / GROUP
+    return {"f32": 4.0, "q8": 1.0 + group, "q4": 0.5 + group}[form]
