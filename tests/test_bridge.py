@@ -119,9 +119,11 @@ def test_generation_errors_keep_their_type(folder):
         "message": "top_p must be in (0, 1], got 2",
     }
     bad_token = {"prompt_ids": [1, 100000], "options": {}}
-    ok(handle.start(json.dumps(bad_token)))
-    assert error(handle.step())["message"] == "token id 100000 is outside the vocabulary [0, 128)"
-    assert ok(handle.step()) is None  # the failed generation is over
+    assert error(handle.start(json.dumps(bad_token))) == {
+        "type": "invalid_argument",
+        "message": "token id 100000 is outside the vocabulary [0, 128)",
+    }
+    assert ok(handle.step()) is None  # nothing started
 
 
 def test_stop_abandons_a_generation(folder):

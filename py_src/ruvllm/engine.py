@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 
-from .cache import KVCache
+from .cache import KVCache, KVOptions
 from .config import ModelConfig
 from .errors import InvalidArgumentError, LoadError
 from .model import forward
@@ -29,7 +29,9 @@ def default_kernel() -> str:
 
 
 class Engine:
-    def __init__(self, config: ModelConfig, weights: Weights, context_length: int | None = None) -> None:
+    def __init__(
+        self, config: ModelConfig, weights: Weights, context_length: int | None = None, kv: KVOptions | None = None
+    ) -> None:
         limit = config.max_position_embeddings
         if context_length is None:
             context_length = min(limit, DEFAULT_MAX_CONTEXT)
@@ -38,6 +40,7 @@ class Engine:
         self.config = config
         self.weights = weights
         self.context_length = context_length
+        self.kv = kv or KVOptions()
         self.inv_freq = inverse_frequencies(config)  # (E/2,)
 
     @classmethod
@@ -47,12 +50,14 @@ class Engine:
         store: TensorStore,
         context_length: int | None = None,
         compute: ComputeOptions | None = None,
+        kv: KVOptions | None = None,
     ) -> Engine:
         weights = load_weights(config, store, compute or ComputeOptions(kernel=default_kernel()))
-        return cls(config, weights, context_length)
+        return cls(config, weights, context_length, kv)
 
     def new_cache(self) -> KVCache:
-        return KVCache(self.config, self.context_length)
+        """An empty cache: at most `context_length` positions, or a byte budget (KVOptions)."""
+        return KVCache(self.config, self.context_length, self.kv)
 
     def forward(
         self, tokens: list[int] | np.ndarray, start: int, cache: KVCache, last_only: bool = False
@@ -86,7 +91,12 @@ def open_store(folder: str, header_only: bool = False) -> TensorStore:
     return TensorStore([SafetensorsFile.from_path(p, header_only) for p in files])
 
 
-def load_engine(folder: str, context_length: int | None = None, compute: ComputeOptions | None = None) -> Engine:
+def load_engine(
+    folder: str,
+    context_length: int | None = None,
+    compute: ComputeOptions | None = None,
+    kv: KVOptions | None = None,
+) -> Engine:
     if not os.path.isdir(folder):
         raise LoadError(f"{folder}: model folder not found")
-    return Engine.from_store(read_config(folder), open_store(folder), context_length, compute)
+    return Engine.from_store(read_config(folder), open_store(folder), context_length, compute, kv)

@@ -54,11 +54,15 @@ class GenerationOptions:
         )
 
 
+PREFILL_CHUNK = 256  # prompt positions per forward call: bounds the attention workspace
+
+
 @dataclass(frozen=True)
 class Step:
     token_id: int
     finish_reason: str | None  # "stop" (end-of-sequence token), "length", or None to continue
     prefill_ms: float | None = None  # on the first step only
+    cached_tokens: int = 0  # on the first step: prompt tokens whose keys/values came from the cache
 
 
 def generate_tokens(
@@ -67,31 +71,52 @@ def generate_tokens(
     options: GenerationOptions,
     eos_ids: Iterable[int] = (),
     cache: KVCache | None = None,
+    reuse_prefix: bool = True,
 ) -> Iterator[Step]:
     """Prefill the prompt, then sample one token per step until EOS, `max_tokens` or a full context.
 
-    Bad prompts raise here, at call time; the returned generator does the work.
+    With `reuse_prefix`, the longest prefix of the prompt that `cache` already holds (the previous turn
+    of a chat) is not computed again. Bad prompts raise here, at call time; the returned generator
+    does the work.
     """
     prompt = [int(t) for t in prompt_ids]
-    limit = engine.context_length
+    cache = cache if cache is not None else engine.new_cache()
+    limit = cache.max_positions
     if not prompt:
         raise InvalidArgumentError("the prompt is empty: give at least one token")
-    if len(prompt) > limit:
+    if limit is not None and len(prompt) > limit:
         raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context window is {limit}")
-    cache = cache if cache is not None else engine.new_cache()
-    return _token_loop(engine, prompt, options, set() if options.ignore_eos else set(eos_ids), cache)
+    bad = [t for t in prompt if not 0 <= t < engine.config.vocab_size]
+    if bad:
+        raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {engine.config.vocab_size})")
+    reused = common_prefix(cache.tokens, prompt) if reuse_prefix else 0
+    reused = min(reused, len(prompt) - 1)  # the last prompt token is always computed: it gives the logits
+    eos = set() if options.ignore_eos else set(eos_ids)
+    return _token_loop(engine, prompt, reused, options, eos, cache)
+
+
+def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
 
 
 def _token_loop(
-    engine: Engine, prompt: list[int], options: GenerationOptions, eos: set[int], cache: KVCache
+    engine: Engine, prompt: list[int], reused: int, options: GenerationOptions, eos: set[int], cache: KVCache
 ) -> Iterator[Step]:
-    limit = engine.context_length
+    limit = cache.max_positions
     sample = make_sampler(options.sampling)
-    cache.reset()
-    cache.reserve(min(limit, len(prompt) + options.max_tokens))
+    cache.truncate(reused)
+    if limit is not None:
+        cache.reserve(min(limit - reused, len(prompt) - reused + options.max_tokens))
 
     started = time.perf_counter()
-    logits = engine.forward(prompt, 0, cache, last_only=True)[0]  # (V,)
+    for start in range(reused, len(prompt), PREFILL_CHUNK):
+        chunk = prompt[start : start + PREFILL_CHUNK]
+        logits = engine.forward(chunk, start, cache, last_only=True)[0]  # (V,)
     prefill_ms = (time.perf_counter() - started) * 1000
     history = list(prompt)
     for i in range(options.max_tokens):
@@ -100,11 +125,12 @@ def _token_loop(
         position = len(history) - 1  # where this token goes when fed back
         if token in eos:
             reason = "stop"
-        elif i == options.max_tokens - 1 or position >= limit:
+        elif i == options.max_tokens - 1 or (limit is not None and position >= limit):
             reason = "length"
         else:
             reason = None
-        yield Step(token, reason, prefill_ms if i == 0 else None)
+        first = i == 0
+        yield Step(token, reason, prefill_ms if first else None, reused if first else 0)
         if reason is not None:
             return
         logits = engine.forward([token], position, cache, last_only=True)[0]  # (V,)
@@ -117,6 +143,7 @@ class Stats:
     prefill_ms: float
     ttft_ms: float
     decode_tok_s: float
+    cached_tokens: int = 0  # prompt tokens reused from the cache (not computed again)
 
 
 @dataclass(frozen=True)
@@ -140,12 +167,12 @@ def generate_text(
     eos = set(eos_ids)
     held = ""  # decoded text not yet emitted: it may be the start of a stop string
     prefill_ms = first_at = 0.0
-    count = 0
+    count = cached = 0
     for step in steps:
         now = time.perf_counter()
         count += 1
         if step.prefill_ms is not None:
-            prefill_ms, first_at = step.prefill_ms, now
+            prefill_ms, first_at, cached = step.prefill_ms, now, step.cached_tokens
         finish = step.finish_reason
         if not (finish == "stop" and step.token_id in eos):
             held += detokenizer.add(step.token_id)
@@ -161,6 +188,7 @@ def generate_text(
             prefill_ms=prefill_ms,
             ttft_ms=(first_at - started) * 1000,
             decode_tok_s=(count - 1) / decode_s if count > 1 and decode_s > 0 else 0.0,
+            cached_tokens=cached,
         )
         yield Chunk(emit, step.token_id, finish, stats)
         if finish is not None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cache import KVCache
+from .cache import KVCache, LayerCache
 from .config import ModelConfig
 from .rope import apply_rope, rope_tables
 from .weights import MLP, Attention, DecoderLayer, Weights, linear
@@ -32,15 +32,14 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def attention_mask(start: int, count: int, total: int, window: int | None) -> np.ndarray | None:
-    """Additive mask (T, S): query at position p sees key j iff j <= p and, with a window, p - j < window."""
-    if count == 1 and (window is None or total <= window):
+def attention_mask(queries: np.ndarray, keys: np.ndarray, window: int | None) -> np.ndarray | None:
+    """Additive mask (T, S) from absolute positions: a query at p sees a key at j iff j <= p and, with a
+    window, p - j < window. None when nothing is masked (a single new token, no window in reach)."""
+    if len(queries) == 1 and (window is None or queries[0] - keys[0] < window):
         return None
-    query = np.arange(start, start + count)[:, None]  # (T, 1)
-    key = np.arange(total)[None, :]  # (1, S)
-    allowed = key <= query  # (T, S)
+    allowed = keys[None, :] <= queries[:, None]  # (T, S)
     if window is not None:
-        allowed &= query - key < window
+        allowed &= queries[:, None] - keys[None, :] < window
     return np.where(allowed, np.float32(0), np.float32(-np.inf))  # (T, S)
 
 
@@ -49,8 +48,8 @@ def attention(
     w: Attention,
     config: ModelConfig,
     rope: tuple[np.ndarray, np.ndarray],
-    start: int,
-    cache,
+    positions: np.ndarray,
+    cache: LayerCache,
     window: int | None,
 ) -> np.ndarray:
     T = x.shape[0]
@@ -59,17 +58,25 @@ def attention(
     k = linear(x, w.k_proj).reshape(T, K, E).transpose(1, 0, 2)  # (K, T, E)
     v = linear(x, w.v_proj).reshape(T, K, E).transpose(1, 0, 2)  # (K, T, E)
     q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    keys, values = cache.update_and_fetch(k, v, start)  # (K, S, E) each
-    S = keys.shape[1]
+    segments = cache.update_and_fetch(k, v, positions)  # cold (quantized) then hot, in position order
 
     q = q.reshape(K, G * T, E)  # (K, G*T, E): the G heads sharing one key/value head, stacked
-    scores = (q @ keys.transpose(0, 2, 1)).reshape(K, G, T, S)  # (K, G, T, S)
+    parts = [segment.scores(q) for segment in segments]  # (K, G*T, S_i) each
+    scores = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)  # (K, G*T, S)
+    S = scores.shape[-1]
+    scores = scores.reshape(K, G, T, S)
     scores *= np.float32(1.0 / np.sqrt(E))
-    mask = attention_mask(start, T, S, window)
+    key_positions = segments[0].positions if len(segments) == 1 else np.concatenate([s.positions for s in segments])
+    mask = attention_mask(positions, key_positions, window)
     if mask is not None:
         scores += mask
     probs = softmax(scores).reshape(K, G * T, S)  # (K, G*T, S)
-    out = (probs @ values).reshape(H, T, E)  # (H, T, E)
+    if len(segments) == 1:
+        out = segments[0].mix(probs)  # (K, G*T, E)
+    else:
+        bounds = np.cumsum([len(s.positions) for s in segments])[:-1]
+        out = sum(s.mix(p) for s, p in zip(segments, np.split(probs, bounds, axis=-1), strict=True))
+    out = out.reshape(H, T, E)  # (H, T, E)
     return linear(out.transpose(1, 0, 2).reshape(T, H * E), w.o_proj)  # (T, D)
 
 
@@ -82,12 +89,13 @@ def block(
     w: DecoderLayer,
     config: ModelConfig,
     rope: tuple[np.ndarray, np.ndarray],
-    start: int,
-    cache,
+    positions: np.ndarray,
+    cache: LayerCache,
     window: int | None,
 ) -> np.ndarray:
     eps = config.rms_norm_eps
-    x = x + attention(rms_norm(x, w.input_layernorm, eps), w.self_attn, config, rope, start, cache, window)  # (T, D)
+    attended = attention(rms_norm(x, w.input_layernorm, eps), w.self_attn, config, rope, positions, cache, window)
+    x = x + attended  # (T, D)
     return x + mlp(rms_norm(x, w.post_attention_layernorm, eps), w.mlp)  # (T, D)
 
 
@@ -105,10 +113,15 @@ def forward(
     Returns (T, V), or (1, V) for the last token only when `last_only` (prefill needs no more).
     """
     tokens = np.asarray(tokens, dtype=np.int64)
+    assert start <= len(cache.tokens), f"position {start} would leave a gap after {len(cache.tokens)}"
+    if start < len(cache.tokens):
+        cache.truncate(start)  # rewinding: what came after `start` is forgotten
+    positions = np.arange(start, start + len(tokens))  # (T,)
     x = weights.embed_tokens.rows(tokens)  # (T, D)
     rope = rope_tables(inv_freq, start, len(tokens))  # (T, E/2) cos, sin
     for layer, layer_cache, window in zip(weights.layers, cache.layers, config.sliding_windows, strict=True):
-        x = block(x, layer, config, rope, start, layer_cache, window)  # (T, D)
+        x = block(x, layer, config, rope, positions, layer_cache, window)  # (T, D)
+    cache.record(tokens)
     if last_only:
         x = x[-1:]  # (1, D)
     return linear(rms_norm(x, weights.norm, config.rms_norm_eps), weights.lm_head)  # (T, V)
