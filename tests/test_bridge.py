@@ -46,7 +46,9 @@ def test_streamed_model_generates_like_the_folder(folder):
     data = (folder / "model.safetensors").read_bytes()
     loader, finished = stream_model(folder, sha256=hashlib.sha256(data).hexdigest())
     assert ok(finished) == {"bytes": len(data)}
-    info = ok(loader.build(64))
+    ok(loader.set_options(json.dumps({"context_length": 64})))
+    info = ok(loader.build())
+    assert info["plan"]["compute"] == "f32"
     assert info["architecture"] == "LlamaForCausalLM" and info["context_length"] == 64
     handle = loader.handle
     request = {"prompt_ids": [1, 2, 3], "eos_ids": [], "options": {"max_tokens": 6, "temperature": 0}}
@@ -106,7 +108,8 @@ def test_corrupt_weights_and_bad_config_are_load_errors(folder):
 def test_generation_errors_keep_their_type(folder):
     loader, finished = stream_model(folder)
     ok(finished)
-    ok(loader.build(16))
+    ok(loader.set_options(json.dumps({"context_length": 16})))
+    ok(loader.build())
     handle = loader.handle
     too_long = {"prompt_ids": list(range(20)), "options": {}}
     assert error(handle.start(json.dumps(too_long))) == {
@@ -135,3 +138,25 @@ def test_stop_abandons_a_generation(folder):
     ok(handle.step())
     assert ok(handle.stop()) is True
     assert ok(handle.step()) is None
+
+
+def test_the_plan_comes_from_headers_before_any_data(folder):
+    loader = ModelLoader()
+    ok(loader.set_config((folder / "config.json").read_text()))
+    data = (folder / "model.safetensors").read_bytes()
+    header_end = 8 + int.from_bytes(data[:8], "little")
+    ok(loader.add_header("model.safetensors", len(data), data[:header_end]))
+    plan = ok(loader.plan())
+    assert (
+        plan["compute"] == "f32"
+        and plan["total_bytes"] == plan["weight_bytes"] + plan["kv_bytes"] + plan["workspace_bytes"]
+    )
+    ok(loader.set_options(json.dumps({"memory_budget": 100_000, "compute": "auto"})))
+    refused = error(loader.plan())
+    assert refused["type"] == "load" and refused["message"].startswith(
+        "the model does not fit the memory budget of 0 MiB"
+    )
+    ok(loader.set_options(json.dumps({"compute": "q4", "kv": {"hot_tokens": 16, "cold": "int4"}})))
+    small = ok(loader.plan())
+    assert small["compute"] == "q4" and small["weight_bytes"] < plan["weight_bytes"] / 4
+    assert error(loader.set_options(json.dumps({"kv": {"hot": 3}})))["message"] == "unknown kv option 'hot'"

@@ -148,6 +148,8 @@ def test_unknown_architecture(tmp_path):
 
 def test_truncated_weight_file(tmp_path, smollm2_dir):
     tiny_model("llama", tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_dir / name, tmp_path / name)
     weights = tmp_path / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:-1000])
     result = ruvllm("generate", str(tmp_path), "--prompt", "x")

@@ -14,8 +14,11 @@ import json
 import os
 import time
 from collections.abc import Iterator, Sequence
+from pathlib import Path
 
-from .engine import Engine, load_engine
+from .cache import KVOptions
+from .engine import Engine, load_engine, read_config
+from .errors import LoadError
 from .generate import Chunk, GenerationOptions, generate_text, generate_tokens
 from .tokenizer import Tokenizer
 
@@ -51,11 +54,33 @@ class Model:
         return generate_text(steps, self.tokenizer.detokenizer(), len(ids), options.stop, self.eos_token_ids, started)
 
 
-def load(path: str, context_length: int | None = None) -> Model:
-    """Load a ruvllm (or plain Hugging Face safetensors) model folder with its tokenizer."""
-    engine = load_engine(path, context_length)
+def load(
+    path: str,
+    context_length: int | None = None,
+    compute: str = "auto",
+    memory_budget: int | None = None,
+    kv: KVOptions | None = None,
+    isq: str = "rtn",
+) -> Model:
+    """Load a ruvllm (or plain Hugging Face safetensors) model folder with its tokenizer.
+
+    compute: how weights live in memory ("f32", "q8", "q4"; "auto": the fastest that fits
+    `memory_budget` bytes, f32 without a budget). kv: the two-tier KV cache (KVOptions).
+    isq: how a float model is quantized at load when compute asks for q8/q4: "rtn" (round to
+    nearest) or "awq" (activation-aware, calibrated on a short built-in text).
+    """
+    if not os.path.isdir(path):
+        raise LoadError(f"{path}: model folder not found")
+    read_config(path)  # an unsupported architecture is the first thing to report
     tokenizer = Tokenizer.from_folder(path)
+    calibration = tokenizer.encode(calibration_text()) if isq == "awq" else None
+    engine = load_engine(path, context_length, compute, kv, memory_budget, isq=isq, calibration_ids=calibration)
     return Model(engine, tokenizer, eos_token_ids(path, engine, tokenizer))
+
+
+def calibration_text() -> str:
+    """The built-in calibration text (varied prose, dialogue, code and numbers)."""
+    return (Path(__file__).parent / "data" / "calibration.txt").read_text(encoding="utf-8")
 
 
 def eos_token_ids(folder: str, engine: Engine, tokenizer: Tokenizer) -> list[int]:

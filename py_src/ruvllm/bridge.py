@@ -17,12 +17,13 @@ import hashlib
 import json
 from collections.abc import Callable
 
+from .cache import KVOptions
 from .config import ModelConfig
-from .engine import Engine
+from .engine import Engine, LoadOptions, plan_for
 from .errors import DownloadError, InferenceError, InvalidArgumentError, LoadError, RuvLLMError
 from .generate import GenerationOptions, Step, generate_tokens
 from .store import TensorStore, count_parameters
-from .tensorfile import PieceBuffer
+from .tensorfile import PieceBuffer, SafetensorsFile
 
 
 def _json_result(fn: Callable) -> Callable[..., str]:
@@ -50,6 +51,8 @@ class ModelLoader:
         self.hashes: dict[str, object] = {}
         self.done: list = []
         self.handle: EngineHandle | None = None  # set by build()
+        self.options = LoadOptions()
+        self.headers: dict[str, SafetensorsFile] = {}
 
     @_json_result
     def set_config(self, config_json: str) -> dict:
@@ -100,13 +103,47 @@ class ModelLoader:
         return {"bytes": piece.filled}
 
     @_json_result
-    def build(self, context_length: int | None = None) -> dict:
+    def set_options(self, options_json: str) -> dict:
+        """Load options: {context_length, compute, memory_budget, kv: {hot_tokens, cold, budget_bytes, keep}}."""
+        raw = json.loads(options_json)
+        known = {"context_length", "compute", "memory_budget", "kv"}
+        unknown = set(raw) - known
+        if unknown:
+            raise InvalidArgumentError(f"unknown load option {sorted(unknown)[0]!r}")
+        kv_raw = raw.get("kv") or {}
+        kv_known = {"hot_tokens", "cold", "budget_bytes", "keep"}
+        if set(kv_raw) - kv_known:
+            raise InvalidArgumentError(f"unknown kv option {sorted(set(kv_raw) - kv_known)[0]!r}")
+        self.options = LoadOptions(
+            context_length=raw.get("context_length"),
+            compute=raw.get("compute") or "auto",
+            memory_budget=raw.get("memory_budget"),
+            kv=KVOptions(**kv_raw),
+        )
+        return True
+
+    @_json_result
+    def add_header(self, name: str, size: int, head: object) -> bool:
+        """The first bytes of a weight file (its whole header), before its data: enough to plan."""
+        data = bytes(head.to_py()) if hasattr(head, "to_py") else bytes(head)
+        self.headers[name] = SafetensorsFile.from_header(data, size, name)
+        return True
+
+    @_json_result
+    def plan(self) -> dict:
+        """The memory plan for the headers given so far; a LoadError if it does not fit the budget."""
+        if self.config is None:
+            raise LoadError("config.json was not given before the weights")
+        return plan_for(self.config, TensorStore(list(self.headers.values())), self.options).as_dict()
+
+    @_json_result
+    def build(self) -> dict:
         if self.config is None:
             raise LoadError("config.json was not given before the weights")
         if not self.done:
             raise LoadError("no weight files were given")
         store = TensorStore(self.done)
-        engine = Engine.from_store(self.config, store, context_length)
+        engine = Engine.from_store(self.config, store, self.options)
         self.files.clear()
         self.done.clear()  # the engine holds its own compute-form weights; the file buffers can go
         self.handle = EngineHandle(engine)
@@ -117,6 +154,7 @@ class ModelLoader:
             "context_length": engine.context_length,
             "parameters": count_parameters(store),
             "weight_bytes": engine.weights.nbytes,
+            "plan": engine.plan.as_dict(),
         }
 
 
@@ -157,7 +195,17 @@ class EngineHandle:
             raise InferenceError(f"generation failed: {type(e).__name__}: {e}") from e
         if step.finish_reason is not None:
             self.steps = None
-        return {"token_id": step.token_id, "finish_reason": step.finish_reason, "prefill_ms": step.prefill_ms}
+        return {
+            "token_id": step.token_id,
+            "finish_reason": step.finish_reason,
+            "prefill_ms": step.prefill_ms,
+            "cached_tokens": step.cached_tokens,
+        }
+
+    @_json_result
+    def cache_stats(self) -> dict:
+        """Positions and bytes of the KV cache per tier."""
+        return self.cache.stats()
 
     @_json_result
     def stop(self) -> bool:

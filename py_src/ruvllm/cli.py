@@ -36,12 +36,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("out", help="output folder")
     p.add_argument("--weights", choices=("f32", "f16", "q8", "q4_0", "q4_1"), help="storage format of matrices")
 
-    p = sub.add_parser("info", help="describe a model folder")
+    p = sub.add_parser("info", help="describe a model folder and the memory it will take")
     p.add_argument("model")
+    add_load_options(p)
+
+    p = sub.add_parser("perplexity", help="perplexity of the model on a text file")
+    p.add_argument("model")
+    p.add_argument("--text-file", required=True)
+    p.add_argument("--window", type=int, help="tokens per evaluation window (default: the context length)")
+    p.add_argument("--json", action="store_true")
+    add_load_options(p)
+
+    p = sub.add_parser("bench", help="prefill, time to first token, decode speed and memory")
+    p.add_argument("model")
+    p.add_argument("--prompt-length", type=int, default=128)
+    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--format", choices=("table", "json", "csv"), default="table")
+    add_load_options(p)
 
     for name, text in (("generate", "generate text from a prompt"), ("chat", "interactive chat")):
         p = sub.add_parser(name, help=text)
         p.add_argument("model")
+        add_load_options(p)
         if name == "generate":
             p.add_argument("--prompt", required=True)
             p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
@@ -56,8 +72,61 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument("--seed", type=int)
         p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
         p.add_argument("--ignore-eos", action="store_true")
-        p.add_argument("--context-length", type=int, help="KV cache positions (default: min(model's, 4096))")
     return parser
+
+
+def parse_bytes(text: str) -> int:
+    """'1073741824', '512M', '512MiB', '1.5G' -> bytes (binary units)."""
+    units = {"": 1, "K": 2**10, "M": 2**20, "G": 2**30}
+    value = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = value[-1] if value and value[-1] in "KMG" else ""
+    try:
+        number = float(value[: len(value) - len(unit)])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (use bytes, or a number with K, M or G)") from None
+    if number <= 0:
+        raise argparse.ArgumentTypeError(f"a size must be positive, got {text!r}")
+    return int(number * units[unit])
+
+
+def add_load_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--context-length", type=int, help="KV cache positions (default: min(model's, 4096))")
+    p.add_argument("--compute", choices=("auto", "f32", "q8", "q4"), default="auto", help="weights in memory")
+    p.add_argument("--memory-budget", type=parse_bytes, help="bytes for weights + KV cache + workspace (e.g. 512M)")
+    p.add_argument("--hot-tokens", type=int, help="newest positions kept in float32; older ones go cold")
+    p.add_argument("--cold", choices=("int8", "int4"), default="int8", help="storage of cold KV positions")
+    p.add_argument("--kv-budget", type=parse_bytes, help="KV cache byte cap; past it old positions are dropped")
+    p.add_argument("--keep", type=int, default=4, help="first positions never dropped (attention sinks)")
+    p.add_argument("--isq", choices=("rtn", "awq"), default="rtn", help="quantizing a float model at load")
+    p.add_argument("--isq-format", choices=("q4_0", "q4_1"), default="q4_1", help="4-bit format for --compute q4")
+
+
+def load_options(args: argparse.Namespace):
+    from .cache import KVOptions
+    from .engine import LoadOptions
+
+    kv = KVOptions(hot_tokens=args.hot_tokens, cold=args.cold, budget_bytes=args.kv_budget, keep=args.keep)
+    return LoadOptions(
+        context_length=args.context_length,
+        compute=args.compute,
+        memory_budget=args.memory_budget,
+        kv=kv,
+        isq=args.isq,
+        isq_format=args.isq_format,
+    )
+
+
+def _load_engine(args: argparse.Namespace):
+    """The engine alone (no text), with the command's load options; calibrated for --isq awq."""
+    from .api import calibration_text
+    from .engine import load_engine
+    from .tokenizer import Tokenizer
+
+    o = load_options(args)
+    calibration = Tokenizer.from_folder(args.model).encode(calibration_text()) if o.isq == "awq" else None
+    return load_engine(
+        args.model, o.context_length, o.compute, o.kv, o.memory_budget, None, o.isq, calibration, o.isq_format
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -87,11 +156,12 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .engine import DEFAULT_MAX_CONTEXT, open_store, read_config
+    from .engine import DEFAULT_MAX_CONTEXT, open_store, plan_for, read_config
     from .formats import get_format
 
     config = read_config(args.model)
     store = open_store(args.model, header_only=True)
+    plan = plan_for(config, store, load_options(args))
     params, nbytes = Counter(), Counter()
     for t in store.tensors.values():
         params[t.format] += _numel(t.shape)
@@ -110,6 +180,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     for fmt in sorted(params, key=lambda f: -nbytes[f]):
         print(f"storage {fmt:6s} {params[fmt] / 1e6:8.2f}M params  {nbytes[fmt] / 2**20:8.1f} MiB")
     print(f"storage total  {sum(nbytes.values()) / 2**20:.1f} MiB")
+    print(f"memory plan    compute {plan.compute}: {plan.describe()}")
     return 0
 
 
@@ -139,7 +210,83 @@ def _load(args: argparse.Namespace):
     from .generate import GenerationOptions
 
     GenerationOptions.from_kwargs(**_options(args))  # refuse bad options before the slow load
-    return load(args.model, context_length=args.context_length)
+    o = load_options(args)
+    return load(args.model, o.context_length, o.compute, o.memory_budget, o.kv, o.isq)
+
+
+def cmd_perplexity(args: argparse.Namespace) -> int:
+    from .errors import LoadError
+    from .perplexity import perplexity
+    from .tokenizer import Tokenizer
+
+    try:
+        with open(args.text_file, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as e:
+        raise LoadError(f"cannot read {args.text_file}: {e.strerror or e}") from None
+    ids = Tokenizer.from_folder(args.model).encode(text)
+    o = load_options(args)
+    engine = _load_engine(args)
+    result = perplexity(engine, ids, args.window)
+    report = {
+        "perplexity": result.perplexity,
+        "nll": result.nll,
+        "tokens": result.tokens,
+        "windows": result.windows,
+        "compute": engine.plan.compute,
+        "isq": o.isq,
+        "kv": {"hot_tokens": o.kv.hot_tokens, "cold": o.kv.cold if o.kv.hot_tokens else None},
+    }
+    if args.json:
+        print(json.dumps(report))
+    else:
+        where = f"{result.windows} windows, compute {engine.plan.compute}"
+        print(f"perplexity {result.perplexity:.4f} over {result.tokens} tokens ({where})")
+    return 0
+
+
+BENCH_COLUMNS = (
+    "compute",
+    "prompt_tokens",
+    "generated_tokens",
+    "prefill_ms",
+    "ttft_ms",
+    "decode_tok_s",
+    "peak_rss_bytes",
+    "weight_bytes",
+    "kv_hot_bytes",
+    "kv_cold_bytes",
+    "kv_cold_format",
+)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .api import calibration_text
+    from .bench import run_bench
+    from .errors import InvalidArgumentError
+    from .tokenizer import Tokenizer
+
+    if args.prompt_length < 1 or args.gen_length < 1:
+        raise InvalidArgumentError("--prompt-length and --gen-length must be >= 1")
+    text = calibration_text()
+    ids = Tokenizer.from_folder(args.model).encode(text)
+    while len(ids) < args.prompt_length:
+        ids = ids + ids
+    engine = _load_engine(args)
+    result = run_bench(engine, ids[: args.prompt_length], args.gen_length)
+    if args.format == "json":
+        print(json.dumps(result))
+    elif args.format == "csv":
+        print(",".join(BENCH_COLUMNS))
+        print(",".join("" if result[c] is None else str(result[c]) for c in BENCH_COLUMNS))
+    else:
+        for key in BENCH_COLUMNS:
+            value = result[key]
+            shown = f"{value:.2f}" if isinstance(value, float) else ("-" if value is None else str(value))
+            if key.endswith("_bytes") and isinstance(value, int):
+                shown = f"{value / 2**20:.1f} MiB"
+            print(f"{key:18s} {shown}")
+    return 0
 
 
 def _messages(system: str | None, turns: list[dict]) -> list[dict]:
@@ -236,4 +383,11 @@ def cmd_chat(args: argparse.Namespace) -> int:
         history.append({"role": "assistant", "content": "".join(reply)})
 
 
-COMMANDS = {"convert": cmd_convert, "info": cmd_info, "generate": cmd_generate, "chat": cmd_chat}
+COMMANDS = {
+    "convert": cmd_convert,
+    "info": cmd_info,
+    "generate": cmd_generate,
+    "chat": cmd_chat,
+    "perplexity": cmd_perplexity,
+    "bench": cmd_bench,
+}

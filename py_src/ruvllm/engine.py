@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import sys
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -15,8 +16,9 @@ from .cache import KVCache, KVOptions
 from .config import ModelConfig
 from .errors import InvalidArgumentError, LoadError
 from .model import forward
+from .planner import MemoryPlan, choose_compute
 from .rope import inverse_frequencies
-from .store import TensorStore
+from .store import TensorStore, sanitize
 from .tensorfile import SafetensorsFile
 from .weights import ComputeOptions, Weights, load_weights
 
@@ -28,32 +30,89 @@ def default_kernel() -> str:
     return "einsum" if sys.platform == "emscripten" else "blas"
 
 
+def resolve_context(config: ModelConfig, context_length: int | None) -> int:
+    limit = config.max_position_embeddings
+    if context_length is None:
+        return min(limit, DEFAULT_MAX_CONTEXT)
+    if not isinstance(context_length, int) or isinstance(context_length, bool) or not 1 <= context_length <= limit:
+        raise InvalidArgumentError(f"context_length must be an integer in [1, {limit}], got {context_length!r}")
+    return context_length
+
+
+@dataclass(frozen=True)
+class LoadOptions:
+    """How to load a model. compute: "auto" (the fastest form within `memory_budget`), "f32", "q8",
+    "q4", or ComputeOptions; kernel: None picks the one for this runtime."""
+
+    context_length: int | None = None
+    compute: str | ComputeOptions = "auto"
+    memory_budget: int | None = None
+    kernel: str | None = None
+    kv: KVOptions = field(default_factory=KVOptions)
+    isq: str = "rtn"  # how float models are quantized at load: "rtn" or "awq" (activation-aware)
+    isq_format: str = "q4_1"  # the 4-bit format float matrices get under compute "q4"
+    calibration_ids: tuple[int, ...] | None = None  # token ids of a calibration text, for "awq"
+
+    def __post_init__(self) -> None:
+        if self.isq not in ("rtn", "awq"):
+            raise InvalidArgumentError(f"isq must be rtn or awq, got {self.isq!r}")
+
+
+def plan_for(config: ModelConfig, store: TensorStore, options: LoadOptions) -> MemoryPlan:
+    """The memory plan this load would follow (nothing is allocated)."""
+    form = options.compute.form if isinstance(options.compute, ComputeOptions) else options.compute
+    tensors = {
+        name: (store.tensors[stored].format, store.tensors[stored].shape)
+        for name, stored in sanitize(store.names()).items()
+    }
+    context = resolve_context(config, options.context_length)
+    return choose_compute(form, config, tensors, context, options.kv, options.memory_budget)
+
+
+def _activation_aware(config: ModelConfig, store: TensorStore, compute: ComputeOptions, ids) -> tuple:
+    from .isq import quantize_weights
+
+    stored = {t.format for t in store.tensors.values() if len(t.shape) == 2}
+    if not stored <= {"f32", "f16", "bf16"}:
+        raise InvalidArgumentError(
+            f"isq='awq' quantizes float models; this one is already stored as {', '.join(sorted(stored))}"
+        )
+    if not ids:
+        raise InvalidArgumentError("isq='awq' needs calibration token ids")
+    dense = load_weights(config, store, ComputeOptions(form="f32", kernel=compute.kernel))
+    return quantize_weights(dense, config, compute, "awq", list(ids))
+
+
 class Engine:
     def __init__(
         self, config: ModelConfig, weights: Weights, context_length: int | None = None, kv: KVOptions | None = None
     ) -> None:
-        limit = config.max_position_embeddings
-        if context_length is None:
-            context_length = min(limit, DEFAULT_MAX_CONTEXT)
-        if not isinstance(context_length, int) or isinstance(context_length, bool) or not 1 <= context_length <= limit:
-            raise InvalidArgumentError(f"context_length must be an integer in [1, {limit}], got {context_length!r}")
         self.config = config
         self.weights = weights
-        self.context_length = context_length
+        self.context_length = resolve_context(config, context_length)
         self.kv = kv or KVOptions()
         self.inv_freq = inverse_frequencies(config)  # (E/2,)
+        self.plan: MemoryPlan | None = None  # set when loaded through from_store
 
     @classmethod
-    def from_store(
-        cls,
-        config: ModelConfig,
-        store: TensorStore,
-        context_length: int | None = None,
-        compute: ComputeOptions | None = None,
-        kv: KVOptions | None = None,
-    ) -> Engine:
-        weights = load_weights(config, store, compute or ComputeOptions(kernel=default_kernel()))
-        return cls(config, weights, context_length, kv)
+    def from_store(cls, config: ModelConfig, store: TensorStore, options: LoadOptions | None = None) -> Engine:
+        """Plan, check the plan against the memory budget, then prepare the weights."""
+        options = options or LoadOptions()
+        plan = plan_for(config, store, options)
+        compute = options.compute
+        if not isinstance(compute, ComputeOptions):
+            compute = ComputeOptions(plan.compute, options.kernel or default_kernel(), options.isq_format)
+        report = None
+        if options.isq == "awq" and compute.form != "f32":
+            weights, report = _activation_aware(config, store, compute, options.calibration_ids)
+        else:
+            weights = load_weights(config, store, compute)
+        engine = cls(config, weights, options.context_length, options.kv)
+        engine.plan = plan
+        engine.isq_report = report
+        return engine
+
+    isq_report: list[dict] | None = None  # per group of matrices, after activation-aware quantization
 
     def new_cache(self) -> KVCache:
         """An empty cache: at most `context_length` positions, or a byte budget (KVOptions)."""
@@ -94,9 +153,19 @@ def open_store(folder: str, header_only: bool = False) -> TensorStore:
 def load_engine(
     folder: str,
     context_length: int | None = None,
-    compute: ComputeOptions | None = None,
+    compute: str | ComputeOptions = "auto",
     kv: KVOptions | None = None,
+    memory_budget: int | None = None,
+    kernel: str | None = None,
+    isq: str = "rtn",
+    calibration_ids: list[int] | None = None,
+    isq_format: str = "q4_1",
 ) -> Engine:
+    """Load a model folder. See LoadOptions for the arguments."""
     if not os.path.isdir(folder):
         raise LoadError(f"{folder}: model folder not found")
-    return Engine.from_store(read_config(folder), open_store(folder), context_length, compute, kv)
+    calibration = tuple(calibration_ids) if calibration_ids else None
+    options = LoadOptions(
+        context_length, compute, memory_budget, kernel, kv or KVOptions(), isq, isq_format, calibration
+    )
+    return Engine.from_store(read_config(folder), open_store(folder), options)

@@ -198,9 +198,14 @@ class SafetensorsFile:
         head = f.read(8)
         if len(head) == 8:
             head += f.read(min(int.from_bytes(head, "little"), MAX_HEADER_BYTES + 1))
+        return cls.from_header(head, size, source)
+
+    @classmethod
+    def from_header(cls, prefix: bytes | memoryview, total_size: int, source: str) -> SafetensorsFile:
+        """The layout of a file of `total_size` bytes from its first bytes (at least the whole header)."""
         file = cls.__new__(cls)
         file.source, file.buffer = source, None
-        file.metadata, file.tensors = parse_header(head, size, source)
+        file.metadata, file.tensors = parse_header(prefix, total_size, source)
         return file
 
     def keys(self) -> list[str]:

@@ -79,9 +79,11 @@ class Weights:
 
     @property
     def nbytes(self) -> int:
-        vectors = [self.norm] + [
-            v for layer in self.layers for v in (layer.input_layernorm, layer.post_attention_layernorm)
-        ]
+        vectors = [self.norm]
+        for layer in self.layers:
+            vectors += [layer.input_layernorm, layer.post_attention_layernorm]
+            projections = (*vars(layer.self_attn).values(), *vars(layer.mlp).values())
+            vectors += [lin.bias for lin in projections if lin.bias is not None]
         return sum(m.nbytes for m in self.matrices()) + sum(v.nbytes for v in vectors)
 
 

@@ -1,0 +1,149 @@
+"""The memory plan: bytes a model will take, worked out from its config and its tensors' storage formats
+before anything is allocated, so a plan that cannot fit is refused before the download.
+
+    weights    every matrix in its compute form (matrices.py), vectors in float32
+    kv cache   at the configured context: float32 hot positions, int8/int4 cold ones, or the KV budget
+    workspace  activations of one forward call over a prefill chunk (attention scores dominate)
+
+`choose_compute("auto", ...)` picks the fastest compute form whose plan fits a memory budget.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .cache import KVOptions
+from .config import ModelConfig
+from .errors import InvalidArgumentError, LoadError
+from .formats import GROUP
+from .weights import COMPUTE_FORMS
+
+MiB = 2**20
+PREFILL_CHUNK = 256  # keep in step with generate.PREFILL_CHUNK
+FORM_ORDER = ("f32", "q8", "q4")  # fastest first
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    compute: str
+    weight_bytes: int
+    kv_bytes: int
+    workspace_bytes: int
+    weight_bytes_by_form: dict[str, int]  # compute form of each matrix -> bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.weight_bytes + self.kv_bytes + self.workspace_bytes
+
+    def as_dict(self) -> dict:
+        return {
+            "compute": self.compute,
+            "weight_bytes": self.weight_bytes,
+            "kv_bytes": self.kv_bytes,
+            "workspace_bytes": self.workspace_bytes,
+            "total_bytes": self.total_bytes,
+            "weight_bytes_by_form": dict(self.weight_bytes_by_form),
+        }
+
+    def describe(self) -> str:
+        forms = ", ".join(f"{form} {n / MiB:.1f}" for form, n in sorted(self.weight_bytes_by_form.items()))
+        return (
+            f"weights {self.weight_bytes / MiB:.1f} MiB ({forms}) + KV cache {self.kv_bytes / MiB:.1f} MiB"
+            f" + workspace {self.workspace_bytes / MiB:.1f} MiB = {self.total_bytes / MiB:.1f} MiB"
+        )
+
+
+def matrix_form(stored_format: str, shape: tuple[int, ...], compute: str) -> tuple[str, bool]:
+    """(the compute form a stored matrix gets, whether it keeps a per-group min); mirrors prepare_matrix."""
+    if compute == "f32" or len(shape) != 2 or shape[1] % GROUP:
+        return "f32", False
+    if stored_format in ("f32", "f16", "bf16"):
+        return ("q8", False) if compute == "q8" else ("q4", True)  # runtime quantization: q8, or q4_1
+    if stored_format == "q8":
+        return "q8", False
+    return ("q4" if compute == "q4" else "q8"), stored_format == "q4_1"
+
+
+def _matrix_bytes(form: str, has_mins: bool, rows: int, cols: int) -> int:
+    groups = rows * (cols // GROUP) * 4 * (2 if has_mins else 1)
+    return {"f32": rows * cols * 4, "q8": rows * cols + groups, "q4": rows * cols // 2 + groups}[form]
+
+
+def kv_bytes(config: ModelConfig, context_length: int, kv: KVOptions) -> int:
+    hot = kv.hot_bytes_per_position(config)
+    if kv.hot_tokens is None:
+        return context_length * hot
+    hot_positions = min(context_length, kv.hot_tokens + kv.migrate_batch + PREFILL_CHUNK)
+    if kv.budget_bytes is not None:
+        return max(kv.budget_bytes, hot_positions * hot)
+    cold_positions = max(0, context_length - kv.hot_tokens)
+    return hot_positions * hot + cold_positions * kv.cold_bytes_per_position(config)
+
+
+def workspace_bytes(config: ModelConfig, context_length: int, compute: str, largest_matrix: int) -> int:
+    T = min(PREFILL_CHUNK, context_length)
+    H, D, F, V = config.num_attention_heads, config.hidden_size, config.intermediate_size, config.vocab_size
+    scores = 3 * H * T * context_length * 4  # scores, exponentials, probabilities
+    activations = T * (3 * F + 8 * D) * 4
+    logits = 2 * V * 4
+    expanded = largest_matrix * 4 if compute != "f32" else 0  # a quantized matrix expanded for a prefill
+    return scores + activations + logits + expanded
+
+
+def plan_memory(
+    config: ModelConfig,
+    tensors: dict[str, tuple[str, tuple[int, ...]]],
+    compute: str,
+    context_length: int,
+    kv: KVOptions | None = None,
+) -> MemoryPlan:
+    """`tensors`: HF name -> (storage format, shape), as a TensorStore lists them."""
+    if compute not in COMPUTE_FORMS:
+        raise InvalidArgumentError(f"compute must be one of auto, {', '.join(COMPUTE_FORMS)}, got {compute!r}")
+    kv = kv or KVOptions()
+    weight, by_form, largest = 0, {}, 0
+    for name, (fmt, shape) in tensors.items():
+        if name == "lm_head.weight" and config.tie_word_embeddings:
+            continue
+        if len(shape) == 1:
+            weight += shape[0] * 4
+            continue
+        form, has_mins = matrix_form(fmt, shape, compute)
+        n = _matrix_bytes(form, has_mins, shape[0], shape[1])
+        weight += n
+        by_form[form] = by_form.get(form, 0) + n
+        if name != "model.embed_tokens.weight":
+            largest = max(largest, shape[0] * shape[1])
+    return MemoryPlan(
+        compute=compute,
+        weight_bytes=weight,
+        kv_bytes=kv_bytes(config, context_length, kv),
+        workspace_bytes=workspace_bytes(config, context_length, compute, largest),
+        weight_bytes_by_form=by_form,
+    )
+
+
+def choose_compute(
+    compute: str,
+    config: ModelConfig,
+    tensors: dict[str, tuple[str, tuple[int, ...]]],
+    context_length: int,
+    kv: KVOptions | None,
+    memory_budget: int | None,
+) -> MemoryPlan:
+    """The plan for `compute` ("auto": the fastest form that fits `memory_budget`), or a LoadError."""
+    if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
+        raise InvalidArgumentError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+    forms = FORM_ORDER if compute == "auto" else (compute,)
+    plans = [plan_memory(config, tensors, form, context_length, kv) for form in forms]
+    for plan in plans:
+        if memory_budget is None or plan.total_bytes <= memory_budget:
+            return plan
+    smallest = plans[-1]
+    advice = (
+        "a smaller context_length" if compute == "auto" else "compute='auto', q8 or q4, or a smaller context_length"
+    )
+    raise LoadError(
+        f"the model does not fit the memory budget of {memory_budget / MiB:.0f} MiB: in its smallest form "
+        f"({smallest.compute}) it needs {smallest.describe()}; try {advice}"
+    )

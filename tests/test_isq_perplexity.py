@@ -1,0 +1,92 @@
+"""Runtime quantization (round-to-nearest and activation-aware) and the perplexity measure."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import ruvllm.isq as isq
+from ruvllm.engine import load_engine
+from ruvllm.errors import InvalidArgumentError
+from ruvllm.perplexity import perplexity
+from ruvllm.weights import ComputeOptions
+
+from conftest import tiny_model
+
+CALIBRATION = list(np.random.default_rng(7).integers(0, 128, 200))
+
+
+@pytest.mark.parametrize("heads", [4, 2])  # multi-head (o_proj scaled through v_proj) and grouped
+def test_activation_aware_scaling_alone_does_not_change_the_model(tmp_path, heads, monkeypatch):
+    """With rounding switched off, the scales and their folding into norms and rows cancel exactly."""
+    tiny_model("llama", tmp_path, num_key_value_heads=heads)
+    dense = load_engine(str(tmp_path), compute="f32")
+    ids = np.random.default_rng(1).integers(0, 128, 40)
+    reference = dense.forward(ids, 0, dense.new_cache())
+
+    class Exact:
+        quantize = staticmethod(lambda w: {"": w})
+        dequantize = staticmethod(lambda parts, shape: parts[""])
+
+    monkeypatch.setattr(isq, "get_format", lambda fmt: Exact())
+    monkeypatch.setattr(isq, "prepare_matrix", lambda fmt, parts, shape, options: isq.DenseMatrix(parts[""]))
+    monkeypatch.setattr(isq, "_round", lambda w, fmt: np.round(w * 8) / 8)  # a coarse grid, so scales matter
+    scaled = load_engine(str(tmp_path), compute="f32")
+    weights, report = isq.quantize_weights(scaled.weights, scaled.config, ComputeOptions(form="q4"), "awq", CALIBRATION)
+    scaled.weights = weights
+    assert {r["group"] for r in report} == (
+        {"down", "gate_up", "qkv", "o"} if heads == 4 else {"down", "gate_up", "qkv"}
+    )
+    assert any(r["alpha"] > 0 for r in report)
+    np.testing.assert_allclose(scaled.forward(ids, 0, scaled.new_cache()), reference, atol=2e-4)
+
+
+def test_activation_aware_quantization_lowers_the_error_it_measures(tmp_path):
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path), compute="q4", isq="awq", calibration_ids=CALIBRATION, isq_format="q4_0")
+    assert all(0 < r["error_vs_rtn"] <= 1.0 for r in engine.isq_report)
+    assert min(r["error_vs_rtn"] for r in engine.isq_report) < 0.95
+    assert type(engine.weights.layers[0].mlp.up_proj.matrix).__name__ == "Int4Matrix"
+
+
+def test_activation_aware_needs_a_float_model(smollm2_dir):
+    with pytest.raises(
+        InvalidArgumentError, match="isq='awq' quantizes float models; this one is already stored as q4_1, q8"
+    ):
+        load_engine(str(smollm2_dir), compute="q4", isq="awq", calibration_ids=[1, 2, 3])
+
+
+def test_perplexity_equals_transformers_loss(tmp_path):
+    model = tiny_model("qwen2", tmp_path)
+    ids = np.random.default_rng(3).integers(0, 128, 90)
+    with torch.no_grad():
+        loss = model(torch.tensor(ids[None]), labels=torch.tensor(ids[None])).loss.item()
+    result = perplexity(load_engine(str(tmp_path)), list(ids), window=100, chunk=16)
+    assert result.tokens == 89 and result.windows == 1
+    assert result.nll == pytest.approx(loss, rel=1e-5)
+    assert result.perplexity == pytest.approx(np.exp(loss), rel=1e-5)
+    split = perplexity(load_engine(str(tmp_path)), list(ids), window=30)
+    assert split.windows == 3 and split.tokens == 89
+
+
+def test_perplexity_command(smollm2_dir, smollm2, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text("The quick brown fox jumps over the lazy dog. " * 12)
+    args = [sys.executable, "-m", "ruvllm", "perplexity", str(smollm2_dir), "--text-file", str(text), "--json"]
+    plain = json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)
+    assert plain["tokens"] == len(smollm2.tokenizer.encode(text.read_text())) - 1
+    assert plain["compute"] == "f32" and 1 < plain["perplexity"] < 50
+    cold = json.loads(
+        subprocess.run(
+            [*args, "--hot-tokens", "16", "--cold", "int8"], capture_output=True, text=True, check=True
+        ).stdout
+    )
+    assert cold["kv"] == {"hot_tokens": 16, "cold": "int8"}
+    assert cold["perplexity"] == pytest.approx(plain["perplexity"], rel=0.01)
+    missing = subprocess.run([*args[:-3], "--text-file", str(tmp_path / "none.txt")], capture_output=True, text=True)
+    assert missing.returncode == 1 and "cannot read" in missing.stderr and "none.txt" in missing.stderr

@@ -1,0 +1,52 @@
+"""The memory plan: weights and KV bytes predicted before loading equal what loading then takes, and
+`auto` picks the fastest compute form that fits the budget."""
+
+from __future__ import annotations
+
+import pytest
+
+from ruvllm.cache import KVOptions
+from ruvllm.engine import LoadOptions, load_engine, open_store, plan_for, read_config
+from ruvllm.errors import LoadError
+
+from conftest import tiny_model
+
+
+@pytest.mark.parametrize("form", ["f32", "q8", "q4"])
+def test_planned_weight_bytes_are_what_loading_takes(smollm2_dir, tmp_path, form):
+    tiny_model("qwen2", tmp_path)  # float storage: q8/q4 mean quantizing at load
+    for folder in (smollm2_dir, tmp_path):
+        engine = load_engine(str(folder), compute=form)
+        assert engine.plan.compute == form
+        assert engine.plan.weight_bytes == engine.weights.nbytes
+
+
+def test_planned_kv_bytes_are_what_a_full_cache_takes(tmp_path):
+    tiny_model("llama", tmp_path, max_position_embeddings=1024)
+    engine = load_engine(str(tmp_path), context_length=600)
+    cache = engine.new_cache()
+    cache.reserve(600)
+    assert engine.plan.kv_bytes == cache.nbytes
+
+
+def test_auto_picks_the_fastest_form_that_fits(smollm2_dir):
+    config, store = read_config(str(smollm2_dir)), open_store(str(smollm2_dir), header_only=True)
+    plans = {form: plan_for(config, store, LoadOptions(compute=form)) for form in ("f32", "q8", "q4")}
+    assert plans["f32"].total_bytes > plans["q8"].total_bytes > plans["q4"].total_bytes
+    assert plans["f32"].weight_bytes_by_form == {"f32": plans["f32"].weight_bytes - 576 * 61 * 4}
+    assert set(plans["q4"].weight_bytes_by_form) == {"q8", "q4"}  # the q8 embedding stays int8
+    assert plan_for(config, store, LoadOptions()).compute == "f32"  # no budget: the fastest
+    budget = plans["f32"].total_bytes - 1
+    assert plan_for(config, store, LoadOptions(memory_budget=budget)).compute == "q8"
+    assert plan_for(config, store, LoadOptions(memory_budget=plans["q4"].total_bytes)).compute == "q4"
+    smaller_cache = LoadOptions(memory_budget=budget, context_length=512, kv=KVOptions(hot_tokens=64, cold="int4"))
+    assert plan_for(config, store, smaller_cache).compute == "f32"  # a smaller cache leaves room for f32
+
+
+def test_a_plan_that_cannot_fit_is_refused_before_loading(smollm2_dir):
+    with pytest.raises(
+        LoadError, match=r"the model does not fit the memory budget of 64 MiB: in its smallest form \(q4\)"
+    ):
+        load_engine(str(smollm2_dir), memory_budget=64 * 2**20)
+    with pytest.raises(LoadError, match=r"try compute='auto', q8 or q4, or a smaller context_length"):
+        load_engine(str(smollm2_dir), compute="f32", memory_budget=300 * 2**20)
