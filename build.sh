@@ -121,8 +121,8 @@ case "${1:-all}" in
   test)
     build_all
     browser
-    "$VENV/bin/ruff" check py_src tests
-    "$VENV/bin/ruff" format --check py_src tests
+    "$VENV/bin/ruff" check py_src tests benchmarks web
+    "$VENV/bin/ruff" format --check py_src tests benchmarks web
     "$PY" -m pytest -q
     log "node tests (the Pyodide ones skip, saying how to get a distribution, when none is on disk)"
     py_abs=$(realpath -s "$PY")

@@ -16,6 +16,7 @@ import threading
 from collections import Counter
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import ClassVar
 from urllib.parse import unquote, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,7 +46,7 @@ class DemoServer(ThreadingHTTPServer):
 
 class DemoHandler(SimpleHTTPRequestHandler):
     server: DemoServer
-    extensions_map = {
+    extensions_map: ClassVar[dict[str, str]] = {
         **SimpleHTTPRequestHandler.extensions_map,
         ".js": "text/javascript",
         ".mjs": "text/javascript",

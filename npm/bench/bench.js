@@ -1,9 +1,10 @@
-// npm run bench: prefill, TTFT, decode speed and peak memory of SmolLM2 in Pyodide under Node, beside
-// the same figures from the CPython engine measured in the same run.
+// npm run bench: prefill, TTFT, decode speed and memory of a model in Pyodide under Node (through this
+// package), beside `ruvllm bench` on CPython with the same prompt and options, measured in the same run.
 //
-//   RUVLLM_PYODIDE_DIST=... npm run bench [-- --model DIR --prompt-tokens N --gen-tokens M]
+//   RUVLLM_PYODIDE_DIST=... npm run bench -- [--model DIR] [--prompt-length N] [--gen-length M]
+//        [--compute auto|f32|q8|q4] [--hot-tokens H --cold int8|int4] [--json]
 import { execFile } from 'node:child_process';
-import { existsSync, statSync } from 'node:fs';
+import { existsSync, readFileSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
@@ -15,14 +16,19 @@ const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
 const { values } = parseArgs({
   options: {
     model: { type: 'string', default: join(ROOT, 'models', 'smollm2-135m-instruct') },
-    'gen-tokens': { type: 'string', default: '64' },
+    'prompt-length': { type: 'string', default: '128' },
+    'gen-length': { type: 'string', default: '64' },
+    compute: { type: 'string', default: 'auto' },
+    'hot-tokens': { type: 'string' },
+    cold: { type: 'string', default: 'int8' },
+    json: { type: 'boolean', default: false },
     pyodide: { type: 'string', default: process.env.RUVLLM_PYODIDE_DIST || join(homedir(), '.cache', 'ruvllm', 'pyodide', '314.0.1') },
     python: { type: 'string', default: process.env.RUVLLM_PYTHON || join(ROOT, '.venv', 'bin', 'python') },
   },
 });
-const GEN = Number(values['gen-tokens']);
-const PROMPT = 'The history of the printing press begins in the fifteenth century, when Johannes Gutenberg combined '
-  + 'movable metal type, oil-based ink and a wooden press adapted from wine making. Within fifty years, presses';
+const PROMPT = Number(values['prompt-length']);
+const GEN = Number(values['gen-length']);
+const HOT = values['hot-tokens'] ? Number(values['hot-tokens']) : undefined;
 const MiB = 2 ** 20;
 
 if (!existsSync(join(values.pyodide, 'pyodide.asm.wasm'))) {
@@ -31,59 +37,67 @@ if (!existsSync(join(values.pyodide, 'pyodide.asm.wasm'))) {
 }
 
 async function pyodideRun() {
-  const t0 = performance.now();
-  const llm = await RuvLLM.load({ model: values.model, pyodide: { indexURL: values.pyodide } });
-  const loadMs = performance.now() - t0;
-  const rssAfterLoad = process.resourceUsage().maxRSS * 1024;
-  const ids = await llm.tokenize(PROMPT);
+  const started = performance.now();
+  const llm = await RuvLLM.load({
+    model: values.model,
+    pyodide: { indexURL: values.pyodide },
+    compute: values.compute,
+    kv: HOT ? { hotTokens: HOT, cold: values.cold } : undefined,
+  });
+  const loadMs = performance.now() - started;
+  const text = readFileSync(join(ROOT, 'py_src', 'ruvllm', 'data', 'calibration.txt'), 'utf8');
+  let ids = await llm.tokenize(text);
+  while (ids.length < PROMPT) ids = ids.concat(ids);
+  ids = ids.slice(0, PROMPT);
   let last;
   for await (const c of llm.generate(ids, { temperature: 0, maxTokens: GEN, ignoreEos: true })) last = c;
-  const peakRss = process.resourceUsage().maxRSS * 1024;
+  const kv = await llm.cacheStats();
   const info = llm.info;
   await llm.dispose();
-  return { loadMs, promptTokens: ids.length, ...last.stats, heapBytes: info.heapBytes, rssAfterLoad, peakRss };
+  return {
+    runtime: 'Pyodide (Node)',
+    compute: info.plan.compute,
+    load_ms: loadMs,
+    prompt_tokens: ids.length,
+    prefill_ms: last.stats.prefillMs,
+    ttft_ms: last.stats.ttftMs,
+    decode_tok_s: last.stats.decodeTokS,
+    peak_rss_bytes: process.resourceUsage().maxRSS * 1024,
+    wasm_heap_bytes: info.heapBytes,
+    weight_bytes: info.plan.weightBytes,
+    kv_hot_bytes: kv.hotBytes,
+    kv_cold_bytes: kv.coldBytes,
+  };
 }
-
-const PYTHON_BENCH = `
-import json, resource, sys, time
-import ruvllm
-t0 = time.perf_counter()
-model = ruvllm.load(sys.argv[1])
-load_ms = (time.perf_counter() - t0) * 1000
-rss_after_load = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-ids = model.tokenizer.encode(sys.argv[2])
-for chunk in model.generate(ids, temperature=0, max_tokens=int(sys.argv[3]), ignore_eos=True):
-    last = chunk
-s = last.stats
-print(json.dumps({"loadMs": load_ms, "promptTokens": len(ids), "prefillMs": s.prefill_ms, "ttftMs": s.ttft_ms,
-                  "decodeTokS": s.decode_tok_s, "rssAfterLoad": rss_after_load,
-                  "peakRss": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
-`;
 
 async function cpythonRun(threads) {
   const env = { ...process.env, OPENBLAS_NUM_THREADS: String(threads), OMP_NUM_THREADS: String(threads) };
-  const { stdout } = await promisify(execFile)(values.python, ['-c', PYTHON_BENCH, values.model, PROMPT, String(GEN)], { env });
-  return JSON.parse(stdout);
+  const args = ['-m', 'ruvllm', 'bench', values.model, '--prompt-length', String(PROMPT), '--gen-length', String(GEN), '--compute', values.compute, '--format', 'json'];
+  if (HOT) args.push('--hot-tokens', String(HOT), '--cold', values.cold);
+  const { stdout } = await promisify(execFile)(values.python, args, { env });
+  return { runtime: `CPython ${threads} thread${threads > 1 ? 's' : ''}`, ...JSON.parse(stdout), wasm_heap_bytes: null };
 }
 
-const weightsBytes = statSync(join(values.model, 'model.safetensors')).size;
-console.log(`model ${values.model} (model.safetensors ${(weightsBytes / MiB).toFixed(1)} MiB); prompt and ${GEN} greedy tokens`);
-const cpu1 = await cpythonRun(1);
-const pyo = await pyodideRun();
-const cpu2 = await cpythonRun(2);
-
-const rows = [
-  ['load (ms)', (r) => r.loadMs.toFixed(0)],
-  ['prompt tokens', (r) => String(r.promptTokens)],
-  ['prefill (ms)', (r) => r.prefillMs.toFixed(0)],
-  ['TTFT (ms)', (r) => r.ttftMs.toFixed(0)],
-  ['decode (tok/s)', (r) => r.decodeTokS.toFixed(2)],
-  ['peak RSS after load (MiB)', (r) => (r.rssAfterLoad / MiB).toFixed(0)],
-  ['peak RSS (MiB)', (r) => (r.peakRss / MiB).toFixed(0)],
-  ['wasm heap (MiB)', (r) => (r.heapBytes ? (r.heapBytes / MiB).toFixed(0) : '-')],
-];
-const header = ['', 'Pyodide (Node)', 'CPython 1 thread', 'CPython 2 threads'];
-const table = [header, ...rows.map(([name, f]) => [name, f(pyo), f(cpu1), f(cpu2)])];
-const widths = header.map((_, i) => Math.max(...table.map((r) => r[i].length)));
-for (const row of table) console.log(row.map((cell, i) => (i ? cell.padStart(widths[i]) : cell.padEnd(widths[i]))).join('  '));
-console.log(`\nPyodide / CPython (1 thread): decode ${(pyo.decodeTokS / cpu1.decodeTokS).toFixed(2)}x, prefill time ${(pyo.prefillMs / cpu1.prefillMs).toFixed(1)}x`);
+const results = [await cpythonRun(1), await pyodideRun(), await cpythonRun(2)];
+if (values.json) {
+  console.log(JSON.stringify(results, null, 1));
+} else {
+  const rows = [
+    ['compute', (r) => r.compute],
+    ['prompt tokens', (r) => String(r.prompt_tokens)],
+    ['prefill (ms)', (r) => r.prefill_ms.toFixed(0)],
+    ['TTFT (ms)', (r) => r.ttft_ms.toFixed(0)],
+    ['decode (tok/s)', (r) => r.decode_tok_s.toFixed(2)],
+    ['peak RSS (MiB)', (r) => (r.peak_rss_bytes / MiB).toFixed(0)],
+    ['wasm heap (MiB)', (r) => (r.wasm_heap_bytes ? (r.wasm_heap_bytes / MiB).toFixed(0) : '-')],
+    ['weights (MiB)', (r) => (r.weight_bytes / MiB).toFixed(1)],
+    ['KV hot / cold (MiB)', (r) => `${(r.kv_hot_bytes / MiB).toFixed(1)} / ${(r.kv_cold_bytes / MiB).toFixed(1)}`],
+  ];
+  const header = ['', ...results.map((r) => r.runtime)];
+  const table = [header, ...rows.map(([name, f]) => [name, ...results.map(f)])];
+  const widths = header.map((_, i) => Math.max(...table.map((r) => r[i].length)));
+  console.log(`model ${values.model}; ${PROMPT}-token prompt, ${GEN} greedy tokens; compute ${values.compute}${HOT ? `; KV ${HOT} hot + ${values.cold}` : ''}`);
+  for (const row of table) console.log(row.map((cell, i) => (i ? cell.padStart(widths[i]) : cell.padEnd(widths[i]))).join('  '));
+  const [cpu1, pyo] = results;
+  console.log(`\nPyodide / CPython (1 thread): decode ${(pyo.decode_tok_s / cpu1.decode_tok_s).toFixed(2)}x, prefill time ${(pyo.prefill_ms / cpu1.prefill_ms).toFixed(1)}x`);
+}

@@ -74,6 +74,9 @@ function checkLoadOptions(options) {
   if (options.onProgress !== undefined && typeof options.onProgress !== 'function') {
     throw new RuvLLMError('invalid_argument', 'options.onProgress must be a function');
   }
+  if (options.compute !== undefined && !['auto', 'f32', 'q8', 'q4'].includes(options.compute)) {
+    throw new RuvLLMError('invalid_argument', `options.compute must be auto, f32, q8 or q4, got ${JSON.stringify(options.compute)}`);
+  }
   const ctx = options.contextLength;
   if (ctx !== undefined && (!Number.isInteger(ctx) || ctx < 1)) {
     throw new RuvLLMError('invalid_argument', `options.contextLength must be a positive integer, got ${ctx}`);
@@ -161,6 +164,16 @@ export class RuvLLM {
     return ids;
   }
 
+  /**
+   * Positions and bytes of the KV cache per tier (hot float32, cold int8/int4), and how many were dropped.
+   * @returns {Promise<import('../types/index.d.ts').CacheStats>}
+   */
+  async cacheStats() {
+    let stats = null;
+    for await (const event of this.#request({ type: 'cache_stats' })) if (event.type === 'cache_stats') stats = event.stats;
+    return stats;
+  }
+
   /** Free the model and stop the worker. */
   async dispose() {
     if (!this.#failed) {
@@ -244,6 +257,7 @@ function renameInfo(info) {
     vocabSize: info.vocab_size,
     contextLength: info.context_length,
     parameters: info.parameters,
+    plan: info.plan,
     downloadedBytes: info.downloadedBytes,
     fromCache: info.fromCache,
     heapBytes: info.heapBytes,

@@ -7,6 +7,7 @@
  *   { type: 'generate', id, prompt, options }             prompt: raw text, or token ids
  *   { type: 'chat',     id, messages, options }           messages: [{ role, content }]
  *   { type: 'tokenize', id, prompt | messages }           token ids of raw text, or of a rendered chat
+ *   { type: 'cache_stats', id }                           positions and bytes of the KV cache per tier
  *   { type: 'abort',    id }                              id of the generate/chat request to stop
  *   { type: 'dispose',  id }
  *
@@ -15,12 +16,13 @@
  *   { type: 'loaded',   id, info }                        the model is ready
  *   { type: 'chunk',    id, chunk }                       one generated token: { text, tokenId, finishReason, stats }
  *   { type: 'tokens',   id, ids }                         the answer to 'tokenize'
+ *   { type: 'cache_stats', id, stats }                    the answer to 'cache_stats'
  *   { type: 'done',     id }                              a request finished (after its last chunk)
  *   { type: 'error',    id, error: { type, message } }    a request failed; type 'abort' for aborts
  */
 
-export const REQUESTS = Object.freeze(['load', 'generate', 'chat', 'tokenize', 'abort', 'dispose']);
-export const EVENTS = Object.freeze(['progress', 'loaded', 'chunk', 'tokens', 'done', 'error']);
+export const REQUESTS = Object.freeze(['load', 'generate', 'chat', 'tokenize', 'cache_stats', 'abort', 'dispose']);
+export const EVENTS = Object.freeze(['progress', 'loaded', 'chunk', 'tokens', 'cache_stats', 'done', 'error']);
 
 let nextId = 1;
 

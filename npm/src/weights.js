@@ -29,13 +29,21 @@ function unwrap(json) {
  * sha256: optional { fileName: hexDigest }. onProgress receives
  * { phase: 'download', file, fileLoaded, fileTotal, loaded, total, fromCache }.
  */
-export async function loadWeights(loader, base, { cache, signal, sha256 = {}, onProgress = () => {} } = {}) {
+export async function loadWeights(loader, base, { cache, signal, sha256 = {}, onProgress = () => {}, onPlan = () => {} } = {}) {
   const names = await weightFiles(base, { cache, signal });
   const files = [];
   for (const name of names) files.push({ name, ...(await openFile(base, name, { cache, signal })) });
   for (const f of files) {
     if (f.size === null) throw new RuvLLMError('download', `${f.name}: the server did not say how large it is (no Content-Length, or a compressed response)`);
   }
+  // Each file's header arrives first: plan (and refuse a plan that cannot fit) before the bulk.
+  for (const f of files) {
+    const { header, buffered, rest } = await readHeader(f);
+    Object.assign(f, { buffered, chunks: rest });
+    unwrap(loader.add_header(f.name, f.size, header));
+  }
+  const plan = unwrap(loader.plan());
+  onPlan(plan);
   const total = files.reduce((n, f) => n + f.size, 0);
   let loaded = 0;
   let lastReport = 0;
@@ -50,7 +58,7 @@ export async function loadWeights(loader, base, { cache, signal, sha256 = {}, on
       onProgress({ phase: 'download', file: file.name, fileLoaded, fileTotal: file.size, loaded, total, fromCache: file.fromCache });
     };
     report(true);
-    for await (const chunk of file.chunks) {
+    for await (const chunk of prepend(file.buffered, file.chunks)) {
       if (signal?.aborted) throw signal.reason;
       fileLoaded = unwrap(loader.write(file.name, chunk));
       loaded += chunk.length;
@@ -61,5 +69,43 @@ export async function loadWeights(loader, base, { cache, signal, sha256 = {}, on
   }
   // Ready means cached: a reload right after loading must not download again.
   await Promise.all(files.map((f) => f.stored));
-  return { total, fromCache: files.every((f) => f.fromCache) };
+  return { total, fromCache: files.every((f) => f.fromCache), plan };
+}
+
+/** Pull chunks until the safetensors header (8-byte length + JSON) is in; keep what was read. */
+async function readHeader(file) {
+  const iterator = file.chunks[Symbol.asyncIterator]();
+  const buffered = [];
+  let have = 0;
+  let needed = 8;
+  while (have < needed) {
+    const { value, done } = await iterator.next();
+    if (done) break;
+    buffered.push(value);
+    have += value.length;
+    if (needed === 8 && have >= 8) {
+      const first = concat(buffered, 8);
+      needed = 8 + Number(new DataView(first.buffer, first.byteOffset, 8).getBigUint64(0, true));
+      if (needed > file.size) break; // a bad length: the Python side says what is wrong
+    }
+  }
+  const header = concat(buffered, Math.min(have, needed));
+  return { header, buffered, rest: { [Symbol.asyncIterator]: () => iterator } };
+}
+
+function concat(chunks, length) {
+  const out = new Uint8Array(length);
+  let offset = 0;
+  for (const chunk of chunks) {
+    if (offset >= length) break;
+    const part = chunk.subarray(0, length - offset);
+    out.set(part, offset);
+    offset += part.length;
+  }
+  return out;
+}
+
+async function* prepend(first, rest) {
+  yield* first;
+  yield* rest;
 }

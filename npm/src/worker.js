@@ -66,15 +66,18 @@ async function load(id, options) {
     bridge.destroy();
   }
   unwrap(state.loader.set_config(JSON.stringify(config)));
+  unwrap(state.loader.set_options(JSON.stringify(loadOptions(options))));
 
-  const download = await loadWeights(state.loader, options.model, { ...files, sha256: options.sha256, onProgress: progress });
+  const onPlan = (plan) => progress({ phase: 'plan', plan: renamePlan(plan), loaded: 0, total: 0 });
+  const download = await loadWeights(state.loader, options.model, { ...files, sha256: options.sha256, onProgress: progress, onPlan });
   progress({ phase: 'load', loaded: download.total, total: download.total });
-  const built = unwrap(state.loader.build(options.contextLength)); // undefined -> None
+  const built = unwrap(state.loader.build());
   state.engine = state.loader.handle.copy(); // the attribute proxy itself dies with the loader
   state.loader.destroy();
   state.loader = null;
   const heapBytes = state.py._module.HEAP8.buffer.byteLength;
-  send({ type: 'loaded', id, info: { ...built, downloadedBytes: download.total, fromCache: download.fromCache, heapBytes } });
+  const info = { ...built, plan: renamePlan(built.plan), downloadedBytes: download.total, fromCache: download.fromCache, heapBytes };
+  send({ type: 'loaded', id, info });
 }
 
 async function generate(id, ids, options) {
@@ -91,6 +94,7 @@ async function generate(id, ids, options) {
   let count = 0;
   let prefillMs = 0;
   let firstAt = 0;
+  let cachedTokens = 0;
   for (;;) {
     await yieldToEventLoop();
     if (state.aborted.delete(id)) {
@@ -101,7 +105,7 @@ async function generate(id, ids, options) {
     if (step === null) return;
     const now = performance.now();
     count += 1;
-    if (step.prefill_ms !== null) [prefillMs, firstAt] = [step.prefill_ms, now];
+    if (step.prefill_ms !== null) [prefillMs, firstAt, cachedTokens] = [step.prefill_ms, now, step.cached_tokens];
     let finish = step.finish_reason;
     if (!(finish === 'stop' && eosIds.includes(step.token_id))) held += detokenizer.add(step.token_id);
     if (finish !== null) held += detokenizer.finish();
@@ -115,6 +119,7 @@ async function generate(id, ids, options) {
       prefillMs,
       ttftMs: firstAt - started,
       decodeTokS: count > 1 && decodeS > 0 ? (count - 1) / decodeS : 0,
+      cachedTokens,
     };
     send({ type: 'chunk', id, chunk: { text: emit, tokenId: step.token_id, finishReason: finish, stats } });
     if (finish !== null) {
@@ -122,6 +127,37 @@ async function generate(id, ids, options) {
       return;
     }
   }
+}
+
+/**
+ * Load options for Python (snake_case). Without a memoryBudget, browsers that report their memory
+ * (navigator.deviceMemory, in GiB, at most 8) get a quarter of it: compute 'auto' then picks a form
+ * that fits; elsewhere there is no budget and 'auto' means float32.
+ */
+function loadOptions(options) {
+  const kv = options.kv ?? {};
+  const known = ['hotTokens', 'cold', 'budgetBytes', 'keep'];
+  for (const key of Object.keys(kv)) {
+    if (!known.includes(key)) throw new RuvLLMError('invalid_argument', `unknown kv option ${JSON.stringify(key)}; kv options are: ${known.join(', ')}`);
+  }
+  const deviceMemory = globalThis.navigator?.deviceMemory;
+  const budget = options.memoryBudget ?? (IS_NODE || !deviceMemory ? undefined : Math.floor((deviceMemory * 2 ** 30) / 4));
+  return {
+    context_length: options.contextLength,
+    compute: options.compute ?? 'auto',
+    memory_budget: budget,
+    kv: { hot_tokens: kv.hotTokens, cold: kv.cold, budget_bytes: kv.budgetBytes, keep: kv.keep },
+  };
+}
+
+function renamePlan(plan) {
+  return {
+    compute: plan.compute,
+    weightBytes: plan.weight_bytes,
+    kvBytes: plan.kv_bytes,
+    workspaceBytes: plan.workspace_bytes,
+    totalBytes: plan.total_bytes,
+  };
 }
 
 /** Token ids of a request: a chat (messages), raw text, or ids given as they are. */
@@ -169,11 +205,16 @@ async function handle(message) {
     } else {
       if (!state.engine) throw new RuvLLMError('inference', 'the model is not loaded');
       if (state.busy) throw new RuvLLMError('inference', 'another generation is running on this model');
-      state.busy = type !== 'tokenize';
+      state.busy = type === 'generate' || type === 'chat';
       try {
-        const ids = promptIds(message);
-        if (type === 'tokenize') send({ type: 'tokens', id, ids });
-        else await generate(id, ids, message.options ?? {});
+        if (type === 'cache_stats') {
+          const s = unwrap(state.engine.cache_stats());
+          send({ type: 'cache_stats', id, stats: { hotPositions: s.hot_positions, hotBytes: s.hot_bytes, coldPositions: s.cold_positions, coldBytes: s.cold_bytes, coldFormat: s.cold_format, evictedPositions: s.evicted_positions, seenPositions: s.seen_positions } });
+        } else {
+          const ids = promptIds(message);
+          if (type === 'tokenize') send({ type: 'tokens', id, ids });
+          else await generate(id, ids, message.options ?? {});
+        }
       } finally {
         state.busy = false;
         state.aborted.delete(id);

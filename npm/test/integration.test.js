@@ -164,3 +164,46 @@ describe('bad models in Pyodide under Node', { skip: SKIP }, () => {
     assert.match(error.message, /^model\.safetensors: sha256 mismatch: expected 0{64}, got [0-9a-f]{64}$/);
   });
 });
+
+describe('memory options in Pyodide under Node', { skip: SKIP }, () => {
+  test('q4 weights and a two-tier cache give the tokens CPython gives with the same options', async () => {
+    // 37 prompt tokens + 47 fed back: past 8 hot + a 64-position migration batch, so the cold tier fills.
+    const args = ['-m', 'ruvllm', 'generate', MODEL, '--prompt', 'What is the capital of France?', '--chat', '--temperature', '0', '--max-tokens', '48'];
+    const cpu = await run(PYTHON, [...args, '--ignore-eos', '--json', '--compute', 'q4', '--hot-tokens', '8', '--cold', 'int8'], { maxBuffer: 1 << 24 });
+    const expected = JSON.parse(cpu.stdout);
+    const plans = [];
+    const llm = await RuvLLM.load({
+      model: MODEL,
+      pyodide: PYODIDE,
+      compute: 'q4',
+      kv: { hotTokens: 8, cold: 'int8' },
+      onProgress: (p) => p.phase === 'plan' && plans.push(p.plan),
+    });
+    try {
+      assert.equal(plans.length, 1);
+      assert.equal(plans[0].compute, 'q4');
+      assert.deepEqual(llm.info.plan, plans[0]);
+      assert.ok(llm.info.plan.weightBytes < 120e6);
+      const messages = [{ role: 'user', content: 'What is the capital of France?' }];
+      const chunks = await collect(llm.chat(messages, { ...GREEDY, maxTokens: 48 }));
+      assert.deepEqual(chunks.map((c) => c.tokenId), expected.token_ids);
+      const stats = await llm.cacheStats();
+      assert.ok(stats.coldPositions > 0 && stats.coldFormat === 'int8', JSON.stringify(stats));
+      assert.equal(stats.hotPositions + stats.coldPositions, expected.prompt_token_ids.length + 47);
+      // the next turn starts with what the cache holds: only the new tokens are computed
+      const next = [...messages, { role: 'assistant', content: chunks.map((c) => c.text).join('') }, { role: 'user', content: 'And of Italy?' }];
+      const again = await collect(llm.chat(next, { ...GREEDY, maxTokens: 4 }));
+      assert.ok(again[0].stats.cachedTokens >= expected.prompt_token_ids.length, JSON.stringify(again[0].stats));
+    } finally {
+      await llm.dispose();
+    }
+  });
+
+  test('a plan that cannot fit the memory budget fails before the download', async () => {
+    const phases = [];
+    const error = await loadError({ model: MODEL, memoryBudget: 32 * 2 ** 20, onProgress: (p) => phases.push(p.phase) });
+    assert.equal(error.type, 'load');
+    assert.match(error.message, /^the model does not fit the memory budget of 32 MiB: in its smallest form \(q4\) it needs weights/);
+    assert.ok(!phases.includes('download'), `phases: ${phases}`);
+  });
+});

@@ -11,6 +11,7 @@ import { loadWeights } from '../src/weights.js';
 
 const SIZE = 3 * 1024 * 1024 + 17;
 const BODY = Uint8Array.from({ length: SIZE }, (_, i) => (i * 31) & 255);
+new DataView(BODY.buffer).setBigUint64(0, 100n, true); // like a safetensors file: a 100-byte header follows
 let server;
 let base;
 
@@ -48,6 +49,14 @@ function fakeLoader() {
   const ok = (value) => JSON.stringify({ ok: value });
   return {
     files,
+    headers: {},
+    add_header(name, size, head) {
+      this.headers[name] = { size, length: head.length };
+      return ok(true);
+    },
+    plan() {
+      return ok({ compute: 'f32', total_bytes: 1 });
+    },
     begin_file(name, size) {
       files[name] = { size, got: 0, done: false };
       return ok(size);
@@ -71,8 +80,12 @@ function fakeLoader() {
 test('progress climbs to the total and every byte reaches the loader', async () => {
   const loader = fakeLoader();
   const events = [];
-  const result = await loadWeights(loader, `${base}/good/`, { cache: false, onProgress: (p) => events.push(p) });
-  assert.deepEqual(result, { total: SIZE, fromCache: false });
+  const plans = [];
+  const result = await loadWeights(loader, `${base}/good/`, { cache: false, onProgress: (p) => events.push(p), onPlan: (p) => plans.push(p) });
+  assert.deepEqual(result, { total: SIZE, fromCache: false, plan: { compute: 'f32', total_bytes: 1 } });
+  assert.equal(plans.length, 1);
+  // The first 8 bytes announce a 100-byte header: exactly 108 bytes went to planning, then everything.
+  assert.deepEqual(loader.headers['model.safetensors'], { size: SIZE, length: 108 });
   assert.equal(loader.files['model.safetensors'].got, SIZE);
   assert.ok(loader.files['model.safetensors'].done);
   assert.ok(events.length >= 2);

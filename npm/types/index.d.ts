@@ -36,8 +36,13 @@ export class AbortError extends Error {
 
 /** Load progress, reported through `LoadOptions.onProgress`. */
 export interface Progress {
-  /** 'runtime': starting Pyodide; 'download': weight bytes arriving; 'load': preparing weights for compute. */
-  phase: 'runtime' | 'download' | 'load';
+  /**
+   * 'runtime': starting Pyodide; 'plan': the memory plan, made from the weight files' headers before
+   * their data is downloaded; 'download': weight bytes arriving; 'load': preparing weights for compute.
+   */
+  phase: 'runtime' | 'plan' | 'download' | 'load';
+  /** The memory plan ('plan' only). */
+  plan?: MemoryPlan;
   /** Bytes done and expected over all weight files. */
   loaded: number;
   total: number;
@@ -72,6 +77,51 @@ export interface LoadOptions {
   sha256?: Record<string, string>;
   /** KV cache positions (default: the model's context, at most 4096). */
   contextLength?: number;
+  /**
+   * How weights live in memory: 'f32' (fastest, 4 bytes/weight), 'q8' (~1.1), 'q4' (~0.6), or 'auto'
+   * (default): the fastest whose plan fits memoryBudget.
+   */
+  compute?: 'auto' | 'f32' | 'q8' | 'q4';
+  /** Bytes for weights + KV cache + workspace. Default in browsers: a quarter of navigator.deviceMemory. */
+  memoryBudget?: number;
+  /** The two-tier KV cache. */
+  kv?: KVOptions;
+}
+
+/**
+ * @example
+ * // the newest 256 positions in float32, older ones in int8; at most 64 MiB, the first 4 always kept
+ * { hotTokens: 256, cold: 'int8', budgetBytes: 64 * 2 ** 20, keep: 4 }
+ */
+export interface KVOptions {
+  /** Newest positions kept in float32 (default: all, a plain cache). */
+  hotTokens?: number;
+  /** Storage of older positions (default 'int8'). */
+  cold?: 'int8' | 'int4';
+  /** Cap for the cache; past it the oldest cold positions are dropped, so a long chat never fills up. */
+  budgetBytes?: number;
+  /** First positions never dropped (attention sinks; default 4). */
+  keep?: number;
+}
+
+/** Bytes a load will take, stated before anything is allocated. */
+export interface MemoryPlan {
+  compute: 'f32' | 'q8' | 'q4';
+  weightBytes: number;
+  kvBytes: number;
+  workspaceBytes: number;
+  totalBytes: number;
+}
+
+/** Positions and bytes per tier of the KV cache. */
+export interface CacheStats {
+  hotPositions: number;
+  hotBytes: number;
+  coldPositions: number;
+  coldBytes: number;
+  coldFormat: 'int8' | 'int4';
+  evictedPositions: number;
+  seenPositions: number;
 }
 
 /**
@@ -110,6 +160,8 @@ export interface Stats {
   /** Time from the request to the first token. */
   ttftMs: number;
   decodeTokS: number;
+  /** Prompt tokens whose keys/values were reused from the previous request (not computed again). */
+  cachedTokens: number;
 }
 
 /**
@@ -137,6 +189,8 @@ export interface ModelInfo {
   vocabSize: number;
   contextLength: number;
   parameters: number;
+  /** The memory plan the load followed. */
+  plan: MemoryPlan;
   downloadedBytes: number;
   fromCache: boolean;
   /** WebAssembly memory after loading: the peak, since it never shrinks. */
@@ -169,6 +223,12 @@ export class RuvLLM {
    * @example const ids = await llm.tokenize([{ role: 'user', content: 'Hi' }]);
    */
   tokenize(input: string | ChatMessage[]): Promise<number[]>;
+
+  /**
+   * Positions and bytes of the KV cache per tier.
+   * @example const { hotBytes, coldBytes } = await llm.cacheStats();
+   */
+  cacheStats(): Promise<CacheStats>;
 
   /**
    * Free the model and stop the worker.

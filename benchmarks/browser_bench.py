@@ -1,0 +1,121 @@
+"""Browser benchmark: ruvllm in Pyodide against wllama (llama.cpp compiled to WebAssembly, single thread),
+same GGUF-derived model, same prompt, greedy, in the same headless Chromium, in the same run.
+
+    (cd benchmarks/browser && npm install)      # the wllama peer, from the npm registry
+    .venv/bin/python benchmarks/browser_bench.py [--prompt-length 128] [--gen-length 64] [--runs 2] [--json OUT]
+
+Needs the demo model (./build.sh), a local Pyodide distribution (docs/pyodide.md) and Debian's chromium.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import sys
+import threading
+from pathlib import Path
+from urllib.parse import urlencode
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = "/models/smollm2-135m-instruct/"
+GGUF = "/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def load_serve_module():
+    spec = importlib.util.spec_from_file_location("demo_serve", ROOT / "web" / "serve.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def prompt_text(length: int) -> str:
+    """The first `length` tokens of the calibration text, as text (both engines tokenize it alike)."""
+    sys.path.insert(0, str(ROOT / "py_src"))
+    from ruvllm.api import calibration_text
+    from ruvllm.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_folder(str(ROOT / "models" / "smollm2-135m-instruct"))
+    return tokenizer.decode(tokenizer.encode(calibration_text())[:length])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt-length", type=int, default=128)
+    parser.add_argument("--gen-length", type=int, default=64)
+    parser.add_argument("--runs", type=int, default=2)
+    parser.add_argument("--compute", default="f32")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+
+    serve = load_serve_module()
+    dist = serve.local_pyodide()
+    if dist is None:
+        sys.exit("no local Pyodide distribution (docs/pyodide.md)")
+    if not (ROOT / "benchmarks" / "browser" / "node_modules" / "@wllama").exists():
+        sys.exit("the wllama peer is missing: (cd benchmarks/browser && npm install)")
+    server = serve.DemoServer(0, dist)
+    server.mounts = {
+        "/bench/": ROOT / "benchmarks" / "browser",
+        "/gguf/": ROOT / "build" / "downloads",
+        **server.mounts,
+    }
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    base = f"http://127.0.0.1:{server.server_address[1]}"
+    prompt = prompt_text(args.prompt_length)
+
+    from playwright.sync_api import sync_playwright
+
+    results = []
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        version = browser.version
+        for run in range(args.runs):
+            for page_name, model in (("ruvllm.html", MODEL), ("wllama.html", GGUF)):
+                context = browser.new_context()
+                page = context.new_page()
+                query = urlencode({"prompt": prompt, "gen": args.gen_length, "model": model, "compute": args.compute})
+                page.goto(f"{base}/bench/{page_name}?{query}")
+                page.wait_for_function("window.__result !== undefined", timeout=600_000)
+                result = page.evaluate("window.__result")
+                context.close()
+                if "error" in result:
+                    sys.exit(f"{page_name}: {result['error']}")
+                result["run"] = run
+                results.append(result)
+                print(json.dumps(result), flush=True)
+        browser.close()
+    server.shutdown()
+
+    best = {}
+    for r in results:  # best run of each engine: the machine is shared and noisy
+        if r["engine"] not in best or r["decode_tok_s"] > best[r["engine"]]["decode_tok_s"]:
+            best[r["engine"]] = r
+    ours, peer = best["ruvllm (Pyodide)"], best["wllama (llama.cpp wasm, 1 thread)"]
+    print(
+        f"\nChromium {version}; {args.prompt_length}-token prompt, {args.gen_length} greedy tokens; best of {args.runs}"
+    )
+    print(f"{'':22s}{'ruvllm (Pyodide)':>20s}{'wllama 1 thread':>20s}")
+    for key, label in (
+        ("load_ms", "load (ms)"),
+        ("prefill_ms", "prefill (ms)"),
+        ("ttft_ms", "TTFT (ms)"),
+        ("decode_tok_s", "decode (tok/s)"),
+    ):
+        print(f"{label:22s}{ours[key]:>20.1f}{peer[key]:>20.1f}")
+    print(f"decode ratio ruvllm / wllama: {ours['decode_tok_s'] / peer['decode_tok_s']:.2f}x (target >= 1.0)")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"chromium": version, "runs": results, "best": best}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,126 @@
+"""CPython benchmark: ruvllm against Hugging Face transformers (torch, float32) and llama.cpp (through
+llama-cpp-python, on the same GGUF), same prompt, greedy, 1 thread and 2 threads, in the same run. Each
+engine runs in its own process, so peak memory is its own.
+
+    .venv/bin/pip install -r benchmarks/requirements.txt
+    .venv/bin/python benchmarks/cpython_bench.py [--prompt-length 128] [--gen-length 64] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "models" / "smollm2-135m-instruct"
+GGUF = ROOT / "build" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Each runner: prompt ids on stdin (JSON), figures as one JSON line on stdout.
+RUNNERS = {
+    "ruvllm": """
+import json, sys, time
+from ruvllm.bench import run_bench
+from ruvllm.engine import load_engine
+ids, gen, compute = json.loads(sys.stdin.read())
+engine = load_engine(sys.argv[1], compute=compute)
+r = run_bench(engine, ids, gen)
+print(json.dumps({k: r[k] for k in ("prefill_ms", "ttft_ms", "decode_tok_s", "peak_rss_bytes")}))
+""",
+    "transformers": """
+import json, resource, sys, time
+import torch
+from transformers import AutoModelForCausalLM
+torch.set_num_threads(int(sys.argv[3]))
+ids, gen, _ = json.loads(sys.stdin.read())
+model = AutoModelForCausalLM.from_pretrained(sys.argv[2], gguf_file=sys.argv[4], dtype=torch.float32).eval()
+with torch.inference_mode():
+    started = time.perf_counter()
+    out = model(torch.tensor([ids]), use_cache=True)
+    token = int(out.logits[0, -1].argmax())
+    first = time.perf_counter()
+    past = out.past_key_values
+    for _ in range(gen - 1):
+        out = model(torch.tensor([[token]]), past_key_values=past, use_cache=True)
+        past = out.past_key_values
+        token = int(out.logits[0, -1].argmax())
+    done = time.perf_counter()
+print(json.dumps({"prefill_ms": (first - started) * 1000, "ttft_ms": (first - started) * 1000,
+                  "decode_tok_s": (gen - 1) / (done - first),
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+""",
+    "llama.cpp": """
+import json, resource, sys, time
+import numpy as np
+from llama_cpp import Llama
+ids, gen, _ = json.loads(sys.stdin.read())
+threads = int(sys.argv[3])
+llm = Llama(model_path=sys.argv[5], n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads,
+            logits_all=False, verbose=False)
+started = time.perf_counter()
+llm.eval(ids)
+token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+first = time.perf_counter()
+for _ in range(gen - 1):
+    llm.eval([token])
+    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+done = time.perf_counter()
+print(json.dumps({"prefill_ms": (first - started) * 1000, "ttft_ms": (first - started) * 1000,
+                  "decode_tok_s": (gen - 1) / (done - first),
+                  "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}))
+""",
+}
+
+
+def run(engine: str, ids: list[int], gen: int, threads: int, compute: str) -> dict:
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": str(threads), "OMP_NUM_THREADS": str(threads)}
+    args = [sys.executable, "-c", RUNNERS[engine], str(MODEL), str(GGUF.parent), str(threads), GGUF.name, str(GGUF)]
+    result = subprocess.run(args, input=json.dumps([ids, gen, compute]), capture_output=True, text=True, env=env)
+    if result.returncode:
+        raise SystemExit(f"{engine}: {result.stderr.strip().splitlines()[-1] if result.stderr.strip() else 'failed'}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prompt-length", type=int, default=128)
+    parser.add_argument("--gen-length", type=int, default=64)
+    parser.add_argument("--compute", default="f32", help="ruvllm compute form")
+    parser.add_argument("--json", help="write the results here")
+    args = parser.parse_args()
+
+    sys.path.insert(0, str(ROOT / "py_src"))
+    from ruvllm.api import calibration_text
+    from ruvllm.tokenizer import Tokenizer
+
+    ids = Tokenizer.from_folder(str(MODEL)).encode(calibration_text())[: args.prompt_length]
+    results = {}
+    for threads in (1, 2):
+        for engine in ("ruvllm", "transformers", "llama.cpp"):
+            r = run(engine, ids, args.gen_length, threads, args.compute)
+            results[f"{engine} {threads}t"] = r
+            print(f"{engine:13s} {threads} thread(s): {json.dumps(r)}", flush=True)
+
+    print(f"\n{len(ids)}-token prompt, {args.gen_length} greedy tokens; ruvllm compute {args.compute}")
+    print(f"{'':26s}{'prefill ms':>12s}{'decode tok/s':>14s}{'peak RSS MiB':>14s}")
+    for name, r in results.items():
+        print(f"{name:26s}{r['prefill_ms']:>12.0f}{r['decode_tok_s']:>14.2f}{r['peak_rss_bytes'] / 2**20:>14.0f}")
+    for threads in (1, 2):
+        ours = results[f"ruvllm {threads}t"]["decode_tok_s"]
+        hf = results[f"transformers {threads}t"]["decode_tok_s"]
+        cpp = results[f"llama.cpp {threads}t"]["decode_tok_s"]
+        print(
+            f"{threads} thread(s): ruvllm/transformers {ours / hf:.2f}x (target >= 2), "
+            f"ruvllm/llama.cpp {ours / cpp:.2f}x (target >= 0.5)"
+        )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps({"prompt_tokens": len(ids), "gen": args.gen_length, "results": results}, indent=1)
+        )
+
+
+if __name__ == "__main__":
+    main()
