@@ -196,3 +196,31 @@ def test_convert_prints_quantization_errors(tmp_path):
     assert "model.layers.0.mlp.up_proj.weight" in result.stdout and "q4_0 max |error|" in result.stdout
     assert "model.norm.weight" in result.stdout and "f32 (vector)" in result.stdout
     shutil.rmtree(tmp_path / "out")
+
+
+def test_bench_prints_the_figures_in_each_format(smollm2_dir):
+    args = ("bench", str(smollm2_dir), "--prompt-length", "8", "--gen-length", "4", "--context-length", "64")
+    data = json.loads(ruvllm(*args, "--format", "json", "--hot-tokens", "4", "--cold", "int4").stdout)
+    for key in (
+        "prefill_ms",
+        "ttft_ms",
+        "decode_tok_s",
+        "peak_rss_bytes",
+        "weight_bytes",
+        "kv_hot_bytes",
+        "kv_cold_bytes",
+    ):
+        assert data[key] > 0, key
+    assert data["prompt_tokens"] == 8 and data["generated_tokens"] == 4 and data["kv_cold_format"] is None
+    csv = ruvllm(*args, "--format", "csv").stdout.splitlines()
+    assert csv[0].startswith("compute,prompt_tokens,generated_tokens,prefill_ms") and csv[1].startswith("f32,8,4,")
+    table = ruvllm(*args, "--compute", "q8").stdout
+    assert "decode_tok_s" in table and "q8" in table and "MiB" in table
+
+
+def test_info_states_the_memory_plan(smollm2_dir):
+    out = ruvllm("info", str(smollm2_dir), "--compute", "q4", "--context-length", "1024").stdout
+    assert "memory plan    compute q4: weights 106.4 MiB (q4 75.9, q8 30.4) + KV cache 45.0 MiB" in out
+    refused = ruvllm("info", str(smollm2_dir), "--memory-budget", "50M")
+    assert_one_line_error(refused, "the model does not fit the memory budget of 50 MiB")
+    assert_one_line_error(ruvllm("info", str(smollm2_dir), "--memory-budget", "lots"), "not a size: 'lots'", code=2)
