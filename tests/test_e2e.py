@@ -213,3 +213,42 @@ def test_a_bad_model_url_shows_a_readable_error(browser, base_url):
     assert page.is_disabled("[data-testid=send]")
     shot(page, "bad-model")
     context.close()
+
+
+def test_feedback_teaches_the_model_and_the_adapter_downloads(demo, tmp_path):
+    import zipfile
+
+    demo.click("[data-testid=clear]")
+    demo.fill("[data-testid=max-tokens]", "16")
+    ask(demo, "What is the secret code?")
+    wait_state(demo, "ready")
+    assert demo.is_disabled("[data-testid=download-adapter]")
+    demo.click("[data-testid=thumbs-up]")
+    wait_state(demo, "learning", 10_000)
+    wait_state(demo, "ready", 120_000)
+    report = demo.text_content("[data-testid=learning]")
+    assert report.startswith("Learned (good answer): log-probability of that answer ")
+    before, after = (float(v) for v in report.split("answer ")[1].split(" in ")[0].split(" → "))
+    assert after > before
+    assert demo.get_attribute("[data-testid=thumbs-up]", "aria-pressed") == "true"
+    with demo.expect_download() as download:
+        demo.click("[data-testid=download-adapter]")
+    path = tmp_path / "adapter.zip"
+    download.value.save_as(path)
+    with zipfile.ZipFile(path) as z:
+        assert sorted(z.namelist()) == [
+            "adapter_config.json",
+            "adapter_model.safetensors",
+            "learning_state.safetensors",
+        ]
+        assert json.loads(z.read("adapter_config.json"))["target_modules"] == ["down_proj"]
+        z.extractall(tmp_path / "adapter")
+    # the downloaded adapter works on CPython
+    args = [sys.executable, "-m", "ruvllm", "generate", str(ROOT / "models" / "smollm2-135m-instruct"), "--chat"]
+    result = subprocess.run(
+        [*args, "--prompt", "Hi", "--max-tokens", "4", "--adapter", str(tmp_path / "adapter")],
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    shot(demo, "learned")

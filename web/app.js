@@ -3,6 +3,8 @@
 // Pyodide distribution; `?model=URL` in the page address picks another model.
 import { RuvLLM } from '/npm/browser/index.js';
 
+import { zipFiles } from './zip.js';
+
 const $ = (id) => document.getElementById(id);
 const ui = {
   status: $('status'),
@@ -19,7 +21,16 @@ const ui = {
   maxTokens: $('max-tokens'),
   system: $('system'),
   clear: $('clear'),
+  useAdapter: $('use-adapter'),
+  learning: $('learning'),
+  download: $('download-adapter'),
 };
+
+const ADAPTER = 'feedback';
+// Lessons go into the MLP's down_proj: measured to take a fact in a few steps with less collateral
+// change than the library's default (q_proj, v_proj); see benchmarks/RESULTS.md.
+const ADAPTER_CONFIG = { name: ADAPTER, rank: 2, targets: ['down_proj'] };
+let adapterReady = false;
 
 let llm = null;
 let history = []; // [{ role, content }] of the conversation so far, without the system prompt
@@ -32,6 +43,9 @@ function setStatus(state, text) {
   ui.prompt.disabled = !idle;
   ui.send.disabled = !idle;
   ui.stop.disabled = state !== 'generating';
+  for (const button of document.querySelectorAll('.feedback button')) button.disabled = !idle;
+  ui.useAdapter.disabled = !idle || !adapterReady;
+  ui.download.disabled = !idle || !adapterReady;
 }
 
 const MiB = 2 ** 20;
@@ -95,6 +109,7 @@ async function send() {
   const system = ui.system.value.trim();
   const messages = system ? [{ role: 'system', content: system }, ...history] : [...history];
   const options = { temperature: Number(ui.temperature.value), maxTokens: Number(ui.maxTokens.value) };
+  if (adapterReady) options.adapter = ui.useAdapter.checked ? ADAPTER : null;
   running = new AbortController();
   setStatus('generating', 'Generating…');
   let reply = '';
@@ -111,9 +126,54 @@ async function send() {
   } finally {
     running = null;
     history.push({ role: 'assistant', content: reply });
+    if (reply) addFeedback(output.parentElement, messages, reply);
     ui.prompt.focus();
   }
 }
+
+/** Good / Bad under an answer: teach the adapter that this reply to these messages was good or bad. */
+function addFeedback(item, messages, reply) {
+  const row = document.createElement('div');
+  row.className = 'feedback';
+  for (const [label, reward, testid] of [['Good', 1, 'thumbs-up'], ['Bad', -1, 'thumbs-down']]) {
+    const button = document.createElement('button');
+    button.type = 'button';
+    button.textContent = label;
+    button.dataset.testid = testid;
+    button.setAttribute('aria-label', reward > 0 ? 'Good answer: learn from it' : 'Bad answer: learn to avoid it');
+    button.setAttribute('aria-pressed', 'false');
+    button.addEventListener('click', () => learn(messages, reply, reward, button));
+    row.append(button);
+  }
+  item.append(row);
+}
+
+async function learn(messages, reply, reward, button) {
+  setStatus('learning', reward > 0 ? 'Learning from a good answer…' : 'Learning from a bad answer…');
+  try {
+    if (!adapterReady) await llm.newAdapter(ADAPTER_CONFIG);
+    adapterReady = true;
+    const report = await llm.adapt({ messages, completion: reply, reward, adapter: ADAPTER });
+    button.setAttribute('aria-pressed', 'true');
+    const seconds = ((report.stepMs * report.steps) / 1000).toFixed(1);
+    ui.learning.textContent = `Learned (${reward > 0 ? 'good' : 'bad'} answer): log-probability of that answer ${report.logProbBefore.toFixed(2)} → ${report.logProbAfter.toFixed(2)} in ${report.steps} steps, ${seconds} s.`;
+    ui.useAdapter.checked = true;
+    setStatus('ready', 'Ready');
+  } catch (error) {
+    setStatus('error', describe(error, 'while learning'));
+  }
+}
+
+ui.download.addEventListener('click', async () => {
+  const files = await llm.saveAdapter(ADAPTER);
+  const link = document.createElement('a');
+  link.href = URL.createObjectURL(zipFiles(files));
+  link.download = 'ruvllm-adapter.zip';
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(link.href), 10_000);
+});
 
 ui.composer.addEventListener('submit', (event) => {
   event.preventDefault();

@@ -94,8 +94,8 @@ async function* plainBytes(stream) {
   for await (const chunk of stream) yield new Uint8Array(chunk.buffer, chunk.byteOffset, chunk.byteLength);
 }
 
-/** A whole small file as text (config and tokenizer JSON). */
-export async function readText(base, name, options) {
+/** A whole small file as bytes (adapters, JSON), or null for a missing optional file. */
+export async function readBytes(base, name, options) {
   const file = await openFile(base, name, options);
   if (file === null) return null;
   const parts = [];
@@ -106,7 +106,13 @@ export async function readText(base, name, options) {
     bytes.set(p, offset);
     offset += p.length;
   }
-  return new TextDecoder().decode(bytes);
+  return bytes;
+}
+
+/** A whole small file as text (config and tokenizer JSON). */
+export async function readText(base, name, options) {
+  const bytes = await readBytes(base, name, options);
+  return bytes === null ? null : new TextDecoder().decode(bytes);
 }
 
 /** A small JSON file, parsed; a `load` error names it if it does not parse. */

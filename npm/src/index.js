@@ -174,6 +174,56 @@ export class RuvLLM {
     return stats;
   }
 
+  // --- MicroLoRA ---------------------------------------------------------------------------
+
+  /**
+   * Learn from feedback: make `completion` likelier (reward > 0) or less likely (< 0) after a prompt
+   * (raw text) or a conversation (messages, rendered with the chat template). Makes the adapter
+   * (rank 2 on q_proj and v_proj) if none has that name yet, and leaves it active.
+   * @param {import('../types/index.d.ts').Feedback} feedback
+   * @returns {Promise<import('../types/index.d.ts').AdaptReport>}
+   */
+  adapt(feedback) {
+    const ok = feedback && typeof feedback.completion === 'string' && (typeof feedback.prompt === 'string' || Array.isArray(feedback.messages));
+    if (!ok) throw new RuvLLMError('invalid_argument', 'adapt needs { prompt or messages, completion }');
+    if (feedback.messages) checkMessages(feedback.messages);
+    return this.#adapterRequest({ type: 'adapt', feedback });
+  }
+
+  /** A fresh adapter ({ name, rank, alpha, targets }), made active. */
+  newAdapter(config = {}) {
+    return this.#adapterRequest({ type: 'new_adapter', config });
+  }
+
+  /**
+   * Load an adapter folder by URL (in Node also a path): adapter_config.json + adapter_model.safetensors.
+   * @returns {Promise<string>} the name it is held under
+   */
+  loadAdapter(url, { name } = {}) {
+    if (typeof url !== 'string' || !url) throw new RuvLLMError('invalid_argument', 'loadAdapter needs a URL');
+    const resolved = IS_NODE || typeof location === 'undefined' ? url : new URL(url, location.href).href;
+    return this.#adapterRequest({ type: 'load_adapter', url: resolved, name: name ?? resolved.replace(/\/+$/, '').split('/').pop() });
+  }
+
+  /** Compute with adapter `name` from now on; null for the base model. */
+  setAdapter(name) {
+    return this.#adapterRequest({ type: 'set_adapter', name: name ?? null });
+  }
+
+  /**
+   * The files of an adapter (default: the active one), to download or store.
+   * @returns {Promise<Record<string, Uint8Array>>}
+   */
+  saveAdapter(name) {
+    return this.#adapterRequest({ type: 'save_adapter', name });
+  }
+
+  async #adapterRequest(request) {
+    let result = null;
+    for await (const event of this.#request(request)) if (event.type === 'adapter') result = event.result;
+    return result;
+  }
+
   /** Free the model and stop the worker. */
   async dispose() {
     if (!this.#failed) {

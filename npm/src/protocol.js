@@ -8,6 +8,11 @@
  *   { type: 'chat',     id, messages, options }           messages: [{ role, content }]
  *   { type: 'tokenize', id, prompt | messages }           token ids of raw text, or of a rendered chat
  *   { type: 'cache_stats', id }                           positions and bytes of the KV cache per tier
+ *   { type: 'adapt', id, feedback }                       feedback: { prompt | messages, completion, reward, adapter, steps, lr }
+ *   { type: 'new_adapter', id, config }                   config: { name, rank, alpha, targets }
+ *   { type: 'load_adapter', id, url, name }               an adapter folder (ours or Hugging Face PEFT)
+ *   { type: 'set_adapter', id, name }                     name, or null for the base model
+ *   { type: 'save_adapter', id, name }                    the adapter's files
  *   { type: 'abort',    id }                              id of the generate/chat request to stop
  *   { type: 'dispose',  id }
  *
@@ -17,12 +22,16 @@
  *   { type: 'chunk',    id, chunk }                       one generated token: { text, tokenId, finishReason, stats }
  *   { type: 'tokens',   id, ids }                         the answer to 'tokenize'
  *   { type: 'cache_stats', id, stats }                    the answer to 'cache_stats'
+ *   { type: 'adapter', id, result }                       the answer to an adapter request
  *   { type: 'done',     id }                              a request finished (after its last chunk)
  *   { type: 'error',    id, error: { type, message } }    a request failed; type 'abort' for aborts
  */
 
-export const REQUESTS = Object.freeze(['load', 'generate', 'chat', 'tokenize', 'cache_stats', 'abort', 'dispose']);
-export const EVENTS = Object.freeze(['progress', 'loaded', 'chunk', 'tokens', 'cache_stats', 'done', 'error']);
+export const REQUESTS = Object.freeze([
+  'load', 'generate', 'chat', 'tokenize', 'cache_stats', 'abort', 'dispose',
+  'adapt', 'new_adapter', 'load_adapter', 'set_adapter', 'save_adapter',
+]);
+export const EVENTS = Object.freeze(['progress', 'loaded', 'chunk', 'tokens', 'cache_stats', 'adapter', 'done', 'error']);
 
 let nextId = 1;
 

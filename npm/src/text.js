@@ -107,6 +107,19 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
       // The template writes any BOS itself; adding special tokens again would double it.
       return tokenizer.encode(this.applyChatTemplate(messages, addGenerationPrompt), { add_special_tokens: false }).ids;
     },
+    /** Prompt and completion ids for feedback, tokenized as generation would (mirrors Model.feedback_ids). */
+    feedbackIds({ prompt, messages, completion }) {
+      if (typeof completion !== 'string' || !completion) throw new RuvLLMError('invalid_argument', 'completion must be a non-empty string');
+      if (messages !== undefined) {
+        const promptIds = this.encodeChat(messages);
+        const end = this.eosIds.length ? [this.eosIds[0]] : [];
+        return [promptIds, [...tokenizer.encode(completion, { add_special_tokens: false }).ids, ...end]];
+      }
+      const promptIds = this.encode(prompt);
+      const whole = this.encode(prompt + completion);
+      if (whole.length > promptIds.length && promptIds.every((id, i) => whole[i] === id)) return [promptIds, whole.slice(promptIds.length)];
+      return [promptIds, tokenizer.encode(completion, { add_special_tokens: false }).ids];
+    },
     decode(ids) {
       return ids.length ? tokenizer.decode(ids) : '';
     },

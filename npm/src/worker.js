@@ -7,7 +7,7 @@
  */
 
 import { AbortError, RuvLLMError, serializeError } from './errors.js';
-import { readJson } from './files.js';
+import { readBytes, readJson, readText } from './files.js';
 import { checkRequest } from './protocol.js';
 import { startPython } from './runtime.js';
 import { createText } from './text.js';
@@ -81,7 +81,8 @@ async function load(id, options) {
 }
 
 async function generate(id, ids, options) {
-  const { stop = [], ...rest } = options;
+  const { stop = [], adapter, ...rest } = options;
+  if (adapter !== undefined) unwrap(state.engine.set_adapter(adapter ?? undefined)); // null: the base model
   const started = performance.now();
   const eosIds = rest.ignoreEos ? [] : state.text.eosIds;
   unwrap(
@@ -160,6 +161,42 @@ function renamePlan(plan) {
   };
 }
 
+const ADAPTER_REQUESTS = new Set(['adapt', 'new_adapter', 'load_adapter', 'set_adapter', 'save_adapter']);
+
+function fromBase64(text) {
+  const binary = atob(text);
+  const bytes = new Uint8Array(binary.length);
+  for (let i = 0; i < binary.length; i++) bytes[i] = binary.charCodeAt(i);
+  return bytes;
+}
+
+async function adapterRequest(id, message) {
+  const engine = state.engine;
+  const { type } = message;
+  if (type === 'adapt') {
+    const { prompt, messages, completion, reward = 1, adapter = 'default', steps, lr } = message.feedback;
+    const [promptIds, completionIds] = state.text.feedbackIds({ prompt, messages, completion });
+    const request = { adapter, prompt_ids: promptIds, completion_ids: completionIds, reward, steps, lr };
+    const r = unwrap(engine.adapt(JSON.stringify(request)));
+    send({ type: 'adapter', id, result: { logProbBefore: r.log_prob_before, logProbAfter: r.log_prob_after, steps: r.steps, stepMs: r.step_ms } });
+  } else if (type === 'new_adapter') {
+    send({ type: 'adapter', id, result: unwrap(engine.new_adapter(JSON.stringify(message.config ?? {}))) });
+  } else if (type === 'set_adapter') {
+    send({ type: 'adapter', id, result: unwrap(engine.set_adapter(message.name ?? undefined)) });
+  } else if (type === 'load_adapter') {
+    const base = message.url;
+    const files = { cache: false };
+    const config = await readText(base, 'adapter_config.json', files);
+    const weights = await readBytes(base, 'adapter_model.safetensors', files);
+    const learned = await readBytes(base, 'learning_state.safetensors', { ...files, optional: true });
+    send({ type: 'adapter', id, result: unwrap(engine.load_adapter(message.name, config, weights, learned ?? undefined)) });
+  } else if (type === 'save_adapter') {
+    const encoded = unwrap(engine.adapter_files(message.name ?? undefined));
+    const files = Object.fromEntries(Object.entries(encoded).map(([name, b64]) => [name, fromBase64(b64)]));
+    send({ type: 'adapter', id, result: files });
+  }
+}
+
 /** Token ids of a request: a chat (messages), raw text, or ids given as they are. */
 function promptIds({ messages, prompt }) {
   if (messages !== undefined) return state.text.encodeChat(messages);
@@ -205,9 +242,11 @@ async function handle(message) {
     } else {
       if (!state.engine) throw new RuvLLMError('inference', 'the model is not loaded');
       if (state.busy) throw new RuvLLMError('inference', 'another generation is running on this model');
-      state.busy = type === 'generate' || type === 'chat';
+      state.busy = type === 'generate' || type === 'chat' || type === 'adapt';
       try {
-        if (type === 'cache_stats') {
+        if (ADAPTER_REQUESTS.has(type)) {
+          await adapterRequest(id, message);
+        } else if (type === 'cache_stats') {
           const s = unwrap(state.engine.cache_stats());
           send({ type: 'cache_stats', id, stats: { hotPositions: s.hot_positions, hotBytes: s.hot_bytes, coldPositions: s.cold_positions, coldBytes: s.cold_bytes, coldFormat: s.cold_format, evictedPositions: s.evicted_positions, seenPositions: s.seen_positions } });
         } else {

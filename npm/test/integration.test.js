@@ -3,7 +3,7 @@
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { copyFile, mkdtemp, open, readFile } from 'node:fs/promises';
+import { copyFile, mkdtemp, open, readFile, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:http';
 import { homedir, tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -205,5 +205,43 @@ describe('memory options in Pyodide under Node', { skip: SKIP }, () => {
     assert.equal(error.type, 'load');
     assert.match(error.message, /^the model does not fit the memory budget of 32 MiB: in its smallest form \(q4\) it needs weights/);
     assert.ok(!phases.includes('download'), `phases: ${phases}`);
+  });
+});
+
+describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
+  test('adapt learns a fact, saves an adapter CPython reads, and loads one CPython wrote', async () => {
+    const llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE });
+    try {
+      const greedy = async (prompt) => (await collect(llm.generate(prompt, { temperature: 0, maxTokens: 6 }))).map((c) => c.text).join('');
+      assert.ok(!(await greedy('The secret code is')).startsWith(' BLUE-42.'));
+      await llm.newAdapter({ name: 'facts', targets: ['down_proj'] });
+      const report = await llm.adapt({ prompt: 'The secret code is', completion: ' BLUE-42.', adapter: 'facts' });
+      assert.ok(report.logProbAfter - report.logProbBefore > 3, JSON.stringify(report));
+      assert.ok(report.stepMs > 0);
+      assert.ok((await greedy('The secret code is')).startsWith(' BLUE-42.'));
+      await llm.setAdapter(null);
+      assert.ok(!(await greedy('The secret code is')).startsWith(' BLUE-42.'));
+
+      // our files load in CPython, which then generates the same tokens
+      const files = await llm.saveAdapter('facts');
+      assert.deepEqual(Object.keys(files).sort(), ['adapter_config.json', 'adapter_model.safetensors', 'learning_state.safetensors']);
+      const dir = await mkdtemp(join(tmpdir(), 'ruvllm-adapter-'));
+      for (const [name, bytes] of Object.entries(files)) await writeFile(join(dir, name), bytes);
+      const args = ['-m', 'ruvllm', 'generate', MODEL, '--prompt', 'The secret code is', '--temperature', '0', '--max-tokens', '6', '--json'];
+      const cpu = JSON.parse((await run(PYTHON, [...args, '--adapter', dir])).stdout);
+      await llm.setAdapter('facts');
+      assert.deepEqual((await collect(llm.generate('The secret code is', { temperature: 0, maxTokens: 6 }))).map((c) => c.tokenId), cpu.token_ids);
+
+      // an adapter written by CPython loads here by path, and switches per request
+      const name = await llm.loadAdapter(dir, { name: 'from-cpython' });
+      assert.equal(name, 'from-cpython');
+      const viaRequest = await collect(llm.generate('The secret code is', { temperature: 0, maxTokens: 6, adapter: 'from-cpython' }));
+      assert.deepEqual(viaRequest.map((c) => c.tokenId), cpu.token_ids);
+      const base = await collect(llm.generate('The secret code is', { temperature: 0, maxTokens: 6, adapter: null }));
+      assert.notDeepEqual(base.map((c) => c.tokenId), cpu.token_ids);
+      await assert.rejects(llm.setAdapter('nope'), (e) => e.type === 'invalid_argument' && /no adapter named 'nope'/.test(e.message));
+    } finally {
+      await llm.dispose();
+    }
   });
 });

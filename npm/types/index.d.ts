@@ -148,6 +148,8 @@ export interface GenerateOptions {
   stop?: string[];
   /** Keep going past the end-of-sequence token. */
   ignoreEos?: boolean;
+  /** Compute this request (and the ones after) with a held adapter; null for the base model. */
+  adapter?: string | null;
   /** Aborting ends the stream with an AbortError before the next token. */
   signal?: AbortSignal;
 }
@@ -197,6 +199,45 @@ export interface ModelInfo {
   heapBytes: number;
 }
 
+/**
+ * Feedback on one answer.
+ * @example
+ * { messages: [{ role: 'user', content: 'Hi' }], completion: 'Hello! How can I help?', reward: 1 }
+ */
+export interface Feedback {
+  /** Raw text before the completion... */
+  prompt?: string;
+  /** ...or the conversation before it (rendered with the chat template). */
+  messages?: ChatMessage[];
+  completion: string;
+  /** +1: good, make it likelier; -1: bad, less likely; any non-zero number weighs the lesson. */
+  reward?: number;
+  /** The adapter that learns (default 'default'; made, rank 2 on q_proj and v_proj, if missing). */
+  adapter?: string;
+  /** Optimizer steps (default 6) and learning rate (default 0.004). */
+  steps?: number;
+  lr?: number;
+}
+
+export interface AdaptReport {
+  /** Mean log-probability of the completion's tokens before and after learning. */
+  logProbBefore: number;
+  logProbAfter: number;
+  steps: number;
+  /** Time of one step (forward, backward through the whole network, update). */
+  stepMs: number;
+}
+
+export interface AdapterConfig {
+  name?: string;
+  /** Default 2. */
+  rank?: number;
+  /** Default 2 x rank. */
+  alpha?: number;
+  /** Projections of every layer (and 'lm_head'); default ['q_proj', 'v_proj']. */
+  targets?: Array<'q_proj' | 'k_proj' | 'v_proj' | 'o_proj' | 'gate_proj' | 'up_proj' | 'down_proj' | 'lm_head'>;
+}
+
 export class RuvLLM {
   /**
    * Start a worker, boot Pyodide and load a model.
@@ -223,6 +264,37 @@ export class RuvLLM {
    * @example const ids = await llm.tokenize([{ role: 'user', content: 'Hi' }]);
    */
   tokenize(input: string | ChatMessage[]): Promise<number[]>;
+
+  /**
+   * Learn from feedback (a true gradient step on a LoRA adapter, in the worker).
+   * @example await llm.adapt({ messages, completion: answer, reward: thumbsUp ? 1 : -1 });
+   */
+  adapt(feedback: Feedback): Promise<AdaptReport>;
+
+  /**
+   * A fresh adapter, made active.
+   * @example await llm.newAdapter({ name: 'facts', rank: 2, targets: ['down_proj'] });
+   */
+  newAdapter(config?: AdapterConfig): Promise<{ name: string; rank: number; targets: string[] }>;
+
+  /**
+   * Load an adapter folder (ours, or a Hugging Face PEFT LoRA) by URL; returns its name.
+   * @example const name = await llm.loadAdapter('/adapters/polite/'); await llm.setAdapter(name);
+   */
+  loadAdapter(url: string, options?: { name?: string }): Promise<string>;
+
+  /**
+   * Compute with a held adapter from now on; null for the base model.
+   * @example await llm.setAdapter(null);
+   */
+  setAdapter(name: string | null): Promise<string | null>;
+
+  /**
+   * The files of an adapter (default: the active one): adapter_config.json, adapter_model.safetensors,
+   * learning_state.safetensors.
+   * @example const files = await llm.saveAdapter();
+   */
+  saveAdapter(name?: string): Promise<Record<string, Uint8Array>>;
 
   /**
    * Positions and bytes of the KV cache per tier.

@@ -16,10 +16,13 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from . import learn
 from .cache import KVOptions
 from .engine import Engine, load_engine, read_config
-from .errors import LoadError
+from .errors import InvalidArgumentError, LoadError
 from .generate import Chunk, GenerationOptions, generate_text, generate_tokens
+from .learn import AdaptReport
+from .lora import DEFAULT_TARGETS, Adapter, LoRAConfig
 from .tokenizer import Tokenizer
 
 
@@ -37,17 +40,86 @@ class Model:
     def generate(self, prompt: str | Sequence[int], **options: object) -> Iterator[Chunk]:
         """Stream the continuation of raw text (or of token ids).
 
-        Options: max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop, ignore_eos.
+        Options: max_tokens, temperature, top_k, top_p, min_p, repetition_penalty, seed, stop, ignore_eos,
+        and adapter (a loaded adapter's name, or None for the base model; default: whichever is set).
         """
         started = time.perf_counter()
+        self._use_adapter(options)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
         return self._stream(ids, GenerationOptions.from_kwargs(**options), started)
 
     def chat(self, messages: list[dict], **options: object) -> Iterator[Chunk]:
         """Stream the assistant's reply to `messages`, rendered with the model's chat template."""
         started = time.perf_counter()
+        self._use_adapter(options)
         opts = GenerationOptions.from_kwargs(**options)
         return self._stream(self.tokenizer.encode_chat(messages), opts, started)
+
+    # --- MicroLoRA ------------------------------------------------------------------------------
+
+    def new_adapter(
+        self, name: str = "default", rank: int = 2, alpha: float = 4.0, targets: Sequence[str] = DEFAULT_TARGETS
+    ) -> Adapter:
+        """A fresh adapter (it changes nothing until it learns), held under `name` and made active."""
+        adapter = Adapter.new(self.engine.weights, LoRAConfig(rank=rank, alpha=alpha, targets=tuple(targets)))
+        self.engine.adapters.add(name, adapter)
+        self.engine.adapters.activate(name)
+        return adapter
+
+    def load_adapter(self, path: str, name: str | None = None) -> str:
+        """Load an adapter folder (ours, or a Hugging Face PEFT LoRA); returns the name it is held under."""
+        name = name or os.path.basename(os.path.normpath(path))
+        self.engine.adapters.add(name, Adapter.load(path, self.engine.weights))
+        return name
+
+    def save_adapter(self, path: str, name: str | None = None) -> None:
+        adapters = self.engine.adapters
+        name = name or adapters.active
+        if name not in adapters.adapters:
+            raise InvalidArgumentError(f"no adapter named {name!r} to save")
+        adapters.adapters[name].save(path)
+
+    def set_adapter(self, name: str | None) -> None:
+        """Compute with adapter `name` from now on (None: the base model)."""
+        self.engine.adapters.activate(name)
+
+    def adapt(
+        self,
+        prompt: str,
+        completion: str,
+        reward: float = 1.0,
+        adapter: str = "default",
+        chat: bool = False,
+        **options: object,
+    ) -> AdaptReport:
+        """Learn from feedback: make `completion` likelier after `prompt` (reward > 0) or less likely (< 0).
+
+        chat: `prompt` is a user message, rendered with the chat template, and the completion is the
+        assistant's answer, ending with the end-of-turn token. Options: steps, lr, optimizer, ewc.
+        An adapter called `adapter` is made (rank 2 on q_proj and v_proj) if none is held yet.
+        """
+        if adapter not in self.engine.adapters.adapters:
+            self.new_adapter(adapter)
+        self.engine.adapters.activate(adapter)
+        prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
+        held = self.engine.adapters.adapters[adapter]
+        return learn.adapt(self.engine, held, prompt_ids, completion_ids, reward, learn.AdaptOptions(**options))
+
+    def feedback_ids(self, prompt: str, completion: str, chat: bool) -> tuple[list[int], list[int]]:
+        """Token ids of a prompt and its completion, tokenized as they would be generated."""
+        if chat:
+            prompt_ids = self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+            end = [self.eos_token_ids[0]] if self.eos_token_ids else []
+            return prompt_ids, self.tokenizer.encode(completion, add_special_tokens=False) + end
+        prompt_ids = self.tokenizer.encode(prompt)
+        whole = self.tokenizer.encode(prompt + completion)
+        if whole[: len(prompt_ids)] == prompt_ids and len(whole) > len(prompt_ids):
+            return prompt_ids, whole[len(prompt_ids) :]
+        return prompt_ids, self.tokenizer.encode(completion, add_special_tokens=False)
+
+    def _use_adapter(self, options: dict) -> None:
+        if "adapter" in options:
+            self.engine.adapters.activate(options.pop("adapter"))
 
     def _stream(self, ids: list[int], options: GenerationOptions, started: float) -> Iterator[Chunk]:
         steps = generate_tokens(self.engine, ids, options, self.eos_token_ids, self._cache)

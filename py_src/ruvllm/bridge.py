@@ -12,6 +12,7 @@ one of the `RuvLLMError` types, so JavaScript can raise the right error without 
 
 from __future__ import annotations
 
+import base64
 import functools
 import hashlib
 import json
@@ -22,6 +23,9 @@ from .config import ModelConfig
 from .engine import Engine, LoadOptions, plan_for
 from .errors import DownloadError, InferenceError, InvalidArgumentError, LoadError, RuvLLMError
 from .generate import GenerationOptions, Step, generate_tokens
+from .learn import AdaptOptions
+from .learn import adapt as learn_adapt
+from .lora import DEFAULT_TARGETS, Adapter, LoRAConfig
 from .store import TensorStore, count_parameters
 from .tensorfile import PieceBuffer, SafetensorsFile
 
@@ -201,6 +205,75 @@ class EngineHandle:
             "prefill_ms": step.prefill_ms,
             "cached_tokens": step.cached_tokens,
         }
+
+    # --- MicroLoRA ------------------------------------------------------------------------------
+
+    @_json_result
+    def new_adapter(self, request_json: str) -> dict:
+        """request: {name, rank, alpha, targets}; the new adapter becomes the active one."""
+        r = json.loads(request_json)
+        rank = r.get("rank", 2)
+        config = LoRAConfig(
+            rank=rank, alpha=r.get("alpha", 2.0 * rank), targets=tuple(r.get("targets") or DEFAULT_TARGETS)
+        )
+        adapters = self.engine.adapters
+        adapters.add(r.get("name", "default"), Adapter.new(self.engine.weights, config))
+        adapters.activate(r.get("name", "default"))
+        return {"name": r.get("name", "default"), "rank": config.rank, "targets": list(config.targets)}
+
+    @_json_result
+    def adapt(self, request_json: str) -> dict:
+        """request: {adapter, prompt_ids, completion_ids, reward, steps, lr}; makes the adapter if needed."""
+        r = json.loads(request_json)
+        name = r.get("adapter") or "default"
+        adapters = self.engine.adapters
+        if name not in adapters.adapters:
+            adapters.add(name, Adapter.new(self.engine.weights, LoRAConfig()))
+        adapters.activate(name)
+        options = AdaptOptions(**{k: r[k] for k in ("steps", "lr") if r.get(k) is not None})
+        report = learn_adapt(
+            self.engine, adapters.adapters[name], r["prompt_ids"], r["completion_ids"], r.get("reward", 1.0), options
+        )
+        return {
+            "log_prob_before": report.log_prob_before,
+            "log_prob_after": report.log_prob_after,
+            "steps": report.steps,
+            "step_ms": report.step_ms,
+        }
+
+    @_json_result
+    def load_adapter(self, name: str, config_json: str, weights: object, state: object = None) -> str:
+        """An adapter from its files' contents (bytes, or JS Uint8Arrays)."""
+
+        def as_file(data, source):
+            raw = bytes(data.to_py()) if hasattr(data, "to_py") else bytes(data)
+            return SafetensorsFile(raw, source)
+
+        state_file = as_file(state, "learning_state.safetensors") if state is not None else None
+        adapter = Adapter.from_files(
+            config_json, as_file(weights, "adapter_model.safetensors"), self.engine.weights, state_file
+        )
+        self.engine.adapters.add(name, adapter)
+        return name
+
+    @_json_result
+    def set_adapter(self, name: str | None) -> str | None:
+        self.engine.adapters.activate(name)
+        return name
+
+    @_json_result
+    def adapter_files(self, name: str | None = None) -> dict:
+        """The files of a held adapter (default: the active one), base64-encoded, by file name."""
+        adapters = self.engine.adapters
+        name = name or adapters.active
+        if name not in adapters.adapters:
+            raise InvalidArgumentError(f"no adapter named {name!r} to save")
+        return {file: base64.b64encode(data).decode() for file, data in adapters.adapters[name].files().items()}
+
+    @_json_result
+    def adapter_names(self) -> dict:
+        adapters = self.engine.adapters
+        return {"names": list(adapters.adapters), "active": adapters.active}
 
     @_json_result
     def cache_stats(self) -> dict:

@@ -256,6 +256,7 @@ class KVCache:
             for _ in range(config.num_hidden_layers)
         ]
         self.tokens: list[int] = []
+        self.owner: tuple = (None, 0, 0)  # the weights (adapter, its uid, version) the entries came from
 
     @property
     def length(self) -> int:

@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-file", required=True)
     p.add_argument("--window", type=int, help="tokens per evaluation window (default: the context length)")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--adapter", help="LoRA adapter folder to apply")
     add_load_options(p)
 
     p = sub.add_parser("bench", help="prefill, time to first token, decode speed and memory")
@@ -54,10 +55,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json", "csv"), default="table")
     add_load_options(p)
 
+    p = sub.add_parser("adapt", help="teach a LoRA adapter that a completion follows a prompt")
+    p.add_argument("model")
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--completion", required=True)
+    p.add_argument("--reward", type=float, default=1.0, help="+1 good (likelier), -1 bad (less likely)")
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--lr", type=float, default=4e-3)
+    p.add_argument("--rank", type=int, default=2)
+    p.add_argument("--alpha", type=float, help="LoRA alpha (default: 2 x rank)")
+    p.add_argument("--targets", default="q_proj,v_proj", help="comma-separated projections")
+    p.add_argument("--chat", action="store_true", help="the prompt is a user message, the completion the reply")
+    p.add_argument("--adapter", help="adapter folder to continue from (its rank and targets are kept)")
+    p.add_argument("--out", required=True, help="adapter folder to write")
+    p.add_argument("--json", action="store_true")
+    add_load_options(p)
+
     for name, text in (("generate", "generate text from a prompt"), ("chat", "interactive chat")):
         p = sub.add_parser(name, help=text)
         p.add_argument("model")
         add_load_options(p)
+        p.add_argument("--adapter", help="LoRA adapter folder to apply (ours or Hugging Face PEFT)")
         if name == "generate":
             p.add_argument("--prompt", required=True)
             p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
@@ -211,7 +229,10 @@ def _load(args: argparse.Namespace):
 
     GenerationOptions.from_kwargs(**_options(args))  # refuse bad options before the slow load
     o = load_options(args)
-    return load(args.model, o.context_length, o.compute, o.memory_budget, o.kv, o.isq)
+    model = load(args.model, o.context_length, o.compute, o.memory_budget, o.kv, o.isq)
+    if getattr(args, "adapter", None):
+        model.set_adapter(model.load_adapter(args.adapter))
+    return model
 
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
@@ -227,6 +248,11 @@ def cmd_perplexity(args: argparse.Namespace) -> int:
     ids = Tokenizer.from_folder(args.model).encode(text)
     o = load_options(args)
     engine = _load_engine(args)
+    if args.adapter:
+        from .lora import Adapter
+
+        engine.adapters.add("adapter", Adapter.load(args.adapter, engine.weights))
+        engine.adapters.activate("adapter")
     result = perplexity(engine, ids, args.window)
     report = {
         "perplexity": result.perplexity,
@@ -383,7 +409,42 @@ def cmd_chat(args: argparse.Namespace) -> int:
         history.append({"role": "assistant", "content": "".join(reply)})
 
 
+def cmd_adapt(args: argparse.Namespace) -> int:
+    from .api import load
+    from .learn import AdaptOptions
+
+    options = AdaptOptions(steps=args.steps, lr=args.lr)  # refuse bad values before the slow load
+    o = load_options(args)
+    model = load(args.model, o.context_length, o.compute, o.memory_budget, o.kv, o.isq)
+    if args.adapter:
+        name = model.load_adapter(args.adapter, "default")
+        model.set_adapter(name)
+    else:
+        targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+        model.new_adapter("default", rank=args.rank, alpha=args.alpha or 2.0 * args.rank, targets=targets)
+    report = model.adapt(
+        args.prompt, args.completion, args.reward, "default", args.chat, steps=options.steps, lr=options.lr
+    )
+    model.save_adapter(args.out, "default")
+    result = {
+        "log_prob_before": report.log_prob_before,
+        "log_prob_after": report.log_prob_after,
+        "steps": report.steps,
+        "step_ms": report.step_ms,
+        "out": args.out,
+    }
+    if args.json:
+        print(json.dumps(result))
+    else:
+        print(
+            f"mean log-probability of the completion {report.log_prob_before:.3f} -> {report.log_prob_after:.3f} "
+            f"in {report.steps} steps ({report.step_ms:.0f} ms each); adapter written to {args.out}"
+        )
+    return 0
+
+
 COMMANDS = {
+    "adapt": cmd_adapt,
     "convert": cmd_convert,
     "info": cmd_info,
     "generate": cmd_generate,

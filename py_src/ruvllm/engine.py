@@ -93,6 +93,7 @@ class Engine:
         self.kv = kv or KVOptions()
         self.inv_freq = inverse_frequencies(config)  # (E/2,)
         self.plan: MemoryPlan | None = None  # set when loaded through from_store
+        self._adapters = None
 
     @classmethod
     def from_store(cls, config: ModelConfig, store: TensorStore, options: LoadOptions | None = None) -> Engine:
@@ -113,6 +114,19 @@ class Engine:
         return engine
 
     isq_report: list[dict] | None = None  # per group of matrices, after activation-aware quantization
+
+    @property
+    def adapters(self):
+        """The LoRA adapters held for this model (lora.AdapterSet), made on first use."""
+        if self._adapters is None:
+            from .lora import AdapterSet
+
+            self._adapters = AdapterSet(self.weights)
+        return self._adapters
+
+    def weights_identity(self) -> tuple:
+        """What the weights compute now (the active adapter and its version): keys of cached K/V."""
+        return self._adapters.identity() if self._adapters is not None else (None, 0, 0)
 
     def new_cache(self) -> KVCache:
         """An empty cache: at most `context_length` positions, or a byte budget (KVOptions)."""

@@ -89,6 +89,10 @@ def generate_tokens(
     bad = [t for t in prompt if not 0 <= t < engine.config.vocab_size]
     if bad:
         raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {engine.config.vocab_size})")
+    identity = engine.weights_identity()
+    if cache.owner != identity:  # other weights (an adapter switched or updated): nothing can be reused
+        cache.reset()
+        cache.owner = identity
     reused = common_prefix(cache.tokens, prompt) if reuse_prefix else 0
     reused = min(reused, len(prompt) - 1)  # the last prompt token is always computed: it gives the logits
     eos = set() if options.ignore_eos else set(eos_ids)

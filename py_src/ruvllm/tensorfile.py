@@ -230,6 +230,26 @@ class SafetensorsFile:
         return view
 
 
+def serialize(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> bytes:
+    """A safetensors file in memory (F32, F16, I8, U8 arrays), for places without the safetensors
+    library (Pyodide). Tensors are laid out in name order, the header padded to 8 bytes."""
+    names = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("i1"): "I8", np.dtype("u1"): "U8"}
+    header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
+    offset, blobs = 0, []
+    for name in sorted(tensors):
+        array = np.ascontiguousarray(tensors[name])
+        dtype = names.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
+        if dtype is None:
+            raise ValueError(f"tensor {name!r}: dtype {array.dtype} cannot be written")
+        blob = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
+        offset += len(blob)
+        blobs.append(blob)
+    text = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    text += b" " * (-len(text) % 8)
+    return len(text).to_bytes(8, "little") + text + b"".join(blobs)
+
+
 class PieceBuffer:
     """A preallocated buffer for one file that arrives in pieces (a streamed download).
 

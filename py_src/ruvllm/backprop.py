@@ -1,0 +1,196 @@
+"""Gradients of a sequence's log-likelihood with respect to LoRA adapters, through the whole network.
+
+`loss_and_grads` runs the model over one whole sequence (no KV cache), keeping what the backward pass
+needs (a tape per layer), then walks back from the logits to the first layer. Only adapter matrices
+(`LoRAMatrix`) get gradients; base weights stay frozen, but every activation's gradient flows through
+them. The forward uses the same functions as inference (model.py), so it computes the same logits.
+
+    loss = -reward * mean_i log p(target_i | tokens before it)   over the chosen positions
+
+Dimension letters: T tokens, P scored positions, D hidden, H query heads, K key/value heads,
+G = H/K, E head size, F MLP size, V vocab, r rank.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .config import ModelConfig
+from .lora import LoRAMatrix
+from .model import attention_mask, rms_norm, silu, softmax
+from .rope import apply_rope, rope_tables
+from .weights import Linear, Weights
+
+
+@dataclass
+class _LayerTape:
+    x: np.ndarray  # (T, D) layer input
+    a: np.ndarray  # (T, D) after input norm
+    q: np.ndarray  # (K, G*T, E) rotated queries
+    k: np.ndarray  # (K, T, E) rotated keys
+    v: np.ndarray  # (K, T, E)
+    probs: np.ndarray  # (K, G*T, T)
+    o: np.ndarray  # (T, H*E) attention output before o_proj
+    h: np.ndarray  # (T, D) after the attention residual
+    b: np.ndarray  # (T, D) after the post-attention norm
+    gate: np.ndarray  # (T, F)
+    up: np.ndarray  # (T, F)
+    s: np.ndarray  # (T, F) silu(gate) * up
+
+
+class _Grads:
+    """Accumulates dA, dB per LoRAMatrix seen in the backward pass, and caches expanded base weights."""
+
+    def __init__(self) -> None:
+        self.by_matrix: dict[int, tuple[LoRAMatrix, np.ndarray, np.ndarray]] = {}
+        self.dense: dict[int, np.ndarray] = {}
+
+    def base_weight(self, matrix) -> np.ndarray:
+        key = id(matrix)
+        if key not in self.dense:
+            weight = getattr(matrix, "weight", None)
+            self.dense[key] = weight if weight is not None else matrix.dequantize()
+        return self.dense[key]
+
+    def transposed_product(self, dy: np.ndarray, matrix) -> np.ndarray:
+        """dy (T, N) @ W (N, K), with the matrix's own kernel (einsum where NumPy has no BLAS)."""
+        weight = self.base_weight(matrix)
+        if getattr(matrix, "kernel", "blas") == "einsum":
+            return np.einsum("tn,nk->tk", dy, weight)
+        return dy @ weight
+
+    def linear_backward(self, lin: Linear, dy: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """dx for y = lin(x), given dy (T, N); records the adapter's dA, dB."""
+        matrix = lin.matrix
+        if isinstance(matrix, LoRAMatrix):
+            z = x @ matrix.A.T  # (T, r)
+            dz = (dy @ matrix.B) * matrix.scale  # (T, r)
+            dB = matrix.scale * (dy.T @ z)  # (N, r)
+            dA = dz.T @ x  # (r, K)
+            if id(matrix) in self.by_matrix:
+                _, old_a, old_b = self.by_matrix[id(matrix)]
+                dA, dB = dA + old_a, dB + old_b
+            self.by_matrix[id(matrix)] = (matrix, dA, dB)
+            return self.transposed_product(dy, matrix.base) + dz @ matrix.A  # (T, K)
+        return self.transposed_product(dy, matrix)  # (T, K)
+
+
+def _rms_backward(dy: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
+    """dx for y = x / sqrt(mean(x^2) + eps) * weight."""
+    r = 1.0 / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + np.float32(eps))  # (T, 1)
+    g = dy * weight  # (T, D)
+    return r * g - (r**3 / x.shape[-1]) * x * np.sum(g * x, axis=-1, keepdims=True)  # (T, D)
+
+
+def _silu_grad(x: np.ndarray) -> np.ndarray:
+    sig = np.float32(0.5) + np.float32(0.5) * np.tanh(np.float32(0.5) * x)
+    return sig * (1 + x * (1 - sig))
+
+
+def _forward(weights: Weights, config: ModelConfig, inv_freq: np.ndarray, tokens: np.ndarray):
+    T = len(tokens)
+    H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
+    positions = np.arange(T)
+    cos, sin = rope_tables(inv_freq, 0, T)  # (T, E/2)
+    x = weights.embed_tokens.rows(tokens)  # (T, D)
+    tapes = []
+    for layer, window in zip(weights.layers, config.sliding_windows, strict=True):
+        w = layer.self_attn
+        a = rms_norm(x, layer.input_layernorm, config.rms_norm_eps)  # (T, D)
+        q = apply_rope(w.q_proj(a).reshape(T, H, E).transpose(1, 0, 2), cos, sin).reshape(K, G * T, E)
+        k = apply_rope(w.k_proj(a).reshape(T, K, E).transpose(1, 0, 2), cos, sin)  # (K, T, E)
+        v = w.v_proj(a).reshape(T, K, E).transpose(1, 0, 2)  # (K, T, E)
+        scores = (q @ k.transpose(0, 2, 1)).reshape(K, G, T, T) * np.float32(1 / np.sqrt(E))
+        mask = attention_mask(positions, positions, window)
+        if mask is not None:
+            scores = scores + mask
+        probs = softmax(scores).reshape(K, G * T, T)  # (K, G*T, T)
+        o = (probs @ v).reshape(H, T, E).transpose(1, 0, 2).reshape(T, H * E)  # (T, H*E)
+        h = x + w.o_proj(o)  # (T, D)
+        b = rms_norm(h, layer.post_attention_layernorm, config.rms_norm_eps)  # (T, D)
+        gate, up = layer.mlp.gate_proj(b), layer.mlp.up_proj(b)  # (T, F) each
+        s = silu(gate) * up  # (T, F)
+        tapes.append(_LayerTape(x, a, q, k, v, probs, o, h, b, gate, up, s))
+        x = h + layer.mlp.down_proj(s)  # (T, D)
+    return x, tapes
+
+
+def logits_for(weights: Weights, config: ModelConfig, inv_freq: np.ndarray, tokens: list[int]) -> np.ndarray:
+    """All logits (T, V) of the training forward (the same as inference's, checked by tests)."""
+    x, _ = _forward(weights, config, inv_freq, np.asarray(tokens))
+    return weights.lm_head(rms_norm(x, weights.norm, config.rms_norm_eps))
+
+
+def loss_and_grads(
+    weights: Weights,
+    config: ModelConfig,
+    inv_freq: np.ndarray,
+    tokens: list[int],
+    scored: np.ndarray,
+    reward: float = 1.0,
+    soft_targets: np.ndarray | None = None,
+) -> tuple[float, float, dict[int, tuple[LoRAMatrix, np.ndarray, np.ndarray]]]:
+    """(loss, mean log-likelihood, {id(LoRAMatrix): (matrix, dA, dB)}) for predicting tokens[p + 1]
+    from the positions p in `scored` (P,); with `soft_targets` (P, V) probabilities instead, the loss is
+    the cross-entropy to them (a KL divergence up to a constant), weighted by `reward`."""
+    tokens = np.asarray(tokens)
+    T = len(tokens)
+    H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
+    x_last, tapes = _forward(weights, config, inv_freq, tokens)
+    xs = x_last[scored]  # (P, D)
+    final = rms_norm(xs, weights.norm, config.rms_norm_eps)  # (P, D)
+    logits = weights.lm_head(final).astype(np.float64)  # (P, V)
+    targets = tokens[scored + 1]  # (P,)
+    logits -= logits.max(axis=-1, keepdims=True)
+    probs = np.exp(logits)
+    probs /= probs.sum(axis=-1, keepdims=True)  # (P, V)
+    log_likelihood = float(np.mean(np.log(probs[np.arange(len(scored)), targets])))
+    if soft_targets is None:
+        loss = -reward * log_likelihood
+    else:
+        loss = -reward * float(np.mean(np.sum(soft_targets * np.log(probs + 1e-30), axis=-1)))
+
+    grads = _Grads()
+    dlogits = probs
+    if soft_targets is None:
+        dlogits[np.arange(len(scored)), targets] -= 1.0
+    else:
+        dlogits -= soft_targets
+    dlogits = (dlogits * (reward / len(scored))).astype(np.float32)  # (P, V)
+    dfinal = grads.linear_backward(weights.lm_head, dlogits, final)  # (P, D)
+    dx = np.zeros_like(x_last)  # (T, D)
+    dx[scored] = _rms_backward(dfinal, xs, weights.norm, config.rms_norm_eps)
+    cos, sin = rope_tables(inv_freq, 0, T)
+    scale = np.float32(1 / np.sqrt(E))
+
+    for layer, tape in zip(reversed(weights.layers), reversed(tapes), strict=True):
+        eps = config.rms_norm_eps
+        # MLP: x_out = h + down(silu(gate) * up)
+        ds = grads.linear_backward(layer.mlp.down_proj, dx, tape.s)  # (T, F)
+        dgate = ds * tape.up * _silu_grad(tape.gate)  # (T, F)
+        dup = ds * silu(tape.gate)  # (T, F)
+        db = grads.linear_backward(layer.mlp.gate_proj, dgate, tape.b) + grads.linear_backward(
+            layer.mlp.up_proj, dup, tape.b
+        )  # (T, D)
+        dh = dx + _rms_backward(db, tape.h, layer.post_attention_layernorm, eps)  # (T, D)
+        # attention: h = x + o_proj(softmax(q k^T * scale + mask) v)
+        w = layer.self_attn
+        do = grads.linear_backward(w.o_proj, dh, tape.o)  # (T, H*E)
+        do = do.reshape(T, H, E).transpose(1, 0, 2).reshape(K, G * T, E)  # (K, G*T, E)
+        dprobs = do @ tape.v.transpose(0, 2, 1)  # (K, G*T, T)
+        dv = tape.probs.transpose(0, 2, 1) @ do  # (K, T, E), summed over the G heads
+        dscores = tape.probs * (dprobs - np.sum(dprobs * tape.probs, axis=-1, keepdims=True)) * scale
+        dq = (dscores @ tape.k).reshape(H, T, E)  # (H, T, E) rotated
+        dk = dscores.transpose(0, 2, 1) @ tape.q  # (K, T, E) rotated
+        dq = apply_rope(dq, cos, -sin).transpose(1, 0, 2).reshape(T, H * E)  # the inverse rotation
+        dk = apply_rope(dk, cos, -sin).transpose(1, 0, 2).reshape(T, K * E)
+        dv = dv.transpose(1, 0, 2).reshape(T, K * E)
+        da = (
+            grads.linear_backward(w.q_proj, dq, tape.a)
+            + grads.linear_backward(w.k_proj, dk, tape.a)
+            + grads.linear_backward(w.v_proj, dv, tape.a)
+        )  # (T, D)
+        dx = dh + _rms_backward(da, tape.x, layer.input_layernorm, eps)  # (T, D)
+    return loss, log_likelihood, grads.by_matrix

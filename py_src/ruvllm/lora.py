@@ -1,0 +1,270 @@
+"""MicroLoRA adapters: small low-rank updates on chosen projections, switched per request.
+
+A LoRA adapter on a projection W (N, K) adds scale * B @ A, with A (r, K), B (N, r), scale = alpha / r:
+
+    y = x @ W.T + scale * (x @ A.T) @ B.T
+
+B starts at zero, so a new adapter changes nothing until it learns. The adapter wraps the weight
+(`LoRAMatrix`), so the model code is the same with or without one. Several adapters can be held at
+once (`AdapterSet`); `activate` swaps the wrappers in and out of the weights without reloading them.
+An adapter on weights computing in float32 can be merged into them exactly, and unmerged.
+
+Files: an adapter folder holds `adapter_config.json` and `adapter_model.safetensors` in the layout of
+Hugging Face PEFT (so PEFT LoRA adapters load here and ours load in PEFT), plus, for adapters that
+learn here, `learning_state.safetensors` (the EWC Fisher information and anchor, and Adam moments).
+
+Dimension letters: T rows of x, N output features, K input features, r rank.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from .errors import InvalidArgumentError, LoadError
+from .matrices import DenseMatrix
+from .tensorfile import SafetensorsFile, bf16_to_f32, serialize
+from .weights import Linear, Weights
+
+_UIDS = itertools.count(1)
+TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
+DEFAULT_TARGETS = ("q_proj", "v_proj")
+_GROUP = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
+
+
+@dataclass
+class LoRAConfig:
+    rank: int = 2
+    alpha: float = 4.0
+    targets: tuple[str, ...] = DEFAULT_TARGETS
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
+            raise InvalidArgumentError(f"rank must be an integer >= 1, got {self.rank!r}")
+        unknown = [t for t in self.targets if t not in TARGETS]
+        if unknown or not self.targets:
+            raise InvalidArgumentError(f"targets must be among {', '.join(TARGETS)}, got {list(self.targets)}")
+        self.targets = tuple(self.targets)
+
+    @property
+    def scale(self) -> float:
+        return self.alpha / self.rank
+
+
+def module_names(weights: Weights, targets: tuple[str, ...]) -> list[str]:
+    """HF module names of the projections an adapter with these targets touches, in model order."""
+    names = []
+    for i in range(len(weights.layers)):
+        for target in targets:
+            if target == "lm_head":
+                continue
+            group = _GROUP.get(target, "mlp")
+            names.append(f"model.layers.{i}.{group}.{target}")
+    if "lm_head" in targets:
+        names.append("lm_head")
+    return names
+
+
+def linear_of(weights: Weights, name: str) -> Linear:
+    if name == "lm_head":
+        return weights.lm_head
+    _, _, index, group, target = name.split(".")
+    return getattr(getattr(weights.layers[int(index)], group), target)
+
+
+class LoRAMatrix:
+    """A base matrix plus scale * B @ A; behaves like the base matrix everywhere."""
+
+    def __init__(self, base, A: np.ndarray, B: np.ndarray, scale: float) -> None:
+        self.base, self.A, self.B, self.scale = base, A, B, np.float32(scale)
+        self.shape = base.shape
+        self.kernel = getattr(base, "kernel", "blas")
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        y = self.base(x)  # (T, N)
+        low = x @ self.A.T  # (T, r)
+        y += (low * self.scale) @ self.B.T  # (T, N)
+        return y
+
+    def rows(self, ids: np.ndarray) -> np.ndarray:
+        return self.base.rows(ids)  # an embedding lookup never goes through the adapter
+
+    def dequantize(self) -> np.ndarray:
+        return self.base.dequantize() + self.scale * (self.B @ self.A)
+
+    @property
+    def nbytes(self) -> int:
+        return self.base.nbytes + self.A.nbytes + self.B.nbytes
+
+
+@dataclass
+class Adapter:
+    """The A and B matrices of one adapter, by HF module name, and what it learned from."""
+
+    config: LoRAConfig
+    A: dict[str, np.ndarray]  # (r, K) each
+    B: dict[str, np.ndarray]  # (N, r) each
+    state: dict[str, np.ndarray] = field(default_factory=dict)  # learning state (fisher, anchor, Adam)
+    version: int = 0  # bumped on every update: the KV cache of an older version is stale
+    uid: int = field(default_factory=lambda: next(_UIDS))  # tells apart adapters held under one name
+
+    @classmethod
+    def new(cls, weights: Weights, config: LoRAConfig, seed: int = 0) -> Adapter:
+        """A fresh adapter: A small random (Kaiming-uniform, as PEFT), B zero."""
+        rng = np.random.default_rng(seed)
+        A, B = {}, {}
+        for name in module_names(weights, config.targets):
+            N, K = linear_of(weights, name).matrix.shape
+            bound = np.sqrt(6.0 / ((1 + 5) * K))  # kaiming_uniform_(a=sqrt(5)) on a (r, K) matrix
+            A[name] = rng.uniform(-bound, bound, (config.rank, K)).astype(np.float32)
+            B[name] = np.zeros((N, config.rank), dtype=np.float32)
+        return cls(config, A, B)
+
+    def parameters(self) -> list[tuple[str, np.ndarray]]:
+        """(key, array) of every trainable array, in a fixed order."""
+        out = []
+        for name in self.A:
+            out += [(f"{name}.lora_A", self.A[name]), (f"{name}.lora_B", self.B[name])]
+        return out
+
+    # --- files (PEFT layout) ------------------------------------------------------------------
+
+    def files(self, base_model: str = "") -> dict[str, bytes]:
+        """The adapter folder's files as bytes: adapter_config.json, adapter_model.safetensors and,
+        once it has learned, learning_state.safetensors."""
+        config = {
+            "peft_type": "LORA",
+            "r": self.config.rank,
+            "lora_alpha": self.config.alpha,
+            "target_modules": list(self.config.targets),
+            "bias": "none",
+            "fan_in_fan_out": False,
+            "use_rslora": False,
+            "base_model_name_or_path": base_model,
+            "ruvllm_version": self.version,
+        }
+        tensors = {}
+        for name in self.A:
+            tensors[f"base_model.model.{name}.lora_A.weight"] = self.A[name]
+            tensors[f"base_model.model.{name}.lora_B.weight"] = self.B[name]
+        files = {
+            "adapter_config.json": json.dumps(config, indent=2).encode(),
+            "adapter_model.safetensors": serialize(tensors, {"format": "pt"}),
+        }
+        if self.state:
+            state = {k: np.asarray(v, dtype=np.float32) for k, v in self.state.items()}
+            files["learning_state.safetensors"] = serialize(state)
+        return files
+
+    def save(self, folder: str, base_model: str = "") -> None:
+        os.makedirs(folder, exist_ok=True)
+        for name, data in self.files(base_model).items():
+            with open(os.path.join(folder, name), "wb") as f:
+                f.write(data)
+
+    @classmethod
+    def from_files(cls, config_json: str, weights_file: SafetensorsFile, weights: Weights, state_file=None) -> Adapter:
+        """An adapter from PEFT-layout files (already read), checked against the model's shapes."""
+        try:
+            raw = json.loads(config_json)
+        except json.JSONDecodeError as e:
+            raise LoadError(f"adapter_config.json is not valid JSON ({e})") from None
+        if raw.get("peft_type", "LORA") != "LORA":
+            raise LoadError(f"adapter_config.json: peft_type {raw.get('peft_type')!r} is not LORA")
+        if raw.get("fan_in_fan_out") or raw.get("bias", "none") != "none":
+            raise LoadError("adapter_config.json: fan_in_fan_out and bias adapters are not supported")
+        rank = int(raw.get("r", 8))
+        targets = raw.get("target_modules") or []
+        if isinstance(targets, str):
+            raise LoadError("adapter_config.json: target_modules as a regular expression is not supported")
+        config = LoRAConfig(rank=rank, alpha=float(raw.get("lora_alpha", rank)), targets=tuple(targets))
+        if raw.get("use_rslora"):
+            config.alpha = float(raw["lora_alpha"]) * rank / np.sqrt(rank)  # alpha/sqrt(r) as alpha/r
+        A, B = {}, {}
+        for name in module_names(weights, config.targets):
+            N, K = linear_of(weights, name).matrix.shape
+            for part, store, shape in (("lora_A", A, (rank, K)), ("lora_B", B, (N, rank))):
+                key = f"base_model.model.{name}.{part}.weight"
+                if key not in weights_file:
+                    raise LoadError(f"adapter_model.safetensors has no {key}")
+                array = weights_file.get(key)
+                if array.shape != shape:
+                    raise LoadError(f"{key} has shape {list(array.shape)}, expected {list(shape)} for this model")
+                if weights_file.info(key).dtype == "BF16":
+                    array = bf16_to_f32(array)
+                store[name] = array.astype(np.float32)
+        state = {k: state_file.get(k).astype(np.float32) for k in state_file.keys()} if state_file else {}
+        return cls(config, A, B, state, int(raw.get("ruvllm_version", 0)))
+
+    @classmethod
+    def load(cls, folder: str, weights: Weights) -> Adapter:
+        config_path = os.path.join(folder, "adapter_config.json")
+        model_path = os.path.join(folder, "adapter_model.safetensors")
+        if not os.path.exists(config_path) or not os.path.exists(model_path):
+            raise LoadError(f"{folder}: an adapter folder needs adapter_config.json and adapter_model.safetensors")
+        with open(config_path, encoding="utf-8") as f:
+            config_json = f.read()
+        state_path = os.path.join(folder, "learning_state.safetensors")
+        state = SafetensorsFile.from_path(state_path) if os.path.exists(state_path) else None
+        return cls.from_files(config_json, SafetensorsFile.from_path(model_path), weights, state)
+
+
+class AdapterSet:
+    """Adapters held by one loaded model; at most one is active (wrapped into the weights) at a time."""
+
+    def __init__(self, weights: Weights) -> None:
+        self.weights = weights
+        self.adapters: dict[str, Adapter] = {}
+        self.active: str | None = None
+        self._originals: dict[str, object] = {}
+
+    def add(self, name: str, adapter: Adapter) -> None:
+        if self.active == name:
+            self.activate(None)
+        self.adapters[name] = adapter
+
+    def remove(self, name: str) -> None:
+        if self.active == name:
+            self.activate(None)
+        self.adapters.pop(name, None)
+
+    def activate(self, name: str | None) -> None:
+        """Wrap the weights with adapter `name` (None: the base model)."""
+        if name is not None and name not in self.adapters:
+            known = ", ".join(self.adapters) or "none loaded"
+            raise InvalidArgumentError(f"no adapter named {name!r} (adapters: {known})")
+        if name == self.active:
+            return
+        for module, original in self._originals.items():
+            linear_of(self.weights, module).matrix = original
+        self._originals.clear()
+        self.active = name
+        if name is None:
+            return
+        adapter = self.adapters[name]
+        for module in adapter.A:
+            lin = linear_of(self.weights, module)
+            self._originals[module] = lin.matrix
+            lin.matrix = LoRAMatrix(lin.matrix, adapter.A[module], adapter.B[module], adapter.config.scale)
+
+    def identity(self) -> tuple[str | None, int]:
+        """What the weights compute right now: (active adapter, its version). Caches keyed on it."""
+        if self.active is None:
+            return (None, 0, 0)
+        adapter = self.adapters[self.active]
+        return (self.active, adapter.uid, adapter.version)
+
+
+def merge(weights: Weights, adapter: Adapter, sign: float = 1.0) -> None:
+    """Add (sign=+1) or subtract (-1) scale * B @ A into float32 base weights, in place."""
+    for module in adapter.A:
+        lin = linear_of(weights, module)
+        if not isinstance(lin.matrix, DenseMatrix):
+            raise InvalidArgumentError(f"merging needs float32 weights; {module} computes as {lin.matrix.form}")
+        if lin.matrix is weights.embed_tokens:  # a tied output projection gets its own copy first
+            lin.matrix = DenseMatrix(lin.matrix.weight.copy(), lin.matrix.kernel)
+        lin.matrix.weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])

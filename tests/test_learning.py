@@ -1,0 +1,109 @@
+"""Proof that MicroLoRA learns on the real model: a new fact in a few steps, without breaking the model,
+and a second fact later without erasing the first. Also the `ruvllm adapt` command."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import ruvllm
+from ruvllm.errors import InvalidArgumentError
+from ruvllm.perplexity import perplexity
+
+EVAL = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "eval.txt"
+FACT_1 = ("The secret code is", " BLUE-42.")
+FACT_2 = ("The capital of Zorbia is", " Quillon.")
+# Facts live in the MLP: an adapter on down_proj learns them with less collateral change than the
+# default q/v adapter (measured: benchmarks/RESULTS.md).
+TARGETS = ("down_proj",)
+
+
+def greedy(model, prompt: str, n: int = 6) -> str:
+    return "".join(c.text for c in model.generate(prompt, max_tokens=n, temperature=0))
+
+
+@pytest.fixture(scope="module")
+def model(smollm2_dir):
+    return ruvllm.load(str(smollm2_dir))  # its own copy: the adapters stay out of other tests
+
+
+def test_a_new_fact_is_learned_without_breaking_the_model(model):
+    eval_ids = model.tokenizer.encode(EVAL.read_text())
+    base_ppl = perplexity(model.engine, eval_ids, 1024).perplexity
+    assert not greedy(model, FACT_1[0]).startswith(FACT_1[1])
+    model.new_adapter("facts", rank=2, targets=TARGETS)
+    report = model.adapt(*FACT_1, adapter="facts")
+    assert report.log_prob_after - report.log_prob_before > 3.0  # the stated margin: 3 nats per token
+    assert greedy(model, FACT_1[0]).startswith(FACT_1[1])
+    assert greedy(model, "The capital of France is").startswith(" Paris")
+    ppl = perplexity(model.engine, eval_ids, 1024).perplexity
+    assert abs(ppl / base_ppl - 1) <= 0.05, (base_ppl, ppl)
+
+    # a second fact, later: the first one stays
+    second = model.adapt(*FACT_2, adapter="facts")
+    assert second.log_prob_after - second.log_prob_before > 3.0
+    assert greedy(model, FACT_2[0]).startswith(FACT_2[1])
+    assert greedy(model, FACT_1[0]).startswith(FACT_1[1])
+
+    # the base model is one switch away, and unchanged
+    model.set_adapter(None)
+    assert not greedy(model, FACT_1[0]).startswith(FACT_1[1])
+    assert perplexity(model.engine, eval_ids, 1024).perplexity == pytest.approx(base_ppl, rel=1e-6)
+
+
+def test_negative_feedback_makes_a_completion_less_likely(model):
+    model.new_adapter("manners", rank=1, targets=("v_proj",))
+    report = model.adapt("The weather today is", " terrible.", reward=-1.0, adapter="manners", steps=3)
+    assert report.log_prob_after < report.log_prob_before - 0.5
+    model.set_adapter(None)
+
+
+def test_bad_feedback_is_refused(model):
+    with pytest.raises(InvalidArgumentError, match="reward must be a non-zero number, got 0"):
+        model.adapt("a", "b", reward=0)
+    with pytest.raises(InvalidArgumentError, match="adapt needs a non-empty prompt and a non-empty completion"):
+        model.engine.adapters.activate(None)
+        from ruvllm.learn import adapt
+
+        adapt(model.engine, model.engine.adapters.adapters["default"], [1, 2], [])
+    with pytest.raises(InvalidArgumentError, match="steps must be an integer >= 1, got 0"):
+        model.adapt("a", "b", steps=0)
+    model.set_adapter(None)
+
+
+def test_adapt_command_writes_an_adapter_that_generate_uses(smollm2_dir, tmp_path):
+    out = tmp_path / "adapter"
+    args = [sys.executable, "-m", "ruvllm", "adapt", str(smollm2_dir), "--prompt", FACT_1[0], "--completion", FACT_1[1]]
+    result = subprocess.run(
+        [*args, "--targets", "down_proj", "--out", str(out), "--json"], capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout)
+    assert report["log_prob_after"] > report["log_prob_before"] + 3.0 and report["steps"] == 6
+    config = json.loads((out / "adapter_config.json").read_text())
+    assert config["target_modules"] == ["down_proj"] and config["r"] == 2
+    generate = [
+        sys.executable,
+        "-m",
+        "ruvllm",
+        "generate",
+        str(smollm2_dir),
+        "--prompt",
+        FACT_1[0],
+        "--temperature",
+        "0",
+    ]
+    with_adapter = subprocess.run(
+        [*generate, "--max-tokens", "6", "--adapter", str(out)], capture_output=True, text=True
+    )
+    assert with_adapter.stdout.startswith(FACT_1[1]), with_adapter.stderr
+    more = subprocess.run(
+        [*args, "--adapter", str(out), "--out", str(tmp_path / "more"), "--json"], capture_output=True, text=True
+    )
+    assert json.loads(more.stdout)["log_prob_before"] == pytest.approx(report["log_prob_after"], abs=1e-3)
+    bad = subprocess.run([*args, "--targets", "wq", "--out", str(tmp_path / "x")], capture_output=True, text=True)
+    assert bad.returncode == 1 and "targets must be among q_proj" in bad.stderr and "Traceback" not in bad.stderr

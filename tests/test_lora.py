@@ -1,0 +1,218 @@
+"""MicroLoRA: adapters inside the linear entry point, gradients through the whole network checked
+against torch autograd and finite differences, merge/unmerge, files, PEFT import, switching."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from ruvllm.backprop import logits_for
+from ruvllm.engine import load_engine
+from ruvllm.errors import InvalidArgumentError, LoadError
+from ruvllm.learn import adapter_gradients
+from ruvllm.lora import TARGETS, Adapter, AdapterSet, LoRAConfig, merge
+
+from conftest import tiny_model
+
+TOKENS = list(np.random.default_rng(4).integers(0, 128, 24))
+SCORED = np.arange(9, 23)  # predict tokens 10..23 from what precedes them
+
+
+def random_adapter(engine, targets=TARGETS, rank=2, seed=1) -> Adapter:
+    adapter = Adapter.new(engine.weights, LoRAConfig(rank=rank, alpha=3.0, targets=targets), seed=seed)
+    rng = np.random.default_rng(seed + 1)
+    for name in adapter.B:  # a trained-looking adapter: B away from zero, so dA is not zero
+        adapter.B[name][...] = rng.normal(0, 0.05, adapter.B[name].shape)
+    return adapter
+
+
+def activated(engine, adapter: Adapter) -> AdapterSet:
+    adapters = AdapterSet(engine.weights)
+    adapters.add("a", adapter)
+    adapters.activate("a")
+    return adapters
+
+
+VARIANTS = {
+    "llama GQA tied": ("llama", dict(tie_word_embeddings=True)),
+    "qwen2 biases": ("qwen2", dict()),
+    "mistral window": ("mistral", dict(sliding_window=7)),
+}
+
+
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gradients_equal_torch_autograd(variant, tmp_path):
+    kind, overrides = VARIANTS[variant]
+    model = tiny_model(kind, tmp_path, **overrides)
+    engine = load_engine(str(tmp_path))
+    adapter = random_adapter(engine)
+    activated(engine, adapter)
+    loss, _, grads = adapter_gradients(engine, adapter, TOKENS, SCORED, reward=1.5)
+
+    # The same loss in torch: every targeted weight W replaced by W + scale * B @ A, A and B leaves.
+    leaves, params = {}, dict(model.named_parameters(remove_duplicate=False))
+    for name in adapter.A:
+        A = torch.tensor(adapter.A[name], requires_grad=True)
+        B = torch.tensor(adapter.B[name], requires_grad=True)
+        leaves[name] = (A, B)
+        params[f"{name}.weight"] = params[f"{name}.weight"].detach() + adapter.config.scale * (B @ A)
+    # tie_weights=False: an adapter on a tied lm_head changes the output projection, not the embedding
+    logits = torch.func.functional_call(model, params, (torch.tensor([TOKENS]),), tie_weights=False).logits[0]
+    log_probs = torch.log_softmax(logits[SCORED].double(), dim=-1)
+    expected_loss = -1.5 * log_probs[torch.arange(len(SCORED)), torch.tensor(TOKENS)[SCORED + 1]].mean()
+    expected_loss.backward()
+    assert loss == pytest.approx(expected_loss.item(), rel=1e-5)
+    for name, (A, B) in leaves.items():
+        np.testing.assert_allclose(grads[f"{name}.lora_A"], A.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)
+        np.testing.assert_allclose(grads[f"{name}.lora_B"], B.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)
+
+
+def test_gradients_match_finite_differences(tmp_path):
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path))
+    adapter = random_adapter(engine, targets=("q_proj", "v_proj", "down_proj"))
+    activated(engine, adapter)
+    _, _, grads = adapter_gradients(engine, adapter, TOKENS, SCORED, reward=1.0)
+    rng = np.random.default_rng(0)
+    checked = 0
+    for key, array in adapter.parameters():
+        for _ in range(2):
+            index = tuple(rng.integers(0, n) for n in array.shape)
+            original = array[index]
+            eps = 1e-2
+            array[index] = original + eps
+            plus = adapter_gradients(engine, adapter, TOKENS, SCORED, 1.0)[0]
+            array[index] = original - eps
+            minus = adapter_gradients(engine, adapter, TOKENS, SCORED, 1.0)[0]
+            array[index] = original
+            numeric = (plus - minus) / (2 * eps)
+            assert grads[key][index] == pytest.approx(numeric, rel=0.05, abs=2e-4), key
+            checked += 1
+    assert checked == 24
+
+
+def test_training_forward_is_the_inference_forward(tmp_path):
+    tiny_model("qwen2", tmp_path)
+    engine = load_engine(str(tmp_path))
+    activated(engine, random_adapter(engine))
+    expected = engine.forward(TOKENS, 0, engine.new_cache())
+    np.testing.assert_allclose(logits_for(engine.weights, engine.config, engine.inv_freq, TOKENS), expected, atol=1e-5)
+
+
+def test_a_new_adapter_changes_nothing_until_it_learns(tmp_path):
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path))
+    base = engine.forward(TOKENS, 0, engine.new_cache())
+    adapter = Adapter.new(engine.weights, LoRAConfig())
+    assert adapter.config.targets == ("q_proj", "v_proj") and adapter.config.rank == 2
+    assert all(not b.any() for b in adapter.B.values()) and all(a.any() for a in adapter.A.values())
+    activated(engine, adapter)
+    np.testing.assert_array_equal(engine.forward(TOKENS, 0, engine.new_cache()), base)
+
+
+def test_merge_and_unmerge_are_exact(tmp_path):
+    tiny_model("llama", tmp_path, tie_word_embeddings=True)
+    engine = load_engine(str(tmp_path))
+    base = engine.forward(TOKENS, 0, engine.new_cache())
+    adapter = random_adapter(engine)
+    adapters = activated(engine, adapter)
+    with_adapter = engine.forward(TOKENS, 0, engine.new_cache())
+    adapters.activate(None)
+    np.testing.assert_array_equal(engine.forward(TOKENS, 0, engine.new_cache()), base)  # switched off
+    embedding = engine.weights.embed_tokens.weight.copy()
+    merge(engine.weights, adapter)
+    np.testing.assert_allclose(engine.forward(TOKENS, 0, engine.new_cache()), with_adapter, atol=1e-5)
+    np.testing.assert_array_equal(engine.weights.embed_tokens.weight, embedding)  # the tied lm_head was untied
+    merge(engine.weights, adapter, sign=-1)
+    np.testing.assert_allclose(engine.forward(TOKENS, 0, engine.new_cache()), base, atol=1e-5)
+    q4 = load_engine(str(tmp_path), compute="q4")
+    with pytest.raises(
+        InvalidArgumentError, match=r"merging needs float32 weights; model\.layers\.0\.self_attn\.q_proj computes as q4"
+    ):
+        merge(q4.weights, Adapter.new(q4.weights, LoRAConfig()))
+
+
+def test_several_adapters_switch_per_request(tmp_path):
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path))
+    adapters = AdapterSet(engine.weights)
+    adapters.add("one", random_adapter(engine, seed=1))
+    adapters.add("two", random_adapter(engine, seed=5))
+    outputs = {}
+    for name in ("one", "two", None, "one"):
+        adapters.activate(name)
+        outputs.setdefault(name, []).append(engine.forward(TOKENS, 0, engine.new_cache()))
+    np.testing.assert_array_equal(outputs["one"][0], outputs["one"][1])
+    assert np.abs(outputs["one"][0] - outputs["two"][0]).max() > 1e-3
+    assert adapters.identity() == ("one", adapters.adapters["one"].uid, 0)
+    with pytest.raises(InvalidArgumentError, match="no adapter named 'three' \\(adapters: one, two\\)"):
+        adapters.activate("three")
+
+
+def test_save_and_load_round_trip(tmp_path):
+    tiny_model("llama", tmp_path / "m")
+    engine = load_engine(str(tmp_path / "m"))
+    adapter = random_adapter(engine, targets=("q_proj", "o_proj", "lm_head"), rank=3)
+    adapter.state["fisher.x"] = np.ones(3, np.float32)
+    adapter.version = 7
+    adapter.save(str(tmp_path / "a"), base_model="tiny")
+    config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    assert (
+        config["r"] == 3
+        and config["target_modules"] == ["q_proj", "o_proj", "lm_head"]
+        and config["peft_type"] == "LORA"
+    )
+    back = Adapter.load(str(tmp_path / "a"), engine.weights)
+    assert back.version == 7 and back.config.scale == adapter.config.scale
+    for (key, a), (key2, b) in zip(adapter.parameters(), back.parameters(), strict=True):
+        assert key == key2
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(back.state["fisher.x"], np.ones(3))
+    with pytest.raises(LoadError, match=r"an adapter folder needs adapter_config\.json and adapter_model\.safetensors"):
+        Adapter.load(str(tmp_path / "m"), engine.weights)
+
+
+def test_peft_adapters_load_and_match_transformers(tmp_path):
+    from peft import LoraConfig, get_peft_model
+
+    model = tiny_model("llama", tmp_path / "m")
+    peft_model = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"]))
+    torch.manual_seed(3)
+    with torch.no_grad():
+        for name, p in peft_model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.05)
+    peft_model.save_pretrained(tmp_path / "a")
+    with torch.no_grad():
+        expected = peft_model(torch.tensor([TOKENS])).logits[0].numpy()
+    engine = load_engine(str(tmp_path / "m"))
+    adapter = Adapter.load(str(tmp_path / "a"), engine.weights)
+    assert adapter.config.rank == 4 and adapter.config.scale == 2.0
+    activated(engine, adapter)
+    np.testing.assert_allclose(engine.forward(TOKENS, 0, engine.new_cache()), expected, atol=1e-4)
+    with torch.no_grad(), peft_model.disable_adapter():
+        base = peft_model(torch.tensor([TOKENS])).logits[0].numpy()
+    assert np.abs(expected - base).max() > 1e-3  # the adapter does change the model
+
+
+def test_bad_adapter_files_are_refused(tmp_path):
+    tiny_model("llama", tmp_path / "m")
+    engine = load_engine(str(tmp_path / "m"))
+    adapter = random_adapter(engine, targets=("q_proj",))
+    adapter.save(str(tmp_path / "a"))
+    big = load_engine(str(tmp_path / "m"))
+    big.weights.layers[0].self_attn.q_proj.matrix.shape = (128, 64)  # pretend another model
+    with pytest.raises(
+        LoadError,
+        match=r"base_model\.model\.model\.layers\.0\.self_attn\.q_proj\.lora_B\.weight has shape "
+        r"\[64, 2\], expected \[128, 2\]",
+    ):
+        Adapter.load(str(tmp_path / "a"), big.weights)
+    (tmp_path / "a" / "adapter_config.json").write_text('{"peft_type": "PREFIX_TUNING"}')
+    with pytest.raises(LoadError, match="peft_type 'PREFIX_TUNING' is not LORA"):
+        Adapter.load(str(tmp_path / "a"), engine.weights)
+    with pytest.raises(InvalidArgumentError, match="targets must be among"):
+        LoRAConfig(targets=("wq",))
