@@ -216,3 +216,17 @@ def test_bad_adapter_files_are_refused(tmp_path):
         Adapter.load(str(tmp_path / "a"), engine.weights)
     with pytest.raises(InvalidArgumentError, match="targets must be among"):
         LoRAConfig(targets=("wq",))
+
+
+def test_our_adapters_load_in_peft(tmp_path):
+    from peft import PeftModel
+
+    model = tiny_model("llama", tmp_path / "m")
+    engine = load_engine(str(tmp_path / "m"))
+    adapter = random_adapter(engine, targets=("k_proj", "o_proj", "up_proj"), rank=2)
+    activated(engine, adapter)
+    ours = engine.forward(TOKENS, 0, engine.new_cache())
+    adapter.save(str(tmp_path / "a"))
+    peft_model = PeftModel.from_pretrained(model, str(tmp_path / "a"))
+    with torch.no_grad():
+        np.testing.assert_allclose(peft_model(torch.tensor([TOKENS])).logits[0].numpy(), ours, atol=1e-4)

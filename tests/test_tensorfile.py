@@ -179,3 +179,23 @@ def test_bad_files_are_refused_with_a_clear_message(case, tmp_path):
     if case != "duplicate name":  # serde_json keeps the last duplicate; the spec leaves it open
         with pytest.raises(Exception):  # noqa: B017 - the library raises its own SafetensorError
             safetensors.numpy.load(data)
+
+
+def test_our_writer_is_read_by_the_library():
+    from ruvllm.tensorfile import serialize
+
+    tensors = {
+        "b": np.arange(6, dtype=np.float32).reshape(2, 3),
+        "a": np.array([[1, -2]], dtype=np.int8),
+        "c": np.zeros((0,), dtype=np.float16),
+        "d": np.arange(5, dtype=np.uint8),
+    }
+    data = serialize(tensors, {"format": "pt"})
+    back = safetensors.numpy.load(data)
+    assert sorted(back) == sorted(tensors)
+    for name, array in tensors.items():
+        np.testing.assert_array_equal(back[name], array)
+        assert back[name].dtype == array.dtype
+    assert SafetensorsFile(data).metadata == {"format": "pt"}
+    with pytest.raises(ValueError, match="tensor 'x': dtype int64 cannot be written"):
+        serialize({"x": np.zeros(2, np.int64)})
