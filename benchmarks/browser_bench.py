@@ -20,15 +20,6 @@ from urllib.parse import urlencode
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = "/models/smollm2-135m-instruct/"
 GGUF = "/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def load_serve_module():
@@ -77,7 +68,7 @@ def main() -> None:
 
     results = []
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=serve.CHROMIUM_ARGS)
         version = browser.version
         for run in range(args.runs):
             for page_name, model in (("ruvllm.html", MODEL), ("wllama.html", GGUF)):

@@ -19,15 +19,6 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts" / "e2e"
 CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 WEIGHTS = "/models/smollm2-135m-instruct/model.safetensors"
 LOAD_TIMEOUT_MS = 180_000
 
@@ -65,7 +56,7 @@ def browser():
         "Debian's chromium is missing: ./build.sh test installs it (apt-get install chromium)"
     )
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=serve.CHROMIUM_ARGS)
         yield browser
         browser.close()
 

@@ -22,6 +22,16 @@ from urllib.parse import unquote, urlsplit
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "/models/smollm2-135m-instruct/"
 PYODIDE_VERSION = "314.0.1"
+# Debian's chromium in this sandbox, headless, as the browser tests and benchmarks drive it.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 def local_pyodide() -> Path | None:
