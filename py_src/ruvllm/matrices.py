@@ -68,6 +68,8 @@ class Int8Matrix:
     """w = scales * codes (+ mins), codes int8, one scale (and min) per group of 32 along K."""
 
     form = "q8"
+    PARTS = 1  # a decoding tile holds each group's codes in this many contiguous parts (see Int4Matrix)
+    offset = 0  # subtracted from every code (Int4Matrix: 8 for q4_0)
 
     def __init__(
         self, codes: np.ndarray, scales: np.ndarray, mins: np.ndarray | None = None, kernel: str = "blas"
@@ -104,40 +106,45 @@ class Int8Matrix:
             y += xg.sum(axis=-1) @ self.mins.T  # (T, G) @ (G, N)
         return y
 
-    def _tiles(self) -> tuple[int, int]:
-        N, K = self.shape
-        return N, max(1, min(N, TILE_ELEMENTS // K))
+    def _tile_rows(self) -> int:
+        return max(1, min(self.shape[0], TILE_ELEMENTS // self.shape[1]))
 
     def _tiled(self, x: np.ndarray) -> np.ndarray:
         """x @ W.T for many rows of x: each tile of W dequantized in cache, then one BLAS product."""
-        N, step = self._tiles()
+        N, step = self.shape[0], self._tile_rows()
         y = np.empty((x.shape[0], N), dtype=np.float32)  # (T, N)
         for r0 in range(0, N, step):
             rows = slice(r0, min(N, r0 + step))
             np.matmul(x, self.dequantize(rows).T, out=y[:, rows])
         return y
 
+    def _cast_codes(self, rows: slice, out: np.ndarray) -> None:
+        """The codes of `rows` as float32 into `out` (PARTS, n, K / PARTS)."""
+        np.copyto(out[0], self.codes[rows])
+
     def _tiled_grouped(self, x: np.ndarray) -> np.ndarray:
         """x @ W.T for a few rows of x (decoding): codes cast to float32 one tile at a time, products per
-        group of 32 by BLAS (a stack of (n, 32) @ (32, T) products), then scaled and summed over groups."""
+        group by BLAS (a stack of (n, 32 / PARTS) @ (32 / PARTS, T) products), then scaled and summed."""
         T = x.shape[0]
-        N, step = self._tiles()
-        K = self.shape[1]
-        G = K // GROUP
-        xg = np.ascontiguousarray(x.reshape(T, G, GROUP).transpose(1, 2, 0))  # (G, 32, T)
-        tile = np.empty((step, K), dtype=np.float32)  # (n, K)
-        per_group = np.empty((G, step, T), dtype=np.float32)  # (G, n, T)
+        (N, K), step, P = self.shape, self._tile_rows(), self.PARTS
+        G, H = K // GROUP, GROUP // P
+        xp = np.ascontiguousarray(x.reshape(T, G, P, H).transpose(2, 1, 3, 0))  # (P, G, H, T)
+        tile = np.empty((P, step, K // P), dtype=np.float32)  # (P, n, K/P)
+        per_group = np.empty((P, G, step, T), dtype=np.float32)  # (P, G, n, T)
         y = np.empty((T, N), dtype=np.float32)  # (T, N)
         for r0 in range(0, N, step):
             rows = slice(r0, min(N, r0 + step))
             n = rows.stop - r0
-            w = tile[:n]
-            np.copyto(w, self._codes(rows))  # int8 -> float32, in cache
-            p = per_group[:, :n]
-            np.matmul(w.reshape(n, G, GROUP).transpose(1, 0, 2), xg, out=p)  # (G, n, T)
-            y[:, rows] = np.einsum("gnt,ng->tn", p, self.scales[rows])
+            self._cast_codes(rows, tile[:, :n])  # in cache
+            w = tile[:, :n].reshape(P, n, G, H).transpose(0, 2, 1, 3)  # (P, G, n, H)
+            p = per_group[:, :, :n]
+            np.matmul(w, xp, out=p)  # (P, G, n, T)
+            y[:, rows] = np.einsum("pgnt,ng->tn", p, self.scales[rows])
+        xsum = xp.sum(axis=(0, 2)).T  # (T, G)
         if self.mins is not None:
-            y += xg.sum(axis=1).T @ self.mins.T  # (T, G) @ (G, N)
+            y += xsum @ self.mins.T  # (T, G) @ (G, N)
+        if self.offset:  # codes stored + offset: take offset * scale * sum(x) per group back out
+            y -= float(self.offset) * (xsum @ self.scales.T)
         return y
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
@@ -155,6 +162,7 @@ class Int4Matrix(Int8Matrix):
     """
 
     form = "q4"
+    PARTS = 2  # low nibbles, then high nibbles
 
     def __init__(
         self, packed: np.ndarray, scales: np.ndarray, mins: np.ndarray | None, offset: int, kernel: str = "blas"
@@ -180,37 +188,14 @@ class Int4Matrix(Int8Matrix):
             codes -= self.offset
         return codes
 
-    def _tiled_grouped(self, x: np.ndarray) -> np.ndarray:
-        """The decoding product without interleaving nibbles: in each group of 32 the low nibbles hold
-        weights 0-15 and the high nibbles 16-31, so the low and the high halves are cast to float32 as
-        two contiguous tiles and multiplied, each against its half of x, as 2G groups of 16."""
-        T = x.shape[0]
-        N, step = self._tiles()
-        K = self.shape[1]
-        G, H = K // GROUP, GROUP // 2
-        xh = np.ascontiguousarray(x.reshape(T, G, 2, H).transpose(2, 1, 3, 0))  # (2, G, 16, T)
-        nibbles = np.empty((step, K // 2), dtype=np.uint8)  # (n, K/2)
-        tile = np.empty((2, step, K // 2), dtype=np.float32)  # (low|high, n, K/2)
-        per_group = np.empty((2, G, step, T), dtype=np.float32)  # (2, G, n, T)
-        y = np.empty((T, N), dtype=np.float32)  # (T, N)
-        for r0 in range(0, N, step):
-            rows = slice(r0, min(N, r0 + step))
-            n = rows.stop - r0
-            packed, half = self.packed[rows], nibbles[:n]
-            np.bitwise_and(packed, np.uint8(15), out=half)
-            np.copyto(tile[0, :n], half)
-            np.right_shift(packed, np.uint8(4), out=half)
-            np.copyto(tile[1, :n], half)
-            w = tile[:, :n].reshape(2, n, G, H).transpose(0, 2, 1, 3)  # (2, G, n, 16)
-            p = per_group[:, :, :n]
-            np.matmul(w, xh, out=p)  # (2, G, n, T)
-            y[:, rows] = np.einsum("hgnt,ng->tn", p, self.scales[rows])
-        xsum = xh.sum(axis=(0, 2)).T  # (T, G)
-        if self.mins is not None:
-            y += xsum @ self.mins.T  # (T, G) @ (G, N)
-        if self.offset:  # codes are stored + offset: take offset * scale * sum(x) per group back out
-            y -= float(self.offset) * (xsum @ self.scales.T)
-        return y
+    def _cast_codes(self, rows: slice, out: np.ndarray) -> None:
+        """Low nibbles (weights 0-15 of each group of 32) into out[0], high nibbles (16-31) into out[1]:
+        two contiguous casts, no 16-wide interleaving loop."""
+        packed = self.packed[rows]  # (n, K/2)
+        nibbles = np.bitwise_and(packed, np.uint8(15))
+        np.copyto(out[0], nibbles)
+        np.right_shift(packed, np.uint8(4), out=nibbles)
+        np.copyto(out[1], nibbles)
 
     @property
     def nbytes(self) -> int:
