@@ -8,6 +8,7 @@ import pytest
 from ruvllm.cache import KVOptions
 from ruvllm.engine import LoadOptions, load_engine, open_store, plan_for, read_config
 from ruvllm.errors import LoadError
+from ruvllm.generate import GenerationOptions, generate_tokens
 
 from conftest import tiny_model
 
@@ -50,3 +51,17 @@ def test_a_plan_that_cannot_fit_is_refused_before_loading(smollm2_dir):
         load_engine(str(smollm2_dir), memory_budget=64 * 2**20)
     with pytest.raises(LoadError, match=r"try compute='auto', q8 or q4, or a smaller context_length"):
         load_engine(str(smollm2_dir), compute="f32", memory_budget=300 * 2**20)
+
+
+def test_a_two_tier_cache_stays_within_its_planned_bytes(tmp_path):
+    """Prefill in several chunks, then decoding to the end of the context: the hot tier never grows
+    past hot_tokens + migrate_batch + one chunk, so the cache holds to the plan."""
+    tiny_model("llama", tmp_path, max_position_embeddings=1024)
+    kv = KVOptions(hot_tokens=32, cold="int8")
+    engine = load_engine(str(tmp_path), context_length=600, kv=kv)
+    cache = engine.new_cache()
+    prompt = [i % 100 + 3 for i in range(300)]  # two prefill chunks
+    options = GenerationOptions.from_kwargs(max_tokens=300, temperature=0, ignore_eos=True)
+    steps = list(generate_tokens(engine, prompt, options, cache=cache))
+    assert steps[-1].finish_reason == "length", cache.length
+    assert cache.nbytes <= engine.plan.kv_bytes

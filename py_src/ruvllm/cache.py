@@ -171,15 +171,15 @@ class LayerCache:
     def update_and_fetch(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> list:
         """Store k, v (K, T, E) at absolute `positions` (T,), then return the segments attention reads."""
         T = k.shape[1]
+        hot = self.options.hot_tokens
+        if hot is not None and self.hot_len >= hot + self.options.migrate_batch:
+            self._migrate(self.hot_len - hot)  # before writing: the hot tier never holds more than hot + batch + T
         self.reserve(T)
         end = self.hot_len + T
         self.hot_k[:, self.hot_len : end] = k
         self.hot_v[:, self.hot_len : end] = v
         self.hot_pos[self.hot_len : end] = positions
         self.hot_len = end
-        hot = self.options.hot_tokens
-        if hot is not None and self.hot_len - T >= hot + self.options.migrate_batch:
-            self._migrate(self.hot_len - T - hot)  # never the positions being written now
         segments = []
         if self.cold_len:
             segments.append(self._cold_segment())

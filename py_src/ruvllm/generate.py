@@ -114,7 +114,7 @@ def _token_loop(
     limit = cache.max_positions
     sample = make_sampler(options.sampling)
     cache.truncate(reused)
-    if limit is not None:
+    if limit is not None and cache.options.hot_tokens is None:  # a plain cache: allocate it once
         cache.reserve(min(limit - reused, len(prompt) - reused + options.max_tokens))
 
     started = time.perf_counter()
