@@ -22,22 +22,20 @@ CALIBRATION = list(np.random.default_rng(7).integers(0, 128, 200))
 
 
 @pytest.mark.parametrize("heads", [4, 2])  # multi-head (o_proj scaled through v_proj) and grouped
-def test_activation_aware_scaling_alone_does_not_change_the_model(tmp_path, heads, monkeypatch):
+@pytest.mark.parametrize("bias", [False, True])  # with biases on v_proj and up_proj, scaled with their rows
+def test_activation_aware_scaling_alone_does_not_change_the_model(tmp_path, heads, bias, monkeypatch):
     """With rounding switched off, the scales and their folding into norms and rows cancel exactly."""
-    tiny_model("llama", tmp_path, num_key_value_heads=heads)
+    tiny_model("llama", tmp_path, num_key_value_heads=heads, attention_bias=bias, mlp_bias=bias)
     dense = load_engine(str(tmp_path), compute="f32")
     ids = np.random.default_rng(1).integers(0, 128, 40)
     reference = dense.forward(ids, 0, dense.new_cache())
 
-    class Exact:
-        quantize = staticmethod(lambda w: {"": w})
-        dequantize = staticmethod(lambda parts, shape: parts[""])
-
-    monkeypatch.setattr(isq, "get_format", lambda fmt: Exact())
     monkeypatch.setattr(isq, "prepare_matrix", lambda fmt, parts, shape, options: isq.DenseMatrix(parts[""]))
     monkeypatch.setattr(isq, "_round", lambda w, fmt: np.round(w * 8) / 8)  # a coarse grid, so scales matter
     scaled = load_engine(str(tmp_path), compute="f32")
-    weights, report = isq.quantize_weights(scaled.weights, scaled.config, ComputeOptions(form="q4"), "awq", CALIBRATION)
+    weights, report = isq.quantize_activation_aware(
+        scaled.weights, scaled.config, ComputeOptions(form="q4"), CALIBRATION
+    )
     scaled.weights = weights
     assert {r["group"] for r in report} == (
         {"down", "gate_up", "qkv", "o"} if heads == 4 else {"down", "gate_up", "qkv"}

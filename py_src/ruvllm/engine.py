@@ -70,7 +70,7 @@ def plan_for(config: ModelConfig, store: TensorStore, options: LoadOptions) -> M
 
 
 def _activation_aware(config: ModelConfig, store: TensorStore, compute: ComputeOptions, ids) -> tuple:
-    from .isq import quantize_weights
+    from .isq import quantize_activation_aware
 
     stored = {t.format for t in store.tensors.values() if len(t.shape) == 2}
     if not stored <= {"f32", "f16", "bf16"}:
@@ -80,7 +80,7 @@ def _activation_aware(config: ModelConfig, store: TensorStore, compute: ComputeO
     if not ids:
         raise InvalidArgumentError("isq='awq' needs calibration token ids")
     dense = load_weights(config, store, ComputeOptions(form="f32", kernel=compute.kernel))
-    return quantize_weights(dense, config, compute, "awq", list(ids))
+    return quantize_activation_aware(dense, config, compute, list(ids))
 
 
 class Engine:

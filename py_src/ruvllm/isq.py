@@ -8,8 +8,8 @@ calibration text, with a picked per group of matrices by grid search to minimise
 
     q/k/v      input_layernorm weight
     gate/up    post_attention_layernorm weight
-    down       rows of up_proj (its output is down's input, through the SiLU product)
-    o          rows of v_proj, for multi-head attention only (with grouped heads one v row feeds
+    down       rows and bias of up_proj (its output is down's input, through the SiLU product)
+    o          rows and bias of v_proj, for multi-head attention only (with grouped heads one v row feeds
                several o columns, which cannot all get their own scale); otherwise round-to-nearest
 
 Dimension letters: n calibration rows, K input features, N output features.
@@ -93,57 +93,57 @@ def calibrate(weights: Weights, config: ModelConfig, ids: list[int], chunk: int 
     return {name: r.rows_seen() for name, r in recorders.items()}
 
 
-def quantize_weights(
-    weights: Weights,
-    config: ModelConfig,
-    options: ComputeOptions,
-    method: str = "rtn",
-    calibration_ids: list[int] | None = None,
+def _divide_outputs(lin: Linear, s: np.ndarray) -> None:
+    """Divide each output of `lin` (its weight row and its bias) by s: the inverse of scaling the input
+    channels of the matrix that reads those outputs."""
+    lin.matrix = DenseMatrix(lin.matrix.dequantize() / s[:, None])
+    if lin.bias is not None:
+        lin.bias = lin.bias / s
+
+
+def quantize_activation_aware(
+    weights: Weights, config: ModelConfig, options: ComputeOptions, calibration_ids: list[int]
 ) -> tuple[Weights, list[dict]]:
-    """Quantize the float matrices of `weights` (DenseMatrix) into `options.form`; returns the new
-    weights and, for "awq", a report per group: {layer, group, alpha, error_vs_rtn}."""
+    """Scale the float matrices of `weights` (DenseMatrix) per input channel from the activations the
+    calibration text produces, then quantize them into `options.form`; returns the new weights and a
+    report per group: {layer, group, alpha, error_vs_rtn}."""
     fmt = "q8" if options.form == "q8" else options.isq_format
     report: list[dict] = []
 
     def quantized(w: np.ndarray) -> object:
-        return prepare_matrix(fmt, get_format(fmt).quantize(w), w.shape, options)
+        return prepare_matrix("f32", {"": w}, w.shape, options)  # round to nearest, as at any load
 
-    if method == "awq":
-        if not calibration_ids:
-            raise ValueError("activation-aware quantization needs calibration token ids")
-        seen = calibrate(weights, config, calibration_ids)
-        for i, layer in enumerate(weights.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            # down: scale its input channels; the inverse goes into up_proj's rows.
-            w_down = mlp.down_proj.matrix.dequantize()
-            s, alpha, gain = search_scales(seen[f"{i}.down_proj"], w_down, fmt)
-            mlp.down_proj.matrix = DenseMatrix(w_down * s)
-            mlp.up_proj.matrix = DenseMatrix(mlp.up_proj.matrix.dequantize() / s[:, None])
-            report.append({"layer": i, "group": "down", "alpha": alpha, "error_vs_rtn": gain})
-            # gate + up share their input: one set of scales, folded into the post-attention norm.
-            x = seen[f"{i}.gate_proj"]
-            stacked = np.concatenate([mlp.gate_proj.matrix.dequantize(), mlp.up_proj.matrix.dequantize()])
-            s, alpha, gain = search_scales(x, stacked, fmt)
-            for lin in (mlp.gate_proj, mlp.up_proj):
-                lin.matrix = DenseMatrix(lin.matrix.dequantize() * s)
-            layer.post_attention_layernorm = layer.post_attention_layernorm / s
-            report.append({"layer": i, "group": "gate_up", "alpha": alpha, "error_vs_rtn": gain})
-            # o: only when every o input channel has its own v row (multi-head attention).
-            if config.group_size == 1 and attn.v_proj.bias is None:
-                w_o = attn.o_proj.matrix.dequantize()
-                s, alpha, gain = search_scales(seen[f"{i}.o_proj"], w_o, fmt)
-                attn.o_proj.matrix = DenseMatrix(w_o * s)
-                attn.v_proj.matrix = DenseMatrix(attn.v_proj.matrix.dequantize() / s[:, None])
-                report.append({"layer": i, "group": "o", "alpha": alpha, "error_vs_rtn": gain})
-            # q, k, v share their input: scales folded into the input norm.
-            stacked = np.concatenate([lin.matrix.dequantize() for lin in (attn.q_proj, attn.k_proj, attn.v_proj)])
-            s, alpha, gain = search_scales(seen[f"{i}.q_proj"], stacked, fmt)
-            for lin in (attn.q_proj, attn.k_proj, attn.v_proj):
-                lin.matrix = DenseMatrix(lin.matrix.dequantize() * s)
-            layer.input_layernorm = layer.input_layernorm / s
-            report.append({"layer": i, "group": "qkv", "alpha": alpha, "error_vs_rtn": gain})
-    elif method != "rtn":
-        raise ValueError(f"unknown quantization method {method!r}")
+    seen = calibrate(weights, config, calibration_ids)
+    for i, layer in enumerate(weights.layers):
+        attn, mlp = layer.self_attn, layer.mlp
+        # down: scale its input channels; the inverse goes into up_proj's rows.
+        w_down = mlp.down_proj.matrix.dequantize()
+        s, alpha, gain = search_scales(seen[f"{i}.down_proj"], w_down, fmt)
+        mlp.down_proj.matrix = DenseMatrix(w_down * s)
+        _divide_outputs(mlp.up_proj, s)
+        report.append({"layer": i, "group": "down", "alpha": alpha, "error_vs_rtn": gain})
+        # gate + up share their input: one set of scales, folded into the post-attention norm.
+        x = seen[f"{i}.gate_proj"]
+        stacked = np.concatenate([mlp.gate_proj.matrix.dequantize(), mlp.up_proj.matrix.dequantize()])
+        s, alpha, gain = search_scales(x, stacked, fmt)
+        for lin in (mlp.gate_proj, mlp.up_proj):
+            lin.matrix = DenseMatrix(lin.matrix.dequantize() * s)
+        layer.post_attention_layernorm = layer.post_attention_layernorm / s
+        report.append({"layer": i, "group": "gate_up", "alpha": alpha, "error_vs_rtn": gain})
+        # o: only when every o input channel has its own v row (multi-head attention).
+        if config.group_size == 1:
+            w_o = attn.o_proj.matrix.dequantize()
+            s, alpha, gain = search_scales(seen[f"{i}.o_proj"], w_o, fmt)
+            attn.o_proj.matrix = DenseMatrix(w_o * s)
+            _divide_outputs(attn.v_proj, s)
+            report.append({"layer": i, "group": "o", "alpha": alpha, "error_vs_rtn": gain})
+        # q, k, v share their input: scales folded into the input norm.
+        stacked = np.concatenate([lin.matrix.dequantize() for lin in (attn.q_proj, attn.k_proj, attn.v_proj)])
+        s, alpha, gain = search_scales(seen[f"{i}.q_proj"], stacked, fmt)
+        for lin in (attn.q_proj, attn.k_proj, attn.v_proj):
+            lin.matrix = DenseMatrix(lin.matrix.dequantize() * s)
+        layer.input_layernorm = layer.input_layernorm / s
+        report.append({"layer": i, "group": "qkv", "alpha": alpha, "error_vs_rtn": gain})
 
     for layer in weights.layers:
         for group in (layer.self_attn, layer.mlp):
