@@ -13,11 +13,12 @@ from ruvllm.generate import GenerationOptions, generate_tokens
 from conftest import tiny_model
 
 
-@pytest.mark.parametrize("form", ["f32", "q8", "q4"])
+@pytest.mark.parametrize("form", ["f32", "q8", "q4", "q4 as q4_0"])
 def test_planned_weight_bytes_are_what_loading_takes(smollm2_dir, tmp_path, form):
     tiny_model("qwen2", tmp_path)  # float storage: q8/q4 mean quantizing at load
+    form, _, isq_format = form.partition(" as ")
     for folder in (smollm2_dir, tmp_path):
-        engine = load_engine(str(folder), compute=form)
+        engine = load_engine(str(folder), compute=form, isq_format=isq_format or "q4_1")
         assert engine.plan.compute == form
         assert engine.plan.weight_bytes == engine.weights.nbytes
 

@@ -60,13 +60,16 @@ class LoadOptions:
 
 def plan_for(config: ModelConfig, store: TensorStore, options: LoadOptions) -> MemoryPlan:
     """The memory plan this load would follow (nothing is allocated)."""
-    form = options.compute.form if isinstance(options.compute, ComputeOptions) else options.compute
+    compute = options.compute
+    form, isq_format = (
+        (compute.form, compute.isq_format) if isinstance(compute, ComputeOptions) else (compute, options.isq_format)
+    )
     tensors = {
         name: (store.tensors[stored].format, store.tensors[stored].shape)
         for name, stored in sanitize(store.names()).items()
     }
     context = resolve_context(config, options.context_length)
-    return choose_compute(form, config, tensors, context, options.kv, options.memory_budget)
+    return choose_compute(form, config, tensors, context, options.kv, options.memory_budget, isq_format)
 
 
 def _activation_aware(config: ModelConfig, store: TensorStore, compute: ComputeOptions, ids) -> tuple:

@@ -17,6 +17,7 @@ from .cache import KVCache
 from .detokenizer import StreamingDetokenizer
 from .engine import Engine
 from .errors import ContextFullError, InvalidArgumentError
+from .planner import PREFILL_CHUNK
 from .sampling import SamplingOptions, make_sampler
 
 DEFAULT_MAX_TOKENS = 256
@@ -52,9 +53,6 @@ class GenerationOptions:
             **{k: v for k, v in kwargs.items() if k in own},
             sampling=SamplingOptions(**{k: v for k, v in kwargs.items() if k in sampling}),
         )
-
-
-PREFILL_CHUNK = 256  # prompt positions per forward call: bounds the attention workspace
 
 
 @dataclass(frozen=True)

@@ -200,9 +200,3 @@ class Int4Matrix(Int8Matrix):
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales.nbytes + (0 if self.mins is None else self.mins.nbytes)
-
-
-def bytes_per_weight(form: str, has_mins: bool = True) -> float:
-    """Memory per weight of a compute form (for planning before anything is loaded)."""
-    group = 4 * (2 if has_mins else 1) / GROUP
-    return {"f32": 4.0, "q8": 1.0 + group, "q4": 0.5 + group}[form]

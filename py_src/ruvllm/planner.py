@@ -19,7 +19,7 @@ from .formats import GROUP
 from .weights import COMPUTE_FORMS
 
 MiB = 2**20
-PREFILL_CHUNK = 256  # keep in step with generate.PREFILL_CHUNK
+PREFILL_CHUNK = 256  # prompt positions per forward call (generate.py): bounds the attention workspace
 FORM_ORDER = ("f32", "q8", "q4")  # fastest first
 
 
@@ -53,12 +53,12 @@ class MemoryPlan:
         )
 
 
-def matrix_form(stored_format: str, shape: tuple[int, ...], compute: str) -> tuple[str, bool]:
+def matrix_form(stored_format: str, shape: tuple[int, ...], compute: str, isq_format: str = "q4_1") -> tuple[str, bool]:
     """(the compute form a stored matrix gets, whether it keeps a per-group min); mirrors prepare_matrix."""
     if compute == "f32" or len(shape) != 2 or shape[1] % GROUP:
         return "f32", False
     if stored_format in ("f32", "f16", "bf16"):
-        return ("q8", False) if compute == "q8" else ("q4", True)  # runtime quantization: q8, or q4_1
+        return ("q8", False) if compute == "q8" else ("q4", isq_format == "q4_1")  # runtime quantization
     if stored_format == "q8":
         return "q8", False
     return ("q4" if compute == "q4" else "q8"), stored_format == "q4_1"
@@ -96,6 +96,7 @@ def plan_memory(
     compute: str,
     context_length: int,
     kv: KVOptions | None = None,
+    isq_format: str = "q4_1",
 ) -> MemoryPlan:
     """`tensors`: HF name -> (storage format, shape), as a TensorStore lists them."""
     if compute not in COMPUTE_FORMS:
@@ -108,7 +109,7 @@ def plan_memory(
         if len(shape) == 1:
             weight += shape[0] * 4
             continue
-        form, has_mins = matrix_form(fmt, shape, compute)
+        form, has_mins = matrix_form(fmt, shape, compute, isq_format)
         n = _matrix_bytes(form, has_mins, shape[0], shape[1])
         weight += n
         by_form[form] = by_form.get(form, 0) + n
@@ -130,12 +131,13 @@ def choose_compute(
     context_length: int,
     kv: KVOptions | None,
     memory_budget: int | None,
+    isq_format: str = "q4_1",
 ) -> MemoryPlan:
     """The plan for `compute` ("auto": the fastest form that fits `memory_budget`), or a LoadError."""
     if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
         raise InvalidArgumentError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
     forms = FORM_ORDER if compute == "auto" else (compute,)
-    plans = [plan_memory(config, tensors, form, context_length, kv) for form in forms]
+    plans = [plan_memory(config, tensors, form, context_length, kv, isq_format) for form in forms]
     for plan in plans:
         if memory_budget is None or plan.total_bytes <= memory_budget:
             return plan
