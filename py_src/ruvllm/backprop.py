@@ -19,6 +19,7 @@ import numpy as np
 
 from .config import ModelConfig
 from .lora import LoRAMatrix
+from .matrices import dense_product
 from .model import attention_mask, rms_norm, silu, softmax
 from .rope import apply_rope, rope_tables
 from .weights import Linear, Weights
@@ -40,26 +41,16 @@ class _LayerTape:
     s: np.ndarray  # (T, F) silu(gate) * up
 
 
+def _transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
+    """dy (T, N) @ W (N, K), with the matrix's own kernel; a quantized W is expanded for this product only."""
+    return dense_product(dy, matrix.dequantize().T, matrix.kernel)
+
+
 class _Grads:
-    """Accumulates dA, dB per LoRAMatrix seen in the backward pass, and caches expanded base weights."""
+    """Accumulates dA, dB per LoRAMatrix seen in the backward pass."""
 
     def __init__(self) -> None:
         self.by_matrix: dict[int, tuple[LoRAMatrix, np.ndarray, np.ndarray]] = {}
-        self.dense: dict[int, np.ndarray] = {}
-
-    def base_weight(self, matrix) -> np.ndarray:
-        key = id(matrix)
-        if key not in self.dense:
-            weight = getattr(matrix, "weight", None)
-            self.dense[key] = weight if weight is not None else matrix.dequantize()
-        return self.dense[key]
-
-    def transposed_product(self, dy: np.ndarray, matrix) -> np.ndarray:
-        """dy (T, N) @ W (N, K), with the matrix's own kernel (einsum where NumPy has no BLAS)."""
-        weight = self.base_weight(matrix)
-        if getattr(matrix, "kernel", "blas") == "einsum":
-            return np.einsum("tn,nk->tk", dy, weight)
-        return dy @ weight
 
     def linear_backward(self, lin: Linear, dy: np.ndarray, x: np.ndarray) -> np.ndarray:
         """dx for y = lin(x), given dy (T, N); records the adapter's dA, dB."""
@@ -73,8 +64,8 @@ class _Grads:
                 _, old_a, old_b = self.by_matrix[id(matrix)]
                 dA, dB = dA + old_a, dB + old_b
             self.by_matrix[id(matrix)] = (matrix, dA, dB)
-            return self.transposed_product(dy, matrix.base) + dz @ matrix.A  # (T, K)
-        return self.transposed_product(dy, matrix)  # (T, K)
+            return _transposed_product(dy, matrix.base) + dz @ matrix.A  # (T, K)
+        return _transposed_product(dy, matrix)  # (T, K)
 
 
 def _rms_backward(dy: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:

@@ -36,7 +36,7 @@ _EXPAND_ABOVE_ROWS = 4
 TILE_ELEMENTS = 1 << 18
 
 
-def _dense_product(x: np.ndarray, w: np.ndarray, kernel: str) -> np.ndarray:
+def dense_product(x: np.ndarray, w: np.ndarray, kernel: str) -> np.ndarray:
     if kernel == "einsum":
         return np.einsum("tk,nk->tn", x, w)  # (T, N)
     return x @ w.T  # (T, N)
@@ -51,7 +51,7 @@ class DenseMatrix:
         self.shape = self.weight.shape
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
-        return _dense_product(x, self.weight, self.kernel)  # (T, N)
+        return dense_product(x, self.weight, self.kernel)  # (T, N)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         return self.weight[ids]  # (T, K)
@@ -97,7 +97,7 @@ class Int8Matrix:
         if self.kernel == "blas":
             return self._tiled(x) if T > _EXPAND_ABOVE_ROWS else self._tiled_grouped(x)
         if T > _EXPAND_ABOVE_ROWS:
-            return _dense_product(x, self.dequantize(), self.kernel)  # (T, N)
+            return dense_product(x, self.dequantize(), self.kernel)  # (T, N)
         N, K = self.shape
         xg = x.reshape(T, K // GROUP, GROUP)  # (T, G, 32)
         per_group = np.einsum("tgk,ngk->tng", xg, self._codes().reshape(N, K // GROUP, GROUP))  # (T, N, G)
