@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -10,6 +11,7 @@ import numpy as np
 import pytest
 import torch
 
+import ruvllm
 import ruvllm.isq as isq
 from ruvllm.engine import load_engine
 from ruvllm.errors import InvalidArgumentError
@@ -88,3 +90,22 @@ def test_perplexity_command(smollm2_dir, smollm2, tmp_path):
     assert cold["perplexity"] == pytest.approx(plain["perplexity"], rel=0.01)
     missing = subprocess.run([*args[:-3], "--text-file", str(tmp_path / "none.txt")], capture_output=True, text=True)
     assert missing.returncode == 1 and "cannot read" in missing.stderr and "none.txt" in missing.stderr
+
+
+def test_commands_quantize_with_the_chosen_4bit_format(smollm2_dir, tmp_path):
+    """--isq-format reaches the load of generate (and of every command: they share one loader)."""
+    tiny_model("llama", tmp_path, vocab_size=49152)  # SmolLM2's vocabulary, so its tokenizer fits
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_dir / name, tmp_path / name)
+    args = [sys.executable, "-m", "ruvllm", "generate", str(tmp_path), "--prompt", "The quick brown fox"]
+    args += ["--temperature", "0", "--max-tokens", "24", "--ignore-eos", "--json", "--compute", "q4"]
+    expected = {}
+    for fmt in ("q4_0", "q4_1"):
+        model = ruvllm.load(str(tmp_path), compute="q4", isq_format=fmt)
+        expected[fmt] = [
+            c.token_id for c in model.generate("The quick brown fox", max_tokens=24, temperature=0, ignore_eos=True)
+        ]
+    assert expected["q4_0"] != expected["q4_1"]  # the two formats are told apart
+    for fmt in ("q4_0", "q4_1"):
+        out = subprocess.run([*args, "--isq-format", fmt], capture_output=True, text=True, check=True)
+        assert json.loads(out.stdout)["token_ids"] == expected[fmt]

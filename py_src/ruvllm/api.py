@@ -133,20 +133,24 @@ def load(
     memory_budget: int | None = None,
     kv: KVOptions | None = None,
     isq: str = "rtn",
+    isq_format: str = "q4_1",
 ) -> Model:
     """Load a ruvllm (or plain Hugging Face safetensors) model folder with its tokenizer.
 
     compute: how weights live in memory ("f32", "q8", "q4"; "auto": the fastest that fits
     `memory_budget` bytes, f32 without a budget). kv: the two-tier KV cache (KVOptions).
     isq: how a float model is quantized at load when compute asks for q8/q4: "rtn" (round to
-    nearest) or "awq" (activation-aware, calibrated on a short built-in text).
+    nearest) or "awq" (activation-aware, calibrated on a short built-in text). isq_format: the 4-bit
+    format ("q4_1" or "q4_0") float matrices get under compute "q4".
     """
     if not os.path.isdir(path):
         raise LoadError(f"{path}: model folder not found")
     read_config(path)  # an unsupported architecture is the first thing to report
     tokenizer = Tokenizer.from_folder(path)
     calibration = tokenizer.encode(calibration_text()) if isq == "awq" else None
-    engine = load_engine(path, context_length, compute, kv, memory_budget, isq=isq, calibration_ids=calibration)
+    engine = load_engine(
+        path, context_length, compute, kv, memory_budget, isq=isq, calibration_ids=calibration, isq_format=isq_format
+    )
     return Model(engine, tokenizer, eos_token_ids(path, engine, tokenizer))
 
 

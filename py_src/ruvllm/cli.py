@@ -134,17 +134,15 @@ def load_options(args: argparse.Namespace):
     )
 
 
-def _load_engine(args: argparse.Namespace):
-    """The engine alone (no text), with the command's load options; calibrated for --isq awq."""
-    from .api import calibration_text
-    from .engine import load_engine
-    from .tokenizer import Tokenizer
+def _load_model(args: argparse.Namespace):
+    """The model with the command's load options, and its --adapter (if the command has one) active."""
+    from .api import load
 
     o = load_options(args)
-    calibration = Tokenizer.from_folder(args.model).encode(calibration_text()) if o.isq == "awq" else None
-    return load_engine(
-        args.model, o.context_length, o.compute, o.kv, o.memory_budget, None, o.isq, calibration, o.isq_format
-    )
+    model = load(args.model, o.context_length, o.compute, o.memory_budget, o.kv, o.isq, o.isq_format)
+    if getattr(args, "adapter", None):
+        model.set_adapter(model.load_adapter(args.adapter))
+    return model
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -224,36 +222,25 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def _load(args: argparse.Namespace):
-    from .api import load
     from .generate import GenerationOptions
 
     GenerationOptions.from_kwargs(**_options(args))  # refuse bad options before the slow load
-    o = load_options(args)
-    model = load(args.model, o.context_length, o.compute, o.memory_budget, o.kv, o.isq)
-    if getattr(args, "adapter", None):
-        model.set_adapter(model.load_adapter(args.adapter))
-    return model
+    return _load_model(args)
 
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
     from .errors import LoadError
     from .perplexity import perplexity
-    from .tokenizer import Tokenizer
 
     try:
         with open(args.text_file, encoding="utf-8") as f:
             text = f.read()
     except OSError as e:
         raise LoadError(f"cannot read {args.text_file}: {e.strerror or e}") from None
-    ids = Tokenizer.from_folder(args.model).encode(text)
     o = load_options(args)
-    engine = _load_engine(args)
-    if args.adapter:
-        from .lora import Adapter
-
-        engine.adapters.add("adapter", Adapter.load(args.adapter, engine.weights))
-        engine.adapters.activate("adapter")
-    result = perplexity(engine, ids, args.window)
+    model = _load_model(args)
+    engine = model.engine
+    result = perplexity(engine, model.tokenizer.encode(text), args.window)
     report = {
         "perplexity": result.perplexity,
         "nll": result.nll,
@@ -290,16 +277,14 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from .api import calibration_text
     from .bench import run_bench
     from .errors import InvalidArgumentError
-    from .tokenizer import Tokenizer
 
     if args.prompt_length < 1 or args.gen_length < 1:
         raise InvalidArgumentError("--prompt-length and --gen-length must be >= 1")
-    text = calibration_text()
-    ids = Tokenizer.from_folder(args.model).encode(text)
+    model = _load_model(args)
+    ids = model.tokenizer.encode(calibration_text())
     while len(ids) < args.prompt_length:
         ids = ids + ids
-    engine = _load_engine(args)
-    result = run_bench(engine, ids[: args.prompt_length], args.gen_length)
+    result = run_bench(model.engine, ids[: args.prompt_length], args.gen_length)
     if args.format == "json":
         print(json.dumps(result))
     elif args.format == "csv":
@@ -410,22 +395,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_adapt(args: argparse.Namespace) -> int:
-    from .api import load
     from .learn import AdaptOptions
 
     options = AdaptOptions(steps=args.steps, lr=args.lr)  # refuse bad values before the slow load
-    o = load_options(args)
-    model = load(args.model, o.context_length, o.compute, o.memory_budget, o.kv, o.isq)
-    if args.adapter:
-        name = model.load_adapter(args.adapter, "default")
-        model.set_adapter(name)
-    else:
+    model = _load_model(args)  # with --adapter, that adapter learns further
+    if not args.adapter:
         targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
         model.new_adapter("default", rank=args.rank, alpha=args.alpha or 2.0 * args.rank, targets=targets)
-    report = model.adapt(
-        args.prompt, args.completion, args.reward, "default", args.chat, steps=options.steps, lr=options.lr
-    )
-    model.save_adapter(args.out, "default")
+    name = model.engine.adapters.active
+    report = model.adapt(args.prompt, args.completion, args.reward, name, args.chat, steps=options.steps, lr=options.lr)
+    model.save_adapter(args.out, name)
     result = {
         "log_prob_before": report.log_prob_before,
         "log_prob_after": report.log_prob_after,
