@@ -12,8 +12,9 @@ import torch
 from ruvllm.backprop import logits_for
 from ruvllm.engine import load_engine
 from ruvllm.errors import InvalidArgumentError, LoadError
+from ruvllm.generate import GenerationOptions, generate_tokens
 from ruvllm.learn import adapter_gradients
-from ruvllm.lora import TARGETS, Adapter, AdapterSet, LoRAConfig, merge
+from ruvllm.lora import TARGETS, Adapter, AdapterSet, LoRAConfig
 
 from conftest import tiny_model
 
@@ -118,21 +119,41 @@ def test_merge_and_unmerge_are_exact(tmp_path):
     engine = load_engine(str(tmp_path))
     base = engine.forward(TOKENS, 0, engine.new_cache())
     adapter = random_adapter(engine)
-    adapters = activated(engine, adapter)
+    adapters = engine.adapters
+    adapters.add("a", adapter)
+    adapters.activate("a")
     with_adapter = engine.forward(TOKENS, 0, engine.new_cache())
     adapters.activate(None)
     np.testing.assert_array_equal(engine.forward(TOKENS, 0, engine.new_cache()), base)  # switched off
     embedding = engine.weights.embed_tokens.weight.copy()
-    merge(engine.weights, adapter)
+    adapters.merge("a")
     np.testing.assert_allclose(engine.forward(TOKENS, 0, engine.new_cache()), with_adapter, atol=1e-5)
     np.testing.assert_array_equal(engine.weights.embed_tokens.weight, embedding)  # the tied lm_head was untied
-    merge(engine.weights, adapter, sign=-1)
+    adapters.merge("a", sign=-1)
     np.testing.assert_allclose(engine.forward(TOKENS, 0, engine.new_cache()), base, atol=1e-5)
     q4 = load_engine(str(tmp_path), compute="q4")
+    q4.adapters.add("a", Adapter.new(q4.weights, LoRAConfig()))
     with pytest.raises(
         InvalidArgumentError, match=r"merging needs float32 weights; model\.layers\.0\.self_attn\.q_proj computes as q4"
     ):
-        merge(q4.weights, Adapter.new(q4.weights, LoRAConfig()))
+        q4.adapters.merge("a")
+
+
+def test_a_merge_is_not_served_from_keys_cached_before_it(tmp_path):
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path))
+    engine.adapters.add("a", random_adapter(engine))
+    cache = engine.new_cache()
+    options = GenerationOptions.from_kwargs(max_tokens=4, temperature=0)
+
+    def cached_tokens() -> int:  # of a whole generation on the shared cache
+        first, *_ = generate_tokens(engine, TOKENS, options, cache=cache)
+        return first.cached_tokens
+
+    assert cached_tokens() == 0
+    assert cached_tokens() == len(TOKENS) - 1
+    engine.adapters.merge("a")
+    assert cached_tokens() == 0
 
 
 def test_several_adapters_switch_per_request(tmp_path):
@@ -147,7 +168,7 @@ def test_several_adapters_switch_per_request(tmp_path):
         outputs.setdefault(name, []).append(engine.forward(TOKENS, 0, engine.new_cache()))
     np.testing.assert_array_equal(outputs["one"][0], outputs["one"][1])
     assert np.abs(outputs["one"][0] - outputs["two"][0]).max() > 1e-3
-    assert adapters.identity() == ("one", adapters.adapters["one"].uid, 0)
+    assert adapters.identity() == (0, "one", adapters.adapters["one"].uid, 0)
     with pytest.raises(InvalidArgumentError, match="no adapter named 'three' \\(adapters: one, two\\)"):
         adapters.activate("three")
 

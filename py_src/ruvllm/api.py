@@ -19,7 +19,7 @@ from pathlib import Path
 from . import learn
 from .cache import KVOptions
 from .engine import Engine, load_engine, read_config
-from .errors import InvalidArgumentError, LoadError
+from .errors import LoadError
 from .generate import Chunk, GenerationOptions, generate_text, generate_tokens
 from .learn import AdaptReport
 from .lora import DEFAULT_TARGETS, Adapter, LoRAConfig
@@ -58,13 +58,10 @@ class Model:
     # --- MicroLoRA ------------------------------------------------------------------------------
 
     def new_adapter(
-        self, name: str = "default", rank: int = 2, alpha: float = 4.0, targets: Sequence[str] = DEFAULT_TARGETS
+        self, name: str = "default", rank: int = 2, alpha: float | None = None, targets: Sequence[str] = DEFAULT_TARGETS
     ) -> Adapter:
         """A fresh adapter (it changes nothing until it learns), held under `name` and made active."""
-        adapter = Adapter.new(self.engine.weights, LoRAConfig(rank=rank, alpha=alpha, targets=tuple(targets)))
-        self.engine.adapters.add(name, adapter)
-        self.engine.adapters.activate(name)
-        return adapter
+        return self.engine.adapters.create(name, LoRAConfig(rank=rank, alpha=alpha, targets=tuple(targets)))
 
     def load_adapter(self, path: str, name: str | None = None) -> str:
         """Load an adapter folder (ours, or a Hugging Face PEFT LoRA); returns the name it is held under."""
@@ -73,11 +70,7 @@ class Model:
         return name
 
     def save_adapter(self, path: str, name: str | None = None) -> None:
-        adapters = self.engine.adapters
-        name = name or adapters.active
-        if name not in adapters.adapters:
-            raise InvalidArgumentError(f"no adapter named {name!r} to save")
-        adapters.adapters[name].save(path)
+        self.engine.adapters.get(name).save(path)
 
     def set_adapter(self, name: str | None) -> None:
         """Compute with adapter `name` from now on (None: the base model)."""
@@ -98,11 +91,8 @@ class Model:
         assistant's answer, ending with the end-of-turn token. Options: steps, lr, optimizer, ewc.
         An adapter called `adapter` is made (rank 2 on q_proj and v_proj) if none is held yet.
         """
-        if adapter not in self.engine.adapters.adapters:
-            self.new_adapter(adapter)
-        self.engine.adapters.activate(adapter)
+        held = self.engine.adapters.learner(adapter)
         prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
-        held = self.engine.adapters.adapters[adapter]
         return learn.adapt(self.engine, held, prompt_ids, completion_ids, reward, learn.AdaptOptions(**options))
 
     def feedback_ids(self, prompt: str, completion: str, chat: bool) -> tuple[list[int], list[int]]:

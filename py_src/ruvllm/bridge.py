@@ -13,6 +13,7 @@ one of the `RuvLLMError` types, so JavaScript can raise the right error without 
 from __future__ import annotations
 
 import base64
+import dataclasses
 import functools
 import hashlib
 import json
@@ -213,33 +214,19 @@ class EngineHandle:
         """request: {name, rank, alpha, targets}; the new adapter becomes the active one."""
         r = json.loads(request_json)
         rank = r.get("rank", 2)
-        config = LoRAConfig(
-            rank=rank, alpha=r.get("alpha", 2.0 * rank), targets=tuple(r.get("targets") or DEFAULT_TARGETS)
-        )
-        adapters = self.engine.adapters
-        adapters.add(r.get("name", "default"), Adapter.new(self.engine.weights, config))
-        adapters.activate(r.get("name", "default"))
-        return {"name": r.get("name", "default"), "rank": config.rank, "targets": list(config.targets)}
+        config = LoRAConfig(rank=rank, alpha=r.get("alpha"), targets=tuple(r.get("targets") or DEFAULT_TARGETS))
+        name = r.get("name", "default")
+        self.engine.adapters.create(name, config)
+        return {"name": name, "rank": config.rank, "targets": list(config.targets)}
 
     @_json_result
     def adapt(self, request_json: str) -> dict:
         """request: {adapter, prompt_ids, completion_ids, reward, steps, lr}; makes the adapter if needed."""
         r = json.loads(request_json)
-        name = r.get("adapter") or "default"
-        adapters = self.engine.adapters
-        if name not in adapters.adapters:
-            adapters.add(name, Adapter.new(self.engine.weights, LoRAConfig()))
-        adapters.activate(name)
+        adapter = self.engine.adapters.learner(r.get("adapter") or "default")
         options = AdaptOptions(**{k: r[k] for k in ("steps", "lr") if r.get(k) is not None})
-        report = learn_adapt(
-            self.engine, adapters.adapters[name], r["prompt_ids"], r["completion_ids"], r.get("reward", 1.0), options
-        )
-        return {
-            "log_prob_before": report.log_prob_before,
-            "log_prob_after": report.log_prob_after,
-            "steps": report.steps,
-            "step_ms": report.step_ms,
-        }
+        report = learn_adapt(self.engine, adapter, r["prompt_ids"], r["completion_ids"], r.get("reward", 1.0), options)
+        return dataclasses.asdict(report)
 
     @_json_result
     def load_adapter(self, name: str, config_json: str, weights: object, state: object = None) -> str:
@@ -264,11 +251,8 @@ class EngineHandle:
     @_json_result
     def adapter_files(self, name: str | None = None) -> dict:
         """The files of a held adapter (default: the active one), base64-encoded, by file name."""
-        adapters = self.engine.adapters
-        name = name or adapters.active
-        if name not in adapters.adapters:
-            raise InvalidArgumentError(f"no adapter named {name!r} to save")
-        return {file: base64.b64encode(data).decode() for file, data in adapters.adapters[name].files().items()}
+        files = self.engine.adapters.get(name).files()
+        return {file: base64.b64encode(data).decode() for file, data in files.items()}
 
     @_json_result
     def adapter_names(self) -> dict:

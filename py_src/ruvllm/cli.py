@@ -7,6 +7,7 @@ on stderr; `--verbose` adds the traceback.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import sys
 import traceback
@@ -401,19 +402,12 @@ def cmd_adapt(args: argparse.Namespace) -> int:
     model = _load_model(args)  # with --adapter, that adapter learns further
     if not args.adapter:
         targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
-        model.new_adapter("default", rank=args.rank, alpha=args.alpha or 2.0 * args.rank, targets=targets)
+        model.new_adapter("default", rank=args.rank, alpha=args.alpha, targets=targets)
     name = model.engine.adapters.active
     report = model.adapt(args.prompt, args.completion, args.reward, name, args.chat, steps=options.steps, lr=options.lr)
     model.save_adapter(args.out, name)
-    result = {
-        "log_prob_before": report.log_prob_before,
-        "log_prob_after": report.log_prob_after,
-        "steps": report.steps,
-        "step_ms": report.step_ms,
-        "out": args.out,
-    }
     if args.json:
-        print(json.dumps(result))
+        print(json.dumps({**dataclasses.asdict(report), "out": args.out}))
     else:
         print(
             f"mean log-probability of the completion {report.log_prob_before:.3f} -> {report.log_prob_after:.3f} "

@@ -129,7 +129,7 @@ class Engine:
 
     def weights_identity(self) -> tuple:
         """What the weights compute now (the active adapter and its version): keys of cached K/V."""
-        return self._adapters.identity() if self._adapters is not None else (None, 0, 0)
+        return self.adapters.identity()
 
     def new_cache(self) -> KVCache:
         """An empty cache: at most `context_length` positions, or a byte budget (KVOptions)."""

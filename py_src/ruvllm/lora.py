@@ -7,7 +7,8 @@ A LoRA adapter on a projection W (N, K) adds scale * B @ A, with A (r, K), B (N,
 B starts at zero, so a new adapter changes nothing until it learns. The adapter wraps the weight
 (`LoRAMatrix`), so the model code is the same with or without one. Several adapters can be held at
 once (`AdapterSet`); `activate` swaps the wrappers in and out of the weights without reloading them.
-An adapter on weights computing in float32 can be merged into them exactly, and unmerged.
+An adapter on weights computing in float32 can be merged into them exactly, and unmerged
+(`AdapterSet.merge`).
 
 Files: an adapter folder holds `adapter_config.json` and `adapter_model.safetensors` in the layout of
 Hugging Face PEFT (so PEFT LoRA adapters load here and ours load in PEFT), plus, for adapters that
@@ -39,7 +40,7 @@ _GROUP = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "
 @dataclass
 class LoRAConfig:
     rank: int = 2
-    alpha: float = 4.0
+    alpha: float | None = None  # None: 2 x rank (a scale of 2)
     targets: tuple[str, ...] = DEFAULT_TARGETS
 
     def __post_init__(self) -> None:
@@ -49,6 +50,8 @@ class LoRAConfig:
         if unknown or not self.targets:
             raise InvalidArgumentError(f"targets must be among {', '.join(TARGETS)}, got {list(self.targets)}")
         self.targets = tuple(self.targets)
+        if self.alpha is None:
+            self.alpha = 2.0 * self.rank
 
     @property
     def scale(self) -> float:
@@ -220,6 +223,7 @@ class AdapterSet:
         self.weights = weights
         self.adapters: dict[str, Adapter] = {}
         self.active: str | None = None
+        self.merges = 0  # how many times an adapter was merged into (or out of) the base weights
         self._originals: dict[str, object] = {}
 
     def add(self, name: str, adapter: Adapter) -> None:
@@ -227,16 +231,32 @@ class AdapterSet:
             self.activate(None)
         self.adapters[name] = adapter
 
-    def remove(self, name: str) -> None:
-        if self.active == name:
-            self.activate(None)
-        self.adapters.pop(name, None)
+    def create(self, name: str, config: LoRAConfig | None = None) -> Adapter:
+        """A fresh adapter (it changes nothing until it learns), held under `name` and made active."""
+        adapter = Adapter.new(self.weights, config or LoRAConfig())
+        self.add(name, adapter)
+        self.activate(name)
+        return adapter
+
+    def learner(self, name: str) -> Adapter:
+        """Adapter `name`, made with the default config if none is held, and active: the one to adapt."""
+        if name not in self.adapters:
+            return self.create(name)
+        self.activate(name)
+        return self.adapters[name]
+
+    def get(self, name: str | None = None) -> Adapter:
+        """A held adapter (default: the active one)."""
+        name = name or self.active
+        if name not in self.adapters:
+            known = ", ".join(self.adapters) or "none loaded"
+            raise InvalidArgumentError(f"no adapter named {name!r} (adapters: {known})")
+        return self.adapters[name]
 
     def activate(self, name: str | None) -> None:
         """Wrap the weights with adapter `name` (None: the base model)."""
-        if name is not None and name not in self.adapters:
-            known = ", ".join(self.adapters) or "none loaded"
-            raise InvalidArgumentError(f"no adapter named {name!r} (adapters: {known})")
+        if name is not None:
+            self.get(name)  # known, or an error listing the held ones
         if name == self.active:
             return
         for module, original in self._originals.items():
@@ -251,20 +271,25 @@ class AdapterSet:
             self._originals[module] = lin.matrix
             lin.matrix = LoRAMatrix(lin.matrix, adapter.A[module], adapter.B[module], adapter.config.scale)
 
-    def identity(self) -> tuple[str | None, int]:
-        """What the weights compute right now: (active adapter, its version). Caches keyed on it."""
+    def identity(self) -> tuple[int, str | None, int, int]:
+        """What the weights compute right now: (merges, active adapter, its uid, its version). Caches key on it."""
         if self.active is None:
-            return (None, 0, 0)
+            return (self.merges, None, 0, 0)
         adapter = self.adapters[self.active]
-        return (self.active, adapter.uid, adapter.version)
+        return (self.merges, self.active, adapter.uid, adapter.version)
 
-
-def merge(weights: Weights, adapter: Adapter, sign: float = 1.0) -> None:
-    """Add (sign=+1) or subtract (-1) scale * B @ A into float32 base weights, in place."""
-    for module in adapter.A:
-        lin = linear_of(weights, module)
-        if not isinstance(lin.matrix, DenseMatrix):
-            raise InvalidArgumentError(f"merging needs float32 weights; {module} computes as {lin.matrix.form}")
-        if lin.matrix is weights.embed_tokens:  # a tied output projection gets its own copy first
-            lin.matrix = DenseMatrix(lin.matrix.weight.copy(), lin.matrix.kernel)
-        lin.matrix.weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])
+    def merge(self, name: str, sign: float = 1.0) -> None:
+        """Add (sign=+1) or subtract (-1) adapter `name`'s scale * B @ A into the float32 base weights, in
+        place. No adapter stays active: a merged one would count twice."""
+        adapter = self.get(name)
+        self.activate(None)
+        for module in adapter.A:
+            lin = linear_of(self.weights, module)
+            if not isinstance(lin.matrix, DenseMatrix):
+                raise InvalidArgumentError(f"merging needs float32 weights; {module} computes as {lin.matrix.form}")
+        for module in adapter.A:
+            lin = linear_of(self.weights, module)
+            if lin.matrix is self.weights.embed_tokens:  # a tied output projection gets its own copy first
+                lin.matrix = DenseMatrix(lin.matrix.weight.copy(), lin.matrix.kernel)
+            lin.matrix.weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])
+        self.merges += 1
