@@ -14,6 +14,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "py_src"))
 
 import ruvllm  # noqa: E402
+import ruvllm.api  # noqa: E402
 
 
 def ttft(model, messages) -> tuple[float, int, str]:
@@ -23,7 +24,7 @@ def ttft(model, messages) -> tuple[float, int, str]:
 
 def main() -> None:
     model = ruvllm.load(str(ROOT / "models" / "smollm2-135m-instruct"))
-    system = {"role": "system", "content": (ROOT / "py_src" / "ruvllm" / "data" / "calibration.txt").read_text()[:1500]}
+    system = {"role": "system", "content": ruvllm.api.calibration_text()[:1500]}
     turn1 = [system, {"role": "user", "content": "Summarize the text above in two sentences."}]
     _, _, reply = ttft(model, turn1)
     turn2 = [*turn1, {"role": "assistant", "content": reply}, {"role": "user", "content": "Now in one sentence."}]
