@@ -183,6 +183,20 @@ def test_stop_ends_the_stream_within_a_second_and_the_next_prompt_works(demo):
     assert len(demo.query_selector_all("#messages li")) == 4
 
 
+def test_clear_chat_during_an_answer_starts_a_fresh_chat(demo):
+    demo.click("[data-testid=clear]")
+    demo.fill("[data-testid=max-tokens]", "400")
+    ask(demo, "Write a long story about a dragon who learns to cook.")
+    demo.wait_for_function("document.querySelector('[data-testid=output]').textContent.length > 20", timeout=60_000)
+    demo.click("[data-testid=clear]")
+    wait_state(demo, "ready", 5_000)
+    demo.fill("[data-testid=max-tokens]", "16")
+    ask(demo, "What is the capital of France?")
+    wait_state(demo, "ready", 60_000)
+    assert demo.text_content("[data-testid=output]") == cpython_chat("What is the capital of France?", 16)
+    assert len(demo.query_selector_all("#messages li")) == 2
+
+
 def test_a_reload_takes_the_weights_from_the_cache_api(browser, base_url, server):
     before = server.requests[WEIGHTS]
     context, page = open_demo(browser, base_url)

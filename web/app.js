@@ -100,14 +100,15 @@ async function send() {
   const text = ui.prompt.value.trim();
   if (!text || !llm || running) return;
   ui.prompt.value = '';
-  history.push({ role: 'user', content: text });
+  const turns = history; // "Clear chat" during the answer starts a new history; this answer stays out of it
+  turns.push({ role: 'user', content: text });
   addMessage('user', text);
   document.querySelector('[data-testid="output"]')?.removeAttribute('data-testid');
   const output = addMessage('assistant', '');
   output.dataset.testid = 'output';
 
   const system = ui.system.value.trim();
-  const messages = system ? [{ role: 'system', content: system }, ...history] : [...history];
+  const messages = system ? [{ role: 'system', content: system }, ...turns] : [...turns];
   const options = { temperature: Number(ui.temperature.value), maxTokens: Number(ui.maxTokens.value) };
   if (adapterReady) options.adapter = ui.useAdapter.checked ? ADAPTER : null;
   running = new AbortController();
@@ -125,8 +126,12 @@ async function send() {
     else setStatus('error', describe(error, 'while generating'));
   } finally {
     running = null;
-    history.push({ role: 'assistant', content: reply });
-    if (reply) addFeedback(output.parentElement, messages, reply);
+    if (reply) {
+      turns.push({ role: 'assistant', content: reply });
+      addFeedback(output.parentElement, messages, reply);
+    } else {
+      turns.pop(); // no answer at all: the model does not see this message again
+    }
     ui.prompt.focus();
   }
 }
@@ -165,7 +170,13 @@ async function learn(messages, reply, reward, button) {
 }
 
 ui.download.addEventListener('click', async () => {
-  const files = await llm.saveAdapter(ADAPTER);
+  let files;
+  try {
+    files = await llm.saveAdapter(ADAPTER);
+  } catch (error) {
+    setStatus('error', describe(error, 'while saving the adapter'));
+    return;
+  }
   const link = document.createElement('a');
   link.href = URL.createObjectURL(zipFiles(files));
   link.download = 'ruvllm-adapter.zip';
