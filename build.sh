@@ -71,7 +71,7 @@ wheel() {
   local file
   file=$(cd build/wheel && ls ruvllm-*-py3-none-any.whl)
   cp "build/wheel/$file" "npm/wheel/$file"
-  printf '{"file": "%s", "sha256": "%s"}\n' "$file" "$(sha256sum "npm/wheel/$file" | cut -d' ' -f1)" > npm/wheel/manifest.json
+  printf '{"file": "%s"}\n' "$file" > npm/wheel/manifest.json
 }
 
 npm_package() {

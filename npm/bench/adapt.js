@@ -1,16 +1,16 @@
 // Latency of one MicroLoRA adapt step on SmolLM2 in Pyodide under Node (see benchmarks/adapt_latency.py).
-import { homedir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 
 import { RuvLLM } from '../src/index.js';
+import { DIST } from '../test/support/dist.js';
 
 const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
 const PROMPT = 'Our team meets every Tuesday at ten in the small room on the third floor. Remember this: the code to the room is';
 const COMPLETION = ' 4471, and the key is kept at the front desk.';
 const llm = await RuvLLM.load({
   model: join(ROOT, 'models', 'smollm2-135m-instruct'),
-  pyodide: { indexURL: process.env.RUVLLM_PYODIDE_DIST || join(homedir(), '.cache', 'ruvllm', 'pyodide', '314.0.1') },
+  pyodide: { indexURL: DIST },
 });
 const results = {};
 for (const targets of [['q_proj', 'v_proj'], ['down_proj']]) {

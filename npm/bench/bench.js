@@ -5,12 +5,12 @@
 //        [--compute auto|f32|q8|q4] [--hot-tokens H --cold int8|int4] [--json]
 import { execFile } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
-import { homedir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { fileURLToPath } from 'node:url';
 import { parseArgs, promisify } from 'node:util';
 
 import { RuvLLM } from '../src/index.js';
+import { DIST } from '../test/support/dist.js';
 
 const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
 const { values } = parseArgs({
@@ -22,7 +22,7 @@ const { values } = parseArgs({
     'hot-tokens': { type: 'string' },
     cold: { type: 'string', default: 'int8' },
     json: { type: 'boolean', default: false },
-    pyodide: { type: 'string', default: process.env.RUVLLM_PYODIDE_DIST || join(homedir(), '.cache', 'ruvllm', 'pyodide', '314.0.1') },
+    pyodide: { type: 'string', default: DIST },
     python: { type: 'string', default: process.env.RUVLLM_PYTHON || join(ROOT, '.venv', 'bin', 'python') },
   },
 });

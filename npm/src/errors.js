@@ -33,6 +33,13 @@ export function serializeError(error) {
   return { type: 'inference', message: `internal error: ${error?.message ?? String(error)}` };
 }
 
+/** The value of a Python bridge result ({"ok": value} or {"error": {type, message}}), or its error thrown. */
+export function unwrap(json) {
+  const result = JSON.parse(json);
+  if (result.error) throw new RuvLLMError(result.error.type, result.error.message);
+  return result.ok;
+}
+
 export function deserializeError({ type, message }) {
   return type === 'abort' ? new AbortError(message) : new RuvLLMError(type, message);
 }

@@ -5,9 +5,9 @@
  */
 
 import { RuvLLMError } from './errors.js';
+import { IS_NODE } from './env.js';
 
 export const CACHE_NAME = 'ruvllm-models-v1';
-const IS_NODE = typeof process === 'object' && typeof process.versions?.node === 'string';
 
 /** True when `model` names a local folder rather than a URL (Node only). */
 export function isLocalPath(model) {
@@ -25,7 +25,7 @@ export function fileLocation(base, name) {
  * fromCache, stored (a promise that settles when a browser cache copy is written) } or to null for a
  * missing optional file. Throws a `download` RuvLLMError naming the file.
  */
-export async function openFile(base, name, { signal, cache = true, optional = false } = {}) {
+export async function openFile(base, name, { cache = true, optional = false } = {}) {
   const where = fileLocation(base, name);
   if (isLocalPath(base)) return openLocal(where, name, optional);
   let response = null;
@@ -38,9 +38,8 @@ export async function openFile(base, name, { signal, cache = true, optional = fa
   }
   if (!response) {
     try {
-      response = await fetch(where, { signal });
+      response = await fetch(where);
     } catch (error) {
-      if (signal?.aborted) throw error;
       throw new RuvLLMError('download', `${name}: cannot fetch ${where}: ${error.message}`);
     }
     if (response.status === 404 && optional) return null;
@@ -53,10 +52,10 @@ export async function openFile(base, name, { signal, cache = true, optional = fa
   const encoding = response.headers.get('content-encoding');
   const length = response.headers.get('content-length');
   const size = length !== null && (!encoding || encoding === 'identity') ? Number(length) : null;
-  return { size, chunks: streamChunks(response.body, name, signal), fromCache, stored };
+  return { size, chunks: streamChunks(response.body, name), fromCache, stored };
 }
 
-async function* streamChunks(body, name, signal) {
+async function* streamChunks(body, name) {
   const reader = body.getReader();
   try {
     for (;;) {
@@ -64,7 +63,6 @@ async function* streamChunks(body, name, signal) {
       try {
         result = await reader.read();
       } catch (error) {
-        if (signal?.aborted) throw error;
         throw new RuvLLMError('download', `${name}: the download failed midway: ${error.message}`);
       }
       if (result.done) return;
@@ -100,13 +98,20 @@ export async function readBytes(base, name, options) {
   if (file === null) return null;
   const parts = [];
   for await (const chunk of file.chunks) parts.push(chunk);
-  const bytes = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  return concat(parts, parts.reduce((n, p) => n + p.length, 0));
+}
+
+/** The first `length` bytes of `chunks` (Uint8Arrays) in one array. */
+export function concat(chunks, length) {
+  const out = new Uint8Array(length);
   let offset = 0;
-  for (const p of parts) {
-    bytes.set(p, offset);
-    offset += p.length;
+  for (const chunk of chunks) {
+    if (offset >= length) break;
+    const part = chunk.subarray(0, length - offset);
+    out.set(part, offset);
+    offset += part.length;
   }
-  return bytes;
+  return out;
 }
 
 /** A whole small file as text (config and tokenizer JSON). */

@@ -11,10 +11,10 @@
 
 import { AbortError, RuvLLMError, deserializeError } from './errors.js';
 import { newId } from './protocol.js';
+import { IS_NODE } from './env.js';
 
 export { AbortError, RuvLLMError } from './errors.js';
 
-const IS_NODE = typeof process === 'object' && typeof process.versions?.node === 'string';
 
 /** A worker with one interface in Node and browsers: post(message), onEvent(fn), onFailure(fn), terminate(). */
 async function spawnWorker() {
@@ -159,19 +159,15 @@ export class RuvLLM {
   async tokenize(input) {
     const request = Array.isArray(input) ? { type: 'tokenize', messages: checkMessages(input) } : { type: 'tokenize', prompt: input };
     if (!Array.isArray(input)) checkPrompt(input);
-    let ids = null;
-    for await (const event of this.#request(request)) if (event.type === 'tokens') ids = event.ids;
-    return ids;
+    return this.#answer(request);
   }
 
   /**
    * Positions and bytes of the KV cache per tier (hot float32, cold int8/int4), and how many were dropped.
    * @returns {Promise<import('../types/index.d.ts').CacheStats>}
    */
-  async cacheStats() {
-    let stats = null;
-    for await (const event of this.#request({ type: 'cache_stats' })) if (event.type === 'cache_stats') stats = event.stats;
-    return stats;
+  cacheStats() {
+    return this.#answer({ type: 'cache_stats' });
   }
 
   // --- MicroLoRA ---------------------------------------------------------------------------
@@ -187,12 +183,12 @@ export class RuvLLM {
     const ok = feedback && typeof feedback.completion === 'string' && (typeof feedback.prompt === 'string' || Array.isArray(feedback.messages));
     if (!ok) throw new RuvLLMError('invalid_argument', 'adapt needs { prompt or messages, completion }');
     if (feedback.messages) checkMessages(feedback.messages);
-    return this.#adapterRequest({ type: 'adapt', feedback });
+    return this.#answer({ type: 'adapt', feedback });
   }
 
   /** A fresh adapter ({ name, rank, alpha, targets }), made active. */
   newAdapter(config = {}) {
-    return this.#adapterRequest({ type: 'new_adapter', config });
+    return this.#answer({ type: 'new_adapter', config });
   }
 
   /**
@@ -202,12 +198,12 @@ export class RuvLLM {
   loadAdapter(url, { name } = {}) {
     if (typeof url !== 'string' || !url) throw new RuvLLMError('invalid_argument', 'loadAdapter needs a URL');
     const resolved = IS_NODE || typeof location === 'undefined' ? url : new URL(url, location.href).href;
-    return this.#adapterRequest({ type: 'load_adapter', url: resolved, name: name ?? resolved.replace(/\/+$/, '').split('/').pop() });
+    return this.#answer({ type: 'load_adapter', url: resolved, name: name ?? resolved.replace(/\/+$/, '').split('/').pop() });
   }
 
   /** Compute with adapter `name` from now on; null for the base model. */
   setAdapter(name) {
-    return this.#adapterRequest({ type: 'set_adapter', name: name ?? null });
+    return this.#answer({ type: 'set_adapter', name: name ?? null });
   }
 
   /**
@@ -215,12 +211,13 @@ export class RuvLLM {
    * @returns {Promise<Record<string, Uint8Array>>}
    */
   saveAdapter(name) {
-    return this.#adapterRequest({ type: 'save_adapter', name });
+    return this.#answer({ type: 'save_adapter', name });
   }
 
-  async #adapterRequest(request) {
+  /** The one answer of a request that streams nothing (tokenize, cacheStats, the adapter requests). */
+  async #answer(request) {
     let result = null;
-    for await (const event of this.#request(request)) if (event.type === 'adapter') result = event.result;
+    for await (const event of this.#request(request)) if (event.type === 'result') result = event.result;
     return result;
   }
 

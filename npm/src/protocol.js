@@ -20,9 +20,7 @@
  *   { type: 'progress', id, progress }                    download/load progress of a 'load' request
  *   { type: 'loaded',   id, info }                        the model is ready
  *   { type: 'chunk',    id, chunk }                       one generated token: { text, tokenId, finishReason, stats }
- *   { type: 'tokens',   id, ids }                         the answer to 'tokenize'
- *   { type: 'cache_stats', id, stats }                    the answer to 'cache_stats'
- *   { type: 'adapter', id, result }                       the answer to an adapter request
+ *   { type: 'result',   id, result }                      the answer to 'tokenize', 'cache_stats' or an adapter request
  *   { type: 'done',     id }                              a request finished (after its last chunk)
  *   { type: 'error',    id, error: { type, message } }    a request failed; type 'abort' for aborts
  */
@@ -31,7 +29,6 @@ export const REQUESTS = Object.freeze([
   'load', 'generate', 'chat', 'tokenize', 'cache_stats', 'abort', 'dispose',
   'adapt', 'new_adapter', 'load_adapter', 'set_adapter', 'save_adapter',
 ]);
-export const EVENTS = Object.freeze(['progress', 'loaded', 'chunk', 'tokens', 'cache_stats', 'adapter', 'done', 'error']);
 
 let nextId = 1;
 

@@ -4,10 +4,10 @@
  */
 
 import { RuvLLMError } from './errors.js';
+import { IS_NODE } from './env.js';
 
 export const PYODIDE_VERSION = '314.0.1';
 export const DEFAULT_INDEX_URL = `https://cdn.jsdelivr.net/pyodide/v${PYODIDE_VERSION}/full/`;
-const IS_NODE = typeof process === 'object' && typeof process.versions?.node === 'string';
 
 function withSlash(url) {
   return url.endsWith('/') ? url : `${url}/`;

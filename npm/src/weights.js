@@ -4,8 +4,8 @@
  * sit in JavaScript memory as a whole.
  */
 
-import { RuvLLMError } from './errors.js';
-import { openFile, readJson } from './files.js';
+import { RuvLLMError, unwrap } from './errors.js';
+import { concat, openFile, readJson } from './files.js';
 
 const PROGRESS_INTERVAL_MS = 100;
 
@@ -18,21 +18,15 @@ export async function weightFiles(base, options) {
   return shards;
 }
 
-function unwrap(json) {
-  const result = JSON.parse(json);
-  if (result.error) throw new RuvLLMError(result.error.type, result.error.message);
-  return result.ok;
-}
-
 /**
  * Stream every weight file into `loader` (a ruvllm.bridge.ModelLoader proxy).
  * sha256: optional { fileName: hexDigest }. onProgress receives
  * { phase: 'download', file, fileLoaded, fileTotal, loaded, total, fromCache }.
  */
-export async function loadWeights(loader, base, { cache, signal, sha256 = {}, onProgress = () => {}, onPlan = () => {} } = {}) {
-  const names = await weightFiles(base, { cache, signal });
+export async function loadWeights(loader, base, { cache, sha256 = {}, onProgress = () => {}, onPlan = () => {} } = {}) {
+  const names = await weightFiles(base, { cache });
   const files = [];
-  for (const name of names) files.push({ name, ...(await openFile(base, name, { cache, signal })) });
+  for (const name of names) files.push({ name, ...(await openFile(base, name, { cache })) });
   for (const f of files) {
     if (f.size === null) throw new RuvLLMError('download', `${f.name}: the server did not say how large it is (no Content-Length, or a compressed response)`);
   }
@@ -59,7 +53,6 @@ export async function loadWeights(loader, base, { cache, signal, sha256 = {}, on
     };
     report(true);
     for await (const chunk of prepend(file.buffered, file.chunks)) {
-      if (signal?.aborted) throw signal.reason;
       fileLoaded = unwrap(loader.write(file.name, chunk));
       loaded += chunk.length;
       report(false);
@@ -91,18 +84,6 @@ async function readHeader(file) {
   }
   const header = concat(buffered, Math.min(have, needed));
   return { header, buffered, rest: { [Symbol.asyncIterator]: () => iterator } };
-}
-
-function concat(chunks, length) {
-  const out = new Uint8Array(length);
-  let offset = 0;
-  for (const chunk of chunks) {
-    if (offset >= length) break;
-    const part = chunk.subarray(0, length - offset);
-    out.set(part, offset);
-    offset += part.length;
-  }
-  return out;
 }
 
 async function* prepend(first, rest) {

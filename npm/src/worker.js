@@ -6,15 +6,15 @@
  * tokens, so an abort request is honoured before the next token.
  */
 
-import { AbortError, RuvLLMError, serializeError } from './errors.js';
+import { AbortError, RuvLLMError, serializeError, unwrap } from './errors.js';
 import { readBytes, readJson, readText } from './files.js';
 import { checkRequest } from './protocol.js';
 import { startPython } from './runtime.js';
 import { createText } from './text.js';
 import { loadWeights } from './weights.js';
 import { splitAtStop } from './detokenize.js';
+import { IS_NODE } from './env.js';
 
-const IS_NODE = typeof process === 'object' && typeof process.versions?.node === 'string';
 
 const port = IS_NODE ? (await import('node:worker_threads')).parentPort : globalThis;
 const send = (message) => port.postMessage(message);
@@ -25,26 +25,19 @@ const state = {
   engine: null, // ruvllm.bridge.EngineHandle (PyProxy)
   text: null,
   aborted: new Set(), // ids of generate/chat requests asked to stop
-  busy: false,
 };
 
-/** Resolve after pending messages (an abort) had their turn; no 4 ms timer clamping. */
+// A message to ourselves resolves after pending messages (an abort) had their turn; no 4 ms timer clamping.
+const tick = new MessageChannel();
+let afterTick = null;
+tick.port1.onmessage = () => afterTick();
+if (IS_NODE) tick.port1.unref(); // the worker ends when its parent lets it go, not kept by this port
+
 function yieldToEventLoop() {
   return new Promise((resolve) => {
-    const channel = new MessageChannel();
-    channel.port1.onmessage = () => {
-      channel.port1.close();
-      resolve();
-    };
-    channel.port2.postMessage(null);
+    afterTick = resolve;
+    tick.port2.postMessage(null);
   });
-}
-
-/** Unwrap a bridge result ({"ok"} or {"error"}) or throw the RuvLLMError it describes. */
-function unwrap(json) {
-  const result = JSON.parse(json);
-  if (result.error) throw new RuvLLMError(result.error.type, result.error.message);
-  return result.ok;
 }
 
 async function load(id, options) {
@@ -178,22 +171,22 @@ async function adapterRequest(id, message) {
     const [promptIds, completionIds] = state.text.feedbackIds({ prompt, messages, completion });
     const request = { adapter, prompt_ids: promptIds, completion_ids: completionIds, reward, steps, lr };
     const r = unwrap(engine.adapt(JSON.stringify(request)));
-    send({ type: 'adapter', id, result: { logProbBefore: r.log_prob_before, logProbAfter: r.log_prob_after, steps: r.steps, stepMs: r.step_ms } });
+    send({ type: 'result', id, result: { logProbBefore: r.log_prob_before, logProbAfter: r.log_prob_after, steps: r.steps, stepMs: r.step_ms } });
   } else if (type === 'new_adapter') {
-    send({ type: 'adapter', id, result: unwrap(engine.new_adapter(JSON.stringify(message.config ?? {}))) });
+    send({ type: 'result', id, result: unwrap(engine.new_adapter(JSON.stringify(message.config ?? {}))) });
   } else if (type === 'set_adapter') {
-    send({ type: 'adapter', id, result: unwrap(engine.set_adapter(message.name ?? undefined)) });
+    send({ type: 'result', id, result: unwrap(engine.set_adapter(message.name ?? undefined)) });
   } else if (type === 'load_adapter') {
     const base = message.url;
     const files = { cache: false };
     const config = await readText(base, 'adapter_config.json', files);
     const weights = await readBytes(base, 'adapter_model.safetensors', files);
     const learned = await readBytes(base, 'learning_state.safetensors', { ...files, optional: true });
-    send({ type: 'adapter', id, result: unwrap(engine.load_adapter(message.name, config, weights, learned ?? undefined)) });
+    send({ type: 'result', id, result: unwrap(engine.load_adapter(message.name, config, weights, learned ?? undefined)) });
   } else if (type === 'save_adapter') {
     const encoded = unwrap(engine.adapter_files(message.name ?? undefined));
     const files = Object.fromEntries(Object.entries(encoded).map(([name, b64]) => [name, fromBase64(b64)]));
-    send({ type: 'adapter', id, result: files });
+    send({ type: 'result', id, result: files });
   }
 }
 
@@ -241,21 +234,18 @@ async function handle(message) {
       dispose();
     } else {
       if (!state.engine) throw new RuvLLMError('inference', 'the model is not loaded');
-      if (state.busy) throw new RuvLLMError('inference', 'another generation is running on this model');
-      state.busy = type === 'generate' || type === 'chat' || type === 'adapt';
       try {
         if (ADAPTER_REQUESTS.has(type)) {
           await adapterRequest(id, message);
         } else if (type === 'cache_stats') {
           const s = unwrap(state.engine.cache_stats());
-          send({ type: 'cache_stats', id, stats: { hotPositions: s.hot_positions, hotBytes: s.hot_bytes, coldPositions: s.cold_positions, coldBytes: s.cold_bytes, coldFormat: s.cold_format, evictedPositions: s.evicted_positions, seenPositions: s.seen_positions } });
+          send({ type: 'result', id, result: { hotPositions: s.hot_positions, hotBytes: s.hot_bytes, coldPositions: s.cold_positions, coldBytes: s.cold_bytes, coldFormat: s.cold_format, evictedPositions: s.evicted_positions, seenPositions: s.seen_positions } });
         } else {
           const ids = promptIds(message);
-          if (type === 'tokenize') send({ type: 'tokens', id, ids });
+          if (type === 'tokenize') send({ type: 'result', id, result: ids });
           else await generate(id, ids, message.options ?? {});
         }
       } finally {
-        state.busy = false;
         state.aborted.delete(id);
       }
     }

@@ -2,22 +2,20 @@
 // distribution (RUVLLM_PYODIDE_DIST or ~/.cache/ruvllm/pyodide/314.0.1); skipped, with how to get one, without it.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { existsSync } from 'node:fs';
 import { copyFile, mkdtemp, open, readFile, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:http';
-import { homedir, tmpdir } from 'node:os';
+import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 
 import { AbortError, RuvLLM, RuvLLMError } from '../src/index.js';
+import { DIST, HAVE_DIST } from './support/dist.js';
 
 const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
 const MODEL = join(ROOT, 'models', 'smollm2-135m-instruct');
-const DIST = process.env.RUVLLM_PYODIDE_DIST || join(homedir(), '.cache', 'ruvllm', 'pyodide', '314.0.1');
 const PYTHON = process.env.RUVLLM_PYTHON || join(ROOT, '.venv', 'bin', 'python');
-const HAVE_DIST = existsSync(join(DIST, 'pyodide.asm.wasm')) && existsSync(join(DIST, 'pyodide-lock.json'));
 const SKIP = HAVE_DIST
   ? false
   : `no local Pyodide distribution at ${DIST}: set RUVLLM_PYODIDE_DIST to a Pyodide 314.0.1 folder with NumPy (docs/pyodide.md says how to make one)`;

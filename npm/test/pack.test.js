@@ -3,19 +3,19 @@ import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
 import { mkdtemp, writeFile } from 'node:fs/promises';
-import { homedir, tmpdir } from 'node:os';
+import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { before, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 
+import { DIST, HAVE_DIST } from './support/dist.js';
+
 const run = promisify(execFile);
 const PACKAGE = resolve(fileURLToPath(new URL('..', import.meta.url)));
 const ROOT = resolve(PACKAGE, '..');
 const MODEL = join(ROOT, 'models', 'smollm2-135m-instruct');
-const DIST = process.env.RUVLLM_PYODIDE_DIST || join(homedir(), '.cache', 'ruvllm', 'pyodide', '314.0.1');
 const PYTHON = process.env.RUVLLM_PYTHON || join(ROOT, '.venv', 'bin', 'python');
-const HAVE_DIST = existsSync(join(DIST, 'pyodide.asm.wasm'));
 
 let project;
 

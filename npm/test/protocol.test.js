@@ -1,8 +1,8 @@
 import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
-import { AbortError, RuvLLMError, deserializeError, serializeError } from '../src/errors.js';
-import { EVENTS, REQUESTS, checkRequest, newId } from '../src/protocol.js';
+import { AbortError, RuvLLMError, deserializeError, serializeError, unwrap } from '../src/errors.js';
+import { REQUESTS, checkRequest, newId } from '../src/protocol.js';
 
 test('request ids are unique integers', () => {
   const ids = new Set(Array.from({ length: 100 }, newId));
@@ -15,7 +15,6 @@ test('well-formed requests pass, others are refused by name', () => {
   assert.throws(() => checkRequest({ type: 'explode', id: 1 }), { message: 'unknown request type "explode"' });
   assert.throws(() => checkRequest(null), { message: 'unknown request type undefined' });
   assert.throws(() => checkRequest({ type: 'generate' }), { message: 'request generate has no integer id' });
-  assert.ok(EVENTS.includes('chunk') && EVENTS.includes('error'));
 });
 
 test('errors keep their type and message across the worker boundary', () => {
@@ -33,4 +32,10 @@ test('errors keep their type and message across the worker boundary', () => {
   assert.equal(other.type, 'inference');
   assert.equal(other.message, 'internal error: boom');
   assert.equal(new RuvLLMError('nonsense', 'x').type, 'inference');
+});
+
+test('a bridge result gives its value, or throws the error it carries', () => {
+  assert.deepEqual(unwrap('{"ok": {"a": [1, 2]}}'), { a: [1, 2] });
+  assert.equal(unwrap('{"ok": null}'), null);
+  assert.throws(() => unwrap('{"error": {"type": "context_full", "message": "too long"}}'), (e) => e instanceof RuvLLMError && e.type === 'context_full' && e.message === 'too long');
 });
