@@ -27,17 +27,24 @@ const state = {
   aborted: new Set(), // ids of generate/chat requests asked to stop
 };
 
-// A message to ourselves resolves after pending messages (an abort) had their turn; no 4 ms timer clamping.
-const tick = new MessageChannel();
-let afterTick = null;
-tick.port1.onmessage = () => afterTick();
-if (IS_NODE) tick.port1.unref(); // the worker ends when its parent lets it go, not kept by this port
-
-function yieldToEventLoop() {
-  return new Promise((resolve) => {
-    afterTick = resolve;
-    tick.port2.postMessage(null);
-  });
+/**
+ * Let pending messages (an abort) run before the next token. Browsers: a message to ourselves, a task
+ * queued behind them (no 4 ms timer clamping). Node processes up to 1000 messages of one port in a row,
+ * so a self-message loop there would starve the parent port until the generation ends: setImmediate
+ * runs after the event loop has polled it.
+ */
+let yieldToEventLoop;
+if (IS_NODE) {
+  yieldToEventLoop = () => new Promise((resolve) => setImmediate(resolve));
+} else {
+  const tick = new MessageChannel();
+  let afterTick = null;
+  tick.port1.onmessage = () => afterTick();
+  yieldToEventLoop = () =>
+    new Promise((resolve) => {
+      afterTick = resolve;
+      tick.port2.postMessage(null);
+    });
 }
 
 async function load(id, options) {

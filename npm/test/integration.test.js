@@ -104,6 +104,37 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
     assert.deepEqual((await collect(llm.generate('Once upon a time', GREEDY))).map((c) => c.tokenId), expected.token_ids);
   });
 
+  // After an abort the worker must be free within about one token: the next request's first token
+  // arrives in its own time-to-first-token plus at most the step that was running (before the fix it
+  // waited for the aborted generation to reach maxTokens: ~200 token times here).
+  for (const how of ['break', 'signal']) {
+    test(`after an abort (${how}) the next request starts within about one token`, async () => {
+      const firstTokenMs = async () => {
+        const started = performance.now();
+        for await (const _ of llm.generate('Hello', { temperature: 0, maxTokens: 1 })) return performance.now() - started;
+      };
+      const idleFirstToken = await firstTokenMs();
+      const controller = new AbortController();
+      const arrivals = [];
+      const stream = llm.generate('Once upon a time', { ...GREEDY, maxTokens: 200, signal: controller.signal });
+      try {
+        for await (const _ of stream) {
+          arrivals.push(performance.now());
+          if (arrivals.length === 4) {
+            if (how === 'break') break;
+            controller.abort();
+          }
+        }
+      } catch (error) {
+        assert.ok(error instanceof AbortError, `expected an AbortError, got ${error}`);
+      }
+      const tokenMs = (arrivals[3] - arrivals[1]) / 2;
+      const afterAbort = await firstTokenMs();
+      const allowed = idleFirstToken + 2 * tokenMs + 250;
+      assert.ok(afterAbort < allowed, `first token ${afterAbort.toFixed(0)} ms after the abort; allowed ${allowed.toFixed(0)} ms (idle ${idleFirstToken.toFixed(0)} ms, one token ${tokenMs.toFixed(0)} ms)`);
+    });
+  }
+
   test('two consecutive generations are independent', async () => {
     const first = await collect(llm.chat([{ role: 'user', content: 'Name a fruit.' }], GREEDY));
     await collect(llm.generate('Something else entirely, to fill the cache', { maxTokens: 8, temperature: 0.9, seed: 4 }));
