@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 from . import learn
-from .cache import KVOptions
+from .cache import KVCache, KVOptions
 from .engine import Engine, load_engine, read_config
 from .errors import LoadError
 from .generate import Chunk, GenerationOptions, generate_text, generate_tokens
@@ -27,11 +28,17 @@ from .tokenizer import Tokenizer
 
 
 class Model:
+    """A model and its tokenizer. Generations may run from several threads, or be stepped in turn from
+    one: each owns a KV cache while it runs (they compute one step at a time). The cache of the last
+    generation that finished is lent to the next one, so a chat's next turn reuses what it holds.
+    """
+
     def __init__(self, engine: Engine, tokenizer: Tokenizer, eos_token_ids: Sequence[int]) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
-        self._cache = engine.new_cache()  # reused across calls; every call resets it
+        self._idle_cache: KVCache | None = engine.new_cache()  # no generation holds it
+        self._cache_lock = threading.Lock()
 
     @property
     def config(self):
@@ -44,16 +51,16 @@ class Model:
         and adapter (a loaded adapter's name, or None for the base model; default: whichever is set).
         """
         started = time.perf_counter()
-        self._use_adapter(options)
+        adapter = self._adapter_option(options)
         ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        return self._stream(ids, GenerationOptions.from_kwargs(**options), started)
+        return self._stream(ids, GenerationOptions.from_kwargs(**options), started, adapter)
 
     def chat(self, messages: list[dict], **options: object) -> Iterator[Chunk]:
         """Stream the assistant's reply to `messages`, rendered with the model's chat template."""
         started = time.perf_counter()
-        self._use_adapter(options)
+        adapter = self._adapter_option(options)
         opts = GenerationOptions.from_kwargs(**options)
-        return self._stream(self.tokenizer.encode_chat(messages), opts, started)
+        return self._stream(self.tokenizer.encode_chat(messages), opts, started, adapter)
 
     # --- MicroLoRA ------------------------------------------------------------------------------
 
@@ -91,9 +98,10 @@ class Model:
         assistant's answer, ending with the end-of-turn token. Options: steps, lr, optimizer, ewc.
         An adapter called `adapter` is made (rank 2 on q_proj and v_proj) if none is held yet.
         """
-        held = self.engine.adapters.learner(adapter)
         prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
-        return learn.adapt(self.engine, held, prompt_ids, completion_ids, reward, learn.AdaptOptions(**options))
+        with self.engine.lock:  # no generation step in between may wrap the weights with another adapter
+            held = self.engine.adapters.learner(adapter)
+            return learn.adapt(self.engine, held, prompt_ids, completion_ids, reward, learn.AdaptOptions(**options))
 
     def feedback_ids(self, prompt: str, completion: str, chat: bool) -> tuple[list[int], list[int]]:
         """Token ids of a prompt and its completion, tokenized as they would be generated."""
@@ -107,13 +115,39 @@ class Model:
             return prompt_ids, whole[len(prompt_ids) :]
         return prompt_ids, self.tokenizer.encode(completion, add_special_tokens=False)
 
-    def _use_adapter(self, options: dict) -> None:
-        if "adapter" in options:
-            self.engine.adapters.activate(options.pop("adapter"))
+    _KEEP = object()  # no adapter option: the active adapter stays
 
-    def _stream(self, ids: list[int], options: GenerationOptions, started: float) -> Iterator[Chunk]:
-        steps = generate_tokens(self.engine, ids, options, self.eos_token_ids, self._cache)
-        return generate_text(steps, self.tokenizer.detokenizer(), len(ids), options.stop, self.eos_token_ids, started)
+    def _adapter_option(self, options: dict) -> object:
+        return options.pop("adapter") if "adapter" in options else self._KEEP
+
+    def _stream(self, ids: list[int], options: GenerationOptions, started: float, adapter: object) -> Iterator[Chunk]:
+        cache = self._borrow_cache()
+        try:
+            with self.engine.lock:  # the adapter chosen here is the one the generation pins
+                if adapter is not self._KEEP:
+                    self.engine.adapters.activate(adapter)  # and later calls too, as set_adapter would
+                steps = generate_tokens(self.engine, ids, options, self.eos_token_ids, cache)
+        except BaseException:
+            self._return_cache(cache)
+            raise
+        chunks = generate_text(steps, self.tokenizer.detokenizer(), len(ids), options.stop, self.eos_token_ids, started)
+        return self._returning_cache(chunks, cache)
+
+    def _borrow_cache(self) -> KVCache:
+        """The idle cache (it may hold a prefix of the next prompt), or a new one if a generation has it."""
+        with self._cache_lock:
+            cache, self._idle_cache = self._idle_cache, None
+        return cache if cache is not None else self.engine.new_cache()
+
+    def _return_cache(self, cache: KVCache) -> None:
+        with self._cache_lock:
+            self._idle_cache = cache  # the newest finished conversation: the likeliest to continue
+
+    def _returning_cache(self, chunks: Iterator[Chunk], cache: KVCache) -> Iterator[Chunk]:
+        try:
+            yield from chunks
+        finally:  # finished, failed, closed, or collected after being abandoned
+            self._return_cache(cache)
 
 
 def load(

@@ -256,7 +256,7 @@ class KVCache:
             for _ in range(config.num_hidden_layers)
         ]
         self.tokens: list[int] = []
-        self.owner: tuple = (None, 0, 0)  # the weights (adapter, its uid, version) the entries came from
+        self.owner: tuple | None = None  # the weights_identity() the entries were computed with
 
     @property
     def length(self) -> int:

@@ -8,6 +8,7 @@ import glob
 import json
 import os
 import sys
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -23,6 +24,7 @@ from .tensorfile import SafetensorsFile
 from .weights import ComputeOptions, Weights, load_weights
 
 DEFAULT_MAX_CONTEXT = 4096  # cache positions reserved at most by default (memory grows with it)
+BASE_WEIGHTS = (0, None, 0, 0)  # weights_identity() of a model no adapter has touched
 
 
 def default_kernel() -> str:
@@ -96,6 +98,7 @@ class Engine:
         self.kv = kv or KVOptions()
         self.inv_freq = inverse_frequencies(config)  # (E/2,)
         self.plan: MemoryPlan | None = None  # set when loaded through from_store
+        self.lock = threading.RLock()  # held while computing, and while adapters change the weights
         self._adapters = None
 
     @classmethod
@@ -124,28 +127,42 @@ class Engine:
         if self._adapters is None:
             from .lora import AdapterSet
 
-            self._adapters = AdapterSet(self.weights)
+            self._adapters = AdapterSet(self.weights, self.lock)
         return self._adapters
 
     def weights_identity(self) -> tuple:
-        """What the weights compute now (the active adapter and its version): keys of cached K/V."""
-        return self.adapters.identity()
+        """What the weights compute with the active adapter (its name and version): the tag of cached
+        keys and values, and what a generation pins for all its steps."""
+        return BASE_WEIGHTS if self._adapters is None else self._adapters.identity()
 
     def new_cache(self) -> KVCache:
         """An empty cache: at most `context_length` positions, or a byte budget (KVOptions)."""
         return KVCache(self.config, self.context_length, self.kv)
 
     def forward(
-        self, tokens: list[int] | np.ndarray, start: int, cache: KVCache, last_only: bool = False
+        self,
+        tokens: list[int] | np.ndarray,
+        start: int,
+        cache: KVCache,
+        last_only: bool = False,
+        weights: tuple | None = None,
     ) -> np.ndarray:
-        """Logits (T, V) for tokens at positions start.. (or (1, V) for the last one)."""
+        """Logits (T, V) for tokens at positions start.. (or (1, V) for the last one).
+
+        weights: a `weights_identity()` to compute with (a generation pins the one it started with, so
+        calls interleaved from other generations or threads cannot change its adapter); None: the
+        active adapter. Calls from several threads take turns.
+        """
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.ndim != 1 or tokens.size == 0:
             raise InvalidArgumentError("tokens must be a non-empty 1-D sequence of ids")
         if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
             bad = int(tokens[(tokens < 0) | (tokens >= self.config.vocab_size)][0])
             raise InvalidArgumentError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
-        return forward(self.weights, self.config, self.inv_freq, tokens, start, cache, last_only)
+        with self.lock:
+            if self._adapters is not None:
+                self._adapters.use(weights or self._adapters.identity())
+            return forward(self.weights, self.config, self.inv_freq, tokens, start, cache, last_only)
 
 
 def read_config(folder: str) -> ModelConfig:

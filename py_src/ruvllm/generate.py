@@ -4,7 +4,9 @@
    The Pyodide worker drives exactly this layer, one `next()` per token.
 2. `generate_text`   - adds streaming detokenization, stop strings and timings, yielding `Chunk`s.
 
-Every call builds its own cache state and sampler, so calls on one engine never see each other.
+Every call builds its own sampler and computes with the weights (adapter) active when it started, in
+a cache it is given or makes; callers that share a cache between generations must not run two on it
+at once (api.Model lends its cache to one generation at a time).
 """
 
 from __future__ import annotations
@@ -13,10 +15,12 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
 
+import numpy as np
+
 from .cache import KVCache
 from .detokenizer import StreamingDetokenizer
 from .engine import Engine
-from .errors import ContextFullError, InvalidArgumentError
+from .errors import ContextFullError, InferenceError, InvalidArgumentError
 from .planner import PREFILL_CHUNK
 from .sampling import SamplingOptions, make_sampler
 
@@ -87,14 +91,14 @@ def generate_tokens(
     bad = [t for t in prompt if not 0 <= t < engine.config.vocab_size]
     if bad:
         raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {engine.config.vocab_size})")
-    identity = engine.weights_identity()
+    identity = engine.weights_identity()  # every step computes with these weights (the adapter active now)
     if cache.owner != identity:  # other weights (an adapter switched or updated): nothing can be reused
         cache.reset()
         cache.owner = identity
     reused = common_prefix(cache.tokens, prompt) if reuse_prefix else 0
     reused = min(reused, len(prompt) - 1)  # the last prompt token is always computed: it gives the logits
     eos = set() if options.ignore_eos else set(eos_ids)
-    return _token_loop(engine, prompt, reused, options, eos, cache)
+    return _token_loop(engine, prompt, reused, options, eos, cache, identity)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -107,18 +111,33 @@ def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
 
 
 def _token_loop(
-    engine: Engine, prompt: list[int], reused: int, options: GenerationOptions, eos: set[int], cache: KVCache
+    engine: Engine,
+    prompt: list[int],
+    reused: int,
+    options: GenerationOptions,
+    eos: set[int],
+    cache: KVCache,
+    weights: tuple,
 ) -> Iterator[Step]:
     limit = cache.max_positions
     sample = make_sampler(options.sampling)
+
+    def next_logits(tokens: list[int], start: int) -> np.ndarray:
+        logits = engine.forward(tokens, start, cache, last_only=True, weights=weights)[0]  # (V,)
+        if not np.isfinite(logits).all():  # NaN or inf weights, or an overflow: never sample from garbage
+            raise InferenceError(
+                f"the model computed non-finite logits at position {start + len(tokens) - 1} "
+                "(its weights or config values are broken)"
+            )
+        return logits
+
     cache.truncate(reused)
     if limit is not None and cache.options.hot_tokens is None:  # a plain cache: allocate it once
         cache.reserve(min(limit - reused, len(prompt) - reused + options.max_tokens))
 
     started = time.perf_counter()
     for start in range(reused, len(prompt), PREFILL_CHUNK):
-        chunk = prompt[start : start + PREFILL_CHUNK]
-        logits = engine.forward(chunk, start, cache, last_only=True)[0]  # (V,)
+        logits = next_logits(prompt[start : start + PREFILL_CHUNK], start)
     prefill_ms = (time.perf_counter() - started) * 1000
     history = list(prompt)
     for i in range(options.max_tokens):
@@ -135,7 +154,7 @@ def _token_loop(
         yield Step(token, reason, prefill_ms if first else None, reused if first else 0)
         if reason is not None:
             return
-        logits = engine.forward([token], position, cache, last_only=True)[0]  # (V,)
+        logits = next_logits([token], position)
 
 
 @dataclass(frozen=True)

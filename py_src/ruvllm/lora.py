@@ -22,16 +22,18 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from .errors import InvalidArgumentError, LoadError
+from .errors import InferenceError, InvalidArgumentError, LoadError
 from .matrices import DenseMatrix
 from .tensorfile import SafetensorsFile, bf16_to_f32, serialize
 from .weights import Linear, Weights
 
 _UIDS = itertools.count(1)
+
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 DEFAULT_TARGETS = ("q_proj", "v_proj")
 _GROUP = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
@@ -217,33 +219,46 @@ class Adapter:
 
 
 class AdapterSet:
-    """Adapters held by one loaded model; at most one is active (wrapped into the weights) at a time."""
+    """Adapters held by one loaded model.
 
-    def __init__(self, weights: Weights) -> None:
+    `active` is the selected adapter (None: the base model): what a computation uses unless it names
+    another. `apply` wraps the weights with one adapter; a generation re-applies the adapter it started
+    with before each step, so interleaved generations with different adapters each compute with their
+    own. Everything that changes the weights (wrapping, merging) holds `lock`, the lock a forward holds.
+    """
+
+    def __init__(self, weights: Weights, lock: threading.RLock | None = None) -> None:
         self.weights = weights
+        self.lock = lock or threading.RLock()
         self.adapters: dict[str, Adapter] = {}
         self.active: str | None = None
         self.merges = 0  # how many times an adapter was merged into (or out of) the base weights
+        self._applied: str | None = None  # the adapter the weights are wrapped with now
         self._originals: dict[str, object] = {}
 
     def add(self, name: str, adapter: Adapter) -> None:
-        if self.active == name:
-            self.activate(None)
-        self.adapters[name] = adapter
+        with self.lock:
+            if self.active == name:
+                self.activate(None)
+            if self._applied == name:
+                self.apply(None)
+            self.adapters[name] = adapter
 
     def create(self, name: str, config: LoRAConfig | None = None) -> Adapter:
         """A fresh adapter (it changes nothing until it learns), held under `name` and made active."""
         adapter = Adapter.new(self.weights, config or LoRAConfig())
-        self.add(name, adapter)
-        self.activate(name)
+        with self.lock:
+            self.add(name, adapter)
+            self.activate(name)
         return adapter
 
     def learner(self, name: str) -> Adapter:
         """Adapter `name`, made with the default config if none is held, and active: the one to adapt."""
-        if name not in self.adapters:
-            return self.create(name)
-        self.activate(name)
-        return self.adapters[name]
+        with self.lock:
+            if name not in self.adapters:
+                return self.create(name)
+            self.activate(name)
+            return self.adapters[name]
 
     def get(self, name: str | None = None) -> Adapter:
         """A held adapter (default: the active one)."""
@@ -254,42 +269,65 @@ class AdapterSet:
         return self.adapters[name]
 
     def activate(self, name: str | None) -> None:
-        """Wrap the weights with adapter `name` (None: the base model)."""
+        """Select adapter `name` (None: the base model) and wrap the weights with it."""
         if name is not None:
             self.get(name)  # known, or an error listing the held ones
-        if name == self.active:
-            return
-        for module, original in self._originals.items():
-            linear_of(self.weights, module).matrix = original
-        self._originals.clear()
-        self.active = name
-        if name is None:
-            return
-        adapter = self.adapters[name]
-        for module in adapter.A:
-            lin = linear_of(self.weights, module)
-            self._originals[module] = lin.matrix
-            lin.matrix = LoRAMatrix(lin.matrix, adapter.A[module], adapter.B[module], adapter.config.scale)
+        with self.lock:
+            self.active = name
+            self.apply(name)
+
+    def apply(self, name: str | None) -> None:
+        """Wrap the weights with adapter `name` (None: none), leaving the selection as it is."""
+        with self.lock:
+            if name == self._applied:
+                return
+            for module, original in self._originals.items():
+                linear_of(self.weights, module).matrix = original
+            self._originals.clear()
+            self._applied = name
+            if name is None:
+                return
+            adapter = self.get(name)
+            for module in adapter.A:
+                lin = linear_of(self.weights, module)
+                self._originals[module] = lin.matrix
+                lin.matrix = LoRAMatrix(lin.matrix, adapter.A[module], adapter.B[module], adapter.config.scale)
 
     def identity(self) -> tuple[int, str | None, int, int]:
-        """What the weights compute right now: (merges, active adapter, its uid, its version). Caches key on it."""
-        if self.active is None:
-            return (self.merges, None, 0, 0)
-        adapter = self.adapters[self.active]
-        return (self.merges, self.active, adapter.uid, adapter.version)
+        """What the weights compute with the active adapter: (merges, its name, uid and version).
+        Cached keys and values are tagged with it; a generation pins it (`use`)."""
+        return self._identity_of(self.active)
+
+    def use(self, identity: tuple[int, str | None, int, int]) -> None:
+        """Wrap the weights with the adapter `identity` names, refusing if it changed since (it learned,
+        was replaced, or an adapter was merged into the base weights): keys cached with it are stale."""
+        with self.lock:
+            name = identity[1]
+            if self._identity_of(name) != identity:
+                what = "the base weights" if name is None else f"adapter {name!r}"
+                raise InferenceError(
+                    f"{what} changed while this generation was running (an adapter learned, was replaced or "
+                    "merged); start a new generation"
+                )
+            self.apply(name)
+
+    def _identity_of(self, name: str | None) -> tuple[int, str | None, int, int]:
+        adapter = self.adapters.get(name) if name is not None else None
+        return (self.merges, name, adapter.uid, adapter.version) if adapter else (self.merges, name, 0, 0)
 
     def merge(self, name: str, sign: float = 1.0) -> None:
         """Add (sign=+1) or subtract (-1) adapter `name`'s scale * B @ A into the float32 base weights, in
         place. No adapter stays active: a merged one would count twice."""
         adapter = self.get(name)
-        self.activate(None)
-        for module in adapter.A:
-            lin = linear_of(self.weights, module)
-            if not isinstance(lin.matrix, DenseMatrix):
-                raise InvalidArgumentError(f"merging needs float32 weights; {module} computes as {lin.matrix.form}")
-        for module in adapter.A:
-            lin = linear_of(self.weights, module)
-            if lin.matrix is self.weights.embed_tokens:  # a tied output projection gets its own copy first
-                lin.matrix = DenseMatrix(lin.matrix.weight.copy(), lin.matrix.kernel)
-            lin.matrix.weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])
-        self.merges += 1
+        with self.lock:
+            self.activate(None)
+            for module in adapter.A:
+                lin = linear_of(self.weights, module)
+                if not isinstance(lin.matrix, DenseMatrix):
+                    raise InvalidArgumentError(f"merging needs float32 weights; {module} computes as {lin.matrix.form}")
+            for module in adapter.A:
+                lin = linear_of(self.weights, module)
+                if lin.matrix is self.weights.embed_tokens:  # a tied output projection gets its own copy first
+                    lin.matrix = DenseMatrix(lin.matrix.weight.copy(), lin.matrix.kernel)
+                lin.matrix.weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])
+            self.merges += 1
