@@ -21,23 +21,56 @@ function withSlash(url) {
 export async function startPython({ indexURL } = {}) {
   let loadPyodide;
   const index = indexURL ? withSlash(indexURL) : IS_NODE ? undefined : DEFAULT_INDEX_URL;
+  const from = index ?? 'the pyodide package';
   try {
     // Node: always the npm package's loader (it resolves its own Node dependencies); the runtime files
     // come from indexURL. Browsers: the loader that sits with the runtime files.
     ({ loadPyodide } = IS_NODE ? await import('pyodide') : await import(/* @vite-ignore */ `${index}pyodide.mjs`));
   } catch (error) {
-    throw new RuvLLMError('load', `cannot load Pyodide from ${index ?? 'the pyodide package'}: ${error.message}`);
+    throw new RuvLLMError('load', `cannot load Pyodide from ${from}: ${error.message}`);
   }
   let py;
   try {
     py = await loadPyodide({ indexURL: index, stdout: () => {}, stderr: () => {} });
-    await py.loadPackage(['numpy', 'micropip'], { messageCallback: () => {}, errorCallback: () => {} });
-    py.pyimport('numpy');
   } catch (error) {
-    throw new RuvLLMError('load', `cannot start Pyodide with NumPy from ${index ?? 'the pyodide package'}: ${error.message}`);
+    throw new RuvLLMError('load', `cannot start Pyodide from ${from}: ${error.message}`);
   }
+  await loadPackages(py, from);
   await installWheel(py);
   return py;
+}
+
+const PACKAGES = ['numpy', 'micropip'];
+
+/**
+ * Load NumPy and micropip from the distribution's lock file. Pyodide does not throw when a wheel cannot
+ * be fetched: it says so through the callbacks and leaves the package out, and all that shows next is
+ * "No module named 'numpy'". Its messages name the file or URL that failed, so they become the error.
+ */
+async function loadPackages(py, from) {
+  const said = [];
+  const note = (message) => {
+    if (!message.startsWith('Loading ')) said.push(message); // not the "Loading numpy, micropip" preamble
+  };
+  try {
+    await py.loadPackage(PACKAGES, { messageCallback: note, errorCallback: note });
+  } catch (error) {
+    said.push(error.message);
+  }
+  const missing = PACKAGES.filter((name) => !(name in py.loadedPackages));
+  if (missing.length > 0) {
+    throw new RuvLLMError(
+      'load',
+      `cannot load ${missing.join(' and ')} into Pyodide from ${from}. Pyodide said:\n  ${said.join('\n  ')}\n` +
+        `To fix it, pass pyodide: { indexURL } pointing at a Pyodide ${PYODIDE_VERSION} distribution (a folder or URL) ` +
+        'that holds NumPy and micropip; docs/pyodide.md in the ruvllm repository says how to make one.',
+    );
+  }
+  try {
+    py.pyimport('numpy').destroy();
+  } catch (error) {
+    throw new RuvLLMError('load', `NumPy from ${from} was loaded but does not import: ${error.message}`);
+  }
 }
 
 async function readPackageFile(relative) {
