@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import threading
@@ -66,9 +67,34 @@ def shot(page, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"), full_page=True)
 
 
-def open_demo(browser, url: str):
+# Every distinct state of the loading block, from before the page's own script runs until the model is
+# ready (or failed): window.__loadSteps = [{ phase, hidden, label, indeterminate, text, status }].
+RECORD_LOAD_STEPS = """
+window.__loadSteps = [];
+const observer = new MutationObserver(() => {
+    const [block, label, bar, text, status] = ['loading', 'progress-label', 'progress', 'progress-text', 'status']
+        .map((id) => document.getElementById(id));
+    if (!block || !label || !bar || !text || !status) return;
+    const step = {
+        phase: block.dataset.phase,
+        hidden: block.hidden,
+        label: label.textContent,
+        indeterminate: !bar.hasAttribute('value'),
+        text: text.textContent,
+        status: status.textContent,
+    };
+    if (JSON.stringify(step) !== JSON.stringify(window.__loadSteps.at(-1))) window.__loadSteps.push(step);
+    if (['ready', 'error'].includes(status.dataset.state)) observer.disconnect();
+});
+observer.observe(document, { subtree: true, childList: true, characterData: true, attributes: true });
+"""
+
+
+def open_demo(browser, url: str, *, record_load: bool = False):
     """A fresh browser context (empty caches) on the page, not yet waited for."""
     context = browser.new_context()
+    if record_load:
+        context.add_init_script(RECORD_LOAD_STEPS)
     page = context.new_page()
     page.goto(url)
     return context, page
@@ -78,15 +104,20 @@ def wait_state(page, state: str, timeout: int = LOAD_TIMEOUT_MS) -> None:
     page.wait_for_selector(f'[data-testid=status][data-state="{state}"]', timeout=timeout)
 
 
+def answer(page) -> str:
+    """The raw text of the last answer (what the model said; the page shows it rendered from Markdown)."""
+    return page.get_attribute("[data-testid=output]", "data-raw")
+
+
 def watch_output(page) -> None:
-    """Record every text the last assistant message shows, as it streams."""
+    """Record every raw text the last assistant message holds, as it streams."""
     page.evaluate(
         """() => {
             window.__snapshots = [];
             new MutationObserver(() => {
                 const out = document.querySelector('[data-testid=output]');
-                if (out) window.__snapshots.push(out.textContent);
-            }).observe(document.getElementById('messages'), { subtree: true, childList: true, characterData: true });
+                if (out) window.__snapshots.push(out.dataset.raw);
+            }).observe(document.getElementById('messages'), { subtree: true, attributeFilter: ['data-raw'] });
         }"""
     )
 
@@ -106,14 +137,7 @@ def cpython_chat(prompt: str, max_tokens: int) -> str:
 @pytest.fixture(scope="module")
 def demo(browser, base_url):
     """One page with the model loaded, shared by the chat tests (loading takes several seconds)."""
-    context, page = open_demo(browser, base_url)
-    page.evaluate(
-        """() => {
-            window.__progress = [];
-            new MutationObserver(() => window.__progress.push(document.querySelector('[data-testid=progress]').value))
-                .observe(document.querySelector('[data-testid=progress]'), { attributes: true });
-        }"""
-    )
+    context, page = open_demo(browser, base_url, record_load=True)
     wait_state(page, "ready")
     shot(page, "loaded")
     page.fill("[data-testid=temperature]", "0")
@@ -122,11 +146,35 @@ def demo(browser, base_url):
 
 
 def test_the_model_loads_and_progress_reaches_100(demo):
-    assert demo.get_attribute("[data-testid=progress]", "value") == "100"
-    assert "92.2 MiB (100%)" in demo.text_content("#progress-text")
-    assert demo.text_content("[data-testid=status]").startswith("Ready")
+    downloads = [step for step in demo.evaluate("window.__loadSteps") if step["phase"] == "download"]
+    assert downloads[-1]["text"] == "92.2 / 92.2 MiB (100%)"
+    assert demo.text_content("[data-testid=status]").startswith("Ready (92.2 MiB loaded in ")
     assert demo.is_enabled("[data-testid=prompt]") and demo.is_enabled("[data-testid=send]")
     assert not demo.is_enabled("[data-testid=stop]")
+
+
+def test_loading_shows_the_phase_that_runs_not_a_download_at_0_percent(demo):
+    steps = demo.evaluate("window.__loadSteps")
+    phases = [step["phase"] for step in steps]
+    order = [phase for i, phase in enumerate(phases) if i == 0 or phases[i - 1] != phase]
+    assert order[-5:] == ["files", "runtime", "plan", "download", "load"], order
+    by_phase = {phase: [step for step in steps if step["phase"] == phase] for phase in order}
+    for step in by_phase["runtime"]:
+        assert step["label"] == "Starting Python…" and step["indeterminate"], step
+        assert step["status"] == "Starting Python…"
+    for step in by_phase["download"]:
+        assert step["label"] == "Downloading the weights" and not step["indeterminate"], step
+        assert re.fullmatch(r"\d+\.\d / 92\.2 MiB \(\d+%\)", step["text"]), step
+    for step in by_phase["load"][:-1]:
+        assert step["label"] == "Preparing the weights…" and step["indeterminate"], step
+    assert not any(step["hidden"] for step in steps[:-1])
+
+
+def test_the_progress_block_hides_once_the_model_is_ready(demo):
+    last = demo.evaluate("window.__loadSteps.at(-1)")
+    assert last["hidden"] and last["status"].startswith("Ready"), last
+    assert demo.is_hidden("[data-testid=loading]") and demo.is_hidden("[data-testid=progress]")
+    assert demo.is_hidden("[data-testid=retry]")
 
 
 def test_a_greedy_answer_streams_and_equals_cpython(demo):
@@ -137,7 +185,7 @@ def test_a_greedy_answer_streams_and_equals_cpython(demo):
     ask(demo, prompt)
     wait_state(demo, "ready")
     shot(demo, "finished")
-    final = demo.text_content("[data-testid=output]")
+    final = answer(demo)
     snapshots = [s for s in demo.evaluate("window.__snapshots") if s]
     assert len(set(snapshots)) >= 5, "the answer arrived all at once"
     assert all(final.startswith(s) for s in snapshots), "the output only ever grows"
@@ -150,10 +198,10 @@ def test_a_second_prompt_continues_the_same_chat(demo, smollm2):
     demo.fill("[data-testid=max-tokens]", "24")
     ask(demo, "What is the capital of France?")
     wait_state(demo, "ready")
-    first = demo.text_content("[data-testid=output]")
+    first = answer(demo)
     ask(demo, "And what is its most famous tower?")
     wait_state(demo, "ready")
-    second = demo.text_content("[data-testid=output]")
+    second = answer(demo)
     messages = [
         {"role": "user", "content": "What is the capital of France?"},
         {"role": "assistant", "content": first},
@@ -161,7 +209,7 @@ def test_a_second_prompt_continues_the_same_chat(demo, smollm2):
     ]
     expected = "".join(c.text for c in smollm2.chat(messages, temperature=0, max_tokens=24))
     assert second == expected
-    assert len(demo.query_selector_all("#messages li")) == 4
+    assert len(demo.query_selector_all("#messages > li")) == 4
 
 
 def test_stop_ends_the_stream_within_a_second_and_the_next_prompt_works(demo):
@@ -173,14 +221,14 @@ def test_stop_ends_the_stream_within_a_second_and_the_next_prompt_works(demo):
     demo.click("[data-testid=stop]")
     wait_state(demo, "ready", 5_000)
     assert time.monotonic() - started < 1.0
-    stopped = demo.text_content("[data-testid=output]")
+    stopped = answer(demo)
     demo.wait_for_timeout(700)
-    assert demo.text_content("[data-testid=output]") == stopped, "text kept arriving after Stop"
+    assert answer(demo) == stopped, "text kept arriving after Stop"
     demo.fill("[data-testid=max-tokens]", "16")
     ask(demo, "Thank you!")
     wait_state(demo, "ready", 60_000)
-    assert demo.text_content("[data-testid=output]").strip()
-    assert len(demo.query_selector_all("#messages li")) == 4
+    assert answer(demo).strip()
+    assert len(demo.query_selector_all("#messages > li")) == 4
 
 
 def test_clear_chat_during_an_answer_starts_a_fresh_chat(demo):
@@ -193,19 +241,156 @@ def test_clear_chat_during_an_answer_starts_a_fresh_chat(demo):
     demo.fill("[data-testid=max-tokens]", "16")
     ask(demo, "What is the capital of France?")
     wait_state(demo, "ready", 60_000)
-    assert demo.text_content("[data-testid=output]") == cpython_chat("What is the capital of France?", 16)
-    assert len(demo.query_selector_all("#messages li")) == 2
+    assert answer(demo) == cpython_chat("What is the capital of France?", 16)
+    assert len(demo.query_selector_all("#messages > li")) == 2
+
+
+def test_markdown_renders_as_elements_and_model_text_never_becomes_html(demo):
+    hostile = (
+        '<img src=x onerror="window.__injected = 1"> and <script>window.__injected = 2</script>\n'
+        "- a **bold** [x](javascript:alert(1))\n- b *it* `<b>code</b>`\n\n"
+        '```html\n<img src=y onerror="window.__injected = 3">\n```\n'
+        "1. one\n2. two"
+    )
+    rendered = demo.evaluate(
+        """async (text) => {
+            const { renderMarkdown } = await import('/markdown.js');
+            const box = document.createElement('div');
+            box.append(renderMarkdown(text));
+            document.body.append(box);  // in the document: an <img> would load and fire onerror
+            await new Promise((resolve) => setTimeout(resolve, 200));
+            box.remove();
+            const all = (selector) => [...box.querySelectorAll(selector)].map((e) => e.textContent);
+            return {
+                tags: [...box.querySelectorAll('*')].map((e) => e.localName),
+                children: [...box.children].map((e) => e.localName),
+                p: all('p'), ul: all('ul > li'), ol: all('ol > li'), strong: all('strong'), em: all('em'),
+                code: all('p code, li code'), pre: all('pre > code'),
+                language: box.querySelector('pre > code').className,
+                injected: window.__injected ?? null,
+            };
+        }""",
+        hostile,
+    )
+    assert rendered["injected"] is None
+    assert set(rendered["tags"]) <= {"p", "ul", "ol", "li", "strong", "em", "code", "pre"}, rendered["tags"]
+    assert rendered["children"] == ["p", "ul", "pre", "ol"]
+    assert rendered["p"] == ['<img src=x onerror="window.__injected = 1"> and <script>window.__injected = 2</script>']
+    assert rendered["ul"] == ["a bold [x](javascript:alert(1))", "b it <b>code</b>"]
+    assert rendered["ol"] == ["one", "two"]
+    assert rendered["strong"] == ["bold"] and rendered["em"] == ["it"]
+    assert rendered["code"] == ["<b>code</b>"]
+    assert rendered["pre"] == ['<img src=y onerror="window.__injected = 3">']
+    assert rendered["language"] == "language-html"
+
+
+CODE_PROMPT = "How do I print hello in Python? Show the code."
+
+
+def test_an_answer_with_code_shows_as_rendered_markdown(demo):
+    demo.click("[data-testid=clear]")
+    demo.fill("[data-testid=max-tokens]", "60")
+    ask(demo, CODE_PROMPT)
+    wait_state(demo, "ready")
+    shot(demo, "markdown")
+    raw = answer(demo)
+    assert raw == cpython_chat(CODE_PROMPT, 60)
+    assert "```python\n" in raw, "the model changed its answer: pick a prompt whose answer has a code block"
+    output = "[data-testid=output]"
+    blocks = demo.eval_on_selector_all(f"{output} pre > code", "(codes) => codes.map((c) => c.textContent)")
+    assert blocks[0] == raw.split("```python\n")[1].split("\n```")[0]
+    assert demo.eval_on_selector(f"{output} pre > code", "(c) => c.className") == "language-python"
+    assert "print()" in demo.eval_on_selector_all(f"{output} p > code", "(codes) => codes.map((c) => c.textContent)")
+    assert "```" not in demo.text_content(output) and "`" not in demo.text_content(f"{output} p")
+
+
+def test_copy_puts_the_raw_answer_on_the_clipboard(demo, base_url):
+    demo.context.grant_permissions(["clipboard-read", "clipboard-write"], origin=base_url.rstrip("/"))
+    demo.click("[data-testid=clear]")
+    demo.fill("[data-testid=max-tokens]", "60")
+    ask(demo, CODE_PROMPT)
+    wait_state(demo, "ready")
+    demo.evaluate("navigator.clipboard.writeText('')")
+    demo.click("[data-testid=copy]")
+    demo.wait_for_selector("[data-testid=copy]:text('Copied')", timeout=5_000)
+    copied = demo.evaluate("navigator.clipboard.readText()")
+    assert copied == answer(demo) == cpython_chat(CODE_PROMPT, 60)
+    assert "```python" in copied, "the Markdown, as the model wrote it"
+
+
+def test_a_stopped_answer_is_marked_stopped(demo):
+    demo.click("[data-testid=clear]")
+    demo.fill("[data-testid=max-tokens]", "400")
+    ask(demo, "Write a long story about a dragon who learns to cook.")
+    demo.wait_for_function("document.querySelector('[data-testid=output]').dataset.raw.length > 20", timeout=60_000)
+    demo.click("[data-testid=stop]")
+    wait_state(demo, "ready", 5_000)
+    marker = demo.locator("#messages > li.assistant [data-testid=stopped]")
+    assert marker.count() == 1 and marker.is_visible() and marker.text_content() == "(stopped)"
+    shot(demo, "stopped")
+    demo.fill("[data-testid=max-tokens]", "8")
+    ask(demo, "Thank you!")
+    wait_state(demo, "ready", 60_000)
+    assert demo.locator("#messages > li.assistant").nth(1).locator("[data-testid=stopped]").count() == 0
+    assert demo.locator("#messages > li.assistant").nth(0).locator("[data-testid=stopped]").count() == 1
+
+
+def scroll_state(page) -> dict:
+    return page.evaluate(
+        """() => {
+            const m = document.getElementById('messages');
+            return { top: m.scrollTop, gap: m.scrollHeight - m.scrollTop - m.clientHeight,
+                     raw: document.querySelector('[data-testid=output]').dataset.raw.length };
+        }"""
+    )
+
+
+def wait_more_text(page, than: int, more: int = 30) -> None:
+    page.wait_for_function(
+        f"document.querySelector('[data-testid=output]').dataset.raw.length > {than + more}", timeout=60_000
+    )
+
+
+def test_the_conversation_follows_a_streaming_answer_unless_scrolled_up(demo):
+    demo.set_viewport_size({"width": 1000, "height": 420})
+    try:
+        demo.click("[data-testid=clear]")
+        demo.fill("[data-testid=max-tokens]", "400")
+        ask(demo, "Write a long story about a dragon who learns to cook.")
+        demo.wait_for_function(
+            "(() => { const m = document.getElementById('messages'); return m.scrollHeight > m.clientHeight + 60; })()",
+            timeout=60_000,
+        )
+        for _ in range(3):  # while it streams, the end of the answer stays in view
+            state = scroll_state(demo)
+            assert state["top"] > 0 and state["gap"] < 2, state
+            wait_more_text(demo, state["raw"], 10)
+        demo.evaluate("document.getElementById('messages').scrollTop = 40")  # the visitor scrolls up to read
+        state = scroll_state(demo)
+        wait_more_text(demo, state["raw"])
+        after = scroll_state(demo)
+        assert after["top"] == state["top"] and after["gap"] > state["gap"], (state, after)
+        shot(demo, "scrolled-up")
+        demo.evaluate("(m => { m.scrollTop = m.scrollHeight; })(document.getElementById('messages'))")  # back down
+        wait_more_text(demo, after["raw"])
+        assert scroll_state(demo)["gap"] < 2, "back at the bottom, the view follows the answer again"
+        demo.click("[data-testid=stop]")
+        wait_state(demo, "ready", 5_000)
+    finally:
+        demo.set_viewport_size({"width": 1280, "height": 720})
 
 
 def test_a_reload_takes_the_weights_from_the_cache_api(browser, base_url, server):
     before = server.requests[WEIGHTS]
-    context, page = open_demo(browser, base_url)
+    context, page = open_demo(browser, base_url, record_load=True)
     wait_state(page, "ready")
     assert server.requests[WEIGHTS] == before + 1
     page.reload()
     wait_state(page, "ready")
     assert server.requests[WEIGHTS] == before + 1, "the weights were downloaded again"
     assert "from the browser cache" in page.text_content("[data-testid=status]")
+    reads = [step for step in page.evaluate("window.__loadSteps") if step["phase"] == "download"]
+    assert reads and all(step["label"] == "Reading the weights from the browser cache" for step in reads), reads
     context.close()
 
 
@@ -216,7 +401,55 @@ def test_a_bad_model_url_shows_a_readable_error(browser, base_url):
     assert message.startswith("Could not download the model: config.json:")
     assert "/models/no-such-model/config.json answered HTTP 404" in message
     assert page.is_disabled("[data-testid=send]")
+    assert page.is_visible("[data-testid=retry]") and page.is_hidden("[data-testid=gguf-hint]")
+    assert page.is_hidden("[data-testid=loading]")
     shot(page, "bad-model")
+    context.close()
+
+
+def test_a_gguf_url_says_the_page_needs_a_converted_folder(browser, base_url):
+    context, page = open_demo(browser, base_url + "?model=/models/SmolLM2-135M-Instruct.Q4_1.gguf")
+    wait_state(page, "error", 60_000)
+    assert page.text_content("[data-testid=status]").startswith("Could not download the model: config.json:")
+    hint = page.locator("[data-testid=gguf-hint]")
+    assert hint.is_visible()
+    assert "ruvllm convert model.gguf out-folder" in hint.text_content()
+    assert "cannot load a .gguf file directly" in " ".join(hint.text_content().split())
+    shot(page, "gguf-model")
+    context.close()
+
+
+def test_retry_after_a_failed_download_loads_the_model_in_the_same_page(browser, base_url):
+    context, page = open_demo(browser, "about:blank", record_load=True)
+    failures = []
+
+    def fail(route):
+        failures.append(route.request.url)
+        route.fulfill(status=503, body="busy")
+
+    page.route("**" + WEIGHTS, fail, times=1)
+    page.goto(base_url)
+    wait_state(page, "error")
+    assert len(failures) == 1
+    assert "model.safetensors" in page.text_content("[data-testid=status]")
+    assert page.is_hidden("[data-testid=gguf-hint]")
+    page.evaluate("window.__marker = 'same page'")
+    page.evaluate(RECORD_LOAD_STEPS)  # the init script stopped recording at the error
+    page.click("[data-testid=retry]")
+    assert page.is_hidden("[data-testid=retry]")
+    page.wait_for_selector("[data-testid=loading][data-phase=runtime]", timeout=30_000)
+    shot(page, "starting-python")
+    wait_state(page, "ready")
+    assert page.evaluate("window.__marker") == "same page", "Retry reloaded the page"
+    phases = [step["phase"] for step in page.evaluate("window.__loadSteps")]
+    assert {"runtime", "download", "load"} <= set(phases), phases
+    assert page.is_hidden("[data-testid=loading]") and page.is_hidden("[data-testid=retry]")
+    page.fill("[data-testid=temperature]", "0")
+    page.fill("[data-testid=max-tokens]", "16")
+    ask(page, "What is the capital of France?")
+    wait_state(page, "ready", 60_000)
+    assert answer(page) == cpython_chat("What is the capital of France?", 16)
+    assert len(page.query_selector_all("#messages > li")) == 2, "one Enter, one message"
     context.close()
 
 

@@ -3,14 +3,20 @@
 // Pyodide distribution; `?model=URL` in the page address picks another model.
 import { RuvLLM } from '/npm/browser/index.js';
 
+import { renderMarkdown } from './markdown.js';
 import { zipFiles } from './zip.js';
 
 const $ = (id) => document.getElementById(id);
 const ui = {
   status: $('status'),
   modelName: $('model-name'),
+  loading: $('loading'),
+  progressLabel: $('progress-label'),
   progress: $('progress'),
   progressText: $('progress-text'),
+  loadFailed: $('load-failed'),
+  ggufHint: $('gguf-hint'),
+  retry: $('retry'),
   messages: $('messages'),
   composer: $('composer'),
   prompt: $('prompt'),
@@ -43,25 +49,37 @@ function setStatus(state, text) {
   ui.prompt.disabled = !idle;
   ui.send.disabled = !idle;
   ui.stop.disabled = state !== 'generating';
-  for (const button of document.querySelectorAll('.feedback button')) button.disabled = !idle;
+  for (const button of document.querySelectorAll('button.learn')) button.disabled = !idle;
   ui.useAdapter.disabled = !idle || !adapterReady;
   ui.download.disabled = !idle || !adapterReady;
 }
 
 const MiB = 2 ** 20;
+const mib = (bytes) => (bytes / MiB).toFixed(1);
 
+/** The loading step in the progress block: what runs, how far (a percentage, or null: no measure), details. */
+function showStep(phase, label, percent, details) {
+  ui.loading.hidden = false;
+  ui.loading.dataset.phase = phase;
+  ui.progressLabel.textContent = label;
+  if (percent === null) ui.progress.removeAttribute('value'); // an indeterminate bar
+  else ui.progress.value = percent;
+  ui.progressText.textContent = details;
+  setStatus('loading', label);
+}
+
+/** RuvLLM.load's onProgress: one phase after the other, each shown as what it is. */
 function showProgress(p) {
   if (p.phase === 'runtime') {
-    setStatus('loading', 'Starting Python (Pyodide + NumPy)…');
+    showStep('runtime', 'Starting Python…', null, 'Pyodide and NumPy, in a worker: 10–20 s the first time');
+  } else if (p.phase === 'plan') {
+    showStep('plan', 'Planning memory…', null, `${p.plan.compute} compute, ${mib(p.plan.totalBytes)} MiB in memory`);
   } else if (p.phase === 'download') {
     const percent = p.total ? (100 * p.loaded) / p.total : 0;
-    ui.progress.value = percent;
-    const source = p.fromCache ? ' from the browser cache' : '';
-    ui.progressText.textContent = `${(p.loaded / MiB).toFixed(1)} / ${(p.total / MiB).toFixed(1)} MiB (${percent.toFixed(0)}%)${source}`;
-    setStatus('loading', `Downloading the model${source}…`);
+    const label = p.fromCache ? 'Reading the weights from the browser cache' : 'Downloading the weights';
+    showStep('download', label, percent, `${mib(p.loaded)} / ${mib(p.total)} MiB (${percent.toFixed(0)}%)`);
   } else if (p.phase === 'load') {
-    ui.progress.value = 100;
-    setStatus('loading', 'Preparing the weights…');
+    showStep('load', 'Preparing the weights…', null, `${mib(p.total)} MiB downloaded`);
   }
 }
 
@@ -78,18 +96,47 @@ function describe(error, during) {
   return `Something went wrong ${during}: ${message}`;
 }
 
+/**
+ * Run `update`, which may make the conversation taller, and keep its end in view if it was in view:
+ * a visitor who scrolled up to read stays where they are.
+ */
+function keepingBottom(update) {
+  const list = ui.messages;
+  const atBottom = list.scrollHeight - list.scrollTop - list.clientHeight < 32;
+  update();
+  if (atBottom) list.scrollTop = list.scrollHeight;
+}
+
+/** A new message of `role`; returns its text element. The visitor's text shows as typed. */
 function addMessage(role, text) {
   const item = document.createElement('li');
   item.className = role;
   const label = document.createElement('span');
   label.className = 'role';
   label.textContent = role === 'user' ? 'You' : 'Model';
-  const body = document.createElement('span');
+  const body = document.createElement('div');
   body.className = 'text';
   body.textContent = text;
   item.append(label, body);
   ui.messages.append(item);
+  ui.messages.scrollTop = ui.messages.scrollHeight; // a new message always comes into view
   return body;
+}
+
+/** The answer so far, rendered from Markdown; the raw text stays in data-raw (what Copy copies). */
+function showAnswer(output, reply) {
+  keepingBottom(() => {
+    output.dataset.raw = reply;
+    output.replaceChildren(renderMarkdown(reply));
+  });
+}
+
+function markStopped(output) {
+  const marker = document.createElement('p');
+  marker.className = 'stopped';
+  marker.dataset.testid = 'stopped';
+  marker.textContent = '(stopped)';
+  keepingBottom(() => output.after(marker));
 }
 
 function showStats(stats) {
@@ -106,6 +153,7 @@ async function send() {
   document.querySelector('[data-testid="output"]')?.removeAttribute('data-testid');
   const output = addMessage('assistant', '');
   output.dataset.testid = 'output';
+  output.dataset.raw = '';
 
   const system = ui.system.value.trim();
   const messages = system ? [{ role: 'system', content: system }, ...turns] : [...turns];
@@ -113,22 +161,30 @@ async function send() {
   if (adapterReady) options.adapter = ui.useAdapter.checked ? ADAPTER : null;
   running = new AbortController();
   setStatus('generating', 'Generating…');
+  ui.messages.setAttribute('aria-busy', 'true'); // screen readers: read the answer once it is complete
   let reply = '';
   try {
     for await (const chunk of llm.chat(messages, { ...options, signal: running.signal })) {
-      reply += chunk.text;
-      output.textContent = reply;
+      if (chunk.text) {
+        reply += chunk.text;
+        showAnswer(output, reply);
+      }
       showStats(chunk.stats);
     }
     setStatus('ready', 'Ready');
   } catch (error) {
-    if (error.name === 'AbortError') setStatus('ready', 'Stopped');
-    else setStatus('error', describe(error, 'while generating'));
+    if (error.name === 'AbortError') {
+      markStopped(output);
+      setStatus('ready', 'Stopped');
+    } else {
+      setStatus('error', describe(error, 'while generating'));
+    }
   } finally {
     running = null;
+    ui.messages.setAttribute('aria-busy', 'false');
     if (reply) {
       turns.push({ role: 'assistant', content: reply });
-      addFeedback(output.parentElement, messages, reply);
+      keepingBottom(() => addActions(output.parentElement, messages, reply));
     } else {
       turns.pop(); // no answer at all: the model does not see this message again
     }
@@ -136,13 +192,18 @@ async function send() {
   }
 }
 
-/** Good / Bad under an answer: teach the adapter that this reply to these messages was good or bad. */
-function addFeedback(item, messages, reply) {
+/**
+ * Under an answer: Copy (its raw text), and Good / Bad, which teach the adapter that this reply to these
+ * messages was good or bad.
+ */
+function addActions(item, messages, reply) {
   const row = document.createElement('div');
-  row.className = 'feedback';
+  row.className = 'actions';
+  row.append(copyButton(reply));
   for (const [label, reward, testid] of [['Good', 1, 'thumbs-up'], ['Bad', -1, 'thumbs-down']]) {
     const button = document.createElement('button');
     button.type = 'button';
+    button.className = 'learn';
     button.textContent = label;
     button.dataset.testid = testid;
     button.setAttribute('aria-label', reward > 0 ? 'Good answer: learn from it' : 'Bad answer: learn to avoid it');
@@ -151,6 +212,26 @@ function addFeedback(item, messages, reply) {
     row.append(button);
   }
   item.append(row);
+}
+
+function copyButton(text) {
+  const button = document.createElement('button');
+  button.type = 'button';
+  button.className = 'copy';
+  button.textContent = 'Copy';
+  button.dataset.testid = 'copy';
+  button.setAttribute('aria-label', 'Copy this answer');
+  button.addEventListener('click', async () => {
+    try {
+      await navigator.clipboard.writeText(text);
+      button.textContent = 'Copied';
+    } catch (error) {
+      button.textContent = 'Copy failed';
+      button.title = error?.message ?? String(error);
+    }
+    setTimeout(() => (button.textContent = 'Copy'), 2000);
+  });
+  return button;
 }
 
 async function learn(messages, reply, reward, button) {
@@ -205,8 +286,31 @@ ui.clear.addEventListener('click', () => {
   ui.prompt.focus();
 });
 
+/** True when `model` names a GGUF file, which this page cannot load (yet): it needs a converted folder. */
+const isGguf = (model) => /\.gguf\/*(?:[?#].*)?$/i.test(model);
+
+/** Load the model; on failure say why and offer Retry, which calls this again. */
+async function loadModel(model, pyodide) {
+  ui.loadFailed.hidden = true;
+  showStep('files', 'Reading the model configuration…', null, '');
+  try {
+    const started = performance.now();
+    llm = await RuvLLM.load({ model, pyodide, onProgress: showProgress });
+    const seconds = ((performance.now() - started) / 1000).toFixed(1);
+    const cached = llm.info.fromCache ? ', weights from the browser cache' : '';
+    ui.loading.hidden = true;
+    setStatus('ready', `Ready (${mib(llm.info.downloadedBytes)} MiB loaded in ${seconds} s${cached})`);
+    ui.prompt.focus();
+  } catch (error) {
+    llm = null;
+    ui.loading.hidden = true;
+    setStatus('error', describe(error, 'while loading'));
+    ui.ggufHint.hidden = !isGguf(model);
+    ui.loadFailed.hidden = false;
+  }
+}
+
 async function main() {
-  setStatus('loading', 'Starting…');
   let config = {};
   try {
     const response = await fetch('config.json');
@@ -217,19 +321,8 @@ async function main() {
   const model = new URLSearchParams(location.search).get('model') || config.model || '/models/smollm2-135m-instruct/';
   ui.modelName.textContent = model;
   const pyodide = config.pyodideIndexURL ? { indexURL: config.pyodideIndexURL } : undefined;
-  try {
-    const started = performance.now();
-    llm = await RuvLLM.load({ model, pyodide, onProgress: showProgress });
-    ui.progress.value = 100;
-    const seconds = ((performance.now() - started) / 1000).toFixed(1);
-    const cached = llm.info.fromCache ? ', weights from the browser cache' : '';
-    ui.progressText.textContent = `${(llm.info.downloadedBytes / MiB).toFixed(1)} MiB (100%)${cached}`;
-    setStatus('ready', `Ready (loaded in ${seconds} s${cached})`);
-    ui.prompt.focus();
-  } catch (error) {
-    llm = null;
-    setStatus('error', describe(error, 'while loading'));
-  }
+  ui.retry.addEventListener('click', () => loadModel(model, pyodide));
+  await loadModel(model, pyodide);
 }
 
 main();
