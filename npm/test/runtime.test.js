@@ -1,7 +1,7 @@
 // Starting Python: when Pyodide cannot load NumPy, the load error says which file failed and what to do.
 // Needs a local Pyodide distribution (RUVLLM_PYODIDE_DIST or ~/.cache/ruvllm/pyodide/314.0.1).
 import assert from 'node:assert/strict';
-import { mkdir, mkdtemp, readFile, readdir, symlink, writeFile } from 'node:fs/promises';
+import { mkdir, mkdtemp, readFile, readdir, rm, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { describe, test } from 'node:test';
@@ -43,6 +43,8 @@ describe('Pyodide without NumPy', { skip: SKIP }, () => {
       await llm.dispose();
     } catch (e) {
       error = e;
+    } finally {
+      await rm(dir, { recursive: true });
     }
     assert.ok(error instanceof RuvLLMError, `expected a RuvLLMError, got ${error}`);
     assert.equal(error.type, 'load');
