@@ -77,6 +77,9 @@ function checkLoadOptions(options) {
   if (options.compute !== undefined && !['auto', 'f32', 'q8', 'q4'].includes(options.compute)) {
     throw new RuvLLMError('invalid_argument', `options.compute must be auto, f32, q8 or q4, got ${JSON.stringify(options.compute)}`);
   }
+  if (options.cache !== undefined && typeof options.cache !== 'boolean') {
+    throw new RuvLLMError('invalid_argument', `options.cache must be true or false, got ${JSON.stringify(options.cache)}`);
+  }
   const ctx = options.contextLength;
   if (ctx !== undefined && (!Number.isInteger(ctx) || ctx < 1)) {
     throw new RuvLLMError('invalid_argument', `options.contextLength must be a positive integer, got ${ctx}`);
