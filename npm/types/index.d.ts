@@ -50,7 +50,7 @@ export interface Progress {
   file?: string;
   fileLoaded?: number;
   fileTotal?: number;
-  /** True when the bytes come from the browser's Cache API rather than the network. */
+  /** True when the bytes come from the cache (the browser's Cache API, Node's cache folder) rather than the network. */
   fromCache?: boolean;
 }
 
@@ -71,7 +71,14 @@ export interface LoadOptions {
   onProgress?: (progress: Progress) => void;
   /** Aborting stops the download and the worker; `load` rejects with an AbortError. */
   signal?: AbortSignal;
-  /** Keep downloaded files in the browser's Cache API so a reload does not download again. Default true. */
+  /**
+   * Keep files downloaded by URL so the next load does not download them again. Browsers: the Cache API.
+   * Node: a folder, `$RUVLLM_CACHE_DIR`, else `$XDG_CACHE_HOME/ruvllm/models`, else `~/.cache/ruvllm/models`,
+   * whose files are checked (size and sha256) before every use; delete it to clear the cache. Folder paths
+   * are never cached. Default true; false neither reads nor writes the cache.
+   * @example
+   * await RuvLLM.load({ model: 'https://host/models/smollm2/', cache: false }); // always from the network
+   */
   cache?: boolean;
   /** Expected sha256 (hex) of weight files, by file name; a mismatch is a 'download' error. */
   sha256?: Record<string, string>;
