@@ -10,13 +10,13 @@ for chunk in model.chat([{"role": "user", "content": "Hi!"}], temperature=0.7, s
 
 from __future__ import annotations
 
-import json
 import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from . import jsonfields as fields
 from . import learn
 from .cache import KVCache, KVOptions
 from .engine import Engine, load_engine, read_config
@@ -188,9 +188,7 @@ def eos_token_ids(folder: str, engine: Engine, tokenizer: Tokenizer) -> list[int
     ids = list(engine.config.eos_token_ids)
     path = os.path.join(folder, "generation_config.json")
     if os.path.exists(path):
-        with open(path, encoding="utf-8") as f:
-            value = json.load(f).get("eos_token_id")
-        ids += [value] if isinstance(value, int) else list(value or [])
+        ids += fields.token_ids(fields.obj(fields.read_json(path), path), "eos_token_id", path)
     token = tokenizer.token_id(tokenizer.special_tokens.get("eos_token"))
     if token is not None:
         ids.append(token)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 import traceback
 from collections import Counter
@@ -36,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("src", help="Hugging Face model folder or .gguf file")
     p.add_argument("out", help="output folder")
     p.add_argument("--weights", choices=("f32", "f16", "q8", "q4_0", "q4_1"), help="storage format of matrices")
+    p.add_argument("--force", action="store_true", help="replace OUT (and everything in it) if it is not empty")
 
     p = sub.add_parser("info", help="describe a model folder and the memory it will take")
     p.add_argument("model")
@@ -103,8 +105,8 @@ def parse_bytes(text: str) -> int:
         number = float(value[: len(value) - len(unit)])
     except ValueError:
         raise argparse.ArgumentTypeError(f"not a size: {text!r} (use bytes, or a number with K, M or G)") from None
-    if number <= 0:
-        raise argparse.ArgumentTypeError(f"a size must be positive, got {text!r}")
+    if not math.isfinite(number) or number <= 0:
+        raise argparse.ArgumentTypeError(f"a size must be a positive number of bytes, got {text!r}")
     return int(number * units[unit])
 
 
@@ -156,6 +158,8 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except (OSError, MemoryError) as e:
         return _fail(args, f"{type(e).__name__}: {e}")
+    except Exception as e:  # a bug of ours, not the user's input: still one line, the traceback on request
+        return _fail(args, f"internal error: {type(e).__name__}: {e} (rerun with --verbose for the traceback)")
 
 
 def _fail(args: argparse.Namespace, message: str) -> int:
@@ -168,7 +172,7 @@ def _fail(args: argparse.Namespace, message: str) -> int:
 def cmd_convert(args: argparse.Namespace) -> int:
     from .convert import convert
 
-    convert(args.src, args.out, args.weights, log=lambda line: print(line, flush=True))
+    convert(args.src, args.out, args.weights, log=lambda line: print(line, flush=True), force=args.force)
     return 0
 
 
@@ -231,8 +235,10 @@ def _load(args: argparse.Namespace):
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
     from .errors import LoadError
-    from .perplexity import perplexity
+    from .perplexity import check_window, perplexity
 
+    if args.window is not None:
+        check_window(args.window)  # before the slow load
     try:
         with open(args.text_file, encoding="utf-8") as f:
             text = f.read()

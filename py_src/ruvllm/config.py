@@ -8,11 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from . import jsonfields as fields
 from .errors import LoadError
 
 SUPPORTED_ARCHITECTURES = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
 _MODEL_TYPES = {"llama": "LlamaForCausalLM", "mistral": "MistralForCausalLM", "qwen2": "Qwen2ForCausalLM"}
 SUPPORTED_ROPE_TYPES = ("default", "linear", "llama3")
+MAX_LAYERS = 4096  # far above any released model (a few hundred): a larger count is a damaged file
 
 
 @dataclass(frozen=True)
@@ -44,72 +46,71 @@ class ModelConfig:
 
     @classmethod
     def from_dict(cls, raw: dict, source: str = "config.json") -> ModelConfig:
-        if not isinstance(raw, dict):
-            raise LoadError(f"{source}: expected a JSON object")
+        """The config of a `config.json` document; a LoadError naming `source` and the field for any value
+        of the wrong type or outside what a model can have."""
+        raw = fields.obj(raw, source)
         architecture = _architecture(raw, source)
-
-        def need(key: str) -> int:
-            value = raw.get(key)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise LoadError(f"{source}: {key!r} must be a positive integer, found {value!r}")
-            return value
-
-        hidden, heads = need("hidden_size"), need("num_attention_heads")
-        kv_heads = raw.get("num_key_value_heads") or heads
+        hidden, heads = fields.integer(raw, "hidden_size", source), fields.integer(raw, "num_attention_heads", source)
+        kv_heads = fields.integer(raw, "num_key_value_heads", source, default=heads)
         if heads % kv_heads:
             raise LoadError(
                 f"{source}: num_attention_heads {heads} is not a multiple of num_key_value_heads {kv_heads}"
             )
-        head_dim = raw.get("head_dim") or hidden // heads
-        layers = need("num_hidden_layers")
-        act = raw.get("hidden_act", "silu")
+        layers = fields.integer(raw, "num_hidden_layers", source, maximum=MAX_LAYERS)
+        act = fields.string(raw, "hidden_act", source, default="silu")
         if act != "silu":
             raise LoadError(f"{source}: hidden_act {act!r} is not supported (only 'silu')")
-        if raw.get("partial_rotary_factor", 1.0) != 1.0:
+        if fields.number(raw, "partial_rotary_factor", source, default=1.0) != 1.0:
             raise LoadError(f"{source}: partial_rotary_factor {raw['partial_rotary_factor']} is not supported")
 
         theta, scaling = _rope(raw, source)
-        attention_bias = bool(raw.get("attention_bias", False))
+        attention_bias = fields.boolean(raw, "attention_bias", source)
+        bos = fields.token_ids(raw, "bos_token_id", source)
+        if len(bos) > 1:
+            raise fields.fail(source, "bos_token_id", "one token id", raw["bos_token_id"])
         return cls(
             architecture=architecture,
-            vocab_size=need("vocab_size"),
+            vocab_size=fields.integer(raw, "vocab_size", source),
             hidden_size=hidden,
-            intermediate_size=need("intermediate_size"),
+            intermediate_size=fields.integer(raw, "intermediate_size", source),
             num_hidden_layers=layers,
             num_attention_heads=heads,
             num_key_value_heads=kv_heads,
-            head_dim=head_dim,
-            rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-            max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+            head_dim=fields.integer(raw, "head_dim", source, default=hidden // heads),
+            rms_norm_eps=fields.number(raw, "rms_norm_eps", source, default=1e-6, below=1.0),
+            max_position_embeddings=fields.integer(raw, "max_position_embeddings", source, default=2048),
             rope_theta=theta,
             rope_scaling=scaling,
-            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            tie_word_embeddings=fields.boolean(raw, "tie_word_embeddings", source),
             qkv_bias=architecture == "Qwen2ForCausalLM" or attention_bias,
             o_bias=architecture == "LlamaForCausalLM" and attention_bias,
-            mlp_bias=bool(raw.get("mlp_bias", False)),
+            mlp_bias=fields.boolean(raw, "mlp_bias", source),
             sliding_windows=_sliding_windows(raw, architecture, layers, source),
-            bos_token_id=raw.get("bos_token_id"),
-            eos_token_ids=_ids(raw.get("eos_token_id")),
+            bos_token_id=bos[0] if bos else None,
+            eos_token_ids=fields.token_ids(raw, "eos_token_id", source),
         )
 
 
 def _architecture(raw: dict, source: str) -> str:
-    names = raw.get("architectures") or []
-    if not names and raw.get("model_type") in _MODEL_TYPES:
-        names = [_MODEL_TYPES[raw["model_type"]]]
+    names = fields.strings(raw, "architectures", source)
+    model_type = raw.get("model_type")
+    if not names and isinstance(model_type, str) and model_type in _MODEL_TYPES:
+        names = [_MODEL_TYPES[model_type]]
     for name in names:
         if name in SUPPORTED_ARCHITECTURES:
             return name
-    found = ", ".join(map(str, names)) or f"model_type {raw.get('model_type')!r}"
+    found = ", ".join(names) or f"model_type {model_type!r}"
     raise LoadError(f"{source}: unsupported architecture {found}; supported: {', '.join(SUPPORTED_ARCHITECTURES)}")
 
 
 def _rope(raw: dict, source: str) -> tuple[float, dict | None]:
     """(theta, scaling) from either `rope_parameters` (transformers 5) or `rope_theta` + `rope_scaling`."""
-    params = dict(raw.get("rope_parameters") or {})
-    scaling = dict(raw.get("rope_scaling") or {})
-    theta = float(params.pop("rope_theta", raw.get("rope_theta", 10000.0)))
+    params = dict(fields.obj(raw.get("rope_parameters") or {}, source, "'rope_parameters'"))
+    scaling = dict(fields.obj(raw.get("rope_scaling") or {}, source, "'rope_scaling'"))
+    merged = {**raw, **params}
+    theta = fields.number(merged, "rope_theta", source, default=10000.0)
     merged = {**scaling, **params}
+    merged.pop("rope_theta", None)
     rope_type = merged.pop("rope_type", merged.pop("type", "default"))
     if rope_type not in SUPPORTED_ROPE_TYPES:
         raise LoadError(
@@ -124,29 +125,28 @@ def _rope(raw: dict, source: str) -> tuple[float, dict | None]:
     missing = [k for k in required[rope_type] if k not in merged]
     if missing:
         raise LoadError(f"{source}: RoPE type {rope_type!r} needs {', '.join(missing)}")
-    return theta, {"rope_type": rope_type, **{k: float(merged[k]) for k in required[rope_type]}}
+    values = {k: fields.number(merged, k, source) for k in required[rope_type]}
+    if rope_type == "llama3" and values["low_freq_factor"] >= values["high_freq_factor"]:
+        raise LoadError(
+            f"{source}: RoPE low_freq_factor {values['low_freq_factor']} must be below high_freq_factor "
+            f"{values['high_freq_factor']}"
+        )
+    return theta, {"rope_type": rope_type, **values}
 
 
 def _sliding_windows(raw: dict, architecture: str, layers: int, source: str) -> tuple[int | None, ...]:
-    window = raw.get("sliding_window")
-    if architecture == "LlamaForCausalLM" or window is None:
+    if raw.get("sliding_window") is None or architecture == "LlamaForCausalLM":
         return (None,) * layers
-    if architecture == "Qwen2ForCausalLM" and not raw.get("use_sliding_window", False):
+    window = fields.integer(raw, "sliding_window", source)
+    if architecture == "Qwen2ForCausalLM" and not fields.boolean(raw, "use_sliding_window", source):
         return (None,) * layers
     layer_types = raw.get("layer_types")
     if layer_types is not None:
+        layer_types = fields.strings(raw, "layer_types", source)
         if len(layer_types) != layers:
             raise LoadError(f"{source}: layer_types has {len(layer_types)} entries for {layers} layers")
         return tuple(window if kind == "sliding_attention" else None for kind in layer_types)
     if architecture == "Qwen2ForCausalLM":
-        first = int(raw.get("max_window_layers", layers))
+        first = fields.integer(raw, "max_window_layers", source, default=layers, minimum=0)
         return tuple(window if i >= first else None for i in range(layers))
-    return (int(window),) * layers
-
-
-def _ids(value: object) -> tuple[int, ...]:
-    if value is None:
-        return ()
-    if isinstance(value, int):
-        return (value,)
-    return tuple(int(v) for v in value)
+    return (window,) * layers

@@ -5,7 +5,6 @@ the weight files it is given; the Pyodide worker and the CPython API both drive 
 from __future__ import annotations
 
 import glob
-import json
 import os
 import sys
 import threading
@@ -13,6 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import jsonfields as fields
 from .cache import KVCache, KVOptions
 from .config import ModelConfig
 from .errors import InvalidArgumentError, LoadError
@@ -167,14 +167,9 @@ class Engine:
 
 def read_config(folder: str) -> ModelConfig:
     path = os.path.join(folder, "config.json")
-    try:
-        with open(path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except FileNotFoundError:
-        raise LoadError(f"{folder}: no config.json (is this a model folder?)") from None
-    except json.JSONDecodeError as e:
-        raise LoadError(f"{path}: not valid JSON ({e})") from None
-    return ModelConfig.from_dict(raw, path)
+    if not os.path.exists(path):
+        raise LoadError(f"{folder}: no config.json (is this a model folder?)")
+    return ModelConfig.from_dict(fields.read_json(path), path)
 
 
 def open_store(folder: str, header_only: bool = False) -> TensorStore:

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from . import jsonfields as fields
 from .errors import InferenceError, InvalidArgumentError, LoadError
 from .matrices import DenseMatrix
 from .tensorfile import SafetensorsFile, bf16_to_f32, serialize
@@ -174,21 +175,27 @@ class Adapter:
     @classmethod
     def from_files(cls, config_json: str, weights_file: SafetensorsFile, weights: Weights, state_file=None) -> Adapter:
         """An adapter from PEFT-layout files (already read), checked against the model's shapes."""
+        source = "adapter_config.json"
         try:
-            raw = json.loads(config_json)
+            raw = fields.obj(json.loads(config_json), source)
         except json.JSONDecodeError as e:
-            raise LoadError(f"adapter_config.json is not valid JSON ({e})") from None
-        if raw.get("peft_type", "LORA") != "LORA":
-            raise LoadError(f"adapter_config.json: peft_type {raw.get('peft_type')!r} is not LORA")
-        if raw.get("fan_in_fan_out") or raw.get("bias", "none") != "none":
-            raise LoadError("adapter_config.json: fan_in_fan_out and bias adapters are not supported")
-        rank = int(raw.get("r", 8))
-        targets = raw.get("target_modules") or []
-        if isinstance(targets, str):
-            raise LoadError("adapter_config.json: target_modules as a regular expression is not supported")
-        config = LoRAConfig(rank=rank, alpha=float(raw.get("lora_alpha", rank)), targets=tuple(targets))
-        if raw.get("use_rslora"):
-            config.alpha = float(raw["lora_alpha"]) * rank / np.sqrt(rank)  # alpha/sqrt(r) as alpha/r
+            raise LoadError(f"{source} is not valid JSON ({e})") from None
+        if fields.string(raw, "peft_type", source, default="LORA") != "LORA":
+            raise LoadError(f"{source}: peft_type {raw.get('peft_type')!r} is not LORA")
+        bias = fields.string(raw, "bias", source, default="none")
+        if fields.boolean(raw, "fan_in_fan_out", source) or bias != "none":
+            raise LoadError(f"{source}: fan_in_fan_out and bias adapters are not supported")
+        rank = fields.integer(raw, "r", source, default=8)
+        if isinstance(raw.get("target_modules"), str):
+            raise LoadError(f"{source}: target_modules as a regular expression is not supported")
+        targets = fields.strings(raw, "target_modules", source)
+        alpha = fields.number(raw, "lora_alpha", source, default=float(rank))
+        try:
+            config = LoRAConfig(rank=rank, alpha=alpha, targets=tuple(targets))
+        except InvalidArgumentError as e:
+            raise LoadError(f"{source}: {e.message}") from None
+        if fields.boolean(raw, "use_rslora", source):
+            config.alpha = alpha * rank / np.sqrt(rank)  # alpha/sqrt(r) as alpha/r
         A, B = {}, {}
         for name in module_names(weights, config.targets):
             N, K = linear_of(weights, name).matrix.shape
@@ -203,7 +210,7 @@ class Adapter:
                     array = bf16_to_f32(array)
                 store[name] = array.astype(np.float32)
         state = {k: state_file.get(k).astype(np.float32) for k in state_file.keys()} if state_file else {}
-        return cls(config, A, B, state, int(raw.get("ruvllm_version", 0)))
+        return cls(config, A, B, state, fields.integer(raw, "ruvllm_version", source, default=0, minimum=0))
 
     @classmethod
     def load(cls, folder: str, weights: Weights) -> Adapter:

@@ -31,8 +31,14 @@ def token_nll(logits: np.ndarray, targets: np.ndarray) -> np.ndarray:
     return log_sum - logits[np.arange(len(targets)), targets]  # (T,)
 
 
+def check_window(window: int) -> int:
+    if not isinstance(window, int) or isinstance(window, bool) or window < 1:
+        raise InvalidArgumentError(f"window must be an integer >= 1 (tokens per evaluation window), got {window!r}")
+    return window
+
+
 def perplexity(engine: Engine, ids: list[int], window: int | None = None, chunk: int = 64) -> PerplexityResult:
-    window = window or engine.context_length
+    window = engine.context_length if window is None else check_window(window)
     if engine.kv.budget_bytes is None and window > engine.context_length:
         raise InvalidArgumentError(f"window {window} is longer than the context window {engine.context_length}")
     if len(ids) < 2:

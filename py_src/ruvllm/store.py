@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from . import jsonfields as fields
 from .errors import LoadError
 from .formats import GROUP, get_format
 from .tensorfile import SafetensorsFile
@@ -87,18 +88,22 @@ def _logical_tensors(f: SafetensorsFile) -> list[tuple[str, str, tuple[int, ...]
         table = json.loads(f.metadata["tensors"])
     except (KeyError, json.JSONDecodeError):
         raise LoadError(f"{f.source}: __metadata__ 'tensors' is missing or not JSON") from None
+    fields.obj(table, f.source, "__metadata__ 'tensors'")
     result, claimed = [], set()
     for name, entry in table.items():
-        fmt = get_format(entry.get("format"), f"{f.source}: tensor {name!r}")
-        shape = tuple(entry.get("shape", ()))
+        where = f"{f.source}: tensor {name!r}"
+        fields.obj(entry, where, "its __metadata__ entry")
+        fmt = get_format(fields.string(entry, "format", where), where)
+        shape = entry.get("shape")
+        if not isinstance(shape, list) or not all(fields.is_int(d) and d >= 0 for d in shape):
+            raise fields.fail(where, "shape", "a list of integers >= 0", shape)
+        shape = tuple(shape)
         if fmt.quantized and entry.get("group_size") != GROUP:
-            raise LoadError(
-                f"{f.source}: tensor {name!r}: group_size {entry.get('group_size')!r} is not supported (only {GROUP})"
-            )
+            raise LoadError(f"{where}: group_size {entry.get('group_size')!r} is not supported (only {GROUP})")
         try:
             specs = fmt.part_specs(shape)
         except ValueError as e:
-            raise LoadError(f"{f.source}: tensor {name!r}: {e}") from None
+            raise LoadError(f"{where}: {e}") from None
         for suffix, (dtype, part_shape) in specs.items():
             stored = f.tensors.get(name + suffix)
             if stored is None:

@@ -105,7 +105,7 @@ def _tensor_info(source: str, name: str, entry: object, data_start: int) -> Tens
     if not isinstance(entry, dict):
         raise LoadError(f"{where}: entry must be an object with dtype, shape and data_offsets")
     dtype, shape, offsets = entry.get("dtype"), entry.get("shape"), entry.get("data_offsets")
-    if dtype not in DTYPES:
+    if not isinstance(dtype, str) or dtype not in DTYPES:
         raise LoadError(f"{where}: unknown dtype {dtype!r}; expected one of {', '.join(DTYPES)}")
     if not isinstance(shape, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape):
         raise LoadError(f"{where}: shape must be a list of non-negative integers, found {shape!r}")

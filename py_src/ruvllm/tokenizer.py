@@ -10,13 +10,20 @@ from __future__ import annotations
 import json
 import os
 
+from . import jsonfields as fields
 from .chat_template import ChatTemplate
 from .detokenizer import StreamingDetokenizer, token_byte_table
 from .errors import InvalidArgumentError, LoadError
 
 
 class Tokenizer:
-    def __init__(self, tokenizer_json: str, tokenizer_config: dict, source: str = "tokenizer.json") -> None:
+    def __init__(
+        self,
+        tokenizer_json: str,
+        tokenizer_config: dict,
+        source: str = "tokenizer.json",
+        config_source: str = "tokenizer_config.json",
+    ) -> None:
         try:
             from tokenizers import Tokenizer as HFTokenizer
         except ImportError:
@@ -26,15 +33,13 @@ class Tokenizer:
             data = json.loads(tokenizer_json)
         except Exception as e:  # tokenizers raises a bare Exception for a malformed file
             raise LoadError(f"{source}: cannot be read ({e})") from None
-        self.config = tokenizer_config
+        self.config = fields.obj(tokenizer_config, config_source)
         self.token_bytes, self._strip_space = token_byte_table(data)
         self.special_tokens = {
-            name: _token_text(tokenizer_config.get(name))
+            name: _token_text(tokenizer_config, name, config_source)
             for name in ("bos_token", "eos_token", "unk_token", "pad_token")
         }
-        template = tokenizer_config.get("chat_template")
-        if isinstance(template, list):  # several named templates: use the default one
-            template = next((t["template"] for t in template if t.get("name") == "default"), None)
+        template = _chat_template(tokenizer_config, config_source)
         self.chat_template = ChatTemplate(template, self.special_tokens) if template else None
 
     @classmethod
@@ -42,16 +47,10 @@ class Tokenizer:
         path = os.path.join(folder, "tokenizer.json")
         if not os.path.exists(path):
             raise LoadError(f"{folder}: no tokenizer.json")
-        config = {}
         config_path = os.path.join(folder, "tokenizer_config.json")
-        if os.path.exists(config_path):
-            try:
-                with open(config_path, encoding="utf-8") as f:
-                    config = json.load(f)
-            except json.JSONDecodeError as e:
-                raise LoadError(f"{config_path}: not valid JSON ({e})") from None
+        config = fields.read_json(config_path) if os.path.exists(config_path) else {}
         with open(path, encoding="utf-8") as f:
-            return cls(f.read(), config, path)
+            return cls(f.read(), config, path, config_path)
 
     @property
     def vocab_size(self) -> int:
@@ -65,6 +64,13 @@ class Tokenizer:
         special tokens written in the text are recognised)."""
         if not isinstance(text, str):
             raise InvalidArgumentError(f"prompt must be a string, got {type(text).__name__}")
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError as e:  # a lone surrogate, e.g. an undecodable byte of a command line
+            raise InvalidArgumentError(
+                f"the text is not valid Unicode: character {e.start} is {text[e.start]!r} "
+                "(a byte that is not UTF-8, or a lone surrogate)"
+            ) from None
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
@@ -83,7 +89,24 @@ class Tokenizer:
         return StreamingDetokenizer(self.token_bytes, self._strip_space)
 
 
-def _token_text(value: object) -> str | None:
-    if isinstance(value, dict):  # {"content": "<s>", "__type": "AddedToken", ...}
-        return value.get("content")
-    return value if isinstance(value, str) else None
+def _token_text(config: dict, name: str, source: str) -> str | None:
+    """A special token's text: a string, {"content": "<s>", "__type": "AddedToken", ...}, or absent."""
+    value = config.get(name)
+    if isinstance(value, dict):
+        value = value.get("content")
+    if value is not None and not isinstance(value, str):
+        raise fields.fail(source, name, 'a string or {"content": string}', config[name])
+    return value
+
+
+def _chat_template(config: dict, source: str) -> str | None:
+    """The template source: a string, or the one named "default" in a list of {"name", "template"}."""
+    value = config.get("chat_template")
+    if isinstance(value, list):  # several named templates: use the default one
+        named = [t for t in value if isinstance(t, dict) and isinstance(t.get("template"), str)]
+        if len(named) != len(value):
+            raise fields.fail(source, "chat_template", 'a string or a list of {"name", "template"} objects', value)
+        value = next((t["template"] for t in named if t.get("name") == "default"), None)
+    if value is not None and not isinstance(value, str):
+        raise fields.fail(source, "chat_template", "a string", value)
+    return value

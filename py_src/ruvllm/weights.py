@@ -139,7 +139,7 @@ def load_weights(config: ModelConfig, store: TensorStore, options: ComputeOption
 
     def stored(name: str, shape: tuple[int, ...]):
         if name not in names:
-            raise LoadError(f"the model has no tensor {name!r} (needed by {config.architecture})")
+            raise LoadError(f"the weights have no tensor {name!r}, which config.json calls for ({config.architecture})")
         t = store.tensors[names[name]]
         if t.shape != shape:
             raise LoadError(f"tensor {name!r} has shape {list(t.shape)}, expected {list(shape)} from config.json")

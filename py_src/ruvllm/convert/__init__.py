@@ -7,37 +7,75 @@ engine itself reads the result with NumPy alone.
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Callable
 
 import numpy as np
 
 from ..errors import InvalidArgumentError, LoadError
 from ..formats import GROUP, get_format
-from .writer import ConvertedTensor
+from .writer import ConvertedTensor, current_umask
 
 WEIGHT_CHOICES = ("f32", "f16", "q8", "q4_0", "q4_1")
 
 
-def convert(src: str, out: str, weights: str | None = None, log: Callable[[str], None] = lambda line: None) -> None:
+def convert(
+    src: str,
+    out: str,
+    weights: str | None = None,
+    log: Callable[[str], None] = lambda line: None,
+    force: bool = False,
+) -> None:
     """Convert `src` (an HF model folder or a .gguf file) into the ruvllm folder `out`.
 
     `weights` is the storage format for matrices (f32, f16, q8, q4_0, q4_1); None keeps each tensor's
     source format. GGUF tensors already in Q8_0 / Q4_0 / Q4_1 are always copied without loss.
+    `out` must not exist or be empty, unless `force`: then it is replaced, whole. The model is written
+    into a temporary folder beside it and renamed into place once complete, so a failed conversion
+    leaves no half-written model, and no file of an older one remains (a stale shard breaks loading).
     """
     if weights is not None and weights not in WEIGHT_CHOICES:
         raise InvalidArgumentError(f"--weights must be one of {', '.join(WEIGHT_CHOICES)}, got {weights!r}")
     if os.path.isdir(src):
-        from .hf import convert_hf
-
-        convert_hf(src, out, weights, log)
+        from .hf import convert_hf as run
     elif os.path.isfile(src) and src.endswith(".gguf"):
-        from .gguf import convert_gguf
-
-        convert_gguf(src, out, weights, log)
+        from .gguf import convert_gguf as run
     elif not os.path.exists(src):
         raise LoadError(f"{src}: no such file or folder")
     else:
         raise LoadError(f"{src}: expected a Hugging Face model folder or a .gguf file")
+    out = os.path.normpath(out)
+    if os.path.exists(out) and not force:
+        if not os.path.isdir(out):
+            raise InvalidArgumentError(f"{out} exists and is not a folder (--force replaces it)")
+        if os.listdir(out):
+            raise InvalidArgumentError(
+                f"{out} is not empty: converting into it could mix two models (--force replaces it, whole)"
+            )
+    temporary = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=os.path.dirname(out) or ".")
+    try:
+        run(src, temporary, weights, log)
+        _replace(temporary, out)
+    except BaseException:
+        shutil.rmtree(temporary, ignore_errors=True)
+        raise
+
+
+def _replace(new: str, out: str) -> None:
+    """Move the folder `new` to `out`, replacing whatever is there; `out` is never half-written."""
+    os.chmod(new, 0o777 & ~current_umask())  # mkdtemp makes it private; a model folder is not a secret
+    if not os.path.lexists(out):
+        os.rename(new, out)
+        return
+    old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old.", dir=os.path.dirname(out) or ".")
+    os.rmdir(old)
+    os.rename(out, old)
+    os.rename(new, out)
+    if os.path.isdir(old) and not os.path.islink(old):
+        shutil.rmtree(old)
+    else:
+        os.remove(old)
 
 
 def encode(name: str, w: np.ndarray, target: str) -> ConvertedTensor:

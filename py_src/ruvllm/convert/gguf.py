@@ -15,6 +15,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from ..config import ModelConfig
 from ..errors import LoadError
 from . import encode, report
 from .gguf_tokenizer import build_tokenizer
@@ -66,11 +67,18 @@ def convert_gguf(src: str, out: str, weights: str | None, log: Callable[[str], N
 
     try:
         reader = gguf.GGUFReader(src)
-    except (ValueError, OSError, EOFError) as e:
-        raise LoadError(f"{src}: cannot read as GGUF ({e})") from None
+    except Exception as e:  # the gguf library raises whatever a damaged file makes it hit (IndexError, ...)
+        raise LoadError(f"{src}: cannot read as GGUF ({type(e).__name__}: {e})") from None
+    for t in reader.tensors:  # the spec aligns every tensor; a misaligned offset points into the wrong bytes
+        if (t.data_offset - reader.data_offset) % reader.alignment:
+            raise LoadError(
+                f"{src}: tensor {t.name!r} starts at data offset {t.data_offset - reader.data_offset}, which is not "
+                f"a multiple of the file's alignment {reader.alignment}: the file is damaged"
+            )
     meta = {name: field.contents() for name, field in reader.fields.items() if not name.startswith("tokenizer.ggml.")}
     tensor_names = {t.name for t in reader.tensors}
     config = gguf_config(meta, reader, tensor_names, src)
+    ModelConfig.from_dict(config, f"{src} (metadata)")  # values no model can have are refused here
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     arch = meta["general.architecture"]
 
@@ -98,18 +106,23 @@ def convert_gguf(src: str, out: str, weights: str | None, log: Callable[[str], N
 def gguf_config(meta: dict, reader, tensor_names: set[str], src: str) -> dict:
     """A Hugging Face config.json from GGUF metadata."""
     arch = meta.get("general.architecture")
-    if arch not in _ARCHITECTURES:
+    if not isinstance(arch, str) or arch not in _ARCHITECTURES:
         raise LoadError(f"{src}: GGUF architecture {arch!r} is not supported; supported: {', '.join(_ARCHITECTURES)}")
 
-    def key(name: str, default: object = None) -> object:
+    def key(name: str, default: object = None, integer: bool = True) -> int | float:
+        """A positive number from the metadata: an integer (sizes, counts) or a finite float."""
         value = meta.get(f"{arch}.{name}", default)
         if value is None:
             raise LoadError(f"{src}: GGUF metadata has no {arch}.{name}")
+        kinds = int if integer else (int, float)
+        if not isinstance(value, kinds) or isinstance(value, bool) or not 0 < value < float("inf"):
+            expected = "a positive integer" if integer else "a finite number > 0"
+            raise LoadError(f"{src}: GGUF metadata {arch}.{name} must be {expected}, found {value!r}")
         return value
 
-    hidden, heads = int(key("embedding_length")), int(key("attention.head_count"))
-    head_dim = int(key("attention.key_length", hidden // heads))
-    if int(key("rope.dimension_count", head_dim)) != head_dim:
+    hidden, heads = key("embedding_length"), key("attention.head_count")
+    head_dim = key("attention.key_length", hidden // heads)
+    if key("rope.dimension_count", head_dim) != head_dim:
         raise LoadError(f"{src}: partial RoPE ({arch}.rope.dimension_count != head size) is not supported")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     vocab = int(meta.get(f"{arch}.vocab_size") or (len(tokens.data) if tokens else 0))
@@ -118,27 +131,30 @@ def gguf_config(meta: dict, reader, tensor_names: set[str], src: str) -> dict:
         "model_type": arch,
         "vocab_size": vocab,
         "hidden_size": hidden,
-        "intermediate_size": int(key("feed_forward_length")),
-        "num_hidden_layers": int(key("block_count")),
+        "intermediate_size": key("feed_forward_length"),
+        "num_hidden_layers": key("block_count"),
         "num_attention_heads": heads,
-        "num_key_value_heads": int(key("attention.head_count_kv", heads)),
+        "num_key_value_heads": key("attention.head_count_kv", heads),
         "head_dim": head_dim,
         "hidden_act": "silu",
-        "max_position_embeddings": int(key("context_length")),
+        "max_position_embeddings": key("context_length"),
         # f32 in the file: 9.999999747e-06 is 1e-05 written with f32 precision.
-        "rms_norm_eps": float(str(np.float32(key("attention.layer_norm_rms_epsilon")))),
-        "rope_theta": float(str(np.float32(key("rope.freq_base", 10000.0)))),
+        "rms_norm_eps": float(str(np.float32(key("attention.layer_norm_rms_epsilon", integer=False)))),
+        "rope_theta": float(str(np.float32(key("rope.freq_base", 10000.0, integer=False)))),
         "tie_word_embeddings": "output.weight" not in tensor_names,
     }
     scaling = meta.get(f"{arch}.rope.scaling.type")
     if scaling == "linear":
-        config["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor"))}
+        config["rope_scaling"] = {"rope_type": "linear", "factor": float(key("rope.scaling.factor", integer=False))}
     elif scaling not in (None, "none"):
         raise LoadError(f"{src}: RoPE scaling {scaling!r} is not supported")
     for name in ("bos_token_id", "eos_token_id", "padding_token_id"):
         value = reader.fields.get(f"tokenizer.ggml.{name}")
         if value is not None:
-            config[name.replace("padding", "pad")] = int(value.contents())
+            token = value.contents()
+            if not isinstance(token, int) or isinstance(token, bool) or token < 0:
+                raise LoadError(f"{src}: GGUF metadata tokenizer.ggml.{name} must be a token id, found {token!r}")
+            config[name.replace("padding", "pad")] = token
     return config
 
 

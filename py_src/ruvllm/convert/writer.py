@@ -77,9 +77,13 @@ def write_safetensors(path: str, tensors: list[ConvertedTensor]) -> None:
     metadata = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "tensors": json.dumps(table)}
     serialize_file(specs, path, metadata=metadata)
     del keep_alive
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(path, 0o666 & ~umask)  # the library creates the file private (0600); a model is not a secret
+    os.chmod(path, 0o666 & ~current_umask())  # the library creates the file private (0600); a model is not a secret
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _write_json(path: str, data: dict) -> None:

@@ -1,0 +1,193 @@
+"""Input a user can get wrong: each case is a one-line error that names what was wrong (exit code 1, no
+traceback) or an exception of the public API with that message; never silently wrong output."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import ruvllm
+from ruvllm.config import ModelConfig
+from ruvllm.errors import InferenceError, LoadError
+from ruvllm.tensorfile import SafetensorsFile, serialize
+
+from conftest import tiny_model
+
+BASE = {
+    "architectures": ["LlamaForCausalLM"],
+    "vocab_size": 128,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+}
+
+
+def ruvllm_cli(*args: str | bytes) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ruvllm", *args], capture_output=True, timeout=600)
+
+
+def assert_one_line_error(result: subprocess.CompletedProcess, message: str, code: int = 1) -> None:
+    stderr = result.stderr.decode(errors="replace")
+    assert result.returncode == code, stderr
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], stderr
+
+
+# --- config.json values no model can have: refused at load, naming the field
+
+
+@pytest.mark.parametrize(
+    "change, message",
+    [
+        ({"rms_norm_eps": math.nan}, "'rms_norm_eps' must be a number in (0, 1), found nan"),
+        ({"rms_norm_eps": -1}, "'rms_norm_eps' must be a number in (0, 1), found -1"),
+        ({"rope_theta": 0}, "'rope_theta' must be a finite number > 0, found 0"),
+        ({"rope_theta": -5}, "'rope_theta' must be a finite number > 0, found -5"),
+        ({"rope_theta": math.nan}, "'rope_theta' must be a finite number > 0, found nan"),
+        ({"rope_theta": "x"}, "'rope_theta' must be a finite number > 0, found 'x'"),
+        ({"rope_scaling": {"rope_type": "linear", "factor": 0}}, "'factor' must be a finite number > 0, found 0"),
+        ({"rope_scaling": [1, 2]}, "'rope_scaling' must be a JSON object, found list"),
+        ({"architectures": 5}, "'architectures' must be a list of strings, found 5"),
+        ({"num_key_value_heads": "3"}, "'num_key_value_heads' must be an integer in [1, 2147483647], found '3'"),
+        ({"num_key_value_heads": 3.0}, "'num_key_value_heads' must be an integer in [1, 2147483647], found 3.0"),
+        ({"eos_token_id": ["2"]}, "'eos_token_id' must be a token id (an integer >= 0) or a list of them, found ['2']"),
+        ({"num_hidden_layers": 2**40}, "'num_hidden_layers' must be an integer in [1, 4096], found 1099511627776"),
+    ],
+)
+def test_impossible_config_values_are_refused_naming_the_field(change, message):
+    with pytest.raises(LoadError) as error:
+        ModelConfig.from_dict({**BASE, **change}, "m/config.json")
+    assert error.value.message == f"m/config.json: {message}"
+
+
+def test_a_config_that_is_not_an_object_is_refused():
+    with pytest.raises(LoadError, match=r"^m/config.json: the file must be a JSON object, found list$"):
+        ModelConfig.from_dict([BASE], "m/config.json")
+
+
+@pytest.fixture
+def tiny_folder(tmp_path, smollm2_dir):
+    """A tiny random Llama with SmolLM2's tokenizer files (its ids fit the tiny vocabulary only for
+    short ASCII prompts, enough here)."""
+    tiny_model("llama", tmp_path, vocab_size=49152)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(smollm2_dir / name, tmp_path / name)
+    return tmp_path
+
+
+def test_nan_weights_stop_generation_with_an_inference_error(tiny_folder):
+    path = tiny_folder / "model.safetensors"
+    f = SafetensorsFile.from_path(path)
+    tensors = {name: np.array(f.get(name)) for name in f.keys()}
+    tensors["model.layers.1.mlp.down_proj.weight"][3, 5] = np.nan
+    path.write_bytes(serialize(tensors, f.metadata))
+    model = ruvllm.load(str(tiny_folder))
+    with pytest.raises(InferenceError, match=r"^the model computed non-finite logits at position 0 "):
+        list(model.generate("Hi", max_tokens=8, temperature=0))
+
+
+# --- the command line
+
+
+def test_a_prompt_that_is_not_utf8_is_refused(smollm2_dir):
+    result = ruvllm_cli("generate", str(smollm2_dir), "--prompt", b"caf\xe9", "--max-tokens", "2")
+    assert_one_line_error(result, "the text is not valid Unicode: character 3 is '\\udce9'")
+
+
+def test_a_memory_budget_must_be_a_finite_size(smollm2_dir):
+    for value in ("inf", "nan", "-1G"):
+        result = ruvllm_cli("info", str(smollm2_dir), f"--memory-budget={value}")
+        assert_one_line_error(result, f"a size must be a positive number of bytes, got '{value}'", code=2)
+
+
+def test_a_perplexity_window_must_be_positive(smollm2_dir, tmp_path):
+    (tmp_path / "t.txt").write_text("Some text to measure.")
+    result = ruvllm_cli("perplexity", str(smollm2_dir), "--text-file", str(tmp_path / "t.txt"), "--window", "-3")
+    assert_one_line_error(result, "window must be an integer >= 1 (tokens per evaluation window), got -3")
+
+
+def test_damaged_adapter_config_is_a_load_error(tmp_path, smollm2):
+    model = smollm2
+    adapter = model.new_adapter("x")
+    adapter.save(str(tmp_path))
+    model.set_adapter(None)
+    config = json.loads((tmp_path / "adapter_config.json").read_text())
+    (tmp_path / "adapter_config.json").write_text(json.dumps({**config, "r": "2"}))
+    with pytest.raises(
+        LoadError, match=r"^adapter_config.json: 'r' must be an integer in \[1, 2147483647\], found '2'$"
+    ):
+        model.load_adapter(str(tmp_path))
+
+
+# --- GGUF files and the converter
+
+
+def gguf_copy(smollm2_gguf, tmp_path, edit) -> str:
+    """A copy of the SmolLM2 GGUF with `edit(data, reader)` applied to its bytes."""
+    import gguf
+
+    data = bytearray(smollm2_gguf.read_bytes())
+    edit(data, gguf.GGUFReader(str(smollm2_gguf)))
+    path = tmp_path / "damaged.gguf"
+    path.write_bytes(bytes(data))
+    return str(path)
+
+
+def first_tensor_field(reader, part: int) -> int:
+    """Byte offset of one part of the first tensor's info: 2 = n_dims, 5 = its data offset."""
+    field = reader.tensors[0].field
+    return field.offset + sum(p.nbytes for p in field.parts[:part])
+
+
+GGUF_DAMAGE = {
+    "truncated to 1000 bytes": (lambda data, reader: data.__delitem__(slice(1000, None)), "cannot read as GGUF"),
+    "n_dims 99": (
+        lambda data, reader: data.__setitem__(
+            slice(o := first_tensor_field(reader, 2), o + 4), (99).to_bytes(4, "little")
+        ),
+        "cannot read as GGUF",
+    ),
+    "tensor_count 2^40": (
+        lambda data, reader: data.__setitem__(slice(8, 16), (2**40).to_bytes(8, "little")),
+        "cannot read as GGUF",
+    ),
+    "a misaligned tensor": (
+        lambda data, reader: data.__setitem__(
+            slice(o := first_tensor_field(reader, 5), o + 8),
+            (int.from_bytes(data[o : o + 8], "little") + 1).to_bytes(8, "little"),
+        ),
+        "which is not a multiple of the file's alignment 32: the file is damaged",
+    ),
+}
+
+
+@pytest.mark.parametrize("damage", list(GGUF_DAMAGE))
+def test_a_damaged_gguf_is_a_one_line_error(damage, smollm2_gguf, tmp_path):
+    edit, message = GGUF_DAMAGE[damage]
+    path = gguf_copy(smollm2_gguf, tmp_path, edit)
+    assert_one_line_error(ruvllm_cli("convert", path, str(tmp_path / "out")), message)
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_convert_refuses_a_folder_that_is_not_empty_unless_forced(tmp_path):
+    tiny_model("llama", tmp_path / "hf")
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "model-00002-of-00002.safetensors").write_bytes(b"a stale shard of another model")
+    result = ruvllm_cli("convert", str(tmp_path / "hf"), str(out))
+    assert_one_line_error(result, f"{out} is not empty: converting into it could mix two models (--force replaces it")
+    assert (out / "model-00002-of-00002.safetensors").exists()
+
+    result = ruvllm_cli("convert", str(tmp_path / "hf"), str(out), "--force")
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
+    ruvllm.engine.load_engine(str(out))  # loads: the stale shard is gone
