@@ -9,9 +9,9 @@
  * in Rust and that the JS library implements faithfully, so both runtimes produce the same ids.
  */
 
-import { Template } from '@huggingface/jinja';
 import { Tokenizer } from '@huggingface/tokenizers';
 
+import { ChatTemplate } from './chat-template.js';
 import { RuvLLMError } from './errors.js';
 import { StreamingDetokenizer, tokenByteTable } from './detokenize.js';
 
@@ -75,14 +75,7 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
   }
   let source = tokenizerConfig.chat_template;
   if (Array.isArray(source)) source = source.find((t) => t.name === 'default')?.template;
-  let template = null;
-  if (source) {
-    try {
-      template = new Template(source);
-    } catch (error) {
-      throw new RuvLLMError('load', `chat_template in tokenizer_config.json does not parse: ${error.message}`);
-    }
-  }
+  const template = source ? new ChatTemplate(source, special) : null;
 
   // End-of-sequence ids: config.json, generation_config.json and the tokenizer's eos_token (as on CPython).
   const eos = new Set([...idList(config.eos_token_id), ...idList(generationConfig.eos_token_id)]);
@@ -97,11 +90,7 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
     },
     applyChatTemplate(messages, addGenerationPrompt = true) {
       if (!template) throw new RuvLLMError('invalid_argument', 'this model has no chat template (tokenizer_config.json has no chat_template)');
-      try {
-        return template.render({ messages, add_generation_prompt: addGenerationPrompt, ...special });
-      } catch (error) {
-        throw new RuvLLMError('invalid_argument', `the chat template rejected these messages: ${error.message}`);
-      }
+      return template.render(messages, addGenerationPrompt);
     },
     encodeChat(messages, addGenerationPrompt = true) {
       // The template writes any BOS itself; adding special tokens again would double it.

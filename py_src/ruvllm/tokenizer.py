@@ -40,7 +40,7 @@ class Tokenizer:
             for name in ("bos_token", "eos_token", "unk_token", "pad_token")
         }
         template = _chat_template(tokenizer_config, config_source)
-        self.chat_template = ChatTemplate(template, self.special_tokens) if template else None
+        self.chat_template = ChatTemplate(template, self.special_tokens, config_source) if template else None
 
     @classmethod
     def from_folder(cls, folder: str) -> Tokenizer:
