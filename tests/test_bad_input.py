@@ -108,6 +108,11 @@ def test_a_memory_budget_must_be_a_finite_size(smollm2_dir):
         assert_one_line_error(result, f"a size must be a positive number of bytes, got '{value}'", code=2)
 
 
+def test_a_thread_count_must_be_positive(smollm2_dir):
+    result = ruvllm_cli("generate", str(smollm2_dir), "--prompt", "x", "--threads", "0")
+    assert_one_line_error(result, "threads must be an integer >= 1, got 0")
+
+
 def test_a_perplexity_window_must_be_positive(smollm2_dir, tmp_path):
     (tmp_path / "t.txt").write_text("Some text to measure.")
     result = ruvllm_cli("perplexity", str(smollm2_dir), "--text-file", str(tmp_path / "t.txt"), "--window", "-3")

@@ -9,7 +9,7 @@ import textwrap
 
 from conftest import tiny_model
 
-BLOCKED = ["tokenizers", "jinja2", "safetensors", "gguf", "torch", "transformers"]
+BLOCKED = ["tokenizers", "jinja2", "safetensors", "gguf", "torch", "transformers", "threadpoolctl"]
 
 
 def test_engine_runs_with_numpy_only(tmp_path):

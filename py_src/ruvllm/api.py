@@ -158,6 +158,7 @@ def load(
     kv: KVOptions | None = None,
     isq: str = "rtn",
     isq_format: str = "q4_1",
+    threads: int | None = None,
 ) -> Model:
     """Load a ruvllm (or plain Hugging Face safetensors) model folder with its tokenizer.
 
@@ -165,7 +166,8 @@ def load(
     `memory_budget` bytes, f32 without a budget). kv: the two-tier KV cache (KVOptions).
     isq: how a float model is quantized at load when compute asks for q8/q4: "rtn" (round to
     nearest) or "awq" (activation-aware, calibrated on a short built-in text). isq_format: the 4-bit
-    format ("q4_1" or "q4_0") float matrices get under compute "q4".
+    format ("q4_1" or "q4_0") float matrices get under compute "q4". threads: the most BLAS threads a
+    prompt's products may use (default: the CPUs available; decoding always uses one; see threads.py).
     """
     if not os.path.isdir(path):
         raise LoadError(f"{path}: model folder not found")
@@ -173,7 +175,15 @@ def load(
     tokenizer = Tokenizer.from_folder(path)
     calibration = tokenizer.encode(calibration_text()) if isq == "awq" else None
     engine = load_engine(
-        path, context_length, compute, kv, memory_budget, isq=isq, calibration_ids=calibration, isq_format=isq_format
+        path,
+        context_length,
+        compute,
+        kv,
+        memory_budget,
+        isq=isq,
+        calibration_ids=calibration,
+        isq_format=isq_format,
+        threads=threads,
     )
     return Model(engine, tokenizer, eos_token_ids(path, engine, tokenizer))
 

@@ -120,6 +120,9 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--keep", type=int, default=4, help="first positions never dropped (attention sinks)")
     p.add_argument("--isq", choices=("rtn", "awq"), default="rtn", help="quantizing a float model at load")
     p.add_argument("--isq-format", choices=("q4_0", "q4_1"), default="q4_1", help="4-bit format for --compute q4")
+    p.add_argument(
+        "--threads", type=int, help="BLAS threads for prompt processing (default: all CPUs; decoding uses one)"
+    )
 
 
 def load_options(args: argparse.Namespace):
@@ -134,6 +137,7 @@ def load_options(args: argparse.Namespace):
         kv=kv,
         isq=args.isq,
         isq_format=args.isq_format,
+        threads=args.threads,
     )
 
 
@@ -142,7 +146,7 @@ def _load_model(args: argparse.Namespace):
     from .api import load
 
     o = load_options(args)
-    model = load(args.model, o.context_length, o.compute, o.memory_budget, o.kv, o.isq, o.isq_format)
+    model = load(args.model, o.context_length, o.compute, o.memory_budget, o.kv, o.isq, o.isq_format, o.threads)
     if getattr(args, "adapter", None):
         model.set_adapter(model.load_adapter(args.adapter))
     return model

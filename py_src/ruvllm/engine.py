@@ -21,6 +21,7 @@ from .planner import MemoryPlan, choose_compute
 from .rope import inverse_frequencies
 from .store import TensorStore, sanitize
 from .tensorfile import SafetensorsFile
+from .threads import BlasThreads
 from .weights import ComputeOptions, Weights, load_weights
 
 DEFAULT_MAX_CONTEXT = 4096  # cache positions reserved at most by default (memory grows with it)
@@ -54,10 +55,12 @@ class LoadOptions:
     isq: str = "rtn"  # how float models are quantized at load: "rtn" or "awq" (activation-aware)
     isq_format: str = "q4_1"  # the 4-bit format float matrices get under compute "q4"
     calibration_ids: tuple[int, ...] | None = None  # token ids of a calibration text, for "awq"
+    threads: int | None = None  # BLAS threads for prompt processing (threads.py); None: the available CPUs
 
     def __post_init__(self) -> None:
         if self.isq not in ("rtn", "awq"):
             raise InvalidArgumentError(f"isq must be rtn or awq, got {self.isq!r}")
+        BlasThreads(self.threads)  # a bad thread count is refused before the slow load
 
 
 def plan_for(config: ModelConfig, store: TensorStore, options: LoadOptions) -> MemoryPlan:
@@ -90,7 +93,12 @@ def _activation_aware(config: ModelConfig, store: TensorStore, compute: ComputeO
 
 class Engine:
     def __init__(
-        self, config: ModelConfig, weights: Weights, context_length: int | None = None, kv: KVOptions | None = None
+        self,
+        config: ModelConfig,
+        weights: Weights,
+        context_length: int | None = None,
+        kv: KVOptions | None = None,
+        threads: int | None = None,
     ) -> None:
         self.config = config
         self.weights = weights
@@ -99,6 +107,7 @@ class Engine:
         self.inv_freq = inverse_frequencies(config)  # (E/2,)
         self.plan: MemoryPlan | None = None  # set when loaded through from_store
         self.lock = threading.RLock()  # held while computing, and while adapters change the weights
+        self.threads = BlasThreads(threads)
         self._adapters = None
 
     @classmethod
@@ -114,7 +123,7 @@ class Engine:
             weights, report = _activation_aware(config, store, compute, options.calibration_ids)
         else:
             weights = load_weights(config, store, compute)
-        engine = cls(config, weights, options.context_length, options.kv)
+        engine = cls(config, weights, options.context_length, options.kv, options.threads)
         engine.plan = plan
         engine.isq_report = report
         return engine
@@ -159,7 +168,7 @@ class Engine:
         if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
             bad = int(tokens[(tokens < 0) | (tokens >= self.config.vocab_size)][0])
             raise InvalidArgumentError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
-        with self.lock:
+        with self.lock, self.threads.limit(len(tokens)):
             if self._adapters is not None:
                 self._adapters.use(weights or self._adapters.identity())
             return forward(self.weights, self.config, self.inv_freq, tokens, start, cache, last_only)
@@ -189,12 +198,13 @@ def load_engine(
     isq: str = "rtn",
     calibration_ids: list[int] | None = None,
     isq_format: str = "q4_1",
+    threads: int | None = None,
 ) -> Engine:
     """Load a model folder. See LoadOptions for the arguments."""
     if not os.path.isdir(folder):
         raise LoadError(f"{folder}: model folder not found")
     calibration = tuple(calibration_ids) if calibration_ids else None
     options = LoadOptions(
-        context_length, compute, memory_budget, kernel, kv or KVOptions(), isq, isq_format, calibration
+        context_length, compute, memory_budget, kernel, kv or KVOptions(), isq, isq_format, calibration, threads
     )
     return Engine.from_store(read_config(folder), open_store(folder), options)

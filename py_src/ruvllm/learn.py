@@ -87,32 +87,33 @@ def adapt(
     state = adapter.state
     before = None
     started = time.perf_counter()
-    for _ in range(options.steps):
-        _, ll, grads = adapter_gradients(engine, adapter, tokens, scored, reward)
-        before = ll if before is None else before
-        norm = float(np.sqrt(sum(np.sum(g * g) for g in grads.values())))
-        if options.max_grad_norm and norm > options.max_grad_norm:
-            grads = {k: g * np.float32(options.max_grad_norm / norm) for k, g in grads.items()}
-        t = state.get("adam.t", np.zeros(1, np.float32))
-        state["adam.t"] = t + 1
-        for key, theta in params.items():
-            g = grads[key]
-            if options.ewc and f"fisher.{key}" in state:
-                g = g + options.ewc * state[f"fisher.{key}"] * (theta - state[f"anchor.{key}"])
-            if options.optimizer == "sgd":
-                theta -= options.lr * g
-                continue
-            m = state.setdefault(f"adam.m.{key}", np.zeros_like(theta))
-            v = state.setdefault(f"adam.v.{key}", np.zeros_like(theta))
-            m *= 0.9
-            m += 0.1 * g
-            v *= 0.999
-            v += 0.001 * g * g
-            n = float(state["adam.t"][0])
-            theta -= options.lr * (m / (1 - 0.9**n)) / (np.sqrt(v / (1 - 0.999**n)) + 1e-8)
-        adapter.version += 1
-    step_ms = (time.perf_counter() - started) * 1000 / options.steps
-    _, after, grads = adapter_gradients(engine, adapter, tokens, scored, 1.0)
+    with engine.threads.limit(len(tokens)):  # products over the whole sequence: prompt-sized
+        for _ in range(options.steps):
+            _, ll, grads = adapter_gradients(engine, adapter, tokens, scored, reward)
+            before = ll if before is None else before
+            norm = float(np.sqrt(sum(np.sum(g * g) for g in grads.values())))
+            if options.max_grad_norm and norm > options.max_grad_norm:
+                grads = {k: g * np.float32(options.max_grad_norm / norm) for k, g in grads.items()}
+            t = state.get("adam.t", np.zeros(1, np.float32))
+            state["adam.t"] = t + 1
+            for key, theta in params.items():
+                g = grads[key]
+                if options.ewc and f"fisher.{key}" in state:
+                    g = g + options.ewc * state[f"fisher.{key}"] * (theta - state[f"anchor.{key}"])
+                if options.optimizer == "sgd":
+                    theta -= options.lr * g
+                    continue
+                m = state.setdefault(f"adam.m.{key}", np.zeros_like(theta))
+                v = state.setdefault(f"adam.v.{key}", np.zeros_like(theta))
+                m *= 0.9
+                m += 0.1 * g
+                v *= 0.999
+                v += 0.001 * g * g
+                n = float(state["adam.t"][0])
+                theta -= options.lr * (m / (1 - 0.9**n)) / (np.sqrt(v / (1 - 0.999**n)) + 1e-8)
+            adapter.version += 1
+        step_ms = (time.perf_counter() - started) * 1000 / options.steps
+        _, after, grads = adapter_gradients(engine, adapter, tokens, scored, 1.0)
     # Consolidate: Fisher information of this lesson (squared log-likelihood gradient), anchor here.
     for key, theta in params.items():
         fisher = grads[key] ** 2
