@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # ruvllm build script. Everything it makes lands in ignored folders (.venv/, build/, models/).
 #
-#   ./build.sh            set up the Python environment and build everything that exists so far
-#   ./build.sh setup      only the Python environment (.venv, the package in editable mode + test tools)
+#   ./build.sh            set up the Python environment and build everything the demo needs
+#   ./build.sh setup      only the Python environment (.venv: the package in editable mode with its text
+#                         and convert extras; `./build.sh setup test` adds the test tools)
 #   ./build.sh model      only the demo model: SmolLM2-135M-Instruct converted to models/smollm2-135m-instruct
 #   ./build.sh wheel      only the pure-Python wheel, into npm/wheel/ (the npm package ships it)
 #   ./build.sh npm        the npm package in npm/: its dependencies and the wheel
@@ -24,17 +25,22 @@ SMOL_GGUF_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db
 
 log() { printf '\033[1m[build]\033[0m %s\n' "$*" >&2; }
 
+# The Python environment. Serving the demo needs the engine with its text extra (tokenizer, chat
+# templates) and the convert extra (the demo model is converted from a GGUF); the test extra (torch,
+# transformers, playwright, peft: ~1.4 GB) only for `./build.sh test`.
 setup() {
+  local extras="${1:-text,convert}"
   if [ ! -x "$PY" ]; then
     log "creating $VENV"
     python3 -m venv "$VENV"
   fi
-  local stamp="$VENV/.ruvllm-installed"
+  local stamp="$VENV/.ruvllm-installed-${extras//,/-}"
   if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-    log "installing ruvllm (editable) with the test extra"
-    "$PY" -m pip install --quiet --upgrade pip
-    # torch==2.13.0 is the CPU wheel on local disk; never let a resolver pick another torch.
-    "$PY" -m pip install --quiet -e '.[test]'
+    log "installing ruvllm (editable) with the extras: $extras"
+    # setuptools >= 77 reads the SPDX license string; the wheel is built without build isolation.
+    "$PY" -m pip install --quiet --upgrade pip 'setuptools>=77'
+    # torch==2.13.0 (test extra) is the CPU wheel on local disk; never let a resolver pick another torch.
+    "$PY" -m pip install --quiet -e ".[$extras]"
     touch "$stamp"
   fi
 }
@@ -97,14 +103,14 @@ browser() {
 }
 
 build_all() {
-  setup
+  setup "${1:-text,convert}"
   npm_package
   model
 }
 
 case "${1:-all}" in
   all) build_all ;;
-  setup) setup ;;
+  setup) setup "$([ "${2:-}" = test ] && echo test || echo text,convert)" ;;
   model) setup; model ;;
   wheel) setup; wheel ;;
   npm) setup; npm_package ;;
@@ -119,7 +125,7 @@ case "${1:-all}" in
     "$VENV/bin/ruvllm" generate "$MODEL_DIR" --chat --prompt "${2:-Write a haiku about the browser.}" --temperature 0 --max-tokens 96
     ;;
   test)
-    build_all
+    build_all test
     browser
     "$VENV/bin/ruff" check py_src tests benchmarks web
     "$VENV/bin/ruff" format --check py_src tests benchmarks web

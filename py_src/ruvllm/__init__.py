@@ -12,7 +12,7 @@ from .errors import (
 from .generate import Chunk, GenerationOptions, Stats
 from .sampling import SamplingOptions
 
-__version__ = "0.1.0"
+__version__ = "3.0.0"  # as pyproject.toml and npm/package.json (tests/test_versions.py)
 
 __all__ = [
     "Chunk",
