@@ -39,14 +39,23 @@ function flatten(step) {
   return step?.type === 'Sequence' ? step.pretokenizers : [step];
 }
 
-function tokenText(value) {
-  if (value && typeof value === 'object') return value.content ?? null;
-  return typeof value === 'string' ? value : null;
+/** A special token's text: a string, { content: string }, or absent (as tokenizer.py reads it). */
+function tokenText(config, name) {
+  const value = config[name] !== null && typeof config[name] === 'object' ? config[name].content : config[name];
+  if (value !== undefined && value !== null && typeof value !== 'string') {
+    throw new RuvLLMError('load', `tokenizer_config.json: '${name}' must be a string or {"content": string}, found ${JSON.stringify(config[name])}`);
+  }
+  return value ?? null;
 }
 
-function idList(value) {
+/** Token ids: one, a list, or absent; anything else is a load error naming the file and field. */
+function idList(value, where) {
   if (value === undefined || value === null) return [];
-  return Array.isArray(value) ? value : [value];
+  const ids = Array.isArray(value) ? value : [value];
+  if (!ids.every((id) => Number.isInteger(id) && id >= 0)) {
+    throw new RuvLLMError('load', `${where}: 'eos_token_id' must be a token id (an integer >= 0) or a list of them, found ${JSON.stringify(value)}`);
+  }
+  return ids;
 }
 
 /**
@@ -54,6 +63,9 @@ function idList(value) {
  */
 export function createText({ tokenizerJson, tokenizerConfig = {}, generationConfig = {}, config = {} }) {
   if (!tokenizerJson) throw new RuvLLMError('load', 'tokenizer.json: not found');
+  for (const [name, value] of Object.entries({ 'tokenizer_config.json': tokenizerConfig, 'generation_config.json': generationConfig })) {
+    if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new RuvLLMError('load', `${name}: the file must be a JSON object`);
+  }
   let tokenizer;
   try {
     const json = { ...tokenizerJson, pre_tokenizer: equivalentPreTokenizer(tokenizerJson.pre_tokenizer) };
@@ -70,15 +82,18 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
 
   const special = {};
   for (const name of ['bos_token', 'eos_token', 'unk_token', 'pad_token']) {
-    const text = tokenText(tokenizerConfig[name]);
+    const text = tokenText(tokenizerConfig, name);
     if (text !== null) special[name] = text;
   }
   let source = tokenizerConfig.chat_template;
-  if (Array.isArray(source)) source = source.find((t) => t.name === 'default')?.template;
+  if (Array.isArray(source)) source = source.find((t) => t?.name === 'default')?.template;
+  if (source !== undefined && source !== null && typeof source !== 'string') {
+    throw new RuvLLMError('load', `tokenizer_config.json: 'chat_template' must be a string or a list of {"name", "template"} objects, found ${JSON.stringify(tokenizerConfig.chat_template).slice(0, 60)}`);
+  }
   const template = source ? new ChatTemplate(source, special) : null;
 
   // End-of-sequence ids: config.json, generation_config.json and the tokenizer's eos_token (as on CPython).
-  const eos = new Set([...idList(config.eos_token_id), ...idList(generationConfig.eos_token_id)]);
+  const eos = new Set([...idList(config.eos_token_id, 'config.json'), ...idList(generationConfig.eos_token_id, 'generation_config.json')]);
   const eosToken = special.eos_token !== undefined ? tokenizer.token_to_id(special.eos_token) : undefined;
   if (eosToken !== undefined && eosToken !== null) eos.add(eosToken);
 
