@@ -12,7 +12,8 @@ import { after, before, beforeEach, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 import { RuvLLM, RuvLLMError } from '../src/index.js';
-import { cacheFolder, openFile, readBytes, readJson } from '../src/files.js';
+import { cacheFolder } from '../src/cache-folder.js';
+import { openFile, readBytes, readJson } from '../src/files.js';
 import { loadWeights } from '../src/weights.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
 
