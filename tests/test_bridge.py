@@ -160,3 +160,23 @@ def test_the_plan_comes_from_headers_before_any_data(folder):
     small = ok(loader.plan())
     assert small["compute"] == "q4" and small["weight_bytes"] < plan["weight_bytes"] / 4
     assert error(loader.set_options(json.dumps({"kv": {"hot": 3}})))["message"] == "unknown kv option 'hot'"
+
+
+def test_a_long_prompt_comes_back_between_its_forward_calls_so_an_abort_can_get_in(folder):
+    loader, finished = stream_model(folder)
+    ok(finished)
+    ok(loader.build())
+    handle = loader.handle
+    handle.engine.prefill_chunk = 8  # as Pyodide's 32, on a tiny prompt
+    prompt = list(range(1, 21))
+    ok(handle.start(json.dumps({"prompt_ids": prompt, "options": {"max_tokens": 3, "temperature": 0}})))
+    assert ok(handle.step()) == {"prefilling": {"done": 8, "total": 20}}
+    assert ok(handle.step()) == {"prefilling": {"done": 16, "total": 20}}
+    tokens = [ok(handle.step())["token_id"] for _ in range(3)]
+    assert ok(handle.step()) is None
+    options = GenerationOptions.from_kwargs(max_tokens=3, temperature=0)
+    assert tokens == [s.token_id for s in generate_tokens(load_engine(str(folder)), prompt, options)]
+    ok(handle.start(json.dumps({"prompt_ids": prompt, "options": {"max_tokens": 3}})))
+    ok(handle.step())
+    assert ok(handle.stop()) is True  # an abort while the prompt is read
+    assert ok(handle.step()) is None

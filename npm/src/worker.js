@@ -2,8 +2,9 @@
  * The worker: owns Pyodide, the loaded model and the text tools, and answers the requests of
  * protocol.js. It runs as a module Web Worker in browsers and as a worker_threads Worker in Node.
  *
- * Generation advances the Python generator one token per call and yields to the event loop between
- * tokens, so an abort request is honoured before the next token.
+ * Generation advances the Python generator one token (or one prompt chunk, of 32 positions in Pyodide)
+ * per call and yields to the event loop between calls, so an abort request is honoured before the next
+ * token, also while a long prompt is read.
  */
 
 import { AbortError, RuvLLMError, serializeError, unwrap } from './errors.js';
@@ -104,6 +105,7 @@ async function generate(id, ids, options) {
     }
     const step = unwrap(state.engine.step());
     if (step === null) return;
+    if (step.prefilling) continue; // a long prompt between two forward calls: an abort can come in
     const now = performance.now();
     count += 1;
     if (step.prefill_ms !== null) [prefillMs, firstAt, cachedTokens] = [step.prefill_ms, now, step.cached_tokens];

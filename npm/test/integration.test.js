@@ -135,6 +135,25 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
     });
   }
 
+  test('an abort while a long prompt is read frees the worker within about one prompt chunk', async () => {
+    const firstTokenMs = async (prompt) => {
+      const started = performance.now();
+      for await (const _ of llm.generate(prompt, { temperature: 0, maxTokens: 1 })) return performance.now() - started;
+    };
+    const idleFirstToken = await firstTokenMs('Hello');
+    const chunkPrompt = Array.from({ length: 32 }, (_, i) => 1000 + i); // one forward call of 32 positions
+    const chunkMs = await firstTokenMs(chunkPrompt);
+    const longPrompt = Array.from({ length: 640 }, (_, i) => 2000 + i); // 20 chunks: ~20 s to read here
+    const controller = new AbortController();
+    const stream = collect(llm.generate(longPrompt, { maxTokens: 1, signal: controller.signal }));
+    await new Promise((done) => setTimeout(done, 1500));
+    controller.abort();
+    await assert.rejects(stream, (e) => e instanceof AbortError);
+    const afterAbort = await firstTokenMs('Hello');
+    const allowed = idleFirstToken + chunkMs + 500;
+    assert.ok(afterAbort < allowed, `first token ${afterAbort.toFixed(0)} ms after the abort; allowed ${allowed.toFixed(0)} ms (idle ${idleFirstToken.toFixed(0)} ms, one 32-token chunk ${chunkMs.toFixed(0)} ms)`);
+  });
+
   test('two consecutive generations are independent', async () => {
     const first = await collect(llm.chat([{ role: 'user', content: 'Name a fruit.' }], GREEDY));
     await collect(llm.generate('Something else entirely, to fill the cache', { maxTokens: 8, temperature: 0.9, seed: 4 }));

@@ -23,7 +23,7 @@ from .cache import KVOptions
 from .config import ModelConfig
 from .engine import Engine, LoadOptions, plan_for
 from .errors import DownloadError, InferenceError, InvalidArgumentError, LoadError, RuvLLMError
-from .generate import GenerationOptions, Step, generate_tokens
+from .generate import GenerationOptions, Prefilling, Step, generate_tokens
 from .learn import AdaptOptions
 from .learn import adapt as learn_adapt
 from .lora import DEFAULT_TARGETS, Adapter, LoRAConfig
@@ -179,16 +179,19 @@ class EngineHandle:
         ids = request.get("prompt_ids")
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             raise InvalidArgumentError("prompt_ids must be a list of integers")
-        self.steps = generate_tokens(self.engine, ids, options, request.get("eos_ids", []), self.cache)
+        eos = request.get("eos_ids", [])
+        self.steps = generate_tokens(self.engine, ids, options, eos, self.cache, report_prefill=True)
         return {"prompt_tokens": len(ids)}
 
     @_json_result
     def step(self) -> dict | None:
-        """The next token as {"token_id", "finish_reason", "prefill_ms"}, or None when finished."""
+        """The next token as {"token_id", "finish_reason", "prefill_ms", "cached_tokens"}; {"prefilling":
+        {"done", "total"}} between the forward calls of a long prompt (the worker takes aborts there);
+        None when finished."""
         if self.steps is None:
             return None
         try:
-            step: Step = next(self.steps)
+            step: Step | Prefilling = next(self.steps)
         except StopIteration:
             self.steps = None
             return None
@@ -198,6 +201,8 @@ class EngineHandle:
         except Exception as e:
             self.steps = None
             raise InferenceError(f"generation failed: {type(e).__name__}: {e}") from e
+        if isinstance(step, Prefilling):
+            return {"prefilling": {"done": step.done, "total": step.total}}
         if step.finish_reason is not None:
             self.steps = None
         return {

@@ -21,7 +21,6 @@ from .cache import KVCache
 from .detokenizer import StreamingDetokenizer
 from .engine import Engine
 from .errors import ContextFullError, InferenceError, InvalidArgumentError
-from .planner import PREFILL_CHUNK
 from .sampling import SamplingOptions, make_sampler
 
 DEFAULT_MAX_TOKENS = 256
@@ -60,6 +59,15 @@ class GenerationOptions:
 
 
 @dataclass(frozen=True)
+class Prefilling:
+    """Between two forward calls over a long prompt (only with `report_prefill`): a caller that drives
+    the generator one step at a time, like the worker, can act on an abort here."""
+
+    done: int  # prompt positions the cache holds so far
+    total: int
+
+
+@dataclass(frozen=True)
 class Step:
     token_id: int
     finish_reason: str | None  # "stop" (end-of-sequence token), "length", or None to continue
@@ -74,12 +82,13 @@ def generate_tokens(
     eos_ids: Iterable[int] = (),
     cache: KVCache | None = None,
     reuse_prefix: bool = True,
+    report_prefill: bool = False,
 ) -> Iterator[Step]:
     """Prefill the prompt, then sample one token per step until EOS, `max_tokens` or a full context.
 
     With `reuse_prefix`, the longest prefix of the prompt that `cache` already holds (the previous turn
-    of a chat) is not computed again. Bad prompts raise here, at call time; the returned generator
-    does the work.
+    of a chat) is not computed again. With `report_prefill`, a `Prefilling` comes between the forward
+    calls of a long prompt. Bad prompts raise here, at call time; the returned generator does the work.
     """
     prompt = [int(t) for t in prompt_ids]
     cache = cache if cache is not None else engine.new_cache()
@@ -98,7 +107,7 @@ def generate_tokens(
     reused = common_prefix(cache.tokens, prompt) if reuse_prefix else 0
     reused = min(reused, len(prompt) - 1)  # the last prompt token is always computed: it gives the logits
     eos = set() if options.ignore_eos else set(eos_ids)
-    return _token_loop(engine, prompt, reused, options, eos, cache, identity)
+    return _token_loop(engine, prompt, reused, options, eos, cache, identity, report_prefill)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -118,7 +127,8 @@ def _token_loop(
     eos: set[int],
     cache: KVCache,
     weights: tuple,
-) -> Iterator[Step]:
+    report_prefill: bool,
+) -> Iterator[Step | Prefilling]:
     limit = cache.max_positions
     sample = make_sampler(options.sampling)
 
@@ -136,8 +146,11 @@ def _token_loop(
         cache.reserve(min(limit - reused, len(prompt) - reused + options.max_tokens))
 
     started = time.perf_counter()
-    for start in range(reused, len(prompt), PREFILL_CHUNK):
-        logits = next_logits(prompt[start : start + PREFILL_CHUNK], start)
+    chunk = engine.prefill_chunk
+    for start in range(reused, len(prompt), chunk):
+        logits = next_logits(prompt[start : start + chunk], start)
+        if report_prefill and start + chunk < len(prompt):
+            yield Prefilling(start + chunk, len(prompt))
     prefill_ms = (time.perf_counter() - started) * 1000
     history = list(prompt)
     for i in range(options.max_tokens):

@@ -19,7 +19,7 @@ from .formats import GROUP
 from .weights import COMPUTE_FORMS
 
 MiB = 2**20
-PREFILL_CHUNK = 256  # prompt positions per forward call (generate.py): bounds the attention workspace
+PREFILL_CHUNK = 256  # the most prompt positions per forward call (generate.py): bounds the attention workspace
 FORM_ORDER = ("f32", "q8", "q4")  # fastest first
 
 
