@@ -83,7 +83,7 @@ def generate_tokens(
     cache: KVCache | None = None,
     reuse_prefix: bool = True,
     report_prefill: bool = False,
-) -> Iterator[Step]:
+) -> Iterator[Step | Prefilling]:
     """Prefill the prompt, then sample one token per step until EOS, `max_tokens` or a full context.
 
     With `reuse_prefix`, the longest prefix of the prompt that `cache` already holds (the previous turn

@@ -34,7 +34,6 @@ from .tensorfile import SafetensorsFile, bf16_to_f32, serialize
 from .weights import Linear, Weights
 
 _UIDS = itertools.count(1)
-
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 DEFAULT_TARGETS = ("q_proj", "v_proj")
 _GROUP = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
