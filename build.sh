@@ -62,10 +62,8 @@ PY
     echo "$SMOL_GGUF_SHA256  $gguf" | sha256sum --check --quiet
   fi
   log "converting $SMOL_GGUF -> $MODEL_DIR (q4_1)"
-  rm -rf "$MODEL_DIR.tmp"
-  "$VENV/bin/ruvllm" convert "$gguf" "$MODEL_DIR.tmp" --weights q4_1 > "$DOWNLOADS/convert.log"
-  rm -rf "$MODEL_DIR"
-  mv "$MODEL_DIR.tmp" "$MODEL_DIR"
+  # convert writes a temporary folder and renames it into place: no half-written model is ever left
+  "$VENV/bin/ruvllm" convert "$gguf" "$MODEL_DIR" --weights q4_1 --force > "$DOWNLOADS/convert.log"
   touch "$MODEL_DIR/.complete"
 }
 

@@ -196,3 +196,10 @@ def test_convert_refuses_a_folder_that_is_not_empty_unless_forced(tmp_path):
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
     ruvllm.engine.load_engine(str(out))  # loads: the stale shard is gone
+
+
+def test_convert_makes_the_folders_above_its_target(tmp_path):
+    tiny_model("llama", tmp_path / "hf")
+    result = ruvllm_cli("convert", str(tmp_path / "hf"), str(tmp_path / "models" / "tiny"))
+    assert result.returncode == 0, result.stderr
+    assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["tiny"]

@@ -53,7 +53,9 @@ def convert(
             raise InvalidArgumentError(
                 f"{out} is not empty: converting into it could mix two models (--force replaces it, whole)"
             )
-    temporary = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=os.path.dirname(out) or ".")
+    parent = os.path.dirname(out) or "."
+    os.makedirs(parent, exist_ok=True)
+    temporary = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
     try:
         run(src, temporary, weights, log)
         _replace(temporary, out)
@@ -68,7 +70,7 @@ def _replace(new: str, out: str) -> None:
     if not os.path.lexists(out):
         os.rename(new, out)
         return
-    old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old.", dir=os.path.dirname(out) or ".")
+    old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old.", dir=os.path.dirname(out))
     os.rmdir(old)
     os.rename(out, old)
     os.rename(new, out)
