@@ -128,6 +128,13 @@ def ask(page, prompt: str) -> None:
     wait_state(page, "generating", 10_000)
 
 
+def start_long_answer(page, max_tokens: int = 400) -> None:
+    """A fresh chat, asked for an answer that streams until it is stopped."""
+    page.click("[data-testid=clear]")
+    page.fill("[data-testid=max-tokens]", str(max_tokens))
+    ask(page, "Write a long story about a dragon who learns to cook.")
+
+
 def cpython_chat(prompt: str, max_tokens: int) -> str:
     args = [sys.executable, "-m", "ruvllm", "generate", str(ROOT / "models" / "smollm2-135m-instruct"), "--chat"]
     args += ["--prompt", prompt, "--temperature", "0", "--max-tokens", str(max_tokens), "--json"]
@@ -213,9 +220,7 @@ def test_a_second_prompt_continues_the_same_chat(demo, smollm2):
 
 
 def test_stop_ends_the_stream_within_a_second_and_the_next_prompt_works(demo):
-    demo.click("[data-testid=clear]")
-    demo.fill("[data-testid=max-tokens]", "400")
-    ask(demo, "Write a long story about a dragon who learns to cook.")
+    start_long_answer(demo)
     demo.wait_for_function("document.querySelector('[data-testid=output]').textContent.length > 20", timeout=60_000)
     started = time.monotonic()
     demo.click("[data-testid=stop]")
@@ -232,9 +237,7 @@ def test_stop_ends_the_stream_within_a_second_and_the_next_prompt_works(demo):
 
 
 def test_clear_chat_during_an_answer_starts_a_fresh_chat(demo):
-    demo.click("[data-testid=clear]")
-    demo.fill("[data-testid=max-tokens]", "400")
-    ask(demo, "Write a long story about a dragon who learns to cook.")
+    start_long_answer(demo)
     demo.wait_for_function("document.querySelector('[data-testid=output]').textContent.length > 20", timeout=60_000)
     demo.click("[data-testid=clear]")
     wait_state(demo, "ready", 5_000)
@@ -319,9 +322,7 @@ def test_copy_puts_the_raw_answer_on_the_clipboard(demo, base_url):
 
 
 def test_a_stopped_answer_is_marked_stopped(demo):
-    demo.click("[data-testid=clear]")
-    demo.fill("[data-testid=max-tokens]", "400")
-    ask(demo, "Write a long story about a dragon who learns to cook.")
+    start_long_answer(demo)
     demo.wait_for_function("document.querySelector('[data-testid=output]').dataset.raw.length > 20", timeout=60_000)
     demo.click("[data-testid=stop]")
     wait_state(demo, "ready", 5_000)
@@ -354,9 +355,7 @@ def wait_more_text(page, than: int, more: int = 30) -> None:
 def test_the_conversation_follows_a_streaming_answer_unless_scrolled_up(demo):
     demo.set_viewport_size({"width": 1000, "height": 420})
     try:
-        demo.click("[data-testid=clear]")
-        demo.fill("[data-testid=max-tokens]", "400")
-        ask(demo, "Write a long story about a dragon who learns to cook.")
+        start_long_answer(demo)
         demo.wait_for_function(
             "(() => { const m = document.getElementById('messages'); return m.scrollHeight > m.clientHeight + 60; })()",
             timeout=60_000,
@@ -404,10 +403,8 @@ def install_clock(page) -> None:
 
 
 def test_after_stop_the_next_answer_starts_within_about_one_token_time(demo):
-    demo.click("[data-testid=clear]")
-    demo.fill("[data-testid=max-tokens]", "200")
     install_clock(demo)
-    ask(demo, "Write a long story about a dragon who learns to cook.")
+    start_long_answer(demo, max_tokens=200)
     demo.wait_for_function("window.__updates.length >= 12", timeout=60_000)
     measured = demo.evaluate(
         """async (prompt) => {

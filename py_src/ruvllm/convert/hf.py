@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import glob
-import json
 import os
 from collections.abc import Callable
 
+from .. import jsonfields as fields
 from ..config import ModelConfig
 from ..errors import LoadError
 from ..store import TensorStore, sanitize
@@ -18,8 +18,9 @@ _COPIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", 
 
 
 def convert_hf(src: str, out: str, weights: str | None, log: Callable[[str], None]) -> None:
-    config = _read_json(os.path.join(src, "config.json"))
-    ModelConfig.from_dict(config, f"{src}/config.json")  # refuse unsupported models before any work
+    config_path = os.path.join(src, "config.json")
+    config = fields.read_json(config_path)
+    ModelConfig.from_dict(config, config_path)  # refuse unsupported models (and damaged configs) before any work
     files = sorted(glob.glob(os.path.join(src, "*.safetensors")))
     if not files:
         raise LoadError(f"{src}: no .safetensors files (PyTorch .bin checkpoints are not read)")
@@ -39,13 +40,3 @@ def convert_hf(src: str, out: str, weights: str | None, log: Callable[[str], Non
             with open(path, "rb") as f:
                 folder.extra_files[name] = f.read()
     write_model(out, folder, tensors, log)
-
-
-def _read_json(path: str) -> dict:
-    try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
-    except FileNotFoundError:
-        raise LoadError(f"{path}: not found") from None
-    except json.JSONDecodeError as e:
-        raise LoadError(f"{path}: not valid JSON ({e})") from None
