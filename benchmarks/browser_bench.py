@@ -33,7 +33,7 @@ def prompt_text(length: int) -> str:
     """The first `length` tokens of the calibration text, as text (both engines tokenize it alike)."""
     sys.path.insert(0, str(ROOT / "py_src"))
     from ruvllm.api import calibration_text
-    from ruvllm.tokenizer import Tokenizer
+    from ruvllm.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_folder(str(ROOT / "models" / "smollm2-135m-instruct"))
     return tokenizer.decode(tokenizer.encode(calibration_text())[:length])

@@ -23,8 +23,8 @@ GGUF = ROOT / "build" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 RUNNERS = {
     "ruvllm": """
 import json, sys, time
-from ruvllm.bench import run_bench
-from ruvllm.engine import load_engine
+from ruvllm.tools.bench import run_bench
+from ruvllm.runtime.engine import load_engine
 ids, gen, compute = json.loads(sys.stdin.read())
 engine = load_engine(sys.argv[1], compute=compute)
 r = run_bench(engine, ids, gen)
@@ -94,7 +94,7 @@ def main() -> None:
 
     sys.path.insert(0, str(ROOT / "py_src"))
     from ruvllm.api import calibration_text
-    from ruvllm.tokenizer import Tokenizer
+    from ruvllm.text.tokenizer import Tokenizer
 
     ids = Tokenizer.from_folder(str(MODEL)).encode(calibration_text())[: args.prompt_length]
     results = {}

@@ -35,8 +35,8 @@ def main() -> None:
     sys.path.insert(0, str(ROOT / "py_src"))
     import ruvllm
     from ruvllm.api import calibration_text
-    from ruvllm.generate import GenerationOptions, generate_tokens
-    from ruvllm.threads import BlasThreads, available_cpus
+    from ruvllm.runtime.generate import GenerationOptions, generate_tokens
+    from ruvllm.runtime.threads import BlasThreads, available_cpus
 
     class Everywhere(BlasThreads):  # what OpenBLAS does by default: every product on every core
         def for_rows(self, rows: int) -> int:

@@ -13,9 +13,10 @@ import numpy as np
 import pytest
 
 import ruvllm
-from ruvllm.config import ModelConfig
 from ruvllm.errors import InferenceError, LoadError
-from ruvllm.tensorfile import SafetensorsFile, serialize
+from ruvllm.files.tensorfile import SafetensorsFile, serialize
+from ruvllm.model.config import ModelConfig
+from ruvllm.runtime.engine import load_engine
 
 from conftest import tiny_model
 
@@ -195,7 +196,7 @@ def test_convert_refuses_a_folder_that_is_not_empty_unless_forced(tmp_path):
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in out.iterdir()) == ["config.json", "generation_config.json", "model.safetensors"]
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no temporary folder left
-    ruvllm.engine.load_engine(str(out))  # loads: the stale shard is gone
+    load_engine(str(out))  # loads: the stale shard is gone
 
 
 def test_convert_makes_the_folders_above_its_target(tmp_path):

@@ -9,8 +9,8 @@ import json
 import pytest
 
 from ruvllm.bridge import ModelLoader
-from ruvllm.engine import load_engine
-from ruvllm.generate import GenerationOptions, generate_tokens
+from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
 from conftest import tiny_model
 

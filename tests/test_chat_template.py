@@ -14,14 +14,14 @@ from pathlib import Path
 
 import pytest
 
-from ruvllm.chat_template import MAX_SECONDS, ChatTemplate
 from ruvllm.errors import InvalidArgumentError, LoadError
+from ruvllm.text.chat_template import MAX_SECONDS, ChatTemplate
 
 CASES = json.loads((Path(__file__).parent / "data" / "hostile_templates.json").read_text())["cases"]
 MESSAGES = [{"role": "user", "content": "hi"}]
 RENDER_ALL = """
 import json, sys, time
-from ruvllm.chat_template import ChatTemplate
+from ruvllm.text.chat_template import ChatTemplate
 from ruvllm.errors import RuvLLMError
 results = []
 for case in json.load(sys.stdin):

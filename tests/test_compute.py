@@ -6,12 +6,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ruvllm import matrices
-from ruvllm.engine import load_engine, open_store
 from ruvllm.errors import InvalidArgumentError
-from ruvllm.formats import get_format
-from ruvllm.matrices import DenseMatrix, Int4Matrix, Int8Matrix
-from ruvllm.weights import ComputeOptions, prepare_matrix
+from ruvllm.files.formats import get_format
+from ruvllm.model.weights import ComputeOptions, prepare_matrix
+from ruvllm.quant import matrices
+from ruvllm.quant.matrices import DenseMatrix, Int4Matrix, Int8Matrix
+from ruvllm.runtime.engine import load_engine, open_store
 
 from conftest import tiny_model
 
@@ -88,7 +88,7 @@ def test_smollm2_in_every_form_gives_the_same_tokens(smollm2_dir, smollm2):
     """SmolLM2 is stored q4_1 (embedding q8): every form holds exactly those values."""
     prompt = smollm2.tokenizer.encode("The three primary colors are")
     expected = [c.token_id for c in smollm2.generate(prompt, max_tokens=16, temperature=0, ignore_eos=True)]
-    from ruvllm.generate import GenerationOptions, generate_tokens
+    from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
     for form in ("q8", "q4"):
         engine = load_engine(str(smollm2_dir), compute=ComputeOptions(form=form))

@@ -93,7 +93,7 @@ def test_interleaved_generations_each_keep_their_own_adapter(smollm2, adapted):
         for i, stream in enumerate(streams):
             got[i].append(next(stream).token_id)
     assert got == [with_adapter, base]
-    assert smollm2.engine.adapters.active is None  # the last option given stays selected, as before
+    assert smollm2.adapters.active is None  # the last option given stays selected, as before
 
 
 def test_an_adapter_that_learns_during_a_generation_ends_it_with_an_error(smollm2, adapted):

@@ -17,9 +17,9 @@ from gguf import GGMLQuantizationType as Q
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ruvllm.convert import convert
-from ruvllm.engine import load_engine, open_store
 from ruvllm.errors import InvalidArgumentError, LoadError
-from ruvllm.tokenizer import Tokenizer
+from ruvllm.runtime.engine import load_engine, open_store
+from ruvllm.text.tokenizer import Tokenizer
 
 from conftest import tiny_model
 

@@ -8,7 +8,7 @@ import torch
 from gguf import GGMLQuantizationType, quants
 
 from ruvllm.errors import LoadError
-from ruvllm.formats import FORMATS, get_format
+from ruvllm.files.formats import FORMATS, get_format
 
 GGML = {"q8": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1}
 # Bytes of each part inside one ggml block of 32 weights: suffix -> (start, end, dtype)

@@ -21,10 +21,10 @@ import numpy as np
 import pytest
 
 import ruvllm
-from ruvllm.detokenizer import byte_level_alphabet
 from ruvllm.errors import RuvLLMError
-from ruvllm.formats import get_format
-from ruvllm.tensorfile import serialize
+from ruvllm.files.formats import get_format
+from ruvllm.files.tensorfile import serialize
+from ruvllm.text.detokenizer import byte_level_alphabet
 
 CASES = int(os.environ.get("RUVLLM_FUZZ_CASES", "120"))
 SEED = os.environ.get("RUVLLM_FUZZ_SEED", "")

@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from ruvllm.detokenizer import StreamingDetokenizer
-from ruvllm.engine import load_engine
 from ruvllm.errors import ContextFullError, InvalidArgumentError
-from ruvllm.generate import GenerationOptions, Step, generate_text, generate_tokens
+from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.generate import GenerationOptions, Step, generate_tokens
+from ruvllm.text.detokenizer import StreamingDetokenizer
+from ruvllm.text.stream import generate_text
 
 from conftest import tiny_model
 

@@ -12,11 +12,11 @@ import pytest
 import torch
 
 import ruvllm
-import ruvllm.isq as isq
-from ruvllm.engine import load_engine
+import ruvllm.runtime.isq as isq
 from ruvllm.errors import InvalidArgumentError
-from ruvllm.perplexity import perplexity
-from ruvllm.weights import ComputeOptions
+from ruvllm.model.weights import ComputeOptions
+from ruvllm.runtime.engine import load_engine
+from ruvllm.tools.perplexity import perplexity
 
 from conftest import tiny_model
 

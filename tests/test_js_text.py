@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from ruvllm.tokenizer import Tokenizer
+from ruvllm.text.tokenizer import Tokenizer
 
 NPM = Path(__file__).resolve().parent.parent / "npm"
 CORPUS = json.loads((Path(__file__).parent / "data" / "text_corpus.json").read_text(encoding="utf-8"))

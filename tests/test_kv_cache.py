@@ -6,10 +6,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ruvllm.cache import COLD_FORMATS, KVCache, KVOptions, LayerCache, pack_int4, quantize_rows, unpack_int4
-from ruvllm.engine import load_engine
 from ruvllm.errors import InvalidArgumentError
-from ruvllm.generate import GenerationOptions, generate_tokens
+from ruvllm.model.cache import COLD_FORMATS, KVCache, KVOptions, LayerCache, pack_int4, quantize_rows, unpack_int4
+from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
 from conftest import tiny_model
 

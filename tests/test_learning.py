@@ -12,7 +12,7 @@ import pytest
 
 import ruvllm
 from ruvllm.errors import InvalidArgumentError
-from ruvllm.perplexity import perplexity
+from ruvllm.tools.perplexity import perplexity
 
 EVAL = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "eval.txt"
 FACT_1 = ("The secret code is", " BLUE-42.")
@@ -66,10 +66,10 @@ def test_bad_feedback_is_refused(model):
     with pytest.raises(InvalidArgumentError, match="reward must be a non-zero number, got 0"):
         model.adapt("a", "b", reward=0)
     with pytest.raises(InvalidArgumentError, match="adapt needs a non-empty prompt and a non-empty completion"):
-        model.engine.adapters.activate(None)
-        from ruvllm.learn import adapt
+        model.adapters.activate(None)
+        from ruvllm.learning.learn import adapt
 
-        adapt(model.engine, model.engine.adapters.adapters["default"], [1, 2], [])
+        adapt(model.engine, model.adapters.adapters["default"], [1, 2], [])
     with pytest.raises(InvalidArgumentError, match="steps must be an integer >= 1, got 0"):
         model.adapt("a", "b", steps=0)
     model.set_adapter(None)

@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from ruvllm.backprop import logits_for
-from ruvllm.engine import load_engine
 from ruvllm.errors import InvalidArgumentError, LoadError
-from ruvllm.generate import GenerationOptions, generate_tokens
-from ruvllm.learn import adapter_gradients
-from ruvllm.lora import TARGETS, Adapter, AdapterSet, LoRAConfig
+from ruvllm.learning.backprop import logits_for
+from ruvllm.learning.learn import adapter_gradients
+from ruvllm.learning.lora import TARGETS, Adapter, AdapterSet, LoRAConfig
+from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
 from conftest import tiny_model
 
@@ -119,7 +119,7 @@ def test_merge_and_unmerge_are_exact(tmp_path):
     engine = load_engine(str(tmp_path))
     base = engine.forward(TOKENS, 0, engine.new_cache())
     adapter = random_adapter(engine)
-    adapters = engine.adapters
+    adapters = AdapterSet.attached(engine)
     adapters.add("a", adapter)
     adapters.activate("a")
     with_adapter = engine.forward(TOKENS, 0, engine.new_cache())
@@ -132,17 +132,17 @@ def test_merge_and_unmerge_are_exact(tmp_path):
     adapters.merge("a", sign=-1)
     np.testing.assert_allclose(engine.forward(TOKENS, 0, engine.new_cache()), base, atol=1e-5)
     q4 = load_engine(str(tmp_path), compute="q4")
-    q4.adapters.add("a", Adapter.new(q4.weights, LoRAConfig()))
+    AdapterSet.attached(q4).add("a", Adapter.new(q4.weights, LoRAConfig()))
     with pytest.raises(
         InvalidArgumentError, match=r"merging needs float32 weights; model\.layers\.0\.self_attn\.q_proj computes as q4"
     ):
-        q4.adapters.merge("a")
+        AdapterSet.attached(q4).merge("a")
 
 
 def test_a_merge_is_not_served_from_keys_cached_before_it(tmp_path):
     tiny_model("llama", tmp_path)
     engine = load_engine(str(tmp_path))
-    engine.adapters.add("a", random_adapter(engine))
+    AdapterSet.attached(engine).add("a", random_adapter(engine))
     cache = engine.new_cache()
     options = GenerationOptions.from_kwargs(max_tokens=4, temperature=0)
 
@@ -152,7 +152,7 @@ def test_a_merge_is_not_served_from_keys_cached_before_it(tmp_path):
 
     assert cached_tokens() == 0
     assert cached_tokens() == len(TOKENS) - 1
-    engine.adapters.merge("a")
+    AdapterSet.attached(engine).merge("a")
     assert cached_tokens() == 0
 
 

@@ -25,8 +25,8 @@ def test_engine_runs_with_numpy_only(tmp_path):
 
         sys.meta_path.insert(0, Block())
         import ruvllm
-        from ruvllm.engine import load_engine
-        from ruvllm.generate import GenerationOptions, generate_tokens
+        from ruvllm.runtime.engine import load_engine
+        from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
         engine = load_engine({str(tmp_path)!r})
         options = GenerationOptions(max_tokens=4, sampling=ruvllm.SamplingOptions(seed=1))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from ruvllm.engine import load_engine
+from ruvllm.runtime.engine import load_engine
 
 from conftest import tiny_model
 

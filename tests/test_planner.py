@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from ruvllm.cache import KVOptions
-from ruvllm.engine import LoadOptions, load_engine, open_store, plan_for, read_config
 from ruvllm.errors import LoadError
-from ruvllm.generate import GenerationOptions, generate_tokens
+from ruvllm.model.cache import KVOptions
+from ruvllm.runtime.engine import LoadOptions, load_engine, open_store, plan_for, read_config
+from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
 from conftest import tiny_model
 

@@ -14,8 +14,8 @@ from transformers.generation.logits_process import (
 )
 
 from ruvllm.errors import InvalidArgumentError
-from ruvllm.generate import GenerationOptions
-from ruvllm.sampling import SamplingOptions, apply_repetition_penalty, filter_candidates, make_sampler
+from ruvllm.runtime.generate import GenerationOptions
+from ruvllm.runtime.sampling import SamplingOptions, apply_repetition_penalty, filter_candidates, make_sampler
 
 V = 1000
 

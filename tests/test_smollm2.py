@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from ruvllm.engine import open_store
+from ruvllm.runtime.engine import open_store
 
 NEW_TOKENS = 40
 RAW_PROMPTS = ["Once upon a time", "The three primary colors are", "def fibonacci(n):\n"]

@@ -13,7 +13,7 @@ import torch
 from safetensors.torch import save as torch_save
 
 from ruvllm.errors import LoadError
-from ruvllm.tensorfile import PieceBuffer, SafetensorsFile, bf16_to_f32
+from ruvllm.files.tensorfile import PieceBuffer, SafetensorsFile, bf16_to_f32
 
 
 def sample_tensors() -> dict[str, np.ndarray]:
@@ -182,7 +182,7 @@ def test_bad_files_are_refused_with_a_clear_message(case, tmp_path):
 
 
 def test_our_writer_is_read_by_the_library():
-    from ruvllm.tensorfile import serialize
+    from ruvllm.files.tensorfile import serialize
 
     tensors = {
         "b": np.arange(6, dtype=np.float32).reshape(2, 3),

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from ruvllm.engine import load_engine
 from ruvllm.errors import InvalidArgumentError
-from ruvllm.threads import BlasThreads, _blas_libraries
+from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.threads import BlasThreads, _blas_libraries
 
 from conftest import tiny_model
 

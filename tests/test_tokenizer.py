@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from transformers import AutoTokenizer
 
-from ruvllm.tokenizer import Tokenizer
+from ruvllm.text.tokenizer import Tokenizer
 
 # Shared with the JavaScript parity test (test_js_text.py): accents, CJK, Arabic, emoji with ZWJ, code,
 # runs of spaces/tabs/newlines, digits and other numerals, special tokens written in text.

@@ -1,4 +1,23 @@
-"""ruvllm: a small language model engine in pure NumPy, for CPython and Pyodide."""
+"""ruvllm: a small language model engine in pure NumPy, for CPython and Pyodide.
+
+The package is built in layers; a module imports only from its own layer and the ones below it
+(tests/test_layers.py checks it):
+
+    errors      the error types every layer raises
+    files/      safetensors and JSON files, storage formats, a model folder's tensors
+    quant/      compute forms of matrices and their products
+    model/      config, weights, RoPE, KV cache, the forward
+    runtime/    engine, memory plan, runtime quantization, token generation, sampling, BLAS threads
+    text/ | learning/ | convert/
+                three branches, none imports another: tokenizer and chat templates and the text layer of
+                generation | MicroLoRA adapters and their backward pass | offline conversion of HF
+                folders and GGUF files
+    tools/      perplexity and benchmarks over an engine
+    entry points: api (Python API), bridge (the Pyodide worker's), cli (the command), __main__
+
+Adapters reach the engine as what wraps its weights (`Engine.attach`), so the runtime never imports
+learning.
+"""
 
 from .api import Model, load
 from .errors import (
@@ -9,8 +28,9 @@ from .errors import (
     LoadError,
     RuvLLMError,
 )
-from .generate import Chunk, GenerationOptions, Stats
-from .sampling import SamplingOptions
+from .runtime.generate import GenerationOptions
+from .runtime.sampling import SamplingOptions
+from .text.stream import Chunk, Stats
 
 __version__ = "3.0.0"  # as pyproject.toml and npm/package.json (tests/test_versions.py)
 

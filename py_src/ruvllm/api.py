@@ -16,15 +16,16 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from . import jsonfields as fields
-from . import learn
-from .cache import KVCache, KVOptions
-from .engine import Engine, load_engine, read_config
 from .errors import LoadError
-from .generate import Chunk, GenerationOptions, generate_text, generate_tokens
-from .learn import AdaptReport
-from .lora import DEFAULT_TARGETS, Adapter, LoRAConfig
-from .tokenizer import Tokenizer
+from .files import jsonfields as fields
+from .learning import learn
+from .learning.learn import AdaptReport
+from .learning.lora import DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
+from .model.cache import KVCache, KVOptions
+from .runtime.engine import Engine, load_engine, read_config
+from .runtime.generate import GenerationOptions, generate_tokens
+from .text.stream import Chunk, generate_text
+from .text.tokenizer import Tokenizer
 
 
 class Model:
@@ -37,6 +38,7 @@ class Model:
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
+        self.adapters = AdapterSet.attached(engine)  # MicroLoRA: held, selected, learning
         self._idle_cache: KVCache | None = engine.new_cache()  # no generation holds it
         self._cache_lock = threading.Lock()
 
@@ -68,20 +70,20 @@ class Model:
         self, name: str = "default", rank: int = 2, alpha: float | None = None, targets: Sequence[str] = DEFAULT_TARGETS
     ) -> Adapter:
         """A fresh adapter (it changes nothing until it learns), held under `name` and made active."""
-        return self.engine.adapters.create(name, LoRAConfig(rank=rank, alpha=alpha, targets=tuple(targets)))
+        return self.adapters.create(name, LoRAConfig(rank=rank, alpha=alpha, targets=tuple(targets)))
 
     def load_adapter(self, path: str, name: str | None = None) -> str:
         """Load an adapter folder (ours, or a Hugging Face PEFT LoRA); returns the name it is held under."""
         name = name or os.path.basename(os.path.normpath(path))
-        self.engine.adapters.add(name, Adapter.load(path, self.engine.weights))
+        self.adapters.add(name, Adapter.load(path, self.engine.weights))
         return name
 
     def save_adapter(self, path: str, name: str | None = None) -> None:
-        self.engine.adapters.get(name).save(path)
+        self.adapters.get(name).save(path)
 
     def set_adapter(self, name: str | None) -> None:
         """Compute with adapter `name` from now on (None: the base model)."""
-        self.engine.adapters.activate(name)
+        self.adapters.activate(name)
 
     def adapt(
         self,
@@ -100,7 +102,7 @@ class Model:
         """
         prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
         with self.engine.lock:  # no generation step in between may wrap the weights with another adapter
-            held = self.engine.adapters.learner(adapter)
+            held = self.adapters.learner(adapter)
             return learn.adapt(self.engine, held, prompt_ids, completion_ids, reward, learn.AdaptOptions(**options))
 
     def feedback_ids(self, prompt: str, completion: str, chat: bool) -> tuple[list[int], list[int]]:
@@ -125,7 +127,7 @@ class Model:
         try:
             with self.engine.lock:  # the adapter chosen here is the one the generation pins
                 if adapter is not self._KEEP:
-                    self.engine.adapters.activate(adapter)  # and later calls too, as set_adapter would
+                    self.adapters.activate(adapter)  # and later calls too, as set_adapter would
                 steps = generate_tokens(self.engine, ids, options, self.eos_token_ids, cache)
         except BaseException:
             self._return_cache(cache)

@@ -19,16 +19,16 @@ import hashlib
 import json
 from collections.abc import Callable
 
-from .cache import KVOptions
-from .config import ModelConfig
-from .engine import Engine, LoadOptions, plan_for
 from .errors import DownloadError, InferenceError, InvalidArgumentError, LoadError, RuvLLMError
-from .generate import GenerationOptions, Prefilling, Step, generate_tokens
-from .learn import AdaptOptions
-from .learn import adapt as learn_adapt
-from .lora import DEFAULT_TARGETS, Adapter, LoRAConfig
-from .store import TensorStore, count_parameters
-from .tensorfile import PieceBuffer, SafetensorsFile
+from .files.store import TensorStore, count_parameters
+from .files.tensorfile import PieceBuffer, SafetensorsFile
+from .learning.learn import AdaptOptions
+from .learning.learn import adapt as learn_adapt
+from .learning.lora import DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
+from .model.cache import KVOptions
+from .model.config import ModelConfig
+from .runtime.engine import Engine, LoadOptions, plan_for
+from .runtime.generate import GenerationOptions, Prefilling, Step, generate_tokens
 
 
 def _json_result(fn: Callable) -> Callable[..., str]:
@@ -168,6 +168,7 @@ class EngineHandle:
 
     def __init__(self, engine: Engine) -> None:
         self.engine = engine
+        self.adapters = AdapterSet.attached(engine)
         self.cache = engine.new_cache()
         self.steps = None
 
@@ -221,14 +222,14 @@ class EngineHandle:
         rank = r.get("rank", 2)
         config = LoRAConfig(rank=rank, alpha=r.get("alpha"), targets=tuple(r.get("targets") or DEFAULT_TARGETS))
         name = r.get("name", "default")
-        self.engine.adapters.create(name, config)
+        self.adapters.create(name, config)
         return {"name": name, "rank": config.rank, "targets": list(config.targets)}
 
     @_json_result
     def adapt(self, request_json: str) -> dict:
         """request: {adapter, prompt_ids, completion_ids, reward, steps, lr}; makes the adapter if needed."""
         r = json.loads(request_json)
-        adapter = self.engine.adapters.learner(r.get("adapter") or "default")
+        adapter = self.adapters.learner(r.get("adapter") or "default")
         options = AdaptOptions(**{k: r[k] for k in ("steps", "lr") if r.get(k) is not None})
         report = learn_adapt(self.engine, adapter, r["prompt_ids"], r["completion_ids"], r.get("reward", 1.0), options)
         return dataclasses.asdict(report)
@@ -245,23 +246,23 @@ class EngineHandle:
         adapter = Adapter.from_files(
             config_json, as_file(weights, "adapter_model.safetensors"), self.engine.weights, state_file
         )
-        self.engine.adapters.add(name, adapter)
+        self.adapters.add(name, adapter)
         return name
 
     @_json_result
     def set_adapter(self, name: str | None) -> str | None:
-        self.engine.adapters.activate(name)
+        self.adapters.activate(name)
         return name
 
     @_json_result
     def adapter_files(self, name: str | None = None) -> dict:
         """The files of a held adapter (default: the active one), base64-encoded, by file name."""
-        files = self.engine.adapters.get(name).files()
+        files = self.adapters.get(name).files()
         return {file: base64.b64encode(data).decode() for file, data in files.items()}
 
     @_json_result
     def adapter_names(self) -> dict:
-        adapters = self.engine.adapters
+        adapters = self.adapters
         return {"names": list(adapters.adapters), "active": adapters.active}
 
     @_json_result

@@ -126,8 +126,8 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
 
 
 def load_options(args: argparse.Namespace):
-    from .cache import KVOptions
-    from .engine import LoadOptions
+    from .model.cache import KVOptions
+    from .runtime.engine import LoadOptions
 
     kv = KVOptions(hot_tokens=args.hot_tokens, cold=args.cold, budget_bytes=args.kv_budget, keep=args.keep)
     return LoadOptions(
@@ -181,8 +181,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from .engine import DEFAULT_MAX_CONTEXT, open_store, plan_for, read_config
-    from .formats import get_format
+    from .files.formats import get_format
+    from .runtime.engine import DEFAULT_MAX_CONTEXT, open_store, plan_for, read_config
 
     config = read_config(args.model)
     store = open_store(args.model, header_only=True)
@@ -231,7 +231,7 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def _load(args: argparse.Namespace):
-    from .generate import GenerationOptions
+    from .runtime.generate import GenerationOptions
 
     GenerationOptions.from_kwargs(**_options(args))  # refuse bad options before the slow load
     return _load_model(args)
@@ -239,7 +239,7 @@ def _load(args: argparse.Namespace):
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
     from .errors import LoadError
-    from .perplexity import check_window, perplexity
+    from .tools.perplexity import check_window, perplexity
 
     if args.window is not None:
         check_window(args.window)  # before the slow load
@@ -286,8 +286,8 @@ BENCH_COLUMNS = (
 
 def cmd_bench(args: argparse.Namespace) -> int:
     from .api import calibration_text
-    from .bench import run_bench
     from .errors import InvalidArgumentError
+    from .tools.bench import run_bench
 
     if args.prompt_length < 1 or args.gen_length < 1:
         raise InvalidArgumentError("--prompt-length and --gen-length must be >= 1")
@@ -356,7 +356,7 @@ CHAT_HELP = "commands: /clear (forget the conversation), /system TEXT, /temp T, 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from .errors import InvalidArgumentError
-    from .generate import GenerationOptions
+    from .runtime.generate import GenerationOptions
 
     model = _load(args)
     options = _options(args)
@@ -406,14 +406,14 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_adapt(args: argparse.Namespace) -> int:
-    from .learn import AdaptOptions
+    from .learning.learn import AdaptOptions
 
     options = AdaptOptions(steps=args.steps, lr=args.lr)  # refuse bad values before the slow load
     model = _load_model(args)  # with --adapter, that adapter learns further
     if not args.adapter:
         targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
         model.new_adapter("default", rank=args.rank, alpha=args.alpha, targets=targets)
-    name = model.engine.adapters.active
+    name = model.adapters.active
     report = model.adapt(args.prompt, args.completion, args.reward, name, args.chat, steps=options.steps, lr=options.lr)
     model.save_adapter(args.out, name)
     if args.json:

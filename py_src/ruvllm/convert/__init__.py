@@ -14,7 +14,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..errors import InvalidArgumentError, LoadError
-from ..formats import GROUP, get_format
+from ..files.formats import GROUP, get_format
 from .writer import ConvertedTensor, current_umask
 
 WEIGHT_CHOICES = ("f32", "f16", "q8", "q4_0", "q4_1")

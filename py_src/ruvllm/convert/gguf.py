@@ -15,8 +15,8 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..config import ModelConfig
 from ..errors import LoadError
+from ..model.config import ModelConfig
 from . import encode, report
 from .gguf_tokenizer import build_tokenizer
 from .writer import ConvertedTensor, ModelFolder, write_model

@@ -6,11 +6,11 @@ import glob
 import os
 from collections.abc import Callable
 
-from .. import jsonfields as fields
-from ..config import ModelConfig
 from ..errors import LoadError
-from ..store import TensorStore, sanitize
-from ..tensorfile import SafetensorsFile
+from ..files import jsonfields as fields
+from ..files.store import TensorStore, sanitize
+from ..files.tensorfile import SafetensorsFile
+from ..model.config import ModelConfig
 from . import encode, report
 from .writer import ModelFolder, write_model
 

@@ -13,8 +13,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..formats import GROUP, get_format
-from ..store import FORMAT_NAME, FORMAT_VERSION
+from ..files.formats import GROUP, get_format
+from ..files.store import FORMAT_NAME, FORMAT_VERSION
 
 # numpy dtype name -> the dtype names the safetensors library's serializer takes
 _SERIALIZER_DTYPES = {"float32": "float32", "float16": "float16", "int8": "int8", "uint8": "uint8"}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import codecs
 import re
 
-from .errors import LoadError
+from ..errors import LoadError
 
 _BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 

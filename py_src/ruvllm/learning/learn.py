@@ -18,9 +18,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import InvalidArgumentError
+from ..runtime.engine import Engine
 from .backprop import loss_and_grads
-from .engine import Engine
-from .errors import InvalidArgumentError
 from .lora import Adapter
 
 

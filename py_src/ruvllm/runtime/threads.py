@@ -29,7 +29,7 @@ import os
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 DECODE_ROWS = 4  # a forward call over at most this many tokens is decoding (matrices.py's threshold too)
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import LoadError
+from ..errors import LoadError
 
 # The safetensors library refuses headers above 100 MB; so do we.
 MAX_HEADER_BYTES = 100_000_000

@@ -9,23 +9,37 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 
-from . import jsonfields as fields
-from .cache import KVCache, KVOptions
-from .config import ModelConfig
-from .errors import InvalidArgumentError, LoadError
-from .model import forward
+from ..errors import InvalidArgumentError, LoadError
+from ..files import jsonfields as fields
+from ..files.store import TensorStore, sanitize
+from ..files.tensorfile import SafetensorsFile
+from ..model.cache import KVCache, KVOptions
+from ..model.config import ModelConfig
+from ..model.forward import forward
+from ..model.rope import inverse_frequencies
+from ..model.weights import ComputeOptions, Weights, load_weights
 from .planner import PREFILL_CHUNK, MemoryPlan, choose_compute
-from .rope import inverse_frequencies
-from .store import TensorStore, sanitize
-from .tensorfile import SafetensorsFile
 from .threads import BlasThreads
-from .weights import ComputeOptions, Weights, load_weights
 
 DEFAULT_MAX_CONTEXT = 4096  # cache positions reserved at most by default (memory grows with it)
 BASE_WEIGHTS = (0, None, 0, 0)  # weights_identity() of a model no adapter has touched
+
+
+class Wrappers(Protocol):
+    """What may wrap an engine's weights (learning.lora.AdapterSet): the engine asks it which weights a
+    computation uses and has it put them in place. The runtime layer never imports the learning layer."""
+
+    def identity(self) -> tuple:
+        """The weights computations use now, as a value that changes whenever what they compute does."""
+        ...
+
+    def use(self, identity: tuple) -> None:
+        """Put the weights `identity` names in place, or raise if they changed since it was taken."""
+        ...
 
 
 def default_kernel() -> str:
@@ -117,7 +131,7 @@ class Engine:
         self.lock = threading.RLock()  # held while computing, and while adapters change the weights
         self.threads = BlasThreads(threads)
         self.prefill_chunk = default_prefill_chunk()
-        self._adapters = None
+        self.wrappers: Wrappers | None = None  # what wraps the weights (attach), if anything
 
     @classmethod
     def from_store(cls, config: ModelConfig, store: TensorStore, options: LoadOptions | None = None) -> Engine:
@@ -139,19 +153,17 @@ class Engine:
 
     isq_report: list[dict] | None = None  # per group of matrices, after activation-aware quantization
 
-    @property
-    def adapters(self):
-        """The LoRA adapters held for this model (lora.AdapterSet), made on first use."""
-        if self._adapters is None:
-            from .lora import AdapterSet
-
-            self._adapters = AdapterSet(self.weights, self.lock)
-        return self._adapters
+    def attach(self, wrappers: Wrappers) -> None:
+        """Let `wrappers` (the LoRA adapters of learning.lora.AdapterSet) wrap the weights; they must hold
+        this engine's `lock` while they change them."""
+        if self.wrappers is not None and self.wrappers is not wrappers:
+            raise InvalidArgumentError("this engine's weights already have wrappers attached")
+        self.wrappers = wrappers
 
     def weights_identity(self) -> tuple:
-        """What the weights compute with the active adapter (its name and version): the tag of cached
-        keys and values, and what a generation pins for all its steps."""
-        return BASE_WEIGHTS if self._adapters is None else self._adapters.identity()
+        """What the weights compute with now (the active adapter, its version): the tag of cached keys and
+        values, and what a generation pins for all its steps."""
+        return BASE_WEIGHTS if self.wrappers is None else self.wrappers.identity()
 
     def new_cache(self) -> KVCache:
         """An empty cache: at most `context_length` positions, or a byte budget (KVOptions)."""
@@ -178,8 +190,8 @@ class Engine:
             bad = int(tokens[(tokens < 0) | (tokens >= self.config.vocab_size)][0])
             raise InvalidArgumentError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
         with self.lock, self.threads.limit(len(tokens)):
-            if self._adapters is not None:
-                self._adapters.use(weights or self._adapters.identity())
+            if self.wrappers is not None:
+                self.wrappers.use(weights or self.wrappers.identity())
             return forward(self.weights, self.config, self.inv_freq, tokens, start, cache, last_only)
 
 

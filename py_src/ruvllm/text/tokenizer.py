@@ -10,10 +10,10 @@ from __future__ import annotations
 import json
 import os
 
-from . import jsonfields as fields
+from ..errors import InvalidArgumentError, LoadError
+from ..files import jsonfields as fields
 from .chat_template import ChatTemplate
 from .detokenizer import StreamingDetokenizer, token_byte_table
-from .errors import InvalidArgumentError, LoadError
 
 
 class Tokenizer:

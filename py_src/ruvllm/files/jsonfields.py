@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import math
 
-from .errors import LoadError
+from ..errors import LoadError
 
 MISSING = object()  # no default: the field is required
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .engine import Engine
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
+from ..runtime.engine import Engine
 
 
 @dataclass(frozen=True)

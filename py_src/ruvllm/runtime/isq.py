@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from .cache import KVOptions
-from .config import ModelConfig
-from .formats import get_format
-from .matrices import DenseMatrix
-from .model import forward
-from .rope import inverse_frequencies
-from .weights import ComputeOptions, Linear, Weights, prepare_matrix
+from ..files.formats import get_format
+from ..model.cache import KVOptions
+from ..model.config import ModelConfig
+from ..model.forward import forward
+from ..model.rope import inverse_frequencies
+from ..model.weights import ComputeOptions, Linear, Weights, prepare_matrix
+from ..quant.matrices import DenseMatrix
 
 ALPHAS = np.linspace(0.0, 0.5, 6)  # wider exponents overfit a short calibration text (measured)
 MAX_ROWS = 2048  # calibration rows kept per projection
@@ -71,7 +71,7 @@ def search_scales(x: np.ndarray, w: np.ndarray, fmt: str) -> tuple[np.ndarray, f
 
 def calibrate(weights: Weights, config: ModelConfig, ids: list[int], chunk: int = 128) -> dict[str, np.ndarray]:
     """Run the float model over `ids`, recording the input of every projection: name -> rows (n, K)."""
-    from .cache import KVCache
+    from ..model.cache import KVCache
 
     recorders: dict[str, _Recorder] = {}
     originals = []

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from . import jsonfields as fields
-from .errors import InferenceError, InvalidArgumentError, LoadError
-from .matrices import DenseMatrix
-from .tensorfile import SafetensorsFile, bf16_to_f32, serialize
-from .weights import Linear, Weights
+from ..errors import InferenceError, InvalidArgumentError, LoadError
+from ..files import jsonfields as fields
+from ..files.tensorfile import SafetensorsFile, bf16_to_f32, serialize
+from ..model.weights import Linear, Weights
+from ..quant.matrices import DenseMatrix
 
 _UIDS = itertools.count(1)
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
@@ -241,6 +241,13 @@ class AdapterSet:
         self.merges = 0  # how many times an adapter was merged into (or out of) the base weights
         self._applied: str | None = None  # the adapter the weights are wrapped with now
         self._originals: dict[str, object] = {}
+
+    @classmethod
+    def attached(cls, engine) -> AdapterSet:
+        """The adapters of `engine` (a runtime.engine.Engine), attached to it on first use, sharing its lock."""
+        if engine.wrappers is None:
+            engine.attach(cls(engine.weights, engine.lock))
+        return engine.wrappers
 
     def add(self, name: str, adapter: Adapter) -> None:
         with self.lock:

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
-from .errors import InvalidArgumentError, LoadError
+from ..errors import InvalidArgumentError, LoadError
 
 MAX_SECONDS = 2.0  # real templates take a few milliseconds
 MAX_CHARS = 1 << 22  # 4 Mi characters: far beyond any context window's worth of text

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .cache import KVOptions
-from .config import ModelConfig
-from .errors import InvalidArgumentError, LoadError
-from .formats import GROUP
-from .weights import COMPUTE_FORMS
+from ..errors import InvalidArgumentError, LoadError
+from ..files.formats import GROUP
+from ..model.cache import KVOptions
+from ..model.config import ModelConfig
+from ..model.weights import COMPUTE_FORMS
 
 MiB = 2**20
 PREFILL_CHUNK = 256  # the most prompt positions per forward call (generate.py): bounds the attention workspace

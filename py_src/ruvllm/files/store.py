@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import LoadError
 from . import jsonfields as fields
-from .errors import LoadError
 from .formats import GROUP, get_format
 from .tensorfile import SafetensorsFile
 

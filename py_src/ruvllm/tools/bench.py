@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import time
 
-from .engine import Engine
-from .generate import GenerationOptions, generate_tokens
+from ..runtime.engine import Engine
+from ..runtime.generate import GenerationOptions, generate_tokens
 
 
 def peak_rss_bytes() -> int | None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .errors import LoadError
+from ..errors import LoadError
 from .tensorfile import DTYPES
 
 GROUP = 32

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .formats import GROUP
+from ..files.formats import GROUP
 
 KERNELS = ("blas", "einsum")
 # Above this many rows of x, a quantized matrix is expanded to float32 for the product (one

@@ -10,11 +10,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import InvalidArgumentError, LoadError
+from ..files.formats import GROUP, get_format
+from ..files.store import TensorStore, sanitize
+from ..quant.matrices import KERNELS, DenseMatrix, Int4Matrix, Int8Matrix
 from .config import ModelConfig
-from .errors import InvalidArgumentError, LoadError
-from .formats import GROUP, get_format
-from .matrices import KERNELS, DenseMatrix, Int4Matrix, Int8Matrix
-from .store import TensorStore, sanitize
 
 Matrix = DenseMatrix | Int8Matrix | Int4Matrix
 COMPUTE_FORMS = ("f32", "q8", "q4")

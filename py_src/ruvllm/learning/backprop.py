@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .config import ModelConfig
+from ..model.config import ModelConfig
+from ..model.forward import attention_mask, rms_norm, silu, softmax
+from ..model.rope import apply_rope, rope_tables
+from ..model.weights import Linear, Weights
+from ..quant.matrices import dense_product
 from .lora import LoRAMatrix
-from .matrices import dense_product
-from .model import attention_mask, rms_norm, silu, softmax
-from .rope import apply_rope, rope_tables
-from .weights import Linear, Weights
 
 
 @dataclass

@@ -22,8 +22,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..errors import ContextFullError, InvalidArgumentError
 from .config import ModelConfig
-from .errors import ContextFullError, InvalidArgumentError
 
 STEP = 256  # buffers grow in blocks of this many positions
 COLD_FORMATS = {"int8": 8, "int4": 4}

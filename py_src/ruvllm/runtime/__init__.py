@@ -1,0 +1,9 @@
+"""Running a model: load, plan and compute under one lock; generate tokens.
+
+- `engine.py`: a loaded model mapping token ids to logits (Engine, load_engine, LoadOptions).
+- `planner.py`: the memory plan, made before anything is allocated.
+- `isq.py`: runtime quantization of float models (round to nearest, activation-aware).
+- `generate.py`: the token layer of generation (prefill, then one token per step).
+- `sampling.py`: sampler options and the sampler closure.
+- `threads.py`: BLAS threads per forward call.
+"""
