@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from ruvllm.errors import InvalidArgumentError
-from ruvllm.model.cache import COLD_FORMATS, KVCache, KVOptions, LayerCache, pack_int4, quantize_rows, unpack_int4
+from ruvllm.files.formats import quantize_symmetric
+from ruvllm.model.cache import COLD_FORMATS, KVCache, KVOptions, LayerCache, pack_int4, unpack_int4
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
@@ -49,7 +50,7 @@ def test_sliding_window_model_all_hot_is_exact(tmp_path):
 @pytest.mark.parametrize("bits, bound", [(8, 1 / 254), (4, 1 / 14)])
 def test_cold_codes_round_trip_within_half_a_step(bits, bound):
     x = np.random.default_rng(0).normal(size=(3, 10, 64)).astype(np.float32)
-    codes, scales = quantize_rows(x, bits)
+    codes, scales = quantize_symmetric(x, bits)
     if bits == 4:
         packed = pack_int4(codes)
         assert packed.shape == (3, 10, 32) and packed.dtype == np.uint8
@@ -70,8 +71,8 @@ def test_attention_over_both_tiers_is_attention_over_the_dequantized_values(cold
     n = layer.cold_len
     assert n == 6 and layer.hot_len == 6 and [len(s.positions) for s in segments] == [6, 6]
     assert list(np.concatenate([s.positions for s in segments])) == list(range(12))
-    k_codes, k_scales = quantize_rows(keys[:, :n], bits)
-    v_codes, v_scales = quantize_rows(values[:, :n], bits)
+    k_codes, k_scales = quantize_symmetric(keys[:, :n], bits)
+    v_codes, v_scales = quantize_symmetric(values[:, :n], bits)
     k_ref = np.concatenate([k_codes * k_scales[..., None], keys[:, n:]], axis=1)
     v_ref = np.concatenate([v_codes * v_scales[..., None], values[:, n:]], axis=1)
     q = rng.normal(size=(2, 3, 8)).astype(np.float32)

@@ -95,10 +95,8 @@ class Q8(StorageFormat):
     def quantize(self, w):
         rows, cols = _matrix_shape(self.name, w.shape)
         blocks = np.asarray(w, dtype=np.float32).reshape(rows, cols // GROUP, GROUP)  # (R, B, 32)
-        d = np.abs(blocks).max(axis=-1, keepdims=True) / np.float32(127)  # (R, B, 1)
-        inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)  # (R, B, 1)
-        q = _round_half_away(blocks * inv).astype(np.int8)  # (R, B, 32)
-        return {"": q.reshape(rows, cols), ".scales": d[..., 0].astype(np.float16)}
+        q, d = quantize_symmetric(blocks, 8)  # (R, B, 32) int8, (R, B)
+        return {"": q.reshape(rows, cols), ".scales": d.astype(np.float16)}
 
     def dequantize(self, parts, shape):
         rows, cols = _matrix_shape(self.name, shape)
@@ -134,11 +132,11 @@ class Q4_0(StorageFormat):
         d = extreme / np.float32(-8)  # (R, B, 1)
         inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)  # (R, B, 1)
         q = np.clip(np.trunc(blocks * inv + np.float32(8.5)), 0, 15).astype(np.uint8)  # (R, B, 32)
-        return {"": _pack_nibbles(q).reshape(rows, cols // 2), ".scales": d[..., 0].astype(np.float16)}
+        return {"": pack_nibbles(q).reshape(rows, cols // 2), ".scales": d[..., 0].astype(np.float16)}
 
     def dequantize(self, parts, shape):
         rows, cols = _matrix_shape(self.name, shape)
-        q = _unpack_nibbles(parts[""].reshape(rows, cols // GROUP, GROUP // 2))  # (R, B, 32) uint8
+        q = unpack_nibbles(parts[""].reshape(rows, cols // GROUP, GROUP // 2))  # (R, B, 32) uint8
         d = parts[".scales"].astype(np.float32)[..., None]  # (R, B, 1)
         if self.has_min:
             m = parts[".mins"].astype(np.float32)[..., None]  # (R, B, 1)
@@ -166,7 +164,7 @@ class Q4_1(Q4_0):
         inv = np.divide(np.float32(1), d, out=np.zeros_like(d), where=d != 0)  # (R, B, 1)
         q = np.clip(np.trunc((blocks - lo) * inv + np.float32(0.5)), 0, 15).astype(np.uint8)  # (R, B, 32)
         return {
-            "": _pack_nibbles(q).reshape(rows, cols // 2),
+            "": pack_nibbles(q).reshape(rows, cols // 2),
             ".scales": d[..., 0].astype(np.float16),
             ".mins": lo[..., 0].astype(np.float16),
         }
@@ -201,11 +199,28 @@ def _round_half_away(x: np.ndarray) -> np.ndarray:
     return np.sign(x) * (whole + np.floor(2 * (a - whole)))
 
 
-def _pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """(..., 32) codes in [0, 15] -> (..., 16) bytes, byte j = q[j] | q[j + 16] << 4."""
-    return q[..., :16] | (q[..., 16:] << np.uint8(4))
+# ---------------------------------------------------------------------------------------------------
+# The two primitives every quantized layout here is made of (weights, and the KV cache's cold tier).
 
 
-def _unpack_nibbles(packed: np.ndarray) -> np.ndarray:
-    """(..., 16) bytes -> (..., 32) codes: low nibbles first, then high nibbles."""
+def quantize_symmetric(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
+    """Symmetric quantization along the last axis: (codes int8 (..., n), scales float32 (...)).
+
+    scale = max|x| / (2^(bits-1) - 1), code = x / scale rounded half away from zero, as ggml's Q8_0
+    (roundf; multiplied by the inverse scale, as ggml does). A block of zeros gets scale 0, codes 0.
+    """
+    top = np.float32((1 << (bits - 1)) - 1)  # 127 or 7
+    scales = np.abs(x).max(axis=-1) / top  # (...)
+    inv = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales != 0)[..., None]  # (..., 1)
+    return _round_half_away(x * inv).astype(np.int8), scales.astype(np.float32)
+
+
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """(..., n) codes in [0, 15] -> (..., n/2) bytes, byte j = q[j] | q[j + n/2] << 4 (ggml's order)."""
+    half = q.shape[-1] // 2
+    return q[..., :half] | (q[..., half:] << np.uint8(4))
+
+
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    """(..., m) bytes -> (..., 2m) codes: the low nibbles, then the high nibbles (inverse of pack_nibbles)."""
     return np.concatenate([packed & np.uint8(15), packed >> np.uint8(4)], axis=-1)

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ContextFullError, InvalidArgumentError
+from ..files.formats import pack_nibbles, quantize_symmetric, unpack_nibbles
 from .config import ModelConfig
 
 STEP = 256  # buffers grow in blocks of this many positions
@@ -90,28 +91,14 @@ class QuantSegment:
         return np.einsum("kqs,kse->kqe", probs * self.v_scales[:, None, :], self.v_codes)  # (K, Q, E)
 
 
-def quantize_rows(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray]:
-    """Symmetric quantization of x (K, S, E) per (head, position): (codes int8 (K, S, E), scales (K, S))."""
-    top = (1 << (bits - 1)) - 1  # 127 or 7
-    scales = np.abs(x).max(axis=-1) / np.float32(top)  # (K, S)
-    inv = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales > 0)
-    codes = np.clip(np.rint(x * inv[..., None]), -top - 1, top).astype(np.int8)  # (K, S, E)
-    return codes, scales.astype(np.float32)
-
-
 def pack_int4(codes: np.ndarray) -> np.ndarray:
-    """(K, S, E) codes in [-8, 7] -> (K, S, E/2) bytes: low nibble = even element, high = odd."""
-    u = (codes & np.int8(15)).view(np.uint8)
-    return u[..., 0::2] | (u[..., 1::2] << np.uint8(4))
+    """(K, S, E) codes in [-8, 7] -> (K, S, E/2) bytes: stored + 8, in the weights' nibble order."""
+    return pack_nibbles((codes + np.int8(8)).view(np.uint8))
 
 
 def unpack_int4(packed: np.ndarray) -> np.ndarray:
-    """Inverse of pack_int4, sign-extended back to int8 (K, S, E)."""
-    low = (packed << np.uint8(4)).view(np.int8) >> np.int8(4)  # sign-extend the low nibble
-    high = packed.view(np.int8) >> np.int8(4)
-    out = np.empty((*packed.shape[:-1], packed.shape[-1] * 2), dtype=np.int8)
-    out[..., 0::2], out[..., 1::2] = low, high
-    return out
+    """Inverse of pack_int4: int8 codes (K, S, E)."""
+    return unpack_nibbles(packed).view(np.int8) - np.int8(8)
 
 
 def _grow(array: np.ndarray, needed: int, limit: int | None, axis: int) -> np.ndarray:
@@ -197,8 +184,8 @@ class LayerCache:
 
     def _migrate(self, count: int) -> None:
         """Move the `count` oldest hot positions into the cold tier."""
-        k_codes, k_scales = quantize_rows(self.hot_k[:, :count], self.bits)
-        v_codes, v_scales = quantize_rows(self.hot_v[:, :count], self.bits)
+        k_codes, k_scales = quantize_symmetric(self.hot_k[:, :count], self.bits)  # per (head, position)
+        v_codes, v_scales = quantize_symmetric(self.hot_v[:, :count], self.bits)
         if self.bits == 4:
             k_codes, v_codes = pack_int4(k_codes), pack_int4(v_codes)
         start, end = self.cold_len, self.cold_len + count
