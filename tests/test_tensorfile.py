@@ -199,3 +199,19 @@ def test_our_writer_is_read_by_the_library():
     assert SafetensorsFile(data).metadata == {"format": "pt"}
     with pytest.raises(ValueError, match="tensor 'x': dtype int64 cannot be written"):
         serialize({"x": np.zeros(2, np.int64)})
+
+
+def test_our_writer_writes_bf16_to_a_path_as_torch_reads_it(tmp_path):
+    import torch
+    from safetensors.torch import load_file
+
+    from ruvllm.files.formats import get_format
+    from ruvllm.files.tensorfile import bf16_to_f32, write
+
+    w = np.random.default_rng(0).normal(size=(4, 6)).astype(np.float32)
+    raw = get_format("bf16").quantize(w)[""]  # uint16
+    write(tmp_path / "m.safetensors", {"w": raw, "n": np.ones(3, np.float32)}, {"k": "v"}, dtypes={"w": "BF16"})
+    back = load_file(tmp_path / "m.safetensors")
+    assert back["w"].dtype == torch.bfloat16
+    np.testing.assert_array_equal(back["w"].float().numpy(), bf16_to_f32(raw))
+    np.testing.assert_array_equal(back["n"].numpy(), np.ones(3, np.float32))

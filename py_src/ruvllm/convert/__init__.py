@@ -15,7 +15,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, LoadError
 from ..files.formats import GROUP, get_format
-from .writer import ConvertedTensor, current_umask
+from .writer import ConvertedTensor
 
 WEIGHT_CHOICES = ("f32", "f16", "q8", "q4_0", "q4_1")
 
@@ -66,7 +66,9 @@ def convert(
 
 def _replace(new: str, out: str) -> None:
     """Move the folder `new` to `out`, replacing whatever is there; `out` is never half-written."""
-    os.chmod(new, 0o777 & ~current_umask())  # mkdtemp makes it private; a model folder is not a secret
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(new, 0o777 & ~mask)  # mkdtemp makes it private; a model folder is not a secret
     if not os.path.lexists(out):
         os.rename(new, out)
         return

@@ -15,9 +15,7 @@ import numpy as np
 
 from ..files.formats import GROUP, get_format
 from ..files.store import FORMAT_NAME, FORMAT_VERSION
-
-# numpy dtype name -> the dtype names the safetensors library's serializer takes
-_SERIALIZER_DTYPES = {"float32": "float32", "float16": "float16", "int8": "int8", "uint8": "uint8"}
+from ..files.tensorfile import write
 
 
 @dataclass
@@ -57,9 +55,7 @@ def write_model(out_dir: str, folder: ModelFolder, tensors: list[ConvertedTensor
 
 def write_safetensors(path: str, tensors: list[ConvertedTensor]) -> None:
     """One file holding every part of every tensor, with the format table in its metadata."""
-    from safetensors import TensorSpec, serialize_file
-
-    table, specs, keep_alive = {}, {}, []
+    table, parts, dtypes = {}, {}, {}
     for t in tensors:
         fmt = get_format(t.format)
         entry = {"format": fmt.name, "shape": list(t.shape)}
@@ -67,23 +63,11 @@ def write_safetensors(path: str, tensors: list[ConvertedTensor]) -> None:
             entry["group_size"] = GROUP
         table[t.name] = entry
         for suffix, (st_dtype, part_shape) in fmt.part_specs(t.shape).items():
-            array = np.ascontiguousarray(t.parts[suffix])
+            array = t.parts[suffix]
             assert array.shape == part_shape, (t.name, suffix, array.shape, part_shape)
-            dtype = "bfloat16" if st_dtype == "BF16" else _SERIALIZER_DTYPES[array.dtype.name]
-            keep_alive.append(array)
-            specs[t.name + suffix] = TensorSpec(
-                dtype=dtype, shape=list(array.shape), data_ptr=array.ctypes.data, data_len=array.nbytes
-            )
+            parts[t.name + suffix], dtypes[t.name + suffix] = array, st_dtype
     metadata = {"format": FORMAT_NAME, "format_version": FORMAT_VERSION, "tensors": json.dumps(table)}
-    serialize_file(specs, path, metadata=metadata)
-    del keep_alive
-    os.chmod(path, 0o666 & ~current_umask())  # the library creates the file private (0600); a model is not a secret
-
-
-def current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+    write(path, parts, metadata, dtypes)
 
 
 def _write_json(path: str, data: dict) -> None:

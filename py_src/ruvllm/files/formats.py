@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import LoadError
-from .tensorfile import DTYPES
+from .tensorfile import DTYPES, bf16_to_f32
 
 GROUP = 32
 
@@ -74,7 +74,7 @@ class BF16(StorageFormat):
         return {"": (rounded >> np.uint32(16)).astype(np.uint16)}
 
     def dequantize(self, parts, shape):
-        return (parts[""].astype(np.uint32) << np.uint32(16)).view(np.float32)
+        return bf16_to_f32(parts[""])
 
 
 class Q8(StorageFormat):

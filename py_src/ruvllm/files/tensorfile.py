@@ -10,14 +10,17 @@ that the tensors cover the data section exactly: no overlaps, no holes, nothing 
 
 Sources: a path, any object with the buffer protocol (`bytes`, `bytearray`, `memoryview`, a NumPy
 array), or a `PieceBuffer`, preallocated and filled in pieces as a download streams in. Every check
-that can fail names the file and the tensor. Writing uses the `safetensors` library (converter only).
+that can fail names the file and the tensor. `write` and `serialize` write the same format, with NumPy
+alone (the converter, adapter files, and Pyodide use them).
 """
 
 from __future__ import annotations
 
+import io
 import json
 import os
 from dataclasses import dataclass
+from typing import BinaryIO
 
 import numpy as np
 
@@ -230,24 +233,54 @@ class SafetensorsFile:
         return view
 
 
-def serialize(tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None) -> bytes:
-    """A safetensors file in memory (F32, F16, I8, U8 arrays), for places without the safetensors
-    library (Pyodide). Tensors are laid out in name order, the header padded to 8 bytes."""
-    names = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("i1"): "I8", np.dtype("u1"): "U8"}
+_WRITABLE = {np.dtype("<f4"): "F32", np.dtype("<f2"): "F16", np.dtype("i1"): "I8", np.dtype("u1"): "U8"}
+
+
+def write(
+    target: str | os.PathLike | BinaryIO,
+    tensors: dict[str, np.ndarray],
+    metadata: dict[str, str] | None = None,
+    dtypes: dict[str, str] | None = None,
+) -> None:
+    """Write `tensors` as a safetensors file to a path or a binary stream: the header, then each
+    tensor's bytes, one at a time (a model is never held twice). F32, F16, I8 and U8 arrays; `dtypes`
+    names the safetensors dtype of an entry where the array alone cannot say it (BF16 held as raw
+    uint16). Tensors are laid out in name order, the header padded to 8 bytes."""
+    dtypes = dtypes or {}
     header: dict[str, object] = {"__metadata__": dict(metadata)} if metadata else {}
-    offset, blobs = 0, []
+    arrays, offset = [], 0
     for name in sorted(tensors):
         array = np.ascontiguousarray(tensors[name])
-        dtype = names.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
-        if dtype is None:
+        array = array.astype(array.dtype.newbyteorder("<"), copy=False)
+        dtype = dtypes.get(name) or _WRITABLE.get(array.dtype)
+        if dtype not in DTYPES or DTYPES[dtype].itemsize != array.dtype.itemsize:
             raise ValueError(f"tensor {name!r}: dtype {array.dtype} cannot be written")
-        blob = array.astype(array.dtype.newbyteorder("<"), copy=False).tobytes()
-        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + len(blob)]}
-        offset += len(blob)
-        blobs.append(blob)
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        offset += array.nbytes
+        arrays.append(array)
     text = json.dumps(header, separators=(",", ":")).encode("utf-8")
     text += b" " * (-len(text) % 8)
-    return len(text).to_bytes(8, "little") + text + b"".join(blobs)
+    if isinstance(target, (str, os.PathLike)):
+        with open(target, "wb") as f:
+            _write_parts(f, text, arrays)
+    else:
+        _write_parts(target, text, arrays)
+
+
+def _write_parts(f: BinaryIO, header: bytes, arrays: list[np.ndarray]) -> None:
+    f.write(len(header).to_bytes(8, "little"))
+    f.write(header)
+    for array in arrays:
+        f.write(memoryview(array.reshape(-1)).cast("B"))
+
+
+def serialize(
+    tensors: dict[str, np.ndarray], metadata: dict[str, str] | None = None, dtypes: dict[str, str] | None = None
+) -> bytes:
+    """A safetensors file in memory (see `write`)."""
+    out = io.BytesIO()
+    write(out, tensors, metadata, dtypes)
+    return out.getvalue()
 
 
 class PieceBuffer:
