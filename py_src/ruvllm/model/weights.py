@@ -18,6 +18,7 @@ from .config import ModelConfig
 
 Matrix = DenseMatrix | Int8Matrix | Int4Matrix
 COMPUTE_FORMS = ("f32", "q8", "q4")
+FLOAT_FORMATS = ("f32", "f16", "bf16")
 
 
 @dataclass
@@ -111,23 +112,27 @@ class ComputeOptions:
             raise InvalidArgumentError(f"isq_format must be q4_0 or q4_1, got {self.isq_format!r}")
 
 
+def compute_form(stored: str, shape: tuple[int, ...], options: ComputeOptions) -> tuple[type[Matrix], str]:
+    """The matrix type a stored tensor gets under `options`, and the storage format of the values it
+    holds: the stored one, or for a float matrix under "q8"/"q4" the one it is quantized to at load.
+    The one place this is decided: loading follows it, and the memory planner asks it."""
+    if options.form == "f32" or len(shape) != 2 or shape[1] % GROUP:
+        return DenseMatrix, "f32"
+    if stored in FLOAT_FORMATS:  # runtime quantization (round to nearest)
+        stored = "q8" if options.form == "q8" else options.isq_format
+    if stored == "q8" or options.form == "q8":
+        return Int8Matrix, stored  # q4 values keep their exact values as int8 codes
+    return Int4Matrix, stored
+
+
 def prepare_matrix(fmt: str, parts: dict[str, np.ndarray], shape: tuple[int, ...], options: ComputeOptions) -> Matrix:
     """A stored matrix in the compute form `options` asks for, never losing precision it has."""
-    kernel = options.kernel
-    if options.form == "f32" or len(shape) != 2 or shape[1] % GROUP:
-        return DenseMatrix(get_format(fmt).dequantize(parts, shape), kernel)
-    if fmt in ("f32", "f16", "bf16"):  # runtime quantization
-        target = "q8" if options.form == "q8" else options.isq_format
-        w = get_format(fmt).dequantize(parts, shape)
-        return prepare_matrix(target, get_format(target).quantize(w), shape, options)
-    scales = parts[".scales"].astype(np.float32)
-    if fmt == "q8":
-        return Int8Matrix(parts[""], scales, None, kernel)
-    mins = parts[".mins"].astype(np.float32) if fmt == "q4_1" else None
-    packed = Int4Matrix(parts[""], scales, mins, offset=8 if fmt == "q4_0" else 0, kernel=kernel)
-    if options.form == "q4":
-        return packed
-    return Int8Matrix(packed._codes(), scales, mins, kernel)
+    cls, values = compute_form(fmt, shape, options)
+    if cls is DenseMatrix:
+        return DenseMatrix(get_format(fmt).dequantize(parts, shape), options.kernel)
+    if values != fmt:
+        parts = get_format(values).quantize(get_format(fmt).dequantize(parts, shape))
+    return cls.from_parts(values, parts, options.kernel)
 
 
 def load_weights(config: ModelConfig, store: TensorStore, options: ComputeOptions | None = None) -> Weights:

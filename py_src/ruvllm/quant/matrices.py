@@ -63,6 +63,10 @@ class DenseMatrix:
     def nbytes(self) -> int:
         return self.weight.nbytes
 
+    @staticmethod
+    def planned_nbytes(shape: tuple[int, int], fmt: str) -> int:
+        return shape[0] * shape[1] * 4
+
 
 class Int8Matrix:
     """w = scales * codes (+ mins), codes int8, one scale (and min) per group of 32 along K."""
@@ -80,6 +84,19 @@ class Int8Matrix:
         self.mins = None if mins is None else np.ascontiguousarray(mins, dtype=np.float32)  # (N, G)
         self.kernel = kernel
         self.shape = (N, K)
+
+    @classmethod
+    def from_parts(cls, fmt: str, parts: dict[str, np.ndarray], kernel: str = "blas") -> Int8Matrix:
+        """A q8 tensor's codes as they are; a q4_0 / q4_1 tensor's codes unpacked into int8 (exact)."""
+        if fmt == "q8":
+            return cls(parts[""], parts[".scales"].astype(np.float32), None, kernel)
+        packed = Int4Matrix.from_parts(fmt, parts, kernel)
+        return cls(packed._codes(), packed.scales, packed.mins, kernel)
+
+    @staticmethod
+    def planned_nbytes(shape: tuple[int, int], fmt: str) -> int:
+        """Bytes of an (N, K) matrix of storage format `fmt` in this form: codes, scales (and mins)."""
+        return shape[0] * shape[1] + _group_bytes(shape, fmt)
 
     def _codes(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
         return self.codes[rows]  # (n, K) int8
@@ -197,6 +214,22 @@ class Int4Matrix(Int8Matrix):
         np.right_shift(packed, np.uint8(4), out=nibbles)
         np.copyto(out[1], nibbles)
 
+    @classmethod
+    def from_parts(cls, fmt: str, parts: dict[str, np.ndarray], kernel: str = "blas") -> Int4Matrix:
+        """A q4_0 or q4_1 tensor as it is stored (q4_0's codes are centred: offset 8)."""
+        mins = parts[".mins"].astype(np.float32) if fmt == "q4_1" else None
+        offset = 8 if fmt == "q4_0" else 0
+        return cls(parts[""], parts[".scales"].astype(np.float32), mins, offset=offset, kernel=kernel)
+
+    @staticmethod
+    def planned_nbytes(shape: tuple[int, int], fmt: str) -> int:
+        return shape[0] * shape[1] // 2 + _group_bytes(shape, fmt)
+
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales.nbytes + (0 if self.mins is None else self.mins.nbytes)
+
+
+def _group_bytes(shape: tuple[int, int], fmt: str) -> int:
+    """float32 scales, and mins for the formats that have them, one per group of 32."""
+    return shape[0] * (shape[1] // GROUP) * 4 * (2 if fmt == "q4_1" else 1)

@@ -13,10 +13,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError, LoadError
-from ..files.formats import GROUP
 from ..model.cache import KVOptions
 from ..model.config import ModelConfig
-from ..model.weights import COMPUTE_FORMS
+from ..model.weights import COMPUTE_FORMS, ComputeOptions, compute_form
 
 MiB = 2**20
 PREFILL_CHUNK = 256  # the most prompt positions per forward call (generate.py): bounds the attention workspace
@@ -53,22 +52,6 @@ class MemoryPlan:
         )
 
 
-def matrix_form(stored_format: str, shape: tuple[int, ...], compute: str, isq_format: str = "q4_1") -> tuple[str, bool]:
-    """(the compute form a stored matrix gets, whether it keeps a per-group min); mirrors prepare_matrix."""
-    if compute == "f32" or len(shape) != 2 or shape[1] % GROUP:
-        return "f32", False
-    if stored_format in ("f32", "f16", "bf16"):
-        return ("q8", False) if compute == "q8" else ("q4", isq_format == "q4_1")  # runtime quantization
-    if stored_format == "q8":
-        return "q8", False
-    return ("q4" if compute == "q4" else "q8"), stored_format == "q4_1"
-
-
-def _matrix_bytes(form: str, has_mins: bool, rows: int, cols: int) -> int:
-    groups = rows * (cols // GROUP) * 4 * (2 if has_mins else 1)
-    return {"f32": rows * cols * 4, "q8": rows * cols + groups, "q4": rows * cols // 2 + groups}[form]
-
-
 def kv_bytes(config: ModelConfig, context_length: int, kv: KVOptions) -> int:
     hot = kv.hot_bytes_per_position(config)
     if kv.hot_tokens is None:
@@ -102,6 +85,7 @@ def plan_memory(
     if compute not in COMPUTE_FORMS:
         raise InvalidArgumentError(f"compute must be one of auto, {', '.join(COMPUTE_FORMS)}, got {compute!r}")
     kv = kv or KVOptions()
+    options = ComputeOptions(compute, isq_format=isq_format)
     weight, by_form, largest = 0, {}, 0
     for name, (fmt, shape) in tensors.items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
@@ -109,10 +93,10 @@ def plan_memory(
         if len(shape) == 1:
             weight += shape[0] * 4
             continue
-        form, has_mins = matrix_form(fmt, shape, compute, isq_format)
-        n = _matrix_bytes(form, has_mins, shape[0], shape[1])
+        cls, values = compute_form(fmt, shape, options)  # as loading will decide it
+        n = cls.planned_nbytes(shape, values)
         weight += n
-        by_form[form] = by_form.get(form, 0) + n
+        by_form[cls.form] = by_form.get(cls.form, 0) + n
         if name != "model.embed_tokens.weight":
             largest = max(largest, shape[0] * shape[1])
     return MemoryPlan(
