@@ -1,9 +1,10 @@
 """Gradients of a sequence's log-likelihood with respect to LoRA adapters, through the whole network.
 
-`loss_and_grads` runs the model over one whole sequence (no KV cache), keeping what the backward pass
-needs (a tape per layer), then walks back from the logits to the first layer. Only adapter matrices
-(`LoRAMatrix`) get gradients; base weights stay frozen, but every activation's gradient flows through
-them. The forward uses the same functions as inference (model.py), so it computes the same logits.
+`loss_and_grads` runs the inference forward (model/forward.py) over one whole sequence, from an empty
+float32 cache, with a tape that keeps what the backward pass needs, then walks back from the logits to
+the first layer. Only adapter matrices (`LoRAMatrix`) get gradients; base weights stay frozen, but
+every activation's gradient flows through them. Being the one forward, a change to it cannot leave the
+gradients behind unnoticed.
 
     loss = -reward * mean_i log p(target_i | tokens before it)   over the chosen positions
 
@@ -13,32 +14,15 @@ G = H/K, E head size, F MLP size, V vocab, r rank.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import numpy as np
 
+from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
-from ..model.forward import attention_mask, rms_norm, silu, softmax
+from ..model.forward import Tape, hidden, logits, rms_norm, silu
 from ..model.rope import apply_rope, rope_tables
 from ..model.weights import Linear, Weights
 from ..quant.matrices import dense_product
 from .lora import LoRAMatrix
-
-
-@dataclass
-class _LayerTape:
-    x: np.ndarray  # (T, D) layer input
-    a: np.ndarray  # (T, D) after input norm
-    q: np.ndarray  # (K, G*T, E) rotated queries
-    k: np.ndarray  # (K, T, E) rotated keys
-    v: np.ndarray  # (K, T, E)
-    probs: np.ndarray  # (K, G*T, T)
-    o: np.ndarray  # (T, H*E) attention output before o_proj
-    h: np.ndarray  # (T, D) after the attention residual
-    b: np.ndarray  # (T, D) after the post-attention norm
-    gate: np.ndarray  # (T, F)
-    up: np.ndarray  # (T, F)
-    s: np.ndarray  # (T, F) silu(gate) * up
 
 
 def _transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
@@ -80,38 +64,17 @@ def _silu_grad(x: np.ndarray) -> np.ndarray:
     return sig * (1 + x * (1 - sig))
 
 
-def _forward(weights: Weights, config: ModelConfig, inv_freq: np.ndarray, tokens: np.ndarray):
-    T = len(tokens)
-    H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
-    positions = np.arange(T)
-    cos, sin = rope_tables(inv_freq, 0, T)  # (T, E/2)
-    x = weights.embed_tokens.rows(tokens)  # (T, D)
-    tapes = []
-    for layer, window in zip(weights.layers, config.sliding_windows, strict=True):
-        w = layer.self_attn
-        a = rms_norm(x, layer.input_layernorm, config.rms_norm_eps)  # (T, D)
-        q = apply_rope(w.q_proj(a).reshape(T, H, E).transpose(1, 0, 2), cos, sin).reshape(K, G * T, E)
-        k = apply_rope(w.k_proj(a).reshape(T, K, E).transpose(1, 0, 2), cos, sin)  # (K, T, E)
-        v = w.v_proj(a).reshape(T, K, E).transpose(1, 0, 2)  # (K, T, E)
-        scores = (q @ k.transpose(0, 2, 1)).reshape(K, G, T, T) * np.float32(1 / np.sqrt(E))
-        mask = attention_mask(positions, positions, window)
-        if mask is not None:
-            scores = scores + mask
-        probs = softmax(scores).reshape(K, G * T, T)  # (K, G*T, T)
-        o = (probs @ v).reshape(H, T, E).transpose(1, 0, 2).reshape(T, H * E)  # (T, H*E)
-        h = x + w.o_proj(o)  # (T, D)
-        b = rms_norm(h, layer.post_attention_layernorm, config.rms_norm_eps)  # (T, D)
-        gate, up = layer.mlp.gate_proj(b), layer.mlp.up_proj(b)  # (T, F) each
-        s = silu(gate) * up  # (T, F)
-        tapes.append(_LayerTape(x, a, q, k, v, probs, o, h, b, gate, up, s))
-        x = h + layer.mlp.down_proj(s)  # (T, D)
-    return x, tapes
+def _run(weights: Weights, config: ModelConfig, inv_freq: np.ndarray, tokens: np.ndarray) -> tuple:
+    """The inference forward over the whole sequence from an empty float32 cache: (hidden (T, D), tape)."""
+    tape = Tape()
+    cache = KVCache(config, len(tokens), KVOptions())
+    return hidden(weights, config, inv_freq, tokens, 0, cache, tape), tape.layers
 
 
 def logits_for(weights: Weights, config: ModelConfig, inv_freq: np.ndarray, tokens: list[int]) -> np.ndarray:
-    """All logits (T, V) of the training forward (the same as inference's, checked by tests)."""
-    x, _ = _forward(weights, config, inv_freq, np.asarray(tokens))
-    return weights.lm_head(rms_norm(x, weights.norm, config.rms_norm_eps))
+    """All logits (T, V) of the forward the backward pass runs on."""
+    x, _ = _run(weights, config, inv_freq, np.asarray(tokens))
+    return logits(weights, config, x)
 
 
 def loss_and_grads(
@@ -129,13 +92,13 @@ def loss_and_grads(
     tokens = np.asarray(tokens)
     T = len(tokens)
     H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
-    x_last, tapes = _forward(weights, config, inv_freq, tokens)
+    x_last, tapes = _run(weights, config, inv_freq, tokens)
     xs = x_last[scored]  # (P, D)
     final = rms_norm(xs, weights.norm, config.rms_norm_eps)  # (P, D)
-    logits = weights.lm_head(final).astype(np.float64)  # (P, V)
+    scored_logits = weights.lm_head(final).astype(np.float64)  # (P, V)
     targets = tokens[scored + 1]  # (P,)
-    logits -= logits.max(axis=-1, keepdims=True)
-    probs = np.exp(logits)
+    scored_logits -= scored_logits.max(axis=-1, keepdims=True)
+    probs = np.exp(scored_logits)
     probs /= probs.sum(axis=-1, keepdims=True)  # (P, V)
     log_likelihood = float(np.mean(np.log(probs[np.arange(len(scored)), targets])))
     if soft_targets is None:

@@ -5,9 +5,14 @@ attention (Qwen2 adds q/k/v biases, Mistral a sliding window) and a SwiGLU MLP. 
 
 Dimension letters: T new tokens, S cached positions (S >= T), D hidden size, H query heads,
 K key/value heads, G = H/K query heads per key/value head, E head size, F MLP size, V vocab.
+
+Given a `Tape`, the forward also keeps what the backward pass (learning/backprop.py) needs, so
+gradients are always those of this one forward.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -15,6 +20,31 @@ from .cache import KVCache, LayerCache
 from .config import ModelConfig
 from .rope import apply_rope, rope_tables
 from .weights import MLP, Attention, DecoderLayer, Weights, linear
+
+
+@dataclass
+class LayerTape:
+    """What one decoder layer computed, kept for the backward pass."""
+
+    x: np.ndarray | None = None  # (T, D) layer input
+    a: np.ndarray | None = None  # (T, D) after the input norm
+    q: np.ndarray | None = None  # (K, G*T, E) rotated queries
+    k: np.ndarray | None = None  # (K, S, E) rotated keys attended to
+    v: np.ndarray | None = None  # (K, S, E) values attended to
+    probs: np.ndarray | None = None  # (K, G*T, S)
+    o: np.ndarray | None = None  # (T, H*E) attention output before o_proj
+    h: np.ndarray | None = None  # (T, D) after the attention residual
+    b: np.ndarray | None = None  # (T, D) after the post-attention norm
+    gate: np.ndarray | None = None  # (T, F)
+    up: np.ndarray | None = None  # (T, F)
+    s: np.ndarray | None = None  # (T, F) silu(gate) * up
+
+
+@dataclass
+class Tape:
+    """What a forward computed, layer by layer."""
+
+    layers: list[LayerTape] = field(default_factory=list)
 
 
 def rms_norm(x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -51,6 +81,7 @@ def attention(
     positions: np.ndarray,
     cache: LayerCache,
     window: int | None,
+    tape: LayerTape | None = None,
 ) -> np.ndarray:
     T = x.shape[0]
     H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
@@ -76,12 +107,19 @@ def attention(
     else:
         bounds = np.cumsum([len(s.positions) for s in segments])[:-1]
         out = sum(s.mix(p) for s, p in zip(segments, np.split(probs, bounds, axis=-1), strict=True))
-    out = out.reshape(H, T, E)  # (H, T, E)
-    return linear(out.transpose(1, 0, 2).reshape(T, H * E), w.o_proj)  # (T, D)
+    out = out.reshape(H, T, E).transpose(1, 0, 2).reshape(T, H * E)  # (T, H*E)
+    if tape is not None:
+        assert len(segments) == 1, "the backward pass reads one float32 segment"
+        tape.q, tape.k, tape.v, tape.probs, tape.o = q, segments[0].keys, segments[0].values, probs, out
+    return linear(out, w.o_proj)  # (T, D)
 
 
-def mlp(x: np.ndarray, w: MLP) -> np.ndarray:
-    return linear(silu(linear(x, w.gate_proj)) * linear(x, w.up_proj), w.down_proj)  # (T, D)
+def mlp(x: np.ndarray, w: MLP, tape: LayerTape | None = None) -> np.ndarray:
+    gate, up = linear(x, w.gate_proj), linear(x, w.up_proj)  # (T, F) each
+    s = silu(gate) * up  # (T, F)
+    if tape is not None:
+        tape.gate, tape.up, tape.s = gate, up, s
+    return linear(s, w.down_proj)  # (T, D)
 
 
 def block(
@@ -92,11 +130,15 @@ def block(
     positions: np.ndarray,
     cache: LayerCache,
     window: int | None,
+    tape: LayerTape | None = None,
 ) -> np.ndarray:
     eps = config.rms_norm_eps
-    attended = attention(rms_norm(x, w.input_layernorm, eps), w.self_attn, config, rope, positions, cache, window)
-    x = x + attended  # (T, D)
-    return x + mlp(rms_norm(x, w.post_attention_layernorm, eps), w.mlp)  # (T, D)
+    a = rms_norm(x, w.input_layernorm, eps)  # (T, D)
+    h = x + attention(a, w.self_attn, config, rope, positions, cache, window, tape)  # (T, D)
+    b = rms_norm(h, w.post_attention_layernorm, eps)  # (T, D)
+    if tape is not None:
+        tape.x, tape.a, tape.h, tape.b = x, a, h, b
+    return h + mlp(b, w.mlp, tape)  # (T, D)
 
 
 def forward(
@@ -112,6 +154,20 @@ def forward(
 
     Returns (T, V), or (1, V) for the last token only when `last_only` (prefill needs no more).
     """
+    x = hidden(weights, config, inv_freq, tokens, start, cache)  # (T, D)
+    return logits(weights, config, x[-1:] if last_only else x)  # (T, V)
+
+
+def hidden(
+    weights: Weights,
+    config: ModelConfig,
+    inv_freq: np.ndarray,
+    tokens: np.ndarray,
+    start: int,
+    cache: KVCache,
+    tape: Tape | None = None,
+) -> np.ndarray:
+    """The last decoder layer's output (T, D) for `tokens` at positions start..; fills `tape` if given."""
     tokens = np.asarray(tokens, dtype=np.int64)
     assert start <= len(cache.tokens), f"position {start} would leave a gap after {len(cache.tokens)}"
     if start < len(cache.tokens):
@@ -120,8 +176,14 @@ def forward(
     x = weights.embed_tokens.rows(tokens)  # (T, D)
     rope = rope_tables(inv_freq, start, len(tokens))  # (T, E/2) cos, sin
     for layer, layer_cache, window in zip(weights.layers, cache.layers, config.sliding_windows, strict=True):
-        x = block(x, layer, config, rope, positions, layer_cache, window)  # (T, D)
+        layer_tape = None if tape is None else LayerTape()
+        if tape is not None:
+            tape.layers.append(layer_tape)
+        x = block(x, layer, config, rope, positions, layer_cache, window, layer_tape)  # (T, D)
     cache.record(tokens)
-    if last_only:
-        x = x[-1:]  # (1, D)
+    return x
+
+
+def logits(weights: Weights, config: ModelConfig, x: np.ndarray) -> np.ndarray:
+    """The output projection of hidden states x (T, D): (T, V)."""
     return linear(rms_norm(x, weights.norm, config.rms_norm_eps), weights.lm_head)  # (T, V)
