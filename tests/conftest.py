@@ -79,3 +79,45 @@ def tiny_model(kind: str, folder: Path | None = None, seed: int = 0, **overrides
     if folder is not None:
         model.save_pretrained(folder)
     return model
+
+
+def byte_tokenizer_json() -> dict:
+    """A byte-level BPE tokenizer.json with one token per byte and no merges, plus <s> (256), </s> (257)."""
+    from ruvllm.text.detokenizer import byte_level_alphabet
+
+    vocab = {char: byte for char, byte in byte_level_alphabet().items()}
+    added = [
+        {
+            "id": 256 + i,
+            "content": text,
+            "single_word": False,
+            "lstrip": False,
+            "rstrip": False,
+            "normalized": False,
+            "special": True,
+        }
+        for i, text in enumerate(("<s>", "</s>"))
+    ]
+    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+    model = {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": None,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": False,
+        "byte_fallback": False,
+        "vocab": vocab,
+        "merges": [],
+    }
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": added,
+        "normalizer": None,
+        "pre_tokenizer": byte_level,
+        "post_processor": None,
+        "decoder": byte_level,
+        "model": model,
+    }

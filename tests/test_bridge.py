@@ -12,7 +12,7 @@ from ruvllm.bridge import ModelLoader
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
-from conftest import tiny_model
+from conftest import byte_tokenizer_json, tiny_model
 
 
 def ok(answer: str):
@@ -34,6 +34,7 @@ def folder(tmp_path):
 def stream_model(folder, chunk: int = 4096, sha256: str | None = None, cut: int = 0) -> tuple[ModelLoader, str]:
     loader = ModelLoader()
     ok(loader.set_config((folder / "config.json").read_text()))
+    ok(loader.set_tokenizer(json.dumps(byte_tokenizer_json())))
     data = (folder / "model.safetensors").read_bytes()
     ok(loader.begin_file("model.safetensors", len(data), sha256 is not None))
     body = data[: len(data) - cut]
@@ -61,7 +62,8 @@ def test_streamed_model_generates_like_the_folder(folder):
     )
     assert [s["token_id"] for s in steps] == [s.token_id for s in expected]
     assert [s["finish_reason"] for s in steps] == [None] * 5 + ["length"]
-    assert steps[0]["prefill_ms"] > 0 and steps[1]["prefill_ms"] is None
+    assert steps[0]["stats"]["prefill_ms"] > 0 and steps[-1]["stats"]["completion_tokens"] == 6
+    assert "".join(s["text"] for s in steps) == bytes(s.token_id for s in expected).decode(errors="replace")
 
 
 def test_incomplete_download_is_a_download_error(folder):
@@ -143,6 +145,7 @@ def test_stop_abandons_a_generation(folder):
 def test_the_plan_comes_from_headers_before_any_data(folder):
     loader = ModelLoader()
     ok(loader.set_config((folder / "config.json").read_text()))
+    ok(loader.set_tokenizer(json.dumps(byte_tokenizer_json())))
     data = (folder / "model.safetensors").read_bytes()
     header_end = 8 + int.from_bytes(data[:8], "little")
     ok(loader.add_header("model.safetensors", len(data), data[:header_end]))

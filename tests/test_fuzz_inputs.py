@@ -24,7 +24,8 @@ import ruvllm
 from ruvllm.errors import RuvLLMError
 from ruvllm.files.formats import get_format
 from ruvllm.files.tensorfile import serialize
-from ruvllm.text.detokenizer import byte_level_alphabet
+
+from conftest import byte_tokenizer_json
 
 CASES = int(os.environ.get("RUVLLM_FUZZ_CASES", "120"))
 SEED = os.environ.get("RUVLLM_FUZZ_SEED", "")
@@ -63,46 +64,6 @@ TOKENIZER_CONFIG = {
     "{% if add_generation_prompt %}assistant:{% endif %}",
 }
 GENERATION_CONFIG = {"eos_token_id": [257], "bos_token_id": 256}
-
-
-def tokenizer_json() -> dict:
-    """A byte-level BPE tokenizer with one token per byte and no merges, plus <s> and </s>."""
-    vocab = {char: byte for char, byte in byte_level_alphabet().items()}
-    added = [
-        {
-            "id": 256 + i,
-            "content": text,
-            "single_word": False,
-            "lstrip": False,
-            "rstrip": False,
-            "normalized": False,
-            "special": True,
-        }
-        for i, text in enumerate(("<s>", "</s>"))
-    ]
-    byte_level = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
-    model = {
-        "type": "BPE",
-        "dropout": None,
-        "unk_token": None,
-        "continuing_subword_prefix": None,
-        "end_of_word_suffix": None,
-        "fuse_unk": False,
-        "byte_fallback": False,
-        "vocab": vocab,
-        "merges": [],
-    }
-    return {
-        "version": "1.0",
-        "truncation": None,
-        "padding": None,
-        "added_tokens": added,
-        "normalizer": None,
-        "pre_tokenizer": byte_level,
-        "post_processor": None,
-        "decoder": byte_level,
-        "model": model,
-    }
 
 
 def weights_header_and_data() -> tuple[dict, bytes]:
@@ -204,7 +165,7 @@ DAMAGED = ["config.json", "tokenizer_config.json", "generation_config.json", "mo
 def test_damaged_json_is_a_clear_error_naming_the_file(damaged, tmp_path):
     files = {
         "config.json": CONFIG,
-        "tokenizer.json": tokenizer_json(),
+        "tokenizer.json": byte_tokenizer_json(),
         "tokenizer_config.json": TOKENIZER_CONFIG,
         "generation_config.json": GENERATION_CONFIG,
     }

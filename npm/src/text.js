@@ -1,6 +1,7 @@
 /**
- * Text in JavaScript: the model's tokenizer.json run by @huggingface/tokenizers, its chat template by
- * @huggingface/jinja, and streaming detokenization (detokenize.js). Token ids are what cross into Python.
+ * Text in JavaScript: the model's tokenizer.json run by @huggingface/tokenizers and its chat template
+ * (chat-template.js, on @huggingface/jinja). Token ids are what cross into Python; the text of generated
+ * tokens comes back from Python (text/stream.py), made there as on CPython.
  *
  * Two pre-tokenizer steps of @huggingface/tokenizers 0.2 differ from the Rust library that defines the
  * format (and that ruvllm uses on CPython): its `Digits` splits only ASCII 0-9 where Rust splits every
@@ -13,7 +14,6 @@ import { Tokenizer } from '@huggingface/tokenizers';
 
 import { ChatTemplate } from './chat-template.js';
 import { RuvLLMError } from './errors.js';
-import { StreamingDetokenizer, tokenByteTable } from './detokenize.js';
 
 // The GPT-2 split used by ByteLevel(use_regex=true), as in the Rust tokenizers library.
 const GPT2_SPLIT = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";
@@ -73,12 +73,6 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
   } catch (error) {
     throw new RuvLLMError('load', `tokenizer.json cannot be used: ${error.message}`);
   }
-  let table;
-  try {
-    table = tokenByteTable(tokenizerJson);
-  } catch (error) {
-    throw new RuvLLMError('load', error.message);
-  }
 
   const special = {};
   for (const name of ['bos_token', 'eos_token', 'unk_token', 'pad_token']) {
@@ -126,9 +120,6 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
     },
     decode(ids) {
       return ids.length ? tokenizer.decode(ids) : '';
-    },
-    newDetokenizer() {
-      return new StreamingDetokenizer(table);
     },
   };
 }

@@ -13,7 +13,6 @@ import { checkRequest } from './protocol.js';
 import { startPython } from './runtime.js';
 import { createText } from './text.js';
 import { loadWeights } from './weights.js';
-import { splitAtStop } from './detokenize.js';
 import { IS_NODE } from './env.js';
 
 
@@ -67,6 +66,7 @@ async function load(id, options) {
     bridge.destroy();
   }
   unwrap(state.loader.set_config(JSON.stringify(config)));
+  unwrap(state.loader.set_tokenizer(JSON.stringify(tokenizerJson))); // the text of each chunk is made in Python
   unwrap(state.loader.set_options(JSON.stringify(loadOptions(options))));
 
   const onPlan = (plan) => progress({ phase: 'plan', plan: renamePlan(plan), loaded: 0, total: 0 });
@@ -84,19 +84,8 @@ async function load(id, options) {
 async function generate(id, ids, options) {
   const { stop = [], adapter, ...rest } = options;
   if (adapter !== undefined) unwrap(state.engine.set_adapter(adapter ?? undefined)); // null: the base model
-  const started = performance.now();
-  const eosIds = rest.ignoreEos ? [] : state.text.eosIds;
-  unwrap(
-    state.engine.start(
-      JSON.stringify({ prompt_ids: ids, eos_ids: state.text.eosIds, options: pythonOptions(rest, stop) }),
-    ),
-  );
-  const detokenizer = state.text.newDetokenizer();
-  let held = '';
-  let count = 0;
-  let prefillMs = 0;
-  let firstAt = 0;
-  let cachedTokens = 0;
+  const request = { prompt_ids: ids, eos_ids: state.text.eosIds, options: { ...pythonOptions(rest), stop } };
+  unwrap(state.engine.start(JSON.stringify(request)));
   for (;;) {
     await yieldToEventLoop();
     if (state.aborted.delete(id)) {
@@ -106,29 +95,16 @@ async function generate(id, ids, options) {
     const step = unwrap(state.engine.step());
     if (step === null) return;
     if (step.prefilling) continue; // a long prompt between two forward calls: an abort can come in
-    const now = performance.now();
-    count += 1;
-    if (step.prefill_ms !== null) [prefillMs, firstAt, cachedTokens] = [step.prefill_ms, now, step.cached_tokens];
-    let finish = step.finish_reason;
-    if (!(finish === 'stop' && eosIds.includes(step.token_id))) held += detokenizer.add(step.token_id);
-    if (finish !== null) held += detokenizer.finish();
-    const [emit, keep, hit] = splitAtStop(held, stop, finish !== null);
-    held = keep;
-    if (hit) finish = 'stop';
-    const decodeS = (now - firstAt) / 1000;
     const stats = {
-      promptTokens: ids.length,
-      completionTokens: count,
-      prefillMs,
-      ttftMs: firstAt - started,
-      decodeTokS: count > 1 && decodeS > 0 ? (count - 1) / decodeS : 0,
-      cachedTokens,
+      promptTokens: step.stats.prompt_tokens,
+      completionTokens: step.stats.completion_tokens,
+      prefillMs: step.stats.prefill_ms,
+      ttftMs: step.stats.ttft_ms,
+      decodeTokS: step.stats.decode_tok_s,
+      cachedTokens: step.stats.cached_tokens,
     };
-    send({ type: 'chunk', id, chunk: { text: emit, tokenId: step.token_id, finishReason: finish, stats } });
-    if (finish !== null) {
-      if (hit) unwrap(state.engine.stop());
-      return;
-    }
+    send({ type: 'chunk', id, chunk: { text: step.text, tokenId: step.token_id, finishReason: step.finish_reason, stats } });
+    if (step.finish_reason !== null) return;
   }
 }
 
@@ -207,7 +183,7 @@ function promptIds({ messages, prompt }) {
 }
 
 /** JS option names (camelCase) to the Python ones; unknown names are refused by Python. */
-function pythonOptions(options, stop) {
+function pythonOptions(options) {
   const names = {
     maxTokens: 'max_tokens',
     temperature: 'temperature',
@@ -223,9 +199,6 @@ function pythonOptions(options, stop) {
     if (value === undefined) continue;
     if (!(key in names)) throw new RuvLLMError('invalid_argument', `unknown option ${JSON.stringify(key)}; options are: ${Object.keys(names).join(', ')}, stop`);
     out[names[key]] = value;
-  }
-  if (!Array.isArray(stop) || !stop.every((s) => typeof s === 'string' && s.length > 0)) {
-    throw new RuvLLMError('invalid_argument', 'stop must be an array of non-empty strings');
   }
   return out;
 }

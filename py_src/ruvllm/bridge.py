@@ -17,6 +17,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import time
 from collections.abc import Callable
 
 from .errors import DownloadError, InferenceError, InvalidArgumentError, LoadError, RuvLLMError
@@ -28,7 +29,9 @@ from .learning.lora import DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
 from .model.cache import KVOptions
 from .model.config import ModelConfig
 from .runtime.engine import Engine, LoadOptions, plan_for
-from .runtime.generate import GenerationOptions, Prefilling, Step, generate_tokens
+from .runtime.generate import GenerationOptions, Prefilling, generate_tokens
+from .text.detokenizer import StreamingDetokenizer, token_byte_table
+from .text.stream import Chunk, generate_text
 
 
 def _json_result(fn: Callable) -> Callable[..., str]:
@@ -58,6 +61,7 @@ class ModelLoader:
         self.handle: EngineHandle | None = None  # set by build()
         self.options = LoadOptions()
         self.headers: dict[str, SafetensorsFile] = {}
+        self.token_bytes: tuple[list[bytes], bool] | None = None  # set_tokenizer: the detokenizer's table
 
     @_json_result
     def set_config(self, config_json: str) -> dict:
@@ -68,6 +72,17 @@ class ModelLoader:
         self.config = ModelConfig.from_dict(raw)
         c = self.config
         return {"architecture": c.architecture, "max_position_embeddings": c.max_position_embeddings}
+
+    @_json_result
+    def set_tokenizer(self, tokenizer_json: str) -> int:
+        """The model's tokenizer.json: the bytes of every token, for the text of each chunk. Returns the
+        vocabulary size it describes."""
+        try:
+            data = json.loads(tokenizer_json)
+        except json.JSONDecodeError as e:
+            raise LoadError(f"tokenizer.json is not valid JSON ({e})") from None
+        self.token_bytes = token_byte_table(data)
+        return len(self.token_bytes[0])
 
     @_json_result
     def begin_file(self, name: str, size: int, want_sha256: bool = False) -> int:
@@ -147,11 +162,13 @@ class ModelLoader:
             raise LoadError("config.json was not given before the weights")
         if not self.done:
             raise LoadError("no weight files were given")
+        if self.token_bytes is None:
+            raise LoadError("tokenizer.json was not given before the weights")
         store = TensorStore(self.done)
         engine = Engine.from_store(self.config, store, self.options)
         self.files.clear()
         self.done.clear()  # the engine holds its own compute-form weights; the file buffers can go
-        self.handle = EngineHandle(engine)
+        self.handle = EngineHandle(engine, *self.token_bytes)
         c = engine.config
         return {
             "architecture": c.architecture,
@@ -164,53 +181,58 @@ class ModelLoader:
 
 
 class EngineHandle:
-    """A loaded engine; one generation at a time, advanced one token per `step` call."""
+    """A loaded engine; one generation at a time, advanced one chunk per `step` call. The text of each
+    chunk is made here (detokenization, stop strings, timings), as on CPython: the worker only forwards."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, token_bytes: list[bytes], strip_leading_space: bool) -> None:
         self.engine = engine
         self.adapters = AdapterSet.attached(engine)
         self.cache = engine.new_cache()
-        self.steps = None
+        self.token_bytes, self.strip_leading_space = token_bytes, strip_leading_space
+        self.chunks = None
 
     @_json_result
     def start(self, request_json: str) -> dict:
-        """request: {"prompt_ids": [...], "eos_ids": [...], "options": {max_tokens, temperature, ...}}"""
+        """request: {"prompt_ids": [...], "eos_ids": [...], "options": {max_tokens, temperature, stop, ...}}"""
+        started = time.perf_counter()
         request = json.loads(request_json)
         options = GenerationOptions.from_kwargs(**request.get("options", {}))
         ids = request.get("prompt_ids")
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             raise InvalidArgumentError("prompt_ids must be a list of integers")
         eos = request.get("eos_ids", [])
-        self.steps = generate_tokens(self.engine, ids, options, eos, self.cache, report_prefill=True)
+        steps = generate_tokens(self.engine, ids, options, eos, self.cache, report_prefill=True)
+        detokenizer = StreamingDetokenizer(self.token_bytes, self.strip_leading_space)
+        self.chunks = generate_text(steps, detokenizer, len(ids), options.stop, eos, started)
         return {"prompt_tokens": len(ids)}
 
     @_json_result
     def step(self) -> dict | None:
-        """The next token as {"token_id", "finish_reason", "prefill_ms", "cached_tokens"}; {"prefilling":
-        {"done", "total"}} between the forward calls of a long prompt (the worker takes aborts there);
-        None when finished."""
-        if self.steps is None:
+        """The next chunk as {"text", "token_id", "finish_reason", "stats"}; {"prefilling": {"done",
+        "total"}} between the forward calls of a long prompt (the worker takes aborts there); None when
+        finished."""
+        if self.chunks is None:
             return None
         try:
-            step: Step | Prefilling = next(self.steps)
+            chunk: Chunk | Prefilling = next(self.chunks)
         except StopIteration:
-            self.steps = None
+            self.chunks = None
             return None
         except RuvLLMError:
-            self.steps = None
+            self.chunks = None
             raise
         except Exception as e:
-            self.steps = None
+            self.chunks = None
             raise InferenceError(f"generation failed: {type(e).__name__}: {e}") from e
-        if isinstance(step, Prefilling):
-            return {"prefilling": {"done": step.done, "total": step.total}}
-        if step.finish_reason is not None:
-            self.steps = None
+        if isinstance(chunk, Prefilling):
+            return {"prefilling": {"done": chunk.done, "total": chunk.total}}
+        if chunk.finish_reason is not None:
+            self.stop()
         return {
-            "token_id": step.token_id,
-            "finish_reason": step.finish_reason,
-            "prefill_ms": step.prefill_ms,
-            "cached_tokens": step.cached_tokens,
+            "text": chunk.text,
+            "token_id": chunk.token_id,
+            "finish_reason": chunk.finish_reason,
+            "stats": dataclasses.asdict(chunk.stats),
         }
 
     # --- MicroLoRA ------------------------------------------------------------------------------
@@ -272,10 +294,10 @@ class EngineHandle:
 
     @_json_result
     def stop(self) -> bool:
-        """Abandon the current generation (an abort from JavaScript)."""
-        if self.steps is not None:
-            self.steps.close()
-        self.steps = None
+        """End the current generation (an abort from JavaScript, or its last chunk)."""
+        if self.chunks is not None:
+            self.chunks.close()
+        self.chunks = None
         return True
 
 

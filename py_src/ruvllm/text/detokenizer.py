@@ -37,6 +37,8 @@ def byte_level_alphabet() -> dict[str, int]:
 
 def token_byte_table(tokenizer_json: dict) -> tuple[list[bytes], bool]:
     """(bytes of each token id, whether one leading space of the output is dropped)."""
+    if not isinstance(tokenizer_json, dict):
+        raise LoadError("tokenizer.json: the file must be a JSON object")
     model = tokenizer_json.get("model") or {}
     vocab = model.get("vocab")
     if isinstance(vocab, dict):

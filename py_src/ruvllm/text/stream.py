@@ -8,7 +8,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
-from ..runtime.generate import Step
+from ..runtime.generate import Prefilling, Step
 from .detokenizer import StreamingDetokenizer
 
 
@@ -31,20 +31,24 @@ class Chunk:
 
 
 def generate_text(
-    steps: Iterator[Step],
+    steps: Iterator[Step | Prefilling],
     detokenizer: StreamingDetokenizer,
     prompt_tokens: int,
     stop: Sequence[str] = (),
     eos_ids: Iterable[int] = (),
     started: float | None = None,
-) -> Iterator[Chunk]:
-    """Text deltas for each step; cut right before the first stop string; EOS adds no text."""
+) -> Iterator[Chunk | Prefilling]:
+    """Text deltas for each step; cut right before the first stop string; EOS adds no text. A
+    `Prefilling` (from generate_tokens' report_prefill) passes through as it is."""
     started = time.perf_counter() if started is None else started
     eos = set(eos_ids)
     held = ""  # decoded text not yet emitted: it may be the start of a stop string
     prefill_ms = first_at = 0.0
     count = cached = 0
     for step in steps:
+        if isinstance(step, Prefilling):
+            yield step
+            continue
         now = time.perf_counter()
         count += 1
         if step.prefill_ms is not None:
