@@ -36,11 +36,12 @@ def stream_model(folder, chunk: int = 4096, sha256: str | None = None, cut: int 
     ok(loader.set_config((folder / "config.json").read_text()))
     ok(loader.set_tokenizer(json.dumps(byte_tokenizer_json())))
     data = (folder / "model.safetensors").read_bytes()
-    ok(loader.begin_file("model.safetensors", len(data), sha256 is not None))
+    request = {"name": "model.safetensors", "size": len(data), "want_sha256": sha256 is not None}
+    ok(loader.begin_file(json.dumps(request)))
     body = data[: len(data) - cut]
     for start in range(0, len(body), chunk):
         ok(loader.write("model.safetensors", body[start : start + chunk]))
-    return loader, loader.finish_file("model.safetensors", sha256)
+    return loader, loader.finish_file(json.dumps({"name": "model.safetensors", "sha256": sha256}))
 
 
 def test_streamed_model_generates_like_the_folder(folder):
@@ -51,7 +52,7 @@ def test_streamed_model_generates_like_the_folder(folder):
     info = ok(loader.build())
     assert info["plan"]["compute"] == "f32"
     assert info["architecture"] == "LlamaForCausalLM" and info["context_length"] == 64
-    handle = loader.handle
+    handle = loader.take_engine()
     request = {"prompt_ids": [1, 2, 3], "eos_ids": [], "options": {"max_tokens": 6, "temperature": 0}}
     assert ok(handle.start(json.dumps(request))) == {"prompt_tokens": 3}
     steps = []
@@ -84,7 +85,7 @@ def test_sha256_mismatch_is_a_download_error(folder):
 
 def test_more_bytes_than_announced_is_a_download_error(folder):
     loader = ModelLoader()
-    ok(loader.begin_file("model.safetensors", 10))
+    ok(loader.begin_file(json.dumps({"name": "model.safetensors", "size": 10})))
     ok(loader.write("model.safetensors", b"12345678"))
     assert error(loader.write("model.safetensors", b"abc")) == {
         "type": "download",
@@ -101,9 +102,9 @@ def test_corrupt_weights_and_bad_config_are_load_errors(folder):
     ok(loader.set_config((folder / "config.json").read_text()))
     data = bytearray((folder / "model.safetensors").read_bytes())
     data[8:30] = b"!" * 22
-    ok(loader.begin_file("model.safetensors", len(data)))
+    ok(loader.begin_file(json.dumps({"name": "model.safetensors", "size": len(data)})))
     ok(loader.write("model.safetensors", bytes(data)))
-    got = error(loader.finish_file("model.safetensors"))
+    got = error(loader.finish_file(json.dumps({"name": "model.safetensors"})))
     assert got["type"] == "load" and got["message"].startswith("model.safetensors: the header is not valid JSON")
 
 
@@ -112,7 +113,7 @@ def test_generation_errors_keep_their_type(folder):
     ok(finished)
     ok(loader.set_options(json.dumps({"context_length": 16})))
     ok(loader.build())
-    handle = loader.handle
+    handle = loader.take_engine()
     too_long = {"prompt_ids": list(range(20)), "options": {}}
     assert error(handle.start(json.dumps(too_long))) == {
         "type": "context_full",
@@ -135,7 +136,7 @@ def test_stop_abandons_a_generation(folder):
     loader, finished = stream_model(folder)
     ok(finished)
     ok(loader.build())
-    handle = loader.handle
+    handle = loader.take_engine()
     ok(handle.start(json.dumps({"prompt_ids": [1, 2], "options": {"max_tokens": 50}})))
     ok(handle.step())
     assert ok(handle.stop()) is True
@@ -169,7 +170,7 @@ def test_a_long_prompt_comes_back_between_its_forward_calls_so_an_abort_can_get_
     loader, finished = stream_model(folder)
     ok(finished)
     ok(loader.build())
-    handle = loader.handle
+    handle = loader.take_engine()
     handle.engine.prefill_chunk = 8  # as Pyodide's 32, on a tiny prompt
     prompt = list(range(1, 21))
     ok(handle.start(json.dumps({"prompt_ids": prompt, "options": {"max_tokens": 3, "temperature": 0}})))

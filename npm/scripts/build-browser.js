@@ -1,10 +1,14 @@
 // Builds browser/: the facade and the worker as self-contained ES modules (our dependencies bundled in),
 // so the package runs in a browser with or without a bundler. Node uses src/ directly.
 // Pyodide itself is not bundled: the worker imports it at run time from the chosen indexURL.
+import { rmSync } from 'node:fs';
+
 import { build } from 'esbuild';
 
+rmSync('browser', { recursive: true, force: true }); // no file of an older layout stays behind
+
 await build({
-  entryPoints: { index: 'src/index.js', worker: 'src/worker.js' },
+  entryPoints: { index: 'src/index.js', 'worker/main': 'src/worker/main.js' },
   outdir: 'browser',
   bundle: true,
   format: 'esm',

@@ -12,6 +12,7 @@
 import { parseArgs } from 'node:util';
 
 import { RuvLLM, RuvLLMError } from './index.js';
+import { toPython } from './protocol.js';
 
 const USAGE = `usage: ruvllm-js generate MODEL --prompt TEXT [--chat] [--system TEXT] [--max-tokens N]
                  [--temperature T] [--seed S] [--ignore-eos] [--json] [--pyodide DIR] [--context-length N]`;
@@ -107,15 +108,10 @@ export async function main(argv = process.argv.slice(2), out = process.stdout, e
     if (!args.json) {
       out.write('\n');
     } else {
-      const s = last.stats;
-      const result = {
-        text: text.join(''),
-        token_ids: ids,
-        prompt_token_ids: promptIds,
-        finish_reason: last.finishReason,
-        stats: { prompt_tokens: s.promptTokens, completion_tokens: s.completionTokens, prefill_ms: s.prefillMs, ttft_ms: s.ttftMs, decode_tok_s: s.decodeTokS },
-      };
-      out.write(`${JSON.stringify(result)}\n`);
+      const stats = { ...last.stats }; // what `ruvllm generate --json` prints, in its order
+      delete stats.cachedTokens;
+      const result = { text: text.join(''), tokenIds: ids, promptTokenIds: promptIds, finishReason: last.finishReason, stats };
+      out.write(`${JSON.stringify(toPython(result))}\n`);
     }
     return 0;
   } catch (error) {

@@ -18,7 +18,7 @@ export { AbortError, RuvLLMError } from './errors.js';
 
 /** A worker with one interface in Node and browsers: post(message), onEvent(fn), onFailure(fn), terminate(). */
 async function spawnWorker() {
-  const url = new URL('./worker.js', import.meta.url);
+  const url = new URL('./worker/main.js', import.meta.url);
   if (IS_NODE) {
     const { Worker } = await import('node:worker_threads');
     const worker = new Worker(url);
@@ -122,7 +122,7 @@ export class RuvLLM {
     try {
       for await (const event of llm.#request({ type: 'load', options: rest })) {
         if (event.type === 'progress') onProgress?.(event.progress);
-        else if (event.type === 'loaded') llm.info = renameInfo(event.info);
+        else if (event.type === 'loaded') llm.info = event.info;
       }
     } catch (error) {
       llm.#worker.terminate();
@@ -299,17 +299,4 @@ function checkMessages(messages) {
   const ok = Array.isArray(messages) && messages.length > 0 && messages.every((m) => typeof m?.role === 'string' && typeof m?.content === 'string');
   if (!ok) throw new RuvLLMError('invalid_argument', 'messages must be a non-empty array of { role, content } strings');
   return messages;
-}
-
-function renameInfo(info) {
-  return {
-    architecture: info.architecture,
-    vocabSize: info.vocab_size,
-    contextLength: info.context_length,
-    parameters: info.parameters,
-    plan: info.plan,
-    downloadedBytes: info.downloadedBytes,
-    fromCache: info.fromCache,
-    heapBytes: info.heapBytes,
-  };
 }

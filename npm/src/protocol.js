@@ -30,6 +30,79 @@ export const REQUESTS = Object.freeze([
   'adapt', 'new_adapter', 'load_adapter', 'set_adapter', 'save_adapter',
 ]);
 
+/**
+ * The worker speaks to Python (py_src/ruvllm/bridge.py) in JSON with Python's names; callers use
+ * JavaScript's. Every name that differs is here, once: toPython / fromPython rename an object's keys
+ * (nested objects too) on each crossing. JSON is also what turns JS null into Python None.
+ */
+export const PYTHON_NAMES = Object.freeze({
+  // generation options
+  maxTokens: 'max_tokens',
+  topK: 'top_k',
+  topP: 'top_p',
+  minP: 'min_p',
+  repetitionPenalty: 'repetition_penalty',
+  ignoreEos: 'ignore_eos',
+  // load options
+  contextLength: 'context_length',
+  memoryBudget: 'memory_budget',
+  hotTokens: 'hot_tokens',
+  budgetBytes: 'budget_bytes',
+  // requests
+  promptIds: 'prompt_ids',
+  completionIds: 'completion_ids',
+  eosIds: 'eos_ids',
+  wantSha256: 'want_sha256',
+  // chunks and their stats
+  tokenId: 'token_id',
+  tokenIds: 'token_ids',
+  promptTokenIds: 'prompt_token_ids',
+  finishReason: 'finish_reason',
+  promptTokens: 'prompt_tokens',
+  completionTokens: 'completion_tokens',
+  prefillMs: 'prefill_ms',
+  ttftMs: 'ttft_ms',
+  decodeTokS: 'decode_tok_s',
+  cachedTokens: 'cached_tokens',
+  // the model, its memory plan, its cache
+  vocabSize: 'vocab_size',
+  weightBytes: 'weight_bytes',
+  kvBytes: 'kv_bytes',
+  workspaceBytes: 'workspace_bytes',
+  totalBytes: 'total_bytes',
+  weightBytesByForm: 'weight_bytes_by_form',
+  hotPositions: 'hot_positions',
+  hotBytes: 'hot_bytes',
+  coldPositions: 'cold_positions',
+  coldBytes: 'cold_bytes',
+  coldFormat: 'cold_format',
+  evictedPositions: 'evicted_positions',
+  seenPositions: 'seen_positions',
+  // learning
+  logProbBefore: 'log_prob_before',
+  logProbAfter: 'log_prob_after',
+  stepMs: 'step_ms',
+});
+
+const JS_NAMES = Object.freeze(Object.fromEntries(Object.entries(PYTHON_NAMES).map(([js, py]) => [py, js])));
+
+/** The options of generate/chat (besides `signal` and `adapter`), by their JavaScript names. */
+export const GENERATION_OPTIONS = Object.freeze(['maxTokens', 'temperature', 'topK', 'topP', 'minP', 'repetitionPenalty', 'seed', 'ignoreEos', 'stop']);
+/** The options of the two-tier KV cache (`kv` in RuvLLM.load). */
+export const KV_OPTIONS = Object.freeze(['hotTokens', 'cold', 'budgetBytes', 'keep']);
+
+function renamed(value, names) {
+  if (Array.isArray(value)) return value.map((v) => renamed(v, names));
+  if (value === null || typeof value !== 'object' || ArrayBuffer.isView(value)) return value;
+  return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== undefined).map(([k, v]) => [names[k] ?? k, renamed(v, names)]));
+}
+
+/** `value` with Python's names (undefined members left out: Python takes its defaults). */
+export const toPython = (value) => renamed(value, PYTHON_NAMES);
+
+/** `value` with JavaScript's names. */
+export const fromPython = (value) => renamed(value, JS_NAMES);
+
 let nextId = 1;
 
 /** A new request id, unique within this thread. */

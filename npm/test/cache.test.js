@@ -12,9 +12,9 @@ import { after, before, beforeEach, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 import { RuvLLM, RuvLLMError } from '../src/index.js';
-import { cacheFolder } from '../src/cache-folder.js';
-import { openFile, readBytes, readJson } from '../src/files.js';
-import { loadWeights } from '../src/weights.js';
+import { cacheFolder } from '../src/worker/cache-folder.js';
+import { openFile, readBytes, readJson } from '../src/worker/files.js';
+import { loadWeights } from '../src/worker/weights.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
 
 const SIZE = 2 * 1024 * 1024 + 5;

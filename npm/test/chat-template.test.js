@@ -5,7 +5,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 
-import { ChatTemplate, MAX_MS } from '../src/chat-template.js';
+import { ChatTemplate, MAX_MS } from '../src/text/chat-template.js';
 import { RuvLLMError } from '../src/errors.js';
 
 const { cases } = JSON.parse(readFileSync(new URL('../../tests/data/hostile_templates.json', import.meta.url)));

@@ -34,7 +34,7 @@ test('the installed package exports the API, its types and the wheel', async () 
   const { stdout } = await run(process.execPath, ['-e', script], { cwd: project });
   assert.deepEqual(JSON.parse(stdout), ['AbortError', 'RuvLLM', 'RuvLLMError']);
   const installed = join(project, 'node_modules', '@ruvector', 'ruvllm');
-  for (const file of ['types/index.d.ts', 'wheel/manifest.json', 'bin/ruvllm-js.js', 'browser/index.js', 'browser/worker.js']) assert.ok(existsSync(join(installed, file)), file);
+  for (const file of ['types/index.d.ts', 'wheel/manifest.json', 'bin/ruvllm-js.js', 'browser/index.js', 'browser/worker/main.js']) assert.ok(existsSync(join(installed, file)), file);
   assert.ok(existsSync(join(project, 'node_modules', '.bin', 'ruvllm-js')));
 });
 

@@ -4,7 +4,7 @@ import assert from 'node:assert/strict';
 import { readFileSync } from 'node:fs';
 import { test } from 'node:test';
 
-import { createText } from '../src/text.js';
+import { createText } from '../src/text/index.js';
 
 const MODEL = new URL('../../models/smollm2-135m-instruct/', import.meta.url);
 const tokenizerJson = JSON.parse(readFileSync(new URL('tokenizer.json', MODEL)));

@@ -7,7 +7,7 @@ import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 
 import { RuvLLMError } from '../src/errors.js';
-import { loadWeights } from '../src/weights.js';
+import { loadWeights } from '../src/worker/weights.js';
 
 const SIZE = 3 * 1024 * 1024 + 17;
 const BODY = Uint8Array.from({ length: SIZE }, (_, i) => (i * 31) & 255);
@@ -57,7 +57,8 @@ function fakeLoader() {
     plan() {
       return ok({ compute: 'f32', total_bytes: 1 });
     },
-    begin_file(name, size) {
+    begin_file(request) {
+      const { name, size } = JSON.parse(request);
       files[name] = { size, got: 0, done: false };
       return ok(size);
     },
@@ -66,7 +67,8 @@ function fakeLoader() {
       files[name].got += chunk.length;
       return ok(files[name].got);
     },
-    finish_file(name) {
+    finish_file(request) {
+      const { name } = JSON.parse(request);
       const f = files[name];
       if (f.got !== f.size) {
         return JSON.stringify({ error: { type: 'download', message: `${name}: download incomplete: received ${f.got} of ${f.size} bytes` } });
@@ -82,7 +84,7 @@ test('progress climbs to the total and every byte reaches the loader', async () 
   const events = [];
   const plans = [];
   const result = await loadWeights(loader, `${base}/good/`, { cache: false, onProgress: (p) => events.push(p), onPlan: (p) => plans.push(p) });
-  assert.deepEqual(result, { total: SIZE, fromCache: false, plan: { compute: 'f32', total_bytes: 1 } });
+  assert.deepEqual(result, { total: SIZE, fromCache: false, plan: { compute: 'f32', totalBytes: 1 } });
   assert.equal(plans.length, 1);
   // The first 8 bytes announce a 100-byte header: exactly 108 bytes went to planning, then everything.
   assert.deepEqual(loader.headers['model.safetensors'], { size: SIZE, length: 108 });

@@ -118,6 +118,8 @@ export interface MemoryPlan {
   kvBytes: number;
   workspaceBytes: number;
   totalBytes: number;
+  /** Weight bytes by the compute form each matrix gets ('f32', 'q8', 'q4'). */
+  weightBytesByForm: Record<string, number>;
 }
 
 /** Positions and bytes per tier of the KV cache. */
@@ -198,6 +200,8 @@ export interface ModelInfo {
   vocabSize: number;
   contextLength: number;
   parameters: number;
+  /** Bytes the weights take in memory, in their compute forms. */
+  weightBytes: number;
   /** The memory plan the load followed. */
   plan: MemoryPlan;
   downloadedBytes: number;

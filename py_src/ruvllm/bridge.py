@@ -1,18 +1,41 @@
-"""The bridge between the JavaScript worker (Pyodide) and the engine. The only module the worker calls.
+"""The bridge between the JavaScript worker (Pyodide) and the engine: the only module the worker calls.
 
-Everything crosses as JSON strings or plain numbers, so no proxy outlives a call, plus the raw bytes of
-weight files, which JavaScript hands over chunk by chunk: each chunk is copied once, straight into a
-NumPy buffer the engine then reads without copying (`PieceBuffer`). A JS typed array arrives as a
-Pyodide JsProxy whose `assign_to` does that copy; any object with the buffer protocol works too, so
-this module runs (and is tested) on CPython as well.
+The protocol. Requests cross as JSON strings with Python's names (npm/src/protocol.js renames them,
+and JSON turns JS null into None), except the bytes of files, which cross as typed arrays. Every call
+returns a JSON string, `{"ok": value}` or `{"error": {"type", "message"}}` with `type` one of the
+`RuvLLMError` types, so JavaScript raises the right error without parsing tracebacks; two calls hand
+over Python objects instead: `take_engine()` and `take_files()`.
 
-Every call returns a JSON object: `{"ok": value}` or `{"error": {"type", "message"}}`, with `type`
-one of the `RuvLLMError` types, so JavaScript can raise the right error without parsing tracebacks.
+    new_loader()                                   -> ModelLoader
+    ModelLoader.set_config(config.json)            -> {architecture, max_position_embeddings}
+    ModelLoader.set_tokenizer(tokenizer.json)      -> vocabulary size (the text of each chunk is made here)
+    ModelLoader.set_options({context_length, compute, memory_budget, kv: {hot_tokens, cold, budget_bytes,
+                             keep}})               -> true
+    ModelLoader.add_header(name, size, bytes)      -> true (a weight file's first bytes: its header)
+    ModelLoader.plan()                             -> the memory plan (a load error if it cannot fit)
+    ModelLoader.begin_file({name, size, want_sha256})
+    ModelLoader.write(name, bytes)                 -> bytes received so far
+    ModelLoader.finish_file({name, sha256})        -> {bytes}
+    ModelLoader.build()                            -> {architecture, vocab_size, context_length, ...}
+    ModelLoader.take_engine()                      -> EngineHandle (the loader lets go of it)
+    EngineHandle.start({prompt_ids, eos_ids, options: {max_tokens, temperature, ..., stop}})
+    EngineHandle.step()                            -> {text, token_id, finish_reason, stats},
+                                                      {prefilling: {done, total}}, or null when done
+    EngineHandle.stop()                            -> true (an abort)
+    EngineHandle.cache_stats()                     -> {hot_positions, hot_bytes, cold_positions, ...}
+    EngineHandle.new_adapter({name, rank, alpha, targets}), adapt({adapter, prompt_ids, completion_ids,
+                             reward, steps, lr}), set_adapter({name}), adapter_names()
+    EngineHandle.load_adapter({name}, adapter_config.json, weights bytes, state bytes or None)
+    EngineHandle.adapter_files({name})             -> {files: [file names]}; take_files() -> {name: bytes}
+
+Weight files arrive chunk by chunk: each chunk is copied once, straight into a NumPy buffer the engine
+then reads without copying (`PieceBuffer`). A JS typed array arrives as a Pyodide JsProxy whose
+`assign_to` does that copy; any object with the buffer protocol works too, so this module runs (and is
+tested) on CPython as well.
 """
 
 from __future__ import annotations
 
-import base64
 import dataclasses
 import functools
 import hashlib
@@ -50,6 +73,22 @@ def _json_result(fn: Callable) -> Callable[..., str]:
     return wrapper
 
 
+def _request(text: str, what: str = "request") -> dict:
+    """A JSON object from the worker."""
+    try:
+        value = json.loads(text)
+    except (TypeError, json.JSONDecodeError) as e:
+        raise InvalidArgumentError(f"the {what} is not valid JSON ({e})") from None
+    if not isinstance(value, dict):
+        raise InvalidArgumentError(f"the {what} must be a JSON object")
+    return value
+
+
+def _bytes(data: object) -> bytes:
+    """The bytes of a JS typed array (JsProxy) or of any buffer."""
+    return bytes(data.to_py()) if hasattr(data, "to_py") else bytes(data)
+
+
 class ModelLoader:
     """Receives a model's files (config first, then weights in pieces) and builds the engine."""
 
@@ -58,10 +97,10 @@ class ModelLoader:
         self.files: dict[str, PieceBuffer] = {}
         self.hashes: dict[str, object] = {}
         self.done: list = []
-        self.handle: EngineHandle | None = None  # set by build()
         self.options = LoadOptions()
         self.headers: dict[str, SafetensorsFile] = {}
         self.token_bytes: tuple[list[bytes], bool] | None = None  # set_tokenizer: the detokenizer's table
+        self._engine: EngineHandle | None = None  # built, until take_engine()
 
     @_json_result
     def set_config(self, config_json: str) -> dict:
@@ -85,11 +124,49 @@ class ModelLoader:
         return len(self.token_bytes[0])
 
     @_json_result
-    def begin_file(self, name: str, size: int, want_sha256: bool = False) -> int:
+    def set_options(self, options_json: str) -> bool:
+        """Load options: {context_length, compute, memory_budget, kv: {hot_tokens, cold, budget_bytes, keep}}."""
+        raw = _request(options_json, "load options")
+        known = {"context_length", "compute", "memory_budget", "kv"}
+        unknown = set(raw) - known
+        if unknown:
+            raise InvalidArgumentError(f"unknown load option {sorted(unknown)[0]!r}")
+        kv_raw = raw.get("kv") or {}
+        kv_known = {"hot_tokens", "cold", "budget_bytes", "keep"}
+        if not isinstance(kv_raw, dict):
+            raise InvalidArgumentError(f"kv options must be an object, got {kv_raw!r}")
+        if set(kv_raw) - kv_known:
+            raise InvalidArgumentError(f"unknown kv option {sorted(set(kv_raw) - kv_known)[0]!r}")
+        self.options = LoadOptions(
+            context_length=raw.get("context_length"),
+            compute=raw.get("compute") or "auto",
+            memory_budget=raw.get("memory_budget"),
+            kv=KVOptions(**kv_raw),
+        )
+        return True
+
+    @_json_result
+    def add_header(self, name: str, size: int, head: object) -> bool:
+        """The first bytes of a weight file (its whole header), before its data: enough to plan."""
+        self.headers[name] = SafetensorsFile.from_header(_bytes(head), size, name)
+        return True
+
+    @_json_result
+    def plan(self) -> dict:
+        """The memory plan for the headers given so far; a LoadError if it does not fit the budget."""
+        if self.config is None:
+            raise LoadError("config.json was not given before the weights")
+        return plan_for(self.config, TensorStore(list(self.headers.values())), self.options).as_dict()
+
+    @_json_result
+    def begin_file(self, request_json: str) -> int:
+        """request: {name, size, want_sha256}; the file's bytes follow through `write`."""
+        r = _request(request_json)
+        name, size = r.get("name"), r.get("size")
         if not isinstance(size, int) or size < 0:
             raise InvalidArgumentError(f"{name}: size must be a non-negative integer, got {size!r}")
         self.files[name] = PieceBuffer(size, name)
-        if want_sha256:
+        if r.get("want_sha256"):
             self.hashes[name] = hashlib.sha256()
         return size
 
@@ -111,7 +188,10 @@ class ModelLoader:
         return piece.filled
 
     @_json_result
-    def finish_file(self, name: str, sha256: str | None = None) -> dict:
+    def finish_file(self, request_json: str) -> dict:
+        """request: {name, sha256 (or null)}: every byte arrived, and they have that digest."""
+        r = _request(request_json)
+        name, sha256 = r.get("name"), r.get("sha256")
         piece = self.files[name]
         if piece.filled != piece.array.size:
             raise DownloadError(f"{name}: download incomplete: received {piece.filled} of {piece.array.size} bytes")
@@ -121,40 +201,6 @@ class ModelLoader:
                 raise DownloadError(f"{name}: sha256 mismatch: expected {sha256.lower()}, got {digest}")
         self.done.append(piece.finish())
         return {"bytes": piece.filled}
-
-    @_json_result
-    def set_options(self, options_json: str) -> dict:
-        """Load options: {context_length, compute, memory_budget, kv: {hot_tokens, cold, budget_bytes, keep}}."""
-        raw = json.loads(options_json)
-        known = {"context_length", "compute", "memory_budget", "kv"}
-        unknown = set(raw) - known
-        if unknown:
-            raise InvalidArgumentError(f"unknown load option {sorted(unknown)[0]!r}")
-        kv_raw = raw.get("kv") or {}
-        kv_known = {"hot_tokens", "cold", "budget_bytes", "keep"}
-        if set(kv_raw) - kv_known:
-            raise InvalidArgumentError(f"unknown kv option {sorted(set(kv_raw) - kv_known)[0]!r}")
-        self.options = LoadOptions(
-            context_length=raw.get("context_length"),
-            compute=raw.get("compute") or "auto",
-            memory_budget=raw.get("memory_budget"),
-            kv=KVOptions(**kv_raw),
-        )
-        return True
-
-    @_json_result
-    def add_header(self, name: str, size: int, head: object) -> bool:
-        """The first bytes of a weight file (its whole header), before its data: enough to plan."""
-        data = bytes(head.to_py()) if hasattr(head, "to_py") else bytes(head)
-        self.headers[name] = SafetensorsFile.from_header(data, size, name)
-        return True
-
-    @_json_result
-    def plan(self) -> dict:
-        """The memory plan for the headers given so far; a LoadError if it does not fit the budget."""
-        if self.config is None:
-            raise LoadError("config.json was not given before the weights")
-        return plan_for(self.config, TensorStore(list(self.headers.values())), self.options).as_dict()
 
     @_json_result
     def build(self) -> dict:
@@ -168,7 +214,7 @@ class ModelLoader:
         engine = Engine.from_store(self.config, store, self.options)
         self.files.clear()
         self.done.clear()  # the engine holds its own compute-form weights; the file buffers can go
-        self.handle = EngineHandle(engine, *self.token_bytes)
+        self._engine = EngineHandle(engine, *self.token_bytes)
         c = engine.config
         return {
             "architecture": c.architecture,
@@ -178,6 +224,13 @@ class ModelLoader:
             "weight_bytes": engine.weights.nbytes,
             "plan": engine.plan.as_dict(),
         }
+
+    def take_engine(self) -> EngineHandle:
+        """The engine `build` made; the loader keeps no reference to it."""
+        engine, self._engine = self._engine, None
+        if engine is None:
+            raise LoadError("no engine was built")
+        return engine
 
 
 class EngineHandle:
@@ -190,13 +243,17 @@ class EngineHandle:
         self.cache = engine.new_cache()
         self.token_bytes, self.strip_leading_space = token_bytes, strip_leading_space
         self.chunks = None
+        self._outgoing: dict[str, bytes] = {}  # adapter_files, until take_files()
 
     @_json_result
     def start(self, request_json: str) -> dict:
         """request: {"prompt_ids": [...], "eos_ids": [...], "options": {max_tokens, temperature, stop, ...}}"""
         started = time.perf_counter()
-        request = json.loads(request_json)
-        options = GenerationOptions.from_kwargs(**request.get("options", {}))
+        request = _request(request_json)
+        options = request.get("options", {})
+        if not isinstance(options, dict):
+            raise InvalidArgumentError("options must be an object")
+        options = GenerationOptions.from_kwargs(**options)
         ids = request.get("prompt_ids")
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             raise InvalidArgumentError("prompt_ids must be a list of integers")
@@ -227,7 +284,7 @@ class EngineHandle:
         if isinstance(chunk, Prefilling):
             return {"prefilling": {"done": chunk.done, "total": chunk.total}}
         if chunk.finish_reason is not None:
-            self.stop()
+            self._end()
         return {
             "text": chunk.text,
             "token_id": chunk.token_id,
@@ -235,70 +292,74 @@ class EngineHandle:
             "stats": dataclasses.asdict(chunk.stats),
         }
 
-    # --- MicroLoRA ------------------------------------------------------------------------------
-
     @_json_result
-    def new_adapter(self, request_json: str) -> dict:
-        """request: {name, rank, alpha, targets}; the new adapter becomes the active one."""
-        r = json.loads(request_json)
-        rank = r.get("rank", 2)
-        config = LoRAConfig(rank=rank, alpha=r.get("alpha"), targets=tuple(r.get("targets") or DEFAULT_TARGETS))
-        name = r.get("name", "default")
-        self.adapters.create(name, config)
-        return {"name": name, "rank": config.rank, "targets": list(config.targets)}
+    def stop(self) -> bool:
+        """End the current generation (an abort from JavaScript)."""
+        self._end()
+        return True
 
-    @_json_result
-    def adapt(self, request_json: str) -> dict:
-        """request: {adapter, prompt_ids, completion_ids, reward, steps, lr}; makes the adapter if needed."""
-        r = json.loads(request_json)
-        adapter = self.adapters.learner(r.get("adapter") or "default")
-        options = AdaptOptions(**{k: r[k] for k in ("steps", "lr") if r.get(k) is not None})
-        report = learn_adapt(self.engine, adapter, r["prompt_ids"], r["completion_ids"], r.get("reward", 1.0), options)
-        return dataclasses.asdict(report)
-
-    @_json_result
-    def load_adapter(self, name: str, config_json: str, weights: object, state: object = None) -> str:
-        """An adapter from its files' contents (bytes, or JS Uint8Arrays)."""
-
-        def as_file(data, source):
-            raw = bytes(data.to_py()) if hasattr(data, "to_py") else bytes(data)
-            return SafetensorsFile(raw, source)
-
-        state_file = as_file(state, "learning_state.safetensors") if state is not None else None
-        adapter = Adapter.from_files(
-            config_json, as_file(weights, "adapter_model.safetensors"), self.engine.weights, state_file
-        )
-        self.adapters.add(name, adapter)
-        return name
-
-    @_json_result
-    def set_adapter(self, name: str | None) -> str | None:
-        self.adapters.activate(name)
-        return name
-
-    @_json_result
-    def adapter_files(self, name: str | None = None) -> dict:
-        """The files of a held adapter (default: the active one), base64-encoded, by file name."""
-        files = self.adapters.get(name).files()
-        return {file: base64.b64encode(data).decode() for file, data in files.items()}
-
-    @_json_result
-    def adapter_names(self) -> dict:
-        adapters = self.adapters
-        return {"names": list(adapters.adapters), "active": adapters.active}
+    def _end(self) -> None:
+        if self.chunks is not None:
+            self.chunks.close()
+        self.chunks = None
 
     @_json_result
     def cache_stats(self) -> dict:
         """Positions and bytes of the KV cache per tier."""
         return self.cache.stats()
 
+    # --- MicroLoRA ------------------------------------------------------------------------------
+
     @_json_result
-    def stop(self) -> bool:
-        """End the current generation (an abort from JavaScript, or its last chunk)."""
-        if self.chunks is not None:
-            self.chunks.close()
-        self.chunks = None
-        return True
+    def new_adapter(self, request_json: str) -> dict:
+        """request: {name, rank, alpha, targets}; the new adapter becomes the active one."""
+        r = _request(request_json)
+        rank = r.get("rank", 2)
+        config = LoRAConfig(rank=rank, alpha=r.get("alpha"), targets=tuple(r.get("targets") or DEFAULT_TARGETS))
+        name = r.get("name") or "default"
+        self.adapters.create(name, config)
+        return {"name": name, "rank": config.rank, "targets": list(config.targets)}
+
+    @_json_result
+    def adapt(self, request_json: str) -> dict:
+        """request: {adapter, prompt_ids, completion_ids, reward, steps, lr}; makes the adapter if needed."""
+        r = _request(request_json)
+        adapter = self.adapters.learner(r.get("adapter") or "default")
+        options = AdaptOptions(**{k: r[k] for k in ("steps", "lr") if r.get(k) is not None})
+        report = learn_adapt(self.engine, adapter, r["prompt_ids"], r["completion_ids"], r.get("reward", 1.0), options)
+        return dataclasses.asdict(report)
+
+    @_json_result
+    def load_adapter(self, request_json: str, config_json: str, weights: object, state: object = None) -> str:
+        """request: {name}; an adapter from its files' contents (bytes, or JS Uint8Arrays)."""
+        name = _request(request_json).get("name")
+        state_file = SafetensorsFile(_bytes(state), "learning_state.safetensors") if state is not None else None
+        weights_file = SafetensorsFile(_bytes(weights), "adapter_model.safetensors")
+        self.adapters.add(name, Adapter.from_files(config_json, weights_file, self.engine.weights, state_file))
+        return name
+
+    @_json_result
+    def set_adapter(self, request_json: str) -> str | None:
+        """request: {name}: compute with that adapter from now on (null: the base model)."""
+        name = _request(request_json).get("name")
+        self.adapters.activate(name)
+        return name
+
+    @_json_result
+    def adapter_files(self, request_json: str) -> dict:
+        """request: {name} (null: the active adapter): its files, handed over by `take_files`."""
+        self._outgoing = self.adapters.get(_request(request_json).get("name")).files()
+        return {"files": list(self._outgoing)}
+
+    def take_files(self) -> dict[str, bytes]:
+        """The files `adapter_files` prepared, by file name (JavaScript gets Uint8Arrays)."""
+        files, self._outgoing = self._outgoing, {}
+        return files
+
+    @_json_result
+    def adapter_names(self) -> dict:
+        adapters = self.adapters
+        return {"names": list(adapters.adapters), "active": adapters.active}
 
 
 def new_loader() -> ModelLoader:

@@ -3,7 +3,7 @@ import { existsSync } from 'node:fs';
 import { homedir } from 'node:os';
 import { join } from 'node:path';
 
-import { PYODIDE_VERSION } from '../../src/runtime.js';
+import { PYODIDE_VERSION } from '../../src/worker/python.js';
 
 export const DIST = process.env.RUVLLM_PYODIDE_DIST || join(homedir(), '.cache', 'ruvllm', 'pyodide', PYODIDE_VERSION);
 export const HAVE_DIST = existsSync(join(DIST, 'pyodide.asm.wasm')) && existsSync(join(DIST, 'pyodide-lock.json'));

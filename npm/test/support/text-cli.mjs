@@ -3,7 +3,7 @@
 import { readFileSync } from 'node:fs';
 import { readFile } from 'node:fs/promises';
 
-import { createText } from '../../src/text.js';
+import { createText } from '../../src/text/index.js';
 
 const input = JSON.parse(readFileSync(0, 'utf8'));
 const read = async (name) => JSON.parse(await readFile(`${input.model}/${name}`, 'utf8'));

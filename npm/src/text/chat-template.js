@@ -12,7 +12,7 @@
 
 import { Environment, Interpreter, Template } from '@huggingface/jinja';
 
-import { RuvLLMError } from './errors.js';
+import { RuvLLMError } from '../errors.js';
 
 export const MAX_MS = 2000; // real templates take a few milliseconds
 export const MAX_CHARS = 2 ** 22; // 4 Mi characters: far beyond any context window's worth of text

@@ -13,7 +13,7 @@
 import { Tokenizer } from '@huggingface/tokenizers';
 
 import { ChatTemplate } from './chat-template.js';
-import { RuvLLMError } from './errors.js';
+import { RuvLLMError } from '../errors.js';
 
 // The GPT-2 split used by ByteLevel(use_regex=true), as in the Rust tokenizers library.
 const GPT2_SPLIT = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";

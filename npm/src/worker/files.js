@@ -5,8 +5,8 @@
  */
 
 import { FolderCache, cacheFolder } from './cache-folder.js';
-import { RuvLLMError } from './errors.js';
-import { IS_NODE } from './env.js';
+import { IS_NODE } from '../env.js';
+import { RuvLLMError } from '../errors.js';
 
 export const CACHE_NAME = 'ruvllm-models-v1';
 

@@ -4,8 +4,9 @@
  * sit in JavaScript memory as a whole.
  */
 
-import { RuvLLMError, unwrap } from './errors.js';
+import { RuvLLMError } from '../errors.js';
 import { concat, openFile, readJson } from './files.js';
+import { callBridge } from './python.js';
 
 const PROGRESS_INTERVAL_MS = 100;
 
@@ -34,16 +35,16 @@ export async function loadWeights(loader, base, { cache, sha256 = {}, onProgress
   for (const f of files) {
     const { header, buffered, rest } = await readHeader(f);
     Object.assign(f, { buffered, chunks: rest });
-    unwrap(loader.add_header(f.name, f.size, header));
+    callBridge(loader, 'add_header', f.name, f.size, header);
   }
-  const plan = unwrap(loader.plan());
+  const plan = callBridge(loader, 'plan');
   onPlan(plan);
   const total = files.reduce((n, f) => n + f.size, 0);
   let loaded = 0;
   let lastReport = 0;
   for (const file of files) {
-    const expected = sha256[file.name]; // undefined reaches Python as None (null would be jsnull)
-    unwrap(loader.begin_file(file.name, file.size, expected !== undefined));
+    const expected = sha256[file.name]; // a hex digest, or undefined: not checked
+    callBridge(loader, 'begin_file', { name: file.name, size: file.size, wantSha256: expected !== undefined });
     let fileLoaded = 0;
     const report = (force) => {
       const now = Date.now();
@@ -53,12 +54,12 @@ export async function loadWeights(loader, base, { cache, sha256 = {}, onProgress
     };
     report(true);
     for await (const chunk of prepend(file.buffered, file.chunks)) {
-      fileLoaded = unwrap(loader.write(file.name, chunk));
+      fileLoaded = callBridge(loader, 'write', file.name, chunk);
       loaded += chunk.length;
       report(false);
     }
     report(true);
-    unwrap(loader.finish_file(file.name, expected));
+    callBridge(loader, 'finish_file', { name: file.name, sha256: expected });
   }
   // Ready means cached: a reload right after loading must not download again.
   await Promise.all(files.map((f) => f.stored));

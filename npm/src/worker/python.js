@@ -1,10 +1,12 @@
 /**
- * Starting Python: Pyodide, NumPy, and our own wheel (shipped inside this package, installed with
- * micropip from the package's files, never from PyPI).
+ * Python in the worker: starting Pyodide, NumPy and our own wheel (shipped inside this package,
+ * installed with micropip from the package's files, never from PyPI), and calling the bridge
+ * (py_src/ruvllm/bridge.py, whose docstring lists the calls).
  */
 
-import { RuvLLMError } from './errors.js';
-import { IS_NODE } from './env.js';
+import { IS_NODE } from '../env.js';
+import { RuvLLMError, unwrap } from '../errors.js';
+import { fromPython, toPython } from '../protocol.js';
 
 export const PYODIDE_VERSION = '314.0.1';
 export const DEFAULT_INDEX_URL = `https://cdn.jsdelivr.net/pyodide/v${PYODIDE_VERSION}/full/`;
@@ -86,8 +88,8 @@ async function readPackageFile(relative) {
 
 async function installWheel(py) {
   try {
-    const manifest = JSON.parse(new TextDecoder().decode(await readPackageFile('../wheel/manifest.json')));
-    const bytes = await readPackageFile(`../wheel/${manifest.file}`);
+    const manifest = JSON.parse(new TextDecoder().decode(await readPackageFile('../../wheel/manifest.json')));
+    const bytes = await readPackageFile(`../../wheel/${manifest.file}`);
     const path = `/tmp/${manifest.file}`;
     py.FS.writeFile(path, bytes);
     const micropip = py.pyimport('micropip');
@@ -99,5 +101,30 @@ async function installWheel(py) {
     py.FS.unlink(path);
   } catch (error) {
     throw new RuvLLMError('load', `cannot install the ruvllm wheel into Pyodide: ${error.message}`);
+  }
+}
+
+/**
+ * Call `method` of a bridge object. Plain objects cross as JSON with Python's names; strings, numbers
+ * and typed arrays as they are; null, here as inside the JSON, as None. The answer comes back with
+ * JavaScript's names, or its error is thrown as a RuvLLMError of the same type.
+ */
+export function callBridge(target, method, ...args) {
+  const crossing = args.map((a) => {
+    if (a === null) return undefined; // Pyodide passes undefined as None (and null as a JsNull)
+    return typeof a === 'object' && !ArrayBuffer.isView(a) ? JSON.stringify(toPython(a)) : a;
+  });
+  return fromPython(unwrap(target[method](...crossing)));
+}
+
+/** Bytes of WebAssembly memory Pyodide has now (read through a buffer view, the public way). */
+export function heapBytes(py) {
+  const probe = py.runPython('memoryview(bytearray(1))');
+  const view = probe.getBuffer();
+  try {
+    return view.data.buffer.byteLength;
+  } finally {
+    view.release();
+    probe.destroy();
   }
 }

@@ -1,0 +1,199 @@
+/**
+ * The worker: owns Pyodide, the loaded model and the text tools, and answers the requests of
+ * protocol.js, one handler per request type. It runs as a module Web Worker in browsers and as a
+ * worker_threads Worker in Node.
+ *
+ * Generation advances the Python generator one token (or one prompt chunk, of 32 positions in Pyodide)
+ * per call and yields to the event loop between calls, so an abort request is honoured before the next
+ * token, also while a long prompt is read.
+ */
+
+import { IS_NODE } from '../env.js';
+import { AbortError, RuvLLMError, serializeError } from '../errors.js';
+import { GENERATION_OPTIONS, KV_OPTIONS, checkRequest } from '../protocol.js';
+import { createText } from '../text/index.js';
+import { readBytes, readJson, readText } from './files.js';
+import { callBridge, heapBytes, startPython } from './python.js';
+import { loadWeights } from './weights.js';
+
+const port = IS_NODE ? (await import('node:worker_threads')).parentPort : globalThis;
+const send = (message, transfer = []) => port.postMessage(message, transfer);
+
+const state = {
+  py: null,
+  engine: null, // ruvllm.bridge.EngineHandle (PyProxy)
+  text: null,
+  aborted: new Set(), // ids of generate/chat requests asked to stop
+};
+
+/**
+ * Let pending messages (an abort) run before the next token. Browsers: a message to ourselves, a task
+ * queued behind them (no 4 ms timer clamping). Node processes up to 1000 messages of one port in a row,
+ * so a self-message loop there would starve the parent port until the generation ends: setImmediate
+ * runs after the event loop has polled it.
+ */
+let yieldToEventLoop;
+if (IS_NODE) {
+  yieldToEventLoop = () => new Promise((resolve) => setImmediate(resolve));
+} else {
+  const tick = new MessageChannel();
+  let afterTick = null;
+  tick.port1.onmessage = () => afterTick();
+  yieldToEventLoop = () =>
+    new Promise((resolve) => {
+      afterTick = resolve;
+      tick.port2.postMessage(null);
+    });
+}
+
+async function load({ id, options }) {
+  const progress = (p) => send({ type: 'progress', id, progress: p });
+  // The small files first: a wrong model location fails in milliseconds, before Pyodide boots.
+  const files = { cache: options.cache !== false };
+  const config = await readJson(options.model, 'config.json', files);
+  const tokenizerJson = await readJson(options.model, 'tokenizer.json', files);
+  const tokenizerConfig = (await readJson(options.model, 'tokenizer_config.json', { ...files, optional: true })) ?? {};
+  const generationConfig = (await readJson(options.model, 'generation_config.json', { ...files, optional: true })) ?? {};
+  state.text = createText({ tokenizerJson, tokenizerConfig, generationConfig, config });
+
+  progress({ phase: 'runtime', loaded: 0, total: 0 });
+  state.py = await startPython(options.pyodide ?? {});
+  const bridge = state.py.pyimport('ruvllm.bridge');
+  const loader = bridge.new_loader();
+  bridge.destroy();
+  try {
+    callBridge(loader, 'set_config', JSON.stringify(config));
+    callBridge(loader, 'set_tokenizer', JSON.stringify(tokenizerJson)); // the text of each chunk is made in Python
+    callBridge(loader, 'set_options', loadOptions(options));
+    const onPlan = (plan) => progress({ phase: 'plan', plan, loaded: 0, total: 0 });
+    const download = await loadWeights(loader, options.model, { ...files, sha256: options.sha256, onProgress: progress, onPlan });
+    progress({ phase: 'load', loaded: download.total, total: download.total });
+    const built = callBridge(loader, 'build');
+    state.engine = loader.take_engine();
+    const info = { ...built, downloadedBytes: download.total, fromCache: download.fromCache, heapBytes: heapBytes(state.py) };
+    send({ type: 'loaded', id, info });
+  } finally {
+    loader.destroy();
+  }
+}
+
+/**
+ * Load options as Python takes them. Without a memoryBudget, browsers that report their memory
+ * (navigator.deviceMemory, in GiB, at most 8) get a quarter of it: compute 'auto' then picks a form
+ * that fits; elsewhere there is no budget and 'auto' means float32.
+ */
+function loadOptions(options) {
+  const kv = options.kv ?? {};
+  for (const key of Object.keys(kv)) {
+    if (!KV_OPTIONS.includes(key)) throw new RuvLLMError('invalid_argument', `unknown kv option ${JSON.stringify(key)}; kv options are: ${KV_OPTIONS.join(', ')}`);
+  }
+  const deviceMemory = globalThis.navigator?.deviceMemory;
+  const budget = options.memoryBudget ?? (IS_NODE || !deviceMemory ? undefined : Math.floor((deviceMemory * 2 ** 30) / 4));
+  return { contextLength: options.contextLength, compute: options.compute ?? 'auto', memoryBudget: budget, kv };
+}
+
+/** Token ids of a request: a chat (messages), raw text, or ids given as they are. */
+function promptIds({ messages, prompt }) {
+  if (messages !== undefined) return state.text.encodeChat(messages);
+  if (Array.isArray(prompt)) return prompt;
+  return state.text.encode(prompt);
+}
+
+async function generate(message) {
+  const { id } = message;
+  const { adapter, ...options } = message.options ?? {};
+  for (const [key, value] of Object.entries(options)) {
+    if (value !== undefined && !GENERATION_OPTIONS.includes(key)) {
+      throw new RuvLLMError('invalid_argument', `unknown option ${JSON.stringify(key)}; options are: ${GENERATION_OPTIONS.join(', ')}`);
+    }
+  }
+  const ids = promptIds(message);
+  if (adapter !== undefined) callBridge(state.engine, 'set_adapter', { name: adapter }); // null: the base model
+  callBridge(state.engine, 'start', { promptIds: ids, eosIds: state.text.eosIds, options });
+  for (;;) {
+    await yieldToEventLoop();
+    if (state.aborted.delete(id)) {
+      callBridge(state.engine, 'stop');
+      throw new AbortError('generation aborted');
+    }
+    const step = callBridge(state.engine, 'step');
+    if (step === null) return;
+    if (step.prefilling) continue; // a long prompt between two forward calls: an abort can come in
+    send({ type: 'chunk', id, chunk: step });
+    if (step.finishReason !== null) return;
+  }
+}
+
+async function adapt({ id, feedback }) {
+  const { prompt, messages, completion, reward = 1, adapter = 'default', steps, lr } = feedback;
+  const [promptIds, completionIds] = state.text.feedbackIds({ prompt, messages, completion });
+  const report = callBridge(state.engine, 'adapt', { adapter, promptIds, completionIds, reward, steps, lr });
+  send({ type: 'result', id, result: report });
+}
+
+async function loadAdapter({ id, url, name }) {
+  const files = { cache: false };
+  const config = await readText(url, 'adapter_config.json', files);
+  const weights = await readBytes(url, 'adapter_model.safetensors', files);
+  const learned = await readBytes(url, 'learning_state.safetensors', { ...files, optional: true });
+  send({ type: 'result', id, result: callBridge(state.engine, 'load_adapter', { name }, config, weights, learned) });
+}
+
+/** An adapter's files, moved to the caller as ArrayBuffers (transferred, not copied). */
+async function saveAdapter({ id, name }) {
+  callBridge(state.engine, 'adapter_files', { name: name ?? null });
+  const proxy = state.engine.take_files();
+  const files = proxy.toJs({ dict_converter: Object.fromEntries });
+  proxy.destroy();
+  send({ type: 'result', id, result: files }, Object.values(files).map((bytes) => bytes.buffer));
+}
+
+/** A handler that answers with one bridge call: `args(message)` are its arguments. */
+const answer = (method, args = () => []) => async (message) => send({ type: 'result', id: message.id, result: callBridge(state.engine, method, ...args(message)) });
+
+/** The handler of each request type (protocol.js REQUESTS); all but load and dispose need a model. */
+const HANDLERS = {
+  load,
+  dispose: async () => {
+    state.engine?.destroy();
+    state.engine = state.text = null;
+  },
+  generate,
+  chat: generate,
+  tokenize: async (message) => send({ type: 'result', id: message.id, result: promptIds(message) }),
+  cache_stats: answer('cache_stats'),
+  adapt,
+  new_adapter: answer('new_adapter', (m) => [m.config ?? {}]),
+  set_adapter: answer('set_adapter', (m) => [{ name: m.name ?? null }]),
+  load_adapter: loadAdapter,
+  save_adapter: saveAdapter,
+};
+
+async function handle(message) {
+  const { type, id } = message;
+  try {
+    if (type !== 'load' && type !== 'dispose' && !state.engine) throw new RuvLLMError('inference', 'the model is not loaded');
+    await HANDLERS[type](message);
+    send({ type: 'done', id });
+  } catch (error) {
+    send({ type: 'error', id, error: serializeError(error) });
+  } finally {
+    state.aborted.delete(id);
+  }
+}
+
+// Requests are handled in order, except aborts, which must get through while a generation runs.
+let queue = Promise.resolve();
+const onMessage = (data) => {
+  let message;
+  try {
+    message = checkRequest(data);
+  } catch (error) {
+    send({ type: 'error', id: data?.id ?? 0, error: { type: 'invalid_argument', message: error.message } });
+    return;
+  }
+  if (message.type === 'abort') state.aborted.add(message.id);
+  else queue = queue.then(() => handle(message));
+};
+if (IS_NODE) port.on('message', onMessage);
+else port.addEventListener('message', (event) => onMessage(event.data));
