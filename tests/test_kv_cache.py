@@ -68,8 +68,8 @@ def test_attention_over_both_tiers_is_attention_over_the_dequantized_values(cold
     keys, values = rng.normal(size=(2, 12, 8)).astype(np.float32), rng.normal(size=(2, 12, 8)).astype(np.float32)
     for p in range(12):
         segments = layer.update_and_fetch(keys[:, p : p + 1], values[:, p : p + 1], np.array([p]))
-    n = layer.cold_len
-    assert n == 6 and layer.hot_len == 6 and [len(s.positions) for s in segments] == [6, 6]
+    n = layer.cold.length
+    assert n == 6 and layer.hot.length == 6 and [len(s.positions) for s in segments] == [6, 6]
     assert list(np.concatenate([s.positions for s in segments])) == list(range(12))
     k_codes, k_scales = quantize_symmetric(keys[:, :n], bits)
     v_codes, v_scales = quantize_symmetric(values[:, :n], bits)
@@ -91,7 +91,7 @@ def test_cold_tier_bytes_are_really_at_that_width(folder):
         assert stats["hot_positions"] + stats["cold_positions"] == len(IDS)
         assert 8 <= stats["hot_positions"] <= 8 + 4 + 1 and stats["cold_positions"] >= 40
         layer = cache.layers[0]
-        assert layer.cold_k.shape[2] == width and layer.cold_k.dtype == dtype  # head size 16
+        assert layer.cold.k_codes.shape[2] == width and layer.cold.k_codes.dtype == dtype  # head size 16
         per_position = engine.config.num_hidden_layers * engine.config.num_key_value_heads * 2 * (width + 4)
         assert stats["cold_bytes"] == stats["cold_positions"] * per_position
         assert stats["hot_bytes"] == stats["hot_positions"] * engine.config.num_hidden_layers * 2 * 16 * 4 * 2
@@ -137,9 +137,10 @@ def test_a_budget_drops_old_positions_but_keeps_the_sinks(folder):
     assert stats["evicted_positions"] > 0 and stats["seen_positions"] == 40 + 99
     assert stats["hot_bytes"] + stats["cold_bytes"] <= 12_000
     layer = cache.layers[0]
-    assert list(layer.cold_pos[:4]) == [0, 1, 2, 3]  # the attention sinks
-    assert layer.cold_pos[4] > 4  # what came after them was dropped
-    assert np.all(np.diff(np.concatenate([layer.cold_pos[: layer.cold_len], layer.hot_pos[: layer.hot_len]])) > 0)
+    assert list(layer.cold.positions[:4]) == [0, 1, 2, 3]  # the attention sinks
+    assert layer.cold.positions[4] > 4  # what came after them was dropped
+    held = [layer.cold.positions[: layer.cold.length], layer.hot.positions[: layer.hot.length]]
+    assert np.all(np.diff(np.concatenate(held)) > 0)
 
 
 def test_without_a_budget_the_context_still_limits(folder):

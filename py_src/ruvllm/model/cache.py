@@ -1,16 +1,17 @@
 """The key/value cache: preallocated buffers written in place, in up to two tiers per layer.
 
-- Hot tier: the newest positions in float32, exactly as computed.
-- Cold tier (when `KVOptions.hot_tokens` is set): older positions, moved over in batches and stored
+- `HotTier`: the newest positions in float32, exactly as computed.
+- `ColdTier` (when `KVOptions.hot_tokens` is set): older positions, moved over in batches and stored
   as int8 or packed int4 codes with one float32 scale per (head, position): x = scale * code.
-- A byte budget (`KVOptions.budget_bytes`): once the cache would exceed it, the oldest cold positions
-  are dropped, except the first `keep` positions (attention sinks), so generation never stops for lack
-  of room. Dropped positions stay in `tokens` (the history), so a follow-up prompt can still reuse the
-  cache for its prefix.
+- A byte budget (`KVOptions.budget_bytes`): after each forward call, `KVCache.keep_within_budget`
+  drops the oldest cold positions past it, except the first `keep` positions (attention sinks), so
+  generation never stops for lack of room. Dropped positions stay in `tokens` (the history), so a
+  follow-up prompt can still reuse the cache for its prefix.
 
 With `hot_tokens` unset (the default) everything stays hot and the cache is a plain KV cache.
 
-Attention reads a layer's cache as segments (cold, then hot), each with its absolute positions.
+Attention reads a layer's cache as segments (cold, then hot), each with its absolute positions,
+`scores` and `mix`.
 
 Dimension letters: K key/value heads, S cached positions, T new positions, E head size, Q = G*T rows
 of queries per key/value head.
@@ -117,118 +118,157 @@ def _grow(array: np.ndarray, needed: int, limit: int | None, axis: int) -> np.nd
     return new
 
 
-class LayerCache:
-    def __init__(self, kv_heads: int, head_dim: int, max_positions: int | None, options: KVOptions) -> None:
-        self.options = options
-        self.bits = COLD_FORMATS[options.cold]
-        self.max_positions = max_positions  # hot + cold entries at most (None: bounded by the budget)
-        K, E = kv_heads, head_dim
-        self.hot_k = np.empty((K, 0, E), np.float32)  # (K, capacity, E)
-        self.hot_v = np.empty((K, 0, E), np.float32)
-        self.hot_pos = np.empty(0, np.int64)
-        self.hot_len = 0
-        code_width = E if self.bits == 8 else E // 2
-        code_dtype = np.int8 if self.bits == 8 else np.uint8
-        self.cold_k = np.empty((K, 0, code_width), code_dtype)  # (K, capacity, E or E/2)
-        self.cold_v = np.empty((K, 0, code_width), code_dtype)
-        self.cold_ks = np.empty((K, 0), np.float32)  # (K, capacity) scales
-        self.cold_vs = np.empty((K, 0), np.float32)
-        self.cold_pos = np.empty(0, np.int64)
-        self.cold_len = 0
-        self.evicted = 0
+class HotTier:
+    """The newest positions, float32 as computed: keys and values (K, capacity, E) and their absolute
+    positions (capacity,); the first `length` are in use."""
+
+    def __init__(self, kv_heads: int, head_dim: int) -> None:
+        self.k = np.empty((kv_heads, 0, head_dim), np.float32)
+        self.v = np.empty((kv_heads, 0, head_dim), np.float32)
+        self.positions = np.empty(0, np.int64)
+        self.length = 0
+
+    def reserve(self, count: int, limit: int | None) -> None:
+        """Room for `count` more positions (the buffers grow in blocks of STEP, at most to `limit`)."""
+        needed = self.length + count
+        self.k, self.v = _grow(self.k, needed, limit, 1), _grow(self.v, needed, limit, 1)
+        self.positions = _grow(self.positions, needed, limit, 0)
+
+    def append(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
+        """Store k, v (K, T, E) at `positions` (T,) after the positions held (room must be reserved)."""
+        end = self.length + k.shape[1]
+        self.k[:, self.length : end], self.v[:, self.length : end] = k, v
+        self.positions[self.length : end] = positions
+        self.length = end
+
+    def take_oldest(self, count: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Remove the `count` oldest positions; returns their keys, values (K, count, E) and positions."""
+        taken = self.k[:, :count].copy(), self.v[:, :count].copy(), self.positions[:count].copy()
+        rest = self.length - count  # the rest moves to the front
+        self.k[:, :rest], self.v[:, :rest] = self.k[:, count : self.length], self.v[:, count : self.length]
+        self.positions[:rest] = self.positions[count : self.length].copy()
+        self.length = rest
+        return taken
+
+    def truncate(self, position: int) -> None:
+        """Forget every position >= `position`."""
+        self.length = int(np.searchsorted(self.positions[: self.length], position))
+
+    def segment(self) -> DenseSegment:
+        n = self.length
+        return DenseSegment(self.k[:, :n], self.v[:, :n], self.positions[:n])
 
     @property
-    def length(self) -> int:
-        return self.hot_len + self.cold_len
+    def nbytes(self) -> int:
+        return self.k.nbytes + self.v.nbytes
 
-    def reserve(self, positions: int) -> None:
-        """Room for `positions` more hot entries (a whole prefill chunk, or decoding steps)."""
-        needed = self.hot_len + positions
-        if self.max_positions is not None and self.cold_len + needed > self.max_positions:
-            raise ContextFullError(
-                f"{self.cold_len + needed} positions do not fit the context window of {self.max_positions}"
-            )
-        hot_limit = self.max_positions
-        if self.options.hot_tokens is not None:
-            hot_limit = self.options.hot_tokens + self.options.migrate_batch + positions
-        self.hot_k = _grow(self.hot_k, needed, hot_limit, 1)
-        self.hot_v = _grow(self.hot_v, needed, hot_limit, 1)
-        self.hot_pos = _grow(self.hot_pos, needed, hot_limit, 0)
 
-    def update_and_fetch(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> list:
-        """Store k, v (K, T, E) at absolute `positions` (T,), then return the segments attention reads."""
-        T = k.shape[1]
-        hot = self.options.hot_tokens
-        if hot is not None and self.hot_len >= hot + self.options.migrate_batch:
-            self._migrate(self.hot_len - hot)  # before writing: the hot tier never holds more than hot + batch + T
-        self.reserve(T)
-        end = self.hot_len + T
-        self.hot_k[:, self.hot_len : end] = k
-        self.hot_v[:, self.hot_len : end] = v
-        self.hot_pos[self.hot_len : end] = positions
-        self.hot_len = end
-        segments = []
-        if self.cold_len:
-            segments.append(self._cold_segment())
-        segments.append(
-            DenseSegment(self.hot_k[:, : self.hot_len], self.hot_v[:, : self.hot_len], self.hot_pos[: self.hot_len])
-        )
-        return segments
+class ColdTier:
+    """Older positions as integer codes with one float32 scale per (head, position): x = scale * code.
+    Codes are int8 (K, capacity, E), or for int4 two per byte (K, capacity, E/2) in the weights' nibble
+    order; the first `length` positions are in use."""
 
-    def _cold_segment(self) -> QuantSegment:
-        n = self.cold_len
-        k, v = self.cold_k[:, :n], self.cold_v[:, :n]
-        if self.bits == 4:
-            k, v = unpack_int4(k), unpack_int4(v)
-        return QuantSegment(k, self.cold_ks[:, :n], v, self.cold_vs[:, :n], self.cold_pos[:n])
+    def __init__(self, kv_heads: int, head_dim: int, bits: int) -> None:
+        self.bits = bits
+        width, dtype = (head_dim, np.int8) if bits == 8 else (head_dim // 2, np.uint8)
+        self.k_codes = np.empty((kv_heads, 0, width), dtype)
+        self.v_codes = np.empty((kv_heads, 0, width), dtype)
+        self.k_scales = np.empty((kv_heads, 0), np.float32)
+        self.v_scales = np.empty((kv_heads, 0), np.float32)
+        self.positions = np.empty(0, np.int64)
+        self.length = 0
+        self.dropped = 0  # positions evicted over the cache's life
 
-    def _migrate(self, count: int) -> None:
-        """Move the `count` oldest hot positions into the cold tier."""
-        k_codes, k_scales = quantize_symmetric(self.hot_k[:, :count], self.bits)  # per (head, position)
-        v_codes, v_scales = quantize_symmetric(self.hot_v[:, :count], self.bits)
+    def append(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
+        """Quantize k, v (K, T, E) and store them at `positions` (T,) after the positions held."""
+        k_codes, k_scales = quantize_symmetric(k, self.bits)  # per (head, position)
+        v_codes, v_scales = quantize_symmetric(v, self.bits)
         if self.bits == 4:
             k_codes, v_codes = pack_int4(k_codes), pack_int4(v_codes)
-        start, end = self.cold_len, self.cold_len + count
-        for name, data in (("cold_k", k_codes), ("cold_v", v_codes), ("cold_ks", k_scales), ("cold_vs", v_scales)):
-            array = _grow(getattr(self, name), end, None, 1)
-            array[:, start:end] = data
-            setattr(self, name, array)
-        self.cold_pos = _grow(self.cold_pos, end, None, 0)
-        self.cold_pos[start:end] = self.hot_pos[:count]
-        self.cold_len = end
-        remaining = self.hot_len - count  # shift the rest of the hot tier to the front
-        for array in (self.hot_k, self.hot_v):
-            array[:, :remaining] = array[:, count : self.hot_len].copy()
-        self.hot_pos[:remaining] = self.hot_pos[count : self.hot_len].copy()
-        self.hot_len = remaining
+        start, end = self.length, self.length + k.shape[1]
+        self.k_codes, self.v_codes = _grow(self.k_codes, end, None, 1), _grow(self.v_codes, end, None, 1)
+        self.k_scales, self.v_scales = _grow(self.k_scales, end, None, 1), _grow(self.v_scales, end, None, 1)
+        self.positions = _grow(self.positions, end, None, 0)
+        self.k_codes[:, start:end], self.k_scales[:, start:end] = k_codes, k_scales
+        self.v_codes[:, start:end], self.v_scales[:, start:end] = v_codes, v_scales
+        self.positions[start:end] = positions
+        self.length = end
 
-    def evict(self, count: int) -> int:
-        """Drop up to `count` of the oldest cold positions after the first `keep`; returns how many went."""
-        keep = int(np.searchsorted(self.cold_pos[: self.cold_len], self.options.keep))  # sinks in the cold tier
-        count = min(count, self.cold_len - keep)
+    def drop_oldest(self, count: int, keep: int) -> int:
+        """Drop up to `count` of the oldest positions after the first `keep` (the attention sinks);
+        returns how many went."""
+        first = int(np.searchsorted(self.positions[: self.length], keep))  # the sinks held here
+        count = min(count, self.length - first)
         if count <= 0:
             return 0
-        n = self.cold_len
-        for name in ("cold_k", "cold_v", "cold_ks", "cold_vs"):
-            array = getattr(self, name)
-            array[:, keep : n - count] = array[:, keep + count : n].copy()
-        self.cold_pos[keep : n - count] = self.cold_pos[keep + count : n].copy()
-        self.cold_len -= count
-        self.evicted += count
+        n, rest = self.length, slice(first + count, self.length)
+        for array in (self.k_codes, self.v_codes, self.k_scales, self.v_scales):
+            array[:, first : n - count] = array[:, rest].copy()
+        self.positions[first : n - count] = self.positions[rest].copy()
+        self.length -= count
+        self.dropped += count
         return count
 
     def truncate(self, position: int) -> None:
+        """Forget every position >= `position`."""
+        self.length = int(np.searchsorted(self.positions[: self.length], position))
+
+    def segment(self) -> QuantSegment:
+        n = self.length
+        k, v = self.k_codes[:, :n], self.v_codes[:, :n]
+        if self.bits == 4:
+            k, v = unpack_int4(k), unpack_int4(v)
+        return QuantSegment(k, self.k_scales[:, :n], v, self.v_scales[:, :n], self.positions[:n])
+
+    @property
+    def nbytes(self) -> int:
+        return self.k_codes.nbytes + self.v_codes.nbytes + self.k_scales.nbytes + self.v_scales.nbytes
+
+
+class LayerCache:
+    """One layer's keys and values: a hot tier, and a cold tier when `KVOptions.hot_tokens` is set."""
+
+    def __init__(self, kv_heads: int, head_dim: int, max_positions: int | None, options: KVOptions) -> None:
+        self.options = options
+        self.max_positions = max_positions  # hot + cold positions at most (None: bounded by the budget)
+        self.hot = HotTier(kv_heads, head_dim)
+        self.cold = ColdTier(kv_heads, head_dim, COLD_FORMATS[options.cold]) if options.hot_tokens else None
+
+    @property
+    def length(self) -> int:
+        return self.hot.length + (self.cold.length if self.cold else 0)
+
+    def reserve(self, positions: int) -> None:
+        """Room for `positions` more hot entries (a whole prefill chunk, or decoding steps)."""
+        total = self.length + positions
+        if self.max_positions is not None and total > self.max_positions:
+            raise ContextFullError(f"{total} positions do not fit the context window of {self.max_positions}")
+        limit = self.max_positions
+        if self.options.hot_tokens is not None:
+            limit = self.options.hot_tokens + self.options.migrate_batch + positions
+        self.hot.reserve(positions, limit)
+
+    def update_and_fetch(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> list:
+        """Store k, v (K, T, E) at absolute `positions` (T,), then return the segments attention reads:
+        cold (quantized) then hot, in position order."""
+        hot = self.options.hot_tokens
+        if hot is not None and self.hot.length >= hot + self.options.migrate_batch:
+            self.cold.append(*self.hot.take_oldest(self.hot.length - hot))  # before writing: hot stays bounded
+        self.reserve(k.shape[1])
+        self.hot.append(k, v, positions)
+        if self.cold is not None and self.cold.length:
+            return [self.cold.segment(), self.hot.segment()]
+        return [self.hot.segment()]
+
+    def truncate(self, position: int) -> None:
         """Forget every entry at an absolute position >= `position` (rewinding for prefix reuse)."""
-        self.hot_len = int(np.searchsorted(self.hot_pos[: self.hot_len], position))
-        self.cold_len = int(np.searchsorted(self.cold_pos[: self.cold_len], position))
+        self.hot.truncate(position)
+        if self.cold is not None:
+            self.cold.truncate(position)
 
     @property
-    def hot_nbytes(self) -> int:
-        return self.hot_k.nbytes + self.hot_v.nbytes
-
-    @property
-    def cold_nbytes(self) -> int:
-        return sum(a.nbytes for a in (self.cold_k, self.cold_v, self.cold_ks, self.cold_vs))
+    def nbytes(self) -> int:
+        return self.hot.nbytes + (self.cold.nbytes if self.cold else 0)
 
 
 class KVCache:
@@ -263,35 +303,38 @@ class KVCache:
         del self.tokens[position:]
 
     def record(self, tokens: list[int] | np.ndarray) -> None:
-        """Note the ids of positions just computed, then keep within the byte budget."""
+        """Note the ids of positions just computed."""
         self.tokens.extend(int(t) for t in tokens)
+
+    def keep_within_budget(self) -> None:
+        """Drop the oldest cold positions (never the first `keep`) while the cache is over its byte
+        budget, at least a migration batch at a time."""
         budget = self.options.budget_bytes
         if budget is None:
             return
         layer = self.layers[0]
         per_position = self.options.cold_bytes_per_position(self.config)
-        hot = layer.hot_len * self.options.hot_bytes_per_position(self.config)
-        over = hot + layer.cold_len * per_position - budget
+        hot = layer.hot.length * self.options.hot_bytes_per_position(self.config)
+        over = hot + layer.cold.length * per_position - budget
         if over > 0:
             count = max(-(-over // per_position), self.options.migrate_batch)
             for each in self.layers:
-                each.evict(count)
+                each.cold.drop_oldest(count, self.options.keep)
 
     @property
     def nbytes(self) -> int:
-        return sum(layer.hot_nbytes + layer.cold_nbytes for layer in self.layers)
+        return sum(layer.nbytes for layer in self.layers)
 
     def stats(self) -> dict:
         """Positions and bytes per tier (bytes in use, not the preallocated capacity)."""
         layer = self.layers[0]
-        hot = layer.hot_len * self.options.hot_bytes_per_position(self.config)
-        cold = layer.cold_len * self.options.cold_bytes_per_position(self.config)
+        cold = layer.cold.length if layer.cold else 0
         return {
-            "hot_positions": layer.hot_len,
-            "hot_bytes": hot,
-            "cold_positions": layer.cold_len,
-            "cold_bytes": cold,
+            "hot_positions": layer.hot.length,
+            "hot_bytes": layer.hot.length * self.options.hot_bytes_per_position(self.config),
+            "cold_positions": cold,
+            "cold_bytes": cold * self.options.cold_bytes_per_position(self.config),
             "cold_format": self.options.cold,
-            "evicted_positions": layer.evicted,
+            "evicted_positions": layer.cold.dropped if layer.cold else 0,
             "seen_positions": len(self.tokens),
         }

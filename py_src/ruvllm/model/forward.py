@@ -62,6 +62,23 @@ def softmax(x: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
+class Masks:
+    """The additive attention masks of one forward call, one per window size. Every layer attends over
+    the same positions (the cache's tiers move in step across layers), so the first layer that needs a
+    mask makes it and the others reuse it."""
+
+    def __init__(self, queries: np.ndarray) -> None:
+        self.queries = queries  # (T,) positions of the new tokens
+        self.made: dict[int | None, np.ndarray | None] = {}
+
+    def get(self, keys: np.ndarray, window: int | None) -> np.ndarray | None:
+        if window not in self.made:
+            self.made[window] = attention_mask(self.queries, keys, window)
+        mask = self.made[window]
+        assert mask is None or mask.shape[1] == len(keys), "layers attend over different positions"
+        return mask
+
+
 def attention_mask(queries: np.ndarray, keys: np.ndarray, window: int | None) -> np.ndarray | None:
     """Additive mask (T, S) from absolute positions: a query at p sees a key at j iff j <= p and, with a
     window, p - j < window. None when nothing is masked (a single new token, no window in reach)."""
@@ -81,6 +98,7 @@ def attention(
     positions: np.ndarray,
     cache: LayerCache,
     window: int | None,
+    masks: Masks,
     tape: LayerTape | None = None,
 ) -> np.ndarray:
     T = x.shape[0]
@@ -98,7 +116,7 @@ def attention(
     scores = scores.reshape(K, G, T, S)
     scores *= np.float32(1.0 / np.sqrt(E))
     key_positions = segments[0].positions if len(segments) == 1 else np.concatenate([s.positions for s in segments])
-    mask = attention_mask(positions, key_positions, window)
+    mask = masks.get(key_positions, window)
     if mask is not None:
         scores += mask
     probs = softmax(scores).reshape(K, G * T, S)  # (K, G*T, S)
@@ -130,11 +148,12 @@ def block(
     positions: np.ndarray,
     cache: LayerCache,
     window: int | None,
+    masks: Masks,
     tape: LayerTape | None = None,
 ) -> np.ndarray:
     eps = config.rms_norm_eps
     a = rms_norm(x, w.input_layernorm, eps)  # (T, D)
-    h = x + attention(a, w.self_attn, config, rope, positions, cache, window, tape)  # (T, D)
+    h = x + attention(a, w.self_attn, config, rope, positions, cache, window, masks, tape)  # (T, D)
     b = rms_norm(h, w.post_attention_layernorm, eps)  # (T, D)
     if tape is not None:
         tape.x, tape.a, tape.h, tape.b = x, a, h, b
@@ -175,12 +194,14 @@ def hidden(
     positions = np.arange(start, start + len(tokens))  # (T,)
     x = weights.embed_tokens.rows(tokens)  # (T, D)
     rope = rope_tables(inv_freq, start, len(tokens))  # (T, E/2) cos, sin
+    masks = Masks(positions)
     for layer, layer_cache, window in zip(weights.layers, cache.layers, config.sliding_windows, strict=True):
         layer_tape = None if tape is None else LayerTape()
         if tape is not None:
             tape.layers.append(layer_tape)
-        x = block(x, layer, config, rope, positions, layer_cache, window, layer_tape)  # (T, D)
+        x = block(x, layer, config, rope, positions, layer_cache, window, masks, layer_tape)  # (T, D)
     cache.record(tokens)
+    cache.keep_within_budget()
     return x
 
 
