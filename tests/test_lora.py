@@ -177,7 +177,7 @@ def test_save_and_load_round_trip(tmp_path):
     tiny_model("llama", tmp_path / "m")
     engine = load_engine(str(tmp_path / "m"))
     adapter = random_adapter(engine, targets=("q_proj", "o_proj", "lm_head"), rank=3)
-    adapter.state["fisher.x"] = np.ones(3, np.float32)
+    adapter.state.ewc.fisher["x"] = np.ones(3, np.float32)
     adapter.version = 7
     adapter.save(str(tmp_path / "a"), base_model="tiny")
     config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
@@ -191,7 +191,7 @@ def test_save_and_load_round_trip(tmp_path):
     for (key, a), (key2, b) in zip(adapter.parameters(), back.parameters(), strict=True):
         assert key == key2
         np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(back.state["fisher.x"], np.ones(3))
+    np.testing.assert_array_equal(back.state.ewc.fisher["x"], np.ones(3))
     with pytest.raises(LoadError, match=r"an adapter folder needs adapter_config\.json and adapter_model\.safetensors"):
         Adapter.load(str(tmp_path / "m"), engine.weights)
 

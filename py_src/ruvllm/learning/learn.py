@@ -22,6 +22,7 @@ from ..errors import InvalidArgumentError
 from ..runtime.engine import Engine
 from .backprop import loss_and_grads
 from .lora import Adapter
+from .state import sgd
 
 
 @dataclass(frozen=True)
@@ -83,41 +84,30 @@ def adapt(
             f"prompt and completion have {len(tokens)} tokens; the context window is {engine.context_length}"
         )
     scored = np.arange(len(prompt_ids) - 1, len(tokens) - 1)
-    params = dict(adapter.parameters())
-    state = adapter.state
+    params, state = dict(adapter.parameters()), adapter.state
     before = None
     started = time.perf_counter()
     with engine.threads.limit(len(tokens)):  # products over the whole sequence: prompt-sized
         for _ in range(options.steps):
             _, ll, grads = adapter_gradients(engine, adapter, tokens, scored, reward)
             before = ll if before is None else before
-            norm = float(np.sqrt(sum(np.sum(g * g) for g in grads.values())))
-            if options.max_grad_norm and norm > options.max_grad_norm:
-                grads = {k: g * np.float32(options.max_grad_norm / norm) for k, g in grads.items()}
-            t = state.get("adam.t", np.zeros(1, np.float32))
-            state["adam.t"] = t + 1
-            for key, theta in params.items():
-                g = grads[key]
-                if options.ewc and f"fisher.{key}" in state:
-                    g = g + options.ewc * state[f"fisher.{key}"] * (theta - state[f"anchor.{key}"])
-                if options.optimizer == "sgd":
-                    theta -= options.lr * g
-                    continue
-                m = state.setdefault(f"adam.m.{key}", np.zeros_like(theta))
-                v = state.setdefault(f"adam.v.{key}", np.zeros_like(theta))
-                m *= 0.9
-                m += 0.1 * g
-                v *= 0.999
-                v += 0.001 * g * g
-                n = float(state["adam.t"][0])
-                theta -= options.lr * (m / (1 - 0.9**n)) / (np.sqrt(v / (1 - 0.999**n)) + 1e-8)
+            grads = clipped(grads, options.max_grad_norm)
+            if options.ewc:
+                grads = state.ewc.pulled(grads, params, options.ewc)
+            if options.optimizer == "sgd":
+                sgd(params, grads, options.lr)
+            else:
+                state.adam.update(params, grads, options.lr)
             adapter.version += 1
         step_ms = (time.perf_counter() - started) * 1000 / options.steps
         _, after, grads = adapter_gradients(engine, adapter, tokens, scored, 1.0)
-    # Consolidate: Fisher information of this lesson (squared log-likelihood gradient), anchor here.
-    for key, theta in params.items():
-        fisher = grads[key] ** 2
-        old = state.get(f"fisher.{key}")
-        state[f"fisher.{key}"] = fisher if old is None else options.fisher_decay * old + fisher
-        state[f"anchor.{key}"] = theta.copy()
+    state.ewc.consolidate(params, grads, options.fisher_decay)
     return AdaptReport(before, after, options.steps, step_ms)
+
+
+def clipped(grads: dict[str, np.ndarray], max_norm: float) -> dict[str, np.ndarray]:
+    """The gradients scaled down to a global norm of `max_norm` when longer (0: as they are)."""
+    norm = float(np.sqrt(sum(np.sum(g * g) for g in grads.values())))
+    if not max_norm or norm <= max_norm:
+        return grads
+    return {k: g * np.float32(max_norm / norm) for k, g in grads.items()}

@@ -32,6 +32,7 @@ from ..files import jsonfields as fields
 from ..files.tensorfile import SafetensorsFile, bf16_to_f32, serialize
 from ..model.weights import Linear, Weights
 from ..quant.matrices import DenseMatrix
+from .state import LearningState
 
 _UIDS = itertools.count(1)
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
@@ -113,7 +114,7 @@ class Adapter:
     config: LoRAConfig
     A: dict[str, np.ndarray]  # (r, K) each
     B: dict[str, np.ndarray]  # (N, r) each
-    state: dict[str, np.ndarray] = field(default_factory=dict)  # learning state (fisher, anchor, Adam)
+    state: LearningState = field(default_factory=LearningState)  # what learning keeps between lessons
     version: int = 0  # bumped on every update: the KV cache of an older version is stale
     uid: int = field(default_factory=lambda: next(_UIDS))  # tells apart adapters held under one name
 
@@ -161,8 +162,7 @@ class Adapter:
             "adapter_model.safetensors": serialize(tensors, {"format": "pt"}),
         }
         if self.state:
-            state = {k: np.asarray(v, dtype=np.float32) for k, v in self.state.items()}
-            files["learning_state.safetensors"] = serialize(state)
+            files["learning_state.safetensors"] = serialize(self.state.tensors())
         return files
 
     def save(self, folder: str, base_model: str = "") -> None:
@@ -208,7 +208,8 @@ class Adapter:
                 if weights_file.info(key).dtype == "BF16":
                     array = bf16_to_f32(array)
                 store[name] = array.astype(np.float32)
-        state = {k: state_file.get(k).astype(np.float32) for k in state_file.keys()} if state_file else {}
+        state = LearningState.from_tensors({k: state_file.get(k) for k in state_file.keys()}) if state_file else None
+        state = state or LearningState()
         return cls(config, A, B, state, fields.integer(raw, "ruvllm_version", source, default=0, minimum=0))
 
     @classmethod

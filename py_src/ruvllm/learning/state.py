@@ -1,0 +1,91 @@
+"""What an adapter keeps between lessons: Adam's moments and step count, and the elastic weight
+consolidation terms (the Fisher information of past lessons and the parameters they ended at).
+
+Keys are the adapter's parameter names (`<module>.lora_A`, `<module>.lora_B`). In an adapter folder
+the state is `learning_state.safetensors`, with entries `adam.m.<key>`, `adam.v.<key>`, `adam.t`,
+`fisher.<key>` and `anchor.<key>`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+Arrays = dict[str, np.ndarray]
+
+
+@dataclass
+class Adam:
+    """Adam (beta1 0.9, beta2 0.999, eps 1e-8), updating parameters in place."""
+
+    m: Arrays = field(default_factory=dict)  # first moments
+    v: Arrays = field(default_factory=dict)  # second moments
+    t: int = 0  # steps taken, over every lesson
+
+    def update(self, params: Arrays, grads: Arrays, lr: float) -> None:
+        self.t += 1
+        for key, theta in params.items():
+            g = grads[key]
+            m = self.m.setdefault(key, np.zeros_like(theta))
+            v = self.v.setdefault(key, np.zeros_like(theta))
+            m *= 0.9
+            m += 0.1 * g
+            v *= 0.999
+            v += 0.001 * g * g
+            theta -= lr * (m / (1 - 0.9**self.t)) / (np.sqrt(v / (1 - 0.999**self.t)) + 1e-8)
+
+
+def sgd(params: Arrays, grads: Arrays, lr: float) -> None:
+    for key, theta in params.items():
+        theta -= lr * grads[key]
+
+
+@dataclass
+class Consolidation:
+    """Elastic weight consolidation: a new lesson is pulled towards where earlier lessons left each
+    parameter (`anchor`), as strongly as those lessons cared about it (`fisher`)."""
+
+    fisher: Arrays = field(default_factory=dict)
+    anchor: Arrays = field(default_factory=dict)
+
+    def pulled(self, grads: Arrays, params: Arrays, strength: float) -> Arrays:
+        """grads plus the gradient of strength / 2 * sum fisher * (theta - anchor)^2."""
+        return {
+            key: g + strength * self.fisher[key] * (params[key] - self.anchor[key]) if key in self.fisher else g
+            for key, g in grads.items()
+        }
+
+    def consolidate(self, params: Arrays, grads: Arrays, decay: float) -> None:
+        """Add a lesson: its Fisher information (squared log-likelihood gradients), anchored here."""
+        for key, theta in params.items():
+            fisher = grads[key] ** 2
+            self.fisher[key] = fisher if key not in self.fisher else decay * self.fisher[key] + fisher
+            self.anchor[key] = theta.copy()
+
+
+@dataclass
+class LearningState:
+    adam: Adam = field(default_factory=Adam)
+    ewc: Consolidation = field(default_factory=Consolidation)
+
+    def __bool__(self) -> bool:
+        return bool(self.adam.t or self.ewc.fisher)
+
+    def tensors(self) -> Arrays:
+        """The entries of learning_state.safetensors."""
+        out = {f"adam.m.{k}": v for k, v in self.adam.m.items()}
+        out |= {f"adam.v.{k}": v for k, v in self.adam.v.items()}
+        out |= {f"fisher.{k}": v for k, v in self.ewc.fisher.items()}
+        out |= {f"anchor.{k}": v for k, v in self.ewc.anchor.items()}
+        if self.adam.t:
+            out["adam.t"] = np.array([self.adam.t], np.float32)
+        return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
+
+    @classmethod
+    def from_tensors(cls, tensors: Arrays) -> LearningState:
+        def group(prefix: str) -> Arrays:
+            return {k[len(prefix) :]: v.astype(np.float32) for k, v in tensors.items() if k.startswith(prefix)}
+
+        t = int(tensors["adam.t"][0]) if "adam.t" in tensors else 0
+        return cls(Adam(group("adam.m."), group("adam.v."), t), Consolidation(group("fisher."), group("anchor.")))
