@@ -38,8 +38,8 @@ export function parse(argv) {
         prompt: { type: 'string' },
         chat: { type: 'boolean', default: false },
         system: { type: 'string' },
-        'max-tokens': { type: 'string', default: '256' },
-        temperature: { type: 'string', default: '0.8' },
+        'max-tokens': { type: 'string' }, // unset: the library's defaults (Python's GenerationOptions)
+        temperature: { type: 'string' },
         seed: { type: 'string' },
         'ignore-eos': { type: 'boolean', default: false },
         json: { type: 'boolean', default: false },

@@ -1,7 +1,8 @@
-"""The `ruvllm` command: convert, info, generate, chat.
+"""The `ruvllm` command: convert, info, generate, chat, perplexity, bench, adapt.
 
-Errors a user can cause end the program with exit code 1 (2 for a malformed command line) and one line
-on stderr; `--verbose` adds the traceback.
+Defaults are the library's own (the option dataclasses), read here, not typed again. Errors a user
+can cause end the program with exit code 1 (2 for a malformed command line) and one line on stderr;
+`--verbose` adds the traceback.
 """
 
 from __future__ import annotations
@@ -16,6 +17,13 @@ from collections import Counter
 from collections.abc import Iterator
 
 from .errors import RuvLLMError
+from .learning.learn import AdaptOptions
+from .learning.lora import DEFAULT_TARGETS, LoRAConfig
+from .model.cache import COLD_FORMATS, KVOptions
+from .model.weights import COMPUTE_FORMS
+from .runtime.engine import LoadOptions
+from .runtime.generate import GenerationOptions
+from .runtime.sampling import SamplingOptions
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
 
@@ -63,11 +71,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True)
     p.add_argument("--completion", required=True)
     p.add_argument("--reward", type=float, default=1.0, help="+1 good (likelier), -1 bad (less likely)")
-    p.add_argument("--steps", type=int, default=6)
-    p.add_argument("--lr", type=float, default=4e-3)
-    p.add_argument("--rank", type=int, default=2)
+    p.add_argument("--steps", type=int, default=AdaptOptions.steps)
+    p.add_argument("--lr", type=float, default=AdaptOptions.lr)
+    p.add_argument("--rank", type=int, default=LoRAConfig.rank)
     p.add_argument("--alpha", type=float, help="LoRA alpha (default: 2 x rank)")
-    p.add_argument("--targets", default="q_proj,v_proj", help="comma-separated projections")
+    p.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated projections")
     p.add_argument("--chat", action="store_true", help="the prompt is a user message, the completion the reply")
     p.add_argument("--adapter", help="adapter folder to continue from (its rank and targets are kept)")
     p.add_argument("--out", required=True, help="adapter folder to write")
@@ -84,12 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
             p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
         p.add_argument("--system", help="system message (default: the chat template's own)")
-        p.add_argument("--max-tokens", type=int, default=256)
-        p.add_argument("--temperature", type=float, default=0.8)
-        p.add_argument("--top-k", type=int, default=40)
-        p.add_argument("--top-p", type=float, default=0.95)
-        p.add_argument("--min-p", type=float, default=0.05)
-        p.add_argument("--repetition-penalty", type=float, default=1.0)
+        p.add_argument("--max-tokens", type=int, default=GenerationOptions.max_tokens)
+        p.add_argument("--temperature", type=float, default=SamplingOptions.temperature)
+        p.add_argument("--top-k", type=int, default=SamplingOptions.top_k)
+        p.add_argument("--top-p", type=float, default=SamplingOptions.top_p)
+        p.add_argument("--min-p", type=float, default=SamplingOptions.min_p)
+        p.add_argument("--repetition-penalty", type=float, default=SamplingOptions.repetition_penalty)
         p.add_argument("--seed", type=int)
         p.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
         p.add_argument("--ignore-eos", action="store_true")
@@ -112,23 +120,22 @@ def parse_bytes(text: str) -> int:
 
 def add_load_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--context-length", type=int, help="KV cache positions (default: min(model's, 4096))")
-    p.add_argument("--compute", choices=("auto", "f32", "q8", "q4"), default="auto", help="weights in memory")
+    p.add_argument("--compute", choices=("auto", *COMPUTE_FORMS), default=LoadOptions.compute, help="weights in memory")
     p.add_argument("--memory-budget", type=parse_bytes, help="bytes for weights + KV cache + workspace (e.g. 512M)")
     p.add_argument("--hot-tokens", type=int, help="newest positions kept in float32; older ones go cold")
-    p.add_argument("--cold", choices=("int8", "int4"), default="int8", help="storage of cold KV positions")
+    p.add_argument("--cold", choices=tuple(COLD_FORMATS), default=KVOptions.cold, help="storage of cold KV positions")
     p.add_argument("--kv-budget", type=parse_bytes, help="KV cache byte cap; past it old positions are dropped")
-    p.add_argument("--keep", type=int, default=4, help="first positions never dropped (attention sinks)")
-    p.add_argument("--isq", choices=("rtn", "awq"), default="rtn", help="quantizing a float model at load")
-    p.add_argument("--isq-format", choices=("q4_0", "q4_1"), default="q4_1", help="4-bit format for --compute q4")
+    p.add_argument("--keep", type=int, default=KVOptions.keep, help="first positions never dropped (attention sinks)")
+    p.add_argument("--isq", choices=("rtn", "awq"), default=LoadOptions.isq, help="quantizing a float model at load")
+    p.add_argument(
+        "--isq-format", choices=("q4_0", "q4_1"), default=LoadOptions.isq_format, help="4-bit format for --compute q4"
+    )
     p.add_argument(
         "--threads", type=int, help="BLAS threads for prompt processing (default: all CPUs; decoding uses one)"
     )
 
 
-def load_options(args: argparse.Namespace):
-    from .model.cache import KVOptions
-    from .runtime.engine import LoadOptions
-
+def load_options(args: argparse.Namespace) -> LoadOptions:
     kv = KVOptions(hot_tokens=args.hot_tokens, cold=args.cold, budget_bytes=args.kv_budget, keep=args.keep)
     return LoadOptions(
         context_length=args.context_length,
@@ -231,7 +238,6 @@ def _options(args: argparse.Namespace) -> dict:
 
 
 def _load(args: argparse.Namespace):
-    from .runtime.generate import GenerationOptions
 
     GenerationOptions.from_kwargs(**_options(args))  # refuse bad options before the slow load
     return _load_model(args)
@@ -356,7 +362,6 @@ CHAT_HELP = "commands: /clear (forget the conversation), /system TEXT, /temp T, 
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from .errors import InvalidArgumentError
-    from .runtime.generate import GenerationOptions
 
     model = _load(args)
     options = _options(args)
@@ -406,7 +411,6 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_adapt(args: argparse.Namespace) -> int:
-    from .learning.learn import AdaptOptions
 
     options = AdaptOptions(steps=args.steps, lr=args.lr)  # refuse bad values before the slow load
     model = _load_model(args)  # with --adapter, that adapter learns further
