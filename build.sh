@@ -9,7 +9,7 @@
 #   ./build.sh npm        the npm package in npm/: its dependencies and the wheel
 #   ./build.sh serve [--port PORT]  build, then serve the demo chat page on 127.0.0.1 (the main job)
 #   ./build.sh demo       build, then stream a chat reply from the demo model on CPython
-#   ./build.sh test       build, then run every test and the linter
+#   ./build.sh test       build, then run every test and the linters (ruff; ESLint and Prettier for JS)
 #   ./build.sh bench      build, then the Pyodide-vs-CPython benchmark (needs a local Pyodide distribution)
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -88,6 +88,14 @@ npm_package() {
   (cd npm && npm run --silent build)
 }
 
+lint_tools() {
+  # ESLint and Prettier for the JavaScript of npm/ and web/ (package.json at the top: development only).
+  if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
+    log "installing the JavaScript linter and formatter"
+    npm ci --no-audit --no-fund --loglevel=error
+  fi
+}
+
 browser() {
   # Debian's chromium for the Playwright tests (Playwright's own browser download cannot work here).
   if command -v chromium >/dev/null 2>&1; then
@@ -127,6 +135,9 @@ case "${1:-all}" in
     browser
     "$VENV/bin/ruff" check py_src tests benchmarks web
     "$VENV/bin/ruff" format --check py_src tests benchmarks web
+    lint_tools
+    node_modules/.bin/eslint
+    node_modules/.bin/prettier --check .
     "$PY" -m pytest -q
     log "node tests (the Pyodide ones skip, saying how to get a distribution, when none is on disk)"
     py_abs=$(realpath -s "$PY")

@@ -62,7 +62,8 @@ function showStep(phase, label, percent, details) {
   ui.loading.hidden = false;
   ui.loading.dataset.phase = phase;
   ui.progressLabel.textContent = label;
-  if (percent === null) ui.progress.removeAttribute('value'); // an indeterminate bar
+  if (percent === null)
+    ui.progress.removeAttribute('value'); // an indeterminate bar
   else ui.progress.value = percent;
   ui.progressText.textContent = details;
   setStatus('loading', label);
@@ -86,12 +87,16 @@ function showProgress(p) {
 /** A message a visitor can act on, from any error. */
 function describe(error, during) {
   const message = error?.message ?? String(error);
-  if (/out of memory|Out of memory|Cannot enlarge memory|memory access out of bounds/i.test(message) || error instanceof RangeError) {
+  if (
+    /out of memory|Out of memory|Cannot enlarge memory|memory access out of bounds/i.test(message) ||
+    error instanceof RangeError
+  ) {
     return `Out of memory: this model needs more memory than this tab can have. Close other tabs or pick a smaller model. (${message})`;
   }
   if (error?.type === 'download') return `Could not download the model: ${message}`;
   if (error?.type === 'load') return `Could not load the model: ${message}`;
-  if (error?.type === 'context_full') return `The conversation no longer fits the model's context: ${message}. Clear the chat to start over.`;
+  if (error?.type === 'context_full')
+    return `The conversation no longer fits the model's context: ${message}. Clear the chat to start over.`;
   if (error?.type === 'invalid_argument') return `Invalid setting: ${message}`;
   return `Something went wrong ${during}: ${message}`;
 }
@@ -200,7 +205,10 @@ function addActions(item, messages, reply) {
   const row = document.createElement('div');
   row.className = 'actions';
   row.append(copyButton(reply));
-  for (const [label, reward, testid] of [['Good', 1, 'thumbs-up'], ['Bad', -1, 'thumbs-down']]) {
+  for (const [label, reward, testid] of [
+    ['Good', 1, 'thumbs-up'],
+    ['Bad', -1, 'thumbs-down'],
+  ]) {
     const button = document.createElement('button');
     button.type = 'button';
     button.className = 'learn';

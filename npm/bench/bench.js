@@ -72,10 +72,27 @@ async function pyodideRun() {
 
 async function cpythonRun(threads) {
   const env = { ...process.env, OPENBLAS_NUM_THREADS: String(threads), OMP_NUM_THREADS: String(threads) };
-  const args = ['-m', 'ruvllm', 'bench', values.model, '--prompt-length', String(PROMPT), '--gen-length', String(GEN), '--compute', values.compute, '--format', 'json'];
+  const args = [
+    '-m',
+    'ruvllm',
+    'bench',
+    values.model,
+    '--prompt-length',
+    String(PROMPT),
+    '--gen-length',
+    String(GEN),
+    '--compute',
+    values.compute,
+    '--format',
+    'json',
+  ];
   if (HOT) args.push('--hot-tokens', String(HOT), '--cold', values.cold);
   const { stdout } = await promisify(execFile)(values.python, args, { env });
-  return { runtime: `CPython ${threads} thread${threads > 1 ? 's' : ''}`, ...JSON.parse(stdout), wasm_heap_bytes: null };
+  return {
+    runtime: `CPython ${threads} thread${threads > 1 ? 's' : ''}`,
+    ...JSON.parse(stdout),
+    wasm_heap_bytes: null,
+  };
 }
 
 const results = [await cpythonRun(1), await pyodideRun(), await cpythonRun(2)];
@@ -96,8 +113,13 @@ if (values.json) {
   const header = ['', ...results.map((r) => r.runtime)];
   const table = [header, ...rows.map(([name, f]) => [name, ...results.map(f)])];
   const widths = header.map((_, i) => Math.max(...table.map((r) => r[i].length)));
-  console.log(`model ${values.model}; ${PROMPT}-token prompt, ${GEN} greedy tokens; compute ${values.compute}${HOT ? `; KV ${HOT} hot + ${values.cold}` : ''}`);
-  for (const row of table) console.log(row.map((cell, i) => (i ? cell.padStart(widths[i]) : cell.padEnd(widths[i]))).join('  '));
+  console.log(
+    `model ${values.model}; ${PROMPT}-token prompt, ${GEN} greedy tokens; compute ${values.compute}${HOT ? `; KV ${HOT} hot + ${values.cold}` : ''}`,
+  );
+  for (const row of table)
+    console.log(row.map((cell, i) => (i ? cell.padStart(widths[i]) : cell.padEnd(widths[i]))).join('  '));
   const [cpu1, pyo] = results;
-  console.log(`\nPyodide / CPython (1 thread): decode ${(pyo.decode_tok_s / cpu1.decode_tok_s).toFixed(2)}x, prefill time ${(pyo.prefill_ms / cpu1.prefill_ms).toFixed(1)}x`);
+  console.log(
+    `\nPyodide / CPython (1 thread): decode ${(pyo.decode_tok_s / cpu1.decode_tok_s).toFixed(2)}x, prefill time ${(pyo.prefill_ms / cpu1.prefill_ms).toFixed(1)}x`,
+  );
 }

@@ -94,7 +94,10 @@ export async function main(argv = process.argv.slice(2), out = process.stdout, e
       pyodide: args.pyodide ? { indexURL: args.pyodide } : undefined,
       contextLength: args.contextLength,
     });
-    const messages = [...(args.system !== undefined ? [{ role: 'system', content: args.system }] : []), { role: 'user', content: args.prompt }];
+    const messages = [
+      ...(args.system !== undefined ? [{ role: 'system', content: args.system }] : []),
+      { role: 'user', content: args.prompt },
+    ];
     const promptIds = await llm.tokenize(args.chat ? messages : args.prompt);
     const text = [];
     const ids = [];
@@ -110,7 +113,13 @@ export async function main(argv = process.argv.slice(2), out = process.stdout, e
     } else {
       const stats = { ...last.stats }; // what `ruvllm generate --json` prints, in its order
       delete stats.cachedTokens;
-      const result = { text: text.join(''), tokenIds: ids, promptTokenIds: promptIds, finishReason: last.finishReason, stats };
+      const result = {
+        text: text.join(''),
+        tokenIds: ids,
+        promptTokenIds: promptIds,
+        finishReason: last.finishReason,
+        stats,
+      };
       out.write(`${JSON.stringify(toPython(result))}\n`);
     }
     return 0;

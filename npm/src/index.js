@@ -15,7 +15,6 @@ import { IS_NODE } from './env.js';
 
 export { AbortError, RuvLLMError } from './errors.js';
 
-
 /** A worker with one interface in Node and browsers: post(message), onEvent(fn), onFailure(fn), terminate(). */
 async function spawnWorker() {
   const url = new URL('./worker/main.js', import.meta.url);
@@ -67,18 +66,28 @@ class EventQueue {
 }
 
 function checkLoadOptions(options) {
-  if (!options || typeof options !== 'object') throw new RuvLLMError('invalid_argument', 'RuvLLM.load needs an options object');
+  if (!options || typeof options !== 'object')
+    throw new RuvLLMError('invalid_argument', 'RuvLLM.load needs an options object');
   if (typeof options.model !== 'string' || !options.model) {
-    throw new RuvLLMError('invalid_argument', 'options.model must be a URL (or, in Node, a folder path) of a ruvllm model');
+    throw new RuvLLMError(
+      'invalid_argument',
+      'options.model must be a URL (or, in Node, a folder path) of a ruvllm model',
+    );
   }
   if (options.onProgress !== undefined && typeof options.onProgress !== 'function') {
     throw new RuvLLMError('invalid_argument', 'options.onProgress must be a function');
   }
   if (options.compute !== undefined && !['auto', 'f32', 'q8', 'q4'].includes(options.compute)) {
-    throw new RuvLLMError('invalid_argument', `options.compute must be auto, f32, q8 or q4, got ${JSON.stringify(options.compute)}`);
+    throw new RuvLLMError(
+      'invalid_argument',
+      `options.compute must be auto, f32, q8 or q4, got ${JSON.stringify(options.compute)}`,
+    );
   }
   if (options.cache !== undefined && typeof options.cache !== 'boolean') {
-    throw new RuvLLMError('invalid_argument', `options.cache must be true or false, got ${JSON.stringify(options.cache)}`);
+    throw new RuvLLMError(
+      'invalid_argument',
+      `options.cache must be true or false, got ${JSON.stringify(options.cache)}`,
+    );
   }
   const ctx = options.contextLength;
   if (ctx !== undefined && (!Number.isInteger(ctx) || ctx < 1)) {
@@ -99,7 +108,8 @@ export class RuvLLM {
     worker.onEvent((event) => this.#queues.get(event.id)?.push(event));
     worker.onFailure((reason) => {
       this.#failed ??= new RuvLLMError('inference', `the ruvllm worker stopped: ${reason}`);
-      for (const queue of this.#queues.values()) queue.push({ type: 'error', error: { type: 'inference', message: this.#failed.message } });
+      for (const queue of this.#queues.values())
+        queue.push({ type: 'error', error: { type: 'inference', message: this.#failed.message } });
     });
   }
 
@@ -116,7 +126,8 @@ export class RuvLLM {
     const onAbort = () => {
       llm.#worker.terminate();
       llm.#failed = new AbortError('loading aborted');
-      for (const queue of llm.#queues.values()) queue.push({ type: 'error', error: { type: 'abort', message: 'loading aborted' } });
+      for (const queue of llm.#queues.values())
+        queue.push({ type: 'error', error: { type: 'abort', message: 'loading aborted' } });
     };
     signal?.addEventListener('abort', onAbort, { once: true });
     try {
@@ -160,7 +171,9 @@ export class RuvLLM {
    * @returns {Promise<number[]>}
    */
   async tokenize(input) {
-    const request = Array.isArray(input) ? { type: 'tokenize', messages: checkMessages(input) } : { type: 'tokenize', prompt: input };
+    const request = Array.isArray(input)
+      ? { type: 'tokenize', messages: checkMessages(input) }
+      : { type: 'tokenize', prompt: input };
     if (!Array.isArray(input)) checkPrompt(input);
     return this.#answer(request);
   }
@@ -183,7 +196,10 @@ export class RuvLLM {
    * @returns {Promise<import('../types/index.d.ts').AdaptReport>}
    */
   adapt(feedback) {
-    const ok = feedback && typeof feedback.completion === 'string' && (typeof feedback.prompt === 'string' || Array.isArray(feedback.messages));
+    const ok =
+      feedback &&
+      typeof feedback.completion === 'string' &&
+      (typeof feedback.prompt === 'string' || Array.isArray(feedback.messages));
     if (!ok) throw new RuvLLMError('invalid_argument', 'adapt needs { prompt or messages, completion }');
     if (feedback.messages) checkMessages(feedback.messages);
     return this.#answer({ type: 'adapt', feedback });
@@ -201,7 +217,11 @@ export class RuvLLM {
   loadAdapter(url, { name } = {}) {
     if (typeof url !== 'string' || !url) throw new RuvLLMError('invalid_argument', 'loadAdapter needs a URL');
     const resolved = IS_NODE || typeof location === 'undefined' ? url : new URL(url, location.href).href;
-    return this.#answer({ type: 'load_adapter', url: resolved, name: name ?? resolved.replace(/\/+$/, '').split('/').pop() });
+    return this.#answer({
+      type: 'load_adapter',
+      url: resolved,
+      name: name ?? resolved.replace(/\/+$/, '').split('/').pop(),
+    });
   }
 
   /** Compute with adapter `name` from now on; null for the base model. */
@@ -284,7 +304,8 @@ export class RuvLLM {
 function resolveLocations(options) {
   if (IS_NODE || typeof location === 'undefined') return options;
   const resolved = { ...options, model: new URL(options.model, location.href).href };
-  if (options.pyodide?.indexURL) resolved.pyodide = { ...options.pyodide, indexURL: new URL(options.pyodide.indexURL, location.href).href };
+  if (options.pyodide?.indexURL)
+    resolved.pyodide = { ...options.pyodide, indexURL: new URL(options.pyodide.indexURL, location.href).href };
   return resolved;
 }
 
@@ -296,7 +317,10 @@ function checkPrompt(prompt) {
 }
 
 function checkMessages(messages) {
-  const ok = Array.isArray(messages) && messages.length > 0 && messages.every((m) => typeof m?.role === 'string' && typeof m?.content === 'string');
+  const ok =
+    Array.isArray(messages) &&
+    messages.length > 0 &&
+    messages.every((m) => typeof m?.role === 'string' && typeof m?.content === 'string');
   if (!ok) throw new RuvLLMError('invalid_argument', 'messages must be a non-empty array of { role, content } strings');
   return messages;
 }

@@ -8,7 +8,8 @@
  *   { type: 'chat',     id, messages, options }           messages: [{ role, content }]
  *   { type: 'tokenize', id, prompt | messages }           token ids of raw text, or of a rendered chat
  *   { type: 'cache_stats', id }                           positions and bytes of the KV cache per tier
- *   { type: 'adapt', id, feedback }                       feedback: { prompt | messages, completion, reward, adapter, steps, lr }
+ *   { type: 'adapt', id, feedback }                       feedback: { prompt | messages, completion, reward,
+ *                                                                   adapter, steps, lr }
  *   { type: 'new_adapter', id, config }                   config: { name, rank, alpha, targets }
  *   { type: 'load_adapter', id, url, name }               an adapter folder (ours or Hugging Face PEFT)
  *   { type: 'set_adapter', id, name }                     name, or null for the base model
@@ -26,8 +27,18 @@
  */
 
 export const REQUESTS = Object.freeze([
-  'load', 'generate', 'chat', 'tokenize', 'cache_stats', 'abort', 'dispose',
-  'adapt', 'new_adapter', 'load_adapter', 'set_adapter', 'save_adapter',
+  'load',
+  'generate',
+  'chat',
+  'tokenize',
+  'cache_stats',
+  'abort',
+  'dispose',
+  'adapt',
+  'new_adapter',
+  'load_adapter',
+  'set_adapter',
+  'save_adapter',
 ]);
 
 /**
@@ -87,14 +98,28 @@ export const PYTHON_NAMES = Object.freeze({
 const JS_NAMES = Object.freeze(Object.fromEntries(Object.entries(PYTHON_NAMES).map(([js, py]) => [py, js])));
 
 /** The options of generate/chat (besides `signal` and `adapter`), by their JavaScript names. */
-export const GENERATION_OPTIONS = Object.freeze(['maxTokens', 'temperature', 'topK', 'topP', 'minP', 'repetitionPenalty', 'seed', 'ignoreEos', 'stop']);
+export const GENERATION_OPTIONS = Object.freeze([
+  'maxTokens',
+  'temperature',
+  'topK',
+  'topP',
+  'minP',
+  'repetitionPenalty',
+  'seed',
+  'ignoreEos',
+  'stop',
+]);
 /** The options of the two-tier KV cache (`kv` in RuvLLM.load). */
 export const KV_OPTIONS = Object.freeze(['hotTokens', 'cold', 'budgetBytes', 'keep']);
 
 function renamed(value, names) {
   if (Array.isArray(value)) return value.map((v) => renamed(v, names));
   if (value === null || typeof value !== 'object' || ArrayBuffer.isView(value)) return value;
-  return Object.fromEntries(Object.entries(value).filter(([, v]) => v !== undefined).map(([k, v]) => [names[k] ?? k, renamed(v, names)]));
+  return Object.fromEntries(
+    Object.entries(value)
+      .filter(([, v]) => v !== undefined)
+      .map(([k, v]) => [names[k] ?? k, renamed(v, names)]),
+  );
 }
 
 /** `value` with Python's names (undefined members left out: Python takes its defaults). */

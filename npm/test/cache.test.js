@@ -131,7 +131,13 @@ test('a file given by URL is downloaded once, then read from the cache folder', 
   assert.deepEqual(await entries(), [createHash('sha256').update(url).digest('hex')]);
   assert.deepEqual((await readdir(entryOf(url))).sort(), ['data', 'entry.json']);
   const entry = JSON.parse(await readFile(join(entryOf(url), 'entry.json'), 'utf8'));
-  assert.deepEqual(entry, { url, size: SIZE, sha256: sha256(BODY), etag: '"v1"', lastModified: 'Tue, 01 Jul 2025 10:00:00 GMT' });
+  assert.deepEqual(entry, {
+    url,
+    size: SIZE,
+    sha256: sha256(BODY),
+    etag: '"v1"',
+    lastModified: 'Tue, 01 Jul 2025 10:00:00 GMT',
+  });
   assert.deepEqual(await partials(), []);
 });
 
@@ -150,7 +156,13 @@ test('a second load of the weights asks the server nothing for them, and reports
     results.push(await loadWeights(fakeLoader(), `${base}/m/`, { cache: true, onProgress: (p) => seen.push(p) }));
   }
   assert.equal(hits.get('/m/model.safetensors'), 1);
-  assert.deepEqual(results.map((r) => [r.total, r.fromCache]), [[SIZE, false], [SIZE, true]]);
+  assert.deepEqual(
+    results.map((r) => [r.total, r.fromCache]),
+    [
+      [SIZE, false],
+      [SIZE, true],
+    ],
+  );
   assert.ok(events[0].every((p) => p.fromCache === false));
   assert.ok(events[1].length > 0 && events[1].every((p) => p.fromCache === true));
   assert.equal(events[1].at(-1).loaded, SIZE);
@@ -170,11 +182,14 @@ test('cache: false downloads every time and writes nothing', async () => {
 
 for (const [damage, spoil] of [
   ['truncated', (dir) => truncate(join(dir, 'data'), SIZE >> 1)],
-  ['altered (same size)', async (dir) => {
-    const bytes = await readFile(join(dir, 'data'));
-    bytes[SIZE - 10] ^= 0xff;
-    await writeFile(join(dir, 'data'), bytes);
-  }],
+  [
+    'altered (same size)',
+    async (dir) => {
+      const bytes = await readFile(join(dir, 'data'));
+      bytes[SIZE - 10] ^= 0xff;
+      await writeFile(join(dir, 'data'), bytes);
+    },
+  ],
   ['with a damaged record', (dir) => writeFile(join(dir, 'entry.json'), '{"url": ')],
 ]) {
   test(`a cached file ${damage} is found out before use, and downloaded again`, async () => {
@@ -194,7 +209,10 @@ for (const [damage, spoil] of [
 
 test('an interrupted download leaves no cache entry', async () => {
   const url = `${base}/cut/model.safetensors`;
-  await assert.rejects(read(url), (e) => e instanceof RuvLLMError && e.type === 'download' && /the download failed midway/.test(e.message));
+  await assert.rejects(
+    read(url),
+    (e) => e instanceof RuvLLMError && e.type === 'download' && /the download failed midway/.test(e.message),
+  );
   assert.deepEqual(await entries(), []);
   assert.deepEqual(await partials(), []);
   await assert.rejects(read(url), RuvLLMError); // and the next try goes to the server again
@@ -301,7 +319,8 @@ describe('the file cache with SmolLM2 in Pyodide under Node', { skip: SKIP }, ()
     const llm = await RuvLLM.load({ model: modelUrl, pyodide: { indexURL: DIST }, onProgress, ...options });
     try {
       const ids = [];
-      for await (const c of llm.generate('Once upon a time', { temperature: 0, maxTokens: 8, ignoreEos: true })) ids.push(c.tokenId);
+      for await (const c of llm.generate('Once upon a time', { temperature: 0, maxTokens: 8, ignoreEos: true }))
+        ids.push(c.tokenId);
       return { ids, info: llm.info, downloads: progress.filter((p) => p.phase === 'download') };
     } finally {
       await llm.dispose();
@@ -324,7 +343,10 @@ describe('the file cache with SmolLM2 in Pyodide under Node', { skip: SKIP }, ()
 
   test('a load whose weights download breaks off caches the small files, not the weights', async () => {
     const url = `${modelUrl}cut/`;
-    await assert.rejects(RuvLLM.load({ model: url, pyodide: { indexURL: DIST } }), (e) => e instanceof RuvLLMError && e.type === 'download');
+    await assert.rejects(
+      RuvLLM.load({ model: url, pyodide: { indexURL: DIST } }),
+      (e) => e instanceof RuvLLMError && e.type === 'download',
+    );
     const cached = await entries();
     assert.ok(cached.includes(createHash('sha256').update(`${url}config.json`).digest('hex')));
     assert.ok(!cached.includes(createHash('sha256').update(`${url}model.safetensors`).digest('hex')));

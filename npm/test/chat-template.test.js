@@ -21,7 +21,8 @@ for (const c of cases) {
         assert.ok(e instanceof RuvLLMError, `not a RuvLLMError: ${e}`);
         assert.equal(e.type, c.type, e.message);
         assert.ok(e.message.includes(c.js), e.message);
-        if (c.type === 'load') assert.ok(e.message.startsWith('the chat_template in models/x/tokenizer_config.json fails: '), e.message);
+        if (c.type === 'load')
+          assert.ok(e.message.startsWith('the chat_template in models/x/tokenizer_config.json fails: '), e.message);
         return true;
       },
     );
@@ -30,11 +31,17 @@ for (const c of cases) {
 }
 
 test('a template that does not parse is a load error', () => {
-  assert.throws(() => new ChatTemplate('{% for %}', {}, 't/tokenizer_config.json'), (e) => e.type === 'load' && e.message.startsWith('the chat_template in t/tokenizer_config.json does not parse: '));
+  assert.throws(
+    () => new ChatTemplate('{% for %}', {}, 't/tokenizer_config.json'),
+    (e) => e.type === 'load' && e.message.startsWith('the chat_template in t/tokenizer_config.json does not parse: '),
+  );
 });
 
 test('bounds leave ordinary templates alone, with the globals templates use', () => {
-  const template = new ChatTemplate("{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ m['role'] }}: {{ m['content'] }}{% endfor %}{{ ns.n }}{{ range(3)|list }}{{ range(1, 7, 2)|list }}{{ true }}{{ none is none }}{{ bos_token }}", { bos_token: '<s>' });
+  const template = new ChatTemplate(
+    "{% set ns = namespace(n=0) %}{% for m in messages %}{% set ns.n = ns.n + 1 %}{{ m['role'] }}: {{ m['content'] }}{% endfor %}{{ ns.n }}{{ range(3)|list }}{{ range(1, 7, 2)|list }}{{ true }}{{ none is none }}{{ bos_token }}",
+    { bos_token: '<s>' },
+  );
   assert.equal(template.render(MESSAGES), 'user: hi1[0, 1, 2][1, 3, 5]truetrue<s>');
   assert.match(new ChatTemplate("{{ strftime_now('%d %b %Y') }}").render(MESSAGES), /^\d\d [A-Z][a-z]{2} \d{4}$/);
 });

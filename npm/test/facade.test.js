@@ -45,7 +45,10 @@ test('chunks stream in order until the finish reason', async () => {
   const llm = new RuvLLM(scriptedWorker({ tokens: 5 }));
   const chunks = [];
   for await (const c of llm.generate('hi', { maxTokens: 5 })) chunks.push(c);
-  assert.deepEqual(chunks.map((c) => c.tokenId), [1, 2, 3, 4, 5]);
+  assert.deepEqual(
+    chunks.map((c) => c.tokenId),
+    [1, 2, 3, 4, 5],
+  );
   assert.equal(chunks.at(-1).finishReason, 'length');
 });
 
@@ -86,21 +89,37 @@ test('breaking out of the loop aborts the request in the worker', async () => {
 });
 
 test('worker errors arrive as RuvLLMError with their type', async () => {
-  const llm = new RuvLLM(scriptedWorker({ failWith: { type: 'context_full', message: 'the prompt has 9000 tokens but the context window is 4096' } }));
+  const llm = new RuvLLM(
+    scriptedWorker({
+      failWith: { type: 'context_full', message: 'the prompt has 9000 tokens but the context window is 4096' },
+    }),
+  );
   await assert.rejects(
     async () => {
       for await (const _ of llm.generate('long')) assert.fail('no chunk expected');
     },
-    (e) => e instanceof RuvLLMError && e.type === 'context_full' && e.message === 'the prompt has 9000 tokens but the context window is 4096',
+    (e) =>
+      e instanceof RuvLLMError &&
+      e.type === 'context_full' &&
+      e.message === 'the prompt has 9000 tokens but the context window is 4096',
   );
 });
 
 test('bad arguments are refused before anything is sent', async () => {
   const worker = scriptedWorker();
   const llm = new RuvLLM(worker);
-  assert.throws(() => llm.generate(42), (e) => e.type === 'invalid_argument' && /prompt must be a string or a non-empty array of token ids/.test(e.message));
-  assert.throws(() => llm.chat([{ role: 'user' }]), (e) => e.type === 'invalid_argument' && /messages must be a non-empty array/.test(e.message));
-  await assert.rejects(RuvLLM.load({}), (e) => e.type === 'invalid_argument' && /options.model must be a URL/.test(e.message));
+  assert.throws(
+    () => llm.generate(42),
+    (e) => e.type === 'invalid_argument' && /prompt must be a string or a non-empty array of token ids/.test(e.message),
+  );
+  assert.throws(
+    () => llm.chat([{ role: 'user' }]),
+    (e) => e.type === 'invalid_argument' && /messages must be a non-empty array/.test(e.message),
+  );
+  await assert.rejects(
+    RuvLLM.load({}),
+    (e) => e.type === 'invalid_argument' && /options.model must be a URL/.test(e.message),
+  );
   await assert.rejects(RuvLLM.load({ model: 'x', contextLength: -1 }), (e) => e.type === 'invalid_argument');
   await assert.rejects(RuvLLM.load({ model: 'x', signal: AbortSignal.abort() }), AbortError);
   assert.equal(worker.posted.length, 0);
@@ -113,7 +132,10 @@ test('a crashed worker fails the stream, and every later call, with an inference
     async () => {
       for await (const c of llm.generate('hi')) if (c.tokenId === 1) worker.failNow('exited with code 7');
     },
-    (e) => e instanceof RuvLLMError && e.type === 'inference' && e.message === 'the ruvllm worker stopped: exited with code 7',
+    (e) =>
+      e instanceof RuvLLMError &&
+      e.type === 'inference' &&
+      e.message === 'the ruvllm worker stopped: exited with code 7',
   );
   await assert.rejects(llm.tokenize('x'), /the ruvllm worker stopped/);
 });

@@ -24,7 +24,20 @@ const PYODIDE = { indexURL: DIST };
 const GREEDY = { temperature: 0, maxTokens: 24, ignoreEos: true };
 
 async function cpython(prompt, chat) {
-  const args = ['-m', 'ruvllm', 'generate', MODEL, '--prompt', prompt, '--temperature', '0', '--max-tokens', '24', '--ignore-eos', '--json'];
+  const args = [
+    '-m',
+    'ruvllm',
+    'generate',
+    MODEL,
+    '--prompt',
+    prompt,
+    '--temperature',
+    '0',
+    '--max-tokens',
+    '24',
+    '--ignore-eos',
+    '--json',
+  ];
   const { stdout } = await run(PYTHON, chat ? [...args, '--chat'] : args, { maxBuffer: 1 << 24 });
   return JSON.parse(stdout);
 }
@@ -69,7 +82,10 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
       const ids = await llm.tokenize(chat ? [{ role: 'user', content: prompt }] : prompt);
       assert.deepEqual(ids, expected.prompt_token_ids);
       const chunks = await collect(llm.generate(ids, GREEDY));
-      assert.deepEqual(chunks.map((c) => c.tokenId), expected.token_ids);
+      assert.deepEqual(
+        chunks.map((c) => c.tokenId),
+        expected.token_ids,
+      );
       assert.equal(chunks.map((c) => c.text).join(''), expected.text);
       assert.equal(chunks.at(-1).finishReason, expected.finish_reason);
     });
@@ -77,8 +93,25 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
 
   test('ruvllm-js --json carries the same token ids as ruvllm --json', async () => {
     const expected = await cpython('What is the capital of France?', true);
-    const args = [join(ROOT, 'npm', 'bin', 'ruvllm-js.js'), 'generate', MODEL, '--prompt', 'What is the capital of France?', '--chat'];
-    const { stdout } = await run(process.execPath, [...args, '--temperature', '0', '--max-tokens', '24', '--ignore-eos', '--json', '--pyodide', DIST]);
+    const args = [
+      join(ROOT, 'npm', 'bin', 'ruvllm-js.js'),
+      'generate',
+      MODEL,
+      '--prompt',
+      'What is the capital of France?',
+      '--chat',
+    ];
+    const { stdout } = await run(process.execPath, [
+      ...args,
+      '--temperature',
+      '0',
+      '--max-tokens',
+      '24',
+      '--ignore-eos',
+      '--json',
+      '--pyodide',
+      DIST,
+    ]);
     const got = JSON.parse(stdout);
     assert.deepEqual(Object.keys(got), ['text', 'token_ids', 'prompt_token_ids', 'finish_reason', 'stats']);
     assert.deepEqual(Object.keys(got.stats), Object.keys(expected.stats));
@@ -92,7 +125,11 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
     const seen = [];
     await assert.rejects(
       async () => {
-        for await (const c of llm.generate('Once upon a time', { ...GREEDY, maxTokens: 200, signal: controller.signal })) {
+        for await (const c of llm.generate('Once upon a time', {
+          ...GREEDY,
+          maxTokens: 200,
+          signal: controller.signal,
+        })) {
           seen.push(c.tokenId);
           if (seen.length === 3) controller.abort();
         }
@@ -101,7 +138,10 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
     );
     assert.equal(seen.length, 3);
     const expected = await cpython('Once upon a time', false);
-    assert.deepEqual((await collect(llm.generate('Once upon a time', GREEDY))).map((c) => c.tokenId), expected.token_ids);
+    assert.deepEqual(
+      (await collect(llm.generate('Once upon a time', GREEDY))).map((c) => c.tokenId),
+      expected.token_ids,
+    );
   });
 
   // After an abort the worker must be free within about one token: the next request's first token
@@ -111,7 +151,8 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
     test(`after an abort (${how}) the next request starts within about one token`, async () => {
       const firstTokenMs = async () => {
         const started = performance.now();
-        for await (const _ of llm.generate('Hello', { temperature: 0, maxTokens: 1 })) return performance.now() - started;
+        for await (const _ of llm.generate('Hello', { temperature: 0, maxTokens: 1 }))
+          return performance.now() - started;
       };
       const idleFirstToken = await firstTokenMs();
       const controller = new AbortController();
@@ -131,7 +172,10 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
       const tokenMs = (arrivals[3] - arrivals[1]) / 2;
       const afterAbort = await firstTokenMs();
       const allowed = idleFirstToken + 2 * tokenMs + 250;
-      assert.ok(afterAbort < allowed, `first token ${afterAbort.toFixed(0)} ms after the abort; allowed ${allowed.toFixed(0)} ms (idle ${idleFirstToken.toFixed(0)} ms, one token ${tokenMs.toFixed(0)} ms)`);
+      assert.ok(
+        afterAbort < allowed,
+        `first token ${afterAbort.toFixed(0)} ms after the abort; allowed ${allowed.toFixed(0)} ms (idle ${idleFirstToken.toFixed(0)} ms, one token ${tokenMs.toFixed(0)} ms)`,
+      );
     });
   }
 
@@ -151,31 +195,54 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
     await assert.rejects(stream, (e) => e instanceof AbortError);
     const afterAbort = await firstTokenMs('Hello');
     const allowed = idleFirstToken + chunkMs + 500;
-    assert.ok(afterAbort < allowed, `first token ${afterAbort.toFixed(0)} ms after the abort; allowed ${allowed.toFixed(0)} ms (idle ${idleFirstToken.toFixed(0)} ms, one 32-token chunk ${chunkMs.toFixed(0)} ms)`);
+    assert.ok(
+      afterAbort < allowed,
+      `first token ${afterAbort.toFixed(0)} ms after the abort; allowed ${allowed.toFixed(0)} ms (idle ${idleFirstToken.toFixed(0)} ms, one 32-token chunk ${chunkMs.toFixed(0)} ms)`,
+    );
   });
 
   test('two consecutive generations are independent', async () => {
     const first = await collect(llm.chat([{ role: 'user', content: 'Name a fruit.' }], GREEDY));
-    await collect(llm.generate('Something else entirely, to fill the cache', { maxTokens: 8, temperature: 0.9, seed: 4 }));
+    await collect(
+      llm.generate('Something else entirely, to fill the cache', { maxTokens: 8, temperature: 0.9, seed: 4 }),
+    );
     const second = await collect(llm.chat([{ role: 'user', content: 'Name a fruit.' }], GREEDY));
-    assert.deepEqual(second.map((c) => c.tokenId), first.map((c) => c.tokenId));
+    assert.deepEqual(
+      second.map((c) => c.tokenId),
+      first.map((c) => c.tokenId),
+    );
   });
 
   test('seeded sampling reproduces', async () => {
     const options = { temperature: 1, topK: 0, topP: 1, minP: 0, seed: 7, maxTokens: 16, ignoreEos: true };
     const a = await collect(llm.generate('My favourite animal is', options));
     const b = await collect(llm.generate('My favourite animal is', options));
-    assert.deepEqual(a.map((c) => c.tokenId), b.map((c) => c.tokenId));
+    assert.deepEqual(
+      a.map((c) => c.tokenId),
+      b.map((c) => c.tokenId),
+    );
   });
 
   test('a prompt longer than the context is a context_full error', async () => {
-    await assert.rejects(collect(llm.generate('word '.repeat(5000))), (e) => e instanceof RuvLLMError && e.type === 'context_full' && /but the context window is 4096/.test(e.message));
+    await assert.rejects(
+      collect(llm.generate('word '.repeat(5000))),
+      (e) => e instanceof RuvLLMError && e.type === 'context_full' && /but the context window is 4096/.test(e.message),
+    );
   });
 
   test('invalid options are invalid_argument errors naming the option', async () => {
-    await assert.rejects(collect(llm.generate('x', { temperature: -1 })), (e) => e.type === 'invalid_argument' && e.message === 'temperature must be >= 0, got -1');
-    await assert.rejects(collect(llm.generate('x', { topP: 1.5 })), (e) => e.type === 'invalid_argument' && e.message === 'top_p must be in (0, 1], got 1.5');
-    await assert.rejects(collect(llm.generate('x', { temprature: 1 })), (e) => e.type === 'invalid_argument' && /unknown option "temprature"/.test(e.message));
+    await assert.rejects(
+      collect(llm.generate('x', { temperature: -1 })),
+      (e) => e.type === 'invalid_argument' && e.message === 'temperature must be >= 0, got -1',
+    );
+    await assert.rejects(
+      collect(llm.generate('x', { topP: 1.5 })),
+      (e) => e.type === 'invalid_argument' && e.message === 'top_p must be in (0, 1], got 1.5',
+    );
+    await assert.rejects(
+      collect(llm.generate('x', { temprature: 1 })),
+      (e) => e.type === 'invalid_argument' && /unknown option "temprature"/.test(e.message),
+    );
   });
 });
 
@@ -195,7 +262,8 @@ describe('bad models in Pyodide under Node', { skip: SKIP }, () => {
 
   test('a corrupted weight file is a load error naming the file', async () => {
     const dir = await mkdtemp(join(tmpdir(), 'ruvllm-corrupt-'));
-    for (const name of ['config.json', 'tokenizer.json', 'tokenizer_config.json', 'generation_config.json']) await copyFile(join(MODEL, name), join(dir, name));
+    for (const name of ['config.json', 'tokenizer.json', 'tokenizer_config.json', 'generation_config.json'])
+      await copyFile(join(MODEL, name), join(dir, name));
     const bytes = await readFile(join(MODEL, 'model.safetensors'));
     bytes.fill(0x7b, 8, 40); // the JSON header turns into garbage
     const handle = await open(join(dir, 'model.safetensors'), 'w');
@@ -216,8 +284,24 @@ describe('bad models in Pyodide under Node', { skip: SKIP }, () => {
 describe('memory options in Pyodide under Node', { skip: SKIP }, () => {
   test('q4 weights and a two-tier cache give the tokens CPython gives with the same options', async () => {
     // 37 prompt tokens + 47 fed back: past 8 hot + a 64-position migration batch, so the cold tier fills.
-    const args = ['-m', 'ruvllm', 'generate', MODEL, '--prompt', 'What is the capital of France?', '--chat', '--temperature', '0', '--max-tokens', '48'];
-    const cpu = await run(PYTHON, [...args, '--ignore-eos', '--json', '--compute', 'q4', '--hot-tokens', '8', '--cold', 'int8'], { maxBuffer: 1 << 24 });
+    const args = [
+      '-m',
+      'ruvllm',
+      'generate',
+      MODEL,
+      '--prompt',
+      'What is the capital of France?',
+      '--chat',
+      '--temperature',
+      '0',
+      '--max-tokens',
+      '48',
+    ];
+    const cpu = await run(
+      PYTHON,
+      [...args, '--ignore-eos', '--json', '--compute', 'q4', '--hot-tokens', '8', '--cold', 'int8'],
+      { maxBuffer: 1 << 24 },
+    );
     const expected = JSON.parse(cpu.stdout);
     const plans = [];
     const llm = await RuvLLM.load({
@@ -234,12 +318,19 @@ describe('memory options in Pyodide under Node', { skip: SKIP }, () => {
       assert.ok(llm.info.plan.weightBytes < 120e6);
       const messages = [{ role: 'user', content: 'What is the capital of France?' }];
       const chunks = await collect(llm.chat(messages, { ...GREEDY, maxTokens: 48 }));
-      assert.deepEqual(chunks.map((c) => c.tokenId), expected.token_ids);
+      assert.deepEqual(
+        chunks.map((c) => c.tokenId),
+        expected.token_ids,
+      );
       const stats = await llm.cacheStats();
       assert.ok(stats.coldPositions > 0 && stats.coldFormat === 'int8', JSON.stringify(stats));
       assert.equal(stats.hotPositions + stats.coldPositions, expected.prompt_token_ids.length + 47);
       // the next turn starts with what the cache holds: only the new tokens are computed
-      const next = [...messages, { role: 'assistant', content: chunks.map((c) => c.text).join('') }, { role: 'user', content: 'And of Italy?' }];
+      const next = [
+        ...messages,
+        { role: 'assistant', content: chunks.map((c) => c.text).join('') },
+        { role: 'user', content: 'And of Italy?' },
+      ];
       const again = await collect(llm.chat(next, { ...GREEDY, maxTokens: 4 }));
       assert.ok(again[0].stats.cachedTokens >= expected.prompt_token_ids.length, JSON.stringify(again[0].stats));
     } finally {
@@ -249,9 +340,16 @@ describe('memory options in Pyodide under Node', { skip: SKIP }, () => {
 
   test('a plan that cannot fit the memory budget fails before the download', async () => {
     const phases = [];
-    const error = await loadError({ model: MODEL, memoryBudget: 32 * 2 ** 20, onProgress: (p) => phases.push(p.phase) });
+    const error = await loadError({
+      model: MODEL,
+      memoryBudget: 32 * 2 ** 20,
+      onProgress: (p) => phases.push(p.phase),
+    });
     assert.equal(error.type, 'load');
-    assert.match(error.message, /^the model does not fit the memory budget of 32 MiB: in its smallest form \(q4\) it needs weights/);
+    assert.match(
+      error.message,
+      /^the model does not fit the memory budget of 32 MiB: in its smallest form \(q4\) it needs weights/,
+    );
     assert.ok(!phases.includes('download'), `phases: ${phases}`);
   });
 });
@@ -260,7 +358,8 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
   test('adapt learns a fact, saves an adapter CPython reads, and loads one CPython wrote', async () => {
     const llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE });
     try {
-      const greedy = async (prompt) => (await collect(llm.generate(prompt, { temperature: 0, maxTokens: 6 }))).map((c) => c.text).join('');
+      const greedy = async (prompt) =>
+        (await collect(llm.generate(prompt, { temperature: 0, maxTokens: 6 }))).map((c) => c.text).join('');
       assert.ok(!(await greedy('The secret code is')).startsWith(' BLUE-42.'));
       await llm.newAdapter({ name: 'facts', targets: ['down_proj'] });
       const report = await llm.adapt({ prompt: 'The secret code is', completion: ' BLUE-42.', adapter: 'facts' });
@@ -272,22 +371,52 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
 
       // our files load in CPython, which then generates the same tokens
       const files = await llm.saveAdapter('facts');
-      assert.deepEqual(Object.keys(files).sort(), ['adapter_config.json', 'adapter_model.safetensors', 'learning_state.safetensors']);
+      assert.deepEqual(Object.keys(files).sort(), [
+        'adapter_config.json',
+        'adapter_model.safetensors',
+        'learning_state.safetensors',
+      ]);
       const dir = await mkdtemp(join(tmpdir(), 'ruvllm-adapter-'));
       for (const [name, bytes] of Object.entries(files)) await writeFile(join(dir, name), bytes);
-      const args = ['-m', 'ruvllm', 'generate', MODEL, '--prompt', 'The secret code is', '--temperature', '0', '--max-tokens', '6', '--json'];
+      const args = [
+        '-m',
+        'ruvllm',
+        'generate',
+        MODEL,
+        '--prompt',
+        'The secret code is',
+        '--temperature',
+        '0',
+        '--max-tokens',
+        '6',
+        '--json',
+      ];
       const cpu = JSON.parse((await run(PYTHON, [...args, '--adapter', dir])).stdout);
       await llm.setAdapter('facts');
-      assert.deepEqual((await collect(llm.generate('The secret code is', { temperature: 0, maxTokens: 6 }))).map((c) => c.tokenId), cpu.token_ids);
+      assert.deepEqual(
+        (await collect(llm.generate('The secret code is', { temperature: 0, maxTokens: 6 }))).map((c) => c.tokenId),
+        cpu.token_ids,
+      );
 
       // an adapter written by CPython loads here by path, and switches per request
       const name = await llm.loadAdapter(dir, { name: 'from-cpython' });
       assert.equal(name, 'from-cpython');
-      const viaRequest = await collect(llm.generate('The secret code is', { temperature: 0, maxTokens: 6, adapter: 'from-cpython' }));
-      assert.deepEqual(viaRequest.map((c) => c.tokenId), cpu.token_ids);
+      const viaRequest = await collect(
+        llm.generate('The secret code is', { temperature: 0, maxTokens: 6, adapter: 'from-cpython' }),
+      );
+      assert.deepEqual(
+        viaRequest.map((c) => c.tokenId),
+        cpu.token_ids,
+      );
       const base = await collect(llm.generate('The secret code is', { temperature: 0, maxTokens: 6, adapter: null }));
-      assert.notDeepEqual(base.map((c) => c.tokenId), cpu.token_ids);
-      await assert.rejects(llm.setAdapter('nope'), (e) => e.type === 'invalid_argument' && /no adapter named 'nope'/.test(e.message));
+      assert.notDeepEqual(
+        base.map((c) => c.tokenId),
+        cpu.token_ids,
+      );
+      await assert.rejects(
+        llm.setAdapter('nope'),
+        (e) => e.type === 'invalid_argument' && /no adapter named 'nope'/.test(e.message),
+      );
     } finally {
       await llm.dispose();
     }

@@ -34,13 +34,37 @@ test('the installed package exports the API, its types and the wheel', async () 
   const { stdout } = await run(process.execPath, ['-e', script], { cwd: project });
   assert.deepEqual(JSON.parse(stdout), ['AbortError', 'RuvLLM', 'RuvLLMError']);
   const installed = join(project, 'node_modules', '@ruvector', 'ruvllm');
-  for (const file of ['types/index.d.ts', 'wheel/manifest.json', 'bin/ruvllm-js.js', 'browser/index.js', 'browser/worker/main.js']) assert.ok(existsSync(join(installed, file)), file);
+  for (const file of [
+    'types/index.d.ts',
+    'wheel/manifest.json',
+    'bin/ruvllm-js.js',
+    'browser/index.js',
+    'browser/worker/main.js',
+  ])
+    assert.ok(existsSync(join(installed, file)), file);
   assert.ok(existsSync(join(project, 'node_modules', '.bin', 'ruvllm-js')));
 });
 
-test('the installed ruvllm-js gives the CPython greedy tokens', { skip: HAVE_DIST ? false : `no local Pyodide distribution at ${DIST} (see docs/pyodide.md)` }, async () => {
-  const args = ['generate', MODEL, '--prompt', 'Once upon a time', '--temperature', '0', '--max-tokens', '16', '--ignore-eos', '--json'];
-  const { stdout } = await run(join(project, 'node_modules', '.bin', 'ruvllm-js'), [...args, '--pyodide', DIST], { cwd: project });
-  const expected = await run(PYTHON, ['-m', 'ruvllm', ...args]);
-  assert.deepEqual(JSON.parse(stdout).token_ids, JSON.parse(expected.stdout).token_ids);
-});
+test(
+  'the installed ruvllm-js gives the CPython greedy tokens',
+  { skip: HAVE_DIST ? false : `no local Pyodide distribution at ${DIST} (see docs/pyodide.md)` },
+  async () => {
+    const args = [
+      'generate',
+      MODEL,
+      '--prompt',
+      'Once upon a time',
+      '--temperature',
+      '0',
+      '--max-tokens',
+      '16',
+      '--ignore-eos',
+      '--json',
+    ];
+    const { stdout } = await run(join(project, 'node_modules', '.bin', 'ruvllm-js'), [...args, '--pyodide', DIST], {
+      cwd: project,
+    });
+    const expected = await run(PYTHON, ['-m', 'ruvllm', ...args]);
+    assert.deepEqual(JSON.parse(stdout).token_ids, JSON.parse(expected.stdout).token_ids);
+  },
+);

@@ -37,5 +37,8 @@ test('errors keep their type and message across the worker boundary', () => {
 test('a bridge result gives its value, or throws the error it carries', () => {
   assert.deepEqual(unwrap('{"ok": {"a": [1, 2]}}'), { a: [1, 2] });
   assert.equal(unwrap('{"ok": null}'), null);
-  assert.throws(() => unwrap('{"error": {"type": "context_full", "message": "too long"}}'), (e) => e instanceof RuvLLMError && e.type === 'context_full' && e.message === 'too long');
+  assert.throws(
+    () => unwrap('{"error": {"type": "context_full", "message": "too long"}}'),
+    (e) => e instanceof RuvLLMError && e.type === 'context_full' && e.message === 'too long',
+  );
 });

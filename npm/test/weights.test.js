@@ -19,11 +19,17 @@ before(async () => {
   server = createServer((req, res) => {
     const path = req.url;
     if (path === '/good/model.safetensors' || path.startsWith('/sharded/model-0000')) {
-      const body = path.startsWith('/sharded') ? BODY.subarray(0, 1000 + Number(path['/sharded/model-0000'.length])) : BODY;
+      const body = path.startsWith('/sharded')
+        ? BODY.subarray(0, 1000 + Number(path['/sharded/model-0000'.length]))
+        : BODY;
       res.writeHead(200, { 'Content-Length': body.length });
       res.end(body);
     } else if (path === '/sharded/model.safetensors.index.json') {
-      const map = { a: 'model-00001-of-00002.safetensors', b: 'model-00002-of-00002.safetensors', c: 'model-00001-of-00002.safetensors' };
+      const map = {
+        a: 'model-00001-of-00002.safetensors',
+        b: 'model-00002-of-00002.safetensors',
+        c: 'model-00001-of-00002.safetensors',
+      };
       res.writeHead(200, { 'Content-Type': 'application/json' });
       res.end(JSON.stringify({ weight_map: map }));
     } else if (path === '/truncated/model.safetensors') {
@@ -71,7 +77,9 @@ function fakeLoader() {
       const { name } = JSON.parse(request);
       const f = files[name];
       if (f.got !== f.size) {
-        return JSON.stringify({ error: { type: 'download', message: `${name}: download incomplete: received ${f.got} of ${f.size} bytes` } });
+        return JSON.stringify({
+          error: { type: 'download', message: `${name}: download incomplete: received ${f.got} of ${f.size} bytes` },
+        });
       }
       f.done = true;
       return ok({ bytes: f.got });
@@ -83,7 +91,11 @@ test('progress climbs to the total and every byte reaches the loader', async () 
   const loader = fakeLoader();
   const events = [];
   const plans = [];
-  const result = await loadWeights(loader, `${base}/good/`, { cache: false, onProgress: (p) => events.push(p), onPlan: (p) => plans.push(p) });
+  const result = await loadWeights(loader, `${base}/good/`, {
+    cache: false,
+    onProgress: (p) => events.push(p),
+    onPlan: (p) => plans.push(p),
+  });
   assert.deepEqual(result, { total: SIZE, fromCache: false, plan: { compute: 'f32', totalBytes: 1 } });
   assert.equal(plans.length, 1);
   // The first 8 bytes announce a 100-byte header: exactly 108 bytes went to planning, then everything.
@@ -93,7 +105,15 @@ test('progress climbs to the total and every byte reaches the loader', async () 
   assert.ok(events.length >= 2);
   for (let i = 1; i < events.length; i++) assert.ok(events[i].loaded >= events[i - 1].loaded);
   const last = events.at(-1);
-  assert.deepEqual(last, { phase: 'download', file: 'model.safetensors', fileLoaded: SIZE, fileTotal: SIZE, loaded: SIZE, total: SIZE, fromCache: false });
+  assert.deepEqual(last, {
+    phase: 'download',
+    file: 'model.safetensors',
+    fileLoaded: SIZE,
+    fileTotal: SIZE,
+    loaded: SIZE,
+    total: SIZE,
+    fromCache: false,
+  });
 });
 
 test('sharded weights follow model.safetensors.index.json', async () => {
@@ -128,7 +148,10 @@ async function downloadError(url) {
 }
 
 test('a missing file names the file and the HTTP status', async () => {
-  assert.equal(await downloadError(`${base}/missing/`), `model.safetensors: ${base}/missing/model.safetensors answered HTTP 404 Not Found`);
+  assert.equal(
+    await downloadError(`${base}/missing/`),
+    `model.safetensors: ${base}/missing/model.safetensors answered HTTP 404 Not Found`,
+  );
 });
 
 test('a download cut off midway is a download error naming the file', async () => {
@@ -144,5 +167,8 @@ test('an unreachable server is a download error', async () => {
   await new Promise((resolve) => closed.listen(0, '127.0.0.1', resolve));
   const port = closed.address().port;
   await new Promise((resolve) => closed.close(resolve));
-  assert.match(await downloadError(`http://127.0.0.1:${port}/m/`), /^model\.safetensors(\.index\.json)?: cannot fetch http:\/\/127\.0\.0\.1:\d+\/m\/model\.safetensors/);
+  assert.match(
+    await downloadError(`http://127.0.0.1:${port}/m/`),
+    /^model\.safetensors(\.index\.json)?: cannot fetch http:\/\/127\.0\.0\.1:\d+\/m\/model\.safetensors/,
+  );
 });

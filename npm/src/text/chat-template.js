@@ -23,7 +23,10 @@ class Refusal extends Error {}
 
 function bounded(value, what) {
   const size = typeof value?.value === 'string' || Array.isArray(value?.value) ? value.value.length : 0;
-  if (size > MAX_CHARS) throw new BoundError(`${what} of ${size.toLocaleString('en')} items (the limit is ${MAX_CHARS.toLocaleString('en')})`);
+  if (size > MAX_CHARS)
+    throw new BoundError(
+      `${what} of ${size.toLocaleString('en')} items (the limit is ${MAX_CHARS.toLocaleString('en')})`,
+    );
   return value;
 }
 
@@ -46,7 +49,8 @@ class BoundedInterpreter extends Interpreter {
 
 function range(...args) {
   const [start, stop, step] = args.length === 1 ? [0, args[0], 1] : [args[0], args[1], args[2] ?? 1];
-  if (![start, stop, step].every(Number.isInteger) || step === 0) throw new Error('range() needs integers and a non-zero step');
+  if (![start, stop, step].every(Number.isInteger) || step === 0)
+    throw new Error('range() needs integers and a non-zero step');
   const count = Math.max(0, Math.ceil((stop - start) / step));
   if (count > MAX_RANGE) throw new BoundError(`asked for a range of ${count} items (the limit is ${MAX_RANGE})`);
   return Array.from({ length: count }, (_, i) => start + i * step);
@@ -57,7 +61,14 @@ function strftimeNow(format) {
   const now = new Date();
   const two = (n) => String(n).padStart(2, '0');
   const month = (style) => new Intl.DateTimeFormat('en-US', { month: style }).format(now);
-  const parts = { Y: String(now.getFullYear()), m: two(now.getMonth() + 1), d: two(now.getDate()), H: two(now.getHours()), M: two(now.getMinutes()), '%': '%' };
+  const parts = {
+    Y: String(now.getFullYear()),
+    m: two(now.getMonth() + 1),
+    d: two(now.getDate()),
+    H: two(now.getHours()),
+    M: two(now.getMinutes()),
+    '%': '%',
+  };
   return String(format).replace(/%([YmdHMbB%])/g, (_, c) => parts[c] ?? month(c === 'b' ? 'short' : 'long'));
 }
 
@@ -66,7 +77,17 @@ function raiseException(message) {
 }
 
 /** What a template sees besides its variables (as @huggingface/jinja and transformers give it). */
-const GLOBALS = { true: true, false: false, none: null, True: true, False: false, None: null, raise_exception: raiseException, range, strftime_now: strftimeNow };
+const GLOBALS = {
+  true: true,
+  false: false,
+  none: null,
+  True: true,
+  False: false,
+  None: null,
+  raise_exception: raiseException,
+  range,
+  strftime_now: strftimeNow,
+};
 
 export class ChatTemplate {
   #program;
@@ -96,8 +117,10 @@ export class ChatTemplate {
       const result = new BoundedInterpreter(env, performance.now() + MAX_MS).run(this.#program);
       return bounded(result, 'rendered a prompt').value;
     } catch (error) {
-      if (error instanceof Refusal) throw new RuvLLMError('invalid_argument', `the chat template rejected these messages: ${error.message}`);
-      if (error instanceof RangeError && /string length/.test(error.message)) throw new RuvLLMError('load', `${this.#where} fails: built a string too long for JavaScript`);
+      if (error instanceof Refusal)
+        throw new RuvLLMError('invalid_argument', `the chat template rejected these messages: ${error.message}`);
+      if (error instanceof RangeError && /string length/.test(error.message))
+        throw new RuvLLMError('load', `${this.#where} fails: built a string too long for JavaScript`);
       throw new RuvLLMError('load', `${this.#where} fails: ${error.message}`);
     }
   }

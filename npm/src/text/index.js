@@ -43,7 +43,10 @@ function flatten(step) {
 function tokenText(config, name) {
   const value = config[name] !== null && typeof config[name] === 'object' ? config[name].content : config[name];
   if (value !== undefined && value !== null && typeof value !== 'string') {
-    throw new RuvLLMError('load', `tokenizer_config.json: '${name}' must be a string or {"content": string}, found ${JSON.stringify(config[name])}`);
+    throw new RuvLLMError(
+      'load',
+      `tokenizer_config.json: '${name}' must be a string or {"content": string}, found ${JSON.stringify(config[name])}`,
+    );
   }
   return value ?? null;
 }
@@ -53,7 +56,10 @@ function idList(value, where) {
   if (value === undefined || value === null) return [];
   const ids = Array.isArray(value) ? value : [value];
   if (!ids.every((id) => Number.isInteger(id) && id >= 0)) {
-    throw new RuvLLMError('load', `${where}: 'eos_token_id' must be a token id (an integer >= 0) or a list of them, found ${JSON.stringify(value)}`);
+    throw new RuvLLMError(
+      'load',
+      `${where}: 'eos_token_id' must be a token id (an integer >= 0) or a list of them, found ${JSON.stringify(value)}`,
+    );
   }
   return ids;
 }
@@ -63,8 +69,12 @@ function idList(value, where) {
  */
 export function createText({ tokenizerJson, tokenizerConfig = {}, generationConfig = {}, config = {} }) {
   if (!tokenizerJson) throw new RuvLLMError('load', 'tokenizer.json: not found');
-  for (const [name, value] of Object.entries({ 'tokenizer_config.json': tokenizerConfig, 'generation_config.json': generationConfig })) {
-    if (value === null || typeof value !== 'object' || Array.isArray(value)) throw new RuvLLMError('load', `${name}: the file must be a JSON object`);
+  for (const [name, value] of Object.entries({
+    'tokenizer_config.json': tokenizerConfig,
+    'generation_config.json': generationConfig,
+  })) {
+    if (value === null || typeof value !== 'object' || Array.isArray(value))
+      throw new RuvLLMError('load', `${name}: the file must be a JSON object`);
   }
   let tokenizer;
   try {
@@ -82,12 +92,18 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
   let source = tokenizerConfig.chat_template;
   if (Array.isArray(source)) source = source.find((t) => t?.name === 'default')?.template;
   if (source !== undefined && source !== null && typeof source !== 'string') {
-    throw new RuvLLMError('load', `tokenizer_config.json: 'chat_template' must be a string or a list of {"name", "template"} objects, found ${JSON.stringify(tokenizerConfig.chat_template).slice(0, 60)}`);
+    throw new RuvLLMError(
+      'load',
+      `tokenizer_config.json: 'chat_template' must be a string or a list of {"name", "template"} objects, found ${JSON.stringify(tokenizerConfig.chat_template).slice(0, 60)}`,
+    );
   }
   const template = source ? new ChatTemplate(source, special) : null;
 
   // End-of-sequence ids: config.json, generation_config.json and the tokenizer's eos_token (as on CPython).
-  const eos = new Set([...idList(config.eos_token_id, 'config.json'), ...idList(generationConfig.eos_token_id, 'generation_config.json')]);
+  const eos = new Set([
+    ...idList(config.eos_token_id, 'config.json'),
+    ...idList(generationConfig.eos_token_id, 'generation_config.json'),
+  ]);
   const eosToken = special.eos_token !== undefined ? tokenizer.token_to_id(special.eos_token) : undefined;
   if (eosToken !== undefined && eosToken !== null) eos.add(eosToken);
 
@@ -98,7 +114,11 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
       return text ? tokenizer.encode(text).ids : [];
     },
     applyChatTemplate(messages, addGenerationPrompt = true) {
-      if (!template) throw new RuvLLMError('invalid_argument', 'this model has no chat template (tokenizer_config.json has no chat_template)');
+      if (!template)
+        throw new RuvLLMError(
+          'invalid_argument',
+          'this model has no chat template (tokenizer_config.json has no chat_template)',
+        );
       return template.render(messages, addGenerationPrompt);
     },
     encodeChat(messages, addGenerationPrompt = true) {
@@ -107,7 +127,8 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
     },
     /** Prompt and completion ids for feedback, tokenized as generation would (mirrors Model.feedback_ids). */
     feedbackIds({ prompt, messages, completion }) {
-      if (typeof completion !== 'string' || !completion) throw new RuvLLMError('invalid_argument', 'completion must be a non-empty string');
+      if (typeof completion !== 'string' || !completion)
+        throw new RuvLLMError('invalid_argument', 'completion must be a non-empty string');
       if (messages !== undefined) {
         const promptIds = this.encodeChat(messages);
         const end = this.eosIds.length ? [this.eosIds[0]] : [];
@@ -115,7 +136,8 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
       }
       const promptIds = this.encode(prompt);
       const whole = this.encode(prompt + completion);
-      if (whole.length > promptIds.length && promptIds.every((id, i) => whole[i] === id)) return [promptIds, whole.slice(promptIds.length)];
+      if (whole.length > promptIds.length && promptIds.every((id, i) => whole[i] === id))
+        return [promptIds, whole.slice(promptIds.length)];
       return [promptIds, tokenizer.encode(completion, { add_special_tokens: false }).ids];
     },
     decode(ids) {

@@ -59,7 +59,13 @@ export class FolderCache {
   async read(url) {
     const { fs, path } = await node();
     const dir = await this.entryPath(url);
-    if (!(await fs.access(dir).then(() => true, () => false))) return null; // not cached (or no folder)
+    if (
+      !(await fs.access(dir).then(
+        () => true,
+        () => false,
+      ))
+    )
+      return null; // not cached (or no folder)
     let handle = null;
     try {
       const entry = JSON.parse(await fs.readFile(path.join(dir, 'entry.json'), 'utf8'));
@@ -147,7 +153,7 @@ class CacheWriter {
     this.#hash.update(chunk);
     this.#bytes += chunk.length;
     try {
-      for (let done = 0; done < chunk.length; ) done += (await this.#handle.write(chunk, done)).bytesWritten;
+      for (let done = 0; done < chunk.length;) done += (await this.#handle.write(chunk, done)).bytesWritten;
     } catch (error) {
       rethrowBug(error);
       this.#failed = true; // a full disk: the load goes on without caching
@@ -177,7 +183,7 @@ async function sha256Of(handle) {
   const { crypto } = await node();
   const hash = crypto.createHash('sha256');
   const buffer = new Uint8Array(1 << 20);
-  for (let position = 0; ; ) {
+  for (let position = 0; ;) {
     const { bytesRead } = await handle.read(buffer, 0, buffer.length, position);
     if (bytesRead === 0) return hash.digest('hex');
     hash.update(buffer.subarray(0, bytesRead));
@@ -194,7 +200,13 @@ async function removeStale(partial) {
   const now = Date.now();
   for (const name of await fs.readdir(partial)) {
     const dir = path.join(partial, name);
-    const changed = await fs.stat(path.join(dir, 'data')).catch(() => fs.stat(dir)).then((s) => s.mtimeMs, () => now);
+    const changed = await fs
+      .stat(path.join(dir, 'data'))
+      .catch(() => fs.stat(dir))
+      .then(
+        (s) => s.mtimeMs,
+        () => now,
+      );
     if (now - changed > STALE_PARTIAL_MS) await fs.rm(dir, { recursive: true, force: true }).catch(rethrowBug);
   }
 }

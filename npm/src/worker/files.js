@@ -37,12 +37,22 @@ async function openThroughCacheApi(url, name, { cache, optional }) {
   const store = cache && typeof caches !== 'undefined' ? await caches.open(CACHE_NAME).catch(() => null) : null;
   const cached = (await store?.match(url)) ?? null;
   if (cached) {
-    return { size: declaredSize(cached), chunks: streamChunks(cached.body, name), fromCache: true, stored: Promise.resolve(false) };
+    return {
+      size: declaredSize(cached),
+      chunks: streamChunks(cached.body, name),
+      fromCache: true,
+      stored: Promise.resolve(false),
+    };
   }
   const response = await download(url, name, optional);
   if (response === null) return null;
   // The cache gets its own copy of the stream (written to disk); a failed write only costs the caching.
-  const stored = store ? store.put(url, response.clone()).then(() => true, () => false) : Promise.resolve(false);
+  const stored = store
+    ? store.put(url, response.clone()).then(
+        () => true,
+        () => false,
+      )
+    : Promise.resolve(false);
   return { size: declaredSize(response), chunks: streamChunks(response.body, name), fromCache: false, stored };
 }
 
@@ -124,7 +134,10 @@ export async function readBytes(base, name, options) {
   if (file === null) return null;
   const parts = [];
   for await (const chunk of file.chunks) parts.push(chunk);
-  return concat(parts, parts.reduce((n, p) => n + p.length, 0));
+  return concat(
+    parts,
+    parts.reduce((n, p) => n + p.length, 0),
+  );
 }
 
 /** The first `length` bytes of `chunks` (Uint8Arrays) in one array. */

@@ -53,7 +53,8 @@ async function load({ id, options }) {
   const config = await readJson(options.model, 'config.json', files);
   const tokenizerJson = await readJson(options.model, 'tokenizer.json', files);
   const tokenizerConfig = (await readJson(options.model, 'tokenizer_config.json', { ...files, optional: true })) ?? {};
-  const generationConfig = (await readJson(options.model, 'generation_config.json', { ...files, optional: true })) ?? {};
+  const generationConfig =
+    (await readJson(options.model, 'generation_config.json', { ...files, optional: true })) ?? {};
   state.text = createText({ tokenizerJson, tokenizerConfig, generationConfig, config });
 
   progress({ phase: 'runtime', loaded: 0, total: 0 });
@@ -66,11 +67,21 @@ async function load({ id, options }) {
     callBridge(loader, 'set_tokenizer', JSON.stringify(tokenizerJson)); // the text of each chunk is made in Python
     callBridge(loader, 'set_options', loadOptions(options));
     const onPlan = (plan) => progress({ phase: 'plan', plan, loaded: 0, total: 0 });
-    const download = await loadWeights(loader, options.model, { ...files, sha256: options.sha256, onProgress: progress, onPlan });
+    const download = await loadWeights(loader, options.model, {
+      ...files,
+      sha256: options.sha256,
+      onProgress: progress,
+      onPlan,
+    });
     progress({ phase: 'load', loaded: download.total, total: download.total });
     const built = callBridge(loader, 'build');
     state.engine = loader.take_engine();
-    const info = { ...built, downloadedBytes: download.total, fromCache: download.fromCache, heapBytes: heapBytes(state.py) };
+    const info = {
+      ...built,
+      downloadedBytes: download.total,
+      fromCache: download.fromCache,
+      heapBytes: heapBytes(state.py),
+    };
     send({ type: 'loaded', id, info });
   } finally {
     loader.destroy();
@@ -85,10 +96,15 @@ async function load({ id, options }) {
 function loadOptions(options) {
   const kv = options.kv ?? {};
   for (const key of Object.keys(kv)) {
-    if (!KV_OPTIONS.includes(key)) throw new RuvLLMError('invalid_argument', `unknown kv option ${JSON.stringify(key)}; kv options are: ${KV_OPTIONS.join(', ')}`);
+    if (!KV_OPTIONS.includes(key))
+      throw new RuvLLMError(
+        'invalid_argument',
+        `unknown kv option ${JSON.stringify(key)}; kv options are: ${KV_OPTIONS.join(', ')}`,
+      );
   }
   const deviceMemory = globalThis.navigator?.deviceMemory;
-  const budget = options.memoryBudget ?? (IS_NODE || !deviceMemory ? undefined : Math.floor((deviceMemory * 2 ** 30) / 4));
+  const budget =
+    options.memoryBudget ?? (IS_NODE || !deviceMemory ? undefined : Math.floor((deviceMemory * 2 ** 30) / 4));
   return { contextLength: options.contextLength, compute: options.compute ?? 'auto', memoryBudget: budget, kv };
 }
 
@@ -104,7 +120,10 @@ async function generate(message) {
   const { adapter, ...options } = message.options ?? {};
   for (const [key, value] of Object.entries(options)) {
     if (value !== undefined && !GENERATION_OPTIONS.includes(key)) {
-      throw new RuvLLMError('invalid_argument', `unknown option ${JSON.stringify(key)}; options are: ${GENERATION_OPTIONS.join(', ')}`);
+      throw new RuvLLMError(
+        'invalid_argument',
+        `unknown option ${JSON.stringify(key)}; options are: ${GENERATION_OPTIONS.join(', ')}`,
+      );
     }
   }
   const ids = promptIds(message);
@@ -145,11 +164,17 @@ async function saveAdapter({ id, name }) {
   const proxy = state.engine.take_files();
   const files = proxy.toJs({ dict_converter: Object.fromEntries });
   proxy.destroy();
-  send({ type: 'result', id, result: files }, Object.values(files).map((bytes) => bytes.buffer));
+  send(
+    { type: 'result', id, result: files },
+    Object.values(files).map((bytes) => bytes.buffer),
+  );
 }
 
 /** A handler that answers with one bridge call: `args(message)` are its arguments. */
-const answer = (method, args = () => []) => async (message) => send({ type: 'result', id: message.id, result: callBridge(state.engine, method, ...args(message)) });
+const answer =
+  (method, args = () => []) =>
+  async (message) =>
+    send({ type: 'result', id: message.id, result: callBridge(state.engine, method, ...args(message)) });
 
 /** The handler of each request type (protocol.js REQUESTS); all but load and dispose need a model. */
 const HANDLERS = {
@@ -172,7 +197,8 @@ const HANDLERS = {
 async function handle(message) {
   const { type, id } = message;
   try {
-    if (type !== 'load' && type !== 'dispose' && !state.engine) throw new RuvLLMError('inference', 'the model is not loaded');
+    if (type !== 'load' && type !== 'dispose' && !state.engine)
+      throw new RuvLLMError('inference', 'the model is not loaded');
     await HANDLERS[type](message);
     send({ type: 'done', id });
   } catch (error) {

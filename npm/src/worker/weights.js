@@ -29,7 +29,11 @@ export async function loadWeights(loader, base, { cache, sha256 = {}, onProgress
   const files = [];
   for (const name of names) files.push({ name, ...(await openFile(base, name, { cache })) });
   for (const f of files) {
-    if (f.size === null) throw new RuvLLMError('download', `${f.name}: the server did not say how large it is (no Content-Length, or a compressed response)`);
+    if (f.size === null)
+      throw new RuvLLMError(
+        'download',
+        `${f.name}: the server did not say how large it is (no Content-Length, or a compressed response)`,
+      );
   }
   // Each file's header arrives first: plan (and refuse a plan that cannot fit) before the bulk.
   for (const f of files) {
@@ -50,7 +54,15 @@ export async function loadWeights(loader, base, { cache, sha256 = {}, onProgress
       const now = Date.now();
       if (!force && now - lastReport < PROGRESS_INTERVAL_MS) return;
       lastReport = now;
-      onProgress({ phase: 'download', file: file.name, fileLoaded, fileTotal: file.size, loaded, total, fromCache: file.fromCache });
+      onProgress({
+        phase: 'download',
+        file: file.name,
+        fileLoaded,
+        fileTotal: file.size,
+        loaded,
+        total,
+        fromCache: file.fromCache,
+      });
     };
     report(true);
     for await (const chunk of prepend(file.buffered, file.chunks)) {
