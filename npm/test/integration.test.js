@@ -23,24 +23,16 @@ const run = promisify(execFile);
 const PYODIDE = { indexURL: DIST };
 const GREEDY = { temperature: 0, maxTokens: 24, ignoreEos: true };
 
-async function cpython(prompt, chat) {
-  const args = [
-    '-m',
-    'ruvllm',
-    'generate',
-    MODEL,
-    '--prompt',
-    prompt,
-    '--temperature',
-    '0',
-    '--max-tokens',
-    '24',
-    '--ignore-eos',
-    '--json',
-  ];
-  const { stdout } = await run(PYTHON, chat ? [...args, '--chat'] : args, { maxBuffer: 1 << 24 });
+/** What `ruvllm generate --json` answers on CPython: greedy, `maxTokens` tokens, with the given flags. */
+async function cpython(prompt, maxTokens, ...flags) {
+  const args = ['-m', 'ruvllm', 'generate', MODEL, '--prompt', prompt, '--temperature', '0'];
+  const options = { maxBuffer: 1 << 24 };
+  const { stdout } = await run(PYTHON, [...args, '--max-tokens', String(maxTokens), '--json', ...flags], options);
   return JSON.parse(stdout);
 }
+
+/** CPython's greedy answer as the SmolLM2 tests compare it: 24 tokens, end-of-sequence ignored. */
+const cpythonGreedy = (prompt, chat) => cpython(prompt, 24, '--ignore-eos', ...(chat ? ['--chat'] : []));
 
 async function collect(stream) {
   const chunks = [];
@@ -78,7 +70,7 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
   ];
   for (const [prompt, chat] of cases) {
     test(`greedy tokens equal CPython: ${chat ? 'chat' : 'raw'} "${prompt}"`, async () => {
-      const expected = await cpython(prompt, chat);
+      const expected = await cpythonGreedy(prompt, chat);
       const ids = await llm.tokenize(chat ? [{ role: 'user', content: prompt }] : prompt);
       assert.deepEqual(ids, expected.prompt_token_ids);
       const chunks = await collect(llm.generate(ids, GREEDY));
@@ -92,7 +84,7 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
   }
 
   test('ruvllm-js --json carries the same token ids as ruvllm --json', async () => {
-    const expected = await cpython('What is the capital of France?', true);
+    const expected = await cpythonGreedy('What is the capital of France?', true);
     const args = [
       join(ROOT, 'npm', 'bin', 'ruvllm-js.js'),
       'generate',
@@ -137,7 +129,7 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
       (e) => e instanceof AbortError,
     );
     assert.equal(seen.length, 3);
-    const expected = await cpython('Once upon a time', false);
+    const expected = await cpythonGreedy('Once upon a time', false);
     assert.deepEqual(
       (await collect(llm.generate('Once upon a time', GREEDY))).map((c) => c.tokenId),
       expected.token_ids,
@@ -284,25 +276,8 @@ describe('bad models in Pyodide under Node', { skip: SKIP }, () => {
 describe('memory options in Pyodide under Node', { skip: SKIP }, () => {
   test('q4 weights and a two-tier cache give the tokens CPython gives with the same options', async () => {
     // 37 prompt tokens + 47 fed back: past 8 hot + a 64-position migration batch, so the cold tier fills.
-    const args = [
-      '-m',
-      'ruvllm',
-      'generate',
-      MODEL,
-      '--prompt',
-      'What is the capital of France?',
-      '--chat',
-      '--temperature',
-      '0',
-      '--max-tokens',
-      '48',
-    ];
-    const cpu = await run(
-      PYTHON,
-      [...args, '--ignore-eos', '--json', '--compute', 'q4', '--hot-tokens', '8', '--cold', 'int8'],
-      { maxBuffer: 1 << 24 },
-    );
-    const expected = JSON.parse(cpu.stdout);
+    const flags = ['--chat', '--ignore-eos', '--compute', 'q4', '--hot-tokens', '8', '--cold', 'int8'];
+    const expected = await cpython('What is the capital of France?', 48, ...flags);
     const plans = [];
     const llm = await RuvLLM.load({
       model: MODEL,
@@ -378,20 +353,7 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
       ]);
       const dir = await mkdtemp(join(tmpdir(), 'ruvllm-adapter-'));
       for (const [name, bytes] of Object.entries(files)) await writeFile(join(dir, name), bytes);
-      const args = [
-        '-m',
-        'ruvllm',
-        'generate',
-        MODEL,
-        '--prompt',
-        'The secret code is',
-        '--temperature',
-        '0',
-        '--max-tokens',
-        '6',
-        '--json',
-      ];
-      const cpu = JSON.parse((await run(PYTHON, [...args, '--adapter', dir])).stdout);
+      const cpu = await cpython('The secret code is', 6, '--adapter', dir);
       await llm.setAdapter('facts');
       assert.deepEqual(
         (await collect(llm.generate('The secret code is', { temperature: 0, maxTokens: 6 }))).map((c) => c.tokenId),
