@@ -3,7 +3,8 @@
 NumPy on CPython multiplies through OpenBLAS, which by default runs every product on as many threads as
 the machine has cores. Its threads spin while they wait for each other, so when another program keeps
 a core busy, every product stalls. Measured on a 2-core machine (SmolLM2-135M, f32, a 128-token
-prefill then greedy decoding, medians of 3, the same run; benchmarks/RESULTS.md):
+prefill then greedy decoding, medians of 3, the same run; benchmarks/threads_bench.py, and
+docs/performance.md):
 
     other busy processes   threads   prefill     decode
     none                   1         304 ms      46 tok/s
