@@ -6,7 +6,8 @@
 #                         and convert extras; `./build.sh setup test` adds the test tools)
 #   ./build.sh model      only the demo model: SmolLM2-135M-Instruct converted to models/smollm2-135m-instruct
 #   ./build.sh wheel      only the pure-Python wheel, into npm/wheel/ (the npm package ships it)
-#   ./build.sh npm        the npm package in npm/: its dependencies and the wheel
+#   ./build.sh kernels    only the WebAssembly SIMD kernels (kernels/*.c -> npm/wasm/kernels.wasm)
+#   ./build.sh npm        the npm package in npm/: its dependencies, the wheel and the kernels
 #   ./build.sh serve [--port PORT]  build, then serve the demo chat page on 127.0.0.1 (the main job)
 #   ./build.sh demo       build, then stream a chat reply from the demo model on CPython
 #   ./build.sh test       build, then run every test and the linters (ruff; ESLint and Prettier for JS)
@@ -78,7 +79,37 @@ wheel() {
   printf '{"file": "%s"}\n' "$file" > npm/wheel/manifest.json
 }
 
+apt_install() {
+  local sudo=""
+  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
+  $sudo apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq "$@" >/dev/null
+}
+
+# The kernel provider for Pyodide (docs/kernels.md): freestanding C compiled by Debian's clang and lld to a
+# WebAssembly module with SIMD128. kernels/check.py refuses a module with a data section or a stack in
+# linear memory: it shares Pyodide's memory and must not write into CPython's heap.
+kernels() {
+  if ! command -v clang >/dev/null 2>&1 || ! command -v wasm-ld >/dev/null 2>&1; then
+    log "installing Debian's clang and lld (the WebAssembly kernels are compiled with them)"
+    apt_install clang lld
+  fi
+  local out=npm/wasm/kernels.wasm obj=build/kernels/kernels.o
+  if [ -f "$out" ] && [ "$out" -nt kernels/kernels.c ] && [ "$out" -nt kernels/check.py ]; then
+    return
+  fi
+  log "compiling the WebAssembly SIMD kernels into $out"
+  mkdir -p build/kernels npm/wasm
+  clang --target=wasm32 -O3 -msimd128 -nostdlib -ffreestanding -fno-builtin -Wall -Wextra -Werror \
+    -c -o "$obj" kernels/kernels.c
+  clang --target=wasm32 -nostdlib -Wl,--no-entry -Wl,--import-memory -Wl,--strip-all \
+    -o "build/kernels/kernels.wasm" "$obj"
+  python3 kernels/check.py "$obj" build/kernels/kernels.wasm
+  cp build/kernels/kernels.wasm "$out"
+}
+
 npm_package() {
+  kernels
   if [ ! -d npm/node_modules ] || [ npm/package-lock.json -nt npm/node_modules/.package-lock.json ]; then
     log "installing the npm package's dependencies"
     (cd npm && npm ci --no-audit --no-fund --loglevel=error)
@@ -102,10 +133,7 @@ browser() {
     return
   fi
   log "installing Debian's chromium for the browser tests"
-  local sudo=""
-  if [ "$(id -u)" != 0 ]; then sudo="sudo"; fi
-  $sudo apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq chromium >/dev/null
+  apt_install chromium
 }
 
 build_all() {
@@ -119,6 +147,7 @@ case "${1:-all}" in
   setup) setup "$([ "${2:-}" = test ] && echo test || echo text,convert)" ;;
   model) setup; model ;;
   wheel) setup; wheel ;;
+  kernels) kernels ;;
   npm) setup; npm_package ;;
   serve)
     shift
@@ -133,8 +162,8 @@ case "${1:-all}" in
   test)
     build_all test
     browser
-    "$VENV/bin/ruff" check py_src tests benchmarks web
-    "$VENV/bin/ruff" format --check py_src tests benchmarks web
+    "$VENV/bin/ruff" check py_src tests benchmarks web kernels
+    "$VENV/bin/ruff" format --check py_src tests benchmarks web kernels
     lint_tools
     node_modules/.bin/eslint
     node_modules/.bin/prettier --check .
@@ -149,7 +178,7 @@ case "${1:-all}" in
     (cd npm && RUVLLM_PYTHON="$py_abs" node bench/bench.js)
     ;;
   *)
-    echo "usage: ./build.sh [all|setup|model|wheel|npm|serve [--port PORT]|demo|test|bench]" >&2
+    echo "usage: ./build.sh [all|setup|model|wheel|kernels|npm|serve [--port PORT]|demo|test|bench]" >&2
     exit 2
     ;;
 esac

@@ -1,0 +1,357 @@
+// ruvllm's kernel provider for Pyodide: matrix products in WebAssembly SIMD128.
+//
+// NumPy inside Pyodide has no BLAS and no SIMD; this module is to the engine in the browser what a BLAS
+// is to NumPy on CPython. It is instantiated on Pyodide's own WebAssembly.Memory, so every pointer below
+// is an address in that memory: the NumPy arrays themselves, read and written in place (no copies).
+// The NumPy kernels of py_src/ruvllm/quant/matrices.py stay the reference and the fallback; the layouts
+// read here are exactly the ones matrices.py keeps.
+//
+// Freestanding: no libc, no data section, no stack in linear memory (every local lives in a wasm local;
+// nothing takes an address). Instantiating the module therefore writes nothing into CPython's heap;
+// kernels/check.py refuses a build that breaks this. Scratch space comes from NumPy buffers the caller
+// passes in.
+//
+// Layouts (row-major; T rows of x, N output features, K input features, G = K / 32 groups):
+//   x       float32 (T, K)           activations
+//   y       float32 (T, N)           y = x @ W.T, written (not accumulated)
+//   w       float32 (N, K)           DenseMatrix
+//   codes   int8    (N, K)           Int8Matrix: w[n, k] = scales[n, g] * (codes[n, k] - offset) + mins[n, g]
+//   packed  uint8   (N, K / 2)       Int4Matrix, ggml nibble order: in group g (16 bytes from 16 g), byte j
+//                                    holds weight 32 g + j in its low nibble and weight 32 g + 16 + j in its
+//                                    high nibble; codes 0..15, minus offset (8 for q4_0, 0 for q4_1)
+//   scales  float32 (N, G)
+//   mins    float32 (N, G), or 0: no mins (address 0 is never a NumPy buffer)
+//
+// Two kinds of arithmetic:
+//   exact   codes become float32 in registers; a weight is scale * code (+ min) exactly as NumPy forms
+//           it, so products differ from NumPy's only in the order of float32 sums.
+//   fast    x is quantized to int16 per group of 32 (quantize_x: xq = round(x / d), d = max|x| / 32767);
+//           codes and xq meet in 16-bit integer dot products (i32x4.dot_i16x8_s), one float multiply
+//           per group. SIMD128 has no 8-bit dot product, so llama.cpp's int8 activations (q8_0) would be
+//           widened to 16 bits here anyway: they cost the same time and 600x the perplexity
+//           (docs/kernels.md has the measurements).
+// Many rows of x (prefill) go through a tile of weight rows expanded to float32 in the scratch buffer,
+// so each weight is decoded once for all T rows; a few rows (decode) are contracted group by group.
+
+#include <wasm_simd128.h>
+
+typedef signed char i8;
+typedef unsigned char u8;
+typedef int i32;
+
+#define EXPORT(name) __attribute__((export_name(#name)))
+#define GROUP 32
+
+// ---- helpers ----------------------------------------------------------------------------------------------
+
+static inline float hsum(v128_t v) {
+  v128_t s = wasm_f32x4_add(v, wasm_i32x4_shuffle(v, v, 2, 3, 0, 1));
+  s = wasm_f32x4_add(s, wasm_i32x4_shuffle(s, s, 1, 0, 3, 2));
+  return wasm_f32x4_extract_lane(s, 0);
+}
+
+// Small integers (|i| < 2^22) to float32, exactly: clang 14 scalarizes f32x4.convert_i32x4_s written
+// through the intrinsic when it can prove the lanes came from narrower integers; the float bit pattern
+// of 1.5 * 2^23 plus i is the float 1.5 * 2^23 + i.
+static inline v128_t small_to_f32(v128_t i) {
+  const v128_t magic = wasm_i32x4_splat(0x4B400000);
+  return wasm_f32x4_sub(wasm_i32x4_add(i, magic), wasm_f32x4_splat(12582912.0f));
+}
+
+// The 16 int8 codes of v as 4 float32 vectors, in order.
+#define CODES_TO_F32(v, f0, f1, f2, f3)                                      \
+  do {                                                                       \
+    v128_t lo16 = wasm_i16x8_extend_low_i8x16(v);                            \
+    v128_t hi16 = wasm_i16x8_extend_high_i8x16(v);                           \
+    f0 = small_to_f32(wasm_i32x4_extend_low_i16x8(lo16));                    \
+    f1 = small_to_f32(wasm_i32x4_extend_high_i16x8(lo16));                   \
+    f2 = small_to_f32(wasm_i32x4_extend_low_i16x8(hi16));                    \
+    f3 = small_to_f32(wasm_i32x4_extend_high_i16x8(hi16));                   \
+  } while (0)
+
+// The 32 codes of group g of a row, as two int8x16 vectors (weights 0..15, 16..31 of the group).
+static inline void load_q8(const i8 *row, i32 g, v128_t *a, v128_t *b) {
+  *a = wasm_v128_load(row + g * GROUP);
+  *b = wasm_v128_load(row + g * GROUP + 16);
+}
+
+static inline void load_q4(const u8 *row, i32 g, v128_t offset, v128_t *a, v128_t *b) {
+  v128_t p = wasm_v128_load(row + g * (GROUP / 2));
+  *a = wasm_i8x16_sub(wasm_v128_and(p, wasm_i8x16_splat(15)), offset);
+  *b = wasm_i8x16_sub(wasm_u8x16_shr(p, 4), offset);
+}
+
+// sum over groups of mins[g] * xs[g] (the mins' share of a row's product)
+static float mins_dot(const float *mins, const float *xs, i32 G) {
+  v128_t acc = wasm_f32x4_splat(0.0f);
+  i32 g = 0;
+  for (; g + 4 <= G; g += 4) acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_v128_load(mins + g), wasm_v128_load(xs + g)));
+  float s = hsum(acc);
+  for (; g < G; g++) s += mins[g] * xs[g];
+  return s;
+}
+
+// xs[t, g] = sum of x over group g of row t
+static void group_sums(const float *x, float *xs, i32 T, i32 K) {
+  i32 G = K / GROUP;
+  for (i32 t = 0; t < T; t++) {
+    for (i32 g = 0; g < G; g++) {
+      const float *p = x + (long)t * K + g * GROUP;
+      v128_t s = wasm_f32x4_add(wasm_f32x4_add(wasm_v128_load(p), wasm_v128_load(p + 4)),
+                                wasm_f32x4_add(wasm_v128_load(p + 8), wasm_v128_load(p + 12)));
+      s = wasm_f32x4_add(s, wasm_f32x4_add(wasm_f32x4_add(wasm_v128_load(p + 16), wasm_v128_load(p + 20)),
+                                           wasm_f32x4_add(wasm_v128_load(p + 24), wasm_v128_load(p + 28))));
+      xs[t * G + g] = hsum(s);
+    }
+  }
+}
+
+// ---- float32 products -------------------------------------------------------------------------------------
+
+// y[t, n] for 4 rows of w and 2 rows of x: 8 accumulators, each loaded value used twice or four times.
+static void tile_4x2(const float *x, i32 T, const float *w, i32 K, float *y, i32 ldy) {
+  (void)T;
+  const float *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K, *x0 = x, *x1 = x + K;
+  v128_t a00 = wasm_f32x4_splat(0), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+  i32 k = 0;
+  for (; k + 4 <= K; k += 4) {
+    v128_t u = wasm_v128_load(x0 + k), v = wasm_v128_load(x1 + k);
+    v128_t b0 = wasm_v128_load(w0 + k), b1 = wasm_v128_load(w1 + k);
+    v128_t b2 = wasm_v128_load(w2 + k), b3 = wasm_v128_load(w3 + k);
+    a00 = wasm_f32x4_add(a00, wasm_f32x4_mul(u, b0));
+    a01 = wasm_f32x4_add(a01, wasm_f32x4_mul(u, b1));
+    a02 = wasm_f32x4_add(a02, wasm_f32x4_mul(u, b2));
+    a03 = wasm_f32x4_add(a03, wasm_f32x4_mul(u, b3));
+    a10 = wasm_f32x4_add(a10, wasm_f32x4_mul(v, b0));
+    a11 = wasm_f32x4_add(a11, wasm_f32x4_mul(v, b1));
+    a12 = wasm_f32x4_add(a12, wasm_f32x4_mul(v, b2));
+    a13 = wasm_f32x4_add(a13, wasm_f32x4_mul(v, b3));
+  }
+  float s00 = hsum(a00), s01 = hsum(a01), s02 = hsum(a02), s03 = hsum(a03);
+  float s10 = hsum(a10), s11 = hsum(a11), s12 = hsum(a12), s13 = hsum(a13);
+  for (; k < K; k++) {
+    s00 += x0[k] * w0[k], s01 += x0[k] * w1[k], s02 += x0[k] * w2[k], s03 += x0[k] * w3[k];
+    s10 += x1[k] * w0[k], s11 += x1[k] * w1[k], s12 += x1[k] * w2[k], s13 += x1[k] * w3[k];
+  }
+  y[0] = s00, y[1] = s01, y[2] = s02, y[3] = s03;
+  y[ldy] = s10, y[ldy + 1] = s11, y[ldy + 2] = s12, y[ldy + 3] = s13;
+}
+
+// y[t, n] for 4 rows of w and one row of x (decoding: 4 independent sums, x loaded once for 4 rows).
+static void tile_4x1(const float *x, const float *w, i32 K, float *y) {
+  const float *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K;
+  v128_t a0 = wasm_f32x4_splat(0), a1 = a0, a2 = a0, a3 = a0;
+  i32 k = 0;
+  for (; k + 4 <= K; k += 4) {
+    v128_t u = wasm_v128_load(x + k);
+    a0 = wasm_f32x4_add(a0, wasm_f32x4_mul(u, wasm_v128_load(w0 + k)));
+    a1 = wasm_f32x4_add(a1, wasm_f32x4_mul(u, wasm_v128_load(w1 + k)));
+    a2 = wasm_f32x4_add(a2, wasm_f32x4_mul(u, wasm_v128_load(w2 + k)));
+    a3 = wasm_f32x4_add(a3, wasm_f32x4_mul(u, wasm_v128_load(w3 + k)));
+  }
+  float s0 = hsum(a0), s1 = hsum(a1), s2 = hsum(a2), s3 = hsum(a3);
+  for (; k < K; k++) s0 += x[k] * w0[k], s1 += x[k] * w1[k], s2 += x[k] * w2[k], s3 += x[k] * w3[k];
+  y[0] = s0, y[1] = s1, y[2] = s2, y[3] = s3;
+}
+
+static float dot(const float *x, const float *w, i32 K) {
+  v128_t a0 = wasm_f32x4_splat(0), a1 = a0;
+  i32 k = 0;
+  for (; k + 8 <= K; k += 8) {
+    a0 = wasm_f32x4_add(a0, wasm_f32x4_mul(wasm_v128_load(x + k), wasm_v128_load(w + k)));
+    a1 = wasm_f32x4_add(a1, wasm_f32x4_mul(wasm_v128_load(x + k + 4), wasm_v128_load(w + k + 4)));
+  }
+  float s = hsum(wasm_f32x4_add(a0, a1));
+  for (; k < K; k++) s += x[k] * w[k];
+  return s;
+}
+
+// y[:, 0:n] (row stride ldy) = x @ w[0:n].T
+static void dense_block(const float *x, i32 T, const float *w, i32 n, i32 K, float *y, i32 ldy) {
+  i32 r = 0;
+  for (; r + 4 <= n; r += 4) {
+    i32 t = 0;
+    for (; t + 2 <= T; t += 2) tile_4x2(x + (long)t * K, T, w + (long)r * K, K, y + (long)t * ldy + r, ldy);
+    for (; t < T; t++) tile_4x1(x + (long)t * K, w + (long)r * K, K, y + (long)t * ldy + r);
+  }
+  for (; r < n; r++)
+    for (i32 t = 0; t < T; t++) y[(long)t * ldy + r] = dot(x + (long)t * K, w + (long)r * K, K);
+}
+
+EXPORT(dense) void dense(const float *x, const float *w, float *y, i32 T, i32 N, i32 K) {
+  dense_block(x, T, w, N, K, y, N);
+}
+
+// ---- quantized, exact -------------------------------------------------------------------------------------
+
+// sum over the 32 weights of one group of code * x, as 4 lanes
+static inline v128_t group_dot_f32(v128_t a, v128_t b, const float *x) {
+  v128_t c0, c1, c2, c3, c4, c5, c6, c7;
+  CODES_TO_F32(a, c0, c1, c2, c3);
+  CODES_TO_F32(b, c4, c5, c6, c7);
+  v128_t p = wasm_f32x4_add(wasm_f32x4_mul(c0, wasm_v128_load(x)), wasm_f32x4_mul(c1, wasm_v128_load(x + 4)));
+  v128_t q = wasm_f32x4_add(wasm_f32x4_mul(c2, wasm_v128_load(x + 8)), wasm_f32x4_mul(c3, wasm_v128_load(x + 12)));
+  v128_t r = wasm_f32x4_add(wasm_f32x4_mul(c4, wasm_v128_load(x + 16)), wasm_f32x4_mul(c5, wasm_v128_load(x + 20)));
+  v128_t s = wasm_f32x4_add(wasm_f32x4_mul(c6, wasm_v128_load(x + 24)), wasm_f32x4_mul(c7, wasm_v128_load(x + 28)));
+  return wasm_f32x4_add(wasm_f32x4_add(p, q), wasm_f32x4_add(r, s));
+}
+
+// One group of codes expanded to float32 weights: out[0:32] = scale * code (+ min), as NumPy forms them.
+static inline void expand_group(v128_t a, v128_t b, float scale, float min, i32 has_min, float *out) {
+  v128_t c0, c1, c2, c3, c4, c5, c6, c7, s = wasm_f32x4_splat(scale), m = wasm_f32x4_splat(min);
+  CODES_TO_F32(a, c0, c1, c2, c3);
+  CODES_TO_F32(b, c4, c5, c6, c7);
+  c0 = wasm_f32x4_mul(c0, s), c1 = wasm_f32x4_mul(c1, s), c2 = wasm_f32x4_mul(c2, s), c3 = wasm_f32x4_mul(c3, s);
+  c4 = wasm_f32x4_mul(c4, s), c5 = wasm_f32x4_mul(c5, s), c6 = wasm_f32x4_mul(c6, s), c7 = wasm_f32x4_mul(c7, s);
+  if (has_min) {
+    c0 = wasm_f32x4_add(c0, m), c1 = wasm_f32x4_add(c1, m), c2 = wasm_f32x4_add(c2, m), c3 = wasm_f32x4_add(c3, m);
+    c4 = wasm_f32x4_add(c4, m), c5 = wasm_f32x4_add(c5, m), c6 = wasm_f32x4_add(c6, m), c7 = wasm_f32x4_add(c7, m);
+  }
+  wasm_v128_store(out, c0), wasm_v128_store(out + 4, c1), wasm_v128_store(out + 8, c2);
+  wasm_v128_store(out + 12, c3), wasm_v128_store(out + 16, c4), wasm_v128_store(out + 20, c5);
+  wasm_v128_store(out + 24, c6), wasm_v128_store(out + 28, c7);
+}
+
+// Rows of W per tile when many rows of x are multiplied: TILE_ROWS * K float32 in the scratch buffer.
+#define TILE_ROWS 16
+// Up to this many rows of x, codes are contracted group by group (no expansion).
+#define GROUPED_MAX_ROWS 4
+
+// The whole exact product for either code layout; `bits` is 8 (codes) or 4 (packed), a constant at each
+// call site, so each instantiation keeps only its own loads.
+__attribute__((always_inline)) static inline void quant_exact(i32 bits, const float *x, const void *weights, const float *scales,
+                               const float *mins, i32 offset, float *y, float *scratch, i32 T, i32 N, i32 K) {
+  const i32 G = K / GROUP, row_bytes = bits == 8 ? K : K / 2;
+  const v128_t off = wasm_i8x16_splat((i8)offset);
+  if (T <= GROUPED_MAX_ROWS) {
+    float *xs = scratch;  // (T, G) group sums of x, for the mins
+    if (mins) group_sums(x, xs, T, K);
+    for (i32 n = 0; n < N; n++) {
+      const u8 *row = (const u8 *)weights + (long)n * row_bytes;
+      const float *sc = scales + (long)n * G;
+      for (i32 t = 0; t < T; t++) {
+        const float *xt = x + (long)t * K;
+        v128_t acc = wasm_f32x4_splat(0);
+        for (i32 g = 0; g < G; g++) {
+          v128_t a, b;
+          if (bits == 8) load_q8((const i8 *)row, g, &a, &b), a = wasm_i8x16_sub(a, off), b = wasm_i8x16_sub(b, off);
+          else load_q4(row, g, off, &a, &b);
+          acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_splat(sc[g]), group_dot_f32(a, b, xt + g * GROUP)));
+        }
+        float s = hsum(acc);
+        if (mins) s += mins_dot(mins + (long)n * G, xs + t * G, G);
+        y[(long)t * N + n] = s;
+      }
+    }
+    return;
+  }
+  for (i32 r0 = 0; r0 < N; r0 += TILE_ROWS) {
+    i32 n = N - r0 < TILE_ROWS ? N - r0 : TILE_ROWS;
+    for (i32 r = 0; r < n; r++) {
+      const u8 *row = (const u8 *)weights + (long)(r0 + r) * row_bytes;
+      const float *sc = scales + (long)(r0 + r) * G, *mn = mins ? mins + (long)(r0 + r) * G : 0;
+      for (i32 g = 0; g < G; g++) {
+        v128_t a, b;
+        if (bits == 8) load_q8((const i8 *)row, g, &a, &b), a = wasm_i8x16_sub(a, off), b = wasm_i8x16_sub(b, off);
+        else load_q4(row, g, off, &a, &b);
+        expand_group(a, b, sc[g], mn ? mn[g] : 0.0f, mn != 0, scratch + (long)r * K + g * GROUP);
+      }
+    }
+    dense_block(x, T, scratch, n, K, y + r0, N);
+  }
+}
+
+EXPORT(q8_exact)
+void q8_exact(const float *x, const i8 *codes, const float *scales, const float *mins, i32 offset, float *y,
+              float *scratch, i32 T, i32 N, i32 K) {
+  quant_exact(8, x, codes, scales, mins, offset, y, scratch, T, N, K);
+}
+
+EXPORT(q4_exact)
+void q4_exact(const float *x, const u8 *packed, const float *scales, const float *mins, i32 offset, float *y,
+              float *scratch, i32 T, i32 N, i32 K) {
+  quant_exact(4, x, packed, scales, mins, offset, y, scratch, T, N, K);
+}
+
+// ---- quantized, fast (activations as int16) ---------------------------------------------------------------
+
+// x (T, K) -> xq int16 (T, K), d (T, G) with x ~ d * xq per group (d = max|x| / 32767), and
+// xs (T, G) the exact group sums of x (for the mins).
+EXPORT(quantize_x) void quantize_x(const float *x, short *xq, float *d, float *xs, i32 T, i32 K) {
+  const i32 G = K / GROUP;
+  for (i32 t = 0; t < T; t++) {
+    for (i32 g = 0; g < G; g++) {
+      const float *p = x + (long)t * K + g * GROUP;
+      v128_t v0 = wasm_v128_load(p), v1 = wasm_v128_load(p + 4), v2 = wasm_v128_load(p + 8);
+      v128_t v3 = wasm_v128_load(p + 12), v4 = wasm_v128_load(p + 16), v5 = wasm_v128_load(p + 20);
+      v128_t v6 = wasm_v128_load(p + 24), v7 = wasm_v128_load(p + 28);
+      v128_t m = wasm_f32x4_max(wasm_f32x4_max(wasm_f32x4_abs(v0), wasm_f32x4_abs(v1)),
+                                wasm_f32x4_max(wasm_f32x4_abs(v2), wasm_f32x4_abs(v3)));
+      m = wasm_f32x4_max(m, wasm_f32x4_max(wasm_f32x4_max(wasm_f32x4_abs(v4), wasm_f32x4_abs(v5)),
+                                           wasm_f32x4_max(wasm_f32x4_abs(v6), wasm_f32x4_abs(v7))));
+      m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 2, 3, 0, 1));
+      m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 1, 0, 3, 2));
+      float amax = wasm_f32x4_extract_lane(m, 0), dg = amax / 32767.0f;
+      v128_t inv = wasm_f32x4_splat(dg > 0.0f ? 1.0f / dg : 0.0f);
+#define Q(v) wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(v, inv)))
+      short *out = xq + (long)t * K + g * GROUP;
+      wasm_v128_store(out, wasm_i16x8_narrow_i32x4(Q(v0), Q(v1)));
+      wasm_v128_store(out + 8, wasm_i16x8_narrow_i32x4(Q(v2), Q(v3)));
+      wasm_v128_store(out + 16, wasm_i16x8_narrow_i32x4(Q(v4), Q(v5)));
+      wasm_v128_store(out + 24, wasm_i16x8_narrow_i32x4(Q(v6), Q(v7)));
+#undef Q
+      d[t * G + g] = dg;
+      v128_t s = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_add(v0, v1), wasm_f32x4_add(v2, v3)),
+                                wasm_f32x4_add(wasm_f32x4_add(v4, v5), wasm_f32x4_add(v6, v7)));
+      xs[t * G + g] = hsum(s);
+    }
+  }
+}
+
+// sum over one group of code * xq, as 4 int32 lanes (|code| <= 127, |xq| <= 32767: no overflow)
+static inline v128_t group_dot_i16(v128_t a, v128_t b, const short *xq) {
+  v128_t s = wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(a), wasm_v128_load(xq));
+  s = wasm_i32x4_add(s, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(a), wasm_v128_load(xq + 8)));
+  s = wasm_i32x4_add(s, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(b), wasm_v128_load(xq + 16)));
+  return wasm_i32x4_add(s, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(b), wasm_v128_load(xq + 24)));
+}
+
+// y = x @ W.T with x given by quantize_x (xq, d, xs); a few rows of x at a time (decoding).
+__attribute__((always_inline)) static inline void quant_fast(i32 bits, const short *xq, const float *d,
+                                                            const float *xs, const void *weights,
+                                                            const float *scales, const float *mins, i32 offset,
+                                                            float *y, i32 T, i32 N, i32 K) {
+  const i32 G = K / GROUP, row_bytes = bits == 8 ? K : K / 2;
+  const v128_t off = wasm_i8x16_splat((i8)offset);
+  for (i32 n = 0; n < N; n++) {
+    const u8 *row = (const u8 *)weights + (long)n * row_bytes;
+    const float *sc = scales + (long)n * G;
+    for (i32 t = 0; t < T; t++) {
+      const short *xt = xq + (long)t * K;
+      const float *dt = d + t * G;
+      v128_t acc = wasm_f32x4_splat(0);
+      for (i32 g = 0; g < G; g++) {
+        v128_t a, b;
+        if (bits == 8) load_q8((const i8 *)row, g, &a, &b), a = wasm_i8x16_sub(a, off), b = wasm_i8x16_sub(b, off);
+        else load_q4(row, g, off, &a, &b);
+        v128_t dotg = wasm_f32x4_convert_i32x4(group_dot_i16(a, b, xt + g * GROUP));
+        acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_splat(sc[g] * dt[g]), dotg));
+      }
+      float s = hsum(acc);
+      if (mins) s += mins_dot(mins + (long)n * G, xs + t * G, G);
+      y[(long)t * N + n] = s;
+    }
+  }
+}
+
+EXPORT(q8_fast)
+void q8_fast(const short *xq, const float *d, const float *xs, const i8 *codes, const float *scales,
+             const float *mins, i32 offset, float *y, i32 T, i32 N, i32 K) {
+  quant_fast(8, xq, d, xs, codes, scales, mins, offset, y, T, N, K);
+}
+
+EXPORT(q4_fast)
+void q4_fast(const short *xq, const float *d, const float *xs, const u8 *packed, const float *scales,
+             const float *mins, i32 offset, float *y, i32 T, i32 N, i32 K) {
+  quant_fast(4, xq, d, xs, packed, scales, mins, offset, y, T, N, K);
+}
