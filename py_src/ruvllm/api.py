@@ -161,6 +161,7 @@ def load(
     isq: str = "rtn",
     isq_format: str = "q4_1",
     threads: int | None = None,
+    kernels: str = "auto",
 ) -> Model:
     """Load a ruvllm (or plain Hugging Face safetensors) model folder with its tokenizer.
 
@@ -170,6 +171,9 @@ def load(
     nearest) or "awq" (activation-aware, calibrated on a short built-in text). isq_format: the 4-bit
     format ("q4_1" or "q4_0") float matrices get under compute "q4". threads: the most BLAS threads a
     prompt's products may use (default: the CPUs available; decoding always uses one; see threads.py).
+    kernels: what computes the matrix products: "auto" (a faster kernel provider where the runtime
+    offers one, NumPy otherwise; CPython offers none, its NumPy has a BLAS), "wasm" (the WebAssembly
+    SIMD kernels, only inside the npm package's Pyodide worker) or "numpy".
     """
     if not os.path.isdir(path):
         raise LoadError(f"{path}: model folder not found")
@@ -186,6 +190,7 @@ def load(
         calibration_ids=calibration,
         isq_format=isq_format,
         threads=threads,
+        kernels=kernels,
     )
     return Model(engine, tokenizer, eos_token_ids(path, engine, tokenizer))
 

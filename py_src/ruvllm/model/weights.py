@@ -14,6 +14,7 @@ from ..errors import InvalidArgumentError, LoadError
 from ..files.formats import GROUP, get_format
 from ..files.store import TensorStore, sanitize
 from ..quant.matrices import KERNELS, DenseMatrix, Int4Matrix, Int8Matrix
+from ..quant.provider import KernelProvider
 from .config import ModelConfig
 
 Matrix = DenseMatrix | Int8Matrix | Int4Matrix
@@ -97,11 +98,13 @@ class ComputeOptions:
       stays int8 under "q4"); float tensors are quantized at load (runtime quantization, round to
       nearest) to q8, or to `isq_format` under "q4".
     kernel: "blas" (best on CPython) or "einsum" (best in Pyodide); see matrices.py.
+    provider: a kernel provider (quant/provider.py) that computes the products instead of NumPy.
     """
 
     form: str = "f32"
     kernel: str = "blas"
     isq_format: str = "q4_1"
+    provider: KernelProvider | None = None
 
     def __post_init__(self) -> None:
         if self.form not in COMPUTE_FORMS:
@@ -129,10 +132,13 @@ def prepare_matrix(fmt: str, parts: dict[str, np.ndarray], shape: tuple[int, ...
     """A stored matrix in the compute form `options` asks for, never losing precision it has."""
     cls, values = compute_form(fmt, shape, options)
     if cls is DenseMatrix:
-        return DenseMatrix(get_format(fmt).dequantize(parts, shape), options.kernel)
-    if values != fmt:
-        parts = get_format(values).quantize(get_format(fmt).dequantize(parts, shape))
-    return cls.from_parts(values, parts, options.kernel)
+        matrix = DenseMatrix(get_format(fmt).dequantize(parts, shape), options.kernel)
+    else:
+        if values != fmt:
+            parts = get_format(values).quantize(get_format(fmt).dequantize(parts, shape))
+        matrix = cls.from_parts(values, parts, options.kernel)
+    matrix.use_provider(options.provider)
+    return matrix
 
 
 def load_weights(config: ModelConfig, store: TensorStore, options: ComputeOptions | None = None) -> Weights:

@@ -11,10 +11,11 @@ symmetric formats), so every storage format maps onto them without loss (formats
 
 Dimension letters: T rows of x, N output features, K input features, G = K / 32 groups.
 
-The matrix product itself has two kernels, picked per runtime at load: "blas" (`x @ W.T`, fastest
-where NumPy has a BLAS, i.e. CPython) and "einsum" (`np.einsum("tk,nk->tn")`: NumPy inside Pyodide
-has no BLAS and no SIMD, and there einsum runs 1.5-2x faster than `@`; measured, see
-docs/performance.md).
+A kernel provider (provider.py; the WebAssembly SIMD one inside Pyodide) may take over a matrix's
+product with `use_provider`. Otherwise NumPy computes it, with one of two kernels picked per runtime at
+load: "blas" (`x @ W.T`, fastest where NumPy has a BLAS, i.e. CPython) and "einsum"
+(`np.einsum("tk,nk->tn")`: NumPy inside Pyodide has no BLAS and no SIMD, and there einsum runs 1.5-2x
+faster than `@`; measured, see docs/performance.md).
 
 With "blas", a quantized matrix is multiplied tile by tile: a block of rows is cast to float32 into a
 buffer small enough to stay in the core's L2 cache, and BLAS multiplies it there. Memory traffic is
@@ -36,13 +37,24 @@ _EXPAND_ABOVE_ROWS = 4
 TILE_ELEMENTS = 1 << 18
 
 
+class ProviderSlot:
+    """Where a kernel provider (provider.py) puts a matrix's product; None: NumPy computes it."""
+
+    provider: object | None = None
+    _product = None
+
+    def use_provider(self, provider: object | None) -> None:
+        self.provider = provider
+        self._product = None if provider is None else provider.prepare(self)
+
+
 def dense_product(x: np.ndarray, w: np.ndarray, kernel: str) -> np.ndarray:
     if kernel == "einsum":
         return np.einsum("tk,nk->tn", x, w)  # (T, N)
     return x @ w.T  # (T, N)
 
 
-class DenseMatrix:
+class DenseMatrix(ProviderSlot):
     form = "f32"
 
     def __init__(self, weight: np.ndarray, kernel: str = "blas") -> None:
@@ -51,6 +63,8 @@ class DenseMatrix:
         self.shape = self.weight.shape
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self._product is not None:
+            return self._product(x)  # (T, N)
         return dense_product(x, self.weight, self.kernel)  # (T, N)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
@@ -68,7 +82,7 @@ class DenseMatrix:
         return shape[0] * shape[1] * 4
 
 
-class Int8Matrix:
+class Int8Matrix(ProviderSlot):
     """w = scales * codes (+ mins), codes int8, one scale (and min) per group of 32 along K."""
 
     form = "q8"
@@ -110,6 +124,8 @@ class Int8Matrix:
         return w.reshape(-1, K)  # (n, K)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
+        if self._product is not None:
+            return self._product(x)  # (T, N)
         T = x.shape[0]
         if self.kernel == "blas":
             return self._tiled(x) if T > _EXPAND_ABOVE_ROWS else self._tiled_grouped(x)

@@ -22,7 +22,8 @@ from ..model.config import ModelConfig
 from ..model.forward import forward
 from ..model.rope import inverse_frequencies
 from ..model.weights import ComputeOptions, Weights, load_weights
-from .planner import PREFILL_CHUNK, MemoryPlan, choose_compute
+from ..quant.provider import KernelProvider, resolve_kernels
+from .planner import FORM_ORDER, PREFILL_CHUNK, MemoryPlan, choose_compute, provider_form_order
 from .threads import BlasThreads
 
 DEFAULT_MAX_CONTEXT = 4096  # cache positions reserved at most by default (memory grows with it)
@@ -67,7 +68,9 @@ def resolve_context(config: ModelConfig, context_length: int | None) -> int:
 @dataclass(frozen=True)
 class LoadOptions:
     """How to load a model. compute: "auto" (the fastest form within `memory_budget`), "f32", "q8",
-    "q4", or ComputeOptions; kernel: None picks the one for this runtime."""
+    "q4", or ComputeOptions; kernel: None picks NumPy's for this runtime. kernels: "auto", "wasm" or
+    "numpy" (quant/provider.py), choosing between NumPy and `provider`, the kernel provider the runtime
+    offers (the Pyodide bridge passes the WebAssembly one)."""
 
     context_length: int | None = None
     compute: str | ComputeOptions = "auto"
@@ -78,11 +81,18 @@ class LoadOptions:
     isq_format: str = "q4_1"  # the 4-bit format float matrices get under compute "q4"
     calibration_ids: tuple[int, ...] | None = None  # token ids of a calibration text, for "awq"
     threads: int | None = None  # BLAS threads for prompt processing (threads.py); None: the available CPUs
+    kernels: str = "auto"
+    provider: KernelProvider | None = None
 
     def __post_init__(self) -> None:
         if self.isq not in ("rtn", "awq"):
             raise InvalidArgumentError(f"isq must be rtn or awq, got {self.isq!r}")
         BlasThreads(self.threads)  # a bad thread count is refused before the slow load
+        resolve_kernels(self.kernels, self.provider)  # a wrong choice is refused before the download
+
+    @property
+    def chosen_provider(self) -> KernelProvider | None:
+        return resolve_kernels(self.kernels, self.provider)
 
 
 def plan_for(config: ModelConfig, store: TensorStore, options: LoadOptions) -> MemoryPlan:
@@ -96,7 +106,8 @@ def plan_for(config: ModelConfig, store: TensorStore, options: LoadOptions) -> M
         for name, stored in sanitize(store.names()).items()
     }
     context = resolve_context(config, options.context_length)
-    return choose_compute(form, config, tensors, context, options.kv, options.memory_budget, isq_format)
+    order = FORM_ORDER if options.chosen_provider is None else provider_form_order(tensors.values())
+    return choose_compute(form, config, tensors, context, options.kv, options.memory_budget, isq_format, order)
 
 
 def _activation_aware(config: ModelConfig, store: TensorStore, compute: ComputeOptions, ids) -> tuple:
@@ -109,7 +120,7 @@ def _activation_aware(config: ModelConfig, store: TensorStore, compute: ComputeO
         )
     if not ids:
         raise InvalidArgumentError("isq='awq' needs calibration token ids")
-    dense = load_weights(config, store, ComputeOptions(form="f32", kernel=compute.kernel))
+    dense = load_weights(config, store, ComputeOptions(form="f32", kernel=compute.kernel, provider=compute.provider))
     return quantize_activation_aware(dense, config, compute, list(ids))
 
 
@@ -140,7 +151,8 @@ class Engine:
         plan = plan_for(config, store, options)
         compute = options.compute
         if not isinstance(compute, ComputeOptions):
-            compute = ComputeOptions(plan.compute, options.kernel or default_kernel(), options.isq_format)
+            kernel = options.kernel or default_kernel()
+            compute = ComputeOptions(plan.compute, kernel, options.isq_format, options.chosen_provider)
         report = None
         if options.isq == "awq" and compute.form != "f32":
             weights, report = _activation_aware(config, store, compute, options.calibration_ids)
@@ -149,9 +161,13 @@ class Engine:
         engine = cls(config, weights, options.context_length, options.kv, options.threads)
         engine.plan = plan
         engine.isq_report = report
+        if compute.provider is not None:
+            engine.kernels, engine.arithmetic = compute.provider.name, compute.provider.arithmetic
         return engine
 
     isq_report: list[dict] | None = None  # per group of matrices, after activation-aware quantization
+    kernels: str = "numpy"  # what computes the matrix products: "numpy", or the kernel provider's name
+    arithmetic: str = "exact"  # the provider's arithmetic (NumPy's is exact)
 
     def attach(self, wrappers: Wrappers) -> None:
         """Let `wrappers` (the LoRA adapters of learning.lora.AdapterSet) wrap the weights; they must hold
@@ -220,12 +236,22 @@ def load_engine(
     calibration_ids: list[int] | None = None,
     isq_format: str = "q4_1",
     threads: int | None = None,
+    kernels: str = "auto",
 ) -> Engine:
     """Load a model folder. See LoadOptions for the arguments."""
     if not os.path.isdir(folder):
         raise LoadError(f"{folder}: model folder not found")
     calibration = tuple(calibration_ids) if calibration_ids else None
     options = LoadOptions(
-        context_length, compute, memory_budget, kernel, kv or KVOptions(), isq, isq_format, calibration, threads
+        context_length,
+        compute,
+        memory_budget,
+        kernel,
+        kv or KVOptions(),
+        isq,
+        isq_format,
+        calibration,
+        threads,
+        kernels,
     )
     return Engine.from_store(read_config(folder), open_store(folder), options)

@@ -5,7 +5,10 @@ before anything is allocated, so a plan that cannot fit is refused before the do
     kv cache   at the configured context: float32 hot positions, int8/int4 cold ones, or the KV budget
     workspace  activations of one forward call over a prefill chunk (attention scores dominate)
 
-`choose_compute("auto", ...)` picks the fastest compute form whose plan fits a memory budget.
+`choose_compute("auto", ...)` picks the fastest compute form whose plan fits a memory budget. With NumPy
+that is float32 first (FORM_ORDER). With a kernel provider (quant/provider.py) quantized products are
+as fast as float32 ones or faster (docs/performance.md), so `provider_form_order` puts first the
+smallest form that keeps every stored matrix exactly.
 """
 
 from __future__ import annotations
@@ -15,11 +18,21 @@ from dataclasses import dataclass
 from ..errors import InvalidArgumentError, LoadError
 from ..model.cache import KVOptions
 from ..model.config import ModelConfig
-from ..model.weights import COMPUTE_FORMS, ComputeOptions, compute_form
+from ..model.weights import COMPUTE_FORMS, FLOAT_FORMATS, ComputeOptions, compute_form
 
 MiB = 2**20
 PREFILL_CHUNK = 256  # the most prompt positions per forward call (generate.py): bounds the attention workspace
-FORM_ORDER = ("f32", "q8", "q4")  # fastest first
+FORM_ORDER = ("f32", "q8", "q4")  # fastest first, with NumPy
+
+
+def provider_form_order(tensors) -> tuple[str, ...]:
+    """The order of forms to try with a kernel provider, given (storage format, shape) of every tensor:
+    "q4" first when no matrix is stored as float (a q4 compute form keeps q8 tensors as int8, so it
+    loses nothing), float32 first otherwise (a float model is not quantized unless asked, or unless only
+    a smaller form fits the budget)."""
+    if any(len(shape) == 2 and fmt in FLOAT_FORMATS for fmt, shape in tensors):
+        return FORM_ORDER
+    return ("q4", "q8", "f32")
 
 
 @dataclass(frozen=True)
@@ -116,16 +129,18 @@ def choose_compute(
     kv: KVOptions | None,
     memory_budget: int | None,
     isq_format: str = "q4_1",
+    order: tuple[str, ...] = FORM_ORDER,
 ) -> MemoryPlan:
-    """The plan for `compute` ("auto": the fastest form that fits `memory_budget`), or a LoadError."""
+    """The plan for `compute` ("auto": the first form of `order` that fits `memory_budget`), or a
+    LoadError."""
     if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
         raise InvalidArgumentError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
-    forms = FORM_ORDER if compute == "auto" else (compute,)
+    forms = order if compute == "auto" else (compute,)
     plans = [plan_memory(config, tensors, form, context_length, kv, isq_format) for form in forms]
     for plan in plans:
         if memory_budget is None or plan.total_bytes <= memory_budget:
             return plan
-    smallest = plans[-1]
+    smallest = min(plans, key=lambda p: p.total_bytes)
     advice = (
         "a smaller context_length" if compute == "auto" else "compute='auto', q8 or q4, or a smaller context_length"
     )

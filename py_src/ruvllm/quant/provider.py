@@ -1,0 +1,48 @@
+"""Kernel providers: a faster home for the matrix products of matrices.py, where the runtime has one.
+
+NumPy multiplies through a BLAS on CPython; inside Pyodide it has neither a BLAS nor SIMD. A kernel
+provider fills that gap: given a matrix, it returns the function that computes `x @ W.T` for it (or
+None to leave that matrix to NumPy). The NumPy kernels stay the reference, the fallback, and what
+CPython runs. The core never knows where a provider comes from: the Pyodide bridge builds the
+WebAssembly one (wasm.py) and passes it in with the load options.
+
+    kernels="auto"   the provider the runtime offers, if any; NumPy otherwise
+    kernels="wasm"   the WebAssembly SIMD provider; an error where the runtime has none
+    kernels="numpy"  NumPy only
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+
+KERNEL_CHOICES = ("auto", "wasm", "numpy")
+ARITHMETIC = ("exact", "fast")
+DEFAULT_ARITHMETIC = "fast"  # docs/kernels.md: 1.6x the decode speed of exact, +0.002% perplexity
+
+
+class KernelProvider(Protocol):
+    name: str  # as `kernels` names it: "wasm"
+    arithmetic: str  # "exact" or "fast" (see wasm.py)
+
+    def prepare(self, matrix: object) -> Callable[[np.ndarray], np.ndarray] | None:
+        """The product x (T, K) -> x @ W.T (T, N) for this matrix, or None to leave it to NumPy."""
+        ...
+
+
+def resolve_kernels(choice: str, offered: KernelProvider | None) -> KernelProvider | None:
+    """The provider `choice` asks for, given the one the runtime offers (None: NumPy only)."""
+    if choice not in KERNEL_CHOICES:
+        raise InvalidArgumentError(f"kernels must be one of {', '.join(KERNEL_CHOICES)}, got {choice!r}")
+    if choice == "numpy":
+        return None
+    if choice == "wasm" and offered is None:
+        raise InvalidArgumentError(
+            "kernels='wasm' needs the WebAssembly SIMD kernels, which run inside Pyodide (the npm package's "
+            "worker) on a runtime that supports SIMD128; this runtime has none: use kernels='auto' or 'numpy'"
+        )
+    return offered

@@ -1,0 +1,108 @@
+"""The WebAssembly SIMD kernel provider (kernels/kernels.c), driven from Python inside Pyodide.
+
+The module is instantiated by the worker on Pyodide's own WebAssembly.Memory, so a NumPy array's data
+pointer is an address the kernels read and write in place. This file only passes addresses and sizes:
+`exports` is anything whose attributes are the module's exported functions (a JsProxy in Pyodide), so
+nothing here imports `js`.
+
+A call from Python through JavaScript into wasm costs a few microseconds and a token makes a few hundred
+of them: every matrix's addresses are looked up once, when it is prepared, and the scratch buffer is
+kept between calls.
+
+Dimension letters: T rows of x, N output features, K input features, G = K / 32 groups.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from ..files.formats import GROUP
+from .matrices import DenseMatrix, Int4Matrix, Int8Matrix
+from .provider import ARITHMETIC
+
+# As kernels.c: weight rows per tile of a many-row product, and the most rows contracted group by group.
+TILE_ROWS = 16
+GROUPED_MAX_ROWS = 4
+
+
+def address(a: np.ndarray) -> int:
+    """Where the array's data starts in the WebAssembly memory (Pyodide: the NumPy data pointer)."""
+    return a.__array_interface__["data"][0]
+
+
+class WasmKernels:
+    """Matrix products through the kernels of kernels/kernels.c.
+
+    arithmetic "exact": codes become float32 in registers, each weight formed as NumPy forms it; results
+    differ from NumPy's only in the order of float32 sums. "fast": decoding products take x as int16 per
+    group of 32 and multiply in 16-bit integers; prefill products stay exact.
+    """
+
+    name = "wasm"
+
+    def __init__(self, exports: object, arithmetic: str = "exact") -> None:
+        if arithmetic not in ARITHMETIC:
+            raise InvalidArgumentError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
+        self.exports = exports
+        self.arithmetic = arithmetic
+        self._scratch = np.empty(0, dtype=np.float32)
+        self._scratch_at = address(self._scratch)
+
+    def scratch(self, floats: int) -> int:
+        """The address of a buffer of at least `floats` float32 values, kept for the next calls."""
+        if self._scratch.size < floats:
+            self._scratch = np.empty(max(floats, 2 * self._scratch.size), dtype=np.float32)
+            self._scratch_at = address(self._scratch)
+        return self._scratch_at
+
+    def prepare(self, matrix: object) -> Callable[[np.ndarray], np.ndarray] | None:
+        if isinstance(matrix, DenseMatrix):
+            return self._dense(matrix)
+        if isinstance(matrix, Int4Matrix):  # before Int8Matrix: it is a subclass
+            return self._quantized(matrix, matrix.packed, "q4")
+        if isinstance(matrix, Int8Matrix):
+            return self._quantized(matrix, matrix.codes, "q8")
+        return None
+
+    def _dense(self, m: DenseMatrix) -> Callable[[np.ndarray], np.ndarray]:
+        N, K = m.shape
+        w, dense = address(m.weight), self.exports.dense
+
+        def product(x: np.ndarray) -> np.ndarray:
+            x = np.ascontiguousarray(x, dtype=np.float32)  # (T, K)
+            y = np.empty((x.shape[0], N), dtype=np.float32)  # (T, N)
+            dense(address(x), w, address(y), x.shape[0], N, K)
+            return y
+
+        return product
+
+    def _quantized(self, m: Int8Matrix, codes: np.ndarray, kind: str) -> Callable[[np.ndarray], np.ndarray]:
+        N, K = m.shape
+        G = K // GROUP
+        w, scales = address(codes), address(m.scales)
+        mins = 0 if m.mins is None else address(m.mins)
+        offset = int(m.offset)
+        exact = getattr(self.exports, f"{kind}_exact")
+        fast = getattr(self.exports, f"{kind}_fast") if self.arithmetic == "fast" else None
+        quantize_x = self.exports.quantize_x
+
+        def product(x: np.ndarray) -> np.ndarray:
+            x = np.ascontiguousarray(x, dtype=np.float32)  # (T, K)
+            T = x.shape[0]
+            y = np.empty((T, N), dtype=np.float32)  # (T, N)
+            if fast is not None and T <= GROUPED_MAX_ROWS:
+                # scratch: xq int16 (T, K) as T * K / 2 floats, then d (T, G) and group sums (T, G)
+                xq = self.scratch(T * K // 2 + 2 * T * G)
+                d = xq + 2 * T * K
+                xs = d + 4 * T * G
+                quantize_x(address(x), xq, d, xs, T, K)
+                fast(xq, d, xs, w, scales, mins, offset, address(y), T, N, K)
+            else:
+                need = T * G if T <= GROUPED_MAX_ROWS else TILE_ROWS * K
+                exact(address(x), w, scales, mins, offset, address(y), self.scratch(need), T, N, K)
+            return y
+
+        return product
