@@ -2,7 +2,8 @@
  * `ruvllm-js`: the Node command of @ruvector/ruvllm.
  *
  *   ruvllm-js generate MODEL --prompt TEXT [--chat] [--system TEXT] [--max-tokens N] [--temperature T]
- *                     [--seed S] [--ignore-eos] [--json] [--pyodide DIR]
+ *                     [--seed S] [--ignore-eos] [--json] [--pyodide DIR] [--context-length N]
+ *                     [--compute auto|f32|q8|q4] [--kernels auto|wasm|numpy] [--arithmetic exact|fast]
  *
  * With --json it prints exactly the object `ruvllm generate --json` prints on CPython. The Pyodide
  * distribution comes from --pyodide, else RUVLLM_PYODIDE_DIST, else the `pyodide` package (NumPy from
@@ -15,7 +16,8 @@ import { RuvLLM, RuvLLMError } from './index.js';
 import { toPython } from './protocol.js';
 
 const USAGE = `usage: ruvllm-js generate MODEL --prompt TEXT [--chat] [--system TEXT] [--max-tokens N]
-                 [--temperature T] [--seed S] [--ignore-eos] [--json] [--pyodide DIR] [--context-length N]`;
+                 [--temperature T] [--seed S] [--ignore-eos] [--json] [--pyodide DIR] [--context-length N]
+                 [--compute auto|f32|q8|q4] [--kernels auto|wasm|numpy] [--arithmetic exact|fast]`;
 
 class UsageError extends Error {}
 
@@ -45,6 +47,9 @@ export function parse(argv) {
         json: { type: 'boolean', default: false },
         pyodide: { type: 'string' },
         'context-length': { type: 'string' },
+        compute: { type: 'string' }, // checked, with the other load options, by RuvLLM.load
+        kernels: { type: 'string' },
+        arithmetic: { type: 'string' },
         help: { type: 'boolean', default: false },
       },
     });
@@ -66,6 +71,7 @@ export function parse(argv) {
     json: values.json,
     pyodide: values.pyodide ?? process.env.RUVLLM_PYODIDE_DIST,
     contextLength: number(values['context-length'], 'context-length', true),
+    load: { compute: values.compute, kernels: values.kernels, arithmetic: values.arithmetic },
     options: {
       maxTokens: number(values['max-tokens'], 'max-tokens', true),
       temperature: number(values.temperature, 'temperature', false),
@@ -93,6 +99,7 @@ export async function main(argv = process.argv.slice(2), out = process.stdout, e
       model: args.model,
       pyodide: args.pyodide ? { indexURL: args.pyodide } : undefined,
       contextLength: args.contextLength,
+      ...args.load,
     });
     const messages = [
       ...(args.system !== undefined ? [{ role: 'system', content: args.system }] : []),

@@ -83,6 +83,18 @@ function checkLoadOptions(options) {
       `options.compute must be auto, f32, q8 or q4, got ${JSON.stringify(options.compute)}`,
     );
   }
+  if (options.kernels !== undefined && !['auto', 'wasm', 'numpy'].includes(options.kernels)) {
+    throw new RuvLLMError(
+      'invalid_argument',
+      `options.kernels must be auto, wasm or numpy, got ${JSON.stringify(options.kernels)}`,
+    );
+  }
+  if (options.arithmetic !== undefined && !['exact', 'fast'].includes(options.arithmetic)) {
+    throw new RuvLLMError(
+      'invalid_argument',
+      `options.arithmetic must be exact or fast, got ${JSON.stringify(options.arithmetic)}`,
+    );
+  }
   if (options.cache !== undefined && typeof options.cache !== 'boolean') {
     throw new RuvLLMError(
       'invalid_argument',

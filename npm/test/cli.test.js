@@ -29,6 +29,12 @@ test('arguments map onto load and generate options', () => {
     '--json',
     '--pyodide',
     '/p',
+    '--compute',
+    'q4',
+    '--kernels',
+    'wasm',
+    '--arithmetic',
+    'fast',
   ]);
   assert.deepEqual(args, {
     model: 'm/',
@@ -38,6 +44,7 @@ test('arguments map onto load and generate options', () => {
     json: true,
     pyodide: '/p',
     contextLength: undefined,
+    load: { compute: 'q4', kernels: 'wasm', arithmetic: 'fast' },
     options: { maxTokens: 12, temperature: 0, seed: 3, ignoreEos: true },
   });
 });

@@ -85,10 +85,28 @@ export interface LoadOptions {
   /** KV cache positions (default: the model's context, at most 4096). */
   contextLength?: number;
   /**
-   * How weights live in memory: 'f32' (fastest, 4 bytes/weight), 'q8' (~1.1), 'q4' (~0.6), or 'auto'
-   * (default): the fastest whose plan fits memoryBudget.
+   * How weights live in memory: 'f32' (4 bytes/weight), 'q8' (~1.1), 'q4' (~0.6), or 'auto' (default):
+   * with the WebAssembly kernels, the smallest form that keeps a quantized model's values exactly (q4 for
+   * a q4 model: also the fastest there); with NumPy's kernels, the fastest form (f32) that fits
+   * memoryBudget.
    */
   compute?: 'auto' | 'f32' | 'q8' | 'q4';
+  /**
+   * What computes the matrix products. 'auto' (default): this package's WebAssembly SIMD kernels where
+   * the runtime validates SIMD128 (every current browser and Node >= 20), NumPy otherwise
+   * (`info.kernelsNote` says why); 'wasm': the kernels, or a 'load' error saying why they cannot run;
+   * 'numpy': NumPy only (no BLAS and no SIMD inside Pyodide: several times slower on quantized weights).
+   * @example
+   * await RuvLLM.load({ model: url, kernels: 'numpy' }); // the reference path, e.g. to compare
+   */
+  kernels?: 'auto' | 'wasm' | 'numpy';
+  /**
+   * How the WebAssembly kernels multiply quantized weights while decoding. 'exact' (default): weights
+   * expanded to float32 in registers; the same tokens as CPython. 'fast': activations rounded to int8
+   * per group of 32 (as llama.cpp does); faster decoding, slightly different numbers (its perplexity
+   * cost is in docs/performance.md). Prompt processing is exact either way.
+   */
+  arithmetic?: 'exact' | 'fast';
   /** Bytes for weights + KV cache + workspace. Default in browsers: a quarter of navigator.deviceMemory. */
   memoryBudget?: number;
   /** The two-tier KV cache. */
@@ -208,6 +226,12 @@ export interface ModelInfo {
   fromCache: boolean;
   /** WebAssembly memory after loading: the peak, since it never shrinks. */
   heapBytes: number;
+  /** What computes the matrix products. */
+  kernels: 'wasm' | 'numpy';
+  /** The kernels' arithmetic ('exact' for NumPy). */
+  arithmetic: 'exact' | 'fast';
+  /** With kernels 'auto': why the WebAssembly kernels are not used, or null. */
+  kernelsNote: string | null;
 }
 
 /**

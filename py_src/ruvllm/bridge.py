@@ -7,10 +7,12 @@ returns a JSON string, `{"ok": value}` or `{"error": {"type", "message"}}` with 
 over Python objects instead: `take_engine()` and `take_files()`.
 
     new_loader()                                   -> ModelLoader
+    ModelLoader.offer_kernels(exports)             -> true (the WebAssembly SIMD kernels' exports, a JsProxy:
+                                                      before set_options, when the worker could start them)
     ModelLoader.set_config(config.json)            -> {architecture, max_position_embeddings}
     ModelLoader.set_tokenizer(tokenizer.json)      -> vocabulary size (the text of each chunk is made here)
-    ModelLoader.set_options({context_length, compute, memory_budget, kv: {hot_tokens, cold, budget_bytes,
-                             keep}})               -> true
+    ModelLoader.set_options({context_length, compute, memory_budget, kernels, arithmetic,
+                             kv: {hot_tokens, cold, budget_bytes, keep}}) -> true
     ModelLoader.add_header(name, size, bytes)      -> true (a weight file's first bytes: its header)
     ModelLoader.plan()                             -> the memory plan (a load error if it cannot fit)
     ModelLoader.begin_file({name, size, want_sha256})
@@ -51,6 +53,8 @@ from .learning.learn import adapt as learn_adapt
 from .learning.lora import DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
 from .model.cache import KVOptions
 from .model.config import ModelConfig
+from .quant.provider import ARITHMETIC, DEFAULT_ARITHMETIC
+from .quant.wasm import WasmKernels
 from .runtime.engine import Engine, LoadOptions, plan_for
 from .runtime.generate import GenerationOptions, Prefilling, generate_tokens
 from .text.detokenizer import StreamingDetokenizer, token_byte_table
@@ -100,6 +104,7 @@ class ModelLoader:
         self.options = LoadOptions()
         self.headers: dict[str, SafetensorsFile] = {}
         self.token_bytes: tuple[list[bytes], bool] | None = None  # set_tokenizer: the detokenizer's table
+        self.kernel_exports: object | None = None  # offer_kernels: the wasm module's exports
         self._engine: EngineHandle | None = None  # built, until take_engine()
 
     @_json_result
@@ -111,6 +116,12 @@ class ModelLoader:
         self.config = ModelConfig.from_dict(raw)
         c = self.config
         return {"architecture": c.architecture, "max_position_embeddings": c.max_position_embeddings}
+
+    @_json_result
+    def offer_kernels(self, exports: object) -> bool:
+        """The exports of the WebAssembly SIMD kernels, instantiated on Pyodide's memory (quant/wasm.py)."""
+        self.kernel_exports = exports
+        return True
 
     @_json_result
     def set_tokenizer(self, tokenizer_json: str) -> int:
@@ -125,9 +136,10 @@ class ModelLoader:
 
     @_json_result
     def set_options(self, options_json: str) -> bool:
-        """Load options: {context_length, compute, memory_budget, kv: {hot_tokens, cold, budget_bytes, keep}}."""
+        """Load options: {context_length, compute, memory_budget, kernels, arithmetic,
+        kv: {hot_tokens, cold, budget_bytes, keep}}."""
         raw = _request(options_json, "load options")
-        known = {"context_length", "compute", "memory_budget", "kv"}
+        known = {"context_length", "compute", "memory_budget", "kernels", "arithmetic", "kv"}
         unknown = set(raw) - known
         if unknown:
             raise InvalidArgumentError(f"unknown load option {sorted(unknown)[0]!r}")
@@ -137,11 +149,17 @@ class ModelLoader:
             raise InvalidArgumentError(f"kv options must be an object, got {kv_raw!r}")
         if set(kv_raw) - kv_known:
             raise InvalidArgumentError(f"unknown kv option {sorted(set(kv_raw) - kv_known)[0]!r}")
+        arithmetic = raw.get("arithmetic") or DEFAULT_ARITHMETIC
+        if arithmetic not in ARITHMETIC:
+            raise InvalidArgumentError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
+        offered = None if self.kernel_exports is None else WasmKernels(self.kernel_exports, arithmetic)
         self.options = LoadOptions(
             context_length=raw.get("context_length"),
             compute=raw.get("compute") or "auto",
             memory_budget=raw.get("memory_budget"),
             kv=KVOptions(**kv_raw),
+            kernels=raw.get("kernels") or "auto",
+            provider=offered,
         )
         return True
 
@@ -223,6 +241,8 @@ class ModelLoader:
             "parameters": count_parameters(store),
             "weight_bytes": engine.weights.nbytes,
             "plan": engine.plan.as_dict(),
+            "kernels": engine.kernels,
+            "arithmetic": engine.arithmetic,
         }
 
     def take_engine(self) -> EngineHandle:

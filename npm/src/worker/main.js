@@ -9,10 +9,11 @@
  */
 
 import { IS_NODE } from '../env.js';
-import { AbortError, RuvLLMError, serializeError } from '../errors.js';
+import { AbortError, RuvLLMError, serializeError, unwrap } from '../errors.js';
 import { GENERATION_OPTIONS, KV_OPTIONS, checkRequest } from '../protocol.js';
 import { createText } from '../text/index.js';
 import { readBytes, readJson, readText } from './files.js';
+import { startKernels } from './kernels.js';
 import { callBridge, heapBytes, startPython } from './python.js';
 import { loadWeights } from './weights.js';
 
@@ -59,10 +60,12 @@ async function load({ id, options }) {
 
   progress({ phase: 'runtime', loaded: 0, total: 0 });
   state.py = await startPython(options.pyodide ?? {});
+  const kernels = await startKernels(state.py, options.kernels);
   const bridge = state.py.pyimport('ruvllm.bridge');
   const loader = bridge.new_loader();
   bridge.destroy();
   try {
+    if (kernels.exports) unwrap(loader.offer_kernels(kernels.exports));
     callBridge(loader, 'set_config', JSON.stringify(config));
     callBridge(loader, 'set_tokenizer', JSON.stringify(tokenizerJson)); // the text of each chunk is made in Python
     callBridge(loader, 'set_options', loadOptions(options));
@@ -81,6 +84,7 @@ async function load({ id, options }) {
       downloadedBytes: download.total,
       fromCache: download.fromCache,
       heapBytes: heapBytes(state.py),
+      kernelsNote: kernels.reason, // why 'auto' runs NumPy's kernels, if it does
     };
     send({ type: 'loaded', id, info });
   } finally {
@@ -105,7 +109,14 @@ function loadOptions(options) {
   const deviceMemory = globalThis.navigator?.deviceMemory;
   const budget =
     options.memoryBudget ?? (IS_NODE || !deviceMemory ? undefined : Math.floor((deviceMemory * 2 ** 30) / 4));
-  return { contextLength: options.contextLength, compute: options.compute ?? 'auto', memoryBudget: budget, kv };
+  return {
+    contextLength: options.contextLength,
+    compute: options.compute ?? 'auto',
+    memoryBudget: budget,
+    kernels: options.kernels ?? 'auto',
+    arithmetic: options.arithmetic,
+    kv,
+  };
 }
 
 /** Token ids of a request: a chat (messages), raw text, or ids given as they are. */

@@ -75,7 +75,8 @@ async function loadPackages(py, from) {
   }
 }
 
-async function readPackageFile(relative) {
+/** A file of this package, by its path relative to this module (src/worker/ and browser/worker/ alike). */
+export async function readPackageFile(relative) {
   const url = new URL(relative, import.meta.url);
   if (IS_NODE && url.protocol === 'file:') {
     const [{ readFile }, { fileURLToPath }] = await Promise.all([import('node:fs/promises'), import('node:url')]);
