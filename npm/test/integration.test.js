@@ -59,6 +59,11 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
     const downloads = progress.filter((p) => p.phase === 'download');
     assert.equal(downloads.at(-1).loaded, downloads.at(-1).total);
     assert.ok(llm.info.heapBytes > 0 && llm.info.parameters === 134515008);
+    // By default the WebAssembly kernels compute, on the model's own q4 values (CPython: f32 with BLAS),
+    // with 'fast' arithmetic: the greedy tokens below equal CPython's (measured; its perplexity is within
+    // 0.002% of exact). 'exact' arithmetic guarantees them: tested below.
+    assert.deepEqual([llm.info.kernels, llm.info.arithmetic, llm.info.kernelsNote], ['wasm', 'fast', null]);
+    assert.equal(llm.info.plan.compute, 'q4');
   });
   after(async () => llm?.dispose());
 
@@ -312,6 +317,26 @@ describe('memory options in Pyodide under Node', { skip: SKIP }, () => {
       await llm.dispose();
     }
   });
+
+  for (const [options, described] of [
+    [{ arithmetic: 'exact' }, ['wasm', 'exact', 'q4']],
+    [{ kernels: 'numpy', compute: 'q4' }, ['numpy', 'exact', 'q4']],
+  ]) {
+    test(`${JSON.stringify(options)} gives the tokens CPython gives`, async () => {
+      const expected = await cpythonGreedy('Write a short poem about the sea.', true);
+      const other = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE, ...options });
+      try {
+        assert.deepEqual([other.info.kernels, other.info.arithmetic, other.info.plan.compute], described);
+        const chunks = await collect(other.generate(expected.prompt_token_ids, GREEDY));
+        assert.deepEqual(
+          chunks.map((c) => c.tokenId),
+          expected.token_ids,
+        );
+      } finally {
+        await other.dispose();
+      }
+    });
+  }
 
   test('a plan that cannot fit the memory budget fails before the download', async () => {
     const phases = [];

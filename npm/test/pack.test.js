@@ -29,7 +29,7 @@ before(async () => {
   await run('npm', ['install', '--no-audit', '--no-fund', '--loglevel=error', tarball], { cwd: project });
 });
 
-test('the installed package exports the API, its types and the wheel', async () => {
+test('the installed package exports the API, its types, the wheel and the kernels', async () => {
   const script = "import('@ruvector/ruvllm').then((m) => console.log(JSON.stringify(Object.keys(m).sort())))";
   const { stdout } = await run(process.execPath, ['-e', script], { cwd: project });
   assert.deepEqual(JSON.parse(stdout), ['AbortError', 'RuvLLM', 'RuvLLMError']);
@@ -37,6 +37,7 @@ test('the installed package exports the API, its types and the wheel', async () 
   for (const file of [
     'types/index.d.ts',
     'wheel/manifest.json',
+    'wasm/kernels.wasm',
     'bin/ruvllm-js.js',
     'browser/index.js',
     'browser/worker/main.js',

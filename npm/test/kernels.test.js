@@ -1,0 +1,105 @@
+// The WebAssembly SIMD kernels as the worker starts them (src/worker/kernels.js), and inside Pyodide:
+// products of every compute form against NumPy's, before and after Pyodide's memory grows. The
+// Pyodide part needs a local distribution (RUVLLM_PYODIDE_DIST or ~/.cache/ruvllm/pyodide/314.0.1).
+// tests/test_kernels.py checks the kernels' arithmetic in a plain wasm runtime, without Pyodide.
+import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
+import { describe, test } from 'node:test';
+
+import { RuvLLMError } from '../src/errors.js';
+import { startKernels } from '../src/worker/kernels.js';
+import { startPython } from '../src/worker/python.js';
+import { DIST, HAVE_DIST } from './support/dist.js';
+
+const BUILT = existsSync(new URL('../wasm/kernels.wasm', import.meta.url));
+const NOT_BUILT = BUILT ? false : 'the kernels are not built: ./build.sh kernels';
+const SKIP = !BUILT
+  ? NOT_BUILT
+  : HAVE_DIST
+    ? false
+    : `no local Pyodide distribution at ${DIST}: set RUVLLM_PYODIDE_DIST to a Pyodide 314.0.1 folder with NumPy (docs/pyodide.md says how to make one)`;
+
+/** A stand-in for Pyodide with only what startKernels reads: its memory. */
+const fakePyodide = (memory) => ({ _module: { memory } });
+
+describe('starting the kernels', { skip: NOT_BUILT }, () => {
+  test("'auto' and 'wasm' start them on the given memory; 'numpy' does not", async () => {
+    const memory = new WebAssembly.Memory({ initial: 4 });
+    for (const choice of ['auto', 'wasm']) {
+      const { exports, reason } = await startKernels(fakePyodide(memory), choice);
+      assert.equal(reason, null);
+      assert.equal(typeof exports.q4_exact, 'function');
+    }
+    assert.deepEqual(await startKernels(fakePyodide(memory), 'numpy'), { exports: null, reason: null });
+  });
+
+  test("without a reachable memory, 'auto' says why it runs NumPy and 'wasm' is a load error", async () => {
+    const auto = await startKernels(fakePyodide(undefined), 'auto');
+    assert.equal(auto.exports, null);
+    assert.match(auto.reason, /does not expose its WebAssembly memory/);
+    await assert.rejects(
+      startKernels(fakePyodide(undefined), 'wasm'),
+      (e) => e instanceof RuvLLMError && e.type === 'load' && /cannot use the WebAssembly kernels/.test(e.message),
+    );
+  });
+
+  test('a wrong choice is an invalid_argument error naming the choices', async () => {
+    await assert.rejects(
+      startKernels(fakePyodide(undefined), 'simd'),
+      (e) => e.type === 'invalid_argument' && /auto, wasm, numpy, got "simd"/.test(e.message),
+    );
+  });
+});
+
+// Every form, decoding (1 row) and prompt (40 rows) products, with the wasm provider and with NumPy;
+// then Pyodide's memory grows by ~1 GiB and the same prepared matrices multiply new arrays again.
+const PRODUCTS = `
+import numpy as np
+from ruvllm.files.formats import get_format
+from ruvllm.quant.matrices import DenseMatrix, Int4Matrix, Int8Matrix
+from ruvllm.quant.wasm import WasmKernels
+
+rng = np.random.default_rng(0)
+w = rng.standard_normal((200, 576)).astype(np.float32)
+matrices = [DenseMatrix(w, "einsum")]
+for fmt in ("q8", "q4_0", "q4_1"):
+    parts = get_format(fmt).quantize(w)
+    matrices.append(Int8Matrix.from_parts(fmt, parts, "einsum"))
+    if fmt != "q8":
+        matrices.append(Int4Matrix.from_parts(fmt, parts, "einsum"))
+provider = WasmKernels(kernel_exports)
+twins = []
+for m in matrices:
+    twin = type(m).__new__(type(m))
+    twin.__dict__.update(m.__dict__)
+    twin.use_provider(provider)
+    twins.append(twin)
+
+def worst_error():
+    """Largest |wasm - NumPy| / max|NumPy| over every form, for fresh x of 1 and 40 rows."""
+    worst = 0.0
+    for T in (1, 40):
+        x = rng.standard_normal((T, 576)).astype(np.float32)
+        for m, twin in zip(matrices, twins):
+            ref = m(x)
+            worst = max(worst, float(np.abs(twin(x) - ref).max() / np.abs(ref).max()))
+    return worst
+`;
+
+describe('the kernels inside Pyodide', { skip: SKIP }, () => {
+  test('products equal NumPy before and after the heap grows', async () => {
+    const py = await startPython({ indexURL: DIST });
+    const { exports } = await startKernels(py, 'wasm');
+    py.globals.set('kernel_exports', exports);
+    py.runPython(PRODUCTS);
+    const before = py.runPython('worst_error()');
+    const heapBefore = py._module.memory.buffer.byteLength;
+    py.runPython('ballast = np.ones(2**28, dtype=np.float32)'); // 1 GiB: the memory must grow
+    const heapAfter = py._module.memory.buffer.byteLength;
+    const after = py.runPython('worst_error()');
+    assert.ok(heapAfter > heapBefore + 2 ** 29, `the heap grew from ${heapBefore} to ${heapAfter}`);
+    assert.ok(before < 1e-5, `before growth: relative error ${before}`);
+    assert.ok(after < 1e-5, `after growth: relative error ${after}`);
+    py.runPython('del ballast');
+  });
+});

@@ -1,0 +1,131 @@
+"""The WebAssembly SIMD kernels (kernels/kernels.c) against NumPy's products (quant/matrices.py).
+
+The kernels run in Node's plain WebAssembly runtime (npm/test/support/kernels-harness.js), not in
+Pyodide, so these tests run wherever `./build.sh kernels` can build the module. Every compute form and
+awkward shapes: K not a multiple of 128, N = 1, a last partial tile of weight rows, 1 to 33 rows of x.
+
+Tolerances, per output y[t, n], with S = sum_k |x[t, k]| |w[n, k]|:
+- exact: |y - NumPy's y| <= 1e-5 S: both sum the same float32 products, in different orders.
+- fast: x is quantized per group of 32 to int16 (d = max|x| / 32767, xq = round(x / d)); the kernels must
+  compute exactly that scheme: |y - y_scheme| <= 1e-5 S, where y_scheme is worked out here in float64.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from ruvllm.files.formats import GROUP, get_format
+from ruvllm.quant.matrices import DenseMatrix, Int4Matrix, Int8Matrix
+
+from conftest import ROOT
+
+WASM = ROOT / "npm" / "wasm" / "kernels.wasm"
+HARNESS = ROOT / "npm" / "test" / "support" / "kernels-harness.js"
+pytestmark = pytest.mark.skipif(
+    not WASM.exists() or shutil.which("node") is None,
+    reason="the WebAssembly kernels are not built (./build.sh kernels) or node is missing",
+)
+
+QUANT_SHAPES = [(1, 32), (7, 96), (37, 160), (64, 576)]  # (N, K); 37 rows: 2 tiles of 16 and one of 5
+DENSE_SHAPES = [*QUANT_SHAPES, (5, 30), (3, 7)]  # float32 K need not be a multiple of 4
+ROWS = (1, 2, 4, 5, 17, 33)  # up to 4: contracted group by group; more: tiles expanded to float32
+
+
+def forms(w: np.ndarray):
+    """(label, matrix, kernel prefix, the bytes the kernel reads as the matrix) for every compute form."""
+    K = w.shape[1]
+    yield "f32", DenseMatrix(w), "dense", w
+    if K % GROUP:
+        return
+    for fmt in ("q8", "q4_0", "q4_1"):
+        parts = get_format(fmt).quantize(w)
+        m8 = Int8Matrix.from_parts(fmt, parts)
+        yield f"{fmt} as int8", m8, "q8", m8.codes
+        if fmt != "q8":
+            m4 = Int4Matrix.from_parts(fmt, parts)
+            yield f"{fmt} packed", m4, "q4", m4.packed
+
+
+def b64(a: np.ndarray) -> str:
+    return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()
+
+
+def run_kernels(cases: list[dict]) -> list[np.ndarray]:
+    request = json.dumps({"cases": cases})
+    done = subprocess.run(["node", str(HARNESS)], input=request, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    return [np.frombuffer(base64.b64decode(y), dtype=np.float32) for y in json.loads(done.stdout)]
+
+
+def case(call: str, m, weight_bytes: np.ndarray, x: np.ndarray) -> dict:
+    arrays = {"x": b64(x), "w": b64(weight_bytes)}
+    if call != "dense":
+        arrays["scales"] = b64(m.scales)
+        if m.mins is not None:
+            arrays["mins"] = b64(m.mins)
+    N, K = m.shape
+    return {"call": call, "T": x.shape[0], "N": N, "K": K, "offset": int(getattr(m, "offset", 0)), "arrays": arrays}
+
+
+def quantized_x(x: np.ndarray) -> np.ndarray:
+    """x as the fast kernels see it: d * round(x / d) per group of 32, d and x / d in float32 as the kernel
+    forms them."""
+    T, K = x.shape
+    g = x.reshape(T, K // GROUP, GROUP)
+    d = np.abs(g).max(axis=-1, keepdims=True) / np.float32(32767)  # (T, G, 1) float32
+    inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
+    xq = np.rint(g * inv)  # (T, G, 32), round half to even like f32x4.nearest
+    return (xq.astype(np.float64) * d).reshape(T, K)
+
+
+def test_every_form_and_awkward_shapes_match_numpy():
+    rng = np.random.default_rng(0)
+    cases, expected = [], []
+    for N, K in DENSE_SHAPES:
+        w = rng.standard_normal((N, K)).astype(np.float32)
+        for T in ROWS:
+            x = rng.standard_normal((T, K)).astype(np.float32)
+            for label, m, prefix, weight_bytes in forms(w):
+                W = m.dequantize().astype(np.float64)  # (N, K), the values NumPy computes with
+                S = np.abs(x.astype(np.float64)) @ np.abs(W).T  # (T, N)
+                calls = ["dense"] if prefix == "dense" else [f"{prefix}_exact", f"{prefix}_fast"]
+                for call in calls:
+                    if call.endswith("_fast"):
+                        xf = quantized_x(x)
+                        reference, scale = xf @ W.T, np.abs(xf) @ np.abs(W).T
+                        # the mins meet exact group sums of x, not the quantized ones
+                        if m.mins is not None:
+                            G = K // GROUP
+                            dx = (x.astype(np.float64) - xf).reshape(T, G, GROUP).sum(-1)  # (T, G)
+                            reference += dx @ m.mins.astype(np.float64).T
+                    else:
+                        reference, scale = m(x).astype(np.float64), S
+                    cases.append(case(call, m, weight_bytes, x))
+                    expected.append((f"{label} {call} T={T} N={N} K={K}", reference, scale))
+    results = run_kernels(cases)
+    assert len(results) == len(expected)
+    wrong = []
+    for got, (name, reference, scale) in zip(results, expected, strict=True):
+        err = np.abs(got.reshape(reference.shape) - reference)
+        if not np.all(err <= 1e-5 * scale + 1e-30):
+            wrong.append(f"{name}: error {err.max():.3g}, allowed {1e-5 * scale.max():.3g}")
+    assert wrong == []
+
+
+def test_the_fast_arithmetic_is_close_to_the_exact_one():
+    """The price of fast: x rounded to 16 bits per group costs at most half a step of each group's scale."""
+    rng = np.random.default_rng(1)
+    w = rng.standard_normal((64, 576)).astype(np.float32)
+    x = rng.standard_normal((1, 576)).astype(np.float32)
+    m = Int4Matrix.from_parts("q4_1", get_format("q4_1").quantize(w))
+    exact, fast = run_kernels([case("q4_exact", m, m.packed, x), case("q4_fast", m, m.packed, x)])
+    step = np.abs(x).reshape(18, 32).max(-1) / 32767  # (G,) each group's quantization step of x
+    bound = (np.abs(m.dequantize() - m.mins.repeat(32, axis=1)).reshape(64, 18, 32).sum(-1) @ (step / 2)) * 1.001
+    assert np.all(np.abs(fast - exact) <= bound + 1e-4)
+    assert not np.array_equal(fast, exact)  # it is an approximation, and the test can tell
