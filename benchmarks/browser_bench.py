@@ -3,6 +3,11 @@ same GGUF-derived model, same prompt, greedy, in the same headless Chromium, in 
 
     (cd benchmarks/browser && npm install)      # the wllama peer, from the npm registry
     .venv/bin/python benchmarks/browser_bench.py [--prompt-length 128] [--gen-length 64] [--runs 2] [--json OUT]
+        [--configs q4:wasm:fast,q4:wasm:exact,f32:numpy] [--model /models/NAME/ --no-peer]
+
+Each ruvllm config is COMPUTE:KERNELS[:ARITHMETIC] (the load options compute, kernels, arithmetic).
+--model serves another folder of models/ (e.g. a synthetic one from benchmarks/synthetic_model.py);
+--no-peer skips wllama (which needs the GGUF of the demo model).
 
 Needs the demo model (./build.sh), a local Pyodide distribution (docs/pyodide.md) and Debian's chromium.
 """
@@ -44,7 +49,9 @@ def main() -> None:
     parser.add_argument("--prompt-length", type=int, default=128)
     parser.add_argument("--gen-length", type=int, default=64)
     parser.add_argument("--runs", type=int, default=2)
-    parser.add_argument("--compute", default="f32")
+    parser.add_argument("--configs", default="q4:wasm:fast,q4:wasm:exact,q4:numpy,f32:numpy")
+    parser.add_argument("--model", default=MODEL)
+    parser.add_argument("--no-peer", action="store_true")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
 
@@ -71,10 +78,14 @@ def main() -> None:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=serve.CHROMIUM_ARGS)
         version = browser.version
         for run in range(args.runs):
-            for page_name, model in (("ruvllm.html", MODEL), ("wllama.html", GGUF)):
+            pages = [("ruvllm.html", args.model, config.split(":")) for config in args.configs.split(",")]
+            if not args.no_peer:
+                pages.append(("wllama.html", GGUF, []))
+            for page_name, model, config in pages:
                 context = browser.new_context()
                 page = context.new_page()
-                query = urlencode({"prompt": prompt, "gen": args.gen_length, "model": model, "compute": args.compute})
+                options = dict(zip(("compute", "kernels", "arithmetic"), config, strict=False))
+                query = urlencode({"prompt": prompt, "gen": args.gen_length, "model": model, **options})
                 page.goto(f"{base}/bench/{page_name}?{query}")
                 page.wait_for_function("window.__result !== undefined", timeout=600_000)
                 result = page.evaluate("window.__result")
@@ -91,19 +102,29 @@ def main() -> None:
     for r in results:  # best run of each engine: the machine is shared and noisy
         if r["engine"] not in best or r["decode_tok_s"] > best[r["engine"]]["decode_tok_s"]:
             best[r["engine"]] = r
-    ours, peer = best["ruvllm (Pyodide)"], best["wllama (llama.cpp wasm, 1 thread)"]
+    peer = best.get("wllama (llama.cpp wasm, 1 thread)")
     print(
-        f"\nChromium {version}; {args.prompt_length}-token prompt, {args.gen_length} greedy tokens; best of {args.runs}"
+        f"\nChromium {version}; {args.model}; {args.prompt_length}-token prompt, {args.gen_length} greedy tokens;"
+        f" best of {args.runs}"
     )
-    print(f"{'':22s}{'ruvllm (Pyodide)':>20s}{'wllama 1 thread':>20s}")
-    for key, label in (
-        ("load_ms", "load (ms)"),
-        ("prefill_ms", "prefill (ms)"),
-        ("ttft_ms", "TTFT (ms)"),
-        ("decode_tok_s", "decode (tok/s)"),
+    names = list(best)
+    print(f"{'':18s}" + "".join(f"{name.replace('(llama.cpp wasm, 1 thread)', '1 thread'):>24s}" for name in names))
+    for key, label, scale in (
+        ("load_ms", "load (ms)", 1),
+        ("prefill_ms", "prefill (ms)", 1),
+        ("ttft_ms", "TTFT (ms)", 1),
+        ("decode_tok_s", "decode (tok/s)", 1),
+        ("heap_bytes", "wasm heap (MiB)", 2**-20),
     ):
-        print(f"{label:22s}{ours[key]:>20.1f}{peer[key]:>20.1f}")
-    print(f"decode ratio ruvllm / wllama: {ours['decode_tok_s'] / peer['decode_tok_s']:.2f}x (target >= 1.0)")
+        cells = [best[n].get(key) for n in names]
+        print(f"{label:18s}" + "".join(f"{c * scale:>24.1f}" if c else f"{'-':>24s}" for c in cells))
+    if peer:
+        for name in names[:-1] if names[-1] == "wllama (llama.cpp wasm, 1 thread)" else names:
+            r = best[name]
+            print(
+                f"{name} / wllama: decode {r['decode_tok_s'] / peer['decode_tok_s']:.2f}x,"
+                f" prefill speed {peer['prefill_ms'] / r['prefill_ms']:.2f}x"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps({"chromium": version, "runs": results, "best": best}, indent=1))
 

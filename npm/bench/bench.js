@@ -1,8 +1,13 @@
 // npm run bench: prefill, TTFT, decode speed and memory of a model in Pyodide under Node (through this
-// package), beside `ruvllm bench` on CPython with the same prompt and options, measured in the same run.
+// package), beside `ruvllm bench` on CPython with the same prompt, measured in the same run.
 //
 //   RUVLLM_PYODIDE_DIST=... npm run bench -- [--model DIR] [--prompt-length N] [--gen-length M]
-//        [--compute auto|f32|q8|q4] [--hot-tokens H --cold int8|int4] [--json]
+//        [--compute auto,f32,q8,q4] [--kernels auto,wasm,numpy] [--arithmetic exact,fast]
+//        [--cpython-compute f32] [--hot-tokens H --cold int8|int4] [--json]
+//
+// --compute, --kernels and --arithmetic take comma-separated lists: Pyodide runs every combination
+// (arithmetic only matters to the wasm kernels). CPython runs with --cpython-compute (default f32, its
+// fastest form with OpenBLAS), on 1 thread and on 2.
 import { execFile } from 'node:child_process';
 import { existsSync, readFileSync } from 'node:fs';
 import { join, resolve } from 'node:path';
@@ -19,6 +24,9 @@ const { values } = parseArgs({
     'prompt-length': { type: 'string', default: '128' },
     'gen-length': { type: 'string', default: '64' },
     compute: { type: 'string', default: 'auto' },
+    kernels: { type: 'string', default: 'auto' },
+    arithmetic: { type: 'string', default: 'fast' },
+    'cpython-compute': { type: 'string', default: 'f32' },
     'hot-tokens': { type: 'string' },
     cold: { type: 'string', default: 'int8' },
     json: { type: 'boolean', default: false },
@@ -36,12 +44,14 @@ if (!existsSync(join(values.pyodide, 'pyodide.asm.wasm'))) {
   process.exit(1);
 }
 
-async function pyodideRun() {
+async function pyodideRun(compute, kernels, arithmetic) {
   const started = performance.now();
   const llm = await RuvLLM.load({
     model: values.model,
     pyodide: { indexURL: values.pyodide },
-    compute: values.compute,
+    compute,
+    kernels,
+    arithmetic,
     kv: HOT ? { hotTokens: HOT, cold: values.cold } : undefined,
   });
   const loadMs = performance.now() - started;
@@ -54,8 +64,9 @@ async function pyodideRun() {
   const kv = await llm.cacheStats();
   const info = llm.info;
   await llm.dispose();
+  const how = info.kernels === 'wasm' ? `wasm ${info.arithmetic}` : 'numpy';
   return {
-    runtime: 'Pyodide (Node)',
+    runtime: `Pyodide ${info.plan.compute} ${how}`,
     compute: info.plan.compute,
     load_ms: loadMs,
     prompt_tokens: ids.length,
@@ -82,7 +93,7 @@ async function cpythonRun(threads) {
     '--gen-length',
     String(GEN),
     '--compute',
-    values.compute,
+    values['cpython-compute'],
     '--format',
     'json',
   ];
@@ -95,7 +106,15 @@ async function cpythonRun(threads) {
   };
 }
 
-const results = [await cpythonRun(1), await pyodideRun(), await cpythonRun(2)];
+const list = (name) => values[name].split(',');
+const pyodideRuns = [];
+for (const compute of list('compute'))
+  for (const kernels of list('kernels'))
+    for (const arithmetic of kernels === 'numpy' ? ['exact'] : list('arithmetic'))
+      pyodideRuns.push([compute, kernels, arithmetic]);
+const results = [await cpythonRun(1)];
+for (const run of pyodideRuns) results.push(await pyodideRun(...run));
+results.push(await cpythonRun(2));
 if (values.json) {
   console.log(JSON.stringify(results, null, 1));
 } else {
@@ -114,12 +133,14 @@ if (values.json) {
   const table = [header, ...rows.map(([name, f]) => [name, ...results.map(f)])];
   const widths = header.map((_, i) => Math.max(...table.map((r) => r[i].length)));
   console.log(
-    `model ${values.model}; ${PROMPT}-token prompt, ${GEN} greedy tokens; compute ${values.compute}${HOT ? `; KV ${HOT} hot + ${values.cold}` : ''}`,
+    `model ${values.model}; ${PROMPT}-token prompt, ${GEN} greedy tokens${HOT ? `; KV ${HOT} hot + ${values.cold}` : ''}`,
   );
   for (const row of table)
     console.log(row.map((cell, i) => (i ? cell.padStart(widths[i]) : cell.padEnd(widths[i]))).join('  '));
-  const [cpu1, pyo] = results;
-  console.log(
-    `\nPyodide / CPython (1 thread): decode ${(pyo.decode_tok_s / cpu1.decode_tok_s).toFixed(2)}x, prefill time ${(pyo.prefill_ms / cpu1.prefill_ms).toFixed(1)}x`,
-  );
+  const cpu1 = results[0];
+  console.log('');
+  for (const pyo of results.slice(1, -1))
+    console.log(
+      `${pyo.runtime} / CPython ${cpu1.compute} 1 thread: decode ${(pyo.decode_tok_s / cpu1.decode_tok_s).toFixed(2)}x, prefill time ${(pyo.prefill_ms / cpu1.prefill_ms).toFixed(1)}x`,
+    );
 }
