@@ -3,11 +3,12 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
-from ruvllm.errors import LoadError
+from ruvllm.errors import InvalidArgumentError, LoadError
 from ruvllm.model.cache import KVOptions
-from ruvllm.runtime.engine import LoadOptions, load_engine, open_store, plan_for, read_config
+from ruvllm.runtime.engine import Engine, LoadOptions, load_engine, open_store, plan_for, read_config
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
 from conftest import tiny_model
@@ -66,3 +67,53 @@ def test_a_two_tier_cache_stays_within_its_planned_bytes(tmp_path):
     steps = list(generate_tokens(engine, prompt, options, cache=cache))
     assert steps[-1].finish_reason == "length", cache.length
     assert cache.nbytes <= engine.plan.kv_bytes
+
+
+class CountingProvider:
+    """A kernel provider that computes with NumPy and counts what it was given (quant/provider.py)."""
+
+    name, arithmetic = "counting", "exact"
+
+    def __init__(self) -> None:
+        self.prepared, self.calls = [], 0
+
+    def prepare(self, matrix):
+        self.prepared.append(matrix)
+        w = matrix.dequantize().astype(np.float32)
+
+        def product(x):
+            self.calls += 1
+            return x @ w.T
+
+        return product
+
+
+def test_with_a_kernel_provider_auto_keeps_a_quantized_model_in_its_own_form(smollm2_dir, tmp_path):
+    config, store = read_config(str(smollm2_dir)), open_store(str(smollm2_dir), header_only=True)
+    provider = CountingProvider()
+    assert plan_for(config, store, LoadOptions(provider=provider)).compute == "q4"  # q4_1 layers, q8 embedding
+    assert plan_for(config, store, LoadOptions(provider=provider, kernels="numpy")).compute == "f32"
+    tiny_model("llama", tmp_path)  # float32 weights: not quantized unless asked
+    tiny_config, tiny_store = read_config(str(tmp_path)), open_store(str(tmp_path), header_only=True)
+    assert plan_for(tiny_config, tiny_store, LoadOptions(provider=provider)).compute == "f32"
+
+
+def test_the_engine_computes_every_product_through_the_provider(tmp_path):
+    tiny_model("llama", tmp_path)
+    provider = CountingProvider()
+    engine = Engine.from_store(read_config(str(tmp_path)), open_store(str(tmp_path)), LoadOptions(provider=provider))
+    reference = load_engine(str(tmp_path), kernels="numpy")
+    assert engine.kernels == "counting" and reference.kernels == "numpy"
+    assert {id(m) for m in provider.prepared} == {id(m) for m in engine.weights.matrices()}
+    options = GenerationOptions.from_kwargs(max_tokens=8, temperature=0, ignore_eos=True)
+    ids = [s.token_id for s in generate_tokens(engine, [1, 2, 3], options)]
+    assert ids == [s.token_id for s in generate_tokens(reference, [1, 2, 3], options)]
+    assert provider.calls >= 8 * (7 * engine.config.num_hidden_layers + 1)  # every projection of every step
+
+
+def test_kernels_must_be_a_known_choice_and_wasm_needs_a_runtime_that_offers_it(tmp_path):
+    tiny_model("llama", tmp_path)
+    with pytest.raises(InvalidArgumentError, match=r"kernels must be one of auto, wasm, numpy, got 'simd'"):
+        load_engine(str(tmp_path), kernels="simd")
+    with pytest.raises(InvalidArgumentError, match=r"kernels='wasm' needs the WebAssembly SIMD kernels, which run"):
+        load_engine(str(tmp_path), kernels="wasm")

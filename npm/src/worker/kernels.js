@@ -19,39 +19,30 @@ export const KERNEL_CHOICES = Object.freeze(['auto', 'wasm', 'numpy']);
  * before the kernels touch Pyodide's memory.
  */
 function selfTest(module) {
-  const memory = new WebAssembly.Memory({ initial: 2 }); // the module asks for 2 pages;
+  const memory = new WebAssembly.Memory({ initial: 2 }); // the module declares a minimum of 2 pages
   const { exports } = new WebAssembly.Instance(module, { env: { memory } });
   const f32 = new Float32Array(memory.buffer);
   const u8 = new Uint8Array(memory.buffer);
-  const X = 0,
-    W = 1024,
-    SCALES = 2048,
-    MINS = 2064,
-    Y = 2080,
-    SCRATCH = 4096,
-    DENSE = 8192; // byte addresses
+  const at = { x: 0, packed: 1024, scales: 2048, mins: 2064, y: 2080, scratch: 4096, dense: 8192 }; // bytes
   const code = (n, k) => (n === 0 ? k % 16 : 15 - (k % 16));
-  for (let t = 0; t < 5; t++) for (let k = 0; k < 32; k++) f32[X / 4 + t * 32 + k] = k + 1;
+  for (let t = 0; t < 5; t++) for (let k = 0; k < 32; k++) f32[at.x / 4 + t * 32 + k] = k + 1;
   for (let n = 0; n < 2; n++) {
-    for (let j = 0; j < 16; j++) u8[W + n * 16 + j] = code(n, j) | (code(n, j + 16) << 4);
-    f32[SCALES / 4 + n] = 0.5;
-    f32[MINS / 4 + n] = -1;
-    for (let k = 0; k < 32; k++) f32[DENSE / 4 + n * 32 + k] = 0.5 * code(n, k) - 1;
+    for (let j = 0; j < 16; j++) u8[at.packed + n * 16 + j] = code(n, j) | (code(n, j + 16) << 4);
+    f32[at.scales / 4 + n] = 0.5;
+    f32[at.mins / 4 + n] = -1;
+    for (let k = 0; k < 32; k++) f32[at.dense / 4 + n * 32 + k] = 0.5 * code(n, k) - 1;
   }
   const expected = [0, 1].map((n) => {
     let s = 0;
     for (let k = 0; k < 32; k++) s += (k + 1) * (0.5 * code(n, k) - 1);
     return s;
   });
-  const runs = [
-    () => exports.q4_exact(X, W, SCALES, MINS, 0, Y, SCRATCH, 1, 2, 32),
-    () => exports.q4_exact(X, W, SCALES, MINS, 0, Y, SCRATCH, 5, 2, 32),
-    () => exports.dense(X, DENSE, Y, 1, 2, 32),
-  ];
+  const q4 = (rows) => exports.q4_exact(at.x, at.packed, at.scales, at.mins, 0, at.y, at.scratch, rows, 2, 32);
+  const runs = [() => q4(1), () => q4(5), () => exports.dense(at.x, at.dense, at.y, 1, 2, 32)];
   for (const run of runs) {
-    f32.fill(NaN, Y / 4, Y / 4 + 10);
+    f32.fill(NaN, at.y / 4, at.y / 4 + 10);
     run();
-    for (let i = 0; i < 2; i++) if (f32[Y / 4 + i] !== expected[i]) return false;
+    for (let i = 0; i < 2; i++) if (f32[at.y / 4 + i] !== expected[i]) return false;
   }
   return true;
 }

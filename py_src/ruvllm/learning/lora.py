@@ -342,6 +342,8 @@ class AdapterSet:
             for module in adapter.A:
                 lin = linear_of(self.weights, module)
                 if lin.matrix is self.weights.embed_tokens:  # a tied output projection gets its own copy first
-                    lin.matrix = DenseMatrix(lin.matrix.weight.copy(), lin.matrix.kernel)
+                    copy = DenseMatrix(lin.matrix.weight.copy(), lin.matrix.kernel)
+                    copy.use_provider(lin.matrix.provider)  # its products run where the original's did
+                    lin.matrix = copy
                 lin.matrix.weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])
             self.merges += 1

@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..files.formats import GROUP
 from .matrices import DenseMatrix, Int4Matrix, Int8Matrix
-from .provider import ARITHMETIC
+from .provider import ARITHMETIC, DEFAULT_ARITHMETIC
 
 # As kernels.c: weight rows per tile of a many-row product, and the most rows contracted group by group.
 TILE_ROWS = 16
@@ -39,11 +39,14 @@ class WasmKernels:
     arithmetic "exact": codes become float32 in registers, each weight formed as NumPy forms it; results
     differ from NumPy's only in the order of float32 sums. "fast": decoding products take x as int16 per
     group of 32 and multiply in 16-bit integers; prefill products stay exact.
+
+    One scratch buffer serves every call: the engine's lock keeps forward calls one at a time (and
+    Pyodide runs Python on one thread).
     """
 
     name = "wasm"
 
-    def __init__(self, exports: object, arithmetic: str = "exact") -> None:
+    def __init__(self, exports: object, arithmetic: str = DEFAULT_ARITHMETIC) -> None:
         if arithmetic not in ARITHMETIC:
             raise InvalidArgumentError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
         self.exports = exports
