@@ -50,9 +50,9 @@ static inline float hsum(v128_t v) {
   return wasm_f32x4_extract_lane(s, 0);
 }
 
-// Small integers (|i| < 2^22) to float32, exactly: clang 14 scalarizes f32x4.convert_i32x4_s written
-// through the intrinsic when it can prove the lanes came from narrower integers; the float bit pattern
-// of 1.5 * 2^23 plus i is the float 1.5 * 2^23 + i.
+// Small integers (|i| < 2^22) to float32, exactly. clang 14 turns wasm_f32x4_convert_i32x4 of lanes
+// widened from int8 into 4 scalar conversions (seen in the disassembly); instead, the float whose bits
+// are those of 1.5 * 2^23 plus i is 1.5 * 2^23 + i, and one subtraction leaves i.
 static inline v128_t small_to_f32(v128_t i) {
   const v128_t magic = wasm_i32x4_splat(0x4B400000);
   return wasm_f32x4_sub(wasm_i32x4_add(i, magic), wasm_f32x4_splat(12582912.0f));
@@ -109,8 +109,7 @@ static void group_sums(const float *x, float *xs, i32 T, i32 K) {
 // ---- float32 products -------------------------------------------------------------------------------------
 
 // y[t, n] for 4 rows of w and 2 rows of x: 8 accumulators, each loaded value used twice or four times.
-static void tile_4x2(const float *x, i32 T, const float *w, i32 K, float *y, i32 ldy) {
-  (void)T;
+static void tile_4x2(const float *x, const float *w, i32 K, float *y, i32 ldy) {
   const float *w0 = w, *w1 = w + K, *w2 = w + 2 * K, *w3 = w + 3 * K, *x0 = x, *x1 = x + K;
   v128_t a00 = wasm_f32x4_splat(0), a01 = a00, a02 = a00, a03 = a00, a10 = a00, a11 = a00, a12 = a00, a13 = a00;
   i32 k = 0;
@@ -171,7 +170,7 @@ static void dense_block(const float *x, i32 T, const float *w, i32 n, i32 K, flo
   i32 r = 0;
   for (; r + 4 <= n; r += 4) {
     i32 t = 0;
-    for (; t + 2 <= T; t += 2) tile_4x2(x + (long)t * K, T, w + (long)r * K, K, y + (long)t * ldy + r, ldy);
+    for (; t + 2 <= T; t += 2) tile_4x2(x + (long)t * K, w + (long)r * K, K, y + (long)t * ldy + r, ldy);
     for (; t < T; t++) tile_4x1(x + (long)t * K, w + (long)r * K, K, y + (long)t * ldy + r);
   }
   for (; r < n; r++)
