@@ -306,8 +306,11 @@ async function loadModel(model, pyodide) {
     llm = await RuvLLM.load({ model, pyodide, onProgress: showProgress });
     const seconds = ((performance.now() - started) / 1000).toFixed(1);
     const cached = llm.info.fromCache ? ', weights from the browser cache' : '';
+    const kernels = llm.info.kernels === 'wasm' ? 'WebAssembly SIMD kernels' : 'NumPy kernels';
+    const compute = `${llm.info.plan.compute} weights, ${kernels}`;
     ui.loading.hidden = true;
-    setStatus('ready', `Ready (${mib(llm.info.downloadedBytes)} MiB loaded in ${seconds} s${cached})`);
+    setStatus('ready', `Ready (${mib(llm.info.downloadedBytes)} MiB loaded in ${seconds} s${cached}; ${compute})`);
+    if (llm.info.kernelsNote) console.info(`ruvllm: NumPy computes the products: ${llm.info.kernelsNote}`);
     ui.prompt.focus();
   } catch (error) {
     llm = null;
