@@ -10,7 +10,7 @@
  */
 
 import { AbortError, RuvLLMError, deserializeError } from './errors.js';
-import { newId } from './protocol.js';
+import { ARITHMETIC, KERNEL_CHOICES, newId } from './protocol.js';
 import { IS_NODE } from './env.js';
 
 export { AbortError, RuvLLMError } from './errors.js';
@@ -83,17 +83,16 @@ function checkLoadOptions(options) {
       `options.compute must be auto, f32, q8 or q4, got ${JSON.stringify(options.compute)}`,
     );
   }
-  if (options.kernels !== undefined && !['auto', 'wasm', 'numpy'].includes(options.kernels)) {
-    throw new RuvLLMError(
-      'invalid_argument',
-      `options.kernels must be auto, wasm or numpy, got ${JSON.stringify(options.kernels)}`,
-    );
-  }
-  if (options.arithmetic !== undefined && !['exact', 'fast'].includes(options.arithmetic)) {
-    throw new RuvLLMError(
-      'invalid_argument',
-      `options.arithmetic must be exact or fast, got ${JSON.stringify(options.arithmetic)}`,
-    );
+  for (const [name, choices] of [
+    ['kernels', KERNEL_CHOICES],
+    ['arithmetic', ARITHMETIC],
+  ]) {
+    if (options[name] !== undefined && !choices.includes(options[name])) {
+      throw new RuvLLMError(
+        'invalid_argument',
+        `options.${name} must be ${choices.join(', ')}, got ${JSON.stringify(options[name])}`,
+      );
+    }
   }
   if (options.cache !== undefined && typeof options.cache !== 'boolean') {
     throw new RuvLLMError(

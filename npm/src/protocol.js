@@ -111,6 +111,10 @@ export const GENERATION_OPTIONS = Object.freeze([
 ]);
 /** The options of the two-tier KV cache (`kv` in RuvLLM.load). */
 export const KV_OPTIONS = Object.freeze(['hotTokens', 'cold', 'budgetBytes', 'keep']);
+/** What computes the matrix products (`kernels` in RuvLLM.load; src/worker/kernels.js). */
+export const KERNEL_CHOICES = Object.freeze(['auto', 'wasm', 'numpy']);
+/** How the WebAssembly kernels multiply quantized weights (`arithmetic` in RuvLLM.load). */
+export const ARITHMETIC = Object.freeze(['exact', 'fast']);
 
 function renamed(value, names) {
   if (Array.isArray(value)) return value.map((v) => renamed(v, names));

@@ -121,6 +121,14 @@ test('bad arguments are refused before anything is sent', async () => {
     (e) => e.type === 'invalid_argument' && /options.model must be a URL/.test(e.message),
   );
   await assert.rejects(RuvLLM.load({ model: 'x', contextLength: -1 }), (e) => e.type === 'invalid_argument');
+  await assert.rejects(
+    RuvLLM.load({ model: 'x', kernels: 'simd' }),
+    (e) => e.type === 'invalid_argument' && e.message === 'options.kernels must be auto, wasm, numpy, got "simd"',
+  );
+  await assert.rejects(
+    RuvLLM.load({ model: 'x', arithmetic: 'int8' }),
+    (e) => e.type === 'invalid_argument' && e.message === 'options.arithmetic must be exact, fast, got "int8"',
+  );
   await assert.rejects(RuvLLM.load({ model: 'x', signal: AbortSignal.abort() }), AbortError);
   assert.equal(worker.posted.length, 0);
 });

@@ -8,9 +8,8 @@
  */
 
 import { RuvLLMError } from '../errors.js';
+import { KERNEL_CHOICES } from '../protocol.js';
 import { readPackageFile } from './python.js';
-
-export const KERNEL_CHOICES = Object.freeze(['auto', 'wasm', 'numpy']);
 
 /**
  * A known answer: y = x @ W.T for x = [1, 2, ..., 32] and two rows of q4 codes (0..15, the second row
