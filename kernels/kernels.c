@@ -28,7 +28,7 @@
 //   fast    x is quantized to int16 per group of 32 (quantize_x: xq = round(x / d), d = max|x| / 32767);
 //           codes and xq meet in 16-bit integer dot products (i32x4.dot_i16x8_s), one float multiply
 //           per group. SIMD128 has no 8-bit dot product, so llama.cpp's int8 activations (q8_0) would be
-//           widened to 16 bits here anyway: they cost the same time and 600x the perplexity
+//           widened to 16 bits here anyway: they cost the same time and ~700x the perplexity increase
 //           (docs/kernels.md has the measurements).
 // Many rows of x (prefill) go through a tile of weight rows expanded to float32 in the scratch buffer,
 // so each weight is decoded once for all T rows; a few rows (decode) are contracted group by group.
