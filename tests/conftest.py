@@ -59,8 +59,8 @@ def randomize(model) -> None:
 
 
 def tiny_config(kind: str, **overrides):
-    """A small config of `kind` (llama, qwen2, mistral) for parity tests."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config
+    """A small config of `kind` (llama, qwen2, mistral, qwen3, phi3, gemma3) for parity tests."""
+    from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     base = dict(
         hidden_size=64,
@@ -73,17 +73,39 @@ def tiny_config(kind: str, **overrides):
         rms_norm_eps=1e-5,
         attn_implementation="eager",
     )
+    if kind in ("qwen3", "gemma3"):
+        base["head_dim"] = 16
+    if kind == "gemma3":  # 6 layers: one global (full attention) layer after five sliding-window ones
+        base.update(num_hidden_layers=6, sliding_window=8, rms_norm_eps=1e-6, query_pre_attn_scalar=24)
+    if kind == "phi3":
+        base.update(pad_token_id=0, eos_token_id=1, bos_token_id=2)
     base.update(overrides)
-    return {"llama": LlamaConfig, "qwen2": Qwen2Config, "mistral": MistralConfig}[kind](**base)
+    classes = {
+        "llama": LlamaConfig,
+        "qwen2": Qwen2Config,
+        "mistral": MistralConfig,
+        "qwen3": Qwen3Config,
+        "phi3": Phi3Config,
+        "gemma3": Gemma3TextConfig,
+    }
+    return classes[kind](**base)
 
 
 def tiny_model(kind: str, folder: Path | None = None, seed: int = 0, **overrides):
     """A seeded random HF model (eval mode), saved as safetensors to `folder` when given."""
     import torch
-    from transformers import LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM
+    import transformers
 
     torch.manual_seed(seed)
-    cls = {"llama": LlamaForCausalLM, "qwen2": Qwen2ForCausalLM, "mistral": MistralForCausalLM}[kind]
+    classes = {
+        "llama": "LlamaForCausalLM",
+        "qwen2": "Qwen2ForCausalLM",
+        "mistral": "MistralForCausalLM",
+        "qwen3": "Qwen3ForCausalLM",
+        "phi3": "Phi3ForCausalLM",
+        "gemma3": "Gemma3ForCausalLM",
+    }
+    cls = getattr(transformers, classes[kind])
     model = cls(tiny_config(kind, **overrides)).eval()
     randomize(model)
     if folder is not None:

@@ -42,6 +42,22 @@ VARIANTS = {
         dict(use_sliding_window=True, sliding_window=6, max_window_layers=1),
     ),
     "mistral sliding window < sequence": ("mistral", dict(sliding_window=7)),
+    "qwen3 q/k norms": ("qwen3", dict()),
+    "qwen3 tied, MQA": ("qwen3", dict(tie_word_embeddings=True, num_key_value_heads=1)),
+    "phi3 fused qkv and gate/up": ("phi3", dict()),
+    "phi3 fused, GQA, sliding window": ("phi3", dict(num_key_value_heads=2, sliding_window=9)),
+    # Gemma 3: GeGLU, q/k norms, sandwich norms, sqrt(D) embeddings, query_pre_attn_scalar, five
+    # sliding-window layers (own RoPE base) then a global one with linear RoPE scaling.
+    "gemma3 sliding + global layers": (
+        "gemma3",
+        dict(
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "rope_theta": 1000000.0, "factor": 8.0},
+            }
+        ),
+    ),
+    "gemma3 MHA, untied": ("gemma3", dict(num_key_value_heads=4, tie_word_embeddings=False)),
 }
 
 

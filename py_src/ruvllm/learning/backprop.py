@@ -64,14 +64,14 @@ def _silu_grad(x: np.ndarray) -> np.ndarray:
     return sig * (1 + x * (1 - sig))
 
 
-def _run(weights: Weights, config: ModelConfig, inv_freq: np.ndarray, tokens: np.ndarray) -> tuple:
+def _run(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], tokens: np.ndarray) -> tuple:
     """The inference forward over the whole sequence from an empty float32 cache: (hidden (T, D), tape)."""
     tape = Tape()
     cache = KVCache(config, len(tokens), KVOptions())
     return hidden(weights, config, inv_freq, tokens, 0, cache, tape), tape.layers
 
 
-def logits_for(weights: Weights, config: ModelConfig, inv_freq: np.ndarray, tokens: list[int]) -> np.ndarray:
+def logits_for(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], tokens: list[int]) -> np.ndarray:
     """All logits (T, V) of the forward the backward pass runs on."""
     x, _ = _run(weights, config, inv_freq, np.asarray(tokens))
     return logits(weights, config, x)
@@ -80,7 +80,7 @@ def logits_for(weights: Weights, config: ModelConfig, inv_freq: np.ndarray, toke
 def loss_and_grads(
     weights: Weights,
     config: ModelConfig,
-    inv_freq: np.ndarray,
+    inv_freq: list[np.ndarray],
     tokens: list[int],
     scored: np.ndarray,
     reward: float = 1.0,
@@ -116,11 +116,11 @@ def loss_and_grads(
     dfinal = grads.linear_backward(weights.lm_head, dlogits, final)  # (P, D)
     dx = np.zeros_like(x_last)  # (T, D)
     dx[scored] = _rms_backward(dfinal, xs, weights.norm, config.rms_norm_eps)
-    cos, sin = rope_tables(inv_freq, 0, T)
-    scale = np.float32(1 / np.sqrt(E))
+    scale = np.float32(config.attention_scale)
 
-    for layer, tape in zip(reversed(weights.layers), reversed(tapes), strict=True):
+    for layer, tape, frequencies in zip(reversed(weights.layers), reversed(tapes), reversed(inv_freq), strict=True):
         eps = config.rms_norm_eps
+        cos, sin = rope_tables(frequencies, 0, T)
         # MLP: x_out = h + down(silu(gate) * up)
         ds = grads.linear_backward(layer.mlp.down_proj, dx, tape.s)  # (T, F)
         dgate = ds * tape.up * _silu_grad(tape.gate)  # (T, F)

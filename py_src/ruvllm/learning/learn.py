@@ -74,6 +74,11 @@ def adapt(
 ) -> AdaptReport:
     """Teach `adapter` (active in `engine`) that `completion_ids` follows `prompt_ids`, weighted by reward."""
     options = options or AdaptOptions()
+    if not engine.config.llama_block:
+        raise InvalidArgumentError(
+            f"adapt (MicroLoRA learning) runs on Llama-style blocks (Llama, Mistral, Qwen2, Phi-3); "
+            f"{engine.config.architecture} is not supported yet (applying a trained adapter is)"
+        )
     if not prompt_ids or not completion_ids:
         raise InvalidArgumentError("adapt needs a non-empty prompt and a non-empty completion")
     if not isinstance(reward, (int, float)) or not np.isfinite(reward) or reward == 0:

@@ -1,7 +1,9 @@
 """The transformer forward: plain functions over config, weights, explicit positions and a cache.
 
-Llama, Mistral and Qwen2 share this code: pre-norm decoder blocks with RMSNorm, rotary grouped-query
-attention (Qwen2 adds q/k/v biases, Mistral a sliding window) and a SwiGLU MLP. Everything is float32.
+Every family shares this code: pre-norm decoder blocks with RMSNorm, rotary grouped-query attention
+(Qwen2 adds q/k/v biases, Mistral a sliding window, Qwen3 and Gemma 3 a norm of each query and key
+head) and a gated MLP (SwiGLU; GeGLU in Gemma 3, which also normalizes each sublayer's output before
+its residual add). The switches are config fields (config.py). Everything is float32.
 
 Dimension letters: T new tokens, S cached positions (S >= T), D hidden size, H query heads,
 K key/value heads, G = H/K query heads per key/value head, E head size, F MLP size, V vocab.
@@ -57,6 +59,15 @@ def silu(x: np.ndarray) -> np.ndarray:
     return x * (np.float32(0.5) + np.float32(0.5) * np.tanh(np.float32(0.5) * x))
 
 
+def gelu_tanh(x: np.ndarray) -> np.ndarray:
+    """GELU, tanh approximation (PyTorch's gelu(approximate="tanh"), Gemma's hidden_activation)."""
+    inner = np.float32(np.sqrt(2 / np.pi)) * (x + np.float32(0.044715) * x * x * x)
+    return np.float32(0.5) * x * (np.float32(1) + np.tanh(inner))
+
+
+ACTIVATIONS = {"silu": silu, "gelu_pytorch_tanh": gelu_tanh}
+
+
 def softmax(x: np.ndarray) -> np.ndarray:
     e = np.exp(x - x.max(axis=-1, keepdims=True))
     return e / e.sum(axis=-1, keepdims=True)
@@ -106,6 +117,8 @@ def attention(
     q = linear(x, w.q_proj).reshape(T, H, E).transpose(1, 0, 2)  # (H, T, E)
     k = linear(x, w.k_proj).reshape(T, K, E).transpose(1, 0, 2)  # (K, T, E)
     v = linear(x, w.v_proj).reshape(T, K, E).transpose(1, 0, 2)  # (K, T, E)
+    if w.q_norm is not None:  # config.qk_norm: each head normalized over E
+        q, k = rms_norm(q, w.q_norm, config.rms_norm_eps), rms_norm(k, w.k_norm, config.rms_norm_eps)
     q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     segments = cache.update_and_fetch(k, v, positions)  # cold (quantized) then hot, in position order
 
@@ -114,7 +127,7 @@ def attention(
     scores = parts[0] if len(parts) == 1 else np.concatenate(parts, axis=-1)  # (K, G*T, S)
     S = scores.shape[-1]
     scores = scores.reshape(K, G, T, S)
-    scores *= np.float32(1.0 / np.sqrt(E))
+    scores *= np.float32(config.attention_scale)
     key_positions = segments[0].positions if len(segments) == 1 else np.concatenate([s.positions for s in segments])
     mask = masks.get(key_positions, window)
     if mask is not None:
@@ -132,9 +145,9 @@ def attention(
     return linear(out, w.o_proj)  # (T, D)
 
 
-def mlp(x: np.ndarray, w: MLP, tape: LayerTape | None = None) -> np.ndarray:
+def mlp(x: np.ndarray, w: MLP, config: ModelConfig, tape: LayerTape | None = None) -> np.ndarray:
     gate, up = linear(x, w.gate_proj), linear(x, w.up_proj)  # (T, F) each
-    s = silu(gate) * up  # (T, F)
+    s = ACTIVATIONS[config.hidden_act](gate) * up  # (T, F)
     if tape is not None:
         tape.gate, tape.up, tape.s = gate, up, s
     return linear(s, w.down_proj)  # (T, D)
@@ -153,17 +166,23 @@ def block(
 ) -> np.ndarray:
     eps = config.rms_norm_eps
     a = rms_norm(x, w.input_layernorm, eps)  # (T, D)
-    h = x + attention(a, w.self_attn, config, rope, positions, cache, window, masks, tape)  # (T, D)
+    attended = attention(a, w.self_attn, config, rope, positions, cache, window, masks, tape)  # (T, D)
+    if config.sandwich_norms:  # Gemma 3: each sublayer's output normalized before its residual add
+        assert tape is None, "the backward pass knows the Llama block only (config.llama_block)"
+        h = x + rms_norm(attended, w.post_attention_layernorm, eps)  # (T, D)
+        b = rms_norm(h, w.pre_feedforward_layernorm, eps)  # (T, D)
+        return h + rms_norm(mlp(b, w.mlp, config), w.post_feedforward_layernorm, eps)  # (T, D)
+    h = x + attended  # (T, D)
     b = rms_norm(h, w.post_attention_layernorm, eps)  # (T, D)
     if tape is not None:
         tape.x, tape.a, tape.h, tape.b = x, a, h, b
-    return h + mlp(b, w.mlp, tape)  # (T, D)
+    return h + mlp(b, w.mlp, config, tape)  # (T, D)
 
 
 def forward(
     weights: Weights,
     config: ModelConfig,
-    inv_freq: np.ndarray,
+    inv_freq: list[np.ndarray],
     tokens: np.ndarray,
     start: int,
     cache: KVCache,
@@ -180,25 +199,30 @@ def forward(
 def hidden(
     weights: Weights,
     config: ModelConfig,
-    inv_freq: np.ndarray,
+    inv_freq: list[np.ndarray],
     tokens: np.ndarray,
     start: int,
     cache: KVCache,
     tape: Tape | None = None,
 ) -> np.ndarray:
-    """The last decoder layer's output (T, D) for `tokens` at positions start..; fills `tape` if given."""
+    """The last decoder layer's output (T, D) for `tokens` at positions start..; fills `tape` if given.
+    `inv_freq`: each layer's RoPE frequencies (rope.inverse_frequencies)."""
     tokens = np.asarray(tokens, dtype=np.int64)
     assert start <= len(cache.tokens), f"position {start} would leave a gap after {len(cache.tokens)}"
     if start < len(cache.tokens):
         cache.truncate(start)  # rewinding: what came after `start` is forgotten
     positions = np.arange(start, start + len(tokens))  # (T,)
     x = weights.embed_tokens.rows(tokens)  # (T, D)
-    rope = rope_tables(inv_freq, start, len(tokens))  # (T, E/2) cos, sin
+    if config.embed_scale != 1.0:
+        x = x * np.float32(config.embed_scale)  # (T, D)
+    tables = {id(f): rope_tables(f, start, len(tokens)) for f in inv_freq}  # (T, E/2) cos, sin per base
     masks = Masks(positions)
-    for layer, layer_cache, window in zip(weights.layers, cache.layers, config.sliding_windows, strict=True):
+    layers = zip(weights.layers, cache.layers, config.sliding_windows, inv_freq, strict=True)
+    for layer, layer_cache, window, frequencies in layers:
         layer_tape = None if tape is None else LayerTape()
         if tape is not None:
             tape.layers.append(layer_tape)
+        rope = tables[id(frequencies)]
         x = block(x, layer, config, rope, positions, layer_cache, window, masks, layer_tape)  # (T, D)
     cache.record(tokens)
     cache.keep_within_budget()

@@ -13,11 +13,18 @@ import numpy as np
 from .config import ModelConfig
 
 
-def inverse_frequencies(config: ModelConfig) -> np.ndarray:
-    """theta^(-2i/E) for i < E/2, adjusted by the config's RoPE scaling."""
-    E = config.head_dim
-    inv = 1.0 / config.rope_theta ** (np.arange(0, E, 2, dtype=np.float64) / E)  # (E/2,)
-    scaling = config.rope_scaling
+def inverse_frequencies(config: ModelConfig) -> list[np.ndarray]:
+    """Each layer's theta^(-2i/E) for i < E/2 (E/2,), adjusted by the config's RoPE scaling. Layers that
+    share frequencies share one array; Gemma 3's sliding-window layers have their own base, unscaled."""
+    full = _frequencies(config.head_dim, config.rope_theta, config.rope_scaling)
+    if config.local_rope_theta is None:
+        return [full] * config.num_hidden_layers
+    local = _frequencies(config.head_dim, config.local_rope_theta, None)
+    return [full if window is None else local for window in config.sliding_windows]
+
+
+def _frequencies(E: int, theta: float, scaling: dict | None) -> np.ndarray:
+    inv = 1.0 / theta ** (np.arange(0, E, 2, dtype=np.float64) / E)  # (E/2,)
     if scaling is None:
         return inv
     if scaling["rope_type"] == "linear":

@@ -47,6 +47,11 @@ class Attention:
     k_proj: Linear  # (K*E, D)
     v_proj: Linear  # (K*E, D)
     o_proj: Linear  # (D, H*E)
+    q_norm: np.ndarray | None = None  # (E,) with config.qk_norm
+    k_norm: np.ndarray | None = None  # (E,)
+
+    def projections(self) -> dict[str, Linear]:
+        return {"q_proj": self.q_proj, "k_proj": self.k_proj, "v_proj": self.v_proj, "o_proj": self.o_proj}
 
 
 @dataclass
@@ -55,13 +60,31 @@ class MLP:
     up_proj: Linear  # (F, D)
     down_proj: Linear  # (D, F)
 
+    def projections(self) -> dict[str, Linear]:
+        return {"gate_proj": self.gate_proj, "up_proj": self.up_proj, "down_proj": self.down_proj}
+
 
 @dataclass
 class DecoderLayer:
+    """Norm names are the HF ones: in a Llama block post_attention_layernorm is the MLP's input norm; with
+    config.sandwich_norms (Gemma 3) it normalizes the attention output, and the MLP has its own two."""
+
     input_layernorm: np.ndarray  # (D,)
     self_attn: Attention
     post_attention_layernorm: np.ndarray  # (D,)
     mlp: MLP
+    pre_feedforward_layernorm: np.ndarray | None = None  # (D,) with config.sandwich_norms
+    post_feedforward_layernorm: np.ndarray | None = None  # (D,)
+
+    def projections(self) -> list[Linear]:
+        return [*self.self_attn.projections().values(), *self.mlp.projections().values()]
+
+    def vectors(self) -> list[np.ndarray]:
+        """Norm weights and biases."""
+        norms = (self.input_layernorm, self.post_attention_layernorm, self.pre_feedforward_layernorm)
+        norms += (self.post_feedforward_layernorm, self.self_attn.q_norm, self.self_attn.k_norm)
+        biases = [lin.bias for lin in self.projections()]
+        return [v for v in (*norms, *biases) if v is not None]
 
 
 @dataclass
@@ -75,17 +98,13 @@ class Weights:
         """Every distinct matrix, once (a tied lm_head is the embedding matrix)."""
         found = {id(self.embed_tokens): self.embed_tokens, id(self.lm_head.matrix): self.lm_head.matrix}
         for layer in self.layers:
-            for lin in (*vars(layer.self_attn).values(), *vars(layer.mlp).values()):
+            for lin in layer.projections():
                 found[id(lin.matrix)] = lin.matrix
         return list(found.values())
 
     @property
     def nbytes(self) -> int:
-        vectors = [self.norm]
-        for layer in self.layers:
-            vectors += [layer.input_layernorm, layer.post_attention_layernorm]
-            projections = (*vars(layer.self_attn).values(), *vars(layer.mlp).values())
-            vectors += [lin.bias for lin in projections if lin.bias is not None]
+        vectors = [self.norm, *(v for layer in self.layers for v in layer.vectors())]
         return sum(m.nbytes for m in self.matrices()) + sum(v.nbytes for v in vectors)
 
 
@@ -159,6 +178,11 @@ def load_weights(config: ModelConfig, store: TensorStore, options: ComputeOption
     def vector(name: str, size: int) -> np.ndarray:
         return store.load_f32(stored(name, (size,)).name)
 
+    def norm(name: str, size: int) -> np.ndarray:
+        """A norm's effective multiplier: Gemma stores w and multiplies by 1 + w (in float32, as HF)."""
+        w = vector(name, size)
+        return w + np.float32(config.norm_offset) if config.norm_offset else w
+
     def matrix(name: str, shape: tuple[int, int]) -> Matrix:
         t = stored(name, shape)
         return prepare_matrix(t.format, store.parts(t.name), t.shape, options)
@@ -168,26 +192,48 @@ def load_weights(config: ModelConfig, store: TensorStore, options: ComputeOption
             matrix(f"{prefix}.weight", (out_dim, in_dim)), vector(f"{prefix}.bias", out_dim) if bias else None
         )
 
+    def fused(name: str, sizes: tuple[int, ...], in_dim: int) -> list[Linear]:
+        """Phi-3's fused projections, cut into their parts by rows (rows hold whole quantization groups)."""
+        t = stored(name, (sum(sizes), in_dim))
+        parts, bounds = store.parts(t.name), np.cumsum((0, *sizes))
+        return [
+            Linear(prepare_matrix(t.format, {k: p[lo:hi] for k, p in parts.items()}, (hi - lo, in_dim), options))
+            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+        ]
+
+    def attention(p: str) -> Attention:
+        if config.fused_projections:
+            q, k, v = fused(f"{p}.self_attn.qkv_proj.weight", (H * E, K * E, K * E), D)
+        else:
+            q = proj(f"{p}.self_attn.q_proj", H * E, D, config.qkv_bias)
+            k = proj(f"{p}.self_attn.k_proj", K * E, D, config.qkv_bias)
+            v = proj(f"{p}.self_attn.v_proj", K * E, D, config.qkv_bias)
+        o = proj(f"{p}.self_attn.o_proj", D, H * E, config.o_bias)
+        if not config.qk_norm:
+            return Attention(q, k, v, o)
+        return Attention(q, k, v, o, norm(f"{p}.self_attn.q_norm.weight", E), norm(f"{p}.self_attn.k_norm.weight", E))
+
+    def mlp(p: str) -> MLP:
+        if config.fused_projections:
+            gate, up = fused(f"{p}.mlp.gate_up_proj.weight", (F, F), D)
+        else:
+            gate = proj(f"{p}.mlp.gate_proj", F, D, config.mlp_bias)
+            up = proj(f"{p}.mlp.up_proj", F, D, config.mlp_bias)
+        return MLP(gate, up, proj(f"{p}.mlp.down_proj", D, F, config.mlp_bias))
+
     layers = []
     for i in range(config.num_hidden_layers):
         p = f"model.layers.{i}"
-        layers.append(
-            DecoderLayer(
-                input_layernorm=vector(f"{p}.input_layernorm.weight", D),
-                self_attn=Attention(
-                    q_proj=proj(f"{p}.self_attn.q_proj", H * E, D, config.qkv_bias),
-                    k_proj=proj(f"{p}.self_attn.k_proj", K * E, D, config.qkv_bias),
-                    v_proj=proj(f"{p}.self_attn.v_proj", K * E, D, config.qkv_bias),
-                    o_proj=proj(f"{p}.self_attn.o_proj", D, H * E, config.o_bias),
-                ),
-                post_attention_layernorm=vector(f"{p}.post_attention_layernorm.weight", D),
-                mlp=MLP(
-                    gate_proj=proj(f"{p}.mlp.gate_proj", F, D, config.mlp_bias),
-                    up_proj=proj(f"{p}.mlp.up_proj", F, D, config.mlp_bias),
-                    down_proj=proj(f"{p}.mlp.down_proj", D, F, config.mlp_bias),
-                ),
-            )
+        layer = DecoderLayer(
+            input_layernorm=norm(f"{p}.input_layernorm.weight", D),
+            self_attn=attention(p),
+            post_attention_layernorm=norm(f"{p}.post_attention_layernorm.weight", D),
+            mlp=mlp(p),
         )
+        if config.sandwich_norms:
+            layer.pre_feedforward_layernorm = norm(f"{p}.pre_feedforward_layernorm.weight", D)
+            layer.post_feedforward_layernorm = norm(f"{p}.post_feedforward_layernorm.weight", D)
+        layers.append(layer)
     embed = matrix("model.embed_tokens.weight", (V, D))
     lm_head = Linear(embed) if config.tie_word_embeddings else proj("lm_head", V, D, False)
-    return Weights(embed_tokens=embed, layers=layers, norm=vector("model.norm.weight", D), lm_head=lm_head)
+    return Weights(embed_tokens=embed, layers=layers, norm=norm("model.norm.weight", D), lm_head=lm_head)

@@ -113,6 +113,8 @@ def plan_for(config: ModelConfig, store: TensorStore, options: LoadOptions) -> M
 def _activation_aware(config: ModelConfig, store: TensorStore, compute: ComputeOptions, ids) -> tuple:
     from .isq import quantize_activation_aware
 
+    if not config.llama_block:
+        raise InvalidArgumentError(f"isq='awq' runs on Llama-style blocks; {config.architecture} is not supported")
     stored = {t.format for t in store.tensors.values() if len(t.shape) == 2}
     if not stored <= {"f32", "f16", "bf16"}:
         raise InvalidArgumentError(
@@ -137,7 +139,7 @@ class Engine:
         self.weights = weights
         self.context_length = resolve_context(config, context_length)
         self.kv = kv or KVOptions()
-        self.inv_freq = inverse_frequencies(config)  # (E/2,)
+        self.inv_freq = inverse_frequencies(config)  # each layer's (E/2,)
         self.plan: MemoryPlan | None = None  # set when loaded through from_store
         self.lock = threading.RLock()  # held while computing, and while adapters change the weights
         self.threads = BlasThreads(threads)

@@ -77,7 +77,7 @@ def calibrate(weights: Weights, config: ModelConfig, ids: list[int], chunk: int 
     originals = []
     for i, layer in enumerate(weights.layers):
         for group in ("self_attn", "mlp"):
-            for name, lin in vars(getattr(layer, group)).items():
+            for name, lin in getattr(layer, group).projections().items():
                 recorder = _Recorder(lin.matrix)
                 recorders[f"{i}.{name}"] = recorder
                 originals.append((lin, lin.matrix))
@@ -147,7 +147,7 @@ def quantize_activation_aware(
 
     for layer in weights.layers:
         for group in (layer.self_attn, layer.mlp):
-            for lin in vars(group).values():
+            for lin in group.projections().values():
                 lin.matrix = quantized(lin.matrix.dequantize())
     tied = weights.lm_head.matrix is weights.embed_tokens
     weights.embed_tokens = quantized(weights.embed_tokens.dequantize())
