@@ -1,4 +1,4 @@
-"""The `ruvllm` command: convert, info, generate, chat, perplexity, bench, adapt.
+"""The `ruvllm` command: convert, info, generate, chat, perplexity, bench, adapt, download, list.
 
 Defaults are the library's own (the option dataclasses), read here, not typed again. Errors a user
 can cause end the program with exit code 1 (2 for a malformed command line) and one line on stderr;
@@ -12,6 +12,7 @@ import dataclasses
 import json
 import math
 import sys
+import time
 import traceback
 from collections import Counter
 from collections.abc import Iterator
@@ -81,6 +82,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="adapter folder to write")
     p.add_argument("--json", action="store_true")
     add_load_options(p)
+
+    p = sub.add_parser("download", help="download a model of the Hugging Face hub into the cache")
+    p.add_argument("name", help="hf:OWNER/REPO (a model folder) or hf:OWNER/REPO/FILE.gguf; @REVISION after REPO")
+
+    sub.add_parser("list", help="the models downloaded into the cache")
 
     for name, text in (("generate", "generate text from a prompt"), ("chat", "interactive chat")):
         p = sub.add_parser(name, help=text)
@@ -430,6 +436,59 @@ def cmd_adapt(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_download(args: argparse.Namespace) -> int:
+    from .files.hub import download
+
+    progress = _DownloadProgress()
+    try:
+        path = download(args.name, progress=progress)
+    finally:
+        progress.finish()
+    print(path)
+    return 0
+
+
+class _DownloadProgress:
+    """Download progress on stderr: a line per file, rewritten in place on a terminal (at most 10 times a second)."""
+
+    def __init__(self) -> None:
+        self.live = sys.stderr.isatty()
+        self.path, self.line, self.shown = None, "", 0.0
+
+    def __call__(self, path, done: int, total: int | None) -> None:
+        size = "?" if total is None else f"{total / 2**20:.1f}"
+        if path != self.path:
+            self.finish()
+            self.path = path
+            if not self.live:
+                print(f"downloading {path.name} ({size} MiB)", file=sys.stderr, flush=True)
+        self.line = f"\r{path.name} {done / 2**20:.1f}/{size} MiB"
+        now = time.monotonic()
+        if self.live and (done in (0, total) or now - self.shown >= 0.1):
+            self.shown = now
+            sys.stderr.write(self.line)
+            sys.stderr.flush()
+
+    def finish(self) -> None:
+        """End the current file's line (on a terminal, with its last count)."""
+        if self.live and self.path is not None:
+            sys.stderr.write(self.line + "\n")
+        self.path = None
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    from .files.hub import cache_folder, list_cached
+
+    models = list_cached()
+    if not models:
+        print(f"no models in {cache_folder()}")
+        return 0
+    width = max(len(m.name) for m in models)
+    for m in models:
+        print(f"{m.name:{width}s}  {m.kind:6s} {m.size / 2**20:9.1f} MiB  {m.path}")
+    return 0
+
+
 COMMANDS = {
     "adapt": cmd_adapt,
     "convert": cmd_convert,
@@ -438,4 +497,6 @@ COMMANDS = {
     "chat": cmd_chat,
     "perplexity": cmd_perplexity,
     "bench": cmd_bench,
+    "download": cmd_download,
+    "list": cmd_list,
 }

@@ -1,0 +1,108 @@
+/**
+ * Hub names: `hf:OWNER/REPO` (a model folder) or `hf:OWNER/REPO/FILE.gguf` (one GGUF file), each with an
+ * optional `@REVISION` after REPO (default `main`), turned into the URLs of the Hugging Face hub's layout,
+ * `{endpoint}/{owner}/{repo}/resolve/{revision}/{path}`. The same names and rules as ruvllm/files/hub.py.
+ *
+ *   resolveModel('hf:HuggingFaceTB/SmolLM2-135M-Instruct');
+ *   // { url: 'https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct/resolve/main/', kind: 'folder' }
+ */
+
+import { RuvLLMError } from './errors.js';
+
+export const HF_PREFIX = 'hf:';
+export const DEFAULT_HF_ENDPOINT = 'https://huggingface.co';
+export const DEFAULT_REVISION = 'main';
+export const HF_FORMS =
+  'hf:OWNER/REPO (a model folder) or hf:OWNER/REPO/FILE.gguf (one GGUF file), with @REVISION after REPO optional';
+
+/** Owner, repo and revision: letters, digits, '.', '_', '-' (the hub's own rule, less its length limits). */
+const NAME = /^[A-Za-z0-9][A-Za-z0-9._-]*$/;
+
+/**
+ * @typedef {object} HubModel
+ * @property {string} owner
+ * @property {string} repo
+ * @property {string} revision  a branch, tag or commit ('main' unless the name says otherwise)
+ * @property {string | null} file  the GGUF file's path inside the repo, or null for a model folder
+ */
+
+/**
+ * @typedef {object} ResolvedModel
+ * @property {string} url  the GGUF file's URL, or the model folder's base URL (ending in '/')
+ * @property {'gguf' | 'folder'} kind
+ */
+
+/** True for names that parseHubName takes (or refuses with a message): everything starting with `hf:`. */
+export function isHubName(model) {
+  return typeof model === 'string' && model.startsWith(HF_PREFIX);
+}
+
+/**
+ * Split a hub name into its parts; an `invalid_argument` RuvLLMError saying the accepted forms otherwise.
+ *
+ *   parseHubName('hf:owner/repo@v1/sub/x.gguf');
+ *   // { owner: 'owner', repo: 'repo', revision: 'v1', file: 'sub/x.gguf' }
+ *
+ * @param {string} name
+ * @returns {HubModel}
+ */
+export function parseHubName(name) {
+  const bad = (why) =>
+    new RuvLLMError('invalid_argument', `${JSON.stringify(name)} is not a hub name: ${why}; use ${HF_FORMS}`);
+  if (!isHubName(name)) throw bad(`it does not start with '${HF_PREFIX}'`);
+  const [owner, rest] = splitOnce(name.slice(HF_PREFIX.length), '/');
+  const [repoAndRevision, file] = splitOnce(rest ?? '', '/');
+  const [repo, revision] = splitOnce(repoAndRevision, '@');
+  if (!isName(owner)) throw bad(`owner '${owner}' must be letters, digits, '.', '_' or '-'`);
+  if (!isName(repo)) throw bad(`repo '${repo}' must be letters, digits, '.', '_' or '-'`);
+  if (revision !== undefined && !isName(revision))
+    throw bad(`revision '${revision}' must be letters, digits, '.', '_' or '-'`);
+  if (file === '') throw bad("it ends with '/'");
+  if (file !== undefined) {
+    if (!file.split('/').every(isPathSegment)) throw bad(`file path '${file}' has an empty, '.' or '..' segment`);
+    if (!file.toLowerCase().endsWith('.gguf')) throw bad(`file '${file}' is not a .gguf file`);
+  }
+  return { owner, repo, revision: revision ?? DEFAULT_REVISION, file: file ?? null };
+}
+
+/**
+ * Where a model is: an `hf:` name becomes its hub URL; any other URL or path is returned as it is, a GGUF
+ * file if it ends in `.gguf`, a model folder otherwise.
+ *
+ *   resolveModel('hf:owner/repo/model.Q4_0.gguf', { hfEndpoint: 'http://127.0.0.1:8080' });
+ *   // { url: 'http://127.0.0.1:8080/owner/repo/resolve/main/model.Q4_0.gguf', kind: 'gguf' }
+ *   resolveModel('https://host/models/smollm2/'); // { url: 'https://host/models/smollm2/', kind: 'folder' }
+ *
+ * @param {string} model  an `hf:` name, a URL, or (in Node) a path
+ * @param {{ hfEndpoint?: string }} [options]  hfEndpoint: the hub's address (default https://huggingface.co)
+ * @returns {ResolvedModel}
+ */
+export function resolveModel(model, { hfEndpoint = DEFAULT_HF_ENDPOINT } = {}) {
+  if (!isHubName(model)) {
+    const path = /^[a-z][a-z0-9+.-]*:\/\//i.test(model) ? model.split(/[?#]/)[0] : model;
+    return { url: model, kind: path.toLowerCase().endsWith('.gguf') ? 'gguf' : 'folder' };
+  }
+  const { owner, repo, revision, file } = parseHubName(model);
+  const base = [hfEndpoint.replace(/\/+$/, ''), ...[owner, repo, 'resolve', revision].map(quote)].join('/') + '/';
+  if (file === null) return { url: base, kind: 'folder' };
+  return { url: base + file.split('/').map(quote).join('/'), kind: 'gguf' };
+}
+
+/** [before, after] the first `separator`, or [text, undefined] when there is none. */
+function splitOnce(text, separator) {
+  const at = text.indexOf(separator);
+  return at < 0 ? [text, undefined] : [text.slice(0, at), text.slice(at + 1)];
+}
+
+function isName(text) {
+  return NAME.test(text) && !text.includes('..');
+}
+
+function isPathSegment(text) {
+  return text !== '' && text !== '.' && text !== '..' && !text.includes('\\') && !text.includes('\0');
+}
+
+/** One path segment percent-encoded as Python's urllib.parse.quote(segment, safe='') does. */
+function quote(segment) {
+  return encodeURIComponent(segment).replace(/[!'()*]/g, (c) => `%${c.charCodeAt(0).toString(16).toUpperCase()}`);
+}

@@ -1,0 +1,84 @@
+import assert from 'node:assert/strict';
+import { test } from 'node:test';
+
+import { RuvLLMError } from '../src/errors.js';
+import { HF_FORMS, isHubName, parseHubName, resolveModel } from '../src/hub.js';
+
+test('hf: names of a folder resolve to the base URL of the repo at its revision', () => {
+  assert.deepEqual(resolveModel('hf:HuggingFaceTB/SmolLM2-135M-Instruct'), {
+    url: 'https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct/resolve/main/',
+    kind: 'folder',
+  });
+  assert.deepEqual(resolveModel('hf:owner/repo@v1.0', { hfEndpoint: 'http://127.0.0.1:8080/mirror/' }), {
+    url: 'http://127.0.0.1:8080/mirror/owner/repo/resolve/v1.0/',
+    kind: 'folder',
+  });
+});
+
+test('hf: names of a GGUF file resolve to its URL, each path segment quoted', () => {
+  assert.deepEqual(resolveModel('hf:Org-1/Repo_2.x/model.Q4_0.gguf'), {
+    url: 'https://huggingface.co/Org-1/Repo_2.x/resolve/main/model.Q4_0.gguf',
+    kind: 'gguf',
+  });
+  assert.deepEqual(resolveModel("hf:owner/repo@0123abcd/sub dir/a#b(1)'.gguf", { hfEndpoint: 'http://h:1' }), {
+    url: 'http://h:1/owner/repo/resolve/0123abcd/sub%20dir/a%23b%281%29%27.gguf',
+    kind: 'gguf',
+  });
+});
+
+test('parseHubName gives owner, repo, revision and file', () => {
+  assert.deepEqual(parseHubName('hf:owner/repo'), { owner: 'owner', repo: 'repo', revision: 'main', file: null });
+  assert.deepEqual(parseHubName('hf:owner/repo@v2/sub/dir/x.gguf'), {
+    owner: 'owner',
+    repo: 'repo',
+    revision: 'v2',
+    file: 'sub/dir/x.gguf',
+  });
+  assert.ok(isHubName('hf:x'));
+  assert.ok(!isHubName('https://host/hf:x'));
+  assert.ok(!isHubName(undefined));
+});
+
+test('other models are returned as they are, a GGUF file when they end in .gguf', () => {
+  for (const [model, kind] of [
+    ['https://host/models/smollm2/', 'folder'],
+    ['https://host/models/smollm2', 'folder'],
+    ['https://host/m/SmolLM2.Q4_1.gguf', 'gguf'],
+    ['https://host/m/SmolLM2.Q4_1.GGUF?download=true#x', 'gguf'],
+    ['https://host/m/folder?name=x.gguf', 'folder'],
+    ['./models/smollm2-135m-instruct', 'folder'],
+    ['/data/model.gguf', 'gguf'],
+  ])
+    assert.deepEqual(resolveModel(model, { hfEndpoint: 'http://unused' }), { url: model, kind });
+});
+
+test('malformed hf: names are invalid_argument errors that say the accepted forms', () => {
+  for (const [name, why] of [
+    ['hf:', "owner ''"],
+    ['hf:owner', "repo ''"],
+    ['hf:owner/', "repo ''"],
+    ['hf:owner/repo/', "ends with '/'"],
+    ['hf:owner/repo@', "revision ''"],
+    ['hf:owner/repo@refs/pr/1', "file 'pr/1' is not a .gguf"],
+    ['hf:owner/repo/config.json', 'is not a .gguf file'],
+    ['hf:owner/repo/sub', 'is not a .gguf file'],
+    ['hf:owner/repo/../x.gguf', "'..' segment"],
+    ['hf:owner/repo//x.gguf', 'empty'],
+    ['hf:own er/repo', "owner 'own er'"],
+    ['hf:owner/re..po', "repo 're..po'"],
+    ['hf:-owner/repo', "owner '-owner'"],
+  ]) {
+    assert.throws(
+      () => resolveModel(name),
+      (error) => {
+        assert.ok(error instanceof RuvLLMError);
+        assert.equal(error.type, 'invalid_argument');
+        assert.ok(error.message.includes(why), error.message);
+        assert.ok(error.message.includes(HF_FORMS), error.message);
+        return true;
+      },
+      name,
+    );
+  }
+  assert.throws(() => parseHubName('owner/repo'), { message: /does not start with 'hf:'/ });
+});
