@@ -76,7 +76,7 @@ def test_a_quantized_form_computes_the_model_it_holds(tmp_path, form):
     dense = load_engine(str(tmp_path))
     for q_layer, d_layer in zip(quantized.weights.layers, dense.weights.layers, strict=True):
         for group in ("self_attn", "mlp"):
-            for name, lin in vars(getattr(q_layer, group)).items():
+            for name, lin in getattr(q_layer, group).projections().items():
                 getattr(getattr(d_layer, group), name).matrix = DenseMatrix(lin.matrix.dequantize())
     dense.weights.embed_tokens = DenseMatrix(quantized.weights.embed_tokens.dequantize())
     dense.weights.lm_head.matrix = DenseMatrix(quantized.weights.lm_head.matrix.dequantize())

@@ -36,7 +36,7 @@ pytestmark = pytest.mark.skipif(
 
 
 @pytest.fixture(scope="module")
-def server(smollm2_dir):
+def server(smollm2_dir, gemma_gguf):
     httpd = serve.DemoServer(0, DIST)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
@@ -135,8 +135,8 @@ def start_long_answer(page, max_tokens: int = 400) -> None:
     ask(page, "Write a long story about a dragon who learns to cook.")
 
 
-def cpython_chat(prompt: str, max_tokens: int) -> str:
-    args = [sys.executable, "-m", "ruvllm", "generate", str(ROOT / "models" / "smollm2-135m-instruct"), "--chat"]
+def cpython_chat(prompt: str, max_tokens: int, model: str = str(ROOT / "models" / "smollm2-135m-instruct")) -> str:
+    args = [sys.executable, "-m", "ruvllm", "generate", model, "--chat"]
     args += ["--prompt", prompt, "--temperature", "0", "--max-tokens", str(max_tokens), "--json"]
     return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)["text"]
 
@@ -470,21 +470,43 @@ def test_a_bad_model_url_shows_a_readable_error(browser, base_url):
     assert message.startswith("Could not download the model: config.json:")
     assert "/models/no-such-model/config.json answered HTTP 404" in message
     assert page.is_disabled("[data-testid=send]")
-    assert page.is_visible("[data-testid=retry]") and page.is_hidden("[data-testid=gguf-hint]")
+    assert page.is_visible("[data-testid=retry]")
     assert page.is_hidden("[data-testid=loading]")
     shot(page, "bad-model")
     context.close()
 
 
-def test_a_gguf_url_says_the_page_needs_a_converted_folder(browser, base_url):
-    context, page = open_demo(browser, base_url + "?model=/models/SmolLM2-135M-Instruct.Q4_1.gguf")
-    wait_state(page, "error", 60_000)
-    assert page.text_content("[data-testid=status]").startswith("Could not download the model: config.json:")
-    hint = page.locator("[data-testid=gguf-hint]")
-    assert hint.is_visible()
-    assert "ruvllm convert model.gguf out-folder" in hint.text_content()
-    assert "cannot load a .gguf file directly" in " ".join(hint.text_content().split())
-    shot(page, "gguf-model")
+def test_the_picker_loads_the_gemma_gguf_and_its_answer_equals_cpython(browser, base_url, gemma_gguf):
+    context, page = open_demo(browser, base_url)
+    wait_state(page, "ready")
+    names = page.eval_on_selector_all("[data-testid=model-select] option", "options => options.map(o => o.text)")
+    assert names == [
+        "SmolLM2-135M-Instruct (q4_1 model folder)",
+        "Gemma 3 270M, base model (Q4_K_M GGUF)",
+        "Another model (URL or hf: name)…",
+    ]
+    assert page.is_hidden("[data-testid=model-url]")
+    page.select_option("[data-testid=model-select]", "/gguf/gemma-3-270m-q4_k_m.gguf")
+    page.click("[data-testid=load-model]")
+    # The plan, from the GGUF's header, shows before the tensor data downloads.
+    page.wait_for_selector("[data-testid=loading][data-phase=download]", timeout=LOAD_TIMEOUT_MS)
+    plan = page.text_content("[data-testid=plan]")
+    assert re.fullmatch(r"Memory plan: q4 weights 280\.8 MiB \+ KV cache [\d.]+ MiB \+ .* = [\d.]+ MiB", plan), plan
+    wait_state(page, "ready")
+    shot(page, "gemma-loaded")
+    status = page.text_content("[data-testid=status]")
+    assert status.startswith("Ready (241.4 MiB loaded in "), status
+    assert status.endswith("; q4 weights, WebAssembly SIMD kernels)"), status
+    assert "built-in Gemma turn format" in page.text_content("[data-testid=plan]")
+    assert "model=%2Fgguf%2Fgemma-3-270m-q4_k_m.gguf" in page.url  # a reload loads the same model
+    page.fill("[data-testid=temperature]", "0")
+    page.fill("[data-testid=max-tokens]", "32")
+    prompt = "Write a haiku about the sea."
+    ask(page, prompt)
+    wait_state(page, "ready", 120_000)
+    shot(page, "gemma-answer")
+    expected = cpython_chat(prompt, 32, str(gemma_gguf))
+    assert expected and answer(page) == expected
     context.close()
 
 
@@ -501,7 +523,6 @@ def test_retry_after_a_failed_download_loads_the_model_in_the_same_page(browser,
     wait_state(page, "error")
     assert len(failures) == 1
     assert "model.safetensors" in page.text_content("[data-testid=status]")
-    assert page.is_hidden("[data-testid=gguf-hint]")
     page.evaluate("window.__marker = 'same page'")
     page.evaluate(RECORD_LOAD_STEPS)  # the init script stopped recording at the error
     page.click("[data-testid=retry]")

@@ -1,6 +1,7 @@
 // The demo chat page: loads a model with @ruvector/ruvllm (its browser build) and streams answers.
-// The server (web/serve.py) answers /config.json with the default model and, when it has one, a local
-// Pyodide distribution; `?model=URL` in the page address picks another model.
+// The server (web/serve.py) answers /config.json with the models it serves (the picker lists them, and
+// takes any other URL or hub name) and, when it has one, a local Pyodide distribution; `?model=URL` in
+// the page address picks the model to load first.
 import { RuvLLM } from '/npm/browser/index.js';
 
 import { renderMarkdown } from './markdown.js';
@@ -15,7 +16,10 @@ const ui = {
   progress: $('progress'),
   progressText: $('progress-text'),
   loadFailed: $('load-failed'),
-  ggufHint: $('gguf-hint'),
+  picker: $('picker'),
+  modelSelect: $('model-select'),
+  modelUrl: $('model-url'),
+  plan: $('plan'),
   retry: $('retry'),
   messages: $('messages'),
   composer: $('composer'),
@@ -75,6 +79,10 @@ function showProgress(p) {
     showStep('runtime', 'Starting Python…', null, 'Pyodide and NumPy, in a worker: 10–20 s the first time');
   } else if (p.phase === 'plan') {
     showStep('plan', 'Planning memory…', null, `${p.plan.compute} compute, ${mib(p.plan.totalBytes)} MiB in memory`);
+    const { compute, weightBytes, kvBytes, workspaceBytes, totalBytes } = p.plan;
+    ui.plan.textContent =
+      `Memory plan: ${compute} weights ${mib(weightBytes)} MiB + KV cache ${mib(kvBytes)} MiB + ` +
+      `workspace ${mib(workspaceBytes)} MiB = ${mib(totalBytes)} MiB`;
   } else if (p.phase === 'download') {
     const percent = p.total ? (100 * p.loaded) / p.total : 0;
     const label = p.fromCache ? 'Reading the weights from the browser cache' : 'Downloading the weights';
@@ -294,12 +302,11 @@ ui.clear.addEventListener('click', () => {
   ui.prompt.focus();
 });
 
-/** True when `model` names a GGUF file, which this page cannot load (yet): it needs a converted folder. */
-const isGguf = (model) => /\.gguf\/*(?:[?#].*)?$/i.test(model);
-
 /** Load the model; on failure say why and offer Retry, which calls this again. */
 async function loadModel(model, pyodide) {
   ui.loadFailed.hidden = true;
+  ui.plan.textContent = '';
+  ui.modelName.textContent = model;
   showStep('files', 'Reading the model configuration…', null, '');
   try {
     const started = performance.now();
@@ -311,14 +318,52 @@ async function loadModel(model, pyodide) {
     ui.loading.hidden = true;
     setStatus('ready', `Ready (${mib(llm.info.downloadedBytes)} MiB loaded in ${seconds} s${cached}; ${compute})`);
     if (llm.info.kernelsNote) console.info(`ruvllm: NumPy computes the products: ${llm.info.kernelsNote}`);
+    if (llm.info.chatTemplate === 'built-in gemma') {
+      ui.plan.textContent += ' — no chat template in the file: the built-in Gemma turn format is used';
+    }
     ui.prompt.focus();
   } catch (error) {
     llm = null;
     ui.loading.hidden = true;
     setStatus('error', describe(error, 'while loading'));
-    ui.ggufHint.hidden = !isGguf(model);
     ui.loadFailed.hidden = false;
   }
+}
+
+const OTHER = '';
+
+/** The picker: the models the server lists, then "Another model…" with a URL field. */
+function fillPicker(models, current) {
+  const options = models.map(({ name, url }) => new Option(name, url));
+  options.push(new Option('Another model (URL or hf: name)…', OTHER));
+  ui.modelSelect.replaceChildren(...options);
+  const listed = models.some((m) => m.url === current);
+  ui.modelSelect.value = listed ? current : OTHER;
+  ui.modelUrl.value = listed ? '' : current;
+  ui.modelUrl.hidden = listed;
+}
+
+function pickedModel() {
+  return ui.modelSelect.value === OTHER ? ui.modelUrl.value.trim() : ui.modelSelect.value;
+}
+
+async function switchModel(model, pyodide) {
+  if (!model) {
+    ui.modelUrl.focus();
+    return;
+  }
+  running?.abort();
+  const previous = llm;
+  llm = null;
+  adapterReady = false;
+  history = [];
+  ui.messages.replaceChildren();
+  ui.stats.textContent = '';
+  await previous?.dispose();
+  const url = new URL(location.href);
+  url.searchParams.set('model', model);
+  window.history.replaceState(null, '', url); // a reload loads the same model
+  await loadModel(model, pyodide);
 }
 
 async function main() {
@@ -329,9 +374,19 @@ async function main() {
   } catch {
     // No server config: the defaults below apply.
   }
-  const model = new URLSearchParams(location.search).get('model') || config.model || '/models/smollm2-135m-instruct/';
-  ui.modelName.textContent = model;
+  const models = config.models ?? [{ name: 'SmolLM2-135M-Instruct', url: '/models/smollm2-135m-instruct/' }];
+  let model = new URLSearchParams(location.search).get('model') || config.model || models[0].url;
   const pyodide = config.pyodideIndexURL ? { indexURL: config.pyodideIndexURL } : undefined;
+  fillPicker(models, model);
+  ui.modelSelect.addEventListener('change', () => {
+    ui.modelUrl.hidden = ui.modelSelect.value !== OTHER;
+    if (!ui.modelUrl.hidden) ui.modelUrl.focus();
+  });
+  ui.picker.addEventListener('submit', (event) => {
+    event.preventDefault();
+    model = pickedModel();
+    switchModel(model, pyodide);
+  });
   ui.retry.addEventListener('click', () => loadModel(model, pyodide));
   await loadModel(model, pyodide);
 }

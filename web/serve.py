@@ -1,10 +1,11 @@
-"""Serve the demo on 127.0.0.1: the page (web/), the npm package (npm/), the converted models (models/)
-and, when one is on disk, a local Pyodide distribution (else the page uses the official CDN).
+"""Serve the demo on 127.0.0.1: the page (web/), the npm package (npm/), the converted models (models/),
+the GGUF files of build/downloads/ (under /gguf/) and, when one is on disk, a local Pyodide distribution
+(else the page uses the official CDN).
 
     python web/serve.py [--port 8000]
 
 Every response carries COOP/COEP headers (cross-origin isolation) and the right MIME types for .mjs and
-.wasm. `/config.json` tells the page its default model and where Pyodide is.
+.wasm. `/config.json` tells the page the models it can pick (those on disk), the default one and where Pyodide is.
 """
 
 from __future__ import annotations
@@ -21,6 +22,15 @@ from urllib.parse import unquote, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "/models/smollm2-135m-instruct/"
+# The models the page's picker lists, when they are on disk: (name, URL, path under the repository).
+MODELS = (
+    ("SmolLM2-135M-Instruct (q4_1 model folder)", DEFAULT_MODEL, "models/smollm2-135m-instruct/config.json"),
+    (
+        "Gemma 3 270M, base model (Q4_K_M GGUF)",
+        "/gguf/gemma-3-270m-q4_k_m.gguf",
+        "build/downloads/gemma-3-270m-q4_k_m.gguf",
+    ),
+)
 PYODIDE_VERSION = "314.0.1"
 # Debian's chromium in this sandbox, headless, as the browser tests and benchmarks drive it.
 CHROMIUM_ARGS = [
@@ -45,10 +55,16 @@ class DemoServer(ThreadingHTTPServer):
     daemon_threads = True
 
     def __init__(self, port: int, pyodide: Path | None) -> None:
-        self.mounts = {"/npm/": ROOT / "npm", "/models/": ROOT / "models", "/": ROOT / "web"}
+        self.mounts = {
+            "/npm/": ROOT / "npm",
+            "/models/": ROOT / "models",
+            "/gguf/": ROOT / "build" / "downloads",
+            "/": ROOT / "web",
+        }
         if pyodide is not None:
             self.mounts = {"/pyodide/": pyodide, **self.mounts}
-        self.config = {"model": DEFAULT_MODEL, "pyodideIndexURL": "/pyodide/" if pyodide else None}
+        models = [{"name": name, "url": url} for name, url, path in MODELS if (ROOT / path).exists()]
+        self.config = {"model": DEFAULT_MODEL, "models": models, "pyodideIndexURL": "/pyodide/" if pyodide else None}
         self.requests: Counter[str] = Counter()  # path -> GET count, for tests
         self.lock = threading.Lock()
         super().__init__(("127.0.0.1", port), DemoHandler)
@@ -90,6 +106,8 @@ class DemoHandler(SimpleHTTPRequestHandler):
 
     def translate_path(self, path: str) -> str:
         path = unquote(urlsplit(path).path)
+        if path.startswith("/gguf/") and not path.endswith(".gguf"):  # only the GGUF files of build/downloads
+            return str(ROOT / "web" / "__not_found__")
         for prefix, folder in self.server.mounts.items():
             if path.startswith(prefix):
                 target = (folder / path[len(prefix) :]).resolve()

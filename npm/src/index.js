@@ -12,6 +12,7 @@
 import { AbortError, RuvLLMError, deserializeError } from './errors.js';
 import { ARITHMETIC, KERNEL_CHOICES, newId } from './protocol.js';
 import { IS_NODE } from './env.js';
+import { resolveModel } from './hub.js';
 
 export { AbortError, RuvLLMError } from './errors.js';
 
@@ -71,9 +72,15 @@ function checkLoadOptions(options) {
   if (typeof options.model !== 'string' || !options.model) {
     throw new RuvLLMError(
       'invalid_argument',
-      'options.model must be a URL (or, in Node, a folder path) of a ruvllm model',
+      'options.model must be the URL (in Node also the path) of a GGUF file or of a model folder, or a hub name (hf:OWNER/REPO/FILE.gguf)',
     );
   }
+  for (const name of ['hfEndpoint', 'chatTemplate']) {
+    if (options[name] !== undefined && (typeof options[name] !== 'string' || !options[name])) {
+      throw new RuvLLMError('invalid_argument', `options.${name} must be a non-empty string`);
+    }
+  }
+  resolveModel(options.model, { hfEndpoint: options.hfEndpoint }); // a malformed hub name fails here
   if (options.onProgress !== undefined && typeof options.onProgress !== 'function') {
     throw new RuvLLMError('invalid_argument', 'options.onProgress must be a function');
   }
@@ -313,7 +320,7 @@ export class RuvLLM {
 
 /** In browsers, relative URLs mean relative to the page; the worker lives elsewhere, so resolve them here. */
 function resolveLocations(options) {
-  if (IS_NODE || typeof location === 'undefined') return options;
+  if (IS_NODE || typeof location === 'undefined' || options.model.startsWith('hf:')) return options;
   const resolved = { ...options, model: new URL(options.model, location.href).href };
   if (options.pyodide?.indexURL)
     resolved.pyodide = { ...options.pyodide, indexURL: new URL(options.pyodide.indexURL, location.href).href };

@@ -10,19 +10,21 @@ for chunk in model.chat([{"role": "user", "content": "Hi!"}], temperature=0.7, s
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
-from .errors import LoadError
 from .files import jsonfields as fields
+from .files.store import TensorStore
 from .learning import learn
 from .learning.learn import AdaptReport
 from .learning.lora import DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
 from .model.cache import KVCache, KVOptions
-from .runtime.engine import Engine, load_engine, read_config
+from .model.config import ModelConfig
+from .runtime.engine import Engine, LoadOptions, is_gguf, open_gguf, open_model
 from .runtime.generate import GenerationOptions, generate_tokens
 from .text.stream import Chunk, generate_text
 from .text.tokenizer import Tokenizer
@@ -162,8 +164,10 @@ def load(
     isq_format: str = "q4_1",
     threads: int | None = None,
     kernels: str = "auto",
+    chat_template: str | None = None,
 ) -> Model:
-    """Load a ruvllm (or plain Hugging Face safetensors) model folder with its tokenizer.
+    """Load a model: a GGUF file (`x.gguf`), a ruvllm or plain Hugging Face safetensors model folder, or
+    a hub name (`hf:OWNER/REPO/FILE.gguf`, `hf:OWNER/REPO`: downloaded into the cache folder once).
 
     compute: how weights live in memory ("f32", "q8", "q4"; "auto": the fastest that fits
     `memory_budget` bytes, f32 without a budget). kv: the two-tier KV cache (KVOptions).
@@ -174,25 +178,39 @@ def load(
     kernels: what computes the matrix products: "auto" (a faster kernel provider where the runtime
     offers one, NumPy otherwise; CPython offers none, its NumPy has a BLAS), "wasm" (the WebAssembly
     SIMD kernels, only inside the npm package's Pyodide worker) or "numpy".
+    chat_template: a Jinja chat template to use instead of the model's own (or for a model without one).
     """
-    if not os.path.isdir(path):
-        raise LoadError(f"{path}: model folder not found")
-    read_config(path)  # an unsupported architecture is the first thing to report
-    tokenizer = Tokenizer.from_folder(path)
+    if path.startswith("hf:"):
+        from .files.hub import ensure_local
+
+        path = ensure_local(path)
+    if is_gguf(path):
+        gguf = open_gguf(path)  # an unsupported architecture is the first thing to report
+        config, store = ModelConfig.from_dict(gguf.config, f"{path} (GGUF metadata)"), TensorStore([gguf])
+        tokenizer_json, tokenizer_config, generation_config = gguf.tokenizer_files()
+        tokenizer = Tokenizer(json.dumps(tokenizer_json), tokenizer_config, f"{path} (GGUF tokenizer)")
+    else:
+        config, store = open_model(path)
+        tokenizer = Tokenizer.from_folder(path)
+        generation_path = os.path.join(path, "generation_config.json")
+        generation_config = fields.read_json(generation_path) if os.path.exists(generation_path) else {}
+    if chat_template is not None:
+        tokenizer.set_chat_template(chat_template)
     calibration = tokenizer.encode(calibration_text()) if isq == "awq" else None
-    engine = load_engine(
-        path,
+    options = LoadOptions(
         context_length,
         compute,
-        kv,
         memory_budget,
-        isq=isq,
-        calibration_ids=calibration,
-        isq_format=isq_format,
-        threads=threads,
-        kernels=kernels,
+        None,
+        kv or KVOptions(),
+        isq,
+        isq_format,
+        tuple(calibration) if calibration else None,
+        threads,
+        kernels,
     )
-    return Model(engine, tokenizer, eos_token_ids(path, engine, tokenizer))
+    engine = Engine.from_store(config, store, options)
+    return Model(engine, tokenizer, eos_token_ids(generation_config, engine, tokenizer))
 
 
 def calibration_text() -> str:
@@ -200,12 +218,11 @@ def calibration_text() -> str:
     return (Path(__file__).parent / "data" / "calibration.txt").read_text(encoding="utf-8")
 
 
-def eos_token_ids(folder: str, engine: Engine, tokenizer: Tokenizer) -> list[int]:
+def eos_token_ids(generation_config: object, engine: Engine, tokenizer: Tokenizer) -> list[int]:
     """End-of-sequence ids from generation_config.json, config.json and the tokenizer's eos_token."""
     ids = list(engine.config.eos_token_ids)
-    path = os.path.join(folder, "generation_config.json")
-    if os.path.exists(path):
-        ids += fields.token_ids(fields.obj(fields.read_json(path), path), "eos_token_id", path)
+    source = "generation_config.json"
+    ids += fields.token_ids(fields.obj(generation_config, source), "eos_token_id", source)
     token = tokenizer.token_id(tokenizer.special_tokens.get("eos_token"))
     if token is not None:
         ids.append(token)

@@ -14,6 +14,11 @@ over Python objects instead: `take_engine()` and `take_files()`.
     ModelLoader.set_options({context_length, compute, memory_budget, kernels, arithmetic,
                              kv: {hot_tokens, cold, budget_bytes, keep}}) -> true
     ModelLoader.add_header(name, size, bytes)      -> true (a weight file's first bytes: its header)
+    ModelLoader.gguf_header_size(size, bytes)      -> the header's size once `bytes` (a GGUF's first bytes)
+                                                      hold enough to tell, else null: the worker reads on
+    ModelLoader.add_gguf_header(name, size, bytes) -> {config, tokenizer, tokenizer_config,
+                                                      generation_config}: a GGUF's header stands for the
+                                                      model folder's JSON files (set_config, set_tokenizer)
     ModelLoader.plan()                             -> the memory plan (a load error if it cannot fit)
     ModelLoader.begin_file({name, size, want_sha256})
     ModelLoader.write(name, bytes)                 -> bytes received so far
@@ -46,6 +51,8 @@ import time
 from collections.abc import Callable
 
 from .errors import DownloadError, InferenceError, InvalidArgumentError, LoadError, RuvLLMError
+from .files.gguf import GGUFFile, header_size
+from .files.gguf_model import GGUFModel
 from .files.store import TensorStore, count_parameters
 from .files.tensorfile import PieceBuffer, SafetensorsFile
 from .learning.learn import AdaptOptions
@@ -102,7 +109,7 @@ class ModelLoader:
         self.hashes: dict[str, object] = {}
         self.done: list = []
         self.options = LoadOptions()
-        self.headers: dict[str, SafetensorsFile] = {}
+        self.headers: dict[str, SafetensorsFile | GGUFModel] = {}
         self.token_bytes: tuple[list[bytes], bool] | None = None  # set_tokenizer: the detokenizer's table
         self.kernel_exports: object | None = None  # offer_kernels: the wasm module's exports
         self._engine: EngineHandle | None = None  # built, until take_engine()
@@ -170,6 +177,26 @@ class ModelLoader:
         return True
 
     @_json_result
+    def gguf_header_size(self, size: int, head: object) -> int | None:
+        """How many bytes the GGUF header takes, or None if `head` is too short to tell yet."""
+        return header_size(_bytes(head), size, "the GGUF file")
+
+    @_json_result
+    def add_gguf_header(self, name: str, size: int, head: object) -> dict:
+        """A GGUF file's header: the config, tokenizer and plan come from its metadata and tensor list."""
+        model = GGUFModel(GGUFFile.from_header(_bytes(head), size, name))
+        self.config = ModelConfig.from_dict(model.config, f"{name} (GGUF metadata)")
+        tokenizer, tokenizer_config, generation_config = model.tokenizer_files()
+        self.token_bytes = token_byte_table(tokenizer)
+        self.headers[name] = model
+        return {
+            "config": model.config,
+            "tokenizer": tokenizer,
+            "tokenizer_config": tokenizer_config,
+            "generation_config": generation_config,
+        }
+
+    @_json_result
     def plan(self) -> dict:
         """The memory plan for the headers given so far; a LoadError if it does not fit the budget."""
         if self.config is None:
@@ -217,7 +244,11 @@ class ModelLoader:
             digest = self.hashes.pop(name).hexdigest()
             if digest != sha256.lower():
                 raise DownloadError(f"{name}: sha256 mismatch: expected {sha256.lower()}, got {digest}")
-        self.done.append(piece.finish())
+        if isinstance(self.headers.get(name), GGUFModel):
+            piece.check_complete()
+            self.done.append(GGUFModel(GGUFFile(piece.array, name)))
+        else:
+            self.done.append(piece.finish())
         return {"bytes": piece.filled}
 
     @_json_result

@@ -17,7 +17,7 @@ import traceback
 from collections import Counter
 from collections.abc import Iterator
 
-from .errors import RuvLLMError
+from .errors import InvalidArgumentError, RuvLLMError
 from .learning.learn import AdaptOptions
 from .learning.lora import DEFAULT_TARGETS, LoRAConfig
 from .model.cache import COLD_FORMATS, KVOptions
@@ -48,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--weights", choices=("f32", "f16", "q8", "q4_0", "q4_1"), help="storage format of matrices")
     p.add_argument("--force", action="store_true", help="replace OUT (and everything in it) if it is not empty")
 
-    p = sub.add_parser("info", help="describe a model folder and the memory it will take")
+    p = sub.add_parser("info", help="describe a model (folder or GGUF) and the memory it will take")
     p.add_argument("model")
     add_load_options(p)
 
@@ -98,6 +98,9 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
             p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
         p.add_argument("--system", help="system message (default: the chat template's own)")
+        p.add_argument(
+            "--chat-template", metavar="FILE", help="a Jinja chat template to use (for models that have none)"
+        )
         p.add_argument("--max-tokens", type=int, default=GenerationOptions.max_tokens)
         p.add_argument("--temperature", type=float, default=SamplingOptions.temperature)
         p.add_argument("--top-k", type=int, default=SamplingOptions.top_k)
@@ -159,7 +162,24 @@ def _load_model(args: argparse.Namespace):
     from .api import load
 
     o = load_options(args)
-    model = load(args.model, o.context_length, o.compute, o.memory_budget, o.kv, o.isq, o.isq_format, o.threads)
+    template = None
+    if getattr(args, "chat_template", None):
+        try:
+            with open(args.chat_template, encoding="utf-8") as f:
+                template = f.read()
+        except (OSError, UnicodeDecodeError) as e:
+            raise InvalidArgumentError(f"--chat-template {args.chat_template}: cannot be read ({e})") from None
+    model = load(
+        args.model,
+        o.context_length,
+        o.compute,
+        o.memory_budget,
+        o.kv,
+        o.isq,
+        o.isq_format,
+        o.threads,
+        chat_template=template,
+    )
     if getattr(args, "adapter", None):
         model.set_adapter(model.load_adapter(args.adapter))
     return model
@@ -195,10 +215,13 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 def cmd_info(args: argparse.Namespace) -> int:
     from .files.formats import get_format
-    from .runtime.engine import DEFAULT_MAX_CONTEXT, open_store, plan_for, read_config
+    from .runtime.engine import DEFAULT_MAX_CONTEXT, open_model, plan_for
 
-    config = read_config(args.model)
-    store = open_store(args.model, header_only=True)
+    if args.model.startswith("hf:"):
+        from .files.hub import ensure_local
+
+        args.model = ensure_local(args.model)
+    config, store = open_model(args.model, header_only=True)
     plan = plan_for(config, store, load_options(args))
     params, nbytes = Counter(), Counter()
     for t in store.tensors.values():
@@ -216,7 +239,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"context        {c.max_position_embeddings} positions (cache default {cache_default})")
     print(f"embeddings     {'tied to the output' if c.tie_word_embeddings else 'separate output matrix'}")
     for fmt in sorted(params, key=lambda f: -nbytes[f]):
-        print(f"storage {fmt:6s} {params[fmt] / 1e6:8.2f}M params  {nbytes[fmt] / 2**20:8.1f} MiB")
+        print(f"storage {fmt:10s} {params[fmt] / 1e6:8.2f}M params  {nbytes[fmt] / 2**20:8.1f} MiB")
     print(f"storage total  {sum(nbytes.values()) / 2**20:.1f} MiB")
     print(f"memory plan    compute {plan.compute}: {plan.describe()}")
     return 0

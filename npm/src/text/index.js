@@ -65,9 +65,16 @@ function idList(value, where) {
 }
 
 /**
- * @param {{tokenizerJson: object, tokenizerConfig: object, generationConfig: object, config: object}} files
+ * @param {{tokenizerJson: object, tokenizerConfig: object, generationConfig: object, config: object,
+ *   chatTemplate?: string | null}} files chatTemplate: the user's template, used instead of the model's
  */
-export function createText({ tokenizerJson, tokenizerConfig = {}, generationConfig = {}, config = {} }) {
+export function createText({
+  tokenizerJson,
+  tokenizerConfig = {},
+  generationConfig = {},
+  config = {},
+  chatTemplate = null,
+}) {
   if (!tokenizerJson) throw new RuvLLMError('load', 'tokenizer.json: not found');
   for (const [name, value] of Object.entries({
     'tokenizer_config.json': tokenizerConfig,
@@ -89,7 +96,7 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
     const text = tokenText(tokenizerConfig, name);
     if (text !== null) special[name] = text;
   }
-  let source = tokenizerConfig.chat_template;
+  let source = chatTemplate ?? tokenizerConfig.chat_template;
   if (Array.isArray(source)) source = source.find((t) => t?.name === 'default')?.template;
   if (source !== undefined && source !== null && typeof source !== 'string') {
     throw new RuvLLMError(
@@ -97,7 +104,15 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
       `tokenizer_config.json: 'chat_template' must be a string or a list of {"name", "template"} objects, found ${JSON.stringify(tokenizerConfig.chat_template).slice(0, 60)}`,
     );
   }
-  const template = source ? new ChatTemplate(source, special) : null;
+  let template;
+  try {
+    template = source ? new ChatTemplate(source, special) : null;
+  } catch (error) {
+    if (chatTemplate === null) throw error;
+    throw new RuvLLMError('invalid_argument', `options.chatTemplate cannot be used: ${error.message}`);
+  }
+  let templateSource = null; // where the template came from, for info.chatTemplate
+  if (template) templateSource = chatTemplate !== null ? 'option' : (tokenizerConfig.chat_template_source ?? 'model');
 
   // End-of-sequence ids: config.json, generation_config.json and the tokenizer's eos_token (as on CPython).
   const eos = new Set([
@@ -109,15 +124,16 @@ export function createText({ tokenizerJson, tokenizerConfig = {}, generationConf
 
   return {
     eosIds: [...eos].sort((a, b) => a - b),
+    chatTemplateSource: templateSource,
     encode(text) {
       if (typeof text !== 'string') throw new RuvLLMError('invalid_argument', 'prompt must be a string');
-      return text ? tokenizer.encode(text).ids : [];
+      return tokenizer.encode(text).ids; // '' is [] or [bos], as on CPython
     },
     applyChatTemplate(messages, addGenerationPrompt = true) {
       if (!template)
         throw new RuvLLMError(
           'invalid_argument',
-          'this model has no chat template (tokenizer_config.json has no chat_template)',
+          'this model has no chat template (its tokenizer_config.json or GGUF metadata has none): give one with the chatTemplate load option',
         );
       return template.render(messages, addGenerationPrompt);
     },

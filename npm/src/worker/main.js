@@ -15,7 +15,8 @@ import { createText } from '../text/index.js';
 import { readBytes, readJson, readText } from './files.js';
 import { startKernels } from './kernels.js';
 import { callBridge, heapBytes, startPython } from './python.js';
-import { loadWeights } from './weights.js';
+import { loadGguf, loadWeights } from './weights.js';
+import { resolveModel } from '../hub.js';
 
 const port = IS_NODE ? (await import('node:worker_threads')).parentPort : globalThis;
 const send = (message, transfer = []) => port.postMessage(message, transfer);
@@ -49,15 +50,43 @@ if (IS_NODE) {
 
 async function load({ id, options }) {
   const progress = (p) => send({ type: 'progress', id, progress: p });
-  // The small files first: a wrong model location fails in milliseconds, before Pyodide boots.
   const files = { cache: options.cache !== false };
-  const config = await readJson(options.model, 'config.json', files);
-  const tokenizerJson = await readJson(options.model, 'tokenizer.json', files);
-  const tokenizerConfig = (await readJson(options.model, 'tokenizer_config.json', { ...files, optional: true })) ?? {};
-  const generationConfig =
-    (await readJson(options.model, 'generation_config.json', { ...files, optional: true })) ?? {};
-  state.text = createText({ tokenizerJson, tokenizerConfig, generationConfig, config });
+  const { url, kind } = resolveModel(options.model, { hfEndpoint: options.hfEndpoint });
+  const chatTemplate = options.chatTemplate ?? null;
+  if (kind === 'folder') {
+    // The small files first: a wrong model location fails in milliseconds, before Pyodide boots.
+    const config = await readJson(url, 'config.json', files);
+    const tokenizerJson = await readJson(url, 'tokenizer.json', files);
+    const tokenizerConfig = (await readJson(url, 'tokenizer_config.json', { ...files, optional: true })) ?? {};
+    const generationConfig = (await readJson(url, 'generation_config.json', { ...files, optional: true })) ?? {};
+    state.text = createText({ tokenizerJson, tokenizerConfig, generationConfig, config, chatTemplate });
+    await withLoader(id, options, progress, async (loader, onPlan) => {
+      callBridge(loader, 'set_config', JSON.stringify(config));
+      callBridge(loader, 'set_tokenizer', JSON.stringify(tokenizerJson)); // the text of each chunk is made in Python
+      callBridge(loader, 'set_options', loadOptions(options));
+      return loadWeights(loader, url, { ...files, sha256: options.sha256, onProgress: progress, onPlan });
+    });
+    return;
+  }
+  // A GGUF: its header holds the config and the tokenizer; Python reads it, so Pyodide boots first.
+  const { base, name } = splitLocation(url);
+  await withLoader(id, options, progress, async (loader, onPlan) => {
+    callBridge(loader, 'set_options', loadOptions(options));
+    const onHeader = (header) => {
+      state.text = createText({
+        tokenizerJson: header.tokenizer,
+        tokenizerConfig: header.tokenizer_config,
+        generationConfig: header.generation_config,
+        config: header.config,
+        chatTemplate,
+      });
+    };
+    return loadGguf(loader, base, name, { ...files, sha256: options.sha256, onProgress: progress, onPlan, onHeader });
+  });
+}
 
+/** Boot Pyodide and the kernels, run `fill(loader, onPlan)` (it gives the loader the model), then build. */
+async function withLoader(id, options, progress, fill) {
   progress({ phase: 'runtime', loaded: 0, total: 0 });
   state.py = await startPython(options.pyodide ?? {});
   const kernels = await startKernels(state.py, options.kernels);
@@ -66,16 +95,8 @@ async function load({ id, options }) {
   bridge.destroy();
   try {
     if (kernels.exports) unwrap(loader.offer_kernels(kernels.exports));
-    callBridge(loader, 'set_config', JSON.stringify(config));
-    callBridge(loader, 'set_tokenizer', JSON.stringify(tokenizerJson)); // the text of each chunk is made in Python
-    callBridge(loader, 'set_options', loadOptions(options));
     const onPlan = (plan) => progress({ phase: 'plan', plan, loaded: 0, total: 0 });
-    const download = await loadWeights(loader, options.model, {
-      ...files,
-      sha256: options.sha256,
-      onProgress: progress,
-      onPlan,
-    });
+    const download = await fill(loader, onPlan);
     progress({ phase: 'load', loaded: download.total, total: download.total });
     const built = callBridge(loader, 'build');
     state.engine = loader.take_engine();
@@ -85,11 +106,19 @@ async function load({ id, options }) {
       fromCache: download.fromCache,
       heapBytes: heapBytes(state.py),
       kernelsNote: kernels.reason, // why 'auto' runs NumPy's kernels, if it does
+      chatTemplate: state.text.chatTemplateSource, // 'model', 'built-in gemma', 'option' or null (none)
     };
     send({ type: 'loaded', id, info });
   } finally {
     loader.destroy();
   }
+}
+
+/** A file URL or path as (the folder it is in, its name): files.js opens files by folder and name. */
+function splitLocation(location) {
+  const cut = location.lastIndexOf('/');
+  if (cut < 0) return { base: '.', name: location };
+  return { base: location.slice(0, cut + 1), name: location.slice(cut + 1) };
 }
 
 /**

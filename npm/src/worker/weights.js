@@ -28,13 +28,7 @@ export async function loadWeights(loader, base, { cache, sha256 = {}, onProgress
   const names = await weightFiles(base, { cache });
   const files = [];
   for (const name of names) files.push({ name, ...(await openFile(base, name, { cache })) });
-  for (const f of files) {
-    if (f.size === null)
-      throw new RuvLLMError(
-        'download',
-        `${f.name}: the server did not say how large it is (no Content-Length, or a compressed response)`,
-      );
-  }
+  files.forEach(requireSize);
   // Each file's header arrives first: plan (and refuse a plan that cannot fit) before the bulk.
   for (const f of files) {
     const { header, buffered, rest } = await readHeader(f);
@@ -43,6 +37,52 @@ export async function loadWeights(loader, base, { cache, sha256 = {}, onProgress
   }
   const plan = callBridge(loader, 'plan');
   onPlan(plan);
+  return streamFiles(loader, files, { sha256, onProgress, plan });
+}
+
+/**
+ * A GGUF file: its header (metadata and tensor list) is read first and stands for the JSON files of a
+ * model folder; `onHeader` gets { config, tokenizer, tokenizer_config, generation_config } before the
+ * plan is made, so a plan that cannot fit is refused before the tensor data is fetched.
+ */
+export async function loadGguf(loader, base, name, { cache, sha256 = {}, onProgress, onPlan, onHeader }) {
+  const file = { name, ...(await openFile(base, name, { cache })) };
+  requireSize(file);
+  const iterator = file.chunks[Symbol.asyncIterator]();
+  const buffered = [];
+  let have = 0;
+  let ask = 1 << 20; // ask Python whether the header is complete at 1 MiB, 2 MiB, 4 MiB ...
+  let headerSize = null;
+  while (headerSize === null) {
+    const { value, done } = await iterator.next();
+    if (!done) {
+      buffered.push(value);
+      have += value.length;
+    }
+    if (done || have >= ask || have >= file.size) {
+      headerSize = callBridge(loader, 'gguf_header_size', file.size, concat(buffered, have));
+      ask *= 2;
+      if (headerSize === null && (done || have >= file.size))
+        throw new RuvLLMError('load', `${name}: the file ended inside its GGUF header (${have} bytes)`);
+    }
+  }
+  onHeader(callBridge(loader, 'add_gguf_header', name, file.size, concat(buffered, headerSize)));
+  const plan = callBridge(loader, 'plan');
+  onPlan(plan);
+  Object.assign(file, { buffered, chunks: { [Symbol.asyncIterator]: () => iterator } });
+  return streamFiles(loader, [file], { sha256, onProgress, plan });
+}
+
+function requireSize(f) {
+  if (f.size === null)
+    throw new RuvLLMError(
+      'download',
+      `${f.name}: the server did not say how large it is (no Content-Length, or a compressed response)`,
+    );
+}
+
+/** Copy each file, chunk by chunk, into Python-owned memory, with progress and optional sha256 checks. */
+async function streamFiles(loader, files, { sha256 = {}, onProgress = () => {}, plan }) {
   const total = files.reduce((n, f) => n + f.size, 0);
   let loaded = 0;
   let lastReport = 0;

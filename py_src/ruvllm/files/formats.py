@@ -15,6 +15,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import LoadError
+from . import ggml
 from .tensorfile import DTYPES, bf16_to_f32
 
 GROUP = 32
@@ -170,10 +171,59 @@ class Q4_1(Q4_0):
         }
 
 
+class GGMLBlocks(StorageFormat):
+    """A GGUF tensor type kept as the file stores it: each row a run of ggml blocks (files/ggml.py reads
+    them). Named "ggml:<TYPE>", e.g. "ggml:Q4_K"; only GGUF files have them, and nothing writes them.
+
+    name   uint8 (R, C / block_size * type_size)   the blocks of each row, as in the file
+    """
+
+    quantized = True
+
+    def __init__(self, kind: ggml.GGMLType) -> None:
+        self.type = kind
+        self.name = f"ggml:{kind.name}"
+
+    def part_specs(self, shape):
+        if len(shape) != 2 or shape[1] % self.type.block_size:
+            raise ValueError(
+                f"format {self.name} needs a 2-D tensor with a multiple of {self.type.block_size} columns, "
+                f"got shape {tuple(shape)}"
+            )
+        return {"": ("U8", (int(shape[0]), self.type.row_bytes(int(shape[1]))))}
+
+    def quantize(self, w):
+        raise NotImplementedError(f"{self.name} tensors are read from GGUF files, never written")
+
+    def dequantize(self, parts, shape):
+        return ggml.dequantize(self.type.name, parts[""], int(shape[1]))
+
+
 FORMATS: dict[str, StorageFormat] = {
     f.name: f
-    for f in (IEEEFloat("f32", "F32", np.float32), IEEEFloat("f16", "F16", np.float16), BF16(), Q8(), Q4_0(), Q4_1())
+    for f in (
+        IEEEFloat("f32", "F32", np.float32),
+        IEEEFloat("f16", "F16", np.float16),
+        BF16(),
+        Q8(),
+        Q4_0(),
+        Q4_1(),
+        *(GGMLBlocks(t) for t in ggml.GGML_TYPES.values() if t.name in ggml.CODE_FORMS),
+    )
 }
+
+
+def code_layout(fmt: str) -> tuple[int, bool]:
+    """(group size, whether there are mins) of the integer codes a quantized format's values become."""
+    if fmt.startswith("ggml:"):
+        _, group, has_mins = ggml.CODE_FORMS[fmt[5:]]
+        return group, has_mins
+    return GROUP, fmt == "q4_1"
+
+
+def packs_nibbles(fmt: str) -> bool:
+    """True when a format's codes are 4-bit (they fit the packed Int4Matrix form)."""
+    return fmt in ("q4_0", "q4_1") or (fmt.startswith("ggml:") and ggml.CODE_FORMS[fmt[5:]][0] == "int4")
 
 
 def get_format(name: str, where: str = "") -> StorageFormat:

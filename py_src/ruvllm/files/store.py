@@ -1,9 +1,9 @@
 """The stored tensors of a model folder, seen as logical tensors with a storage format.
 
-`TensorStore` reads one or more safetensors files. Each logical tensor has a storage format
-(`formats.py`) taken from the file's own metadata: ruvllm files say it in `__metadata__`; plain
-Hugging Face checkpoints (f32/f16/bf16 only) are read by dtype. Names are Hugging Face names;
-`sanitize` holds every key fix-up.
+`TensorStore` reads one or more safetensors files, or one GGUF file (gguf_model.py). Each logical
+tensor has a storage format (`formats.py`) taken from the file's own metadata: ruvllm files say it in
+`__metadata__`; plain Hugging Face checkpoints (f32/f16/bf16 only) are read by dtype; a GGUF's tensors
+keep their GGUF types. Names are Hugging Face names; `sanitize` holds every key fix-up.
 """
 
 from __future__ import annotations
@@ -17,6 +17,7 @@ import numpy as np
 from ..errors import LoadError
 from . import jsonfields as fields
 from .formats import GROUP, get_format
+from .gguf_model import GGUFModel
 from .tensorfile import SafetensorsFile
 
 FORMAT_NAME = "ruvllm"
@@ -29,16 +30,17 @@ class StoredTensor:
     name: str
     format: str
     shape: tuple[int, ...]
-    file: SafetensorsFile
+    file: SafetensorsFile | GGUFModel
 
 
 class TensorStore:
-    """Logical tensors over a set of safetensors files (a model may be split into shards)."""
+    """Logical tensors over a set of safetensors files (a model may be split into shards) or a GGUF."""
 
-    def __init__(self, files: list[SafetensorsFile]) -> None:
+    def __init__(self, files: list[SafetensorsFile | GGUFModel]) -> None:
         self.tensors: dict[str, StoredTensor] = {}
         for f in files:
-            for name, fmt, shape in _logical_tensors(f):
+            listed = f.logical_tensors() if isinstance(f, GGUFModel) else _logical_tensors(f)
+            for name, fmt, shape in listed:
                 if name in self.tensors:
                     raise LoadError(f"tensor {name!r} appears in both {self.tensors[name].file.source} and {f.source}")
                 self.tensors[name] = StoredTensor(name, fmt, shape, f)
@@ -52,6 +54,8 @@ class TensorStore:
     def parts(self, name: str) -> dict[str, np.ndarray]:
         """The stored entries of one tensor (views into the file), keyed by suffix."""
         t = self._get(name)
+        if isinstance(t.file, GGUFModel):
+            return {"": t.file.get(name)}
         return {suffix: t.file.get(name + suffix) for suffix in get_format(t.format).part_specs(t.shape)}
 
     def load_f32(self, name: str) -> np.ndarray:

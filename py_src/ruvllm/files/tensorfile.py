@@ -323,7 +323,10 @@ class PieceBuffer:
             return None
         return parse_header(self.array[: self.filled], self.array.size, self.source)
 
-    def finish(self) -> SafetensorsFile:
+    def check_complete(self) -> None:
         if self.filled != self.array.size:
             raise LoadError(f"{self.source}: download incomplete: received {self.filled} of {self.array.size} bytes")
+
+    def finish(self) -> SafetensorsFile:
+        self.check_complete()
         return SafetensorsFile(self.array, source=self.source)

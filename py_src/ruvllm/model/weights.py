@@ -6,12 +6,13 @@ Dimension letters: V vocab, D hidden, H query heads, K key/value heads, E head s
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import InvalidArgumentError, LoadError
-from ..files.formats import GROUP, get_format
+from ..files.formats import GROUP, get_format, packs_nibbles
 from ..files.store import TensorStore, sanitize
 from ..quant.matrices import KERNELS, DenseMatrix, Int4Matrix, Int8Matrix
 from ..quant.provider import KernelProvider
@@ -142,8 +143,8 @@ def compute_form(stored: str, shape: tuple[int, ...], options: ComputeOptions) -
         return DenseMatrix, "f32"
     if stored in FLOAT_FORMATS:  # runtime quantization (round to nearest)
         stored = "q8" if options.form == "q8" else options.isq_format
-    if stored == "q8" or options.form == "q8":
-        return Int8Matrix, stored  # q4 values keep their exact values as int8 codes
+    if options.form == "q8" or not packs_nibbles(stored):
+        return Int8Matrix, stored  # 4-bit values keep their exact values as int8 codes
     return Int4Matrix, stored
 
 
@@ -198,7 +199,7 @@ def load_weights(config: ModelConfig, store: TensorStore, options: ComputeOption
         parts, bounds = store.parts(t.name), np.cumsum((0, *sizes))
         return [
             Linear(prepare_matrix(t.format, {k: p[lo:hi] for k, p in parts.items()}, (hi - lo, in_dim), options))
-            for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)
+            for lo, hi in itertools.pairwise(bounds)
         ]
 
     def attention(p: str) -> Attention:

@@ -6,10 +6,12 @@ Three forms, one interface (`matrix(x)` for x @ W.T, `matrix.rows(ids)` for embe
     Int8Matrix   int8 codes (N, K) + f32 scales/mins  ~1.1 bytes/weight; exact for q8, q4_0, q4_1 values
     Int4Matrix   packed nibbles (N, K/2) + scales     ~0.6 bytes/weight; exact for q4_0, q4_1 values
 
-Quantized forms store w[n, k] = scale[n, g] * code[n, k] + min[n, g] (g = k // 32; no min for
-symmetric formats), so every storage format maps onto them without loss (formats.py).
+Quantized forms store w[n, k] = scale[n, g] * code[n, k] + min[n, g] (g = k // group; no min for
+symmetric formats), so every storage format maps onto them without loss (formats.py; GGUF's K-quants
+in files/ggml.py). The group is a property of the matrix: 32 for most formats, 16 for Q6_K, Q3_K and
+Q2_K (an Int4Matrix always packs groups of 32).
 
-Dimension letters: T rows of x, N output features, K input features, G = K / 32 groups.
+Dimension letters: T rows of x, N output features, K input features, G = K / group groups.
 
 A kernel provider (provider.py; the WebAssembly SIMD one inside Pyodide) may take over a matrix's
 product with `use_provider`. Otherwise NumPy computes it, with one of two kernels picked per runtime at
@@ -27,7 +29,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..files.formats import GROUP
+from ..files import ggml
+from ..files.formats import GROUP, code_layout, get_format, packs_nibbles
 
 KERNELS = ("blas", "einsum")
 # Above this many rows of x, a quantized matrix is expanded to float32 for the product (one
@@ -83,42 +86,54 @@ class DenseMatrix(ProviderSlot):
 
 
 class Int8Matrix(ProviderSlot):
-    """w = scales * codes (+ mins), codes int8, one scale (and min) per group of 32 along K."""
+    """w = scales * codes (+ mins), codes int8, one scale (and min) per group of `group` along K."""
 
     form = "q8"
     PARTS = 1  # a decoding tile holds each group's codes in this many contiguous parts (see Int4Matrix)
     offset = 0  # subtracted from every code (Int4Matrix: 8 for q4_0)
+    group = GROUP
 
     def __init__(
-        self, codes: np.ndarray, scales: np.ndarray, mins: np.ndarray | None = None, kernel: str = "blas"
+        self,
+        codes: np.ndarray,
+        scales: np.ndarray,
+        mins: np.ndarray | None = None,
+        kernel: str = "blas",
+        group: int = GROUP,
     ) -> None:
         N, K = codes.shape
         self.codes = np.ascontiguousarray(codes, dtype=np.int8)  # (N, K)
         self.scales = np.ascontiguousarray(scales, dtype=np.float32)  # (N, G)
         self.mins = None if mins is None else np.ascontiguousarray(mins, dtype=np.float32)  # (N, G)
         self.kernel = kernel
+        self.group = group
         self.shape = (N, K)
+        assert self.scales.shape == (N, K // group), (self.scales.shape, N, K, group)
 
     @classmethod
     def from_parts(cls, fmt: str, parts: dict[str, np.ndarray], kernel: str = "blas") -> Int8Matrix:
-        """A q8 tensor's codes as they are; a q4_0 / q4_1 tensor's codes unpacked into int8 (exact)."""
+        """A q8 tensor's codes as they are; 4-bit codes (q4_0, q4_1, GGUF Q4_K ...) unpacked into int8;
+        GGUF blocks decoded into codes, scales and mins (files/ggml.py): all exact."""
         if fmt == "q8":
             return cls(parts[""], parts[".scales"].astype(np.float32), None, kernel)
-        packed = Int4Matrix.from_parts(fmt, parts, kernel)
-        return cls(packed._codes(), packed.scales, packed.mins, kernel)
+        if packs_nibbles(fmt):
+            packed = Int4Matrix.from_parts(fmt, parts, kernel)
+            return cls(packed._codes(), packed.scales, packed.mins, kernel)
+        code = _ggml_codes(fmt, parts)
+        return cls(code.codes, code.scales, code.mins, kernel, code.group)
 
     @staticmethod
     def planned_nbytes(shape: tuple[int, int], fmt: str) -> int:
         """Bytes of an (N, K) matrix of storage format `fmt` in this form: codes, scales (and mins)."""
-        return shape[0] * shape[1] + _group_bytes(shape, fmt)
+        return shape[0] * shape[1] + group_bytes(shape, fmt)
 
     def _codes(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
         return self.codes[rows]  # (n, K) int8
 
     def dequantize(self, rows: np.ndarray | slice = slice(None)) -> np.ndarray:
-        K = self.shape[1]
+        K, g = self.shape[1], self.group
         codes = self._codes(rows)  # (n, K)
-        w = codes.reshape(-1, K // GROUP, GROUP) * self.scales[rows][..., None]  # (n, G, 32) f32
+        w = codes.reshape(-1, K // g, g) * self.scales[rows][..., None]  # (n, G, group) f32
         if self.mins is not None:
             w += self.mins[rows][..., None]
         return w.reshape(-1, K)  # (n, K)
@@ -131,9 +146,9 @@ class Int8Matrix(ProviderSlot):
             return self._tiled(x) if T > _EXPAND_ABOVE_ROWS else self._tiled_grouped(x)
         if T > _EXPAND_ABOVE_ROWS:
             return dense_product(x, self.dequantize(), self.kernel)  # (T, N)
-        N, K = self.shape
-        xg = x.reshape(T, K // GROUP, GROUP)  # (T, G, 32)
-        per_group = np.einsum("tgk,ngk->tng", xg, self._codes().reshape(N, K // GROUP, GROUP))  # (T, N, G)
+        (N, K), g = self.shape, self.group
+        xg = x.reshape(T, K // g, g)  # (T, G, group)
+        per_group = np.einsum("tgk,ngk->tng", xg, self._codes().reshape(N, K // g, g))  # (T, N, G)
         y = np.einsum("tng,ng->tn", per_group, self.scales)  # (T, N)
         if self.mins is not None:
             y += xg.sum(axis=-1) @ self.mins.T  # (T, G) @ (G, N)
@@ -157,10 +172,10 @@ class Int8Matrix(ProviderSlot):
 
     def _tiled_grouped(self, x: np.ndarray) -> np.ndarray:
         """x @ W.T for a few rows of x (decoding): codes cast to float32 one tile at a time, products per
-        group by BLAS (a stack of (n, 32 / PARTS) @ (32 / PARTS, T) products), then scaled and summed."""
+        group by BLAS (a stack of (n, group / PARTS) @ (group / PARTS, T) products), then scaled and summed."""
         T = x.shape[0]
         (N, K), step, P = self.shape, self._tile_rows(), self.PARTS
-        G, H = K // GROUP, GROUP // P
+        G, H = K // self.group, self.group // P
         xp = np.ascontiguousarray(x.reshape(T, G, P, H).transpose(2, 1, 3, 0))  # (P, G, H, T)
         tile = np.empty((P, step, K // P), dtype=np.float32)  # (P, n, K/P)
         per_group = np.empty((P, G, step, T), dtype=np.float32)  # (P, G, n, T)
@@ -232,20 +247,32 @@ class Int4Matrix(Int8Matrix):
 
     @classmethod
     def from_parts(cls, fmt: str, parts: dict[str, np.ndarray], kernel: str = "blas") -> Int4Matrix:
-        """A q4_0 or q4_1 tensor as it is stored (q4_0's codes are centred: offset 8)."""
+        """A q4_0 or q4_1 tensor as it is stored (q4_0's codes are centred: offset 8); GGUF 4-bit blocks
+        (Q4_0, Q4_1, Q4_K) repacked into the same nibble order."""
+        if fmt.startswith("ggml:"):
+            code = _ggml_codes(fmt, parts)
+            return cls(code.codes, code.scales, code.mins, offset=code.offset, kernel=kernel)
         mins = parts[".mins"].astype(np.float32) if fmt == "q4_1" else None
         offset = 8 if fmt == "q4_0" else 0
         return cls(parts[""], parts[".scales"].astype(np.float32), mins, offset=offset, kernel=kernel)
 
     @staticmethod
     def planned_nbytes(shape: tuple[int, int], fmt: str) -> int:
-        return shape[0] * shape[1] // 2 + _group_bytes(shape, fmt)
+        return shape[0] * shape[1] // 2 + group_bytes(shape, fmt)
 
     @property
     def nbytes(self) -> int:
         return self.packed.nbytes + self.scales.nbytes + (0 if self.mins is None else self.mins.nbytes)
 
 
-def _group_bytes(shape: tuple[int, int], fmt: str) -> int:
-    """float32 scales, and mins for the formats that have them, one per group of 32."""
-    return shape[0] * (shape[1] // GROUP) * 4 * (2 if fmt == "q4_1" else 1)
+def _ggml_codes(fmt: str, parts: dict[str, np.ndarray]):
+    """The codes, scales and mins of a GGUF tensor's blocks (files/ggml.py)."""
+    t = get_format(fmt).type
+    blocks = parts[""]  # (N, bytes per row)
+    return ggml.compute_parts(t.name, blocks, blocks.shape[1] // t.type_size * t.block_size)
+
+
+def group_bytes(shape: tuple[int, int], fmt: str) -> int:
+    """float32 scales, and mins for the formats that have them, one per group."""
+    group, has_mins = code_layout(fmt)
+    return shape[0] * (shape[1] // group) * 4 * (2 if has_mins else 1)

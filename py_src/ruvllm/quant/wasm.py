@@ -66,7 +66,7 @@ class WasmKernels:
             return self._dense(matrix)
         if isinstance(matrix, Int4Matrix):  # before Int8Matrix: it is a subclass
             return self._quantized(matrix, matrix.packed, "q4")
-        if isinstance(matrix, Int8Matrix):
+        if isinstance(matrix, Int8Matrix) and matrix.group == GROUP:  # groups of 16 (Q6_K ...): NumPy's
             return self._quantized(matrix, matrix.codes, "q8")
         return None
 

@@ -15,6 +15,8 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, LoadError
 from ..files import jsonfields as fields
+from ..files.gguf import GGUFFile
+from ..files.gguf_model import GGUFModel
 from ..files.store import TensorStore, sanitize
 from ..files.tensorfile import SafetensorsFile
 from ..model.cache import KVCache, KVOptions
@@ -220,6 +222,27 @@ def read_config(folder: str) -> ModelConfig:
     return ModelConfig.from_dict(fields.read_json(path), path)
 
 
+def is_gguf(path: str) -> bool:
+    return path.endswith(".gguf") and not os.path.isdir(path)
+
+
+def open_gguf(path: str) -> GGUFModel:
+    """The model in a GGUF file, mapped into memory: tensor data is read when it is used."""
+    if not os.path.isfile(path):
+        raise LoadError(f"{path}: GGUF file not found")
+    return GGUFModel(GGUFFile.from_path(path))
+
+
+def open_model(path: str, header_only: bool = False) -> tuple[ModelConfig, TensorStore]:
+    """The config and the tensors of a model folder or a GGUF file (header only: layout, no data)."""
+    if is_gguf(path):
+        model = open_gguf(path)
+        return ModelConfig.from_dict(model.config, f"{path} (GGUF metadata)"), TensorStore([model])
+    if not os.path.isdir(path):
+        raise LoadError(f"{path}: model folder not found")
+    return read_config(path), open_store(path, header_only)
+
+
 def open_store(folder: str, header_only: bool = False) -> TensorStore:
     files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
     if not files:
@@ -240,9 +263,7 @@ def load_engine(
     threads: int | None = None,
     kernels: str = "auto",
 ) -> Engine:
-    """Load a model folder. See LoadOptions for the arguments."""
-    if not os.path.isdir(folder):
-        raise LoadError(f"{folder}: model folder not found")
+    """Load a model folder or a GGUF file. See LoadOptions for the arguments."""
     calibration = tuple(calibration_ids) if calibration_ids else None
     options = LoadOptions(
         context_length,
@@ -256,4 +277,4 @@ def load_engine(
         threads,
         kernels,
     )
-    return Engine.from_store(read_config(folder), open_store(folder), options)
+    return Engine.from_store(*open_model(folder), options)

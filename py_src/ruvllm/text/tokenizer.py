@@ -42,6 +42,12 @@ class Tokenizer:
         template = _chat_template(tokenizer_config, config_source)
         self.chat_template = ChatTemplate(template, self.special_tokens, config_source) if template else None
 
+    def set_chat_template(self, source: str, where: str = "chat_template") -> None:
+        """Use this Jinja chat template instead of the model's own (or for a model without one)."""
+        if not isinstance(source, str) or not source.strip():
+            raise InvalidArgumentError(f"{where}: a chat template must be a non-empty string")
+        self.chat_template = ChatTemplate(source, self.special_tokens, where)
+
     @classmethod
     def from_folder(cls, folder: str) -> Tokenizer:
         path = os.path.join(folder, "tokenizer.json")
@@ -78,7 +84,10 @@ class Tokenizer:
 
     def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
         if self.chat_template is None:
-            raise InvalidArgumentError("this model has no chat template (tokenizer_config.json has no chat_template)")
+            raise InvalidArgumentError(
+                "this model has no chat template (its tokenizer_config.json or GGUF metadata has none): "
+                "give one with --chat-template FILE (CLI) or chat_template= (ruvllm.load)"
+            )
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
 
     def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:

@@ -1,0 +1,510 @@
+"""A GGUF model's tokenizer files, written from its metadata with the standard library only.
+
+A GGUF carries no `tokenizer.json`: the vocabulary, the merges or scores, each token's type and the special
+token ids are metadata under llama.cpp's key names (`tokenizer.ggml.*`). `tokenizer_files` turns them into
+the three documents a model folder would hold, as plain dicts, so the rest of the text layer (HF
+`tokenizers` on CPython, @huggingface/tokenizers in the browser, the streaming detokenizer) reads a GGUF
+model exactly as it reads a folder. Nothing here imports `tokenizers`, which does not exist in Pyodide.
+
+The tokenizer is the one transformers 5.23 builds from the same file (`AutoTokenizer.from_pretrained(folder,
+gguf_file=name)`; integrations/gguf/gguf_tokenizer_mapping.py), by `tokenizer.ggml.model`:
+
+- `gpt2`, byte-level BPE (SmolLM2, Llama 3, Qwen2/3): the file's merges; the text is split before BPE as
+  `tokenizer.ggml.pre` names it in llama.cpp (llama-vocab.cpp). That is where we differ from transformers,
+  which ignores `smollm`: SmolLM's own tokenizer.json and llama.cpp isolate every `\\p{N}` character first.
+  Same document as `convert/gguf_tokenizer.py` writes with the `tokenizers` library.
+- `llama`, SentencePiece BPE with byte fallback. For Gemma (`gemma`, `gemma2`, `gemma3`) as GemmaTokenizer:
+  a token of blanks with a space in it is respelled with `▁`, spaces become `▁` before BPE, and the merges
+  (the file has none) are recovered from the vocabulary, ranked by token position. For every other
+  architecture as LlamaTokenizer (Metaspace, merges ranked by score), Phi-3 with its own normalizer.
+
+Control tokens (type 3) become special added tokens and user-defined ones (type 4) plain added tokens, so
+text naming them is not cut up. Where transformers would append a token past the vocabulary (a default
+special token such as `<mask>` that the file lacks), we leave it out: the model has no row for it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+from ..errors import LoadError
+
+SUPPORTED_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece BPE"}  # tokenizer.ggml.model
+GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
+
+# GGUF token types (llama.cpp: LLAMA_TOKEN_TYPE_*)
+CONTROL, USER_DEFINED = 3, 4
+
+# Gemma's turn format, for a Gemma GGUF that carries no template: the same text as Gemma 3's published
+# template gives for text messages (the system message opens the first user turn; "assistant" is written
+# "model"; contents are trimmed; roles must alternate user, assistant, ...). Contents are strings: ruvllm
+# accepts no other kind. Written with `-` everywhere, so only the quoted strings make output.
+GEMMA_CHAT_TEMPLATE = """\
+{{- bos_token -}}
+{%- if messages[0]['role'] == 'system' -%}
+  {%- set prefix = messages[0]['content'] + '\n\n' -%}
+  {%- set turns = messages[1:] -%}
+{%- else -%}
+  {%- set prefix = '' -%}
+  {%- set turns = messages -%}
+{%- endif -%}
+{%- for message in turns -%}
+  {%- if (message['role'] == 'user') != (loop.index0 % 2 == 0) -%}
+    {{- raise_exception('Gemma conversations alternate user and assistant turns, starting with user') -}}
+  {%- endif -%}
+  {{- '<start_of_turn>' + ('model' if message['role'] == 'assistant' else message['role']) + '\n' -}}
+  {{- prefix if loop.first else '' -}}
+  {{- message['content'] | trim -}}
+  {{- '<end_of_turn>\n' -}}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{- '<start_of_turn>model\n' -}}
+{%- endif -%}
+"""
+
+# Split patterns before byte-level BPE, as published with each model family's tokenizer.
+_LLAMA3_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_QWEN2_SPLIT = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+_BYTE_LEVEL = {"type": "ByteLevel", "add_prefix_space": False, "trim_offsets": True, "use_regex": True}
+
+
+def _split_then_bytes(pattern: str) -> dict:
+    split = {"type": "Split", "pattern": {"Regex": pattern}, "behavior": "Isolated", "invert": False}
+    return {"type": "Sequence", "pretokenizers": [split, {**_BYTE_LEVEL, "use_regex": False}]}
+
+
+# tokenizer.ggml.pre -> the pre-tokenizer of a byte-level vocabulary.
+_BYTE_LEVEL_PRE = {
+    "default": _BYTE_LEVEL,
+    "gpt-2": _BYTE_LEVEL,
+    "gpt2": _BYTE_LEVEL,
+    "smollm": {
+        "type": "Sequence",
+        "pretokenizers": [{"type": "Digits", "individual_digits": True}, _BYTE_LEVEL],
+    },
+    "llama-bpe": _split_then_bytes(_LLAMA3_SPLIT),
+    "llama3": _split_then_bytes(_LLAMA3_SPLIT),
+    "llama-v3": _split_then_bytes(_LLAMA3_SPLIT),
+    "qwen2": _split_then_bytes(_QWEN2_SPLIT),
+}
+
+
+@dataclass(frozen=True)
+class Vocabulary:
+    """The `tokenizer.ggml.*` metadata, checked: one entry per token id in `tokens`, `types`, `scores`."""
+
+    model: str
+    pre: str | None
+    tokens: list[str]
+    types: list[int]
+    scores: list[float] | None
+    merges: list[str] | None
+    special_ids: dict[str, int | None]  # bos, eos, unknown, padding, eot, eom
+    add_bos: bool | None
+    add_eos: bool | None
+
+    @classmethod
+    def read(cls, metadata: dict[str, object], source: str) -> Vocabulary:
+        def get(name: str) -> object:
+            return metadata.get(f"tokenizer.ggml.{name}")
+
+        def fail(name: str, expected: str) -> LoadError:
+            found = _found(get(name))
+            return LoadError(f"{source}: GGUF metadata tokenizer.ggml.{name} must be {expected}, found {found}")
+
+        def listed(name: str, kind: type | tuple[type, ...], expected: str) -> list | None:
+            value = get(name)
+            if value is not None and not (
+                isinstance(value, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
+            ):
+                raise fail(name, expected)
+            return value
+
+        def one(name: str, kind: type, expected: str) -> object:
+            value = get(name)
+            if value is not None and (not isinstance(value, kind) or isinstance(value, bool) != (kind is bool)):
+                raise fail(name, expected)
+            return value
+
+        tokens = listed("tokens", str, "a non-empty list of strings")
+        if not tokens:
+            raise fail("tokens", "a non-empty list of strings")
+        types = listed("token_type", int, "a list of token types (integers)")
+        scores = listed("scores", (int, float), "a list of numbers")
+        for name, values in (("token_type", types), ("scores", scores)):
+            if values is not None and len(values) != len(tokens):
+                raise LoadError(
+                    f"{source}: GGUF metadata tokenizer.ggml.{name} has {len(values)} entries, "
+                    f"tokenizer.ggml.tokens has {len(tokens)}"
+                )
+        special_ids = {}
+        for name in ("bos", "eos", "unknown", "padding", "eot", "eom"):
+            expected = f"a token id (an integer from 0 to {len(tokens) - 1})"
+            index = one(f"{name}_token_id", int, expected)
+            if index is not None and not 0 <= index < len(tokens):
+                raise fail(f"{name}_token_id", expected)
+            special_ids[name] = index
+        model = one("model", str, "a string naming the tokenizer")
+        if model is None:
+            raise fail("model", "a string naming the tokenizer")
+        return cls(
+            model=model,
+            pre=one("pre", str, "a string"),
+            tokens=tokens,
+            types=types or [1] * len(tokens),
+            scores=scores,
+            merges=listed("merges", str, "a list of strings 'left right'"),
+            special_ids=special_ids,
+            add_bos=one("add_bos_token", bool, "true or false"),
+            add_eos=one("add_eos_token", bool, "true or false"),
+        )
+
+    def text(self, name: str) -> str | None:
+        """The text of a special token (`bos`, `eos`, `unknown`, `padding`) as the file spells it."""
+        index = self.special_ids[name]
+        return None if index is None else self.tokens[index]
+
+
+def tokenizer_files(metadata: dict[str, object], source: str) -> tuple[dict, dict, dict]:
+    """(tokenizer.json, tokenizer_config.json, generation_config.json) contents for a GGUF's tokenizer.
+
+    `metadata` maps each GGUF key to its value (arrays as lists), as `GGUFReader` fields' `contents()`
+    give them; `source` names the file in errors. Raises LoadError naming the file and the key for a
+    tokenizer kind that is not supported or metadata that cannot describe one.
+
+    >>> tokenizer_json, tokenizer_config, generation_config = tokenizer_files(metadata, "gemma-3-270m.gguf")
+    >>> Tokenizer(json.dumps(tokenizer_json), tokenizer_config).encode("Hello")
+    [2, 9259]
+    """
+    architecture = metadata.get("general.architecture")
+    vocabulary = Vocabulary.read(metadata, source)
+    if vocabulary.model == "gpt2":
+        tokenizer, add_bos, add_eos = _byte_level(vocabulary, source)
+    elif vocabulary.model == "llama":
+        tokenizer, add_bos, add_eos = _sentencepiece(vocabulary, architecture, source)
+    else:
+        supported = ", ".join(f"{name} ({kind})" for name, kind in SUPPORTED_MODELS.items())
+        raise LoadError(
+            f"{source}: GGUF metadata tokenizer.ggml.model {vocabulary.model!r} is not supported; "
+            f"supported: {supported}"
+        )
+
+    tokenizer_config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",  # tokenizer.json as written, not rebuilt by a class
+        "add_bos_token": add_bos,
+        "add_eos_token": add_eos,
+        "bos_token": vocabulary.text("bos"),
+        "eos_token": vocabulary.text("eos"),
+        "unk_token": vocabulary.text("unknown"),
+        "pad_token": vocabulary.text("padding"),
+        "clean_up_tokenization_spaces": False,
+    }
+    template = metadata.get("tokenizer.chat_template")
+    if template is not None and not isinstance(template, str):
+        raise LoadError(f"{source}: GGUF metadata tokenizer.chat_template must be a string, found {_found(template)}")
+    if template:
+        tokenizer_config["chat_template"] = template
+    elif architecture in GEMMA_ARCHITECTURES:
+        tokenizer_config["chat_template"] = GEMMA_CHAT_TEMPLATE
+        tokenizer_config["chat_template_source"] = "built-in gemma"
+
+    ids = vocabulary.special_ids
+    end_ids = {ids[name] for name in ("eos", "eot", "eom") if ids[name] is not None}
+    if architecture in GEMMA_ARCHITECTURES and "<end_of_turn>" in vocabulary.tokens:
+        end_ids.add(vocabulary.tokens.index("<end_of_turn>"))  # Gemma 3's generation_config: [1, 106]
+    eos = sorted(end_ids)
+    generation_config = {"bos_token_id": ids["bos"], "eos_token_id": eos[0] if len(eos) == 1 else eos}
+    if ids["padding"] is not None:
+        generation_config["pad_token_id"] = ids["padding"]
+    return tokenizer, tokenizer_config, generation_config
+
+
+# --- byte-level BPE ("gpt2") ---------------------------------------------------------------------------
+
+
+def _byte_level(vocabulary: Vocabulary, source: str) -> tuple[dict, bool, bool]:
+    pre = vocabulary.pre or "default"
+    if pre not in _BYTE_LEVEL_PRE:
+        raise LoadError(
+            f"{source}: GGUF metadata tokenizer.ggml.pre {pre!r} is not supported; "
+            f"supported: {', '.join(_BYTE_LEVEL_PRE)}"
+        )
+    if vocabulary.merges is None:
+        raise LoadError(f"{source}: GGUF metadata has no tokenizer.ggml.merges (byte-level BPE needs them)")
+    vocab: dict[str, int] = {}
+    for index, token in enumerate(vocabulary.tokens):
+        vocab.setdefault(token, index)  # a repeated spelling keeps its first id
+    merges = []
+    for index, merge in enumerate(vocabulary.merges):
+        pair = merge.split(" ", 1)
+        if len(pair) != 2:
+            raise LoadError(f"{source}: GGUF metadata tokenizer.ggml.merges[{index}] {merge!r} is not 'left right'")
+        merges.append(pair)
+    _check_merges(merges, vocab, source)
+
+    added = _AddedTokens(vocab)
+    added.add(_typed(vocabulary, CONTROL), special=True)
+    added.add(_typed(vocabulary, USER_DEFINED), special=False)
+
+    add_bos, add_eos = bool(vocabulary.add_bos), bool(vocabulary.add_eos)
+    bos, eos = vocabulary.text("bos") if add_bos else None, vocabulary.text("eos") if add_eos else None
+    post_processor = None
+    if add_bos or add_eos:  # as `convert/gguf_tokenizer.py`: the pair template keeps the library's default
+        single = [_special_piece(bos, 0)] if bos else []
+        single += [_sequence_piece("A", 0)] + ([_special_piece(eos, 0)] if eos else [])
+        post_processor = {
+            "type": "TemplateProcessing",
+            "single": single,
+            "pair": [_sequence_piece("A", 0), _sequence_piece("B", 1)],
+            "special_tokens": {t: _special_entry(t, vocab[t]) for t in (bos, eos) if t},
+        }
+    tokenizer = _document(
+        added=added.document(),
+        normalizer=None,
+        pre_tokenizer=copy.deepcopy(_BYTE_LEVEL_PRE[pre]),  # the caller owns the document
+        post_processor=post_processor,
+        decoder={"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": True, "use_regex": True},
+        model=_bpe(vocab, merges, unk_token=None, fuse_unk=False, byte_fallback=False),
+    )
+    return tokenizer, add_bos, add_eos
+
+
+# --- SentencePiece BPE ("llama") ------------------------------------------------------------------------
+
+
+def _sentencepiece(vocabulary: Vocabulary, architecture: object, source: str) -> tuple[dict, bool, bool]:
+    if vocabulary.pre in _BYTE_LEVEL_PRE and vocabulary.pre not in ("default", None):
+        raise LoadError(
+            f"{source}: GGUF metadata tokenizer.ggml.pre {vocabulary.pre!r} (a byte-level split) does not go "
+            "with tokenizer.ggml.model 'llama' (SentencePiece)"
+        )
+    gemma = architecture in GEMMA_ARCHITECTURES
+    tokens = vocabulary.tokens
+    if gemma:  # Gemma files store a token of blanks with real spaces ("  "); its tokenizer spells them "▁▁"
+        tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    vocab = {token: index for index, token in enumerate(tokens)}  # a repeated spelling keeps its last id
+
+    if vocabulary.merges is not None:
+        merges = [merge.split(" ") for merge in vocabulary.merges]
+        for index, pair in enumerate(merges):
+            if len(pair) != 2:
+                raise LoadError(
+                    f"{source}: GGUF metadata tokenizer.ggml.merges[{index}] {vocabulary.merges[index]!r} "
+                    "is not 'left right'"
+                )
+        _check_merges(merges, vocab, source)
+    elif gemma:
+        merges = merges_by_position(tokens, vocab)
+    elif vocabulary.scores is not None:
+        merges = merges_by_score(tokens, vocabulary.scores, vocab)
+    else:
+        raise LoadError(
+            f"{source}: GGUF metadata has neither tokenizer.ggml.merges nor tokenizer.ggml.scores "
+            f"(tokenizer.ggml.model 'llama', architecture {architecture!r})"
+        )
+
+    # The special tokens transformers adds, in its order (a later addition of the same text sets its flag):
+    # the class defaults, the file's control and user-defined tokens, then the file's named tokens.
+    defaults = ("<unk>", "<bos>", "<eos>", "<pad>", "<mask>") if gemma else ("<unk>", "<s>", "</s>")
+    added = _AddedTokens(vocab)
+    added.add(defaults, special=True)
+    added.add(_typed(vocabulary, CONTROL), special=True)
+    added.add(_typed(vocabulary, USER_DEFINED), special=False)
+    named = [vocabulary.text(name) for name in ("bos", "eos", "unknown", "padding")] + (["<mask>"] if gemma else [])
+    added.add([t for t in named if t is not None and t not in added.ids], special=True)
+
+    add_bos = True if vocabulary.add_bos is None else vocabulary.add_bos  # llama.cpp's default for SentencePiece
+    add_eos = bool(vocabulary.add_eos)
+    bos, eos = vocabulary.text("bos"), vocabulary.text("eos")
+    add_bos, add_eos = add_bos and added.id_of(bos) is not None, add_eos and added.id_of(eos) is not None
+    post_processor = _bos_eos_template(bos if add_bos else None, eos if add_eos else None, added)
+
+    spaces = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    decoders = [
+        {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
+        {"type": "ByteFallback"},
+        {"type": "Fuse"},
+    ]
+    if gemma:
+        normalizer = spaces
+        pre_tokenizer = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
+        unk_token = "<unk>"  # GemmaTokenizer's, whatever the file names
+    else:
+        # LlamaTokenizer: a `▁` before the first word; the decoder drops it again. Phi-3 puts it there with a
+        # normalizer instead, so a text that starts with spaces keeps one more (transformers' phi3_tokenizer).
+        decoders.append({"type": "Strip", "content": " ", "start": 1, "stop": 0})
+        if architecture == "phi3":
+            normalizer = {"type": "Sequence", "normalizers": [{"type": "Prepend", "prepend": "\u2581"}, spaces]}
+            pre_tokenizer = None
+        else:
+            normalizer = None
+            pre_tokenizer = {"type": "Metaspace", "replacement": "\u2581", "prepend_scheme": "first", "split": False}
+        unk_token = None
+    tokenizer = _document(
+        added=added.document(),
+        normalizer=normalizer,
+        pre_tokenizer=pre_tokenizer,
+        post_processor=post_processor,
+        decoder={"type": "Sequence", "decoders": decoders},
+        model=_bpe(vocab, merges, unk_token=unk_token, fuse_unk=True, byte_fallback=True),
+    )
+    return tokenizer, add_bos, add_eos
+
+
+def merges_by_position(tokens: list[str], vocab: dict[str, int]) -> list[list[str]]:
+    """Gemma's merges: every way to cut a token into two tokens, earlier tokens first, and within a token
+    the longer left part first (transformers' `generate_merges` with the negated position as the score).
+
+    Runs once per load, in Pyodide too: about 1.2 million cuts for Gemma 3's 262,144 tokens.
+    """
+    known = vocab.__contains__
+    cuts = [range(n - 1, 0, -1) for n in range(max(map(len, tokens)) + 1)]  # n -> left lengths, longest first
+    merges: list[list[str]] = []
+    append = merges.append
+    for index, token in enumerate(tokens):
+        if vocab[token] != index:
+            continue  # a repeated spelling ranks at its last position
+        for k in cuts[len(token)]:
+            left = token[:k]
+            if known(left):
+                right = token[k:]
+                if known(right):
+                    append([left, right])
+    return merges
+
+
+def merges_by_score(tokens: list[str], scores: list[float], vocab: dict[str, int]) -> list[list[str]]:
+    """A SentencePiece vocabulary's merges: every way to cut a token into two tokens, ranked by the token's
+    score, then by the longer left part, then the longer right part (transformers' `generate_merges`)."""
+    score_of = dict(zip(tokens, scores, strict=True))  # a repeated spelling: first place, last score
+    ranked = []
+    for token, score in score_of.items():
+        cuts = [(token[:k], token[k:]) for k in range(1, len(token)) if token[:k] in vocab and token[k:] in vocab]
+        cuts.sort(key=lambda cut: (vocab[cut[0]], vocab[cut[1]]))
+        ranked += [(score, len(left), len(right), left, right) for left, right in cuts]
+    ranked.sort(key=lambda entry: entry[:3], reverse=True)  # stable: equal keys keep the order above
+    return [[left, right] for _, _, _, left, right in ranked]
+
+
+# --- pieces of the tokenizer.json document ---------------------------------------------------------------
+
+
+class _AddedTokens:
+    """Added tokens by id, as `tokenizers` keeps them: a text takes its vocabulary id, and adding a text
+    again replaces its flags."""
+
+    def __init__(self, vocab: dict[str, int]) -> None:
+        self.vocab = vocab
+        self.ids: dict[str, int] = {}
+        self.by_id: dict[int, tuple[str, bool]] = {}  # id -> (text, special)
+
+    def add(self, texts: list[str], special: bool) -> None:
+        for text in texts:
+            index = self.id_of(text)
+            if not text or index is None:
+                continue  # never past the vocabulary (see the module docstring); `tokenizers` skips ""
+            self.ids[text] = index
+            self.by_id[index] = (text, special)
+
+    def id_of(self, text: str | None) -> int | None:
+        return self.ids.get(text, self.vocab.get(text))
+
+    def document(self) -> list[dict]:
+        return [
+            {
+                "id": index,
+                "content": text,
+                "single_word": False,
+                "lstrip": False,
+                "rstrip": False,
+                "normalized": False,
+                "special": special,
+            }
+            for index, (text, special) in sorted(self.by_id.items())
+        ]
+
+
+def _typed(vocabulary: Vocabulary, kind: int) -> list[str]:
+    return [token for token, t in zip(vocabulary.tokens, vocabulary.types, strict=True) if t == kind]
+
+
+def _check_merges(merges: list[list[str]], vocab: dict[str, int], source: str) -> None:
+    """Both sides and the merged token must be tokens (`tokenizers` refuses the file otherwise)."""
+    for index, (left, right) in enumerate(merges):
+        for part in (left, right, left + right):
+            if part not in vocab:
+                raise LoadError(
+                    f"{source}: GGUF metadata tokenizer.ggml.merges[{index}] {left + ' ' + right!r} names "
+                    f"{part!r}, which is not in tokenizer.ggml.tokens"
+                )
+
+
+def _special_piece(text: str, type_id: int) -> dict:
+    return {"SpecialToken": {"id": text, "type_id": type_id}}
+
+
+def _sequence_piece(name: str, type_id: int) -> dict:
+    return {"Sequence": {"id": name, "type_id": type_id}}
+
+
+def _special_entry(text: str, index: int) -> dict:
+    return {"id": text, "ids": [index], "tokens": [text]}
+
+
+def _bos_eos_template(bos: str | None, eos: str | None, added: _AddedTokens) -> dict:
+    """transformers' `update_post_processor`: `bos $A eos` and `bos $A eos bos $B eos`, each where enabled."""
+
+    def around(name: str, type_id: int) -> list[dict]:
+        return [
+            *([_special_piece(bos, type_id)] if bos else []),
+            _sequence_piece(name, type_id),
+            *([_special_piece(eos, type_id)] if eos else []),
+        ]
+
+    return {
+        "type": "TemplateProcessing",
+        "single": around("A", 0),
+        "pair": around("A", 0) + around("B", 1),
+        "special_tokens": {t: _special_entry(t, added.id_of(t)) for t in (bos, eos) if t},
+    }
+
+
+def _bpe(vocab: dict[str, int], merges: list, unk_token: str | None, fuse_unk: bool, byte_fallback: bool) -> dict:
+    return {
+        "type": "BPE",
+        "dropout": None,
+        "unk_token": unk_token,
+        "continuing_subword_prefix": None,
+        "end_of_word_suffix": None,
+        "fuse_unk": fuse_unk,
+        "byte_fallback": byte_fallback,
+        "ignore_merges": False,
+        "vocab": dict(sorted(vocab.items(), key=lambda item: item[1])),  # by id, as `tokenizers` writes it
+        "merges": merges,
+    }
+
+
+def _document(**parts: object) -> dict:
+    return {
+        "version": "1.0",
+        "truncation": None,
+        "padding": None,
+        "added_tokens": parts["added"],
+        "normalizer": parts["normalizer"],
+        "pre_tokenizer": parts["pre_tokenizer"],
+        "post_processor": parts["post_processor"],
+        "decoder": parts["decoder"],
+        "model": parts["model"],
+    }
+
+
+def _found(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
