@@ -15,14 +15,12 @@ import shutil
 import subprocess
 import time
 from pathlib import Path
-from types import SimpleNamespace
 
 import gguf
 import numpy as np
 import pytest
 from transformers import AutoTokenizer
 
-from ruvllm.convert.gguf_tokenizer import build_tokenizer
 from ruvllm.errors import InvalidArgumentError, LoadError
 from ruvllm.files.gguf_vocab import GEMMA_CHAT_TEMPLATE, merges_by_position, tokenizer_files
 from ruvllm.text.chat_template import ChatTemplate
@@ -306,16 +304,19 @@ def test_smollm2_documents_are_the_converters(smollm2_files, smollm2_dir):
     ("pre", "add_bos", "add_eos"),
     [("smollm", True, False), ("llama-bpe", False, True), ("qwen2", True, True), ("default", None, None)],
 )
-def test_byte_level_documents_are_the_converters_for_each_split_and_flag(smollm2_metadata, pre, add_bos, add_eos):
+def test_byte_level_bos_and_eos_flags_are_applied_for_each_split(smollm2_metadata, pre, add_bos, add_eos):
     flags = {
         "tokenizer.ggml.pre": pre,
         "tokenizer.ggml.add_bos_token": add_bos,
         "tokenizer.ggml.add_eos_token": add_eos,
     }
     metadata = {k: v for k, v in {**smollm2_metadata, **flags}.items() if v is not None}
-    # What the converter reads of a gguf.GGUFReader: fields[name].contents()
-    reader = SimpleNamespace(fields={k: SimpleNamespace(contents=lambda v=v: v) for k, v in metadata.items()})
-    assert tokenizer_files(metadata, "smollm2.gguf") == build_tokenizer(reader, metadata, "smollm2.gguf")
+    tokenizer_json, tokenizer_config, _ = tokenizer_files(metadata, "smollm2.gguf")
+    ours = Tokenizer(json.dumps(tokenizer_json), tokenizer_config)
+    plain = ours.encode("Hello world 12", add_special_tokens=False)
+    bos, eos = metadata["tokenizer.ggml.bos_token_id"], metadata["tokenizer.ggml.eos_token_id"]
+    assert ours.encode("Hello world 12") == [bos] * bool(add_bos) + plain + [eos] * bool(add_eos)
+    assert (tokenizer_config["add_bos_token"], tokenizer_config["add_eos_token"]) == (bool(add_bos), bool(add_eos))
 
 
 @pytest.mark.parametrize("text", TEXTS)

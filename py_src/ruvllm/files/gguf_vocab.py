@@ -12,7 +12,6 @@ gguf_file=name)`; integrations/gguf/gguf_tokenizer_mapping.py), by `tokenizer.gg
 - `gpt2`, byte-level BPE (SmolLM2, Llama 3, Qwen2/3): the file's merges; the text is split before BPE as
   `tokenizer.ggml.pre` names it in llama.cpp (llama-vocab.cpp). That is where we differ from transformers,
   which ignores `smollm`: SmolLM's own tokenizer.json and llama.cpp isolate every `\\p{N}` character first.
-  Same document as `convert/gguf_tokenizer.py` writes with the `tokenizers` library.
 - `llama`, SentencePiece BPE with byte fallback. For Gemma (`gemma`, `gemma2`, `gemma3`) as GemmaTokenizer:
   a token of blanks with a space in it is respelled with `▁`, spaces become `▁` before BPE, and the merges
   (the file has none) are recovered from the vocabulary, ranked by token position. For every other
@@ -256,7 +255,7 @@ def _byte_level(vocabulary: Vocabulary, source: str) -> tuple[dict, bool, bool]:
     add_bos, add_eos = bool(vocabulary.add_bos), bool(vocabulary.add_eos)
     bos, eos = vocabulary.text("bos") if add_bos else None, vocabulary.text("eos") if add_eos else None
     post_processor = None
-    if add_bos or add_eos:  # as `convert/gguf_tokenizer.py`: the pair template keeps the library's default
+    if add_bos or add_eos:  # the pair template keeps the `tokenizers` library's default
         single = [_special_piece(bos, 0)] if bos else []
         single += [_sequence_piece("A", 0)] + ([_special_piece(eos, 0)] if eos else [])
         post_processor = {
