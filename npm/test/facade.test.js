@@ -118,7 +118,9 @@ test('bad arguments are refused before anything is sent', async () => {
   );
   await assert.rejects(
     RuvLLM.load({}),
-    (e) => e.type === 'invalid_argument' && /options.model must be a URL/.test(e.message),
+    (e) =>
+      e.type === 'invalid_argument' &&
+      /options.model must be the URL .* of a GGUF file or of a model folder/.test(e.message),
   );
   await assert.rejects(RuvLLM.load({ model: 'x', contextLength: -1 }), (e) => e.type === 'invalid_argument');
   await assert.rejects(
@@ -128,6 +130,14 @@ test('bad arguments are refused before anything is sent', async () => {
   await assert.rejects(
     RuvLLM.load({ model: 'x', arithmetic: 'int8' }),
     (e) => e.type === 'invalid_argument' && e.message === 'options.arithmetic must be exact, fast, got "int8"',
+  );
+  await assert.rejects(
+    RuvLLM.load({ model: 'hf:just-a-name' }),
+    (e) => e.type === 'invalid_argument' && /hf:OWNER\/REPO/.test(e.message),
+  );
+  await assert.rejects(
+    RuvLLM.load({ model: 'x', chatTemplate: 42 }),
+    (e) => e.type === 'invalid_argument' && e.message === 'options.chatTemplate must be a non-empty string',
   );
   await assert.rejects(RuvLLM.load({ model: 'x', signal: AbortSignal.abort() }), AbortError);
   assert.equal(worker.posted.length, 0);

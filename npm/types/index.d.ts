@@ -63,8 +63,23 @@ export interface Progress {
  * });
  */
 export interface LoadOptions {
-  /** Base URL of a ruvllm model folder (config.json, tokenizer.json, model.safetensors ...); in Node also a folder path. */
+  /**
+   * The model: the URL of a GGUF file (`…/model.gguf`, loaded as it is: config, tokenizer and chat
+   * template from its metadata), the base URL of a model folder (config.json, tokenizer.json,
+   * model.safetensors ...), in Node also a file or folder path, or a hub name: `hf:OWNER/REPO/FILE.gguf`
+   * or `hf:OWNER/REPO` (`@REVISION` after REPO), fetched from `hfEndpoint`.
+   * @example
+   * await RuvLLM.load({ model: 'hf:unsloth/gemma-3-270m-it-GGUF/gemma-3-270m-it-Q4_K_M.gguf' });
+   */
   model: string;
+  /** Where `hf:` names are fetched from (default 'https://huggingface.co'): `${hfEndpoint}/OWNER/REPO/resolve/REV/FILE`. */
+  hfEndpoint?: string;
+  /**
+   * A Jinja chat template used instead of the model's own, or for a model without one (chat() then works;
+   * without it, chat() on such a model is an 'invalid_argument' error). Gemma files without a template
+   * get the built-in Gemma turn format.
+   */
+  chatTemplate?: string;
   /** Where Pyodide comes from. Default: the official CDN (browsers) or the `pyodide` npm package (Node, NumPy from the CDN). */
   pyodide?: { indexURL?: string };
   /** Called as the runtime starts and the weights arrive. */
@@ -232,6 +247,8 @@ export interface ModelInfo {
   arithmetic: 'exact' | 'fast';
   /** With kernels 'auto': why the WebAssembly kernels are not used, or null. */
   kernelsNote: string | null;
+  /** Where chat()'s template comes from: the model's files, the built-in Gemma turn format, the chatTemplate option, or none. */
+  chatTemplate: 'model' | 'built-in gemma' | 'option' | null;
 }
 
 /**

@@ -93,6 +93,7 @@ function declaredSize(response) {
 
 async function* streamChunks(body, name) {
   const reader = body.getReader();
+  let done = false;
   try {
     for (;;) {
       let result;
@@ -101,10 +102,14 @@ async function* streamChunks(body, name) {
       } catch (error) {
         throw new RuvLLMError('download', `${name}: the download failed midway: ${error.message}`);
       }
-      if (result.done) return;
+      if (result.done) {
+        done = true;
+        return;
+      }
       yield result.value;
     }
   } finally {
+    if (!done) await reader.cancel().catch(() => {}); // the reader stopped early (a refused plan): stop the download
     reader.releaseLock();
   }
 }

@@ -49,6 +49,16 @@ export async function loadGguf(loader, base, name, { cache, sha256 = {}, onProgr
   const file = { name, ...(await openFile(base, name, { cache })) };
   requireSize(file);
   const iterator = file.chunks[Symbol.asyncIterator]();
+  try {
+    return await headerThenData(loader, file, iterator, { sha256, onProgress, onPlan, onHeader });
+  } catch (error) {
+    await iterator.return?.(); // a refused header or plan: the tensor data is not fetched
+    throw error;
+  }
+}
+
+async function headerThenData(loader, file, iterator, { sha256, onProgress, onPlan, onHeader }) {
+  const { name } = file;
   const buffered = [];
   let have = 0;
   let ask = 1 << 20; // ask Python whether the header is complete at 1 MiB, 2 MiB, 4 MiB ...
