@@ -16,28 +16,13 @@ from transformers import AutoModelForCausalLM
 from ruvllm.errors import LoadError
 from ruvllm.files.ggml import GGML_TYPE_NAMES
 from ruvllm.runtime.engine import load_engine
+from test_ggml_blocks import F16_FIELDS  # where each block type keeps its f16 scales
 
 D, F, LAYERS = 256, 512, 2  # K-quants need rows of 256
 # Heads (query, key/value) of size D / query heads: 128, which transformers takes for Qwen3 from its
 # config default, not from the file; 256 for Gemma 3, whose query scale transformers fixes at 256^-1/2
 # where llama.cpp (and we) take head_dim^-1/2: equal for every released Gemma 3 but the 27B.
 HEADS = {"gemma3": (1, 1)}
-# Byte offsets of the f16 fields (scales) in one block of each type: set to small values so that random
-# blocks make weights of a sensible size.
-F16_FIELDS = {
-    "Q8_0": (0,),
-    "Q4_0": (0,),
-    "Q4_1": (0, 2),
-    "Q5_0": (0,),
-    "Q5_1": (0, 2),
-    "Q2_K": (80, 82),
-    "Q3_K": (108,),
-    "Q4_K": (0, 2),
-    "Q5_K": (0, 2),
-    "Q6_K": (208,),
-    "IQ4_NL": (0,),
-    "IQ4_XS": (0,),
-}
 TYPES = list(F16_FIELDS)
 
 
