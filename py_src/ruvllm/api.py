@@ -155,7 +155,7 @@ class Model:
 
 
 def load(
-    path: str,
+    path: str | os.PathLike,
     context_length: int | None = None,
     compute: str = "auto",
     memory_budget: int | None = None,
@@ -180,6 +180,7 @@ def load(
     SIMD kernels, only inside the npm package's Pyodide worker) or "numpy".
     chat_template: a Jinja chat template to use instead of the model's own (or for a model without one).
     """
+    path = os.fspath(path)
     if path.startswith("hf:"):
         from .files.hub import ensure_local
 

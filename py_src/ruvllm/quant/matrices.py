@@ -3,8 +3,8 @@
 Three forms, one interface (`matrix(x)` for x @ W.T, `matrix.rows(ids)` for embedding lookups):
 
     DenseMatrix  float32 (N, K)                      4 bytes/weight; the fastest everywhere
-    Int8Matrix   int8 codes (N, K) + f32 scales/mins  ~1.1 bytes/weight; exact for q8, q4_0, q4_1 values
-    Int4Matrix   packed nibbles (N, K/2) + scales     ~0.6 bytes/weight; exact for q4_0, q4_1 values
+    Int8Matrix   int8 codes (N, K) + f32 scales/mins  ~1.1 bytes/weight; exact for every quantized format
+    Int4Matrix   packed nibbles (N, K/2) + scales     ~0.6 bytes/weight; exact for 4-bit ones (Q4_K too)
 
 Quantized forms store w[n, k] = scale[n, g] * code[n, k] + min[n, g] (g = k // group; no min for
 symmetric formats), so every storage format maps onto them without loss (formats.py; GGUF's K-quants
