@@ -154,23 +154,26 @@ def first_tensor_field(reader, part: int) -> int:
 
 
 GGUF_DAMAGE = {
-    "truncated to 1000 bytes": (lambda data, reader: data.__delitem__(slice(1000, None)), "cannot read as GGUF"),
+    "truncated to 1000 bytes": (
+        lambda data, reader: data.__delitem__(slice(1000, None)),
+        "tensor_count is 272, which cannot fit: each entry takes at least 32 bytes and only 976 bytes follow",
+    ),
     "n_dims 99": (
         lambda data, reader: data.__setitem__(
             slice(o := first_tensor_field(reader, 2), o + 4), (99).to_bytes(4, "little")
         ),
-        "cannot read as GGUF",
+        "tensor 'token_embd.weight' has 99 dimensions; a GGUF tensor has 1 to 4",
     ),
     "tensor_count 2^40": (
         lambda data, reader: data.__setitem__(slice(8, 16), (2**40).to_bytes(8, "little")),
-        "cannot read as GGUF",
+        "tensor_count is 1099511627776, which cannot fit",
     ),
     "a misaligned tensor": (
         lambda data, reader: data.__setitem__(
             slice(o := first_tensor_field(reader, 5), o + 8),
             (int.from_bytes(data[o : o + 8], "little") + 1).to_bytes(8, "little"),
         ),
-        "which is not a multiple of the file's alignment 32: the file is damaged",
+        "tensor 'token_embd.weight' starts at offset 1 of the data section, not a multiple of the alignment 32",
     ),
 }
 
@@ -181,6 +184,7 @@ def test_a_damaged_gguf_is_a_one_line_error(damage, smollm2_gguf, tmp_path):
     path = gguf_copy(smollm2_gguf, tmp_path, edit)
     assert_one_line_error(ruvllm_cli("convert", path, str(tmp_path / "out")), message)
     assert not (tmp_path / "out").exists()  # nothing half-written
+    assert_one_line_error(ruvllm_cli("generate", path, "--prompt", "Hi"), message)  # loaded as it is
 
 
 def test_convert_refuses_a_folder_that_is_not_empty_unless_forced(tmp_path):

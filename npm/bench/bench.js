@@ -96,6 +96,8 @@ async function cpythonRun(threads) {
     values['cpython-compute'],
     '--format',
     'json',
+    '--threads', // ruvllm chooses BLAS threads itself (threadpoolctl): the variables above are not enough
+    String(threads),
   ];
   if (HOT) args.push('--hot-tokens', String(HOT), '--cold', values.cold);
   const { stdout } = await promisify(execFile)(values.python, args, { env });
