@@ -195,13 +195,25 @@ static inline v128_t group_dot_f32(v128_t a, v128_t b, const float *x) {
   return wasm_f32x4_add(wasm_f32x4_add(p, q), wasm_f32x4_add(r, s));
 }
 
-// One group of codes expanded to float32 weights: out[0:32] = scale * code (+ min), as NumPy forms them.
-static inline void expand_group(v128_t a, v128_t b, float scale, float min, i32 has_min, float *out) {
-  v128_t c0, c1, c2, c3, c4, c5, c6, c7, s = wasm_f32x4_splat(scale), m = wasm_f32x4_splat(min);
+// The two halves of one group's sum (weights 0..15 and 16..31), for matrices with a scale per 16 weights.
+static inline void half_dots_f32(v128_t a, v128_t b, const float *x, v128_t *lo, v128_t *hi) {
+  v128_t c0, c1, c2, c3, c4, c5, c6, c7;
+  CODES_TO_F32(a, c0, c1, c2, c3);
+  CODES_TO_F32(b, c4, c5, c6, c7);
+  *lo = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(c0, wasm_v128_load(x)), wasm_f32x4_mul(c1, wasm_v128_load(x + 4))),
+                       wasm_f32x4_add(wasm_f32x4_mul(c2, wasm_v128_load(x + 8)), wasm_f32x4_mul(c3, wasm_v128_load(x + 12))));
+  *hi = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(c4, wasm_v128_load(x + 16)), wasm_f32x4_mul(c5, wasm_v128_load(x + 20))),
+                       wasm_f32x4_add(wasm_f32x4_mul(c6, wasm_v128_load(x + 24)), wasm_f32x4_mul(c7, wasm_v128_load(x + 28))));
+}
+
+// One group of codes expanded to float32 weights: out[0:32] = scale * code (+ min), as NumPy forms them;
+// weights 0..15 take scale s0 and 16..31 scale s1 (the same but in matrices with groups of 16).
+static inline void expand_group(v128_t a, v128_t b, float s0, float s1, float min, i32 has_min, float *out) {
+  v128_t c0, c1, c2, c3, c4, c5, c6, c7, s = wasm_f32x4_splat(s0), t = wasm_f32x4_splat(s1), m = wasm_f32x4_splat(min);
   CODES_TO_F32(a, c0, c1, c2, c3);
   CODES_TO_F32(b, c4, c5, c6, c7);
   c0 = wasm_f32x4_mul(c0, s), c1 = wasm_f32x4_mul(c1, s), c2 = wasm_f32x4_mul(c2, s), c3 = wasm_f32x4_mul(c3, s);
-  c4 = wasm_f32x4_mul(c4, s), c5 = wasm_f32x4_mul(c5, s), c6 = wasm_f32x4_mul(c6, s), c7 = wasm_f32x4_mul(c7, s);
+  c4 = wasm_f32x4_mul(c4, t), c5 = wasm_f32x4_mul(c5, t), c6 = wasm_f32x4_mul(c6, t), c7 = wasm_f32x4_mul(c7, t);
   if (has_min) {
     c0 = wasm_f32x4_add(c0, m), c1 = wasm_f32x4_add(c1, m), c2 = wasm_f32x4_add(c2, m), c3 = wasm_f32x4_add(c3, m);
     c4 = wasm_f32x4_add(c4, m), c5 = wasm_f32x4_add(c5, m), c6 = wasm_f32x4_add(c6, m), c7 = wasm_f32x4_add(c7, m);
@@ -216,18 +228,20 @@ static inline void expand_group(v128_t a, v128_t b, float scale, float min, i32 
 // Up to this many rows of x, codes are contracted group by group (no expansion).
 #define GROUPED_MAX_ROWS 4
 
-// The whole exact product for either code layout; `bits` is 8 (codes) or 4 (packed), a constant at each
-// call site, so each instantiation keeps only its own loads.
-__attribute__((always_inline)) static inline void quant_exact(i32 bits, const float *x, const void *weights, const float *scales,
-                               const float *mins, i32 offset, float *y, float *scratch, i32 T, i32 N, i32 K) {
-  const i32 G = K / GROUP, row_bytes = bits == 8 ? K : K / 2;
+// The whole exact product for either code layout; `bits` is 8 (codes) or 4 (packed), and `halves` 1 for
+// int8 matrices with a scale per 16 weights (GGUF Q6_K, Q3_K; no mins), constants at each call site, so
+// each instantiation keeps only its own loads.
+__attribute__((always_inline)) static inline void quant_exact(i32 bits, i32 halves, const float *x, const void *weights,
+                                                             const float *scales, const float *mins, i32 offset,
+                                                             float *y, float *scratch, i32 T, i32 N, i32 K) {
+  const i32 G = K / GROUP, row_bytes = bits == 8 ? K : K / 2, SG = halves ? 2 * G : G;
   const v128_t off = wasm_i8x16_splat((i8)offset);
   if (T <= GROUPED_MAX_ROWS) {
     float *xs = scratch;  // (T, G) group sums of x, for the mins
     if (mins) group_sums(x, xs, T, K);
     for (i32 n = 0; n < N; n++) {
       const u8 *row = (const u8 *)weights + (long)n * row_bytes;
-      const float *sc = scales + (long)n * G;
+      const float *sc = scales + (long)n * SG;
       for (i32 t = 0; t < T; t++) {
         const float *xt = x + (long)t * K;
         v128_t acc = wasm_f32x4_splat(0);
@@ -235,7 +249,14 @@ __attribute__((always_inline)) static inline void quant_exact(i32 bits, const fl
           v128_t a, b;
           if (bits == 8) load_q8((const i8 *)row, g, &a, &b), a = wasm_i8x16_sub(a, off), b = wasm_i8x16_sub(b, off);
           else load_q4(row, g, off, &a, &b);
-          acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_splat(sc[g]), group_dot_f32(a, b, xt + g * GROUP)));
+          if (halves) {
+            v128_t lo, hi;
+            half_dots_f32(a, b, xt + g * GROUP, &lo, &hi);
+            acc = wasm_f32x4_add(acc, wasm_f32x4_add(wasm_f32x4_mul(wasm_f32x4_splat(sc[2 * g]), lo),
+                                                     wasm_f32x4_mul(wasm_f32x4_splat(sc[2 * g + 1]), hi)));
+          } else {
+            acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_splat(sc[g]), group_dot_f32(a, b, xt + g * GROUP)));
+          }
         }
         float s = hsum(acc);
         if (mins) s += mins_dot(mins + (long)n * G, xs + t * G, G);
@@ -248,12 +269,13 @@ __attribute__((always_inline)) static inline void quant_exact(i32 bits, const fl
     i32 n = N - r0 < TILE_ROWS ? N - r0 : TILE_ROWS;
     for (i32 r = 0; r < n; r++) {
       const u8 *row = (const u8 *)weights + (long)(r0 + r) * row_bytes;
-      const float *sc = scales + (long)(r0 + r) * G, *mn = mins ? mins + (long)(r0 + r) * G : 0;
+      const float *sc = scales + (long)(r0 + r) * SG, *mn = mins ? mins + (long)(r0 + r) * G : 0;
       for (i32 g = 0; g < G; g++) {
         v128_t a, b;
         if (bits == 8) load_q8((const i8 *)row, g, &a, &b), a = wasm_i8x16_sub(a, off), b = wasm_i8x16_sub(b, off);
         else load_q4(row, g, off, &a, &b);
-        expand_group(a, b, sc[g], mn ? mn[g] : 0.0f, mn != 0, scratch + (long)r * K + g * GROUP);
+        float s0 = halves ? sc[2 * g] : sc[g], s1 = halves ? sc[2 * g + 1] : sc[g];
+        expand_group(a, b, s0, s1, mn ? mn[g] : 0.0f, mn != 0, scratch + (long)r * K + g * GROUP);
       }
     }
     dense_block(x, T, scratch, n, K, y + r0, N);
@@ -263,13 +285,21 @@ __attribute__((always_inline)) static inline void quant_exact(i32 bits, const fl
 EXPORT(q8_exact)
 void q8_exact(const float *x, const i8 *codes, const float *scales, const float *mins, i32 offset, float *y,
               float *scratch, i32 T, i32 N, i32 K) {
-  quant_exact(8, x, codes, scales, mins, offset, y, scratch, T, N, K);
+  quant_exact(8, 0, x, codes, scales, mins, offset, y, scratch, T, N, K);
+}
+
+// int8 codes with a scale per 16 weights (scales (N, K / 16)); no mins (the argument is ignored).
+EXPORT(q8h_exact)
+void q8h_exact(const float *x, const i8 *codes, const float *scales, const float *mins, i32 offset, float *y,
+               float *scratch, i32 T, i32 N, i32 K) {
+  (void)mins;
+  quant_exact(8, 1, x, codes, scales, 0, offset, y, scratch, T, N, K);
 }
 
 EXPORT(q4_exact)
 void q4_exact(const float *x, const u8 *packed, const float *scales, const float *mins, i32 offset, float *y,
               float *scratch, i32 T, i32 N, i32 K) {
-  quant_exact(4, x, packed, scales, mins, offset, y, scratch, T, N, K);
+  quant_exact(4, 0, x, packed, scales, mins, offset, y, scratch, T, N, K);
 }
 
 // ---- quantized, fast (activations as int16) ---------------------------------------------------------------
@@ -315,16 +345,25 @@ static inline v128_t group_dot_i16(v128_t a, v128_t b, const short *xq) {
   return wasm_i32x4_add(s, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(b), wasm_v128_load(xq + 24)));
 }
 
-// y = x @ W.T with x given by quantize_x (xq, d, xs); a few rows of x at a time (decoding).
-__attribute__((always_inline)) static inline void quant_fast(i32 bits, const short *xq, const float *d,
+// The two halves of one group's int16 sum (weights 0..15 and 16..31), as 4 int32 lanes each.
+static inline void half_dots_i16(v128_t a, v128_t b, const short *xq, v128_t *lo, v128_t *hi) {
+  *lo = wasm_i32x4_add(wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(a), wasm_v128_load(xq)),
+                       wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(a), wasm_v128_load(xq + 8)));
+  *hi = wasm_i32x4_add(wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(b), wasm_v128_load(xq + 16)),
+                       wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(b), wasm_v128_load(xq + 24)));
+}
+
+// y = x @ W.T with x given by quantize_x (xq, d, xs); a few rows of x at a time (decoding). `halves` as
+// in quant_exact.
+__attribute__((always_inline)) static inline void quant_fast(i32 bits, i32 halves, const short *xq, const float *d,
                                                             const float *xs, const void *weights,
                                                             const float *scales, const float *mins, i32 offset,
                                                             float *y, i32 T, i32 N, i32 K) {
-  const i32 G = K / GROUP, row_bytes = bits == 8 ? K : K / 2;
+  const i32 G = K / GROUP, row_bytes = bits == 8 ? K : K / 2, SG = halves ? 2 * G : G;
   const v128_t off = wasm_i8x16_splat((i8)offset);
   for (i32 n = 0; n < N; n++) {
     const u8 *row = (const u8 *)weights + (long)n * row_bytes;
-    const float *sc = scales + (long)n * G;
+    const float *sc = scales + (long)n * SG;
     for (i32 t = 0; t < T; t++) {
       const short *xt = xq + (long)t * K;
       const float *dt = d + t * G;
@@ -333,8 +372,15 @@ __attribute__((always_inline)) static inline void quant_fast(i32 bits, const sho
         v128_t a, b;
         if (bits == 8) load_q8((const i8 *)row, g, &a, &b), a = wasm_i8x16_sub(a, off), b = wasm_i8x16_sub(b, off);
         else load_q4(row, g, off, &a, &b);
-        v128_t dotg = wasm_f32x4_convert_i32x4(group_dot_i16(a, b, xt + g * GROUP));
-        acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_splat(sc[g] * dt[g]), dotg));
+        if (halves) {
+          v128_t lo, hi;
+          half_dots_i16(a, b, xt + g * GROUP, &lo, &hi);
+          acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_splat(sc[2 * g] * dt[g]), wasm_f32x4_convert_i32x4(lo)));
+          acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_splat(sc[2 * g + 1] * dt[g]), wasm_f32x4_convert_i32x4(hi)));
+        } else {
+          v128_t dotg = wasm_f32x4_convert_i32x4(group_dot_i16(a, b, xt + g * GROUP));
+          acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_splat(sc[g] * dt[g]), dotg));
+        }
       }
       float s = hsum(acc);
       if (mins) s += mins_dot(mins + (long)n * G, xs + t * G, G);
@@ -346,11 +392,18 @@ __attribute__((always_inline)) static inline void quant_fast(i32 bits, const sho
 EXPORT(q8_fast)
 void q8_fast(const short *xq, const float *d, const float *xs, const i8 *codes, const float *scales,
              const float *mins, i32 offset, float *y, i32 T, i32 N, i32 K) {
-  quant_fast(8, xq, d, xs, codes, scales, mins, offset, y, T, N, K);
+  quant_fast(8, 0, xq, d, xs, codes, scales, mins, offset, y, T, N, K);
+}
+
+EXPORT(q8h_fast)
+void q8h_fast(const short *xq, const float *d, const float *xs, const i8 *codes, const float *scales,
+              const float *mins, i32 offset, float *y, i32 T, i32 N, i32 K) {
+  (void)mins;
+  quant_fast(8, 1, xq, d, xs, codes, scales, 0, offset, y, T, N, K);
 }
 
 EXPORT(q4_fast)
 void q4_fast(const short *xq, const float *d, const float *xs, const u8 *packed, const float *scales,
              const float *mins, i32 offset, float *y, i32 T, i32 N, i32 K) {
-  quant_fast(4, xq, d, xs, packed, scales, mins, offset, y, T, N, K);
+  quant_fast(4, 0, xq, d, xs, packed, scales, mins, offset, y, T, N, K);
 }

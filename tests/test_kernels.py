@@ -50,6 +50,11 @@ def forms(w: np.ndarray):
         if fmt != "q8":
             m4 = Int4Matrix.from_parts(fmt, parts)
             yield f"{fmt} packed", m4, "q4", m4.packed
+    # GGUF Q6_K / Q3_K: int8 codes with a scale per 16 weights
+    codes = np.clip(np.round(w * 8), -32, 31).astype(np.int8)
+    scales = np.random.default_rng(K).uniform(0.05, 0.2, (w.shape[0], K // 16)).astype(np.float32)
+    m16 = Int8Matrix(codes, scales, None, "blas", group=16)
+    yield "int8 groups of 16", m16, "q8h", m16.codes
 
 
 def b64(a: np.ndarray) -> str:

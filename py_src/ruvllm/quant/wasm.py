@@ -66,9 +66,11 @@ class WasmKernels:
             return self._dense(matrix)
         if isinstance(matrix, Int4Matrix):  # before Int8Matrix: it is a subclass
             return self._quantized(matrix, matrix.packed, "q4")
-        if isinstance(matrix, Int8Matrix) and matrix.group == GROUP:  # groups of 16 (Q6_K ...): NumPy's
+        if isinstance(matrix, Int8Matrix) and matrix.group == GROUP:
             return self._quantized(matrix, matrix.codes, "q8")
-        return None
+        if isinstance(matrix, Int8Matrix) and matrix.group == GROUP // 2 and matrix.mins is None:  # Q6_K, Q3_K
+            return self._quantized(matrix, matrix.codes, "q8h")
+        return None  # other groups (Q2_K: 16 with mins; Q8_K: 256): NumPy computes them
 
     def _dense(self, m: DenseMatrix) -> Callable[[np.ndarray], np.ndarray]:
         N, K = m.shape
