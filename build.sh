@@ -171,6 +171,7 @@ build_all() {
   setup "${1:-text,convert}"
   npm_package
   model
+  gemma # the demo's second model, loaded from its GGUF as it is
 }
 
 case "${1:-all}" in
