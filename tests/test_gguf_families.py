@@ -16,28 +16,29 @@ from transformers import AutoModelForCausalLM
 from ruvllm.errors import LoadError
 from ruvllm.files.ggml import GGML_TYPE_NAMES
 from ruvllm.runtime.engine import load_engine
-from test_ggml_blocks import F16_FIELDS  # where each block type keeps its f16 scales
+from test_ggml_blocks import F16_FIELDS, GRID_F16_FIELDS  # where each block type keeps its f16 scales
 
 D, F, LAYERS = 256, 512, 2  # K-quants need rows of 256
 # Heads (query, key/value) of size D / query heads: 128, which transformers takes for Qwen3 from its
 # config default, not from the file; 256 for Gemma 3, whose query scale transformers fixes at 256^-1/2
 # where llama.cpp (and we) take head_dim^-1/2: equal for every released Gemma 3 but the 27B.
 HEADS = {"gemma3": (1, 1)}
-TYPES = list(F16_FIELDS)
+TYPES = list(F16_FIELDS)  # kept as exact integer codes
+GRID_TYPES = [name for name, fields in GRID_F16_FIELDS.items() if fields]  # float32 only (IQ1_M: no f16 scale)
 
 
 def random_blocks(type_name: str, rows: int, columns: int, rng: np.random.Generator) -> np.ndarray:
     t = GGML_TYPE_NAMES[type_name]
     raw = rng.integers(0, 256, (rows, t.row_bytes(columns)), dtype=np.uint8)
     blocks = raw.reshape(-1, t.type_size)
-    for at in F16_FIELDS[type_name]:
+    for at in {**F16_FIELDS, **GRID_F16_FIELDS}[type_name]:
         scale = rng.uniform(0.002, 0.02, (len(blocks), 1)).astype(np.float16)
         blocks[:, at : at + 2] = scale.view(np.uint8)
     return raw
 
 
-def write_tiny_gguf(path, arch: str, vocab: dict, seed: int = 0) -> None:
-    """A 2-layer model of `arch`; its matrices cycle through every GGUF type we decode."""
+def write_tiny_gguf(path, arch: str, vocab: dict, seed: int = 0, types: list[str] = TYPES) -> None:
+    """A 2-layer model of `arch`; its matrices cycle through `types` (default: every type with a code form)."""
     rng = np.random.default_rng(seed)
     H, K = HEADS.get(arch, (2, 1))
     E = D // H
@@ -63,7 +64,7 @@ def write_tiny_gguf(path, arch: str, vocab: dict, seed: int = 0) -> None:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     V = len(vocab["tokens"])
-    kinds = iter(TYPES * 8)
+    kinds = iter(types * 16)
 
     def matrix(name: str, rows: int, columns: int) -> None:
         kind = next(kinds)
@@ -164,13 +165,25 @@ def test_a_type_we_cannot_decode_names_the_tensor_and_its_type(tmp_path, smol_vo
     writer.add_head_count(2)
     writer.add_layer_norm_rms_eps(1e-6)
     writer.add_token_list(smol_vocab["tokens"][:256])
-    raw = rng.integers(0, 256, (256, GGML_TYPE_NAMES["IQ2_XXS"].row_bytes(D)), dtype=np.uint8)
-    writer.add_tensor("token_embd.weight", raw, raw_dtype=gguf.GGMLQuantizationType.IQ2_XXS)
+    raw = rng.integers(0, 256, (256, GGML_TYPE_NAMES["TQ2_0"].row_bytes(D)), dtype=np.uint8)
+    writer.add_tensor("token_embd.weight", raw, raw_dtype=gguf.GGMLQuantizationType.TQ2_0)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
-    with pytest.raises(
-        LoadError, match=r"tensor 'token_embd\.weight' has GGUF type IQ2_XXS, which ruvllm cannot decode"
-    ):
+    with pytest.raises(LoadError, match=r"tensor 'token_embd\.weight' has GGUF type TQ2_0, which ruvllm cannot decode"):
         load_engine(str(tmp_path / "iq.gguf"))
+
+
+def test_grid_i_quants_load_as_float_matrices(tmp_path, smol_vocab):
+    """IQ2/IQ3/IQ1_S decode to float32 only: exact under f32 compute, quantized again under q4."""
+    write_tiny_gguf(tmp_path / "iq.gguf", "llama", smol_vocab, types=GRID_TYPES)
+    reference = AutoModelForCausalLM.from_pretrained(str(tmp_path), gguf_file="iq.gguf", dtype=torch.float32).eval()
+    ids = np.random.default_rng(4).integers(0, len(smol_vocab["tokens"]), 12)
+    with torch.no_grad():
+        expected = reference(torch.tensor(ids[None])).logits[0].numpy()
+    engine = load_engine(str(tmp_path / "iq.gguf"), compute="f32")
+    got = engine.forward(ids, 0, engine.new_cache())
+    assert np.abs(got - expected).max() <= 2e-4 * np.abs(expected).max()
+    quantized = load_engine(str(tmp_path / "iq.gguf"), compute="q4")
+    assert {type(m).__name__ for m in quantized.weights.matrices()} == {"Int4Matrix"}  # requantized at load

@@ -209,8 +209,11 @@ FORMATS: dict[str, StorageFormat] = {
         Q4_0(),
         Q4_1(),
         *(GGMLBlocks(t) for t in ggml.GGML_TYPES.values() if t.name in ggml.CODE_FORMS),
+        *(GGMLBlocks(t) for t in ggml.GGML_TYPES.values() if t.name in ggml.DEQUANTIZE_ONLY),
     )
 }
+# GGUF types decoded to float32 only (the grid i-quants): loaded as a float matrix would be.
+DEQUANTIZED_FORMATS = frozenset(f"ggml:{name}" for name in ggml.DEQUANTIZE_ONLY)
 
 
 def code_layout(fmt: str) -> tuple[int, bool]:

@@ -11,6 +11,8 @@ Two ways to read such rows:
   computes exactly the floats above. Every product of an f16 and a small integer that ggml forms
   (d * sc, d * q) fits in float32's 24-bit significand, and ggml's `a * q - b` is `a * q + (-b)`
   in IEEE arithmetic, so regrouping the scale into one f32 per group changes no bit.
+  The grid i-quants (DEQUANTIZE_ONLY) have no compute form: they decode to float32 only, which is
+  lossy if the model is then requantized for q8/q4 compute.
 
     GGUF type  file bytes/w  compute form          compute bytes/w
     Q4_0       0.5625        int4 g32, offset 8    0.625
@@ -26,10 +28,17 @@ Two ways to read such rows:
     Q8_K       1.140625      int8 g256             1.015625
     IQ4_NL     0.5625        int8 g32 (levels)     1.125
     IQ4_XS     0.53125       int8 g32 (levels)     1.125
+    IQ2_XXS    0.2578125     none: float32 only    4
+    IQ2_XS     0.2890625     none: float32 only    4
+    IQ2_S      0.3203125     none: float32 only    4
+    IQ3_XXS    0.3828125     none: float32 only    4
+    IQ3_S      0.4296875     none: float32 only    4
+    IQ1_S      0.1953125     none: float32 only    4
+    IQ1_M      0.21875       none: float32 only    4
     F32/F16/BF16             none: dequantize only
 
 Dimension letters: R rows (output features), C columns, N blocks in the tensor (R * C / K),
-K weights and T bytes per block, G groups per row (C / g), g weights per group.
+K weights and T bytes per block, G groups per row (C / g), g weights per group, S scales per block.
 """
 
 from __future__ import annotations
@@ -39,6 +48,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .ggml_iq_tables import (
+    BYTE_SIGNS,
+    EVEN_SIGNS,
+    IQ1_S_GRID,
+    IQ2_S_GRID,
+    IQ2_XS_GRID,
+    IQ2_XXS_GRID,
+    IQ3_S_GRID,
+    IQ3_XXS_GRID,
+)
 from .tensorfile import bf16_to_f32
 
 
@@ -353,6 +372,146 @@ def _iq4_xs(b: np.ndarray) -> CodeParts:
     return CodeParts("int8", 32, q, _f16(b, 0) * ls, None)
 
 
+# ---------------------------------------------------------------------------------------------------
+# The grid i-quants: (N, T) bytes -> float32 (N, 256), no code form. Each run of 8 weights (4 for IQ3)
+# is a row of a lookup grid (ggml_iq_tables) times a scale per S-th of the block, with signs or a shift.
+# The arithmetic is ggml's (dequantize_row_iq*), left to right; every product is exact in float32 anyway.
+
+IQ1_DELTA = np.float32(0.125)  # ggml's IQ1S_DELTA and IQ1M_DELTA
+_SEVEN_BIT_FIELDS = np.array([0, 7, 14, 21], dtype=np.uint32)  # the four 7-bit sign indices of a u32
+_THREE_BIT_FIELDS = np.array([0, 3, 6, 9], dtype=np.uint16)  # the four 3-bit fields of an IQ1 u16
+
+
+def _words(x: np.ndarray, dtype: str) -> np.ndarray:
+    """(N, L) bytes -> (N, L / size) little-endian words of `dtype` ("<u2" or "<u4")."""
+    return np.ascontiguousarray(x).view(dtype)
+
+
+def _nibbles(x: np.ndarray) -> np.ndarray:
+    """(N, L) bytes -> (N, 2L) uint8: nibble 2j is the low one of byte j, nibble 2j + 1 the high one."""
+    return _fields(x, 4).transpose(0, 2, 1).reshape(len(x), -1)
+
+
+def _signed(db: np.ndarray, grid: np.ndarray, signs: np.ndarray) -> np.ndarray:
+    """w = db * grid * sign: db (N, S) a scale per S-th of the block, grid and signs (N, ...) of K values each."""
+    n, s = db.shape
+    w = db[:, :, None] * grid.reshape(n, s, -1)  # (N, S, K / S)
+    w *= signs.reshape(n, s, -1)
+    return w.reshape(n, -1)  # (N, K)
+
+
+def _iq2_xxs(b: np.ndarray) -> np.ndarray:
+    """IQ2_XXS, 66 bytes per 256 weights in 8 groups of 32:
+
+    0 d f16
+    2 + 8k   group k: bytes 0..3  grid index (IQ2_XXS_GRID, 256 x 8) of weights 32k + 8l .. 32k + 8l + 7 (l 0..3)
+                      bytes 4..7  u32: bits 7l..7l+6 sign index (EVEN_SIGNS) of the same 8 weights; bits 28..31 ls
+    w = d * (0.5 + ls) * 0.25 * grid * sign
+    """
+    groups = b[:, 2:66].reshape(-1, 8, 8)  # (N, 8, 8 bytes)
+    aux = _words(groups[:, :, 4:8], "<u4")[:, :, 0]  # (N, 8)
+    db = _f16(b, 0) * (np.float32(0.5) + (aux >> 28).astype(np.float32)) * np.float32(0.25)  # (N, 8)
+    signs = EVEN_SIGNS[(aux[:, :, None] >> _SEVEN_BIT_FIELDS) & np.uint32(127)]  # (N, 8, 4, 8)
+    return _signed(db, IQ2_XXS_GRID[groups[:, :, 0:4]], signs)  # grid (N, 8, 4, 8)
+
+
+def _iq2_xs(b: np.ndarray) -> np.ndarray:
+    """IQ2_XS, 74 bytes per 256 weights in 16 groups of 16:
+
+    0 d f16
+    2 qs[32] u16  weights 8j .. 8j + 7: bits 0..8 grid index (IQ2_XS_GRID, 512 x 8), bits 9..15 sign index (EVEN_SIGNS)
+    66 scales[8]  byte k = hhhh llll: ls of group 2k (low nibble) and group 2k + 1 (high nibble)
+    w = d * (0.5 + ls) * 0.25 * grid * sign
+    """
+    qs = _words(b[:, 2:66], "<u2")  # (N, 32)
+    db = _f16(b, 0) * (np.float32(0.5) + _nibbles(b[:, 66:74]).astype(np.float32)) * np.float32(0.25)  # (N, 16)
+    return _signed(db, IQ2_XS_GRID[qs & np.uint16(511)], EVEN_SIGNS[qs >> np.uint16(9)])  # (N, 32, 8) each
+
+
+def _iq2_s(b: np.ndarray) -> np.ndarray:
+    """IQ2_S, 82 bytes per 256 weights in 16 groups of 16:
+
+    0 d f16
+    2 qs[32]      low 8 bits of the grid index (IQ2_S_GRID, 1024 x 8) of weights 8j .. 8j + 7
+    34 signs[32]  bit i of byte j set: weight 8j + i is negative
+    66 qh[8]      bits 2l..2l+1 of byte k: bits 8..9 of the grid index of weights 8(4k + l) ..
+    74 scales[8]  as IQ2_XS
+    w = d * (0.5 + ls) * 0.25 * grid * sign
+    """
+    high = _fields(b[:, 66:74], 2).transpose(0, 2, 1).reshape(-1, 32)  # (N, 32): field l of byte k is 4k + l
+    index = b[:, 2:34].astype(np.uint16) | high.astype(np.uint16) << np.uint16(8)  # (N, 32)
+    db = _f16(b, 0) * (np.float32(0.5) + _nibbles(b[:, 74:82]).astype(np.float32)) * np.float32(0.25)  # (N, 16)
+    return _signed(db, IQ2_S_GRID[index], BYTE_SIGNS[b[:, 34:66]])  # (N, 32, 8) each
+
+
+def _iq3_xxs(b: np.ndarray) -> np.ndarray:
+    """IQ3_XXS, 98 bytes per 256 weights in 8 groups of 32:
+
+    0 d f16
+    2 qs[64]      grid index (IQ3_XXS_GRID, 256 x 4) of weights 4j .. 4j + 3
+    66 u32[8]     group k: bits 7l..7l+6 sign index (EVEN_SIGNS) of weights 32k + 8l .. + 7; bits 28..31 ls
+    w = d * (0.5 + ls) * 0.5 * grid * sign
+    """
+    aux = _words(b[:, 66:98], "<u4")  # (N, 8)
+    db = _f16(b, 0) * (np.float32(0.5) + (aux >> 28).astype(np.float32)) * np.float32(0.5)  # (N, 8)
+    signs = EVEN_SIGNS[(aux[:, :, None] >> _SEVEN_BIT_FIELDS) & np.uint32(127)]  # (N, 8, 4, 8)
+    return _signed(db, IQ3_XXS_GRID[b[:, 2:66]], signs)  # grid (N, 64, 4)
+
+
+def _iq3_s(b: np.ndarray) -> np.ndarray:
+    """IQ3_S, 110 bytes per 256 weights in 8 groups of 32:
+
+    0 d f16
+    2 qs[64]      low 8 bits of the grid index (IQ3_S_GRID, 512 x 4) of weights 4j .. 4j + 3
+    66 qh[8]      bit j % 8 of byte j / 8: bit 8 of that index
+    74 signs[32]  as IQ2_S
+    106 scales[4] byte k = hhhh llll: ls of group 2k (low nibble) and group 2k + 1 (high nibble)
+    w = d * (1 + 2 * ls) * grid * sign
+    """
+    high = np.unpackbits(b[:, 66:74], axis=1, bitorder="little")  # (N, 64)
+    index = b[:, 2:66].astype(np.uint16) | high.astype(np.uint16) << np.uint16(8)  # (N, 64)
+    db = _f16(b, 0) * (1 + 2 * _nibbles(b[:, 106:110])).astype(np.float32)  # (N, 8)
+    return _signed(db, IQ3_S_GRID[index], BYTE_SIGNS[b[:, 74:106]])  # (N, 64, 4), (N, 32, 8)
+
+
+def _iq1_s(b: np.ndarray) -> np.ndarray:
+    """IQ1_S, 50 bytes per 256 weights in 8 groups of 32:
+
+    0 d f16
+    2 qs[32]      low 8 bits of the grid index (IQ1_S_GRID, 2048 x 8, values -1, 0, 1) of weights 8j .. 8j + 7
+    34 qh[8] u16  group k: bits 3l..3l+2 are bits 8..10 of the index of weights 32k + 8l .. 32k + 8l + 7;
+                  bits 12..14 ls; bit 15 set: the group's delta is negative
+    w = d * (2 * ls + 1) * (grid + delta),  delta = ±IQ1_DELTA
+    """
+    qh = _words(b[:, 34:50], "<u2")  # (N, 8)
+    dl = _f16(b, 0) * (2 * ((qh >> 12) & np.uint16(7)) + 1).astype(np.float32)  # (N, 8)
+    delta = np.where(qh & np.uint16(0x8000), -IQ1_DELTA, IQ1_DELTA)  # (N, 8)
+    high = (qh[:, :, None] >> _THREE_BIT_FIELDS) & np.uint16(7)  # (N, 8, 4)
+    index = b[:, 2:34].astype(np.uint16) | high.reshape(-1, 32) << np.uint16(8)  # (N, 32)
+    grid = IQ1_S_GRID[index].reshape(-1, 8, 32)  # (N, 8 groups, 32)
+    return (dl[:, :, None] * (grid + delta[:, :, None])).reshape(-1, 256)
+
+
+def _iq1_m(b: np.ndarray) -> np.ndarray:
+    """IQ1_M, 56 bytes per 256 weights in 16 groups of 16; the block's f16 d is split over the scale words:
+
+    0 qs[32]      low 8 bits of the grid index (IQ1_S_GRID) of weights 8j .. 8j + 7
+    32 qh[16]     nibble j (see _nibbles): bits 0..2 are bits 8..10 of that index; bit 3 set: its delta is negative
+    48 sc[4] u16  word i: bits 3l..3l+2 ls of group 4i + l; bits 12..15 are bits 4i..4i+3 of d
+    w = d * (2 * ls + 1) * (grid + delta),  delta = ±IQ1_DELTA
+    """
+    sc = _words(b[:, 48:56], "<u2")  # (N, 4)
+    d_parts = (sc >> 12) << np.array([0, 4, 8, 12], dtype=np.uint16)  # (N, 4): nibble i of d's 16 bits
+    d_bits = np.bitwise_or.reduce(d_parts, axis=1, keepdims=True)  # (N, 1) u16
+    ls = (sc[:, :, None] >> _THREE_BIT_FIELDS) & np.uint16(7)  # (N, 4, 4)
+    dl = d_bits.view(np.float16).astype(np.float32) * (2 * ls.reshape(-1, 16) + 1).astype(np.float32)  # (N, 16)
+    qh = _nibbles(b[:, 32:48])  # (N, 32)
+    index = b[:, 0:32].astype(np.uint16) | (qh & np.uint8(7)).astype(np.uint16) << np.uint16(8)  # (N, 32)
+    delta = np.where(qh & np.uint8(8), -IQ1_DELTA, IQ1_DELTA)  # (N, 32)
+    grid = IQ1_S_GRID[index].reshape(-1, 16, 2, 8)  # (N, 16 groups, 2 runs, 8)
+    return (dl[:, :, None, None] * (grid + delta.reshape(-1, 16, 2, 1))).reshape(-1, 256)
+
+
 _DECODERS: dict[str, Callable[[np.ndarray], CodeParts]] = {
     "Q4_0": _q4_0,
     "Q4_1": _q4_1,
@@ -368,8 +527,19 @@ _DECODERS: dict[str, Callable[[np.ndarray], CodeParts]] = {
     "IQ4_NL": _iq4_nl,
     "IQ4_XS": _iq4_xs,
 }
+_GRID_DECODERS: dict[str, Callable[[np.ndarray], np.ndarray]] = {
+    "IQ2_XXS": _iq2_xxs,
+    "IQ2_XS": _iq2_xs,
+    "IQ2_S": _iq2_s,
+    "IQ3_XXS": _iq3_xxs,
+    "IQ3_S": _iq3_s,
+    "IQ1_S": _iq1_s,
+    "IQ1_M": _iq1_m,
+}
 _FLOATS = ("F32", "F16", "BF16")
-DECODABLE_TYPES: tuple[str, ...] = (*_FLOATS, *_DECODERS)
+# Quantized types with no code form: the loader takes them as float matrices (f32, or requantized at load).
+DEQUANTIZE_ONLY: tuple[str, ...] = tuple(_GRID_DECODERS)
+DECODABLE_TYPES: tuple[str, ...] = (*_FLOATS, *_DECODERS, *DEQUANTIZE_ONLY)
 
 # type -> (kind, group, has_mins) of its compute form; None for the float types.
 CODE_FORMS: dict[str, tuple[str, int, bool]] = {
@@ -406,13 +576,15 @@ def dequantize(type_name: str, raw: np.ndarray, columns: int) -> np.ndarray:
         return blocks.view(np.float16).astype(np.float32).reshape(rows, columns)
     if type_name == "BF16":
         return bf16_to_f32(blocks.view(np.uint16)).reshape(rows, columns)
+    if type_name in _GRID_DECODERS:
+        return _GRID_DECODERS[type_name](blocks).reshape(rows, columns)  # (N, K) -> (R, C)
     return _DECODERS[type_name](blocks).dequantize().reshape(rows, columns)  # (N, K) -> (R, C)
 
 
 def compute_parts(type_name: str, raw: np.ndarray, columns: int) -> CodeParts | None:
     """The rows `raw` (uint8 (R, row bytes)) of a GGUF tensor as codes and scales, without requantizing.
 
-    None for the float types and for any type without a code form (see CODE_FORMS).
+    None for the float types and for the types without a code form (DEQUANTIZE_ONLY; see CODE_FORMS).
     `compute_parts(...).dequantize()` is bit-identical to `dequantize(...)`.
     """
     if type_name not in _DECODERS:

@@ -14,7 +14,9 @@ Facts this relies on (llama.cpp's convert_hf_to_gguf.py, llama-arch.cpp, llama-m
 - Phi-3 keeps q, k and v fused in `attn_qkv`, and gate and up fused in `ffn_up` (gate first).
 
 Tensors keep their GGUF types: F32/F16/BF16 become our float formats, quantized types the "ggml:<TYPE>"
-formats whose blocks files/ggml.py turns into exact integer codes (formats.py, quant/matrices.py).
+formats whose blocks files/ggml.py turns into exact integer codes (formats.py, quant/matrices.py); the
+grid i-quants (IQ1/IQ2/IQ3) decode to float32 only and load as a float matrix does (expanded under
+f32, quantized again, with loss, under q8/q4).
 """
 
 from __future__ import annotations
@@ -117,9 +119,9 @@ class GGUFModel:
         t = self.file.tensors[name]
         if t.type.name in _FLOAT_FORMATS:
             return _FLOAT_FORMATS[t.type.name][0]
-        if t.type.name in ggml.CODE_FORMS and len(t.shape) == 2:
-            return f"ggml:{t.type.name}"
-        supported = ", ".join([*_FLOAT_FORMATS, *ggml.CODE_FORMS])
+        if (t.type.name in ggml.CODE_FORMS or t.type.name in ggml.DEQUANTIZE_ONLY) and len(t.shape) == 2:
+            return f"ggml:{t.type.name}"  # DEQUANTIZE_ONLY: loaded as float, quantized again under q8/q4
+        supported = ", ".join([*_FLOAT_FORMATS, *ggml.CODE_FORMS, *ggml.DEQUANTIZE_ONLY])
         raise LoadError(
             f"{self.source}: tensor {name!r} has GGUF type {t.type.name}, which ruvllm cannot decode "
             f"(supported: {supported}); requantize the model, e.g. to Q4_K_M"

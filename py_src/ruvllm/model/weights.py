@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidArgumentError, LoadError
-from ..files.formats import GROUP, get_format, packs_nibbles
+from ..files.formats import DEQUANTIZED_FORMATS, GROUP, get_format, packs_nibbles
 from ..files.store import TensorStore, sanitize
 from ..quant.matrices import KERNELS, DenseMatrix, Int4Matrix, Int8Matrix
 from ..quant.provider import KernelProvider
@@ -141,7 +141,7 @@ def compute_form(stored: str, shape: tuple[int, ...], options: ComputeOptions) -
     The one place this is decided: loading follows it, and the memory planner asks it."""
     if options.form == "f32" or len(shape) != 2 or shape[1] % GROUP:
         return DenseMatrix, "f32"
-    if stored in FLOAT_FORMATS:  # runtime quantization (round to nearest)
+    if stored in FLOAT_FORMATS or stored in DEQUANTIZED_FORMATS:  # runtime quantization (round to nearest)
         stored = "q8" if options.form == "q8" else options.isq_format
     if options.form == "q8" or not packs_nibbles(stored):
         return Int8Matrix, stored  # 4-bit values keep their exact values as int8 codes

@@ -16,6 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError, LoadError
+from ..files.formats import DEQUANTIZED_FORMATS
 from ..model.cache import KVOptions
 from ..model.config import ModelConfig
 from ..model.weights import COMPUTE_FORMS, FLOAT_FORMATS, ComputeOptions, compute_form
@@ -30,7 +31,7 @@ def provider_form_order(tensors) -> tuple[str, ...]:
     "q4" first when no matrix is stored as float (a q4 compute form keeps q8 tensors as int8, so it
     loses nothing), float32 first otherwise (a float model is not quantized unless asked, or unless only
     a smaller form fits the budget)."""
-    if any(len(shape) == 2 and fmt in FLOAT_FORMATS for fmt, shape in tensors):
+    if any(len(shape) == 2 and (fmt in FLOAT_FORMATS or fmt in DEQUANTIZED_FORMATS) for fmt, shape in tensors):
         return FORM_ORDER
     return ("q4", "q8", "f32")
 
