@@ -46,14 +46,38 @@ async function openThroughCacheApi(url, name, { cache, optional }) {
   }
   const response = await download(url, name, optional);
   if (response === null) return null;
-  // The cache gets its own copy of the stream (written to disk); a failed write only costs the caching.
-  const stored = store
-    ? store.put(url, response.clone()).then(
-        () => true,
-        () => false,
-      )
-    : Promise.resolve(false);
-  return { size: declaredSize(response), chunks: streamChunks(response.body, name), fromCache: false, stored };
+  const chunks = streamChunks(response.body, name);
+  if (!store) return { size: declaredSize(response), chunks, fromCache: false, stored: Promise.resolve(false) };
+  return { size: declaredSize(response), fromCache: false, ...copyIntoCache(store, url, response, chunks) };
+}
+
+/**
+ * The cache gets each chunk as the caller reads it (not a clone of the response, which would download
+ * the whole file even when the caller stops early: a GGUF whose plan is refused). A file read to its
+ * end is stored; one left early is not. `stored` settles once the entry is written (false if it is
+ * not: a failed write only costs the caching).
+ */
+function copyIntoCache(store, url, response, chunks) {
+  let controller;
+  const body = new ReadableStream({ start: (c) => (controller = c) });
+  const stored = store.put(url, new Response(body, { headers: response.headers })).then(
+    () => true,
+    () => false,
+  );
+  async function* copy() {
+    let complete = false;
+    try {
+      for await (const chunk of chunks) {
+        controller.enqueue(chunk);
+        yield chunk;
+      }
+      complete = true;
+      controller.close();
+    } finally {
+      if (!complete) controller.error(new Error('the download stopped before the end of the file'));
+    }
+  }
+  return { chunks: copy(), stored };
 }
 
 async function openThroughFolder(url, name, { cache, optional }) {
