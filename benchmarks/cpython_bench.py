@@ -55,18 +55,23 @@ print(json.dumps({"prefill_ms": (first - started) * 1000, "ttft_ms": (first - st
     "llama.cpp": """
 import json, resource, sys, time
 import numpy as np
+import llama_cpp
 from llama_cpp import Llama
 ids, gen, _ = json.loads(sys.stdin.read())
 threads = int(sys.argv[3])
 llm = Llama(model_path=sys.argv[5], n_ctx=1024, n_batch=512, n_threads=threads, n_threads_batch=threads,
             logits_all=False, verbose=False)
+# With logits_all=False llama-cpp-python leaves llm.scores unfilled: read the last position's logits.
+def last():
+    logits = llama_cpp.llama_get_logits_ith(llm.ctx, -1)
+    return int(np.argmax(np.ctypeslib.as_array(logits, shape=(llm.n_vocab(),))))
 started = time.perf_counter()
 llm.eval(ids)
-token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+token = last()
 first = time.perf_counter()
 for _ in range(gen - 1):
     llm.eval([token])
-    token = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+    token = last()
 done = time.perf_counter()
 print(json.dumps({"prefill_ms": (first - started) * 1000, "ttft_ms": (first - started) * 1000,
                   "decode_tok_s": (gen - 1) / (done - first),
