@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import LoadError
 from . import ggml
+from .ggml import pack_nibbles, unpack_nibbles  # ggml's nibble order, shared by every 4-bit layout
 from .tensorfile import DTYPES, bf16_to_f32
 
 GROUP = 32
@@ -266,14 +267,3 @@ def quantize_symmetric(x: np.ndarray, bits: int) -> tuple[np.ndarray, np.ndarray
     scales = np.abs(x).max(axis=-1) / top  # (...)
     inv = np.divide(np.float32(1), scales, out=np.zeros_like(scales), where=scales != 0)[..., None]  # (..., 1)
     return _round_half_away(x * inv).astype(np.int8), scales.astype(np.float32)
-
-
-def pack_nibbles(q: np.ndarray) -> np.ndarray:
-    """(..., n) codes in [0, 15] -> (..., n/2) bytes, byte j = q[j] | q[j + n/2] << 4 (ggml's order)."""
-    half = q.shape[-1] // 2
-    return q[..., :half] | (q[..., half:] << np.uint8(4))
-
-
-def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
-    """(..., m) bytes -> (..., 2m) codes: the low nibbles, then the high nibbles (inverse of pack_nibbles)."""
-    return np.concatenate([packed & np.uint8(15), packed >> np.uint8(4)], axis=-1)

@@ -127,7 +127,7 @@ class CodeParts:
 
     kind "int8": codes int8 (R, C), offset 0.
     kind "int4": codes uint8 (R, C/2), group 32; within each group of 32 weights
-        byte j (0..15) = code[j] | code[j + 16] << 4     (ggml's Q4_0 order, as formats.pack_nibbles)
+        byte j (0..15) = code[j] | code[j + 16] << 4     (ggml's Q4_0 order, as pack_nibbles)
         with codes 0..15 and `offset` (8 for Q4_0, else 0) subtracted after unpacking.
     scales, mins: float32 (R, C/group); mins is None for the symmetric types.
 
@@ -154,7 +154,7 @@ class CodeParts:
         if self.kind == "int8":
             return self.codes
         rows, packed = self.codes.shape
-        q = _unpack_nibbles(self.codes.reshape(rows, packed // 16, 16))  # (R, G, 32) uint8 in 0..15
+        q = unpack_nibbles(self.codes.reshape(rows, packed // 16, 16))  # (R, G, 32) uint8 in 0..15
         if self.offset:
             q -= np.uint8(self.offset)  # wraps below zero; read as int8 it is the signed code
         return q.view(np.int8).reshape(rows, packed * 2)  # (R, C)
@@ -169,15 +169,15 @@ class CodeParts:
         return w.reshape(rows, groups * self.group)  # (R, C)
 
 
-def _unpack_nibbles(packed: np.ndarray) -> np.ndarray:
-    """(..., 16) bytes -> (..., 32) codes: byte j holds code j (low nibble) and code j + 16 (high nibble).
+def pack_nibbles(q: np.ndarray) -> np.ndarray:
+    """(..., n) codes in [0, 15] -> (..., n/2) bytes, byte j = q[j] | q[j + n/2] << 4 (ggml's Q4_0 order)."""
+    half = q.shape[-1] // 2
+    return q[..., :half] | (q[..., half:] << np.uint8(4))
 
-    The same order as formats.pack_nibbles; written here because formats imports this module.
-    """
-    q = np.empty((*packed.shape[:-1], 32), dtype=np.uint8)
-    np.bitwise_and(packed, np.uint8(15), out=q[..., :16])
-    np.right_shift(packed, np.uint8(4), out=q[..., 16:])
-    return q
+
+def unpack_nibbles(packed: np.ndarray) -> np.ndarray:
+    """(..., m) bytes -> (..., 2m) codes: the low nibbles, then the high nibbles (inverse of pack_nibbles)."""
+    return np.concatenate([packed & np.uint8(15), packed >> np.uint8(4)], axis=-1)
 
 
 def bytes_per_weight(kind: str, group: int, has_mins: bool) -> float:
