@@ -81,6 +81,16 @@ static inline void load_q4(const u8 *row, i32 g, v128_t offset, v128_t *a, v128_
   *b = wasm_i8x16_sub(wasm_u8x16_shr(p, 4), offset);
 }
 
+// The 32 codes of group g, minus `offset`, from int8 codes (bits 8) or packed nibbles (bits 4).
+static inline void load_codes(i32 bits, const u8 *row, i32 g, v128_t offset, v128_t *a, v128_t *b) {
+  if (bits == 8) {
+    load_q8((const i8 *)row, g, a, b);
+    *a = wasm_i8x16_sub(*a, offset), *b = wasm_i8x16_sub(*b, offset);
+  } else {
+    load_q4(row, g, offset, a, b);
+  }
+}
+
 // sum over groups of mins[g] * xs[g] (the mins' share of a row's product)
 static float mins_dot(const float *mins, const float *xs, i32 G) {
   v128_t acc = wasm_f32x4_splat(0.0f);
@@ -183,18 +193,6 @@ EXPORT(dense) void dense(const float *x, const float *w, float *y, i32 T, i32 N,
 
 // ---- quantized, exact -------------------------------------------------------------------------------------
 
-// sum over the 32 weights of one group of code * x, as 4 lanes
-static inline v128_t group_dot_f32(v128_t a, v128_t b, const float *x) {
-  v128_t c0, c1, c2, c3, c4, c5, c6, c7;
-  CODES_TO_F32(a, c0, c1, c2, c3);
-  CODES_TO_F32(b, c4, c5, c6, c7);
-  v128_t p = wasm_f32x4_add(wasm_f32x4_mul(c0, wasm_v128_load(x)), wasm_f32x4_mul(c1, wasm_v128_load(x + 4)));
-  v128_t q = wasm_f32x4_add(wasm_f32x4_mul(c2, wasm_v128_load(x + 8)), wasm_f32x4_mul(c3, wasm_v128_load(x + 12)));
-  v128_t r = wasm_f32x4_add(wasm_f32x4_mul(c4, wasm_v128_load(x + 16)), wasm_f32x4_mul(c5, wasm_v128_load(x + 20)));
-  v128_t s = wasm_f32x4_add(wasm_f32x4_mul(c6, wasm_v128_load(x + 24)), wasm_f32x4_mul(c7, wasm_v128_load(x + 28)));
-  return wasm_f32x4_add(wasm_f32x4_add(p, q), wasm_f32x4_add(r, s));
-}
-
 // The two halves of one group's sum (weights 0..15 and 16..31), for matrices with a scale per 16 weights.
 static inline void half_dots_f32(v128_t a, v128_t b, const float *x, v128_t *lo, v128_t *hi) {
   v128_t c0, c1, c2, c3, c4, c5, c6, c7;
@@ -204,6 +202,13 @@ static inline void half_dots_f32(v128_t a, v128_t b, const float *x, v128_t *lo,
                        wasm_f32x4_add(wasm_f32x4_mul(c2, wasm_v128_load(x + 8)), wasm_f32x4_mul(c3, wasm_v128_load(x + 12))));
   *hi = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(c4, wasm_v128_load(x + 16)), wasm_f32x4_mul(c5, wasm_v128_load(x + 20))),
                        wasm_f32x4_add(wasm_f32x4_mul(c6, wasm_v128_load(x + 24)), wasm_f32x4_mul(c7, wasm_v128_load(x + 28))));
+}
+
+// sum over the 32 weights of one group of code * x, as 4 lanes
+static inline v128_t group_dot_f32(v128_t a, v128_t b, const float *x) {
+  v128_t lo, hi;
+  half_dots_f32(a, b, x, &lo, &hi);
+  return wasm_f32x4_add(lo, hi);
 }
 
 // One group of codes expanded to float32 weights: out[0:32] = scale * code (+ min), as NumPy forms them;
@@ -247,8 +252,7 @@ __attribute__((always_inline)) static inline void quant_exact(i32 bits, i32 halv
         v128_t acc = wasm_f32x4_splat(0);
         for (i32 g = 0; g < G; g++) {
           v128_t a, b;
-          if (bits == 8) load_q8((const i8 *)row, g, &a, &b), a = wasm_i8x16_sub(a, off), b = wasm_i8x16_sub(b, off);
-          else load_q4(row, g, off, &a, &b);
+          load_codes(bits, row, g, off, &a, &b);
           if (halves) {
             v128_t lo, hi;
             half_dots_f32(a, b, xt + g * GROUP, &lo, &hi);
@@ -272,8 +276,7 @@ __attribute__((always_inline)) static inline void quant_exact(i32 bits, i32 halv
       const float *sc = scales + (long)(r0 + r) * SG, *mn = mins ? mins + (long)(r0 + r) * G : 0;
       for (i32 g = 0; g < G; g++) {
         v128_t a, b;
-        if (bits == 8) load_q8((const i8 *)row, g, &a, &b), a = wasm_i8x16_sub(a, off), b = wasm_i8x16_sub(b, off);
-        else load_q4(row, g, off, &a, &b);
+        load_codes(bits, row, g, off, &a, &b);
         float s0 = halves ? sc[2 * g] : sc[g], s1 = halves ? sc[2 * g + 1] : sc[g];
         expand_group(a, b, s0, s1, mn ? mn[g] : 0.0f, mn != 0, scratch + (long)r * K + g * GROUP);
       }
@@ -337,20 +340,19 @@ EXPORT(quantize_x) void quantize_x(const float *x, short *xq, float *d, float *x
   }
 }
 
-// sum over one group of code * xq, as 4 int32 lanes (|code| <= 127, |xq| <= 32767: no overflow)
-static inline v128_t group_dot_i16(v128_t a, v128_t b, const short *xq) {
-  v128_t s = wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(a), wasm_v128_load(xq));
-  s = wasm_i32x4_add(s, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(a), wasm_v128_load(xq + 8)));
-  s = wasm_i32x4_add(s, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(b), wasm_v128_load(xq + 16)));
-  return wasm_i32x4_add(s, wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(b), wasm_v128_load(xq + 24)));
-}
-
 // The two halves of one group's int16 sum (weights 0..15 and 16..31), as 4 int32 lanes each.
 static inline void half_dots_i16(v128_t a, v128_t b, const short *xq, v128_t *lo, v128_t *hi) {
   *lo = wasm_i32x4_add(wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(a), wasm_v128_load(xq)),
                        wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(a), wasm_v128_load(xq + 8)));
   *hi = wasm_i32x4_add(wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(b), wasm_v128_load(xq + 16)),
                        wasm_i32x4_dot_i16x8(wasm_i16x8_extend_high_i8x16(b), wasm_v128_load(xq + 24)));
+}
+
+// sum over one group of code * xq, as 4 int32 lanes (|code| <= 127, |xq| <= 32767: no overflow)
+static inline v128_t group_dot_i16(v128_t a, v128_t b, const short *xq) {
+  v128_t lo, hi;
+  half_dots_i16(a, b, xq, &lo, &hi);
+  return wasm_i32x4_add(lo, hi);
 }
 
 // y = x @ W.T with x given by quantize_x (xq, d, xs); a few rows of x at a time (decoding). `halves` as
@@ -370,8 +372,7 @@ __attribute__((always_inline)) static inline void quant_fast(i32 bits, i32 halve
       v128_t acc = wasm_f32x4_splat(0);
       for (i32 g = 0; g < G; g++) {
         v128_t a, b;
-        if (bits == 8) load_q8((const i8 *)row, g, &a, &b), a = wasm_i8x16_sub(a, off), b = wasm_i8x16_sub(b, off);
-        else load_q4(row, g, off, &a, &b);
+        load_codes(bits, row, g, off, &a, &b);
         if (halves) {
           v128_t lo, hi;
           half_dots_i16(a, b, xt + g * GROUP, &lo, &hi);
