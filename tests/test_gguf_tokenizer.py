@@ -127,7 +127,7 @@ def gemma_js(gemma_files, tmp_path_factory):
         "conversations": CONVERSATIONS,
     }
     result = subprocess.run(
-        ["node", str(NPM / "test" / "support" / "gguf-text-cli.mjs")],
+        ["node", str(NPM / "test" / "support" / "text-cli.mjs")],
         input=json.dumps(request),
         capture_output=True,
         text=True,
