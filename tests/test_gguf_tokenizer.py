@@ -1,4 +1,4 @@
-"""Tokenizer files written from GGUF metadata in plain Python (text/gguf_vocab.py), against the references.
+"""Tokenizer files written from GGUF metadata in plain Python (files/gguf_vocab.py), against the references.
 
 - Gemma 3 (SentencePiece BPE, merges recovered from the vocabulary): the same tokenizer.json document
   transformers 5.23 builds from the GGUF, the same ids and text on the shared corpus, the same ids in the
