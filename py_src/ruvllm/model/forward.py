@@ -215,7 +215,8 @@ def hidden(
     x = weights.embed_tokens.rows(tokens)  # (T, D)
     if config.embed_scale != 1.0:
         x = x * np.float32(config.embed_scale)  # (T, D)
-    tables = {id(f): rope_tables(f, start, len(tokens)) for f in inv_freq}  # (T, E/2) cos, sin per base
+    bases = {id(f): f for f in inv_freq}  # layers share their frequency arrays: one table per distinct base
+    tables = {key: rope_tables(f, start, len(tokens)) for key, f in bases.items()}  # (T, E/2) cos, sin
     masks = Masks(positions)
     layers = zip(weights.layers, cache.layers, config.sliding_windows, inv_freq, strict=True)
     for layer, layer_cache, window, frequencies in layers:
