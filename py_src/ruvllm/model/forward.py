@@ -5,8 +5,9 @@ Every family shares this code: pre-norm decoder blocks with RMSNorm, rotary grou
 head) and a gated MLP (SwiGLU; GeGLU in Gemma 3, which also normalizes each sublayer's output before
 its residual add). The switches are config fields (config.py). Everything is float32.
 
-Dimension letters: T new tokens, S cached positions (S >= T), D hidden size, H query heads,
-K key/value heads, G = H/K query heads per key/value head, E head size, F MLP size, V vocab.
+Dimension letters: N rows of a batch (the new tokens of every sequence in it), T one sequence's new
+tokens, S cached positions (S >= T), D hidden size, H query heads, K key/value heads, G = H/K query
+heads per key/value head, E head size, F MLP size, V vocab.
 
 Given a `Tape`, the forward also keeps what the backward pass (learning/backprop.py) needs, so
 gradients are always those of this one forward.
@@ -20,7 +21,7 @@ import numpy as np
 
 from .cache import KVCache, LayerCache
 from .config import ModelConfig
-from .rope import apply_rope, rope_tables
+from .rope import apply_rope, rope_tables_at
 from .weights import MLP, Attention, DecoderLayer, Weights, linear
 
 
@@ -101,25 +102,62 @@ def attention_mask(queries: np.ndarray, keys: np.ndarray, window: int | None) ->
     return np.where(allowed, np.float32(0), np.float32(-np.inf))  # (T, S)
 
 
+@dataclass
+class Sequence:
+    """One sequence's share of a batched forward: its new tokens are rows `rows` of the batch's (N, D)
+    activations, at absolute `positions` (T,), attending over its own `cache`."""
+
+    rows: slice
+    positions: np.ndarray  # (T,)
+    cache: KVCache  # or anything with the same interface (paged.PagedSequence)
+    masks: Masks
+
+
 def attention(
     x: np.ndarray,
     w: Attention,
     config: ModelConfig,
     rope: tuple[np.ndarray, np.ndarray],
+    batch: list[Sequence],
+    layer: int,
+    window: int | None,
+    tape: LayerTape | None = None,
+) -> np.ndarray:
+    """x (N, D): the new rows of every sequence in `batch`. The projections run once for all rows (one
+    matrix product each); each sequence attends over its own cache."""
+    N = x.shape[0]
+    H, K, E = config.num_attention_heads, config.num_key_value_heads, config.head_dim
+    q = linear(x, w.q_proj).reshape(N, H, E).transpose(1, 0, 2)  # (H, N, E)
+    k = linear(x, w.k_proj).reshape(N, K, E).transpose(1, 0, 2)  # (K, N, E)
+    v = linear(x, w.v_proj).reshape(N, K, E).transpose(1, 0, 2)  # (K, N, E)
+    if w.q_norm is not None:  # config.qk_norm: each head normalized over E
+        q, k = rms_norm(q, w.q_norm, config.rms_norm_eps), rms_norm(k, w.k_norm, config.rms_norm_eps)
+    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    outs = []
+    for s in batch:
+        layer_cache = s.cache.layers[layer]
+        outs.append(
+            attend(q[:, s.rows], k[:, s.rows], v[:, s.rows], config, s.positions, layer_cache, window, s.masks, tape)
+        )  # (T, H*E)
+    out = outs[0] if len(outs) == 1 else np.concatenate(outs)  # (N, H*E)
+    return linear(out, w.o_proj)  # (N, D)
+
+
+def attend(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    config: ModelConfig,
     positions: np.ndarray,
     cache: LayerCache,
     window: int | None,
     masks: Masks,
     tape: LayerTape | None = None,
 ) -> np.ndarray:
-    T = x.shape[0]
-    H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
-    q = linear(x, w.q_proj).reshape(T, H, E).transpose(1, 0, 2)  # (H, T, E)
-    k = linear(x, w.k_proj).reshape(T, K, E).transpose(1, 0, 2)  # (K, T, E)
-    v = linear(x, w.v_proj).reshape(T, K, E).transpose(1, 0, 2)  # (K, T, E)
-    if w.q_norm is not None:  # config.qk_norm: each head normalized over E
-        q, k = rms_norm(q, w.q_norm, config.rms_norm_eps), rms_norm(k, w.k_norm, config.rms_norm_eps)
-    q, k = apply_rope(q, *rope), apply_rope(k, *rope)
+    """One sequence's attention: q (H, T, E), k and v (K, T, E) of its new tokens, stored in `cache`,
+    then every query attends over the keys it may see. Returns (T, H*E)."""
+    H, T, E = q.shape
+    K, G = config.num_key_value_heads, config.group_size
     segments = cache.update_and_fetch(k, v, positions)  # cold (quantized) then hot, in position order
 
     q = q.reshape(K, G * T, E)  # (K, G*T, E): the G heads sharing one key/value head, stacked
@@ -142,7 +180,7 @@ def attention(
     if tape is not None:
         assert len(segments) == 1, "the backward pass reads one float32 segment"
         tape.q, tape.k, tape.v, tape.probs, tape.o = q, segments[0].keys, segments[0].values, probs, out
-    return linear(out, w.o_proj)  # (T, D)
+    return out
 
 
 def mlp(x: np.ndarray, w: MLP, config: ModelConfig, tape: LayerTape | None = None) -> np.ndarray:
@@ -158,25 +196,25 @@ def block(
     w: DecoderLayer,
     config: ModelConfig,
     rope: tuple[np.ndarray, np.ndarray],
-    positions: np.ndarray,
-    cache: LayerCache,
+    batch: list[Sequence],
+    layer: int,
     window: int | None,
-    masks: Masks,
     tape: LayerTape | None = None,
 ) -> np.ndarray:
+    """Decoder layer `layer` over the rows of every sequence in `batch`: x (N, D) -> (N, D)."""
     eps = config.rms_norm_eps
-    a = rms_norm(x, w.input_layernorm, eps)  # (T, D)
-    attended = attention(a, w.self_attn, config, rope, positions, cache, window, masks, tape)  # (T, D)
+    a = rms_norm(x, w.input_layernorm, eps)  # (N, D)
+    attended = attention(a, w.self_attn, config, rope, batch, layer, window, tape)  # (N, D)
     if config.sandwich_norms:  # Gemma 3: each sublayer's output normalized before its residual add
         assert tape is None, "the backward pass knows the Llama block only (config.llama_block)"
-        h = x + rms_norm(attended, w.post_attention_layernorm, eps)  # (T, D)
-        b = rms_norm(h, w.pre_feedforward_layernorm, eps)  # (T, D)
-        return h + rms_norm(mlp(b, w.mlp, config), w.post_feedforward_layernorm, eps)  # (T, D)
-    h = x + attended  # (T, D)
-    b = rms_norm(h, w.post_attention_layernorm, eps)  # (T, D)
+        h = x + rms_norm(attended, w.post_attention_layernorm, eps)  # (N, D)
+        b = rms_norm(h, w.pre_feedforward_layernorm, eps)  # (N, D)
+        return h + rms_norm(mlp(b, w.mlp, config), w.post_feedforward_layernorm, eps)  # (N, D)
+    h = x + attended  # (N, D)
+    b = rms_norm(h, w.post_attention_layernorm, eps)  # (N, D)
     if tape is not None:
         tape.x, tape.a, tape.h, tape.b = x, a, h, b
-    return h + mlp(b, w.mlp, config, tape)  # (T, D)
+    return h + mlp(b, w.mlp, config, tape)  # (N, D)
 
 
 def forward(
@@ -207,26 +245,47 @@ def hidden(
 ) -> np.ndarray:
     """The last decoder layer's output (T, D) for `tokens` at positions start..; fills `tape` if given.
     `inv_freq`: each layer's RoPE frequencies (rope.inverse_frequencies)."""
-    tokens = np.asarray(tokens, dtype=np.int64)
-    assert start <= len(cache.tokens), f"position {start} would leave a gap after {len(cache.tokens)}"
-    if start < len(cache.tokens):
-        cache.truncate(start)  # rewinding: what came after `start` is forgotten
-    positions = np.arange(start, start + len(tokens))  # (T,)
-    x = weights.embed_tokens.rows(tokens)  # (T, D)
+    return hidden_batch(weights, config, inv_freq, [(tokens, start, cache)], tape)
+
+
+def hidden_batch(
+    weights: Weights,
+    config: ModelConfig,
+    inv_freq: list[np.ndarray],
+    entries: list[tuple[np.ndarray, int, KVCache]],
+    tape: Tape | None = None,
+) -> np.ndarray:
+    """The last decoder layer's output (N, D) for several sequences at once, each entry (tokens (T_i,),
+    start, cache) placing its tokens at positions start.. of its own cache; rows in entry order, N = sum
+    of T_i. Every projection is one matrix product over all N rows (continuous batching: a decode step
+    of B sequences is a (B, D) product, not B vector products). A `tape` needs a single entry."""
+    assert tape is None or len(entries) == 1, "the backward pass follows one sequence"
+    batch, ids, at = [], [], 0
+    for tokens, start, cache in entries:
+        tokens = np.asarray(tokens, dtype=np.int64)
+        assert start <= len(cache.tokens), f"position {start} would leave a gap after {len(cache.tokens)}"
+        if start < len(cache.tokens):
+            cache.truncate(start)  # rewinding: what came after `start` is forgotten
+        positions = np.arange(start, start + len(tokens))  # (T,)
+        batch.append(Sequence(slice(at, at + len(tokens)), positions, cache, Masks(positions)))
+        ids.append(tokens)
+        at += len(tokens)
+    tokens = ids[0] if len(ids) == 1 else np.concatenate(ids)  # (N,)
+    positions = batch[0].positions if len(batch) == 1 else np.concatenate([s.positions for s in batch])  # (N,)
+    x = weights.embed_tokens.rows(tokens)  # (N, D)
     if config.embed_scale != 1.0:
-        x = x * np.float32(config.embed_scale)  # (T, D)
+        x = x * np.float32(config.embed_scale)  # (N, D)
     bases = {id(f): f for f in inv_freq}  # layers share their frequency arrays: one table per distinct base
-    tables = {key: rope_tables(f, start, len(tokens)) for key, f in bases.items()}  # (T, E/2) cos, sin
-    masks = Masks(positions)
-    layers = zip(weights.layers, cache.layers, config.sliding_windows, inv_freq, strict=True)
-    for layer, layer_cache, window, frequencies in layers:
+    tables = {key: rope_tables_at(f, positions) for key, f in bases.items()}  # (N, E/2) cos, sin
+    layers = zip(weights.layers, config.sliding_windows, inv_freq, strict=True)
+    for i, (layer, window, frequencies) in enumerate(layers):
         layer_tape = None if tape is None else LayerTape()
         if tape is not None:
             tape.layers.append(layer_tape)
-        rope = tables[id(frequencies)]
-        x = block(x, layer, config, rope, positions, layer_cache, window, masks, layer_tape)  # (T, D)
-    cache.record(tokens)
-    cache.keep_within_budget()
+        x = block(x, layer, config, tables[id(frequencies)], batch, i, window, layer_tape)  # (N, D)
+    for s, tokens in zip(batch, ids, strict=True):
+        s.cache.record(tokens)
+        s.cache.keep_within_budget()
     return x
 
 

@@ -42,7 +42,12 @@ def _frequencies(E: int, theta: float, scaling: dict | None) -> np.ndarray:
 
 def rope_tables(inv_freq: np.ndarray, start: int, count: int) -> tuple[np.ndarray, np.ndarray]:
     """cos and sin for positions start .. start+count-1, each (T, E/2) float32."""
-    angles = np.arange(start, start + count, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, E/2)
+    return rope_tables_at(inv_freq, np.arange(start, start + count))
+
+
+def rope_tables_at(inv_freq: np.ndarray, positions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """cos and sin for any positions (T,) (a batch of sequences, each at its own place), each (T, E/2)."""
+    angles = np.asarray(positions, dtype=np.float64)[:, None] * inv_freq[None, :]  # (T, E/2)
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
 

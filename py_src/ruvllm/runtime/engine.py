@@ -21,7 +21,7 @@ from ..files.store import TensorStore, sanitize
 from ..files.tensorfile import SafetensorsFile
 from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
-from ..model.forward import forward
+from ..model.forward import forward, hidden_batch, logits
 from ..model.rope import inverse_frequencies
 from ..model.weights import ComputeOptions, Weights, load_weights
 from ..quant.provider import KernelProvider, resolve_kernels
@@ -213,6 +213,24 @@ class Engine:
             if self.wrappers is not None:
                 self.wrappers.use(weights or self.wrappers.identity())
             return forward(self.weights, self.config, self.inv_freq, tokens, start, cache, last_only)
+
+    def forward_batch(
+        self,
+        entries: list[tuple[np.ndarray, int, KVCache]],
+        sampled: list[bool],
+        weights: tuple | None = None,
+    ) -> np.ndarray:
+        """Logits (R, V) of the last row of each entry (tokens, start, cache) whose `sampled` is true,
+        all entries computed as one batch (forward.hidden_batch); R = the number of true values."""
+        lengths = [len(tokens) for tokens, _, _ in entries]
+        with self.lock, self.threads.limit(sum(lengths)):
+            if self.wrappers is not None:
+                self.wrappers.use(weights or self.wrappers.identity())
+            x = hidden_batch(self.weights, self.config, self.inv_freq, entries)  # (N, D)
+            rows = (np.cumsum(lengths) - 1)[np.asarray(sampled, dtype=bool)]  # (R,)
+            if not len(rows):
+                return np.empty((0, self.config.vocab_size), np.float32)
+            return logits(self.weights, self.config, x[rows])  # (R, V)
 
 
 def read_config(folder: str) -> ModelConfig:

@@ -14,15 +14,19 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
+from typing import Protocol
 
 import numpy as np
 
 from ..errors import ContextFullError, InferenceError, InvalidArgumentError
 from ..model.cache import KVCache
 from .engine import Engine
-from .sampling import SamplingOptions, make_sampler
+from .sampling import SamplingOptions, apply_repetition_penalty, make_sampler
 
 DEFAULT_MAX_TOKENS = 256
+
+
+MAX_TOP_LOGPROBS = 20  # OpenAI's bound on top_logprobs
 
 
 @dataclass(frozen=True)
@@ -30,11 +34,15 @@ class GenerationOptions:
     max_tokens: int = DEFAULT_MAX_TOKENS
     stop: tuple[str, ...] = ()
     ignore_eos: bool = False
+    logprobs: int | None = None  # None: no log-probabilities; k: each token's and the k likeliest alternatives
     sampling: SamplingOptions = field(default_factory=SamplingOptions)
 
     def __post_init__(self) -> None:
         if not isinstance(self.max_tokens, int) or isinstance(self.max_tokens, bool) or self.max_tokens < 1:
             raise InvalidArgumentError(f"max_tokens must be an integer >= 1, got {self.max_tokens!r}")
+        k = self.logprobs
+        if k is not None and (not isinstance(k, int) or isinstance(k, bool) or not 0 <= k <= MAX_TOP_LOGPROBS):
+            raise InvalidArgumentError(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}], got {k!r}")
         if isinstance(self.stop, str) or not all(isinstance(s, str) and s for s in self.stop):
             raise InvalidArgumentError(f"stop must be a list of non-empty strings, got {self.stop!r}")
 
@@ -69,9 +77,86 @@ class Prefilling:
 @dataclass(frozen=True)
 class Step:
     token_id: int
-    finish_reason: str | None  # "stop" (end-of-sequence token), "length", or None to continue
+    finish_reason: str | None  # "stop" (end-of-sequence token or a complete constrained output), "length", or None
     prefill_ms: float | None = None  # on the first step only
     cached_tokens: int = 0  # on the first step: prompt tokens whose keys/values came from the cache
+    logprob: float | None = None  # with options.logprobs: log-probability of token_id (see Decoder)
+    top_logprobs: tuple[tuple[int, float], ...] = ()  # the options.logprobs likeliest (id, log-probability)
+
+
+class Constraint(Protocol):
+    """What may restrict each step's choice (constrain.Matcher: a JSON schema)."""
+
+    def allowed(self) -> np.ndarray:
+        """(V,) bool: the tokens that may come next."""
+        ...
+
+    def advance(self, token_id: int) -> None: ...
+
+    @property
+    def complete(self) -> bool:
+        """The output so far is whole: only an end-of-sequence token may follow."""
+        ...
+
+
+class Decoder:
+    """The choice of each next token from its logits: the constraint's mask, the sampler (which owns its
+    RNG), log-probabilities and the finish reason. One per sequence; the solo token loop and the batching
+    scheduler both use it, so a sequence decodes the same tokens either way.
+
+    Log-probabilities are those of the distribution the token is drawn from before top-k/top-p/min-p:
+    the logits after the repetition penalty and the constraint's mask, divided by the temperature
+    (temperature 0, greedy: divided by 1).
+    """
+
+    def __init__(
+        self,
+        prompt: list[int],
+        options: GenerationOptions,
+        eos: set[int],
+        limit: int | None,
+        constraint: Constraint | None = None,
+    ) -> None:
+        self.options, self.eos, self.limit, self.constraint = options, eos, limit, constraint
+        self.sample = make_sampler(options.sampling)
+        self.history = list(prompt)
+        self.count = 0  # tokens chosen
+
+    def choose(self, logits: np.ndarray, first: dict | None = None) -> Step:
+        """The Step for logits (V,) of the last position; `first`: Step fields of the first step."""
+        position = len(self.history) - 1
+        if not np.isfinite(logits).all():  # NaN or inf weights, or an overflow: never sample from garbage
+            raise InferenceError(
+                f"the model computed non-finite logits at position {position} (its weights or config values are broken)"
+            )
+        if self.constraint is not None:
+            logits = np.where(self.constraint.allowed(), logits, np.float32(-np.inf))  # (V,)
+        token = self.sample(logits, self.history)
+        logprob, top = self._logprobs(logits, token) if self.options.logprobs is not None else (None, ())
+        self.history.append(token)
+        self.count += 1
+        position += 1  # where this token goes when fed back
+        if self.constraint is not None and token not in self.eos:
+            self.constraint.advance(token)
+        if token in self.eos or (self.constraint is not None and self.constraint.complete and not self.eos):
+            reason = "stop"
+        elif self.count == self.options.max_tokens or (self.limit is not None and position >= self.limit):
+            reason = "length"
+        else:
+            reason = None
+        return Step(token, reason, **(first or {}), logprob=logprob, top_logprobs=top)
+
+    def _logprobs(self, logits: np.ndarray, token: int) -> tuple[float, tuple[tuple[int, float], ...]]:
+        sampling = self.options.sampling
+        logits = apply_repetition_penalty(logits, self.history, sampling.repetition_penalty)
+        scaled = logits.astype(np.float64) / (sampling.temperature or 1.0)  # (V,)
+        top = scaled.max()
+        logp = scaled - (top + np.log(np.exp(scaled - top).sum()))  # (V,)
+        k = self.options.logprobs
+        best = np.argpartition(-logp, k - 1)[:k] if k else np.empty(0, np.int64)
+        best = best[np.argsort(-logp[best], kind="stable")]
+        best = best[np.isfinite(logp[best])]  # tokens a constraint ruled out are no alternatives
+        return float(logp[token]), tuple((int(i), float(logp[i])) for i in best)
 
 
 def generate_tokens(
@@ -82,11 +167,13 @@ def generate_tokens(
     cache: KVCache | None = None,
     reuse_prefix: bool = True,
     report_prefill: bool = False,
+    constraint: Constraint | None = None,
 ) -> Iterator[Step | Prefilling]:
     """Prefill the prompt, then sample one token per step until EOS, `max_tokens` or a full context.
 
-    With `reuse_prefix`, the longest prefix of the prompt that `cache` already holds (the previous turn
-    of a chat) is not computed again. With `report_prefill`, a `Prefilling` comes between the forward
+    A `constraint` (constrain.Matcher) limits every step to the tokens it allows. With `reuse_prefix`,
+    the longest prefix of the prompt that `cache` already holds (the previous turn of a chat) is not
+    computed again. With `report_prefill`, a `Prefilling` comes between the forward
     calls of a long prompt. Bad prompts raise here, at call time; the returned generator does the work.
     """
     prompt = [int(t) for t in prompt_ids]
@@ -106,7 +193,7 @@ def generate_tokens(
     reused = common_prefix(cache.tokens, prompt) if reuse_prefix else 0
     reused = min(reused, len(prompt) - 1)  # the last prompt token is always computed: it gives the logits
     eos = set() if options.ignore_eos else set(eos_ids)
-    return _token_loop(engine, prompt, reused, options, eos, cache, identity, report_prefill)
+    return _token_loop(engine, prompt, reused, options, eos, cache, identity, report_prefill, constraint)
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -127,18 +214,13 @@ def _token_loop(
     cache: KVCache,
     weights: tuple,
     report_prefill: bool,
+    constraint: Constraint | None,
 ) -> Iterator[Step | Prefilling]:
     limit = cache.max_positions
-    sample = make_sampler(options.sampling)
+    decoder = Decoder(prompt, options, eos, limit, constraint)
 
     def next_logits(tokens: list[int], start: int) -> np.ndarray:
-        logits = engine.forward(tokens, start, cache, last_only=True, weights=weights)[0]  # (V,)
-        if not np.isfinite(logits).all():  # NaN or inf weights, or an overflow: never sample from garbage
-            raise InferenceError(
-                f"the model computed non-finite logits at position {start + len(tokens) - 1} "
-                "(its weights or config values are broken)"
-            )
-        return logits
+        return engine.forward(tokens, start, cache, last_only=True, weights=weights)[0]  # (V,)
 
     cache.truncate(reused)
     if limit is not None and cache.options.hot_tokens is None:  # a plain cache: allocate it once
@@ -150,20 +232,11 @@ def _token_loop(
         logits = next_logits(prompt[start : start + chunk], start)
         if report_prefill and start + chunk < len(prompt):
             yield Prefilling(start + chunk, len(prompt))
-    prefill_ms = (time.perf_counter() - started) * 1000
-    history = list(prompt)
-    for i in range(options.max_tokens):
-        token = sample(logits, history)
-        history.append(token)
-        position = len(history) - 1  # where this token goes when fed back
-        if token in eos:
-            reason = "stop"
-        elif i == options.max_tokens - 1 or (limit is not None and position >= limit):
-            reason = "length"
-        else:
-            reason = None
-        first = i == 0
-        yield Step(token, reason, prefill_ms if first else None, reused if first else 0)
-        if reason is not None:
+    first = {"prefill_ms": (time.perf_counter() - started) * 1000, "cached_tokens": reused}
+    while True:
+        step = decoder.choose(logits, first)
+        first = None
+        yield step
+        if step.finish_reason is not None:
             return
-        logits = next_logits([token], position)
+        logits = next_logits([step.token_id], len(decoder.history) - 1)

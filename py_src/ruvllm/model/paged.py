@@ -1,0 +1,221 @@
+"""A paged KV cache for many sequences at once (continuous batching), with prefix sharing.
+
+Keys and values of every sequence live in one pool of fixed-size blocks per layer (as in vLLM's
+PagedAttention). A sequence holds a block table: its position p is at block `table[p // B]`, row
+`p % B`. Blocks are counted by reference:
+
+- A block is *full* once all B of its positions are computed; a full block is registered under its
+  contents (the tokens it holds and the block before it), so a later sequence whose prompt starts with
+  the same tokens takes the block as it is (read-only, shared): a common system prompt is computed
+  once. Only a sequence's last, partly filled block is ever written, and it is never shared.
+- A block nobody holds any more stays registered until it is reused for other contents (least
+  recently freed first), so the next request with that prefix still finds it.
+- `BlockPool.reserve` counts blocks before a sequence starts: a sequence is admitted only when the
+  blocks it may need (prompt + max_tokens) are free, so no step ever runs out of blocks mid-way.
+
+A `PagedSequence` has the interface the forward expects of a cache (`layers[i].update_and_fetch`,
+`tokens`, `record`, ...), so the one forward of forward.py computes with it.
+
+Dimension letters: K key/value heads, B positions per block, E head size, T new positions, S positions
+of a sequence, P blocks in the pool.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+import numpy as np
+
+from ..errors import ContextFullError
+from .cache import DenseSegment
+from .config import ModelConfig
+
+ROOT = (-1, 0)  # the "block before" the first block of every sequence
+
+
+class BlockPool:
+    """Every layer's keys and values in `count` blocks of `size` positions: k[layer] (K, P, B, E)."""
+
+    def __init__(self, config: ModelConfig, count: int, size: int = 16) -> None:
+        K, E = config.num_key_value_heads, config.head_dim
+        self.size, self.count = size, count
+        # np.zeros: the OS hands out pages as they are first written, so unused blocks cost no memory.
+        self.k = [np.zeros((K, count, size, E), np.float32) for _ in range(config.num_hidden_layers)]
+        self.v = [np.zeros((K, count, size, E), np.float32) for _ in range(config.num_hidden_layers)]
+        self.refs = [0] * count
+        self.generation = [0] * count  # bumped when a block is reused: keys naming the old contents go stale
+        self.empty = list(range(count - 1, -1, -1))  # free blocks holding nothing worth keeping
+        self.cached: OrderedDict[int, None] = OrderedDict()  # free blocks still registered, oldest first
+        self.by_key: dict[tuple, int] = {}  # (block before, its generation, tokens) -> block
+        self.key_of: dict[int, tuple] = {}
+        self.reserved = 0  # blocks promised to admitted sequences and not yet taken
+
+    @property
+    def free(self) -> int:
+        """Blocks that can be taken now (free, or held only by the registry)."""
+        return len(self.empty) + len(self.cached)
+
+    @property
+    def in_use(self) -> int:
+        return self.count - self.free
+
+    def bytes_per_block(self) -> int:
+        return sum(k[:, 0].nbytes + v[:, 0].nbytes for k, v in zip(self.k, self.v, strict=True))
+
+    def reserve(self, blocks: int) -> bool:
+        """Promise `blocks` blocks to a sequence about to start; False if they are not all free."""
+        if blocks > self.free - self.reserved:
+            return False
+        self.reserved += blocks
+        return True
+
+    def unreserve(self, blocks: int) -> None:
+        self.reserved -= blocks
+        assert self.reserved >= 0
+
+    def take(self) -> int:
+        """A block for new contents (from the sequence's reservation)."""
+        if self.empty:
+            block = self.empty.pop()
+        else:
+            block, _ = self.cached.popitem(last=False)  # the least recently freed registered block
+            del self.by_key[self.key_of.pop(block)]
+            self.generation[block] += 1
+        self.refs[block] = 1
+        self.reserved -= 1
+        return block
+
+    def share(self, block: int) -> None:
+        """Hold a registered block (a prefix another sequence computed). A block nobody held was counted
+        as free: the sharing sequence reserved it (`prefix_cost`)."""
+        if self.refs[block] == 0:
+            del self.cached[block]
+            self.reserved -= 1
+        self.refs[block] += 1
+
+    def find_prefix(self, prompt: list[int], root: tuple) -> list[int]:
+        """The registered blocks that hold the start of `prompt`: whole blocks, never the one holding the
+        last prompt token (its logits must be computed)."""
+        blocks, before = [], root
+        for start in range(0, len(prompt) - self.size, self.size):
+            block = self.lookup(self.key(before, tuple(prompt[start : start + self.size])))
+            if block is None:
+                break
+            blocks.append(block)
+            before = (block, self.generation[block])
+        return blocks
+
+    def prefix_cost(self, blocks: list[int]) -> int:
+        """Free blocks among `blocks`: sharing them takes them out of the free count."""
+        return sum(self.refs[b] == 0 for b in blocks)
+
+    def release(self, block: int) -> None:
+        self.refs[block] -= 1
+        if self.refs[block] == 0:
+            if block in self.key_of:
+                self.cached[block] = None  # findable until its room is needed
+            else:
+                self.empty.append(block)
+
+    def key(self, before: tuple[int, int], tokens: tuple[int, ...]) -> tuple:
+        return (*before, tokens)
+
+    def register(self, block: int, key: tuple) -> None:
+        if key not in self.by_key and block not in self.key_of:
+            self.by_key[key], self.key_of[block] = block, key
+
+    def lookup(self, key: tuple) -> int | None:
+        return self.by_key.get(key)
+
+    def clear_registry(self) -> None:
+        """Forget every registered contents (the weights changed: cached keys and values are stale)."""
+        for block in list(self.cached):
+            self.empty.append(block)
+        self.cached.clear()
+        for block in self.key_of:
+            self.generation[block] += 1
+        self.by_key.clear()
+        self.key_of.clear()
+
+
+class PagedLayer:
+    """One layer's view of a sequence's blocks, with the cache interface attention uses."""
+
+    def __init__(self, sequence: PagedSequence, layer: int) -> None:
+        self.sequence, self.layer = sequence, layer
+
+    def update_and_fetch(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> list[DenseSegment]:
+        """Write k, v (K, T, E) at `positions` (T,) into the sequence's blocks; return every position
+        up to the last one written, as one segment."""
+        pool, table = self.sequence.pool, self.sequence.table
+        blocks = np.asarray(table, dtype=np.int64)[positions // pool.size]  # (T,)
+        rows = positions % pool.size  # (T,)
+        k_pool, v_pool = pool.k[self.layer], pool.v[self.layer]  # (K, P, B, E)
+        k_pool[:, blocks, rows], v_pool[:, blocks, rows] = k, v
+        end = int(positions[-1]) + 1
+        used = np.asarray(table[: -(-end // pool.size)], dtype=np.int64)
+        K, E = k.shape[0], k.shape[2]
+        keys = k_pool[:, used].reshape(K, -1, E)[:, :end]  # (K, S, E)
+        values = v_pool[:, used].reshape(K, -1, E)[:, :end]  # (K, S, E)
+        return [DenseSegment(keys, values, np.arange(end))]
+
+
+class PagedSequence:
+    """One sequence's block table over a `BlockPool`, at most `max_positions` positions."""
+
+    def __init__(self, pool: BlockPool, config: ModelConfig, max_positions: int, reserved: int) -> None:
+        self.pool, self.max_positions = pool, max_positions
+        self.table: list[int] = []
+        self.tokens: list[int] = []
+        self.layers = [PagedLayer(self, i) for i in range(config.num_hidden_layers)]
+        self.reserved = reserved  # blocks the pool promised this sequence and it has not taken yet
+        self.registered = 0  # full blocks registered for sharing
+        self.shared = 0  # positions taken from other sequences' blocks
+        self.root = ROOT
+
+    def share_prefix(self, prompt: list[int], blocks: list[int], root: tuple) -> int:
+        """Start with `blocks` (BlockPool.find_prefix: they hold the start of `prompt`), computed by other
+        sequences. `root` names the weights (blocks computed with other weights never match). Returns the
+        positions they hold."""
+        for block in blocks:
+            self.pool.share(block)
+        self.table = list(blocks)
+        self.tokens = list(prompt[: len(blocks) * self.pool.size])
+        self.registered = len(blocks)
+        self.shared = len(self.tokens)
+        self.root = root
+        return self.shared
+
+    def reserve(self, count: int) -> None:
+        """Blocks for `count` more positions, taken from the sequence's reservation."""
+        total = len(self.tokens) + count
+        if total > self.max_positions:
+            raise ContextFullError(f"{total} positions do not fit the context window of {self.max_positions}")
+        while len(self.table) * self.pool.size < total:
+            assert self.reserved > 0, "a sequence took more blocks than it reserved"
+            self.table.append(self.pool.take())
+            self.reserved -= 1
+
+    def record(self, tokens: list[int] | np.ndarray) -> None:
+        """Note the ids of positions just computed, and register blocks that became full."""
+        self.tokens.extend(int(t) for t in tokens)
+        size = self.pool.size
+        while (self.registered + 1) * size <= len(self.tokens):
+            i = self.registered
+            before = self.root if i == 0 else (self.table[i - 1], self.pool.generation[self.table[i - 1]])
+            key = self.pool.key(before, tuple(self.tokens[i * size : (i + 1) * size]))
+            self.pool.register(self.table[i], key)
+            self.registered += 1
+
+    def keep_within_budget(self) -> None:
+        """Nothing to drop: admission reserved every block this sequence may need."""
+
+    def truncate(self, position: int) -> None:
+        raise AssertionError("a paged sequence only grows")
+
+    def release(self) -> None:
+        """Give every block back (finished, cancelled or disconnected) and the unused reservation."""
+        for block in self.table:
+            self.pool.release(block)
+        self.pool.unreserve(self.reserved)
+        self.table, self.reserved = [], 0

@@ -1,0 +1,121 @@
+"""Continuous batching (runtime/batching.py) over the paged KV cache (model/paged.py): every sequence
+decodes exactly the tokens it decodes alone, whatever joins, leaves or shares blocks beside it."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ruvllm.errors import ContextFullError, InvalidArgumentError
+from ruvllm.runtime.batching import Scheduler
+from ruvllm.runtime.generate import GenerationOptions, Step, common_prefix, generate_tokens
+from ruvllm.runtime.sampling import SamplingOptions
+
+PROMPTS = [
+    "Once upon a time",
+    "The capital of France is",
+    "def fibonacci(n):",
+    "List three colors:",
+    "In 1492, Columbus",
+    "Water boils at",
+    "My favourite food is pizza because it",
+    "The quick brown fox",
+]
+SYSTEM = [{"role": "system", "content": "You are a helpful assistant. Answer in one short sentence."}]
+
+
+def greedy(max_tokens: int, **options) -> GenerationOptions:
+    return GenerationOptions(max_tokens=max_tokens, sampling=SamplingOptions(temperature=0, **options))
+
+
+def solo(model, ids: list[int], options: GenerationOptions) -> list[int]:
+    engine = model.engine
+    steps = generate_tokens(engine, ids, options, model.eos_token_ids, cache=engine.new_cache(), reuse_prefix=False)
+    return [s.token_id for s in steps]
+
+
+def run(scheduler: Scheduler, jobs: list[tuple[int, list[int], GenerationOptions]], model) -> list[list]:
+    """Submit each job (join step, prompt ids, options) at its step; step until all are done."""
+    outputs: list[list] = [[] for _ in jobs]
+    step = 0
+    while step < 2000:
+        for i, (join, ids, options) in enumerate(jobs):
+            if join == step:
+                scheduler.submit(ids, options, outputs[i].append, model.eos_token_ids)
+        scheduler.step()
+        step += 1
+        if step > max(j for j, _, _ in jobs) and not scheduler.running and not scheduler.waiting:
+            return outputs
+    raise AssertionError("the scheduler did not finish")
+
+
+def ids_of(outputs: list) -> list[int]:
+    assert all(isinstance(s, Step) for s in outputs), outputs
+    return [s.token_id for s in outputs]
+
+
+def test_eight_requests_joining_at_different_steps_decode_what_they_decode_alone(smollm2):
+    chat = [smollm2.tokenizer.encode_chat([*SYSTEM, {"role": "user", "content": p}]) for p in PROMPTS[:4]]
+    prompts = [smollm2.tokenizer.encode(p) for p in PROMPTS[4:]] + chat  # 4 raw, 4 chats of different lengths
+    lengths = [12, 20, 16, 8, 24, 10, 18, 14]
+    joins = [0, 0, 1, 3, 3, 5, 8, 9]
+    jobs = [(j, ids, greedy(n)) for j, ids, n in zip(joins, prompts, lengths, strict=True)]
+    scheduler = Scheduler(smollm2.engine, max_concurrent=8, max_context=512, prefill_tokens=16)
+    batched = run(scheduler, jobs, smollm2)
+    for (_, ids, options), out in zip(jobs, batched, strict=True):
+        assert ids_of(out) == solo(smollm2, ids, options)
+    assert scheduler.metrics.last_batch_sequences >= 1 and scheduler.metrics.steps < sum(lengths)
+    # the three later chats found the blocks of the system prompt the first chat computed
+    shared = common_prefix(chat[0], chat[1]) // 16 * 16
+    assert shared >= 16 and [out[0].cached_tokens for out in batched[5:]] == [shared] * 3
+    assert scheduler.pool.in_use == 0 and scheduler.pool.reserved == 0  # every block went back
+
+
+def test_many_concurrent_requests_with_different_prompts_never_see_each_others_keys(smollm2):
+    """The seeds' KV-leak bug: 16 requests through 6 slots and a pool too small for all of them at
+    once (they queue), each compared with its solo run."""
+    rng = np.random.default_rng(7)
+    topics = ["cats", "rain", "trains", "music", "bread", "stars", "rivers", "chess"]
+    prompts = [smollm2.tokenizer.encode(f"A few words about {topics[i % 8]} ({i}):") for i in range(16)]
+    lengths = [int(n) for n in rng.integers(3, 9, size=16)]
+    jobs = [(int(rng.integers(0, 8)), ids, greedy(n)) for ids, n in zip(prompts, lengths, strict=True)]
+    scheduler = Scheduler(smollm2.engine, max_concurrent=6, max_context=64, blocks=12, block_size=8)
+    outputs = run(scheduler, jobs, smollm2)
+    for (_, ids, options), out in zip(jobs, outputs, strict=True):
+        assert ids_of(out) == solo(smollm2, ids, options)
+    assert scheduler.metrics.finished == 16 and scheduler.pool.reserved == 0
+
+
+def test_sampling_with_a_seed_gives_the_same_tokens_batched_and_alone(smollm2):
+    ids = [smollm2.tokenizer.encode(p) for p in PROMPTS[:3]]
+    options = GenerationOptions(max_tokens=12, sampling=SamplingOptions(temperature=0.9, seed=5))
+    outputs = run(Scheduler(smollm2.engine, max_concurrent=3, max_context=128), [(0, p, options) for p in ids], smollm2)
+    for p, out in zip(ids, outputs, strict=True):
+        assert ids_of(out) == solo(smollm2, p, options)
+
+
+def test_a_cancelled_request_frees_its_blocks_at_the_next_step(smollm2):
+    scheduler = Scheduler(smollm2.engine, max_concurrent=2, max_context=128)
+    received: list = []
+    request = scheduler.submit(smollm2.tokenizer.encode(PROMPTS[0]), greedy(100), received.append)
+    for _ in range(3):
+        scheduler.step()
+    assert scheduler.pool.in_use > 0 and len(received) == 3
+    scheduler.cancel(request)
+    scheduler.step()
+    assert not scheduler.running and scheduler.pool.in_use == 0 and scheduler.pool.reserved == 0
+    assert len(received) == 3 and scheduler.metrics.cancelled == 1
+
+
+def test_requests_that_cannot_fit_are_refused_with_the_reason(smollm2):
+    scheduler = Scheduler(smollm2.engine, max_concurrent=2, max_context=16, blocks=2, block_size=4)
+    with pytest.raises(ContextFullError, match="the prompt has 20 tokens but the context window is 16"):
+        scheduler.submit(list(range(20)), greedy(4), print)
+    with pytest.raises(InvalidArgumentError, match="token id 999999 is outside the vocabulary"):
+        scheduler.submit([1, 999999], greedy(4), print)
+    received: list = []
+    scheduler.submit(list(range(1, 10)), greedy(4), received.append)  # 13 positions: 4 blocks, the pool has 2
+    scheduler.step()
+    assert len(received) == 1 and isinstance(received[0], ContextFullError)
+    assert "needs 4 KV blocks; there are 2" in str(received[0])
+    assert not scheduler.waiting and scheduler.metrics.refused == 2  # at submit, then at admission
