@@ -172,9 +172,14 @@ class ChatTemplate:
             raise LoadError(f"{self.where} fails: {_describe(e)}") from None
         self.special_tokens = {k: v for k, v in special_tokens.items() if v is not None}
 
-    def render(self, messages: list[dict], add_generation_prompt: bool = True, **extra: object) -> str:
+    def render(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None, **extra: object
+    ) -> str:
+        """The prompt for `messages`. `tools` (OpenAI tool objects) reach the template as the variable `tools`,
+        None when there are none, as transformers' apply_chat_template passes them."""
         _check_messages(messages)
-        variables = dict(messages=messages, add_generation_prompt=add_generation_prompt)
+        _check_tools(tools)
+        variables = dict(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
         variables.update(self.special_tokens, **extra)
         parts, size = [], 0
         try:
@@ -200,8 +205,39 @@ def _describe(error: BaseException) -> str:
 
 
 def _check_messages(messages: object) -> None:
+    """Each message has a string role and a string content, except an assistant message that makes tool calls,
+    whose content may be None (OpenAI sends `"content": null` there)."""
     if not isinstance(messages, list) or not messages:
         raise InvalidArgumentError("messages must be a non-empty list of {'role', 'content'} objects")
     for i, m in enumerate(messages):
-        if not isinstance(m, dict) or not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+        if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             raise InvalidArgumentError(f"message {i} must have a string 'role' and a string 'content'")
+        calls = m.get("tool_calls")
+        if calls is not None:
+            _check_tool_calls(i, calls)
+        if not isinstance(m.get("content"), str) and not (calls and m.get("content") is None):
+            raise InvalidArgumentError(f"message {i} must have a string 'role' and a string 'content'")
+        if "tool_call_id" in m and not isinstance(m["tool_call_id"], str):
+            raise InvalidArgumentError(f"message {i}: 'tool_call_id' must be a string")
+
+
+def _check_tool_calls(i: int, calls: object) -> None:
+    """OpenAI's form: [{"id", "type": "function", "function": {"name", "arguments"}}, ...]; arguments are a
+    JSON string from OpenAI clients, or an object as transformers' own examples give them."""
+    if not isinstance(calls, list):
+        raise InvalidArgumentError(f"message {i}: 'tool_calls' must be a list, got {type(calls).__name__}")
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise InvalidArgumentError(
+                f"message {i}: tool_calls[{j}] must be {{'type': 'function', 'function': {{'name', 'arguments'}}}}"
+            )
+        if not isinstance(function.get("arguments"), (str, dict)):
+            raise InvalidArgumentError(
+                f"message {i}: tool_calls[{j}].function.arguments must be a JSON string or an object"
+            )
+
+
+def _check_tools(tools: object) -> None:
+    if tools is not None and (not isinstance(tools, list) or not all(isinstance(t, dict) for t in tools)):
+        raise InvalidArgumentError("tools must be a list of {'type': 'function', 'function': {...}} objects")

@@ -62,6 +62,11 @@ class Tokenizer:
     def vocab_size(self) -> int:
         return len(self.token_bytes)
 
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids of the tokenizer.json `added_tokens` marked `"special": true` (control tokens, never text)."""
+        return frozenset(i for i, token in self._tokenizer.get_added_tokens_decoder().items() if token.special)
+
     def token_id(self, text: str | None) -> int | None:
         return None if text is None else self._tokenizer.token_to_id(text)
 
@@ -82,17 +87,23 @@ class Tokenizer:
     def decode(self, ids: list[int]) -> str:
         return self._tokenizer.decode(ids, skip_special_tokens=False)
 
-    def apply_chat_template(self, messages: list[dict], add_generation_prompt: bool = True) -> str:
+    def apply_chat_template(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> str:
+        """The prompt for `messages`; `tools` (OpenAI tool objects) go to the template as transformers passes them."""
         if self.chat_template is None:
             raise InvalidArgumentError(
                 "this model has no chat template (its tokenizer_config.json or GGUF metadata has none): "
                 "give one with --chat-template FILE (CLI) or chat_template= (ruvllm.load)"
             )
-        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt)
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, tools=tools)
 
-    def encode_chat(self, messages: list[dict], add_generation_prompt: bool = True) -> list[int]:
+    def encode_chat(
+        self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None
+    ) -> list[int]:
         # The template writes any BOS itself; adding special tokens again would double it.
-        return self.encode(self.apply_chat_template(messages, add_generation_prompt), add_special_tokens=False)
+        prompt = self.apply_chat_template(messages, add_generation_prompt, tools)
+        return self.encode(prompt, add_special_tokens=False)
 
     def detokenizer(self) -> StreamingDetokenizer:
         return StreamingDetokenizer(self.token_bytes, self._strip_space)
