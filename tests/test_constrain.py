@@ -1,0 +1,529 @@
+"""Constrained JSON decoding (runtime/constrain.py): every document sampled under a mask is valid JSON
+that matches its schema, every valid document is accepted, and nothing else is.
+
+Two vocabularies: SmolLM2's real one (49152 byte-level BPE tokens), and a tiny synthetic one whose
+tokens 2..257 are the 256 single bytes, so a test can write any byte sequence exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import numpy as np
+import pytest
+
+from ruvllm.errors import InferenceError, InvalidArgumentError
+from ruvllm.runtime.constrain import Matcher, Vocabulary, json_grammar
+
+# --- the tiny vocabulary -------------------------------------------------------------------------------
+
+EOS, SPECIAL, BYTE0 = 0, 1, 2  # token BYTE0 + b is the single byte b
+WORDS = [b'{"', b'":', b'",', b'"}', b"true", b"null", b"12", b' "', b"\n  ", b"\xc3\xa9", b'abc"', b"\xe6\x97", b""]
+TINY_TOKENS = [b"</s>", b"{", *(bytes([b]) for b in range(256)), *WORDS]
+TINY = Vocabulary(TINY_TOKENS, len(TINY_TOKENS) + 3, special_ids=[SPECIAL], eos_ids=[EOS])
+
+
+def word(data: bytes) -> int:
+    return TINY_TOKENS.index(data, BYTE0 + 256)
+
+
+def write(matcher: Matcher, text: str | bytes) -> None:
+    """Feed text byte by byte, checking that each byte is allowed before it is read."""
+    for b in text.encode("utf-8") if isinstance(text, str) else text:
+        assert matcher.allowed()[BYTE0 + b], f"byte {bytes([b])!r} refused"
+        matcher.advance(BYTE0 + b)
+
+
+def reads(schema: dict | None, text: str | bytes, **literals: str) -> bool:
+    """Whether the grammar takes `text` byte by byte and is complete at its end."""
+    matcher = Matcher(json_grammar(schema, **literals), TINY)
+    data = text.encode("utf-8") if isinstance(text, str) else text
+    for b in data:
+        if not matcher.allowed()[BYTE0 + b]:
+            with pytest.raises(InvalidArgumentError):
+                matcher.advance(BYTE0 + b)
+            return False
+        matcher.advance(BYTE0 + b)
+    return matcher.complete
+
+
+def assert_refused(schema: dict | None, prefix: str | bytes, following: str | bytes) -> None:
+    matcher = Matcher(json_grammar(schema), TINY)
+    write(matcher, prefix)
+    token = BYTE0 + (following.encode("utf-8") if isinstance(following, str) else following)[0]
+    assert not matcher.allowed()[token]
+    with pytest.raises(InvalidArgumentError, match="not allowed"):
+        matcher.advance(token)
+
+
+# --- the real vocabulary: random walks -----------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def smollm2_tokenizer(smollm2_dir):
+    from ruvllm.text.tokenizer import Tokenizer
+
+    return Tokenizer.from_folder(str(smollm2_dir))
+
+
+@pytest.fixture(scope="module")
+def vocabulary(smollm2_tokenizer) -> Vocabulary:
+    eos = [smollm2_tokenizer.token_id("<|im_end|>")]
+    return Vocabulary(
+        smollm2_tokenizer.token_bytes, len(smollm2_tokenizer.token_bytes), smollm2_tokenizer.special_ids, eos
+    )
+
+
+@pytest.fixture(scope="module")
+def validate():
+    jsonschema = pytest.importorskip("jsonschema")
+    return lambda document, schema: jsonschema.validate(document, schema or {"type": "object"})
+
+
+class RandomLogits:
+    """Temperature-1 sampling from random logits under the mask, until EOS.
+
+    Logits are standard-normal noise; sampling is Gumbel-max in the form argmin(E * exp(-logit)), E
+    exponential. Drawing 49k fresh numbers twice a step would make these tests slow, so each step takes
+    a window at a random offset of a pool of precomputed E * exp(-noise). Random logits favour plain
+    text (48k of 49k tokens), so strings would run ~1600 tokens: tokens that are not plain string text
+    get +4, and tokens with "}" or "]" a bias growing with the length, so that free-form documents end.
+    """
+
+    def __init__(self, vocabulary: Vocabulary, seed: int) -> None:
+        self.vocabulary = vocabulary
+        self.rng = np.random.default_rng(seed)
+        pool = self.rng.standard_exponential(1 << 20, dtype=np.float32)
+        self.pool = pool * np.exp(-self.rng.standard_normal(1 << 20, dtype=np.float32))  # (P,)
+        self.weight = np.exp(-4.0 * ~vocabulary.plain_mask).astype(np.float32)  # (V,) exp(-bias)
+        self.closing = np.array([b"}" in t or b"]" in t for t in vocabulary.token_bytes])  # (V,)
+
+    def document(self, matcher: Matcher, max_tokens: int = 400) -> bytes:
+        """The bytes of one document. Every few steps, a few random tokens are checked: advance() refuses
+        them exactly when the mask does."""
+        vocabulary, rng = self.vocabulary, self.rng
+        out = bytearray()
+        for step in range(max_tokens):
+            allowed = matcher.allowed()  # (V,)
+            assert allowed.shape == (vocabulary.size,)
+            if step % 8 == 0:
+                for token in rng.integers(0, vocabulary.size, 4):
+                    probe = copy.copy(matcher)
+                    if allowed[token]:
+                        probe.advance(int(token))
+                    else:
+                        with pytest.raises(InvalidArgumentError):
+                            probe.advance(int(token))
+            ids = np.flatnonzero(allowed)  # (A,)
+            assert len(ids), f"no token allowed after {bytes(out)!r}"
+            offset = rng.integers(0, len(self.pool) - len(ids))
+            keys = self.pool[offset : offset + len(ids)] * self.weight[ids]  # (A,)
+            keys[self.closing[ids]] *= np.float32(np.exp(-0.05 * step))
+            token = int(ids[np.argmin(keys)])
+            if matcher.complete:
+                assert token in vocabulary.eos_ids
+                return bytes(out)
+            matcher.advance(token)
+            out += vocabulary.token_bytes[token]
+        raise AssertionError(f"no complete document in {max_tokens} tokens: {bytes(out)[:200]!r}...")
+
+
+FLAT = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 12},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "role": {"enum": ["admin", "editor", "viewer"]},
+        "email": {"type": "string", "format": "email", "maxLength": 20, "description": "an annotation"},
+        "score": {"type": "number"},
+        "active": {"type": "boolean"},
+    },
+    "required": ["name", "age", "role"],
+    "additionalProperties": False,
+}
+NESTED = {
+    "type": "object",
+    "properties": {
+        "orders": {
+            "type": "array",
+            "minItems": 1,
+            "maxItems": 3,
+            "items": {
+                "type": "object",
+                "properties": {
+                    "id": {"type": "integer", "exclusiveMinimum": 0},
+                    "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
+                    "note": {"type": ["string", "null"], "maxLength": 8},
+                },
+                "required": ["id", "tags"],
+            },
+        }
+    },
+    "required": ["orders"],
+}
+TREE = {
+    "$defs": {
+        "node": {
+            "type": "object",
+            "properties": {
+                "value": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 5}]},
+                "children": {"type": "array", "items": {"$ref": "#/$defs/node"}, "maxItems": 2},
+            },
+            "required": ["value"],
+        }
+    },
+    "$ref": "#/$defs/node",
+}
+ENUMS = {
+    "type": "object",
+    "properties": {
+        "quote": {"enum": ['say "hi"', "back\\slash", "tab\there", "café", "日本語", "😀", None, 1.5]},
+        "fixed": {"const": {"k": [1, "é", True], "n": None}},
+    },
+    "required": ["quote", "fixed"],
+}
+FREE = {"type": "object", "additionalProperties": {"type": "integer"}}
+WALKS = {"flat": FLAT, "nested": NESTED, "tree": TREE, "enums": ENUMS, "free keys": FREE, "json_object": None}
+
+
+@pytest.mark.parametrize("name", WALKS)
+def test_documents_sampled_from_random_logits_are_valid_and_match_the_schema(name, vocabulary, validate):
+    schema = WALKS[name]
+    sampler = RandomLogits(vocabulary, seed=sum(name.encode()))
+    for _ in range(200):
+        data = sampler.document(Matcher(json_grammar(schema), vocabulary))
+        document = json.loads(data.decode("utf-8"))
+        validate(document, schema)
+        if schema is None:
+            assert isinstance(document, dict)
+
+
+def test_tool_calls_are_written_between_their_prefix_and_suffix(vocabulary, validate):
+    sampler = RandomLogits(vocabulary, seed=7)
+    grammar = json_grammar(FLAT, prefix="<tool_call>\n", suffix="\n</tool_call>")
+    for _ in range(50):
+        text = sampler.document(Matcher(grammar, vocabulary)).decode("utf-8")
+        assert text.startswith("<tool_call>\n{") and text.endswith("}\n</tool_call>")
+        validate(json.loads(text[len("<tool_call>\n") : -len("\n</tool_call>")]), FLAT)
+
+
+def test_masks_equal_trying_every_token(vocabulary):
+    """The trie walk and the plain-text shortcut give the same mask as advancing each token in turn."""
+    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 3}, "n": {"type": "integer"}}}
+    for text in ["", '{"name": "', '{"name": "a', '{"name": "\xe9', '{"name": "ab', '{"n": 1', "{\n "]:
+        matcher = Matcher(json_grammar(schema), vocabulary)
+        data = text.encode("utf-8")[:-1] if text.endswith("\xe9") else text.encode("utf-8")  # half of é
+        for b in data:
+            matcher.advance(vocabulary.token_bytes.index(bytes([b])))
+        expected = np.zeros(vocabulary.size, bool)
+        for token in range(vocabulary.size):
+            probe = copy.copy(matcher)
+            try:
+                probe.advance(token)
+            except InvalidArgumentError:
+                continue
+            expected[token] = True
+        assert (matcher.allowed() == expected).all(), text
+
+
+# --- the real tokenizer: valid documents are accepted --------------------------------------------------
+
+VALID = [
+    (FLAT, '{"name": "Ada", "age": 36, "role": "admin"}'),
+    (FLAT, '{\n  "name": "Zoë Ω",\n  "age": 0,\n  "role": "viewer",\n  "active": false\n}'),
+    (FLAT, '{"name":"x","age":120,"role":"editor","email":"a@b.c","score":-1.5e+10,"active":true}'),
+    (NESTED, '{"orders": [{"id": 1, "tags": []}, {"id": 22, "tags": ["a", "b\\n"], "note": null}]}'),
+    (TREE, '{"value": 1, "children": [{"value": "leaf"}, {"value": -3, "children": []}]}'),
+    (ENUMS, '{"quote": "say \\"hi\\"", "fixed": {"k":[1,"é",true],"n":null}}'),
+    (ENUMS, '{"quote": "caf\\u00e9", "fixed": {"k":[1,"\\u00e9",true],"n":null}}'),
+    (ENUMS, '{"quote": 1.5, "fixed": {"k":[1,"é",true],"n":null}}'),
+    (FREE, '{"a": 1, "b c": -20, "日本": 3}'),
+    (None, '{"list": [1, 2.5, "x", null, true, {"deep": [[]]}], "s": "\\u00e9 \\t 😀"}'),
+    ({"type": ["string", "null"]}, "null"),
+    ({"type": "array", "items": {"type": "number"}, "minItems": 2}, "[0.5, 1e-7]"),
+]
+
+
+@pytest.mark.parametrize("schema, text", VALID)
+def test_documents_written_by_the_tokenizer_are_accepted_token_by_token(schema, text, smollm2_tokenizer, vocabulary):
+    matcher = Matcher(json_grammar(schema), vocabulary)
+    ids = smollm2_tokenizer.encode(text, add_special_tokens=False)
+    assert b"".join(vocabulary.token_bytes[i] for i in ids) == text.encode("utf-8")
+    for token in ids:
+        assert not matcher.complete
+        assert matcher.allowed()[token], f"{vocabulary.token_bytes[token]!r} refused in {text!r}"
+        assert not matcher.allowed()[list(vocabulary.eos_ids)].any()
+        matcher.advance(token)
+    assert matcher.complete
+    assert (matcher.allowed() == vocabulary.eos_mask).all()
+    matcher.advance(vocabulary.eos_ids[0])
+
+
+# --- the tiny vocabulary: exact behaviour --------------------------------------------------------------
+
+OBJECT = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "string", "minLength": 2, "maxLength": 3}},
+    "required": ["b"],
+    "additionalProperties": False,
+}
+REFUSED = [
+    (OBJECT, "{", "}"),  # the required "b" is missing
+    (OBJECT, '{"', "c"),  # no property "c"
+    (OBJECT, '{"b": "xy"', ","),  # "a" comes before "b": nothing may follow
+    (OBJECT, '{"b": "xyz', "w"),  # maxLength 3
+    (OBJECT, '{"b": "x', '"'),  # minLength 2
+    (OBJECT, '{"a": 1,', "}"),  # trailing comma
+    (OBJECT, '{"a": 0', "1"),  # leading zero
+    (OBJECT, '{"a": 1', "."),  # an integer has no fraction
+    (OBJECT, '{"b": "x', "\n"),  # a raw control character in a string
+    (OBJECT, '{"b": "x\\', "x"),  # no such escape
+    (OBJECT, '{"b": "x\\uD', "8"),  # a UTF-16 surrogate
+    (OBJECT, '{"b": "x', b"\xc0"),  # an overlong UTF-8 form
+    (OBJECT, '{"b": "x', b"\x80"),  # a continuation byte with no lead byte
+    (OBJECT, b'{"b": "x\xed', b"\xa0"),  # a UTF-8 encoded surrogate
+    (OBJECT, '{"b": "x', b"\xf5"),  # beyond U+10FFFF
+    (OBJECT, b'{"b": "x\xc3', "a"),  # an unfinished character
+    (OBJECT, "", " "),  # no whitespace before the document
+    (OBJECT, '{"b": "xy"}', " "),  # ... nor after it
+    (OBJECT, "{ ", " "),  # one space, or newlines and indentation
+    (OBJECT, "{\n\n", "\n"),  # at most two newlines
+    (OBJECT, "{\n" + " " * 20, " "),  # at most 20 spaces or tabs
+    ({"type": "array", "items": {"type": "integer"}}, "[" + "1" * 16, "1"),  # at most 16 digits
+    ({"type": "array"}, "[0." + "1" * 16, "1"),  # at most 16 fraction digits
+    ({"type": "array"}, "[1e+999", "9"),  # at most 3 exponent digits
+    ({"type": "array", "maxItems": 2}, "[1, 2", ","),
+    ({"type": "array", "minItems": 2}, "[1", "]"),
+    ({"type": "array", "items": {"type": "boolean"}}, "[true, ", "n"),
+    ({"enum": ["red", "green"]}, '"gr', "a"),
+    ({"const": "é"}, '"', "e"),
+    ({"type": "string"}, '"done"', '"'),  # complete: only EOS
+    (None, "", "["),  # json_object: an object
+]
+
+
+@pytest.mark.parametrize("schema, prefix, following", REFUSED)
+def test_invalid_continuations_are_refused(schema, prefix, following):
+    assert_refused(schema, prefix, following)
+
+
+@pytest.mark.parametrize(
+    "schema, text",
+    [
+        (OBJECT, '{"b": "xy"}'),
+        (OBJECT, '{"a": -7, "b": "xyz"}'),
+        (OBJECT, '{"b":"\\u00e9\\n"}'),  # escapes count as one character each
+        (OBJECT, '{"b": "éé"}'),  # characters, not bytes
+        (OBJECT, '{"b": "日本語"}'),
+        (OBJECT, "{\n\n\t\t" + " " * 18 + '"b"\n:\n "xy" }'),
+        ({"type": "object", "properties": {"x": {"type": "object"}}}, '{"x": {"any": [1, {}]}}'),
+        ({"type": "array", "items": False}, "[]"),
+        ({"type": ["integer", "boolean"]}, "true"),
+        ({"enum": ["a", 1, [1, 2]]}, "[1,2]"),
+        ({"const": "日"}, '"\\u65e5"'),  # both the raw and the \u form of non-ASCII
+        ({"const": 'a"\\'}, '"a\\"\\\\"'),
+    ],
+)
+def test_valid_documents_are_read_byte_by_byte(schema, text):
+    assert reads(schema, text)
+
+
+def test_characters_may_be_split_across_tokens():
+    matcher = Matcher(json_grammar({"type": "string"}), TINY)
+    write(matcher, '"')
+    matcher.advance(word(b"\xe6\x97"))  # the first two bytes of 日
+    allowed = np.flatnonzero(matcher.allowed())
+    assert set(allowed) == {BYTE0 + b for b in range(0x80, 0xC0)}
+    matcher.advance(BYTE0 + 0xA5)
+    write(matcher, '"')
+    assert matcher.complete
+
+
+@pytest.mark.parametrize(
+    "bounds",
+    [
+        {"minimum": 0, "maximum": 150},
+        {"minimum": -15, "maximum": 7},
+        {"minimum": 100, "maximum": 105},
+        {"exclusiveMinimum": 3.5, "exclusiveMaximum": 9},
+        {"minimum": -120, "maximum": -100},
+        {"minimum": 0.5, "maximum": 1},
+    ],
+)
+def test_integer_bounds_allow_exactly_the_integers_in_range(bounds):
+    """Every byte path through the grammar (with a suffix, so that a number can grow) ends in range, and
+    every integer in range is reached; no path is a dead end."""
+    grammar = json_grammar({"type": "integer", **bounds}, suffix=";")
+    found, todo = set(), [(Matcher(grammar, TINY), "")]
+    while todo:
+        matcher, text = todo.pop()
+        allowed = np.flatnonzero(matcher.allowed()[BYTE0 : BYTE0 + 256])
+        assert len(allowed) or matcher.complete, f"dead end after {text!r}"
+        if matcher.complete:
+            found.add(text[:-1])
+        for b in allowed:
+            following = copy.copy(matcher)
+            following.advance(BYTE0 + int(b))
+            todo.append((following, text + chr(b)))
+    low = max(bounds.get("minimum", -1000), bounds.get("exclusiveMinimum", -1000) + 1e-9)
+    high = min(bounds.get("maximum", 1000), bounds.get("exclusiveMaximum", 1000) - 1e-9)
+    expected = {str(i) for i in range(int(np.ceil(low)), int(np.floor(high)) + 1)}
+    assert {str(int(t)) for t in found} == expected
+    assert found - expected <= {"-0"}  # JSON allows -0, which is 0
+
+
+def test_complete_output_allows_only_eos():
+    matcher = Matcher(json_grammar(None), TINY)
+    write(matcher, "{}")
+    assert matcher.complete
+    assert np.flatnonzero(matcher.allowed()).tolist() == [EOS]
+    with pytest.raises(InvalidArgumentError, match="only EOS"):
+        matcher.advance(BYTE0 + ord(" "))
+    matcher.advance(EOS)
+
+    without_eos = Vocabulary(TINY_TOKENS, len(TINY_TOKENS), special_ids=[SPECIAL], eos_ids=[])
+    matcher = Matcher(json_grammar(None), without_eos)
+    write(matcher, "{}")
+    assert matcher.complete and not matcher.allowed().any()
+
+
+def test_a_vocabulary_that_cannot_spell_the_document_raises_rather_than_masking_everything():
+    vocabulary = Vocabulary([b"</s>", b"{", b'"', b"a"], 4, special_ids=[0], eos_ids=[0])
+    matcher = Matcher(json_grammar(None), vocabulary)
+    for token in (1, 2, 3, 2):
+        matcher.advance(token)
+    with pytest.raises(InferenceError, match="no token of the vocabulary can follow"):
+        matcher.allowed()  # a ":" is needed, and there is none
+
+
+def test_eos_before_the_document_is_complete_is_refused():
+    matcher = Matcher(json_grammar(None), TINY)
+    write(matcher, "{")
+    assert not matcher.allowed()[EOS]
+    with pytest.raises(InvalidArgumentError, match="EOS before"):
+        matcher.advance(EOS)
+
+
+def test_special_empty_and_out_of_range_tokens_are_never_allowed():
+    matcher = Matcher(json_grammar(None), TINY)
+    allowed = matcher.allowed()
+    assert allowed.shape == (len(TINY_TOKENS) + 3,)
+    assert allowed[BYTE0 + ord("{")] and allowed[word(b'{"')]
+    assert not allowed[SPECIAL]  # its bytes are "{", but it is special
+    assert not allowed[word(b"")] and not allowed[len(TINY_TOKENS) :].any()
+    for token in (SPECIAL, word(b"")):
+        with pytest.raises(InvalidArgumentError, match="special or empty"):
+            matcher.advance(token)
+    with pytest.raises(InvalidArgumentError, match="not in"):
+        matcher.advance(len(TINY_TOKENS) + 3)
+
+
+def test_multi_byte_tokens_are_allowed_only_where_all_their_bytes_fit():
+    matcher = Matcher(json_grammar(OBJECT), TINY)
+    assert allowed_words(matcher) == {b'{"'}
+    matcher.advance(word(b'{"'))
+    assert allowed_words(matcher) == set()  # a key: only the byte "a" or "b"
+    write(matcher, 'b": "')
+    assert allowed_words(matcher) == {b"12", b"\xc3\xa9", b'abc"', b"\xe6\x97"}  # 2 or 3 characters, then "
+    matcher.advance(word(b'abc"'))
+    assert allowed_words(matcher) == {b"\n  "}  # "a" comes first: only whitespace and "}" remain
+    write(matcher, "}")
+    assert matcher.complete
+
+
+def allowed_words(matcher: Matcher) -> set[bytes]:
+    allowed = matcher.allowed()
+    return {w for w in WORDS if w and allowed[word(w)]}
+
+
+def test_prefix_and_suffix_are_literal_text():
+    schema = {"type": "object", "properties": {"x": {"type": "integer"}}}
+    assert reads(schema, '<tool_call>\n{"x": 12}\n</tool_call>', prefix="<tool_call>\n", suffix="\n</tool_call>")
+    assert not reads(schema, '{"x": 12}', prefix="<tool_call>\n")
+    matcher = Matcher(json_grammar(schema, prefix="<a>", suffix="</a>"), TINY)
+    assert np.flatnonzero(matcher.allowed()).tolist() == [BYTE0 + ord("<")]
+    write(matcher, '<a>{"x": 1')
+    assert not matcher.complete
+    write(matcher, "}</a")
+    assert not matcher.complete
+    write(matcher, ">")
+    assert matcher.complete
+
+
+def test_optional_properties_may_be_skipped_in_schema_order():
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"}, "required": ["c"]}
+    assert reads(schema, '{"c": 1}') and reads(schema, '{"a": 1, "c": 3}') and reads(schema, '{"a":1,"b":2,"c":3}')
+    assert not reads(schema, '{"b": 1, "a": 2, "c": 3}') and not reads(schema, '{"a": 1}')
+
+
+def test_free_keys_follow_additional_properties():
+    assert reads(FREE, '{"x": 1, "y": -2}') and reads(FREE, "{}")
+    assert not reads(FREE, '{"x": "1"}')
+    assert reads({"type": "object"}, '{"x": [1, "a"]}')  # no properties, nothing said: any object
+    assert reads({"type": "object", "additionalProperties": True}, '{"x": 1}')
+    assert reads({"type": "object", "properties": {}}, "{}")  # an empty list of properties: the empty object
+    assert not reads({"type": "object", "properties": {}}, '{"x": 1}')
+
+
+def test_enum_values_are_those_the_other_keywords_allow():
+    schema = {"type": "string", "maxLength": 2, "enum": ["ab", "abc", 1]}
+    assert reads(schema, '"ab"') and not reads(schema, '"abc"') and not reads(schema, "1")
+    with pytest.raises(InvalidArgumentError, match="no value of 'enum'"):
+        json_grammar({"type": "integer", "enum": ["a"]})
+
+
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        (
+            {"type": "object", "properties": {"name": {"type": "string", "pattern": "^a"}}},
+            "'pattern' at properties.name",
+        ),
+        ({"oneOf": [{"type": "string"}]}, "'oneOf' at the root"),
+        ({"allOf": [{"type": "string"}]}, "'allOf' at the root"),
+        ({"type": "array", "items": {"not": {"type": "string"}}}, "'not' at items"),
+        ({"type": "number", "minimum": 0}, "'minimum' is supported only for integers"),
+        ({"minimum": 0}, '\'minimum\' without "type": "integer"'),
+        ({"type": "integer", "multipleOf": 2}, "'multipleOf' at the root"),
+        ({"type": "object", "patternProperties": {"^a": {}}}, "'patternProperties' at the root"),
+        ({"type": "array", "uniqueItems": True}, "'uniqueItems' at the root"),
+        ({"if": {"type": "string"}, "then": {}}, "'if' at the root"),
+        (
+            {"$defs": {"a": {"type": "string", "format": "date", "contentEncoding": "x"}}, "$ref": "#/$defs/a"},
+            "at $defs.a",
+        ),
+        ({"anyOf": [{"type": "string"}, {"type": "integer", "maximum": "9"}]}, "'maximum' must be a finite number"),
+        ({"type": "array", "items": [{"type": "string"}]}, "'items' as a list"),
+        ({"$ref": "http://example.com/schema"}, "'$ref' 'http://example.com/schema' is not supported"),
+        ({"$ref": "#/$defs/missing"}, "points to nothing"),
+        ({"$ref": "#/$defs/a", "type": "string", "$defs": {"a": {}}}, "'$ref' with the sibling keyword 'type'"),
+        ({"type": "strin"}, "'type' 'strin' is not a JSON Schema type"),
+        ({"type": []}, "'type' is an empty list"),
+        ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "no JSON value is valid under the schema"),
+        ({"type": "string", "minLength": 3, "maxLength": 2}, "'minLength' 3 is more than 'maxLength' 2"),
+        ({"type": "integer", "minimum": 5, "maximum": 4}, "within the bounds [5, 4]"),
+        ({"type": "object", "properties": {"a": [1]}}, "at properties.a"),
+        ({"type": "object", "required": ["a"], "additionalProperties": False}, "'a' is not in 'properties'"),
+    ],
+)
+def test_unsupported_or_broken_schemas_are_refused_naming_keyword_and_path(schema, message):
+    with pytest.raises(InvalidArgumentError, match="json_schema: ") as caught:
+        json_grammar(schema)
+    assert message in str(caught.value)
+
+
+def test_the_refusal_lists_what_is_supported():
+    with pytest.raises(InvalidArgumentError) as caught:
+        json_grammar({"type": "object", "properties": {"name": {"pattern": "x"}}})
+    assert str(caught.value).startswith("json_schema: 'pattern' at properties.name is not supported (supported: type,")
+
+
+@pytest.mark.parametrize("schema", [[{"type": "string"}], "object", 3, False])
+def test_schemas_that_are_not_objects_are_refused(schema):
+    with pytest.raises(InvalidArgumentError, match="json_schema: the schema"):
+        json_grammar(schema)
+
+
+def test_tokenizer_special_ids_are_its_special_added_tokens(smollm2_tokenizer):
+    assert smollm2_tokenizer.special_ids == frozenset(range(17))  # <|endoftext|>, <|im_start|>, ...
