@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+from .completions import Response, prepare
 from .files import jsonfields as fields
 from .files.store import TensorStore
 from .learning import learn
@@ -24,8 +25,9 @@ from .learning.learn import AdaptReport
 from .learning.lora import DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
 from .model.cache import KVCache, KVOptions
 from .model.config import ModelConfig
+from .runtime.constrain import Vocabulary
 from .runtime.engine import Engine, LoadOptions, is_gguf, open_gguf, open_model
-from .runtime.generate import GenerationOptions, generate_tokens
+from .runtime.generate import Constraint, GenerationOptions, generate_tokens
 from .text.stream import Chunk, generate_text
 from .text.tokenizer import Tokenizer
 
@@ -36,10 +38,14 @@ class Model:
     generation that finished is lent to the next one, so a chat's next turn reuses what it holds.
     """
 
-    def __init__(self, engine: Engine, tokenizer: Tokenizer, eos_token_ids: Sequence[int]) -> None:
+    def __init__(
+        self, engine: Engine, tokenizer: Tokenizer, eos_token_ids: Sequence[int], name: str = "ruvllm"
+    ) -> None:
         self.engine = engine
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
+        self.name = name  # the model's name in OpenAI answers (the file or folder name)
+        self._vocabulary: Vocabulary | None = None
         self.adapters = AdapterSet.attached(engine)  # MicroLoRA: held, selected, learning
         self._idle_cache: KVCache | None = engine.new_cache()  # no generation holds it
         self._cache_lock = threading.Lock()
@@ -65,6 +71,44 @@ class Model:
         adapter = self._adapter_option(options)
         opts = GenerationOptions.from_kwargs(**options)
         return self._stream(self.tokenizer.encode_chat(messages), opts, started, adapter)
+
+    # --- OpenAI shapes (llama-cpp-python's names) ------------------------------------------------
+
+    def create_chat_completion(self, messages: list[dict], **body: object) -> dict | Iterator[dict]:
+        """An OpenAI chat completion: `body` holds the request's other fields (max_tokens, temperature,
+        top_p, stop, seed, logprobs, top_logprobs, response_format, tools, tool_choice, stream, ...; see
+        completions.py). Returns the `chat.completion` dict, or with stream=True an iterator of
+        `chat.completion.chunk` dicts."""
+        return self._complete({"messages": messages, **body}, "chat")
+
+    def create_completion(self, prompt: str | list[int], **body: object) -> dict | Iterator[dict]:
+        """An OpenAI (text) completion of raw text: a `text_completion` dict, or an iterator of them
+        with stream=True."""
+        return self._complete({"prompt": prompt, **body}, "text")
+
+    @property
+    def vocabulary(self) -> Vocabulary:
+        """The tokens as bytes, prepared for constrained decoding (built on first use)."""
+        if self._vocabulary is None:
+            tokenizer = self.tokenizer
+            self._vocabulary = Vocabulary(
+                tokenizer.token_bytes, self.config.vocab_size, tokenizer.special_ids, self.eos_token_ids
+            )
+        return self._vocabulary
+
+    def _complete(self, body: dict, kind: str) -> dict | Iterator[dict]:
+        started = time.perf_counter()
+        prepared = prepare(body, kind, self.tokenizer, self.engine.context_length, self.name)
+        constraint = (
+            prepared.constraint(self.vocabulary) if prepared.tool_choice != "none" or prepared.grammar else None
+        )
+        chunks = self._stream(prepared.prompt_ids, prepared.options, started, self._KEEP, constraint)
+        response = Response(prepared, self.tokenizer.token_bytes)
+        if prepared.stream:
+            return (event for chunk in chunks for event in response.add(chunk))
+        for chunk in chunks:
+            response.add(chunk)
+        return response.result()
 
     # --- MicroLoRA ------------------------------------------------------------------------------
 
@@ -124,13 +168,20 @@ class Model:
     def _adapter_option(self, options: dict) -> object:
         return options.pop("adapter") if "adapter" in options else self._KEEP
 
-    def _stream(self, ids: list[int], options: GenerationOptions, started: float, adapter: object) -> Iterator[Chunk]:
+    def _stream(
+        self,
+        ids: list[int],
+        options: GenerationOptions,
+        started: float,
+        adapter: object,
+        constraint: Constraint | None = None,
+    ) -> Iterator[Chunk]:
         cache = self._borrow_cache()
         try:
             with self.engine.lock:  # the adapter chosen here is the one the generation pins
                 if adapter is not self._KEEP:
                     self.adapters.activate(adapter)  # and later calls too, as set_adapter would
-                steps = generate_tokens(self.engine, ids, options, self.eos_token_ids, cache)
+                steps = generate_tokens(self.engine, ids, options, self.eos_token_ids, cache, constraint=constraint)
         except BaseException:
             self._return_cache(cache)
             raise
@@ -211,7 +262,8 @@ def load(
         kernels,
     )
     engine = Engine.from_store(config, store, options)
-    return Model(engine, tokenizer, eos_token_ids(generation_config, engine, tokenizer))
+    name = os.path.basename(os.path.normpath(path))
+    return Model(engine, tokenizer, eos_token_ids(generation_config, engine, tokenizer), name)
 
 
 def calibration_text() -> str:

@@ -28,6 +28,13 @@ over Python objects instead: `take_engine()` and `take_files()`.
     EngineHandle.start({prompt_ids, eos_ids, options: {max_tokens, temperature, ..., stop}})
     EngineHandle.step()                            -> {text, token_id, finish_reason, stats},
                                                       {prefilling: {done, total}}, or null when done
+    EngineHandle.check_completion({kind, body})    -> {source: '{messages, tools}' or '{prompt}'}: an OpenAI
+                                                      body checked, and what JavaScript tokenizes for it
+    EngineHandle.start_completion({kind, body, prompt_ids, eos_ids, model})  (both: JSON made by the caller,
+                                                      not renamed, since a body's schemas hold any key)
+                                                   -> then each step also has "events" (the OpenAI stream
+                                                      chunks, a JSON string: they cross without renaming)
+                                                      and the last one "result" (the whole answer)
     EngineHandle.stop()                            -> true (an abort)
     EngineHandle.cache_stats()                     -> {hot_positions, hot_bytes, cold_positions, ...}
     EngineHandle.new_adapter({name, rank, alpha, targets}), adapt({adapter, prompt_ids, completion_ids,
@@ -50,6 +57,7 @@ import json
 import time
 from collections.abc import Callable
 
+from .completions import Response, check, finish
 from .errors import DownloadError, InferenceError, InvalidArgumentError, LoadError, RuvLLMError
 from .files.gguf import GGUFFile, header_size
 from .files.gguf_model import GGUFModel
@@ -62,9 +70,10 @@ from .model.cache import KVOptions
 from .model.config import ModelConfig
 from .quant.provider import ARITHMETIC, DEFAULT_ARITHMETIC
 from .quant.wasm import WasmKernels
+from .runtime.constrain import Vocabulary
 from .runtime.engine import Engine, LoadOptions, plan_for
 from .runtime.generate import GenerationOptions, Prefilling, generate_tokens
-from .text.detokenizer import StreamingDetokenizer, token_byte_table
+from .text.detokenizer import StreamingDetokenizer, special_token_ids, token_byte_table
 from .text.stream import Chunk, generate_text
 
 
@@ -111,6 +120,7 @@ class ModelLoader:
         self.options = LoadOptions()
         self.headers: dict[str, SafetensorsFile | GGUFModel] = {}
         self.token_bytes: tuple[list[bytes], bool] | None = None  # set_tokenizer: the detokenizer's table
+        self.special_ids: frozenset[int] = frozenset()  # added tokens marked special (never constrained text)
         self.kernel_exports: object | None = None  # offer_kernels: the wasm module's exports
         self._engine: EngineHandle | None = None  # built, until take_engine()
 
@@ -138,7 +148,7 @@ class ModelLoader:
             data = json.loads(tokenizer_json)
         except json.JSONDecodeError as e:
             raise LoadError(f"tokenizer.json is not valid JSON ({e})") from None
-        self.token_bytes = token_byte_table(data)
+        self.token_bytes, self.special_ids = token_byte_table(data), special_token_ids(data)
         return len(self.token_bytes[0])
 
     @_json_result
@@ -187,7 +197,7 @@ class ModelLoader:
         model = GGUFModel(GGUFFile.from_header(_bytes(head), size, name))
         self.config = ModelConfig.from_dict(model.config, f"{name} (GGUF metadata)")
         tokenizer, tokenizer_config, generation_config = model.tokenizer_files()
-        self.token_bytes = token_byte_table(tokenizer)
+        self.token_bytes, self.special_ids = token_byte_table(tokenizer), special_token_ids(tokenizer)
         self.headers[name] = model
         return {
             "config": model.config,
@@ -263,7 +273,7 @@ class ModelLoader:
         engine = Engine.from_store(self.config, store, self.options)
         self.files.clear()
         self.done.clear()  # the engine holds its own compute-form weights; the file buffers can go
-        self._engine = EngineHandle(engine, *self.token_bytes)
+        self._engine = EngineHandle(engine, *self.token_bytes, self.special_ids)
         c = engine.config
         return {
             "architecture": c.architecture,
@@ -288,12 +298,21 @@ class EngineHandle:
     """A loaded engine; one generation at a time, advanced one chunk per `step` call. The text of each
     chunk is made here (detokenization, stop strings, timings), as on CPython: the worker only forwards."""
 
-    def __init__(self, engine: Engine, token_bytes: list[bytes], strip_leading_space: bool) -> None:
+    def __init__(
+        self,
+        engine: Engine,
+        token_bytes: list[bytes],
+        strip_leading_space: bool,
+        special_ids: frozenset[int] = frozenset(),
+    ) -> None:
         self.engine = engine
         self.adapters = AdapterSet.attached(engine)
         self.cache = engine.new_cache()
         self.token_bytes, self.strip_leading_space = token_bytes, strip_leading_space
+        self.special_ids = special_ids
+        self.vocabularies: dict[tuple[int, ...], Vocabulary] = {}  # for constrained output, by EOS ids
         self.chunks = None
+        self.response: Response | None = None  # with start_completion: the OpenAI answer being built
         self._outgoing: dict[str, bytes] = {}  # adapter_files, until take_files()
 
     @_json_result
@@ -312,6 +331,40 @@ class EngineHandle:
         steps = generate_tokens(self.engine, ids, options, eos, self.cache, report_prefill=True)
         detokenizer = StreamingDetokenizer(self.token_bytes, self.strip_leading_space)
         self.chunks = generate_text(steps, detokenizer, len(ids), options.stop, eos, started)
+        self.response = None
+        return {"prompt_tokens": len(ids)}
+
+    @_json_result
+    def check_completion(self, request_json: str) -> dict:
+        """request: {kind: "chat" | "text", body: an OpenAI request body}. Checks every field and returns
+        what JavaScript tokenizes, as a JSON string (user schemas may hold any key: nothing is renamed):
+        {"source": {messages, tools} (chat, for the chat template) or {prompt}}."""
+        request = _request(request_json)
+        return {"source": json.dumps(check(request.get("body"), request.get("kind")).source)}
+
+    @_json_result
+    def start_completion(self, request_json: str) -> dict:
+        """request: {kind, body, prompt_ids, eos_ids, model}: an OpenAI completion. `step` then also
+        gives each chunk's OpenAI events ("events") and, at the end, the whole answer ("result")."""
+        started = time.perf_counter()
+        request = _request(request_json)
+        checked = check(request.get("body"), request.get("kind"))
+        ids = _ids(request.get("prompt_ids"), "prompt_ids")
+        eos = _ids(request.get("eos_ids", []), "eos_ids")
+        prepared = finish(checked, ids, self.engine.context_length, request.get("model") or "ruvllm")
+        constraint = None
+        if prepared.grammar is not None or prepared.tool_choice != "none":
+            key = tuple(sorted(eos))
+            if key not in self.vocabularies:  # built once per set of EOS ids (about a second for 50k tokens)
+                size = self.engine.config.vocab_size
+                self.vocabularies[key] = Vocabulary(self.token_bytes, size, self.special_ids, eos)
+            constraint = prepared.constraint(self.vocabularies[key])
+        steps = generate_tokens(
+            self.engine, ids, prepared.options, eos, self.cache, report_prefill=True, constraint=constraint
+        )
+        detokenizer = StreamingDetokenizer(self.token_bytes, self.strip_leading_space)
+        self.chunks = generate_text(steps, detokenizer, len(ids), prepared.options.stop, eos, started)
+        self.response = Response(prepared, self.token_bytes)
         return {"prompt_tokens": len(ids)}
 
     @_json_result
@@ -334,14 +387,19 @@ class EngineHandle:
             raise InferenceError(f"generation failed: {type(e).__name__}: {e}") from e
         if isinstance(chunk, Prefilling):
             return {"prefilling": {"done": chunk.done, "total": chunk.total}}
-        if chunk.finish_reason is not None:
-            self._end()
-        return {
+        answer = {
             "text": chunk.text,
             "token_id": chunk.token_id,
             "finish_reason": chunk.finish_reason,
             "stats": dataclasses.asdict(chunk.stats),
         }
+        if self.response is not None:  # an OpenAI completion: its events, as they are (no renaming)
+            answer["events"] = json.dumps(self.response.add(chunk))
+            if chunk.finish_reason is not None:
+                answer["result"] = json.dumps(self.response.result())
+        if chunk.finish_reason is not None:
+            self._end()
+        return answer
 
     @_json_result
     def stop(self) -> bool:
@@ -352,7 +410,7 @@ class EngineHandle:
     def _end(self) -> None:
         if self.chunks is not None:
             self.chunks.close()
-        self.chunks = None
+        self.chunks = self.response = None
 
     @_json_result
     def cache_stats(self) -> dict:
@@ -411,6 +469,12 @@ class EngineHandle:
     def adapter_names(self) -> dict:
         adapters = self.adapters
         return {"names": list(adapters.adapters), "active": adapters.active}
+
+
+def _ids(value: object, name: str) -> list[int]:
+    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
+        raise InvalidArgumentError(f"{name} must be a list of integers")
+    return value
 
 
 def new_loader() -> ModelLoader:

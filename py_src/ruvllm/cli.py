@@ -88,6 +88,16 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("list", help="the models downloaded into the cache")
 
+    p = sub.add_parser("serve", help="an OpenAI-compatible HTTP server (needs the serve extra)")
+    p.add_argument("model")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: this machine only)")
+    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--max-concurrent", type=int, default=8, help="sequences generated together at most")
+    p.add_argument("--max-context", type=int, help="positions per sequence (default: --context-length's)")
+    p.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template to use (for models that have none)")
+    p.add_argument("--adapter", help="LoRA adapter folder to apply")
+    add_load_options(p)
+
     for name, text in (("generate", "generate text from a prompt"), ("chat", "interactive chat")):
         p = sub.add_parser(name, help=text)
         p.add_argument("model")
@@ -97,6 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
             p.add_argument("--prompt", required=True)
             p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
             p.add_argument("--json", action="store_true", help="print one JSON object instead of streaming text")
+            p.add_argument(
+                "--logprobs",
+                type=int,
+                metavar="K",
+                help="with --json: each token's log-probability and the K likeliest alternatives",
+            )
         p.add_argument("--system", help="system message (default: the chat template's own)")
         p.add_argument(
             "--chat-template", metavar="FILE", help="a Jinja chat template to use (for models that have none)"
@@ -357,14 +373,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
         prompt_ids = model.tokenizer.encode_chat(messages)
     else:
         prompt_ids = model.tokenizer.encode(args.prompt)
-    chunks = model.generate(prompt_ids, **_options(args))
+    if args.logprobs is not None and not args.json:
+        raise InvalidArgumentError("--logprobs needs --json (the figures are part of the JSON object)")
+    chunks = model.generate(prompt_ids, **_options(args), logprobs=args.logprobs)
     if not args.json:
         _stream(chunks)
         return 0
-    text, ids, last = [], [], None
+    text, ids, logprobs, last = [], [], [], None
+    token = model.tokenizer.token_bytes
     for last in chunks:
         text.append(last.text)
         ids.append(last.token_id)
+        if last.logprob is not None:
+            top = [
+                {"token": token[t].decode("utf-8", "replace"), "id": t, "logprob": lp} for t, lp in last.top_logprobs
+            ]
+            piece = token[last.token_id].decode("utf-8", "replace")
+            logprobs.append({"token": piece, "id": last.token_id, "logprob": last.logprob, "top_logprobs": top})
     result = {
         "text": "".join(text),
         "token_ids": ids,
@@ -375,6 +400,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             for k in ("prompt_tokens", "completion_tokens", "prefill_ms", "ttft_ms", "decode_tok_s")
         },
     }
+    if args.logprobs is not None:
+        result["logprobs"] = {"content": logprobs}  # OpenAI's chat layout, with token ids
     print(json.dumps(result, ensure_ascii=False))
     return 0
 
@@ -512,7 +539,21 @@ def cmd_list(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve(args: argparse.Namespace) -> int:
+    import importlib.util
+
+    from .server import serve
+
+    if not all(importlib.util.find_spec(name) for name in ("starlette", "uvicorn")):  # the serve extra
+        raise InvalidArgumentError("ruvllm serve needs the serve extra: pip install 'ruvllm[serve]'")
+    model = _load_model(args)
+    print(f"ruvllm serve: {model.name} on http://{args.host}:{args.port}/v1", file=sys.stderr)
+    serve(model, args.host, args.port, args.max_concurrent, args.max_context)
+    return 0
+
+
 COMMANDS = {
+    "serve": cmd_serve,
     "adapt": cmd_adapt,
     "convert": cmd_convert,
     "info": cmd_info,

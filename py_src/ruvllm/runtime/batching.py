@@ -126,6 +126,17 @@ class Scheduler:
     ) -> Request:
         """Queue a generation; its Steps go to `on_step`. Raises at once for a prompt that can never run."""
         prompt = [int(t) for t in prompt_ids]
+        self.check(prompt)
+        eos = set() if options.ignore_eos else set(eos_ids)
+        request = Request(prompt, options, eos, on_step, constraint)
+        with self.changed:
+            self.waiting.append(request)
+            self.metrics.requests += 1
+            self.changed.notify()
+        return request
+
+    def check(self, prompt: list[int]) -> None:
+        """Refuse a prompt that can never run: empty, with ids outside the vocabulary, or too long."""
         vocab = self.engine.config.vocab_size
         if not prompt:
             raise InvalidArgumentError("the prompt is empty: give at least one token")
@@ -138,13 +149,6 @@ class Scheduler:
                 f"the prompt has {len(prompt)} tokens but the context window is {self.max_context} "
                 "(room is needed for at least one generated token)"
             )
-        eos = set() if options.ignore_eos else set(eos_ids)
-        request = Request(prompt, options, eos, on_step, constraint)
-        with self.changed:
-            self.waiting.append(request)
-            self.metrics.requests += 1
-            self.changed.notify()
-        return request
 
     def cancel(self, request: Request) -> None:
         """Stop a request (a client went away): its blocks are freed before the next step."""

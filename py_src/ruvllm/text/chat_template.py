@@ -177,7 +177,7 @@ class ChatTemplate:
     ) -> str:
         """The prompt for `messages`. `tools` (OpenAI tool objects) reach the template as the variable `tools`,
         None when there are none, as transformers' apply_chat_template passes them."""
-        _check_messages(messages)
+        check_messages(messages)
         _check_tools(tools)
         variables = dict(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
         variables.update(self.special_tokens, **extra)
@@ -204,7 +204,7 @@ def _describe(error: BaseException) -> str:
     return f"{type(error).__name__}: {error}"
 
 
-def _check_messages(messages: object) -> None:
+def check_messages(messages: object) -> None:
     """Each message has a string role and a string content, except an assistant message that makes tool calls,
     whose content may be None (OpenAI sends `"content": null` there)."""
     if not isinstance(messages, list) or not messages:

@@ -35,6 +35,14 @@ def byte_level_alphabet() -> dict[str, int]:
     return {c: b for b, c in chars.items()}
 
 
+def special_token_ids(tokenizer_json: dict) -> frozenset[int]:
+    """Ids of tokenizer.json's `added_tokens` marked `"special": true` (control tokens, never text)."""
+    added = tokenizer_json.get("added_tokens") if isinstance(tokenizer_json, dict) else None
+    return frozenset(
+        t["id"] for t in added or [] if isinstance(t, dict) and t.get("special") and isinstance(t.get("id"), int)
+    )
+
+
 def token_byte_table(tokenizer_json: dict) -> tuple[list[bytes], bool]:
     """(bytes of each token id, whether one leading space of the output is dropped)."""
     if not isinstance(tokenizer_json, dict):

@@ -28,6 +28,52 @@ class Chunk:
     token_id: int
     finish_reason: str | None
     stats: Stats
+    logprob: float | None = None  # the Step's (GenerationOptions.logprobs)
+    top_logprobs: tuple[tuple[int, float], ...] = ()
+
+
+class TextStream:
+    """Text deltas for each step of one generation, pushed one at a time (`add`): cut right before the
+    first stop string; EOS adds no text. The batching scheduler pushes steps as they come; a solo
+    generation pulls them (`generate_text`)."""
+
+    def __init__(
+        self,
+        detokenizer: StreamingDetokenizer,
+        prompt_tokens: int,
+        stop: Sequence[str] = (),
+        eos_ids: Iterable[int] = (),
+        started: float | None = None,
+    ) -> None:
+        self.detokenizer, self.prompt_tokens, self.stop, self.eos = detokenizer, prompt_tokens, stop, set(eos_ids)
+        self.started = time.perf_counter() if started is None else started
+        self.held = ""  # decoded text not yet emitted: it may be the start of a stop string
+        self.prefill_ms = self.first_at = 0.0
+        self.count = self.cached = 0
+
+    def add(self, step: Step) -> Chunk:
+        now = time.perf_counter()
+        self.count += 1
+        if step.prefill_ms is not None:
+            self.prefill_ms, self.first_at, self.cached = step.prefill_ms, now, step.cached_tokens
+        finish = step.finish_reason
+        if not (finish == "stop" and step.token_id in self.eos):
+            self.held += self.detokenizer.add(step.token_id)
+        if finish is not None:
+            self.held += self.detokenizer.finish()
+        emit, self.held, hit = _split_at_stop(self.held, self.stop, final=finish is not None)
+        if hit:
+            finish = "stop"
+        decode_s = now - self.first_at
+        stats = Stats(
+            prompt_tokens=self.prompt_tokens,
+            completion_tokens=self.count,
+            prefill_ms=self.prefill_ms,
+            ttft_ms=(self.first_at - self.started) * 1000,
+            decode_tok_s=(self.count - 1) / decode_s if self.count > 1 and decode_s > 0 else 0.0,
+            cached_tokens=self.cached,
+        )
+        return Chunk(emit, step.token_id, finish, stats, step.logprob, step.top_logprobs)
 
 
 def generate_text(
@@ -38,40 +84,16 @@ def generate_text(
     eos_ids: Iterable[int] = (),
     started: float | None = None,
 ) -> Iterator[Chunk | Prefilling]:
-    """Text deltas for each step; cut right before the first stop string; EOS adds no text. A
-    `Prefilling` (from generate_tokens' report_prefill) passes through as it is."""
-    started = time.perf_counter() if started is None else started
-    eos = set(eos_ids)
-    held = ""  # decoded text not yet emitted: it may be the start of a stop string
-    prefill_ms = first_at = 0.0
-    count = cached = 0
+    """`TextStream` over a generator of steps. A `Prefilling` (from generate_tokens' report_prefill)
+    passes through as it is."""
+    text = TextStream(detokenizer, prompt_tokens, stop, eos_ids, started)
     for step in steps:
         if isinstance(step, Prefilling):
             yield step
             continue
-        now = time.perf_counter()
-        count += 1
-        if step.prefill_ms is not None:
-            prefill_ms, first_at, cached = step.prefill_ms, now, step.cached_tokens
-        finish = step.finish_reason
-        if not (finish == "stop" and step.token_id in eos):
-            held += detokenizer.add(step.token_id)
-        if finish is not None:
-            held += detokenizer.finish()
-        emit, held, hit = _split_at_stop(held, stop, final=finish is not None)
-        if hit:
-            finish = "stop"
-        decode_s = now - first_at
-        stats = Stats(
-            prompt_tokens=prompt_tokens,
-            completion_tokens=count,
-            prefill_ms=prefill_ms,
-            ttft_ms=(first_at - started) * 1000,
-            decode_tok_s=(count - 1) / decode_s if count > 1 and decode_s > 0 else 0.0,
-            cached_tokens=cached,
-        )
-        yield Chunk(emit, step.token_id, finish, stats)
-        if finish is not None:
+        chunk = text.add(step)
+        yield chunk
+        if chunk.finish_reason is not None:
             return
 
 
