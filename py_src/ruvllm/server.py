@@ -1,0 +1,231 @@
+"""`ruvllm serve`: an OpenAI-compatible HTTP server over one model, on Starlette + uvicorn (the
+`serve` extra), with continuous batching.
+
+    POST /v1/chat/completions, POST /v1/completions   OpenAI bodies (completions.py), SSE when stream
+    GET  /v1/models                                   the one model
+    GET  /health                                      200 {"status": "ok"} once the model is loaded
+    GET  /metrics                                     Prometheus text: requests, tokens, queue, batch, KV blocks
+
+Requests are checked and tokenized on the event loop, then handed to the `Scheduler`, whose thread
+steps every live sequence together; each request's Steps come back through an asyncio queue and are
+turned into text (text.stream.TextStream) and OpenAI chunks (completions.Response) here. A client that
+disconnects, or a stop string reached, cancels the sequence: its KV blocks are free at the next step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator
+
+from .api import Model
+from .completions import Prepared, Response, prepare
+from .errors import ContextFullError, RuvLLMError
+from .runtime.batching import Request, Scheduler
+from .runtime.generate import Step
+from .text.stream import TextStream
+
+DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client went away
+
+
+def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> dict:
+    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+
+
+class Service:
+    """The model, its scheduler, and the handling of one request from body to answer."""
+
+    def __init__(self, model: Model, max_concurrent: int = 8, max_context: int | None = None) -> None:
+        self.model = model
+        self.scheduler = Scheduler(model.engine, max_concurrent=max_concurrent, max_context=max_context)
+        self.started = time.time()
+        self.http_requests: dict[tuple[str, int], int] = {}
+
+    def prepare(self, body: object, kind: str) -> Prepared:
+        prepared = prepare(body, kind, self.model.tokenizer, self.scheduler.max_context, self.model.name)
+        self.scheduler.check(prepared.prompt_ids)  # a prompt that can never run is refused before any answer
+        return prepared
+
+    async def run(self, prepared: Prepared, response: Response) -> AsyncIterator[dict]:
+        """The OpenAI chunks of one request as they come (none unless it streams: then the whole answer
+        is `response.result()` once this ends)."""
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[Step | BaseException] = asyncio.Queue()
+        model = self.model
+        constraint = None
+        if prepared.grammar is not None or prepared.tool_choice != "none":
+            constraint = prepared.constraint(model.vocabulary)
+        text = TextStream(
+            model.tokenizer.detokenizer(), len(prepared.prompt_ids), prepared.options.stop, model.eos_token_ids
+        )
+        request: Request = self.scheduler.submit(
+            prepared.prompt_ids,
+            prepared.options,
+            lambda item: loop.call_soon_threadsafe(queue.put_nowait, item),
+            model.eos_token_ids,
+            constraint,
+        )
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, BaseException):
+                    raise item
+                chunk = text.add(item)
+                for event in response.add(chunk):
+                    yield event
+                if chunk.finish_reason is not None:
+                    return
+        finally:  # finished, a stop string, an error, or the client went away
+            if not request.finished:
+                self.scheduler.cancel(request)
+
+    def metrics(self) -> str:
+        """Prometheus text exposition."""
+        stats = self.scheduler.stats()
+        lines = []
+
+        def metric(name: str, kind: str, help_text: str, value: float, labels: str = "") -> None:
+            if not any(line.startswith(f"# HELP {name} ") for line in lines):
+                lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
+            lines.append(f"{name}{labels} {value}")
+
+        metric("ruvllm_requests_total", "counter", "Generation requests submitted.", stats["requests"])
+        metric("ruvllm_requests_finished_total", "counter", "Requests that ran to their end.", stats["finished"])
+        metric(
+            "ruvllm_requests_cancelled_total", "counter", "Requests cancelled (client gone, stop).", stats["cancelled"]
+        )
+        metric(
+            "ruvllm_requests_refused_total",
+            "counter",
+            "Requests refused (too long for the context or the KV blocks).",
+            stats["refused"],
+        )
+        metric("ruvllm_prompt_tokens_total", "counter", "Prompt tokens received.", stats["prompt_tokens"])
+        metric(
+            "ruvllm_prompt_tokens_cached_total",
+            "counter",
+            "Prompt tokens whose KV blocks were shared.",
+            stats["cached_prompt_tokens"],
+        )
+        metric("ruvllm_generated_tokens_total", "counter", "Tokens generated.", stats["generated_tokens"])
+        metric("ruvllm_steps_total", "counter", "Batched forward passes.", stats["steps"])
+        metric("ruvllm_queue_depth", "gauge", "Requests waiting to start.", stats["waiting"])
+        metric("ruvllm_running_sequences", "gauge", "Sequences being generated.", stats["running"])
+        metric(
+            "ruvllm_batch_sequences", "gauge", "Sequences in the latest batched forward.", stats["last_batch_sequences"]
+        )
+        metric("ruvllm_batch_rows", "gauge", "Rows (tokens) in the latest batched forward.", stats["last_batch_rows"])
+        metric("ruvllm_kv_blocks_total", "gauge", "KV cache blocks in the pool.", stats["kv_blocks_total"])
+        metric("ruvllm_kv_blocks_used", "gauge", "KV cache blocks held by sequences.", stats["kv_blocks_used"])
+        metric("ruvllm_kv_block_size", "gauge", "Positions per KV cache block.", stats["kv_block_size"])
+        for (path, status), count in sorted(self.http_requests.items()):
+            metric(
+                "ruvllm_http_requests_total",
+                "counter",
+                "HTTP requests by path and status.",
+                count,
+                f'{{path="{path}",status="{status}"}}',
+            )
+        return "\n".join(lines) + "\n"  # fmt: skip
+
+
+def create_app(service: Service):
+    """The Starlette application (imported here: starlette is the `serve` extra)."""
+    from starlette.applications import Starlette
+    from starlette.requests import Request as HTTPRequest
+    from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
+    from starlette.routing import Route
+
+    def count(path: str, status: int) -> None:
+        service.http_requests[(path, status)] = service.http_requests.get((path, status), 0) + 1
+
+    def answer(path: str, body: dict, status: int = 200) -> JSONResponse:
+        count(path, status)
+        return JSONResponse(body, status_code=status)
+
+    async def completions(http: HTTPRequest, kind: str):
+        path = http.url.path
+        try:
+            body = json.loads(await http.body())
+        except ValueError as e:
+            return answer(path, error_body(f"the request body is not JSON: {e}"), 400)
+        try:
+            prepared = service.prepare(body, kind)
+        except ContextFullError as e:
+            return answer(path, error_body(str(e), code="context_length_exceeded"), 400)
+        except RuvLLMError as e:
+            return answer(path, error_body(str(e)), 400)
+        response = Response(prepared, service.model.tokenizer.token_bytes)
+        if prepared.stream:
+            count(path, 200)
+            return StreamingResponse(_sse(service.run(prepared, response)), media_type="text/event-stream")
+        work = asyncio.ensure_future(_drain(service.run(prepared, response)))
+        while not work.done():  # the whole answer, watching for the client going away
+            await asyncio.wait([work], timeout=DISCONNECT_POLL_S)
+            if not work.done() and await http.is_disconnected():
+                work.cancel()  # the generator's `finally` cancels the sequence
+                count(path, 499)
+                return None
+        try:
+            work.result()
+        except RuvLLMError as e:
+            return answer(path, error_body(str(e), "server_error"), 500)
+        return answer(path, response.result())
+
+    async def chat(http: HTTPRequest):
+        return await completions(http, "chat")
+
+    async def text(http: HTTPRequest):
+        return await completions(http, "text")
+
+    async def models(http: HTTPRequest):
+        card = {"id": service.model.name, "object": "model", "created": int(service.started), "owned_by": "ruvllm"}
+        return answer("/v1/models", {"object": "list", "data": [card]})
+
+    async def health(http: HTTPRequest):
+        return answer("/health", {"status": "ok", "model": service.model.name})
+
+    async def metrics(http: HTTPRequest):
+        return PlainTextResponse(service.metrics(), media_type="text/plain; version=0.0.4")
+
+    routes = [
+        Route("/v1/chat/completions", chat, methods=["POST"]),
+        Route("/v1/completions", text, methods=["POST"]),
+        Route("/v1/models", models, methods=["GET"]),
+        Route("/health", health, methods=["GET"]),
+        Route("/metrics", metrics, methods=["GET"]),
+    ]
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        thread = service.scheduler.start()
+        yield
+        service.scheduler.close()
+        thread.join(timeout=5)
+
+    return Starlette(routes=routes, lifespan=lifespan)
+
+
+async def _drain(events: AsyncIterator[dict]) -> None:
+    async for _ in events:
+        pass
+
+
+async def _sse(events: AsyncIterator[dict]) -> AsyncIterator[str]:
+    """Server-sent events as OpenAI streams them; an error mid-stream is sent as an error event."""
+    try:
+        async for event in events:
+            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+    except RuvLLMError as e:
+        yield f"data: {json.dumps(error_body(str(e), 'server_error'))}\n\n"
+    yield "data: [DONE]\n\n"
+
+
+def serve(model: Model, host: str = "127.0.0.1", port: int = 8080, max_concurrent: int = 8, max_context=None) -> None:
+    """Run the server until interrupted."""
+    import uvicorn
+
+    service = Service(model, max_concurrent, max_context)
+    uvicorn.run(create_app(service), host=host, port=port, log_level="warning")
