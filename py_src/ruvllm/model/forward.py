@@ -124,7 +124,8 @@ def attention(
     tape: LayerTape | None = None,
 ) -> np.ndarray:
     """x (N, D): the new rows of every sequence in `batch`. The projections run once for all rows (one
-    matrix product each); each sequence attends over its own cache."""
+    matrix product each); each sequence attends over its own cache, those of a paged pool that read one
+    token each all at once (paged.decode_attention)."""
     N = x.shape[0]
     H, K, E = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     q = linear(x, w.q_proj).reshape(N, H, E).transpose(1, 0, 2)  # (H, N, E)
@@ -133,13 +134,23 @@ def attention(
     if w.q_norm is not None:  # config.qk_norm: each head normalized over E
         q, k = rms_norm(q, w.q_norm, config.rms_norm_eps), rms_norm(k, w.k_norm, config.rms_norm_eps)
     q, k = apply_rope(q, *rope), apply_rope(k, *rope)
-    outs = []
+    if len(batch) == 1:
+        s = batch[0]
+        out = attend(q, k, v, config, s.positions, s.cache.layers[layer], window, s.masks, tape)  # (N, H*E)
+        return linear(out, w.o_proj)  # (N, D)
+    out = np.empty((N, H * E), np.float32)  # (N, H*E)
+    decoding = [s for s in batch if len(s.positions) == 1 and hasattr(s.cache, "decode_attention")]
+    if len(decoding) > 1:  # paged sequences reading one token each: one batched product for all of them
+        rows = np.array([s.rows.start for s in decoding])  # (B,)
+        caches = [s.cache for s in decoding]
+        out[rows] = caches[0].decode_attention(q[:, rows], k[:, rows], v[:, rows], caches, layer, window)
+    batched = {id(s) for s in decoding} if len(decoding) > 1 else set()
     for s in batch:
-        layer_cache = s.cache.layers[layer]
-        outs.append(
-            attend(q[:, s.rows], k[:, s.rows], v[:, s.rows], config, s.positions, layer_cache, window, s.masks, tape)
-        )  # (T, H*E)
-    out = outs[0] if len(outs) == 1 else np.concatenate(outs)  # (N, H*E)
+        if id(s) not in batched:
+            layer_cache = s.cache.layers[layer]
+            out[s.rows] = attend(
+                q[:, s.rows], k[:, s.rows], v[:, s.rows], config, s.positions, layer_cache, window, s.masks
+            )
     return linear(out, w.o_proj)  # (N, D)
 
 

@@ -29,6 +29,7 @@ import numpy as np
 from ..errors import ContextFullError
 from .cache import DenseSegment
 from .config import ModelConfig
+from .forward import softmax
 
 ROOT = (-1, 0)  # the "block before" the first block of every sequence
 
@@ -164,7 +165,7 @@ class PagedSequence:
     """One sequence's block table over a `BlockPool`, at most `max_positions` positions."""
 
     def __init__(self, pool: BlockPool, config: ModelConfig, max_positions: int, reserved: int) -> None:
-        self.pool, self.max_positions = pool, max_positions
+        self.pool, self.config, self.max_positions = pool, config, max_positions
         self.table: list[int] = []
         self.tokens: list[int] = []
         self.layers = [PagedLayer(self, i) for i in range(config.num_hidden_layers)]
@@ -207,6 +208,19 @@ class PagedSequence:
             self.pool.register(self.table[i], key)
             self.registered += 1
 
+    def decode_attention(
+        self,
+        q: np.ndarray,
+        k: np.ndarray,
+        v: np.ndarray,
+        sequences: list[PagedSequence],
+        layer: int,
+        window: int | None,
+    ) -> np.ndarray:
+        """Attention of several sequences (this one among them) reading one new token each: the batched
+        decode step of paged attention. See `decode_attention`."""
+        return decode_attention(q, k, v, sequences, layer, window, self.config)
+
     def keep_within_budget(self) -> None:
         """Nothing to drop: admission reserved every block this sequence may need."""
 
@@ -219,3 +233,43 @@ class PagedSequence:
             self.pool.release(block)
         self.pool.unreserve(self.reserved)
         self.table, self.reserved = [], 0
+
+
+def decode_attention(
+    q: np.ndarray,
+    k: np.ndarray,
+    v: np.ndarray,
+    sequences: list[PagedSequence],
+    layer: int,
+    window: int | None,
+    config: ModelConfig,
+) -> np.ndarray:
+    """q (H, B, E), k and v (K, B, E): the one new token of each of B sequences sharing a pool, at the
+    position after the ones each holds. Stores k and v in each sequence's block, then computes every
+    sequence's attention in one batched product over its blocks, padded to the longest (the padding
+    masked). Returns (B, H*E). The same softmax attention as forward.attend, without a loop in Python."""
+    pool = sequences[0].pool
+    H, B, E = q.shape
+    K = k.shape[0]
+    G, size = H // K, pool.size
+    positions = np.array([len(s.tokens) for s in sequences])  # (B,) where each new token goes
+    blocks = -(-(int(positions.max()) + 1) // size)
+    tables = np.zeros((B, blocks), np.int64)  # (B, blocks) padded with block 0: masked below
+    for i, s in enumerate(sequences):
+        used = s.table[:blocks]
+        tables[i, : len(used)] = used
+    k_pool, v_pool = pool.k[layer], pool.v[layer]  # (K, P, B, E)
+    at = tables[np.arange(B), positions // size]  # (B,) the block of each new token
+    k_pool[:, at, positions % size], v_pool[:, at, positions % size] = k, v
+    S = blocks * size
+    keys = k_pool[:, tables].reshape(K, B, S, E)  # (K, B, S, E)
+    values = v_pool[:, tables].reshape(K, B, S, E)  # (K, B, S, E)
+    queries = q.reshape(K, G, B, E).transpose(0, 2, 1, 3)  # (K, B, G, E)
+    scores = queries @ keys.transpose(0, 1, 3, 2)  # (K, B, G, S)
+    scores *= np.float32(config.attention_scale)
+    hidden = np.arange(S)[None, :] > positions[:, None]  # (B, S) padding and other sequences' rows
+    if window is not None:
+        hidden |= positions[:, None] - np.arange(S)[None, :] >= window
+    scores += np.where(hidden, np.float32(-np.inf), np.float32(0))[None, :, None, :]  # (K, B, G, S)
+    out = softmax(scores) @ values  # (K, B, G, S) @ (K, B, S, E) -> (K, B, G, E)
+    return out.transpose(1, 0, 2, 3).reshape(B, H * E)  # (B, H*E)
