@@ -101,7 +101,8 @@ PY
 
 wheel() {
   log "building the ruvllm wheel into npm/wheel/"
-  rm -rf npm/wheel build/wheel
+  # build/lib too: setuptools reuses it, and a module removed from py_src would otherwise stay in the wheel
+  rm -rf npm/wheel build/wheel build/lib
   mkdir -p npm/wheel
   "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w build/wheel .
   local file

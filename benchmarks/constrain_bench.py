@@ -1,4 +1,4 @@
-"""Cost of JSON-constrained decoding (runtime/constrain.py) per token, against the model's own decode time.
+"""Cost of JSON-constrained decoding (runtime/constrain/) per token, against the model's own decode time.
 
 For three schemas (a flat object, nested arrays of objects, json_object) with the SmolLM2 tokenizer
 (49152 tokens): documents are sampled from random logits, and the time of each `Matcher.allowed()` is

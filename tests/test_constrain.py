@@ -1,4 +1,4 @@
-"""Constrained JSON decoding (runtime/constrain.py): every document sampled under a mask is valid JSON
+"""Constrained JSON decoding (runtime/constrain/): every document sampled under a mask is valid JSON
 that matches its schema, every valid document is accepted, and nothing else is.
 
 Two vocabularies: SmolLM2's real one (49152 byte-level BPE tokens), and a tiny synthetic one whose

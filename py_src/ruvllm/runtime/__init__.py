@@ -3,7 +3,9 @@
 - `engine.py`: a loaded model mapping token ids to logits (Engine, load_engine, LoadOptions).
 - `planner.py`: the memory plan, made before anything is allocated.
 - `isq.py`: runtime quantization of float models (round to nearest, activation-aware).
-- `generate.py`: the token layer of generation (prefill, then one token per step).
+- `generate.py`: the token layer of generation (prefill, then one token per step; the Decoder).
+- `batching.py`: continuous batching: one scheduler steps many sequences together (paged KV cache).
+- `constrain/`: constrained decoding: token masks that keep the output valid JSON for a schema.
 - `sampling.py`: sampler options and the sampler closure.
 - `threads.py`: BLAS threads per forward call.
 """

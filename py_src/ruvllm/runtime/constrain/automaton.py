@@ -1,0 +1,131 @@
+"""The grammar as a lazy DFA over bytes for one vocabulary: interned parser states, their byte
+transitions, and each state's mask of allowed tokens (walked over the vocabulary's byte tries).
+
+Dimension letters: V vocabulary size (the width of the logits).
+"""
+
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+
+from .parser import _S_CONTENT, _STRING, _complete, _readable, _Rules, _step
+from .vocabulary import Vocabulary, _Trie
+
+MAX_DFA_STATES = 200_000  # a grammar's cached automaton is started afresh past this many states
+
+
+class _State:
+    __slots__ = ("complete", "configs", "mask", "next", "readable")
+
+    def __init__(self, configs: frozenset, complete: bool, readable: bytes) -> None:
+        self.configs = configs
+        self.complete = complete
+        self.readable = readable  # [b]: 1 if byte b may be readable (0: surely not)
+        self.next: dict[int, int] = {}  # byte -> index of the next state (-1: the byte is not allowed)
+        self.mask: np.ndarray | None = None  # packed bits of allowed() once computed
+
+
+class _Automaton:
+    """The grammar as a DFA over bytes, built lazily as generation visits it, with each state's mask.
+
+    Transitions hold state indexes, not states: no reference cycles, so an automaton is freed as soon as
+    its grammar is, without waiting for the garbage collector.
+    """
+
+    def __init__(self, rules: _Rules, initial: tuple, vocabulary: Vocabulary) -> None:
+        self.rules = rules
+        self.vocabulary = vocabulary
+        self.states: list[_State] = []
+        self.index: dict[frozenset, int] = {}
+        self.tables: dict[int, bytes] = {}  # 256-bit set -> its table of 256 bytes 0/1
+        self.lock = threading.Lock()  # matchers of one grammar may run in several threads
+        self.initial = self.intern(frozenset([initial]))
+
+    def intern(self, configs: frozenset) -> int:
+        i = self.index.get(configs)
+        if i is not None:
+            return i
+        with self.lock:
+            i = self.index.get(configs)
+            if i is not None:
+                return i
+            rules = self.rules
+            complete = any(_complete(rules, c) for c in configs)
+            bits = 0
+            for config in configs:
+                bits |= _readable(rules, config)
+            table = self.tables.get(bits)
+            if table is None:
+                packed = np.frombuffer(bits.to_bytes(32, "little"), np.uint8)  # (32,)
+                table = self.tables[bits] = np.unpackbits(packed, bitorder="little").tobytes()
+            self.states.append(_State(configs, complete, table))
+            i = self.index[configs] = len(self.states) - 1
+            return i
+
+    def transition(self, i: int, b: int) -> int:
+        """The state after byte b in state i (-1: b is not allowed)."""
+        state = self.states[i]
+        following = state.next.get(b)
+        if following is None:
+            configs = frozenset(c for config in state.configs for c in _step(self.rules, config, b))
+            following = state.next[b] = self.intern(configs) if configs else -1
+        return following
+
+    def mask(self, i: int) -> np.ndarray:
+        """(V,) bool: the tokens allowed in state i (EOS excluded; see Matcher.allowed)."""
+        size = self.vocabulary.size
+        state = self.states[i]
+        if state.mask is None:
+            if len(state.configs) == 1:
+                (config,) = state.configs
+                allowed = self._config_mask(i, config)  # (V,)
+            else:  # a token is allowed if one of the configurations allows it
+                allowed = np.zeros(size, bool)  # (V,)
+                for config in state.configs:
+                    allowed |= self.mask(self.intern(frozenset([config])))
+            state.mask = np.packbits(allowed)  # (ceil(V / 8),) uint8
+        return np.unpackbits(state.mask, count=size).view(bool)  # (V,)
+
+    def _config_mask(self, i: int, config: tuple) -> np.ndarray:
+        vocabulary = self.vocabulary
+        found: list[tuple[int, ...]] = []
+        if not config:  # complete: no token continues it (Matcher.allowed gives EOS)
+            return np.zeros(vocabulary.size, bool)  # (V,)
+        top = config[-1]
+        if top[0] == _STRING and top[2] == _S_CONTENT:  # plain text tokens all at once, then the others
+            spec = self.rules.nodes[top[1]]
+            count = top[3]
+            room = spec.max_length - count if spec.max_length >= 0 else vocabulary.max_plain_chars
+            allowed = vocabulary.plain_chars <= room  # (V,)
+            for chars, trie in enumerate(vocabulary.rest_tries[: room + 1]):
+                head = (_STRING, top[1], _S_CONTENT, min(count + chars, spec.cap), 0)
+                self._walk(trie, self.intern(frozenset([(*config[:-1], head)])), found)
+        else:
+            allowed = np.zeros(vocabulary.size, bool)  # (V,)
+            self._walk(vocabulary.trie, i, found)
+        if found:
+            allowed[[token for ids in found for token in ids]] = True
+        return allowed
+
+    def _walk(self, trie: _Trie, i: int, found: list) -> None:
+        """Depth-first over the trie and the DFA together; collects the ids of tokens that can be read."""
+        first, labels, ends, states = trie.first, trie.labels, trie.ends, self.states
+        todo = [(0, i)]
+        while todo:
+            node, i = todo.pop()
+            state = states[i]
+            following, readable = state.next, state.readable
+            child = first[node]
+            for b in labels[node]:
+                if readable[b]:
+                    s = following.get(b)
+                    if s is None:
+                        s = self.transition(i, b)
+                    if s >= 0:
+                        if ends[child] is not None:
+                            found.append(ends[child])
+                        if labels[child]:
+                            todo.append((child, s))
+                child += 1

@@ -1,0 +1,57 @@
+"""The nodes a JSON Schema compiles to (schema.py makes them, parser.py reads them).
+
+A grammar is a list of these; a node refers to others by their index in the list, so recursive schemas
+($ref) are plain cycles of indexes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class _Property:
+    key: bytes  # the key as JSON text, quotes included
+    value: int  # node id
+    required: bool
+
+
+@dataclass(frozen=True)
+class _Object:
+    properties: tuple[_Property, ...]
+    free_value: int | None  # free keys with values of this node (then `properties` is empty)
+    free_key: int | None  # the string node of free keys
+    last_candidate: tuple[int, ...]  # [i]: the last property that may come next after i (a required one)
+    closable: tuple[bool, ...]  # [i]: no required property at i or later
+
+
+@dataclass(frozen=True)
+class _Array:
+    item: int | None  # None: no item is allowed
+    min_items: int
+    max_items: int  # -1: unbounded
+    cap: int  # counts stop here: nothing beyond it is checked
+
+
+@dataclass(frozen=True)
+class _String:
+    min_length: int
+    max_length: int  # -1: unbounded
+    cap: int
+
+
+@dataclass(frozen=True)
+class _Number:
+    integer: bool
+    minimum: int | None  # inclusive, integers only
+    maximum: int | None
+
+
+@dataclass(frozen=True)
+class _Literal:
+    values: tuple[bytes, ...]  # sorted JSON texts
+
+
+@dataclass(frozen=True)
+class _Union:
+    options: tuple[int, ...]

@@ -1,0 +1,352 @@
+"""The parser of a compiled grammar: configurations (stacks of frames) read one byte at a time.
+
+`_step(rules, config, b)` gives the configurations after byte b (none: b is not allowed), `_complete`
+says whether a configuration is a whole document, and `_readable` gives a cheap superset of the bytes
+it can read. The limits of what is written (whitespace, digits) are enforced here.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left
+from collections.abc import Sequence
+
+from .nodes import _Array, _Literal, _Number, _Object, _String, _Union
+
+MAX_INT_DIGITS = 16
+MAX_FRACTION_DIGITS = 16
+MAX_EXPONENT_DIGITS = 3
+MAX_INDENT = 20  # spaces or tabs after a newline
+MAX_NEWLINES = 2
+
+
+class _Rules:
+    """What the parser reads: the nodes, and the first frames of each node's alternatives."""
+
+    def __init__(self, nodes: Sequence) -> None:
+        self.nodes = tuple(nodes)
+        self.starts = tuple(_start_frames(self.nodes, n) for n in range(len(self.nodes)))
+
+
+# A configuration is a tuple of frames, the innermost last. Frames:
+#   (_TEXT, text, offset)            literal prefix/suffix text, popped after its last byte
+#   (_VALUE, node)                   a value not started yet (only at the root)
+#   (_OBJECT, node, phase, i, x)     i: next property index; x: whitespace state, or the key so far
+#   (_ARRAY, node, phase, count, w)  w: whitespace state
+#   (_STRING, node, phase, count, u) count: characters (capped); u: \u digits, or UTF-8 bytes still due
+#   (_NUMBER, node, phase, digits, value)  value: tracked only for bounded integers
+#   (_LITERAL, node, text so far)
+# A frame that has read its closing byte is popped. Numbers and literals end without a byte of their
+# own: when they can end, the next byte is also offered to the frame below.
+# Whitespace state: 0 nothing, 1 one space, 100 * newlines + spaces/tabs after them.
+
+_TEXT, _VALUE, _OBJECT, _ARRAY, _STRING, _NUMBER, _LITERAL = range(7)
+_OPEN, _FIRST, _KEY, _COLON, _VALUE_NEXT, _AFTER_VALUE, _AFTER_COMMA = range(7)  # objects and arrays
+_S_OPEN, _S_CONTENT, _S_ESCAPE, _S_HEX, _S_UTF8 = range(5)
+_N_START, _N_MINUS, _N_ZERO, _N_INT, _N_DOT, _N_FRACTION, _N_E, _N_E_SIGN, _N_EXPONENT = range(9)
+
+_WHITESPACE = frozenset(b" \n\t")
+_ESCAPES = frozenset(b'"\\/bfnrt')
+_HEX = frozenset(b"0123456789abcdefABCDEF")
+_DIGITS = frozenset(b"0123456789")
+# UTF-8 lead byte -> (continuation bytes due, range of the next one): no overlong forms, no surrogates,
+# nothing above U+10FFFF (as Python's strict decoder).
+_UTF8_LEAD = {b: (1, 0x80, 0xBF) for b in range(0xC2, 0xE0)}
+_UTF8_LEAD.update({b: (2, 0x80, 0xBF) for b in range(0xE1, 0xF0)})
+_UTF8_LEAD.update({0xE0: (2, 0xA0, 0xBF), 0xED: (2, 0x80, 0x9F)})
+_UTF8_LEAD.update({0xF0: (3, 0x90, 0xBF), 0xF1: (3, 0x80, 0xBF), 0xF2: (3, 0x80, 0xBF), 0xF3: (3, 0x80, 0xBF)})
+_UTF8_LEAD[0xF4] = (3, 0x80, 0x8F)
+_UTF8_MORE = {1: None, 2: (1, 0x80, 0xBF), 3: (2, 0x80, 0xBF)}
+
+
+def _bits(data: bytes) -> int:
+    return sum(1 << b for b in set(data))
+
+
+# Bytes a frame may read, as a 256-bit set: a superset, cheap to look up, so that the mask walk can skip
+# impossible bytes without stepping the parser. Every JSON value starts with one of _VALUE_FIRST.
+_ANY_BYTE = (1 << 256) - 1
+_WS_BITS = _bits(b" \n\t")
+_VALUE_FIRST = _bits(b'{["-0123456789tfn')
+_READABLE = {
+    (_OBJECT, _OPEN): _bits(b"{"),
+    (_OBJECT, _FIRST): _WS_BITS | _bits(b'"}'),
+    (_OBJECT, _COLON): _WS_BITS | _bits(b":"),
+    (_OBJECT, _VALUE_NEXT): _WS_BITS | _VALUE_FIRST,
+    (_OBJECT, _AFTER_VALUE): _WS_BITS | _bits(b",}"),
+    (_OBJECT, _AFTER_COMMA): _WS_BITS | _bits(b'"'),
+    (_ARRAY, _OPEN): _bits(b"["),
+    (_ARRAY, _FIRST): _WS_BITS | _VALUE_FIRST | _bits(b"]"),
+    (_ARRAY, _AFTER_VALUE): _WS_BITS | _bits(b",]"),
+    (_ARRAY, _AFTER_COMMA): _WS_BITS | _VALUE_FIRST,
+    (_STRING, _S_OPEN): _bits(b'"'),
+    (_STRING, _S_CONTENT): _ANY_BYTE,
+    (_STRING, _S_ESCAPE): _bits(b'"\\/bfnrtu'),
+    (_STRING, _S_HEX): _bits(b"0123456789abcdefABCDEF"),
+    (_STRING, _S_UTF8): _bits(bytes(range(0x80, 0xC0))),
+    **{(_NUMBER, phase): _bits(b"-+.eE0123456789") for phase in range(9)},
+}
+
+
+def _readable(g: _Rules, config: tuple) -> int:
+    """A superset of the bytes `config` can read, as a 256-bit set."""
+    bits = 0
+    for frame in reversed(config):
+        kind = frame[0]
+        if kind == _TEXT:
+            bits |= 1 << frame[1][frame[2]]
+        elif kind == _VALUE:
+            bits |= _VALUE_FIRST
+        elif kind == _LITERAL:
+            values, text = g.nodes[frame[1]].values, frame[2]
+            i = bisect_left(values, text)  # the values that start with `text` follow in a row
+            while i < len(values) and values[i].startswith(text):
+                if len(values[i]) > len(text):
+                    bits |= 1 << values[i][len(text)]
+                i += 1
+        elif kind == _OBJECT and frame[2] == _KEY:
+            _, n, _, i, text = frame
+            spec = g.nodes[n]
+            for p in spec.properties[i : spec.last_candidate[i] + 1]:
+                if p.key.startswith(text):  # keys are quoted: none is the whole of another
+                    bits |= 1 << p.key[len(text)]
+        else:
+            bits |= _READABLE[kind, frame[2]]
+        if not _can_end(g, frame):
+            break
+    return bits
+
+
+def _start_frames(nodes: Sequence, node: int) -> tuple[tuple, ...]:
+    """The first frame of each alternative of a node (unions flattened, cycles ignored)."""
+    frames, seen, todo = [], set(), [node]
+    while todo:
+        n = todo.pop(0)
+        if n in seen:
+            continue
+        seen.add(n)
+        spec = nodes[n]
+        if isinstance(spec, _Union):
+            todo.extend(spec.options)
+        elif isinstance(spec, _Object):
+            frames.append((_OBJECT, n, _OPEN, 0, 0))
+        elif isinstance(spec, _Array):
+            frames.append((_ARRAY, n, _OPEN, 0, 0))
+        elif isinstance(spec, _String):
+            frames.append((_STRING, n, _S_OPEN, 0, 0))
+        elif isinstance(spec, _Number):
+            frames.append((_NUMBER, n, _N_START, 0, 0))
+        elif isinstance(spec, _Literal):
+            frames.append((_LITERAL, n, b""))
+    return tuple(frames)
+
+
+def _step(g: _Rules, config: tuple, b: int) -> list[tuple]:
+    """The configurations after reading byte b (none: b is not allowed)."""
+    if not config:  # the document and its suffix are complete
+        return []
+    top = config[-1]
+    below = config[:-1]
+    out = [below + frames for frames in _STEPS[top[0]](g, top, b)]
+    if below and _can_end(g, top):
+        out.extend(_step(g, below, b))
+    return out
+
+
+def _complete(g: _Rules, config: tuple) -> bool:
+    return all(_can_end(g, frame) for frame in config)
+
+
+def _can_end(g: _Rules, frame: tuple) -> bool:
+    kind = frame[0]
+    if kind == _NUMBER:
+        _, n, phase, _, value = frame
+        spec = g.nodes[n]
+        if spec.integer:
+            return phase in (_N_ZERO, _N_INT) and _within(spec, value)
+        return phase in (_N_ZERO, _N_INT, _N_FRACTION, _N_EXPONENT)
+    if kind == _LITERAL:
+        values = g.nodes[frame[1]].values
+        i = bisect_left(values, frame[2])
+        return i < len(values) and values[i] == frame[2]
+    return False
+
+
+def _start_value(g: _Rules, node: int, b: int) -> list[tuple]:
+    out = []
+    for frame in g.starts[node]:
+        out.extend(_STEPS[frame[0]](g, frame, b))
+    return out
+
+
+def _whitespace(w: int, b: int) -> int | None:
+    if b == 0x0A:  # newlines come first
+        return w + 100 if w == 0 or (w % 100 == 0 and w // 100 < MAX_NEWLINES) else None
+    if w == 0:
+        return 1 if b == 0x20 else None
+    return w + 1 if w >= 100 and w % 100 < MAX_INDENT else None
+
+
+def _step_text(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+    _, text, offset = frame
+    if text[offset] != b:
+        return []
+    return [()] if offset + 1 == len(text) else [((_TEXT, text, offset + 1),)]
+
+
+def _step_value(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+    return _start_value(g, frame[1], b)
+
+
+def _step_object(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+    _, n, phase, i, x = frame
+    spec = g.nodes[n]
+    if phase == _KEY:  # x: the key so far, from its opening quote
+        key = x + bytes((b,))
+        for j in range(i, spec.last_candidate[i] + 1):
+            candidate = spec.properties[j].key
+            if candidate == key:
+                return [((_OBJECT, n, _COLON, j, 0),)]
+            if candidate.startswith(key):
+                return [((_OBJECT, n, _KEY, i, key),)]
+        return []
+    if phase == _OPEN:
+        return [((_OBJECT, n, _FIRST, 0, 0),)] if b == 0x7B else []
+    if b in _WHITESPACE:
+        w = _whitespace(x, b)
+        return [] if w is None else [((_OBJECT, n, phase, i, w),)]
+    free = spec.free_value is not None
+    if phase == _FIRST or phase == _AFTER_COMMA:
+        if b == 0x22 and free:
+            return [((_OBJECT, n, _COLON, 0, 0), (_STRING, spec.free_key, _S_CONTENT, 0, 0))]
+        if b == 0x22 and i < len(spec.properties):
+            return [((_OBJECT, n, _KEY, i, b'"'),)]
+        return [()] if b == 0x7D and phase == _FIRST and spec.closable[i] else []
+    if phase == _COLON:
+        return [((_OBJECT, n, _VALUE_NEXT, i, 0),)] if b == 0x3A else []
+    if phase == _VALUE_NEXT:
+        after = (_OBJECT, n, _AFTER_VALUE, 0 if free else i + 1, 0)
+        value = spec.free_value if free else spec.properties[i].value
+        return [(after, *frames) for frames in _start_value(g, value, b)]
+    # _AFTER_VALUE
+    if b == 0x2C and (free or i < len(spec.properties)):
+        return [((_OBJECT, n, _AFTER_COMMA, i, 0),)]
+    return [()] if b == 0x7D and spec.closable[i] else []
+
+
+def _step_array(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+    _, n, phase, count, w = frame
+    spec = g.nodes[n]
+    if phase == _OPEN:
+        return [((_ARRAY, n, _FIRST, 0, 0),)] if b == 0x5B else []
+    if b in _WHITESPACE:
+        w = _whitespace(w, b)
+        return [] if w is None else [((_ARRAY, n, phase, count, w),)]
+    if phase == _AFTER_VALUE:
+        if b == 0x2C and (spec.max_items < 0 or count < spec.max_items):
+            return [((_ARRAY, n, _AFTER_COMMA, count, 0),)]
+        return [()] if b == 0x5D and count >= spec.min_items else []
+    if phase == _FIRST and b == 0x5D:
+        return [()] if spec.min_items == 0 else []
+    if spec.item is None:
+        return []
+    after = (_ARRAY, n, _AFTER_VALUE, min(count + 1, spec.cap), 0)
+    return [(after, *frames) for frames in _start_value(g, spec.item, b)]
+
+
+def _step_string(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+    _, n, phase, count, u = frame
+    if phase == _S_CONTENT:
+        spec = g.nodes[n]
+        if b == 0x22:
+            return [()] if count >= spec.min_length else []
+        if b < 0x20 or (spec.max_length >= 0 and count >= spec.max_length):
+            return []
+        count = min(count + 1, spec.cap)  # a character starts here
+        if b == 0x5C:
+            return [((_STRING, n, _S_ESCAPE, count, 0),)]
+        if b < 0x80:
+            return [((_STRING, n, _S_CONTENT, count, 0),)]
+        lead = _UTF8_LEAD.get(b)
+        return [] if lead is None else [((_STRING, n, _S_UTF8, count, lead),)]
+    if phase == _S_UTF8:
+        due, low, high = u
+        if not low <= b <= high:
+            return []
+        more = _UTF8_MORE[due]
+        return [((_STRING, n, _S_CONTENT, count, 0) if more is None else (_STRING, n, _S_UTF8, count, more),)]
+    if phase == _S_OPEN:
+        return [((_STRING, n, _S_CONTENT, 0, 0),)] if b == 0x22 else []
+    if phase == _S_ESCAPE:
+        if b in _ESCAPES:
+            return [((_STRING, n, _S_CONTENT, count, 0),)]
+        return [((_STRING, n, _S_HEX, count, 0),)] if b == 0x75 else []
+    # _S_HEX: u = hex digits read; -1 after a leading D, which must be followed by 0-7 (no surrogates)
+    if b not in _HEX or (u == -1 and b not in b"01234567"):
+        return []
+    if u == 0 and b in b"dD":
+        return [((_STRING, n, _S_HEX, count, -1),)]
+    digits = 2 if u == -1 else u + 1
+    return [((_STRING, n, _S_CONTENT, count, 0) if digits == 4 else (_STRING, n, _S_HEX, count, digits),)]
+
+
+def _step_number(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+    _, n, phase, digits, value = frame
+    spec = g.nodes[n]
+    bounded = spec.minimum is not None or spec.maximum is not None
+    digit = b - 0x30 if b in _DIGITS else -1
+    if phase == _N_START and b == 0x2D:  # '-'
+        return [((_NUMBER, n, _N_MINUS, 0, 0),)] if spec.minimum is None or spec.minimum <= 0 else []
+    if phase in (_N_START, _N_MINUS, _N_INT) and digit >= 0:
+        if phase == _N_INT and digits == MAX_INT_DIGITS:
+            return []
+        negative = phase == _N_MINUS or value < 0
+        magnitude = abs(value) * 10 + digit if bounded else 0
+        if bounded and not _reachable(spec, negative, magnitude, digits + 1):
+            return []
+        next_phase = _N_ZERO if phase != _N_INT and digit == 0 else _N_INT
+        return [((_NUMBER, n, next_phase, digits + 1, -magnitude if negative else magnitude),)]
+    if spec.integer:
+        return []
+    if b == 0x2E and phase in (_N_ZERO, _N_INT):  # '.'
+        return [((_NUMBER, n, _N_DOT, 0, 0),)]
+    if b in b"eE" and phase in (_N_ZERO, _N_INT, _N_FRACTION):
+        return [((_NUMBER, n, _N_E, 0, 0),)]
+    if phase == _N_E and b in b"+-":
+        return [((_NUMBER, n, _N_E_SIGN, 0, 0),)]
+    if digit < 0:
+        return []
+    if phase == _N_DOT or (phase == _N_FRACTION and digits < MAX_FRACTION_DIGITS):
+        return [((_NUMBER, n, _N_FRACTION, digits + 1, 0),)]
+    if phase in (_N_E, _N_E_SIGN) or (phase == _N_EXPONENT and digits < MAX_EXPONENT_DIGITS):
+        return [((_NUMBER, n, _N_EXPONENT, digits + 1, 0),)]
+    return []
+
+
+def _reachable(spec: _Number, negative: bool, magnitude: int, digits: int) -> bool:
+    """Whether some integer written with these leading digits (and sign) lies within the bounds."""
+    longest = 0 if magnitude == 0 else MAX_INT_DIGITS - digits  # a leading 0 takes no more digits
+    for more in range(longest + 1):
+        low, high = magnitude * 10**more, magnitude * 10**more + 10**more - 1
+        if negative:
+            low, high = -high, -low
+        if (spec.minimum is None or high >= spec.minimum) and (spec.maximum is None or low <= spec.maximum):
+            return True
+    return False
+
+
+def _within(spec: _Number, value: int) -> bool:
+    return (spec.minimum is None or value >= spec.minimum) and (spec.maximum is None or value <= spec.maximum)
+
+
+def _step_literal(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+    values = g.nodes[frame[1]].values
+    text = frame[2] + bytes((b,))
+    i = bisect_left(values, text)  # the first value starting with `text`, if any does
+    if i == len(values) or not values[i].startswith(text):
+        return []
+    if values[i] == text and (i + 1 == len(values) or not values[i + 1].startswith(text)):
+        return [()]  # nothing longer can follow: done
+    return [((_LITERAL, frame[1], text),)]
+
+
+_STEPS = (_step_text, _step_value, _step_object, _step_array, _step_string, _step_number, _step_literal)
