@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import time
 from collections.abc import AsyncIterator
@@ -228,4 +229,7 @@ def serve(model: Model, host: str = "127.0.0.1", port: int = 8080, max_concurren
     import uvicorn
 
     service = Service(model, max_concurrent, max_context)
+    # The model and tokenizer are millions of long-lived objects: out of the collector's sight, a full
+    # collection takes ~0 ms instead of ~20 ms in the middle of a step (measured with the JSON constraint).
+    gc.freeze()
     uvicorn.run(create_app(service), host=host, port=port, log_level="warning")
