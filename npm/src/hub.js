@@ -88,6 +88,32 @@ export function resolveModel(model, { hfEndpoint = DEFAULT_HF_ENDPOINT } = {}) {
   return { url: base + file.split('/').map(quote).join('/'), kind: 'gguf' };
 }
 
+/**
+ * The model's name in OpenAI answers (`model`): the last segment of its path, without `.gguf`; for a
+ * hub name, the GGUF file's name or else the repo's.
+ *
+ *   modelName('https://host/models/smollm2-135m-instruct/'); // 'smollm2-135m-instruct'
+ *   modelName('hf:unsloth/gemma-3-270m-it-GGUF/gemma-3-270m-it-Q4_K_M.gguf'); // 'gemma-3-270m-it-Q4_K_M'
+ *
+ * @param {string} model  what RuvLLM.load was given: an `hf:` name, a URL, or (in Node) a path
+ * @returns {string}
+ */
+export function modelName(model) {
+  let path = model;
+  if (isHubName(model)) {
+    const { repo, file } = parseHubName(model);
+    path = file ?? repo;
+  } else if (/^[a-z][a-z0-9+.-]*:\/\//i.test(model)) {
+    path = model.split(/[?#]/)[0];
+  }
+  const last =
+    path
+      .split(/[\\/]+/)
+      .filter(Boolean)
+      .pop() ?? path;
+  return last.replace(/\.gguf$/i, '') || 'ruvllm';
+}
+
 /** [before, after] the first `separator`, or [text, undefined] when there is none. */
 function splitOnce(text, separator) {
   const at = text.indexOf(separator);

@@ -7,6 +7,12 @@
  *     process.stdout.write(c.text);
  *   }
  *   await llm.dispose();
+ *
+ * OpenAI's shapes, with OpenAI's names (the Python bridge checks and answers them):
+ *
+ *   const answer = await llm.chat.completions.create({ messages, max_tokens: 64, temperature: 0 });
+ *   for await (const c of await llm.chat.completions.create({ messages, stream: true })) ...
+ *   const text = await llm.completions.create({ prompt: 'Once upon a time', max_tokens: 16 });
  */
 
 import { AbortError, RuvLLMError, deserializeError } from './errors.js';
@@ -121,6 +127,19 @@ export class RuvLLM {
   /** What the worker reported once the model was ready (architecture, contextLength, heapBytes, ...). */
   info = null;
 
+  /**
+   * Stream the assistant's reply to a conversation, rendered with the model's chat template:
+   * `llm.chat(messages, options)`. Also `llm.chat.completions.create(body, { signal })`: an OpenAI chat
+   * completion (see #complete).
+   * @type {import('../types/index.d.ts').Chat}
+   */
+  chat = Object.assign((messages, options = {}) => this.#chat(messages, options), {
+    completions: { create: (body, options) => this.#complete('chat', body, options) },
+  });
+
+  /** OpenAI (text) completions of raw text: `llm.completions.create({ prompt, ... }, { signal })`. */
+  completions = { create: (body, options) => this.#complete('text', body, options) };
+
   constructor(worker) {
     this.#worker = worker;
     worker.onEvent((event) => this.#queues.get(event.id)?.push(event));
@@ -173,13 +192,8 @@ export class RuvLLM {
     return this.#stream({ type: 'generate', prompt }, options);
   }
 
-  /**
-   * Stream the assistant's reply to a conversation, rendered with the model's chat template.
-   * @param {{role: string, content: string}[]} messages
-   * @param {import('../types/index.d.ts').GenerateOptions} [options]
-   * @returns {AsyncIterable<import('../types/index.d.ts').Chunk>}
-   */
-  chat(messages, options = {}) {
+  /** `llm.chat(messages, options)`: see the `chat` field above. */
+  #chat(messages, options) {
     return this.#stream({ type: 'chat', messages: checkMessages(messages) }, options);
   }
 
@@ -275,6 +289,31 @@ export class RuvLLM {
     await this.#worker.terminate();
   }
 
+  /**
+   * An OpenAI completion (kind 'chat': a chat completion; 'text': a completion of raw text). Resolves to
+   * the answer object, or with `body.stream` to an AsyncIterable of OpenAI stream chunks; that promise
+   * settles with the first chunk, so a refused body or an abort before it rejects it.
+   */
+  async #complete(kind, body, { signal } = {}) {
+    const request = { type: 'completion', kind, body: checkBody(kind, body) };
+    if (signal?.aborted) throw new AbortError('generation aborted');
+    const events = this.#request(request, signal);
+    if (request.body.stream !== true) {
+      let result = null;
+      for await (const event of events) if (event.type === 'result') result = event.result;
+      return result;
+    }
+    const chunks = (async function* () {
+      for await (const event of events) if (event.type === 'chunk') yield event.chunk;
+    })();
+    const first = await chunks.next();
+    return (async function* () {
+      if (first.done) return;
+      yield first.value;
+      yield* chunks;
+    })();
+  }
+
   async *#stream(request, { signal, ...options }) {
     if (signal?.aborted) throw new AbortError('generation aborted');
     for await (const event of this.#request({ ...request, options }, signal)) {
@@ -331,6 +370,22 @@ function checkPrompt(prompt) {
   const ids = Array.isArray(prompt) && prompt.length > 0 && prompt.every((t) => Number.isInteger(t) && t >= 0);
   if (typeof prompt !== 'string' && !ids) {
     throw new RuvLLMError('invalid_argument', 'prompt must be a string or a non-empty array of token ids');
+  }
+}
+
+/**
+ * An OpenAI request body as the worker gets it: a copy with JSON's values only (JSON is what reaches
+ * Python). Only its prompt is checked here, so the call says what it needs; Python checks every field.
+ */
+function checkBody(kind, body) {
+  const method = kind === 'chat' ? 'chat.completions.create' : 'completions.create';
+  const field = kind === 'chat' ? 'messages' : 'prompt';
+  if (body === null || typeof body !== 'object' || Array.isArray(body) || body[field] === undefined)
+    throw new RuvLLMError('invalid_argument', `${method} needs a request body: an object with ${field}`);
+  try {
+    return JSON.parse(JSON.stringify(body));
+  } catch (error) {
+    throw new RuvLLMError('invalid_argument', `the body of ${method} cannot be sent as JSON: ${error.message}`);
   }
 }
 

@@ -6,6 +6,11 @@
  *   { type: 'load',     id, options }                     options: see LoadOptions (serializable part)
  *   { type: 'generate', id, prompt, options }             prompt: raw text, or token ids
  *   { type: 'chat',     id, messages, options }           messages: [{ role, content }]
+ *   { type: 'completion', id, kind, body }                an OpenAI completion. kind 'chat': body is a chat
+ *                                                         completion request ({ messages, ... }); 'text': a
+ *                                                         completion request ({ prompt, ... }). body keeps
+ *                                                         OpenAI's names and crosses to Python unrenamed
+ *                                                         (JSON schemas in it may hold any key)
  *   { type: 'tokenize', id, prompt | messages }           token ids of raw text, or of a rendered chat
  *   { type: 'cache_stats', id }                           positions and bytes of the KV cache per tier
  *   { type: 'adapt', id, feedback }                       feedback: { prompt | messages, completion, reward,
@@ -14,14 +19,19 @@
  *   { type: 'load_adapter', id, url, name }               an adapter folder (ours or Hugging Face PEFT)
  *   { type: 'set_adapter', id, name }                     name, or null for the base model
  *   { type: 'save_adapter', id, name }                    the adapter's files
- *   { type: 'abort',    id }                              id of the generate/chat request to stop
+ *   { type: 'abort',    id }                              id of the generate/chat/completion request to stop
  *   { type: 'dispose',  id }
  *
  * Events (worker -> caller):
  *   { type: 'progress', id, progress }                    download/load progress of a 'load' request
  *   { type: 'loaded',   id, info }                        the model is ready
- *   { type: 'chunk',    id, chunk }                       one generated token: { text, tokenId, finishReason, stats }
- *   { type: 'result',   id, result }                      the answer to 'tokenize', 'cache_stats' or an adapter request
+ *   { type: 'chunk',    id, chunk }                       generate/chat: one generated token: { text, tokenId,
+ *                                                         finishReason, stats }; completion with body.stream:
+ *                                                         one OpenAI stream chunk (chat.completion.chunk or
+ *                                                         text_completion), as Python made it
+ *   { type: 'result',   id, result }                      the answer to 'tokenize', 'cache_stats' or an adapter
+ *                                                         request; for 'completion' the whole OpenAI answer
+ *                                                         (chat.completion or text_completion), streamed or not
  *   { type: 'done',     id }                              a request finished (after its last chunk)
  *   { type: 'error',    id, error: { type, message } }    a request failed; type 'abort' for aborts
  */
@@ -30,6 +40,7 @@ export const REQUESTS = Object.freeze([
   'load',
   'generate',
   'chat',
+  'completion',
   'tokenize',
   'cache_stats',
   'abort',
@@ -45,6 +56,8 @@ export const REQUESTS = Object.freeze([
  * The worker speaks to Python (py_src/ruvllm/bridge.py) in JSON with Python's names; callers use
  * JavaScript's. Every name that differs is here, once: toPython / fromPython rename an object's keys
  * (nested objects too) on each crossing. JSON is also what turns JS null into Python None.
+ * OpenAI's bodies and answers ('completion') never go through this table: they have the same (OpenAI's)
+ * names on both sides, and a user's JSON schema may name a property anything, `maxTokens` included.
  */
 export const PYTHON_NAMES = Object.freeze({
   // generation options

@@ -45,3 +45,22 @@ test('bounds leave ordinary templates alone, with the globals templates use', ()
   assert.equal(template.render(MESSAGES), 'user: hi1[0, 1, 2][1, 3, 5]truetrue<s>');
   assert.match(new ChatTemplate("{{ strftime_now('%d %b %Y') }}").render(MESSAGES), /^\d\d [A-Z][a-z]{2} \d{4}$/);
 });
+
+test('tools reach the template as `tools` (null without them), and tool-calling messages render', () => {
+  const template = new ChatTemplate(
+    '{% if tools %}{% for t in tools %}{{ t.function.name }};{% endfor %}{% else %}{{ tools is none }};{% endif %}' +
+      '{% for m in messages %}{{ m.role }}:{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}' +
+      '{% else %}{{ m.content }}{% endif %}{% if m.tool_call_id %}@{{ m.tool_call_id }}{% endif %}|{% endfor %}',
+  );
+  const call = { id: 'c1', type: 'function', function: { name: 'f', arguments: { city: 'Paris' } } };
+  const messages = [
+    { role: 'user', content: 'hi' },
+    { role: 'assistant', content: null, tool_calls: [call] },
+    { role: 'tool', tool_call_id: 'c1', content: '21' },
+  ];
+  const tools = [{ type: 'function', function: { name: 'f', parameters: {} } }];
+  const rendered = 'user:hi|assistant:{"city": "Paris"}|tool:21@c1|';
+  assert.equal(template.render(messages, { tools }), `f;${rendered}`);
+  assert.equal(template.render(messages), `true;${rendered}`);
+  assert.equal(template.render(messages, { tools: null }), `true;${rendered}`);
+});

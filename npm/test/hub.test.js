@@ -2,7 +2,7 @@ import assert from 'node:assert/strict';
 import { test } from 'node:test';
 
 import { RuvLLMError } from '../src/errors.js';
-import { HF_FORMS, isHubName, parseHubName, resolveModel } from '../src/hub.js';
+import { HF_FORMS, isHubName, modelName, parseHubName, resolveModel } from '../src/hub.js';
 
 test('hf: names of a folder resolve to the base URL of the repo at its revision', () => {
   assert.deepEqual(resolveModel('hf:HuggingFaceTB/SmolLM2-135M-Instruct'), {
@@ -81,4 +81,17 @@ test('malformed hf: names are invalid_argument errors that say the accepted form
     );
   }
   assert.throws(() => parseHubName('owner/repo'), { message: /does not start with 'hf:'/ });
+});
+
+test("a model's name in OpenAI answers is the last segment of its location, without .gguf", () => {
+  for (const [model, name] of [
+    ['/work/models/smollm2-135m-instruct', 'smollm2-135m-instruct'],
+    ['models/smollm2-135m-instruct/', 'smollm2-135m-instruct'],
+    ['https://host/models/smollm2/?token=x', 'smollm2'],
+    ['https://host/files/gemma-3-270m-it-Q4_K_M.gguf#part', 'gemma-3-270m-it-Q4_K_M'],
+    ['C:\\models\\tiny.GGUF', 'tiny'],
+    ['hf:HuggingFaceTB/SmolLM2-135M-Instruct', 'SmolLM2-135M-Instruct'],
+    ['hf:unsloth/gemma-3-270m-it-GGUF@v1/sub/gemma-3-270m-it-Q4_K_M.gguf', 'gemma-3-270m-it-Q4_K_M'],
+  ])
+    assert.equal(modelName(model), name, model);
 });

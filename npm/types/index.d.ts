@@ -227,6 +227,311 @@ export interface ChatMessage {
   content: string;
 }
 
+// --- OpenAI shapes ------------------------------------------------------------------------------
+
+/**
+ * A message of an OpenAI chat request. Besides plain `{ role, content }` messages: an assistant message
+ * that called tools (`tool_calls`, `content` may be null) and the answer of a tool (`role: 'tool'` with
+ * `tool_call_id`). The chat template decides how they read (tool arguments given as a JSON string reach
+ * it as an object, as in vLLM).
+ * @example
+ * [
+ *   { role: 'user', content: 'Weather in Paris?' },
+ *   { role: 'assistant', content: null, tool_calls: [{ id: 'call_1', type: 'function',
+ *     function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }] },
+ *   { role: 'tool', tool_call_id: 'call_1', content: '{"temperature": 21}' },
+ * ]
+ */
+export interface ChatCompletionMessage {
+  role: 'system' | 'user' | 'assistant' | 'tool' | string;
+  content: string | null;
+  tool_calls?: ToolCall[];
+  tool_call_id?: string;
+  name?: string;
+}
+
+/**
+ * A function the model may call.
+ * @example
+ * { type: 'function', function: { name: 'get_weather', description: 'The weather in a city',
+ *   parameters: { type: 'object', properties: { city: { type: 'string' } }, required: ['city'] } } }
+ */
+export interface Tool {
+  type: 'function';
+  function: {
+    /** 1 to 64 letters, digits, '_' or '-'; unique among the tools. */
+    name: string;
+    description?: string;
+    /** A JSON schema of the arguments (default: an object without properties); calls are constrained to it. */
+    parameters?: JsonSchema;
+    strict?: boolean;
+  };
+}
+
+/**
+ * A call the model made: `arguments` is JSON text (parse it yourself, as with OpenAI).
+ * @example
+ * { id: 'call_4f0c…', type: 'function', function: { name: 'get_weather', arguments: '{"city": "Paris"}' } }
+ */
+export interface ToolCall {
+  id: string;
+  type: 'function';
+  function: { name: string; arguments: string };
+}
+
+/**
+ * 'none': no calls; 'auto' (the default with tools): the model may open a call, which is then constrained
+ * to the tools' schemas; 'required' or one named function: the reply is a call from its first token.
+ * @example
+ * { type: 'function', function: { name: 'get_weather' } }
+ */
+export type ToolChoice = 'none' | 'auto' | 'required' | { type: 'function'; function: { name: string } };
+
+/** A JSON schema (the subset response_format and tool parameters are constrained to; others are refused by name). */
+export type JsonSchema = Record<string, unknown> | boolean;
+
+/**
+ * Constrained output. 'json_object': some JSON object; 'json_schema': JSON valid for the schema, enforced
+ * token by token: type, properties, required, additionalProperties, items, minItems/maxItems, enum,
+ * const, anyOf, $ref, minLength/maxLength, and minimum/maximum (exclusive too) on integers. Another
+ * keyword (pattern, oneOf, allOf, bounds on non-integer numbers ...) is an 'invalid_argument' error
+ * naming it and where it is.
+ * @example
+ * { type: 'json_schema', json_schema: { name: 'city', schema: { type: 'object',
+ *   properties: { name: { type: 'string' }, population: { type: 'integer', minimum: 0 } },
+ *   required: ['name', 'population'] } } }
+ */
+export type ResponseFormat =
+  | { type: 'text' }
+  | { type: 'json_object' }
+  | { type: 'json_schema'; json_schema: { name?: string; description?: string; schema: JsonSchema; strict?: boolean } };
+
+/**
+ * Fields both requests share, with OpenAI's names and defaults (temperature 1, top_p 1, no top_k or min_p;
+ * no max_tokens bound but the context window), not generate()'s.
+ *
+ * Accepted and ignored, since they change nothing for one local model: `user`, `metadata`, `store`,
+ * `parallel_tool_calls`, `service_tier`, and `n` (1 only), `frequency_penalty` and `presence_penalty`
+ * (0 only), `logit_bias` (empty only). `model` is accepted; answers carry the loaded model's name. Any
+ * other field (best_of, echo, suffix, audio, functions, ...) is an 'invalid_argument' error naming it.
+ */
+export interface CompletionRequestBase {
+  model?: string;
+  /** At most this many new tokens (default: until the context window is full). */
+  max_tokens?: number | null;
+  /** Stop before the first of these strings; it is not part of the output. */
+  stop?: string | string[] | null;
+  /** 0 is greedy (default 1). */
+  temperature?: number | null;
+  /** Nucleus sampling mass in (0, 1] (default 1). */
+  top_p?: number | null;
+  /** Same seed, same tokens. */
+  seed?: number | null;
+  /** Answer with an AsyncIterable of chunks instead of one object. */
+  stream?: boolean | null;
+  /** With `include_usage`, a last chunk (with empty `choices`) carries `usage`. */
+  stream_options?: { include_usage?: boolean } | null;
+  response_format?: ResponseFormat | null;
+  /** ruvllm's own: keep the k most likely tokens (default 0, off). */
+  top_k?: number | null;
+  /** ruvllm's own: drop tokens below min_p × the top probability (default 0, off). */
+  min_p?: number | null;
+  /** ruvllm's own: > 1 discourages tokens already in the context (default 1, off). */
+  repetition_penalty?: number | null;
+  /** ruvllm's own: keep going past the end-of-sequence token. */
+  ignore_eos?: boolean | null;
+  user?: string;
+  metadata?: Record<string, string>;
+  store?: boolean;
+  service_tier?: string;
+  n?: 1;
+  frequency_penalty?: 0;
+  presence_penalty?: 0;
+  logit_bias?: Record<string, never>;
+}
+
+/**
+ * The body of `llm.chat.completions.create`: OpenAI's chat completion request (the subset above).
+ * @example
+ * await llm.chat.completions.create({
+ *   messages: [{ role: 'user', content: 'What is the capital of France?' }],
+ *   max_tokens: 64, temperature: 0,
+ * });
+ */
+export interface ChatCompletionRequest extends CompletionRequestBase {
+  messages: ChatCompletionMessage[];
+  /** The same as max_tokens (OpenAI's newer name); it wins when both are given. */
+  max_completion_tokens?: number | null;
+  /** Log-probabilities of the chosen tokens (after temperature), with `top_logprobs` alternatives (0 to 20). */
+  logprobs?: boolean | null;
+  top_logprobs?: number | null;
+  /** Functions the model may call; they reach the chat template as its `tools` variable. */
+  tools?: Tool[] | null;
+  tool_choice?: ToolChoice | null;
+  parallel_tool_calls?: boolean;
+}
+
+/**
+ * The body of `llm.completions.create`: OpenAI's (legacy) completion request, for raw text.
+ * @example
+ * await llm.completions.create({ prompt: 'Once upon a time', max_tokens: 32, temperature: 0.7, seed: 1 });
+ */
+export interface CompletionRequest extends CompletionRequestBase {
+  /** Raw text (or `[text]`), or token ids: one prompt. */
+  prompt: string | [string] | number[];
+  /** Log-probabilities of the chosen tokens with this many alternatives (0 to 5). */
+  logprobs?: number | null;
+}
+
+/** Token counts of one request. */
+export interface CompletionUsage {
+  prompt_tokens: number;
+  completion_tokens: number;
+  total_tokens: number;
+  /** Prompt tokens whose keys/values were reused from the previous request. */
+  prompt_tokens_details: { cached_tokens: number };
+}
+
+/** One token's log-probability (chat's layout), its bytes, and the most likely alternatives. */
+export interface TokenLogprob {
+  token: string;
+  bytes: number[];
+  logprob: number;
+  top_logprobs: { token: string; bytes: number[]; logprob: number }[];
+}
+
+/** 'stop': end of sequence, a stop string or a complete constrained output; 'length': max_tokens or a full context. */
+export type FinishReason = 'stop' | 'length' | 'tool_calls';
+
+/**
+ * The answer of `llm.chat.completions.create`.
+ * @example
+ * const answer = await llm.chat.completions.create({ messages, temperature: 0 });
+ * console.log(answer.choices[0].message.content, answer.usage.completion_tokens);
+ */
+export interface ChatCompletion {
+  /** 'chatcmpl-' and 24 hex digits. */
+  id: string;
+  object: 'chat.completion';
+  /** Unix time, in seconds. */
+  created: number;
+  /** The loaded model's name: the last segment of its path or URL, without '.gguf'. */
+  model: string;
+  choices: {
+    index: 0;
+    message: { role: 'assistant'; content: string | null; tool_calls?: ToolCall[] };
+    logprobs: { content: TokenLogprob[] } | null;
+    /** 'tool_calls' when the reply is (or holds) calls. */
+    finish_reason: FinishReason;
+  }[];
+  usage: CompletionUsage;
+}
+
+/**
+ * One streamed piece of a chat completion: the first has `delta.role`, each later one a piece of
+ * `delta.content`, the last a `finish_reason`; with `stream_options.include_usage`, one more with empty
+ * `choices` and the `usage`. Tool calls arrive whole, in the finishing chunk's `delta.tool_calls`.
+ * @example
+ * let reply = '';
+ * for await (const chunk of await llm.chat.completions.create({ messages, stream: true }))
+ *   reply += chunk.choices[0]?.delta.content ?? '';
+ */
+export interface ChatCompletionChunk {
+  id: string;
+  object: 'chat.completion.chunk';
+  created: number;
+  model: string;
+  choices: {
+    index: 0;
+    delta: { role?: 'assistant'; content?: string | null; tool_calls?: (ToolCall & { index: number })[] };
+    logprobs: { content: TokenLogprob[] } | null;
+    finish_reason: FinishReason | null;
+  }[];
+  usage?: CompletionUsage;
+}
+
+/** Log-probabilities in the completions layout: parallel lists, one entry per token. */
+export interface CompletionLogprobs {
+  tokens: string[];
+  token_logprobs: number[];
+  top_logprobs: Record<string, number>[];
+  text_offset: number[];
+}
+
+/**
+ * The answer of `llm.completions.create`, and (with `stream`) each of its chunks, whose `text` is the
+ * new piece; with `stream_options.include_usage` a last chunk has empty `choices` and the `usage`.
+ * @example
+ * const { choices } = await llm.completions.create({ prompt: 'The sky is', max_tokens: 8, temperature: 0 });
+ * console.log(choices[0].text);
+ */
+export interface Completion {
+  /** 'cmpl-' and 24 hex digits. */
+  id: string;
+  object: 'text_completion';
+  created: number;
+  model: string;
+  choices: {
+    index: 0;
+    text: string;
+    logprobs: CompletionLogprobs | null;
+    finish_reason: 'stop' | 'length' | null;
+  }[];
+  /** Always in the whole answer; in a stream, only on the include_usage chunk. */
+  usage?: CompletionUsage;
+}
+
+/** Options of a `create` call (besides the body). */
+export interface RequestOptions {
+  /** Aborting rejects the promise, or ends the stream, with an AbortError before the next token. */
+  signal?: AbortSignal;
+}
+
+/**
+ * `llm.chat.completions`: OpenAI's chat completions (as the OpenAI SDK and WebLLM take them).
+ * @example
+ * const answer = await llm.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }] });
+ * const stream = await llm.chat.completions.create({ messages, stream: true }, { signal: controller.signal });
+ * for await (const chunk of stream)
+ *   out.textContent += chunk.choices[0]?.delta.content ?? '';
+ */
+export interface ChatCompletions {
+  /**
+   * Resolves to the answer, or with `stream: true` to an AsyncIterable of chunks (resolved with the
+   * first chunk: a refused body rejects the promise). Errors: 'invalid_argument' naming the field,
+   * 'context_full', an AbortError.
+   */
+  create(body: ChatCompletionRequest & { stream: true }, options?: RequestOptions): Promise<AsyncIterable<ChatCompletionChunk>>;
+  create(body: ChatCompletionRequest & { stream?: false | null }, options?: RequestOptions): Promise<ChatCompletion>;
+  create(
+    body: ChatCompletionRequest,
+    options?: RequestOptions,
+  ): Promise<ChatCompletion | AsyncIterable<ChatCompletionChunk>>;
+}
+
+/**
+ * `llm.completions`: OpenAI's completions of raw text.
+ * @example
+ * const { choices } = await llm.completions.create({ prompt: 'Once upon a time', max_tokens: 16 });
+ */
+export interface Completions {
+  create(body: CompletionRequest & { stream: true }, options?: RequestOptions): Promise<AsyncIterable<Completion>>;
+  create(body: CompletionRequest & { stream?: false | null }, options?: RequestOptions): Promise<Completion>;
+  create(body: CompletionRequest, options?: RequestOptions): Promise<Completion | AsyncIterable<Completion>>;
+}
+
+/**
+ * `llm.chat`: a function (stream a reply with ruvllm's options and chunks) that also holds OpenAI's
+ * `completions`.
+ * @example
+ * for await (const c of llm.chat([{ role: 'user', content: 'Hi' }])) reply += c.text;
+ * const answer = await llm.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }] });
+ */
+export interface Chat {
+  (messages: ChatMessage[], options?: GenerateOptions): AsyncIterable<Chunk>;
+  readonly completions: ChatCompletions;
+}
+
 /** What the worker reported once the model was ready. */
 export interface ModelInfo {
   architecture: string;
@@ -306,10 +611,19 @@ export class RuvLLM {
   generate(prompt: string | number[], options?: GenerateOptions): AsyncIterable<Chunk>;
 
   /**
-   * Stream the assistant's reply, with the conversation rendered by the model's chat template.
-   * @example for await (const c of llm.chat([{ role: 'user', content: 'Hi' }])) reply += c.text;
+   * Stream the assistant's reply, with the conversation rendered by the model's chat template; and
+   * `chat.completions.create(body)`, OpenAI's chat completions.
+   * @example
+   * for await (const c of llm.chat([{ role: 'user', content: 'Hi' }])) reply += c.text;
+   * const answer = await llm.chat.completions.create({ messages: [{ role: 'user', content: 'Hi' }], max_tokens: 32 });
    */
-  chat(messages: ChatMessage[], options?: GenerateOptions): AsyncIterable<Chunk>;
+  readonly chat: Chat;
+
+  /**
+   * OpenAI's completions of raw text.
+   * @example const { choices } = await llm.completions.create({ prompt: 'The sky is', max_tokens: 8 });
+   */
+  readonly completions: Completions;
 
   /**
    * Token ids of raw text, or of a conversation rendered with the chat template.

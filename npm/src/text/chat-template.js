@@ -108,10 +108,23 @@ export class ChatTemplate {
     }
   }
 
-  /** The prompt for `messages`. */
-  render(messages, addGenerationPrompt = true) {
+  /**
+   * The prompt for `messages`. `tools` (OpenAI tool objects) reach the template as the variable `tools`,
+   * null when there are none, as transformers' apply_chat_template passes them. Messages may be OpenAI's
+   * tool-calling ones: an assistant message with `tool_calls` (and `content: null`), a `role: 'tool'`
+   * message with `tool_call_id`; the template decides how they read.
+   * @param {object[]} messages
+   * @param {{ tools?: object[] | null, addGenerationPrompt?: boolean }} [options]
+   */
+  render(messages, { tools = null, addGenerationPrompt = true } = {}) {
     const env = new Environment();
-    const variables = { ...GLOBALS, ...this.specialTokens, messages, add_generation_prompt: addGenerationPrompt };
+    const variables = {
+      ...GLOBALS,
+      ...this.specialTokens,
+      messages,
+      tools: tools ?? null,
+      add_generation_prompt: addGenerationPrompt,
+    };
     for (const [name, value] of Object.entries(variables)) env.set(name, value);
     try {
       const result = new BoundedInterpreter(env, performance.now() + MAX_MS).run(this.#program);

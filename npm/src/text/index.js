@@ -129,17 +129,18 @@ export function createText({
       if (typeof text !== 'string') throw new RuvLLMError('invalid_argument', 'prompt must be a string');
       return tokenizer.encode(text).ids; // '' is [] or [bos], as on CPython
     },
-    applyChatTemplate(messages, addGenerationPrompt = true) {
+    /** The prompt for `messages`; options: { tools: OpenAI tool objects or null, addGenerationPrompt: true }. */
+    applyChatTemplate(messages, options = {}) {
       if (!template)
         throw new RuvLLMError(
           'invalid_argument',
           'this model has no chat template (its tokenizer_config.json or GGUF metadata has none): give one with the chatTemplate load option',
         );
-      return template.render(messages, addGenerationPrompt);
+      return template.render(messages, options);
     },
-    encodeChat(messages, addGenerationPrompt = true) {
+    encodeChat(messages, options = {}) {
       // The template writes any BOS itself; adding special tokens again would double it.
-      return tokenizer.encode(this.applyChatTemplate(messages, addGenerationPrompt), { add_special_tokens: false }).ids;
+      return tokenizer.encode(this.applyChatTemplate(messages, options), { add_special_tokens: false }).ids;
     },
     /** Prompt and completion ids for feedback, tokenized as generation would (mirrors Model.feedback_ids). */
     feedbackIds({ prompt, messages, completion }) {

@@ -16,7 +16,7 @@ import { readBytes, readJson, readText } from './files.js';
 import { startKernels } from './kernels.js';
 import { callBridge, heapBytes, startPython } from './python.js';
 import { loadGguf, loadWeights } from './weights.js';
-import { resolveModel } from '../hub.js';
+import { modelName, resolveModel } from '../hub.js';
 
 const port = IS_NODE ? (await import('node:worker_threads')).parentPort : globalThis;
 const send = (message, transfer = []) => port.postMessage(message, transfer);
@@ -25,7 +25,8 @@ const state = {
   py: null,
   engine: null, // ruvllm.bridge.EngineHandle (PyProxy)
   text: null,
-  aborted: new Set(), // ids of generate/chat requests asked to stop
+  model: null, // the model's name in OpenAI answers
+  aborted: new Set(), // ids of generate/chat/completion requests asked to stop
 };
 
 /**
@@ -53,6 +54,7 @@ async function load({ id, options }) {
   const files = { cache: options.cache !== false };
   const { url, kind } = resolveModel(options.model, { hfEndpoint: options.hfEndpoint });
   const chatTemplate = options.chatTemplate ?? null;
+  state.model = modelName(options.model);
   if (kind === 'folder') {
     // The small files first: a wrong model location fails in milliseconds, before Pyodide boots.
     const config = await readJson(url, 'config.json', files);
@@ -169,6 +171,33 @@ async function generate(message) {
   const ids = promptIds(message);
   if (adapter !== undefined) callBridge(state.engine, 'set_adapter', { name: adapter }); // null: the base model
   callBridge(state.engine, 'start', { promptIds: ids, eosIds: state.text.eosIds, options });
+  for await (const step of steps(id)) send({ type: 'chunk', id, chunk: step });
+}
+
+/**
+ * An OpenAI completion. Python checks the body and says what to tokenize, JavaScript tokenizes it (the
+ * chat template runs here), Python generates and shapes the answer. The request JSON is made here and
+ * the answers parsed here, not by callBridge, which would rename keys: OpenAI's objects keep their names.
+ */
+async function completion({ id, kind, body }) {
+  const request = (more) => JSON.stringify({ kind, body, ...more });
+  const source = JSON.parse(callBridge(state.engine, 'check_completion', request()).source);
+  let ids;
+  if (kind === 'chat') ids = state.text.encodeChat(source.messages, { tools: source.tools });
+  else ids = Array.isArray(source.prompt) ? source.prompt : state.text.encode(source.prompt);
+  const start = { prompt_ids: ids, eos_ids: state.text.eosIds, model: state.model };
+  callBridge(state.engine, 'start_completion', request(start));
+  for await (const step of steps(id)) {
+    for (const chunk of JSON.parse(step.events)) send({ type: 'chunk', id, chunk });
+    if (step.result !== undefined) send({ type: 'result', id, result: JSON.parse(step.result) });
+  }
+}
+
+/**
+ * The chunks of the generation just started, one per token, until the one with a finish reason. Between
+ * two, the event loop runs: an abort of request `id` stops the generation there (an AbortError).
+ */
+async function* steps(id) {
   for (;;) {
     await yieldToEventLoop();
     if (state.aborted.delete(id)) {
@@ -178,7 +207,7 @@ async function generate(message) {
     const step = callBridge(state.engine, 'step');
     if (step === null) return;
     if (step.prefilling) continue; // a long prompt between two forward calls: an abort can come in
-    send({ type: 'chunk', id, chunk: step });
+    yield step;
     if (step.finishReason !== null) return;
   }
 }
@@ -221,10 +250,11 @@ const HANDLERS = {
   load,
   dispose: async () => {
     state.engine?.destroy();
-    state.engine = state.text = null;
+    state.engine = state.text = state.model = null;
   },
   generate,
   chat: generate,
+  completion,
   tokenize: async (message) => send({ type: 'result', id: message.id, result: promptIds(message) }),
   cache_stats: answer('cache_stats'),
   adapt,
