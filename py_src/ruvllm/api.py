@@ -232,6 +232,7 @@ def load(
     chat_template: a Jinja chat template to use instead of the model's own (or for a model without one).
     """
     path = os.fspath(path)
+    name = model_name(path)
     if path.startswith("hf:"):
         from .files.hub import ensure_local
 
@@ -262,8 +263,19 @@ def load(
         kernels,
     )
     engine = Engine.from_store(config, store, options)
-    name = os.path.basename(os.path.normpath(path))
     return Model(engine, tokenizer, eos_token_ids(generation_config, engine, tokenizer), name)
+
+
+def model_name(path: str) -> str:
+    """The model's name in OpenAI answers, as the npm package gives it (hub.js modelName): the file or
+    folder name without `.gguf`; for a hub name, its GGUF file's name or else the repo's."""
+    if path.startswith("hf:"):
+        from .files.hub import parse
+
+        hub = parse(path)
+        path = hub.file or hub.repo
+    last = os.path.basename(os.path.normpath(path))
+    return (last[: -len(".gguf")] if last.lower().endswith(".gguf") else last) or "ruvllm"
 
 
 def calibration_text() -> str:
