@@ -119,3 +119,54 @@ def test_requests_that_cannot_fit_are_refused_with_the_reason(smollm2):
     assert len(received) == 1 and isinstance(received[0], ContextFullError)
     assert "needs 4 KV blocks; there are 2" in str(received[0])
     assert not scheduler.waiting and scheduler.metrics.refused == 2  # at submit, then at admission
+
+
+@pytest.mark.parametrize("cold", ["int8", "int4"])
+def test_blocks_past_the_hot_window_go_cold_and_batching_still_changes_nothing(smollm2_dir, cold):
+    """With hot_tokens, whole blocks older than each sequence's newest positions become int8/int4 codes
+    (their float32 slots reused); every sequence still decodes the same tokens batched as alone."""
+    import ruvllm
+    from ruvllm.model.cache import KVOptions
+
+    model = ruvllm.load(smollm2_dir, kv=KVOptions(hot_tokens=16, cold=cold))
+    story = "Once upon a time, in a small village by the sea, there lived an old fisherman and his cat."
+    prompts = [model.tokenizer.encode(f"Chapter {n}. {story}") for n in range(4)]  # no common prefix
+    jobs = [(i, ids, greedy(10 + 2 * i)) for i, ids in enumerate(prompts)]
+    batched = Scheduler(model.engine, max_concurrent=4, max_context=128, block_size=8)
+    seen_cold = []
+    outputs: list[list] = [[] for _ in jobs]
+    for step in range(200):
+        for i, (join, ids, options) in enumerate(jobs):
+            if join == step:
+                batched.submit(ids, options, outputs[i].append, model.eos_token_ids)
+        batched.step()
+        seen_cold.append(batched.pool.cold_blocks)
+        if step > 4 and not batched.running:
+            break
+    assert max(seen_cold) >= 4 * 2  # each sequence's old blocks went cold
+    for (_, ids, options), out in zip(jobs, outputs, strict=True):
+        alone = Scheduler(model.engine, max_concurrent=1, max_context=128, block_size=8)
+        assert ids_of(out) == ids_of(run(alone, [(0, ids, options)], model)[0])
+
+
+def test_a_cold_block_reads_back_within_half_a_quantization_step(smollm2):
+    from ruvllm.model.paged import BlockPool
+
+    config = smollm2.config
+    pool = BlockPool(config, count=4, size=8, cold="int8")
+    pool.reserve(2)
+    first, second = pool.take(), pool.take()
+    rng = np.random.default_rng(0)
+    for layer in range(config.num_hidden_layers):
+        pool.k[layer][:, pool.slot[first]] = rng.standard_normal(pool.k[layer][:, 0].shape)
+        pool.v[layer][:, pool.slot[first]] = rng.standard_normal(pool.v[layer][:, 0].shape)
+    before = [(pool.k[i][:, pool.slot[first]].copy(), pool.v[i][:, pool.slot[first]].copy()) for i in range(3)]
+    slot = pool.slot[first]
+    pool.freeze(first)
+    assert pool.is_cold[first] and pool.slot[first] == -1 and pool.free_slots[-1] == slot  # the slot is reused next
+    for layer, (k, v) in enumerate(before):
+        keys, values = pool.gather(layer, np.array([first, second]))  # (K, 2, B, E)
+        for original, read, scales in ((k, keys[:, 0], pool.k_scales[layer][:, first]),
+                                       (v, values[:, 0], pool.v_scales[layer][:, first])):  # fmt: skip
+            assert np.all(np.abs(read - original) <= scales[..., None] / 2 + 1e-6)
+            assert np.abs(read - original).max() > 0  # really quantized

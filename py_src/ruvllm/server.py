@@ -120,6 +120,13 @@ class Service:
         metric("ruvllm_batch_rows", "gauge", "Rows (tokens) in the latest batched forward.", stats["last_batch_rows"])
         metric("ruvllm_kv_blocks_total", "gauge", "KV cache blocks in the pool.", stats["kv_blocks_total"])
         metric("ruvllm_kv_blocks_used", "gauge", "KV cache blocks held by sequences.", stats["kv_blocks_used"])
+        metric(
+            "ruvllm_kv_blocks_cold",
+            "gauge",
+            "KV blocks kept as int8/int4 codes (--hot-tokens).",
+            stats["kv_blocks_cold"],
+        )
+        metric("ruvllm_kv_hot_slots", "gauge", "float32 KV block slots in use.", stats["kv_hot_slots"])
         metric("ruvllm_kv_block_size", "gauge", "Positions per KV cache block.", stats["kv_block_size"])
         for (path, status), count in sorted(self.http_requests.items()):
             metric(

@@ -13,6 +13,13 @@ PagedAttention). A sequence holds a block table: its position p is at block `tab
 - `BlockPool.reserve` counts blocks before a sequence starts: a sequence is admitted only when the
   blocks it may need (prompt + max_tokens) are free, so no step ever runs out of blocks mid-way.
 
+With a cold format (the engine's `KVOptions`: `hot_tokens` and `cold`), blocks wholly older than a
+sequence's newest `hot_tokens` positions are quantized, as the solo cache's cold tier does per position
+(int8 or int4 codes with one float32 scale per head and position): a block's float32 slot goes back to
+be reused (most recently freed first, so the memory the process touches stays near the hot working
+set), and attention reads the block through its codes. Shared and registered blocks move too: every
+holder reads the same codes.
+
 A `PagedSequence` has the interface the forward expects of a cache (`layers[i].update_and_fetch`,
 `tokens`, `record`, ...), so the one forward of forward.py computes with it.
 
@@ -27,7 +34,8 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import ContextFullError
-from .cache import DenseSegment
+from ..files.formats import quantize_symmetric
+from .cache import COLD_FORMATS, DenseSegment, QuantSegment, pack_int4, unpack_int4
 from .config import ModelConfig
 from .forward import softmax
 
@@ -37,12 +45,22 @@ ROOT = (-1, 0)  # the "block before" the first block of every sequence
 class BlockPool:
     """Every layer's keys and values in `count` blocks of `size` positions: k[layer] (K, P, B, E)."""
 
-    def __init__(self, config: ModelConfig, count: int, size: int = 16) -> None:
-        K, E = config.num_key_value_heads, config.head_dim
+    def __init__(self, config: ModelConfig, count: int, size: int = 16, cold: str | None = None) -> None:
+        K, E, L = config.num_key_value_heads, config.head_dim, config.num_hidden_layers
         self.size, self.count = size, count
-        # np.zeros: the OS hands out pages as they are first written, so unused blocks cost no memory.
-        self.k = [np.zeros((K, count, size, E), np.float32) for _ in range(config.num_hidden_layers)]
-        self.v = [np.zeros((K, count, size, E), np.float32) for _ in range(config.num_hidden_layers)]
+        # np.zeros: the OS hands out pages as they are first written, so unused slots cost no memory.
+        self.k = [np.zeros((K, count, size, E), np.float32) for _ in range(L)]  # float32 slots
+        self.v = [np.zeros((K, count, size, E), np.float32) for _ in range(L)]
+        self.slot = np.full(count, -1, np.int64)  # block -> its float32 slot; -1: none (free, or cold)
+        self.free_slots = list(range(count - 1, -1, -1))  # taken from the end: the most recently freed
+        self.bits = COLD_FORMATS[cold] if cold else None
+        self.is_cold = np.zeros(count, bool)  # the block's keys and values are codes in the cold arrays
+        if self.bits:
+            width, dtype = (E, np.int8) if self.bits == 8 else (E // 2, np.uint8)
+            self.k_codes = [np.zeros((K, count, size, width), dtype) for _ in range(L)]  # by block id
+            self.v_codes = [np.zeros((K, count, size, width), dtype) for _ in range(L)]
+            self.k_scales = [np.zeros((K, count, size), np.float32) for _ in range(L)]
+            self.v_scales = [np.zeros((K, count, size), np.float32) for _ in range(L)]
         self.refs = [0] * count
         self.generation = [0] * count  # bumped when a block is reused: keys naming the old contents go stale
         self.empty = list(range(count - 1, -1, -1))  # free blocks holding nothing worth keeping
@@ -59,6 +77,15 @@ class BlockPool:
     @property
     def in_use(self) -> int:
         return self.count - self.free
+
+    @property
+    def cold_blocks(self) -> int:
+        return int(self.is_cold.sum())
+
+    @property
+    def hot_slots(self) -> int:
+        """float32 slots holding a block (the hot working set)."""
+        return self.count - len(self.free_slots)
 
     def bytes_per_block(self) -> int:
         return sum(k[:, 0].nbytes + v[:, 0].nbytes for k, v in zip(self.k, self.v, strict=True))
@@ -82,9 +109,46 @@ class BlockPool:
             block, _ = self.cached.popitem(last=False)  # the least recently freed registered block
             del self.by_key[self.key_of.pop(block)]
             self.generation[block] += 1
+        if self.slot[block] < 0:
+            self.slot[block] = self.free_slots.pop()
+        self.is_cold[block] = False
         self.refs[block] = 1
         self.reserved -= 1
         return block
+
+    def freeze(self, block: int) -> None:
+        """Quantize a full block into the cold arrays and give its float32 slot back."""
+        if self.is_cold[block]:
+            return
+        slot = self.slot[block]
+        for layer in range(len(self.k)):
+            for hot, codes, scales in (
+                (self.k[layer], self.k_codes[layer], self.k_scales[layer]),
+                (self.v[layer], self.v_codes[layer], self.v_scales[layer]),
+            ):
+                quantized, scale = quantize_symmetric(hot[:, slot], self.bits)  # (K, B, E), (K, B)
+                codes[:, block] = pack_int4(quantized) if self.bits == 4 else quantized
+                scales[:, block] = scale
+        self.free_slots.append(int(slot))
+        self.slot[block] = -1
+        self.is_cold[block] = True
+
+    def gather(self, layer: int, blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Keys and values of `blocks` (...,) as float32 (K, ..., B, E): cold ones dequantized."""
+        slots = self.slot[blocks]  # (...,)
+        keys, values = self.k[layer][:, slots], self.v[layer][:, slots]  # (K, ..., B, E)
+        cold = self.is_cold[blocks]  # (...,)
+        if cold.any():
+            pick = cold[None, ..., None, None]
+            keys = np.where(pick, self._dequantize(self.k_codes[layer], self.k_scales[layer], blocks), keys)
+            values = np.where(pick, self._dequantize(self.v_codes[layer], self.v_scales[layer], blocks), values)
+        return keys, values
+
+    def _dequantize(self, codes: np.ndarray, scales: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        picked = codes[:, blocks]  # (K, ..., B, E or E/2)
+        if self.bits == 4:
+            picked = unpack_int4(picked)
+        return picked * scales[:, blocks][..., None]  # (K, ..., B, E)
 
     def share(self, block: int) -> None:
         """Hold a registered block (a prefix another sequence computed). A block nobody held was counted
@@ -117,6 +181,14 @@ class BlockPool:
                 self.cached[block] = None  # findable until its room is needed
             else:
                 self.empty.append(block)
+                self._drop_contents(block)
+
+    def _drop_contents(self, block: int) -> None:
+        """A free block whose contents are worth nothing: its float32 slot serves others."""
+        if self.slot[block] >= 0:
+            self.free_slots.append(int(self.slot[block]))
+            self.slot[block] = -1
+        self.is_cold[block] = False
 
     def key(self, before: tuple[int, int], tokens: tuple[int, ...]) -> tuple:
         return (*before, tokens)
@@ -132,6 +204,7 @@ class BlockPool:
         """Forget every registered contents (the weights changed: cached keys and values are stale)."""
         for block in list(self.cached):
             self.empty.append(block)
+            self._drop_contents(block)
         self.cached.clear()
         for block in self.key_of:
             self.generation[block] += 1
@@ -145,27 +218,51 @@ class PagedLayer:
     def __init__(self, sequence: PagedSequence, layer: int) -> None:
         self.sequence, self.layer = sequence, layer
 
-    def update_and_fetch(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> list[DenseSegment]:
+    def update_and_fetch(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> list:
         """Write k, v (K, T, E) at `positions` (T,) into the sequence's blocks; return every position
-        up to the last one written, as one segment."""
-        pool, table = self.sequence.pool, self.sequence.table
-        blocks = np.asarray(table, dtype=np.int64)[positions // pool.size]  # (T,)
-        rows = positions % pool.size  # (T,)
+        up to the last one written: its cold blocks as one quantized segment, then the rest."""
+        pool, table, size = self.sequence.pool, np.asarray(self.sequence.table, dtype=np.int64), self.sequence.pool.size
+        slots = pool.slot[table[positions // size]]  # (T,) the newest blocks are never cold
+        rows = positions % size  # (T,)
         k_pool, v_pool = pool.k[self.layer], pool.v[self.layer]  # (K, P, B, E)
-        k_pool[:, blocks, rows], v_pool[:, blocks, rows] = k, v
+        k_pool[:, slots, rows], v_pool[:, slots, rows] = k, v
         end = int(positions[-1]) + 1
-        used = np.asarray(table[: -(-end // pool.size)], dtype=np.int64)
+        used = table[: -(-end // size)]
         K, E = k.shape[0], k.shape[2]
-        keys = k_pool[:, used].reshape(K, -1, E)[:, :end]  # (K, S, E)
-        values = v_pool[:, used].reshape(K, -1, E)[:, :end]  # (K, S, E)
-        return [DenseSegment(keys, values, np.arange(end))]
+        cold = int(pool.is_cold[used].sum())  # cold blocks come first: the oldest positions
+        segments = []
+        if cold:
+            frozen, at = used[:cold], cold * size
+            k_codes, v_codes = pool.k_codes[self.layer][:, frozen], pool.v_codes[self.layer][:, frozen]
+            if pool.bits == 4:
+                k_codes, v_codes = unpack_int4(k_codes), unpack_int4(v_codes)
+            segments.append(
+                QuantSegment(
+                    k_codes.reshape(K, at, E),
+                    pool.k_scales[self.layer][:, frozen].reshape(K, at),
+                    v_codes.reshape(K, at, E),
+                    pool.v_scales[self.layer][:, frozen].reshape(K, at),
+                    np.arange(at),
+                )
+            )
+        else:
+            at = 0
+        hot = pool.slot[used[cold:]]
+        keys = k_pool[:, hot].reshape(K, -1, E)[:, : end - at]  # (K, S, E)
+        values = v_pool[:, hot].reshape(K, -1, E)[:, : end - at]  # (K, S, E)
+        segments.append(DenseSegment(keys, values, np.arange(at, end)))
+        return segments
 
 
 class PagedSequence:
     """One sequence's block table over a `BlockPool`, at most `max_positions` positions."""
 
-    def __init__(self, pool: BlockPool, config: ModelConfig, max_positions: int, reserved: int) -> None:
+    def __init__(
+        self, pool: BlockPool, config: ModelConfig, max_positions: int, reserved: int, hot_tokens: int | None = None
+    ) -> None:
         self.pool, self.config, self.max_positions = pool, config, max_positions
+        self.hot_tokens = hot_tokens if pool.bits else None  # newest positions kept float32 (None: all)
+        self.frozen = 0  # blocks at the start of the table known to be cold
         self.table: list[int] = []
         self.tokens: list[int] = []
         self.layers = [PagedLayer(self, i) for i in range(config.num_hidden_layers)]
@@ -207,6 +304,10 @@ class PagedSequence:
             key = self.pool.key(before, tuple(self.tokens[i * size : (i + 1) * size]))
             self.pool.register(self.table[i], key)
             self.registered += 1
+        if self.hot_tokens is not None:  # whole blocks older than the newest hot_tokens positions go cold
+            while (self.frozen + 1) * size <= len(self.tokens) - self.hot_tokens:
+                self.pool.freeze(self.table[self.frozen])
+                self.frozen += 1
 
     def decode_attention(
         self,
@@ -254,16 +355,15 @@ def decode_attention(
     G, size = H // K, pool.size
     positions = np.array([len(s.tokens) for s in sequences])  # (B,) where each new token goes
     blocks = -(-(int(positions.max()) + 1) // size)
-    tables = np.zeros((B, blocks), np.int64)  # (B, blocks) padded with block 0: masked below
+    tables = np.full((B, blocks), sequences[0].table[0], np.int64)  # padded with a block in use: masked below
     for i, s in enumerate(sequences):
         used = s.table[:blocks]
         tables[i, : len(used)] = used
-    k_pool, v_pool = pool.k[layer], pool.v[layer]  # (K, P, B, E)
-    at = tables[np.arange(B), positions // size]  # (B,) the block of each new token
-    k_pool[:, at, positions % size], v_pool[:, at, positions % size] = k, v
+    at = pool.slot[tables[np.arange(B), positions // size]]  # (B,) the slot of each new token's block
+    pool.k[layer][:, at, positions % size], pool.v[layer][:, at, positions % size] = k, v
     S = blocks * size
-    keys = k_pool[:, tables].reshape(K, B, S, E)  # (K, B, S, E)
-    values = v_pool[:, tables].reshape(K, B, S, E)  # (K, B, S, E)
+    keys, values = pool.gather(layer, tables)  # (K, B, blocks, size, E) each
+    keys, values = keys.reshape(K, B, S, E), values.reshape(K, B, S, E)  # (K, B, S, E)
     queries = q.reshape(K, G, B, E).transpose(0, 2, 1, 3)  # (K, B, G, E)
     scores = queries @ keys.transpose(0, 1, 3, 2)  # (K, B, G, S)
     scores *= np.float32(config.attention_scale)

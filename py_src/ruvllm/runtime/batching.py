@@ -14,7 +14,10 @@ Each `Scheduler.step`:
    sequences leave and free their blocks.
 
 Prompts that start alike share KV blocks (paged.BlockPool): a system prompt common to many requests is
-computed once. A sequence decodes the same tokens batched as alone (tests/test_batching.py).
+computed once. With the engine's KVOptions `hot_tokens` and `cold`, blocks older than each sequence's
+newest `hot_tokens` positions are kept as int8/int4 codes (the byte budget and attention sinks of the
+solo cache do not apply: admission reserves every block a request may need). A sequence decodes the
+same tokens batched as alone (tests/test_batching.py).
 
 The scheduler is not thread-safe by itself beyond `submit`/`cancel`: one thread runs `step` (or
 `run`), any thread may submit and cancel.
@@ -105,7 +108,10 @@ class Scheduler:
                 f"max_context must be an integer in [1, {engine.config.max_position_embeddings}], got {max_context!r}"
             )
         per_sequence = -(-self.max_context // block_size)
-        self.pool = BlockPool(engine.config, blocks or max_concurrent * per_sequence, block_size)
+        kv = engine.kv  # hot_tokens and cold: blocks older than the newest hot_tokens positions are quantized
+        self.hot_tokens = kv.hot_tokens
+        cold = kv.cold if kv.hot_tokens is not None else None
+        self.pool = BlockPool(engine.config, blocks or max_concurrent * per_sequence, block_size, cold)
         self.prefill_tokens = max(1, prefill_tokens)
         self.waiting: deque[Request] = deque()
         self.running: list[Running] = []
@@ -164,6 +170,8 @@ class Scheduler:
             "kv_blocks_total": pool.count,
             "kv_blocks_used": pool.in_use,
             "kv_blocks_reserved": pool.reserved,
+            "kv_blocks_cold": pool.cold_blocks,
+            "kv_hot_slots": pool.hot_slots,
             "kv_block_size": pool.size,
             **vars(self.metrics),
         }
@@ -258,7 +266,7 @@ class Scheduler:
             return True  # leaves the queue
         if not pool.reserve(needed):
             return False
-        cache = PagedSequence(pool, self.engine.config, self.max_context, fresh)
+        cache = PagedSequence(pool, self.engine.config, self.max_context, fresh, self.hot_tokens)
         cached = cache.share_prefix(prompt, shared, root)
         decoder = Decoder(prompt, request.options, request.eos, self.max_context, request.constraint)
         self.running.append(Running(request, cache, decoder, cached, cached, time.perf_counter()))
