@@ -170,3 +170,18 @@ def test_a_cold_block_reads_back_within_half_a_quantization_step(smollm2):
                                        (v, values[:, 0], pool.v_scales[layer][:, first])):  # fmt: skip
             assert np.all(np.abs(read - original) <= scales[..., None] / 2 + 1e-6)
             assert np.abs(read - original).max() > 0  # really quantized
+
+
+def test_a_receiver_that_fails_ends_its_own_request_only(smollm2):
+    scheduler = Scheduler(smollm2.engine, max_concurrent=2, max_context=64)
+
+    def gone(step):
+        raise RuntimeError("Event loop is closed")
+
+    received: list = []
+    scheduler.submit(smollm2.tokenizer.encode(PROMPTS[0]), greedy(50), gone)
+    scheduler.submit(smollm2.tokenizer.encode(PROMPTS[1]), greedy(6), received.append)
+    for _ in range(10):
+        scheduler.step()
+    assert ids_of(received) == solo(smollm2, smollm2.tokenizer.encode(PROMPTS[1]), greedy(6))
+    assert not scheduler.running and scheduler.pool.in_use == 0

@@ -229,8 +229,10 @@ class Scheduler:
                 continue
             made += 1
             self.metrics.generated_tokens += 1
-            running.request.on_step(step)
-            if step.finish_reason is not None:
+            if not self._deliver(running.request, step):
+                self.metrics.cancelled += 1
+                self._finish(running, notify=False)
+            elif step.finish_reason is not None:
                 self._finish(running)
         return made
 
@@ -309,5 +311,12 @@ class Scheduler:
         self._deliver(request, error)
 
     @staticmethod
-    def _deliver(request: Request, item: Step | BaseException) -> None:
-        request.on_step(item)
+    def _deliver(request: Request, item: Step | BaseException) -> bool:
+        """Hand `item` to the request's callback; False if the callback failed (its receiver is gone: an
+        event loop that closed), which ends the request, never the scheduler."""
+        try:
+            request.on_step(item)
+        except Exception:  # whatever the receiver raised, the other sequences go on
+            request.cancelled = True
+            return False
+        return True
