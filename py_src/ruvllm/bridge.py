@@ -353,7 +353,7 @@ class EngineHandle:
         eos = _ids(request.get("eos_ids", []), "eos_ids")
         prepared = finish(checked, ids, self.engine.context_length, request.get("model") or "ruvllm")
         constraint = None
-        if prepared.grammar is not None or prepared.tool_choice != "none":
+        if prepared.constrained:
             key = tuple(sorted(eos))
             if key not in self.vocabularies:  # built once per set of EOS ids (about a second for 50k tokens)
                 size = self.engine.config.vocab_size

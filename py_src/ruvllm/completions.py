@@ -1,11 +1,13 @@
 """OpenAI's chat completion and completion shapes, for `Model.create_chat_completion` /
 `Model.create_completion` (llama-cpp-python's names) and for `ruvllm serve`.
 
-A request body is checked once (`prepare`): every field OpenAI defines that we honour is turned into
-generation options, a token constraint (response_format, tool calls) and the prompt's token ids;
-fields we cannot honour are refused by name; a few that clients send by default are accepted and
-ignored (IGNORED). Responses are built from the text layer's `Chunk`s as they come (`Response`), so
-the solo API and the batching server shape them with the same code.
+A request body is checked once (`check`): every field OpenAI defines that we honour is turned into
+generation options and a grammar for the token constraint (response_format, tool calls); fields we
+cannot honour are refused by name; a few that clients send by default are accepted and ignored
+(IGNORED). Its prompt is then tokenized (`prepare` on CPython; the browser worker tokenizes in
+JavaScript) and `finish` makes the `Prepared` request. Responses are built from the text layer's
+`Chunk`s as they come (`Response`), so the solo API, the worker and the batching server shape them
+with the same code.
 
 Defaults follow OpenAI, not ruvllm's `generate`: temperature 1, top_p 1, no top-k or min-p, and no
 max_tokens bound but the context window.
@@ -72,6 +74,11 @@ class Prepared:
     grammar: Grammar | None = None  # output constrained from the first token
     tools: list[dict] = field(default_factory=list)
     tool_choice: str | dict = "none"
+
+    @property
+    def constrained(self) -> bool:
+        """Whether generation needs a token constraint (and so the prepared Vocabulary)."""
+        return self.grammar is not None or self.tool_choice != "none"
 
     def constraint(self, vocabulary: Vocabulary) -> Matcher | ToolCallTrigger | None:
         """A fresh constraint for one generation of this request (it keeps state)."""

@@ -55,9 +55,7 @@ class Service:
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Step | BaseException] = asyncio.Queue()
         model = self.model
-        constraint = None
-        if prepared.grammar is not None or prepared.tool_choice != "none":
-            constraint = prepared.constraint(model.vocabulary)
+        constraint = prepared.constraint(model.vocabulary) if prepared.constrained else None
         text = TextStream(
             model.tokenizer.detokenizer(), len(prepared.prompt_ids), prepared.options.stop, model.eos_token_ids
         )
