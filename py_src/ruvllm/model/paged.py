@@ -43,7 +43,9 @@ ROOT = (-1, 0)  # the "block before" the first block of every sequence
 
 
 class BlockPool:
-    """Every layer's keys and values in `count` blocks of `size` positions: k[layer] (K, P, B, E)."""
+    """Every layer's keys and values for `count` blocks of `size` positions: float32 slots k[layer] and
+    v[layer] (K, P, B, E), block b in slot[b]; with a cold format, the codes and scales of cold blocks,
+    by block id (a cold block holds no slot)."""
 
     def __init__(self, config: ModelConfig, count: int, size: int = 16, cold: str | None = None) -> None:
         K, E, L = config.num_key_value_heads, config.head_dim, config.num_hidden_layers
@@ -86,9 +88,6 @@ class BlockPool:
     def hot_slots(self) -> int:
         """float32 slots holding a block (the hot working set)."""
         return self.count - len(self.free_slots)
-
-    def bytes_per_block(self) -> int:
-        return sum(k[:, 0].nbytes + v[:, 0].nbytes for k, v in zip(self.k, self.v, strict=True))
 
     def reserve(self, blocks: int) -> bool:
         """Promise `blocks` blocks to a sequence about to start; False if they are not all free."""
