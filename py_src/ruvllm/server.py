@@ -28,6 +28,26 @@ from .runtime.batching import Request, Scheduler
 from .runtime.generate import Step
 from .text.stream import TextStream
 
+# Prometheus metrics: (name, type, Scheduler.stats() key, help).
+METRICS = [
+    ("ruvllm_requests_total", "counter", "requests", "Generation requests submitted."),
+    ("ruvllm_requests_finished_total", "counter", "finished", "Requests that ran to their end."),
+    ("ruvllm_requests_cancelled_total", "counter", "cancelled", "Requests cancelled (client gone, stop string)."),
+    ("ruvllm_requests_refused_total", "counter", "refused", "Requests too long for the context or the KV blocks."),
+    ("ruvllm_prompt_tokens_total", "counter", "prompt_tokens", "Prompt tokens received."),
+    ("ruvllm_prompt_tokens_cached_total", "counter", "cached_prompt_tokens", "Prompt tokens in shared KV blocks."),
+    ("ruvllm_generated_tokens_total", "counter", "generated_tokens", "Tokens generated."),
+    ("ruvllm_steps_total", "counter", "steps", "Batched forward passes."),
+    ("ruvllm_queue_depth", "gauge", "waiting", "Requests waiting to start."),
+    ("ruvllm_running_sequences", "gauge", "running", "Sequences being generated."),
+    ("ruvllm_batch_sequences", "gauge", "last_batch_sequences", "Sequences in the latest batched forward."),
+    ("ruvllm_batch_rows", "gauge", "last_batch_rows", "Rows (tokens) in the latest batched forward."),
+    ("ruvllm_kv_blocks_total", "gauge", "kv_blocks_total", "KV cache blocks in the pool."),
+    ("ruvllm_kv_blocks_used", "gauge", "kv_blocks_used", "KV cache blocks held by sequences."),
+    ("ruvllm_kv_blocks_cold", "gauge", "kv_blocks_cold", "KV blocks kept as int8/int4 codes (--hot-tokens)."),
+    ("ruvllm_kv_hot_slots", "gauge", "kv_hot_slots", "float32 KV block slots in use."),
+    ("ruvllm_kv_block_size", "gauge", "kv_block_size", "Positions per KV cache block."),
+]
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client went away
 
 
@@ -84,57 +104,13 @@ class Service:
         """Prometheus text exposition."""
         stats = self.scheduler.stats()
         lines = []
-
-        def metric(name: str, kind: str, help_text: str, value: float, labels: str = "") -> None:
-            if not any(line.startswith(f"# HELP {name} ") for line in lines):
-                lines.extend([f"# HELP {name} {help_text}", f"# TYPE {name} {kind}"])
-            lines.append(f"{name}{labels} {value}")
-
-        metric("ruvllm_requests_total", "counter", "Generation requests submitted.", stats["requests"])
-        metric("ruvllm_requests_finished_total", "counter", "Requests that ran to their end.", stats["finished"])
-        metric(
-            "ruvllm_requests_cancelled_total", "counter", "Requests cancelled (client gone, stop).", stats["cancelled"]
-        )
-        metric(
-            "ruvllm_requests_refused_total",
-            "counter",
-            "Requests refused (too long for the context or the KV blocks).",
-            stats["refused"],
-        )
-        metric("ruvllm_prompt_tokens_total", "counter", "Prompt tokens received.", stats["prompt_tokens"])
-        metric(
-            "ruvllm_prompt_tokens_cached_total",
-            "counter",
-            "Prompt tokens whose KV blocks were shared.",
-            stats["cached_prompt_tokens"],
-        )
-        metric("ruvllm_generated_tokens_total", "counter", "Tokens generated.", stats["generated_tokens"])
-        metric("ruvllm_steps_total", "counter", "Batched forward passes.", stats["steps"])
-        metric("ruvllm_queue_depth", "gauge", "Requests waiting to start.", stats["waiting"])
-        metric("ruvllm_running_sequences", "gauge", "Sequences being generated.", stats["running"])
-        metric(
-            "ruvllm_batch_sequences", "gauge", "Sequences in the latest batched forward.", stats["last_batch_sequences"]
-        )
-        metric("ruvllm_batch_rows", "gauge", "Rows (tokens) in the latest batched forward.", stats["last_batch_rows"])
-        metric("ruvllm_kv_blocks_total", "gauge", "KV cache blocks in the pool.", stats["kv_blocks_total"])
-        metric("ruvllm_kv_blocks_used", "gauge", "KV cache blocks held by sequences.", stats["kv_blocks_used"])
-        metric(
-            "ruvllm_kv_blocks_cold",
-            "gauge",
-            "KV blocks kept as int8/int4 codes (--hot-tokens).",
-            stats["kv_blocks_cold"],
-        )
-        metric("ruvllm_kv_hot_slots", "gauge", "float32 KV block slots in use.", stats["kv_hot_slots"])
-        metric("ruvllm_kv_block_size", "gauge", "Positions per KV cache block.", stats["kv_block_size"])
+        for name, kind, key, help_text in METRICS:
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name} {stats[key]}"]
+        name = "ruvllm_http_requests_total"
+        lines += [f"# HELP {name} HTTP requests by path and status.", f"# TYPE {name} counter"]
         for (path, status), count in sorted(self.http_requests.items()):
-            metric(
-                "ruvllm_http_requests_total",
-                "counter",
-                "HTTP requests by path and status.",
-                count,
-                f'{{path="{path}",status="{status}"}}',
-            )
-        return "\n".join(lines) + "\n"  # fmt: skip
+            lines.append(f'{name}{{path="{path}",status="{status}"}} {count}')
+        return "\n".join(lines) + "\n"
 
 
 def create_app(service: Service):

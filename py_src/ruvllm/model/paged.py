@@ -317,9 +317,36 @@ class PagedSequence:
         layer: int,
         window: int | None,
     ) -> np.ndarray:
-        """Attention of several sequences (this one among them) reading one new token each: the batched
-        decode step of paged attention. See `decode_attention`."""
-        return decode_attention(q, k, v, sequences, layer, window, self.config)
+        """Attention of B sequences of this pool (this one among them) reading one new token each: the
+        batched decode step of paged attention. q (H, B, E), k and v (K, B, E) of their new tokens, each
+        at the position after the ones its sequence holds. Stores k and v in each sequence's block, then
+        computes every sequence's attention in one batched product over its blocks, padded to the
+        longest (the padding masked). Returns (B, H*E). The same softmax attention as forward.attend,
+        without a loop in Python."""
+        pool = self.pool
+        H, B, E = q.shape
+        K = k.shape[0]
+        G, size = H // K, pool.size
+        positions = np.array([len(s.tokens) for s in sequences])  # (B,) where each new token goes
+        blocks = -(-(int(positions.max()) + 1) // size)
+        tables = np.full((B, blocks), sequences[0].table[0], np.int64)  # padded with a block in use: masked below
+        for i, s in enumerate(sequences):
+            used = s.table[:blocks]
+            tables[i, : len(used)] = used
+        at = pool.slot[tables[np.arange(B), positions // size]]  # (B,) the slot of each new token's block
+        pool.k[layer][:, at, positions % size], pool.v[layer][:, at, positions % size] = k, v
+        S = blocks * size
+        keys, values = pool.gather(layer, tables)  # (K, B, blocks, size, E) each
+        keys, values = keys.reshape(K, B, S, E), values.reshape(K, B, S, E)  # (K, B, S, E)
+        queries = q.reshape(K, G, B, E).transpose(0, 2, 1, 3)  # (K, B, G, E)
+        scores = queries @ keys.transpose(0, 1, 3, 2)  # (K, B, G, S)
+        scores *= np.float32(self.config.attention_scale)
+        hidden = np.arange(S)[None, :] > positions[:, None]  # (B, S) padding and other sequences' rows
+        if window is not None:
+            hidden |= positions[:, None] - np.arange(S)[None, :] >= window
+        scores += np.where(hidden, np.float32(-np.inf), np.float32(0))[None, :, None, :]  # (K, B, G, S)
+        out = softmax(scores) @ values  # (K, B, G, S) @ (K, B, S, E) -> (K, B, G, E)
+        return out.transpose(1, 0, 2, 3).reshape(B, H * E)  # (B, H*E)
 
     def keep_within_budget(self) -> None:
         """Nothing to drop: admission reserved every block this sequence may need."""
@@ -333,42 +360,3 @@ class PagedSequence:
             self.pool.release(block)
         self.pool.unreserve(self.reserved)
         self.table, self.reserved = [], 0
-
-
-def decode_attention(
-    q: np.ndarray,
-    k: np.ndarray,
-    v: np.ndarray,
-    sequences: list[PagedSequence],
-    layer: int,
-    window: int | None,
-    config: ModelConfig,
-) -> np.ndarray:
-    """q (H, B, E), k and v (K, B, E): the one new token of each of B sequences sharing a pool, at the
-    position after the ones each holds. Stores k and v in each sequence's block, then computes every
-    sequence's attention in one batched product over its blocks, padded to the longest (the padding
-    masked). Returns (B, H*E). The same softmax attention as forward.attend, without a loop in Python."""
-    pool = sequences[0].pool
-    H, B, E = q.shape
-    K = k.shape[0]
-    G, size = H // K, pool.size
-    positions = np.array([len(s.tokens) for s in sequences])  # (B,) where each new token goes
-    blocks = -(-(int(positions.max()) + 1) // size)
-    tables = np.full((B, blocks), sequences[0].table[0], np.int64)  # padded with a block in use: masked below
-    for i, s in enumerate(sequences):
-        used = s.table[:blocks]
-        tables[i, : len(used)] = used
-    at = pool.slot[tables[np.arange(B), positions // size]]  # (B,) the slot of each new token's block
-    pool.k[layer][:, at, positions % size], pool.v[layer][:, at, positions % size] = k, v
-    S = blocks * size
-    keys, values = pool.gather(layer, tables)  # (K, B, blocks, size, E) each
-    keys, values = keys.reshape(K, B, S, E), values.reshape(K, B, S, E)  # (K, B, S, E)
-    queries = q.reshape(K, G, B, E).transpose(0, 2, 1, 3)  # (K, B, G, E)
-    scores = queries @ keys.transpose(0, 1, 3, 2)  # (K, B, G, S)
-    scores *= np.float32(config.attention_scale)
-    hidden = np.arange(S)[None, :] > positions[:, None]  # (B, S) padding and other sequences' rows
-    if window is not None:
-        hidden |= positions[:, None] - np.arange(S)[None, :] >= window
-    scores += np.where(hidden, np.float32(-np.inf), np.float32(0))[None, :, None, :]  # (K, B, G, S)
-    out = softmax(scores) @ values  # (K, B, G, S) @ (K, B, S, E) -> (K, B, G, E)
-    return out.transpose(1, 0, 2, 3).reshape(B, H * E)  # (B, H*E)
