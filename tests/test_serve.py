@@ -184,3 +184,22 @@ def test_a_client_that_disconnects_frees_its_sequence(server):
     assert after["ruvllm_requests_cancelled_total"] >= 1
     assert after["ruvllm_generated_tokens_total"] < after["ruvllm_requests_total"] * 400  # it stopped early
     assert 'ruvllm_http_requests_total{path="/v1/chat/completions",status="200"}' in after
+
+
+def test_a_generation_that_fails_gives_the_client_the_reason_and_the_server_goes_on(client, smollm2, monkeypatch):
+    engine = smollm2.engine
+    real = engine.forward_batch
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the kernel fell over")
+
+    monkeypatch.setattr(engine, "forward_batch", broken)
+    with pytest.raises(openai.InternalServerError, match="internal error: RuntimeError: the kernel fell over"):
+        client.chat.completions.create(model="any", messages=chat("Hi"), max_tokens=4)
+    stream = client.chat.completions.create(model="any", messages=chat("Hi"), max_tokens=4, stream=True)
+    with pytest.raises(openai.APIError, match="the kernel fell over"):
+        list(stream)
+    monkeypatch.setattr(engine, "forward_batch", real)
+    answer = client.chat.completions.create(model="any", messages=chat("Hi"), max_tokens=4, temperature=0)
+    expected = smollm2.create_chat_completion(chat("Hi"), max_tokens=4, temperature=0)
+    assert answer.choices[0].message.content == expected["choices"][0]["message"]["content"]

@@ -148,12 +148,11 @@ def create_app(service: Service):
             await asyncio.wait([work], timeout=DISCONNECT_POLL_S)
             if not work.done() and await http.is_disconnected():
                 work.cancel()  # the generator's `finally` cancels the sequence
-                count(path, 499)
-                return None
+                return answer(path, error_body("the client went away"), 499)
         try:
             work.result()
-        except RuvLLMError as e:
-            return answer(path, error_body(str(e), "server_error"), 500)
+        except Exception as e:  # the generation failed: the client gets the reason, the server goes on
+            return answer(path, error_body(_reason(e), "server_error"), 500)
         return answer(path, response.result())
 
     async def chat(http: HTTPRequest):
@@ -200,9 +199,16 @@ async def _sse(events: AsyncIterator[dict]) -> AsyncIterator[str]:
     try:
         async for event in events:
             yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
-    except RuvLLMError as e:
-        yield f"data: {json.dumps(error_body(str(e), 'server_error'))}\n\n"
+    except Exception as e:  # the generation failed mid-stream: the client gets the reason, the server goes on
+        yield f"data: {json.dumps(error_body(_reason(e), 'server_error'))}\n\n"
     yield "data: [DONE]\n\n"
+
+
+def _reason(error: Exception) -> str:
+    """A failed generation's message: ours as it is, anything else named as an internal error."""
+    if isinstance(error, RuvLLMError):
+        return str(error)
+    return f"internal error: {type(error).__name__}: {error}"
 
 
 def serve(model: Model, host: str = "127.0.0.1", port: int = 8080, max_concurrent: int = 8, max_context=None) -> None:
