@@ -26,8 +26,8 @@ const chats = [];
 for (const messages of input.conversations) {
   for (const addGenerationPrompt of [true, false]) {
     chats.push({
-      prompt: text.applyChatTemplate(messages, addGenerationPrompt),
-      ids: text.encodeChat(messages, addGenerationPrompt),
+      prompt: text.applyChatTemplate(messages, { addGenerationPrompt }),
+      ids: text.encodeChat(messages, { addGenerationPrompt }),
     });
   }
 }
