@@ -13,7 +13,7 @@ import os
 from ..errors import InvalidArgumentError, LoadError
 from ..files import jsonfields as fields
 from .chat_template import ChatTemplate
-from .detokenizer import StreamingDetokenizer, token_byte_table
+from .detokenizer import StreamingDetokenizer, special_token_ids, token_byte_table
 
 
 class Tokenizer:
@@ -35,6 +35,7 @@ class Tokenizer:
             raise LoadError(f"{source}: cannot be read ({e})") from None
         self.config = fields.obj(tokenizer_config, config_source)
         self.token_bytes, self._strip_space = token_byte_table(data)
+        self.special_ids = special_token_ids(data)  # control tokens, never text (constrained output)
         self.special_tokens = {
             name: _token_text(tokenizer_config, name, config_source)
             for name in ("bos_token", "eos_token", "unk_token", "pad_token")
@@ -61,11 +62,6 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return len(self.token_bytes)
-
-    @property
-    def special_ids(self) -> frozenset[int]:
-        """Ids of the tokenizer.json `added_tokens` marked `"special": true` (control tokens, never text)."""
-        return frozenset(i for i, token in self._tokenizer.get_added_tokens_decoder().items() if token.special)
 
     def token_id(self, text: str | None) -> int | None:
         return None if text is None else self._tokenizer.token_to_id(text)
