@@ -22,8 +22,8 @@ TOKENS = list(np.random.default_rng(4).integers(0, 128, 24))
 SCORED = np.arange(9, 23)  # predict tokens 10..23 from what precedes them
 
 
-def random_adapter(engine, targets=TARGETS, rank=2, seed=1) -> Adapter:
-    adapter = Adapter.new(engine.weights, LoRAConfig(rank=rank, alpha=3.0, targets=targets), seed=seed)
+def random_adapter(engine, targets=TARGETS, rank=2, seed=1, layers=None) -> Adapter:
+    adapter = Adapter.new(engine.weights, LoRAConfig(rank=rank, alpha=3.0, targets=targets, layers=layers), seed=seed)
     rng = np.random.default_rng(seed + 1)
     for name in adapter.B:  # a trained-looking adapter: B away from zero, so dA is not zero
         adapter.B[name][...] = rng.normal(0, 0.05, adapter.B[name].shape)
@@ -38,20 +38,28 @@ def activated(engine, adapter: Adapter) -> AdapterSet:
 
 
 VARIANTS = {
-    "llama GQA tied": ("llama", dict(tie_word_embeddings=True)),
-    "qwen2 biases": ("qwen2", dict()),
-    "mistral window": ("mistral", dict(sliding_window=7)),
+    "llama GQA tied": ("llama", dict(tie_word_embeddings=True), None, TARGETS),
+    "qwen2 biases": ("qwen2", dict(), None, TARGETS),
+    "mistral window": ("mistral", dict(sliding_window=7), None, TARGETS),
+    # the passes start at the adapter's lowest layer (2 of 4), entering with the states computed there;
+    # with down_proj alone, the backward stops inside that layer's MLP
+    "llama top layers": ("llama", dict(num_hidden_layers=4), (-2, -1), TARGETS),
+    "llama top down_proj": ("llama", dict(num_hidden_layers=4), (2, 3), ("down_proj",)),
+    # only the output projection: no decoder layer runs per step
+    "llama lm_head": ("llama", dict(tie_word_embeddings=True), None, ("lm_head",)),
 }
 
 
 @pytest.mark.parametrize("variant", list(VARIANTS))
 def test_gradients_equal_torch_autograd(variant, tmp_path):
-    kind, overrides = VARIANTS[variant]
+    kind, overrides, layers, targets = VARIANTS[variant]
     model = tiny_model(kind, tmp_path, **overrides)
     engine = load_engine(str(tmp_path))
-    adapter = random_adapter(engine)
+    adapter = random_adapter(engine, targets, layers=layers)
+    assert adapter.lowest_layer == (None if targets == ("lm_head",) else 0 if layers is None else 2)
     activated(engine, adapter)
-    loss, _, grads = adapter_gradients(engine, adapter, TOKENS, SCORED, reward=1.5)
+    result, grads = adapter_gradients(engine, adapter, TOKENS, SCORED, reward=1.5)
+    loss = result.loss
 
     # The same loss in torch: every targeted weight W replaced by W + scale * B @ A, A and B leaves.
     leaves, params = {}, dict(model.named_parameters(remove_duplicate=False))
@@ -76,7 +84,7 @@ def test_gradients_match_finite_differences(tmp_path):
     engine = load_engine(str(tmp_path))
     adapter = random_adapter(engine, targets=("q_proj", "v_proj", "down_proj"))
     activated(engine, adapter)
-    _, _, grads = adapter_gradients(engine, adapter, TOKENS, SCORED, reward=1.0)
+    _, grads = adapter_gradients(engine, adapter, TOKENS, SCORED, reward=1.0)
     rng = np.random.default_rng(0)
     checked = 0
     for key, array in adapter.parameters():
@@ -85,9 +93,9 @@ def test_gradients_match_finite_differences(tmp_path):
             original = array[index]
             eps = 1e-2
             array[index] = original + eps
-            plus = adapter_gradients(engine, adapter, TOKENS, SCORED, 1.0)[0]
+            plus = adapter_gradients(engine, adapter, TOKENS, SCORED, 1.0)[0].loss
             array[index] = original - eps
-            minus = adapter_gradients(engine, adapter, TOKENS, SCORED, 1.0)[0]
+            minus = adapter_gradients(engine, adapter, TOKENS, SCORED, 1.0)[0].loss
             array[index] = original
             numeric = (plus - minus) / (2 * eps)
             assert grads[key][index] == pytest.approx(numeric, rel=0.05, abs=2e-4), key
@@ -242,12 +250,16 @@ def test_bad_adapter_files_are_refused(tmp_path):
 def test_our_adapters_load_in_peft(tmp_path):
     from peft import PeftModel
 
-    model = tiny_model("llama", tmp_path / "m")
-    engine = load_engine(str(tmp_path / "m"))
-    adapter = random_adapter(engine, targets=("k_proj", "o_proj", "up_proj"), rank=2)
-    activated(engine, adapter)
-    ours = engine.forward(TOKENS, 0, engine.new_cache())
-    adapter.save(str(tmp_path / "a"))
-    peft_model = PeftModel.from_pretrained(model, str(tmp_path / "a"))
-    with torch.no_grad():
-        np.testing.assert_allclose(peft_model(torch.tensor([TOKENS])).logits[0].numpy(), ours, atol=1e-4)
+    tiny_model("llama", tmp_path / "m")
+    for layers in (None, (-1,)):  # every layer; the top one only (PEFT's layers_to_transform)
+        engine = load_engine(str(tmp_path / "m"))
+        adapter = random_adapter(engine, targets=("k_proj", "o_proj", "up_proj"), rank=2, layers=layers)
+        activated(engine, adapter)
+        ours = engine.forward(TOKENS, 0, engine.new_cache())
+        folder = tmp_path / f"a{layers}"
+        adapter.save(str(folder))
+        peft_model = PeftModel.from_pretrained(tiny_model("llama"), str(folder))  # the same seeded model
+        assert peft_model.peft_config["default"].layers_to_transform == (None if layers is None else [1])
+        with torch.no_grad():
+            np.testing.assert_allclose(peft_model(torch.tensor([TOKENS])).logits[0].numpy(), ours, atol=1e-4)
+        assert Adapter.load(str(folder), engine.weights).config.layers == (None if layers is None else (1,))

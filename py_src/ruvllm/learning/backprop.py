@@ -1,10 +1,15 @@
-"""Gradients of a sequence's log-likelihood with respect to LoRA adapters, through the whole network.
+"""Gradients of a sequence's log-likelihood with respect to LoRA adapters, through the network.
 
 `loss_and_grads` runs the inference forward (model/forward.py) over one whole sequence, from an empty
-float32 cache, with a tape that keeps what the backward pass needs, then walks back from the logits to
-the first layer. Only adapter matrices (`LoRAMatrix`) get gradients; base weights stay frozen, but
-every activation's gradient flows through them. Being the one forward, a change to it cannot leave the
-gradients behind unnoticed.
+float32 cache, with a tape that keeps what the backward pass needs, then walks back from the logits.
+Only adapter matrices (`LoRAMatrix`) get gradients; base weights stay frozen, but every activation's
+gradient flows through them. Being the one forward, a change to it cannot leave the gradients behind
+unnoticed.
+
+Nothing below the lowest adapted layer depends on the adapter, so the forward and the backward run
+from that layer up only, given the hidden states entering it (`entering`: kept by the cache of the
+generation that produced the text, or computed once per lesson by `entering_states`). An adapter on
+the top layers costs a few layers per step, not the whole network.
 
     loss = -reward * mean_i log p(target_i | tokens before it)   over the chosen positions
 
@@ -14,15 +19,25 @@ G = H/K, E head size, F MLP size, V vocab, r rank.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
-from ..model.forward import Tape, hidden, logits, rms_norm, silu
+from ..model.forward import Masks, Sequence, Tape, embed, logits, rms_norm, run_layers, silu
 from ..model.rope import apply_rope, rope_tables
 from ..model.weights import Linear, Weights
 from ..quant.matrices import dense_product
 from .lora import LoRAMatrix
+
+
+@dataclass
+class Gradients:
+    loss: float
+    log_likelihood: float  # mean over the scored positions
+    greedy: bool  # whether every target is the likeliest token at its position
+    by_matrix: dict[int, tuple[LoRAMatrix, np.ndarray, np.ndarray]]  # id(matrix): (matrix, dA, dB)
 
 
 def _transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
@@ -36,8 +51,8 @@ class _Grads:
     def __init__(self) -> None:
         self.by_matrix: dict[int, tuple[LoRAMatrix, np.ndarray, np.ndarray]] = {}
 
-    def linear_backward(self, lin: Linear, dy: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """dx for y = lin(x), given dy (T, N); records the adapter's dA, dB."""
+    def linear_backward(self, lin: Linear, dy: np.ndarray, x: np.ndarray, need_input: bool = True):
+        """dx for y = lin(x), given dy (T, N) (None unless `need_input`); records the adapter's dA, dB."""
         matrix = lin.matrix
         if isinstance(matrix, LoRAMatrix):
             z = x @ matrix.A.T  # (T, r)
@@ -48,8 +63,12 @@ class _Grads:
                 _, old_a, old_b = self.by_matrix[id(matrix)]
                 dA, dB = dA + old_a, dB + old_b
             self.by_matrix[id(matrix)] = (matrix, dA, dB)
-            return _transposed_product(dy, matrix.base) + dz @ matrix.A  # (T, K)
-        return _transposed_product(dy, matrix)  # (T, K)
+            return _transposed_product(dy, matrix.base) + dz @ matrix.A if need_input else None  # (T, K)
+        return _transposed_product(dy, matrix) if need_input else None  # (T, K)
+
+
+def _adapted(*linears: Linear) -> bool:
+    return any(isinstance(lin.matrix, LoRAMatrix) for lin in linears)
 
 
 def _rms_backward(dy: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -64,16 +83,37 @@ def _silu_grad(x: np.ndarray) -> np.ndarray:
     return sig * (1 + x * (1 - sig))
 
 
-def _run(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], tokens: np.ndarray) -> tuple:
-    """The inference forward over the whole sequence from an empty float32 cache: (hidden (T, D), tape)."""
+def entering_states(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], tokens, layer: int):
+    """The hidden states (T, D) entering decoder layer `layer` for `tokens` (T,) from position 0."""
+    return advance(weights, config, inv_freq, embed(weights, config, np.asarray(tokens)), range(layer))
+
+
+def advance(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], x: np.ndarray, layers: range):
+    """x (T, D), entering `layers.start` at positions 0..T-1, carried through `layers` (the inference
+    forward, no tape): the hidden states entering `layers.stop`."""
+    if not len(layers):
+        return x
+    positions = np.arange(len(x))
+    cache = KVCache(config, len(x), KVOptions())
+    return run_layers(weights, config, inv_freq, x, [Sequence(slice(None), positions, cache, Masks(positions))], layers)
+
+
+def _run(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], entering: np.ndarray, first: int):
+    """The inference forward of layers `first`.. over positions 0..T-1 entering with `entering` (T, D),
+    from an empty float32 cache: (the last layer's output (T, D), the tapes of those layers)."""
     tape = Tape()
-    cache = KVCache(config, len(tokens), KVOptions())
-    return hidden(weights, config, inv_freq, tokens, 0, cache, tape), tape.layers
+    T = len(entering)
+    positions = np.arange(T)
+    cache = KVCache(config, T, KVOptions())
+    batch = [Sequence(slice(None), positions, cache, Masks(positions))]
+    return run_layers(
+        weights, config, inv_freq, entering, batch, range(first, config.num_hidden_layers), tape
+    ), tape.layers
 
 
 def logits_for(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], tokens: list[int]) -> np.ndarray:
     """All logits (T, V) of the forward the backward pass runs on."""
-    x, _ = _run(weights, config, inv_freq, np.asarray(tokens))
+    x, _ = _run(weights, config, inv_freq, entering_states(weights, config, inv_freq, tokens, 0), 0)
     return logits(weights, config, x)
 
 
@@ -85,14 +125,21 @@ def loss_and_grads(
     scored: np.ndarray,
     reward: float = 1.0,
     soft_targets: np.ndarray | None = None,
-) -> tuple[float, float, dict[int, tuple[LoRAMatrix, np.ndarray, np.ndarray]]]:
-    """(loss, mean log-likelihood, {id(LoRAMatrix): (matrix, dA, dB)}) for predicting tokens[p + 1]
+    first: int = 0,
+    entering: np.ndarray | None = None,
+) -> Gradients:
+    """The loss, its gradients (by LoRAMatrix) and the targets' log-likelihood for predicting tokens[p + 1]
     from the positions p in `scored` (P,); with `soft_targets` (P, V) probabilities instead, the loss is
-    the cross-entropy to them (a KL divergence up to a constant), weighted by `reward`."""
+    the cross-entropy to them (a KL divergence up to a constant), weighted by `reward`.
+
+    The forward and backward run through layers `first`.. (no adapter may sit below it), entering with
+    `entering` (>= max(scored) + 1 rows, D): the hidden states there at positions 0.. (default: computed)."""
     tokens = np.asarray(tokens)
-    T = len(tokens)
+    T = int(scored.max()) + 1  # positions fed: the last one scored is the last one needed
+    if entering is None:
+        entering = entering_states(weights, config, inv_freq, tokens[:T], first)
     H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
-    x_last, tapes = _run(weights, config, inv_freq, tokens)
+    x_last, tapes = _run(weights, config, inv_freq, entering[:T], first)
     xs = x_last[scored]  # (P, D)
     final = rms_norm(xs, weights.norm, config.rms_norm_eps)  # (P, D)
     scored_logits = weights.lm_head(final).astype(np.float64)  # (P, V)
@@ -101,6 +148,7 @@ def loss_and_grads(
     probs = np.exp(scored_logits)
     probs /= probs.sum(axis=-1, keepdims=True)  # (P, V)
     log_likelihood = float(np.mean(np.log(probs[np.arange(len(scored)), targets])))
+    greedy = bool(np.all(probs.argmax(axis=-1) == targets))  # every target is the likeliest token
     if soft_targets is None:
         loss = -reward * log_likelihood
     else:
@@ -113,24 +161,35 @@ def loss_and_grads(
     else:
         dlogits -= soft_targets
     dlogits = (dlogits * (reward / len(scored))).astype(np.float32)  # (P, V)
+    if first == config.num_hidden_layers:  # only the output projection is adapted: nothing below needs dx
+        grads.linear_backward(weights.lm_head, dlogits, final, need_input=False)
+        return Gradients(loss, log_likelihood, greedy, grads.by_matrix)
     dfinal = grads.linear_backward(weights.lm_head, dlogits, final)  # (P, D)
     dx = np.zeros_like(x_last)  # (T, D)
     dx[scored] = _rms_backward(dfinal, xs, weights.norm, config.rms_norm_eps)
     scale = np.float32(config.attention_scale)
 
-    for layer, tape, frequencies in zip(reversed(weights.layers), reversed(tapes), reversed(inv_freq), strict=True):
+    layers = zip(weights.layers[first:], tapes, inv_freq[first:], strict=True)
+    for depth, (layer, tape, frequencies) in enumerate(reversed(list(layers))):
         eps = config.rms_norm_eps
         cos, sin = rope_tables(frequencies, 0, T)
+        w = layer.self_attn
+        lowest = depth == len(tapes) - 1  # nothing below needs dx: stop where no adapter is left
+        attention_adapted = _adapted(w.q_proj, w.k_proj, w.v_proj, w.o_proj)
         # MLP: x_out = h + down(silu(gate) * up)
+        if lowest and not attention_adapted and not _adapted(layer.mlp.gate_proj, layer.mlp.up_proj):
+            grads.linear_backward(layer.mlp.down_proj, dx, tape.s, need_input=False)
+            break
         ds = grads.linear_backward(layer.mlp.down_proj, dx, tape.s)  # (T, F)
         dgate = ds * tape.up * _silu_grad(tape.gate)  # (T, F)
         dup = ds * silu(tape.gate)  # (T, F)
         db = grads.linear_backward(layer.mlp.gate_proj, dgate, tape.b) + grads.linear_backward(
             layer.mlp.up_proj, dup, tape.b
         )  # (T, D)
+        if lowest and not attention_adapted:
+            break
         dh = dx + _rms_backward(db, tape.h, layer.post_attention_layernorm, eps)  # (T, D)
         # attention: h = x + o_proj(softmax(q k^T * scale + mask) v)
-        w = layer.self_attn
         do = grads.linear_backward(w.o_proj, dh, tape.o)  # (T, H*E)
         do = do.reshape(T, H, E).transpose(1, 0, 2).reshape(K, G * T, E)  # (K, G*T, E)
         dprobs = do @ tape.v.transpose(0, 2, 1)  # (K, G*T, T)
@@ -147,4 +206,4 @@ def loss_and_grads(
             + grads.linear_backward(w.v_proj, dv, tape.a)
         )  # (T, D)
         dx = dh + _rms_backward(da, tape.x, layer.input_layernorm, eps)  # (T, D)
-    return loss, log_likelihood, grads.by_matrix
+    return Gradients(loss, log_likelihood, greedy, grads.by_matrix)

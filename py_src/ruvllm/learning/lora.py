@@ -37,6 +37,7 @@ from .state import LearningState
 _UIDS = itertools.count(1)
 TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj", "lm_head")
 DEFAULT_TARGETS = ("q_proj", "v_proj")
+DEFAULT_LAYERS = None
 _GROUP = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
 
 
@@ -45,6 +46,9 @@ class LoRAConfig:
     rank: int = 2
     alpha: float | None = None  # None: 2 x rank (a scale of 2)
     targets: tuple[str, ...] = DEFAULT_TARGETS
+    # the decoder layers adapted (PEFT's layers_to_transform); negative counts from the top, as Python
+    # indexes (-1: the last layer); None: every layer
+    layers: tuple[int, ...] | None = DEFAULT_LAYERS
 
     def __post_init__(self) -> None:
         if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
@@ -53,18 +57,42 @@ class LoRAConfig:
         if unknown or not self.targets:
             raise InvalidArgumentError(f"targets must be among {', '.join(TARGETS)}, got {list(self.targets)}")
         self.targets = tuple(self.targets)
+        if self.layers is not None:
+            bad = [i for i in self.layers if not isinstance(i, int) or isinstance(i, bool)]
+            if bad or not self.layers:
+                raise InvalidArgumentError(f"layers must be a non-empty list of layer indexes, got {self.layers!r}")
+            self.layers = tuple(self.layers)
         if self.alpha is None:
             self.alpha = 2.0 * self.rank
+
+    def layer_indexes(self, count: int) -> list[int]:
+        """The adapted layers of a model with `count` decoder layers, ascending; negative indexes
+        count from the top."""
+        if self.layers is None:
+            return list(range(count))
+        out = set()
+        for i in self.layers:
+            if not -count <= i < count:
+                raise InvalidArgumentError(f"layer {i} is outside this model's {count} layers")
+            out.add(i % count)
+        return sorted(out)
+
+    def resolved(self, count: int) -> LoRAConfig:
+        """This config with its layers as non-negative indexes (None when every layer)."""
+        indexes = self.layer_indexes(count)
+        layers = None if len(indexes) == count else tuple(indexes)
+        return LoRAConfig(self.rank, self.alpha, self.targets, layers)
 
     @property
     def scale(self) -> float:
         return self.alpha / self.rank
 
 
-def module_names(weights: Weights, targets: tuple[str, ...]) -> list[str]:
-    """HF module names of the projections an adapter with these targets touches, in model order."""
+def module_names(weights: Weights, targets: tuple[str, ...], layers: list[int] | None = None) -> list[str]:
+    """HF module names of the projections an adapter with these targets touches in `layers` (None:
+    every layer), in model order."""
     names = []
-    for i in range(len(weights.layers)):
+    for i in range(len(weights.layers)) if layers is None else layers:
         for target in targets:
             if target == "lm_head":
                 continue
@@ -122,13 +150,21 @@ class Adapter:
     def new(cls, weights: Weights, config: LoRAConfig, seed: int = 0) -> Adapter:
         """A fresh adapter: A small random (Kaiming-uniform, as PEFT), B zero."""
         rng = np.random.default_rng(seed)
+        config = config.resolved(len(weights.layers))
         A, B = {}, {}
-        for name in module_names(weights, config.targets):
+        for name in module_names(weights, config.targets, config.layer_indexes(len(weights.layers))):
             N, K = linear_of(weights, name).matrix.shape
             bound = np.sqrt(6.0 / ((1 + 5) * K))  # kaiming_uniform_(a=sqrt(5)) on a (r, K) matrix
             A[name] = rng.uniform(-bound, bound, (config.rank, K)).astype(np.float32)
             B[name] = np.zeros((N, config.rank), dtype=np.float32)
         return cls(config, A, B)
+
+    @property
+    def lowest_layer(self) -> int | None:
+        """The lowest decoder layer this adapter changes (None: only lm_head); every layer below
+        computes as in the base model."""
+        layers = [int(name.split(".")[2]) for name in self.A if name != "lm_head"]
+        return min(layers) if layers else None
 
     def parameters(self) -> list[tuple[str, np.ndarray]]:
         """(key, array) of every trainable array, in a fixed order."""
@@ -147,6 +183,7 @@ class Adapter:
             "r": self.config.rank,
             "lora_alpha": self.config.alpha,
             "target_modules": list(self.config.targets),
+            "layers_to_transform": None if self.config.layers is None else list(self.config.layers),
             "bias": "none",
             "fan_in_fan_out": False,
             "use_rslora": False,
@@ -189,14 +226,19 @@ class Adapter:
             raise LoadError(f"{source}: target_modules as a regular expression is not supported")
         targets = fields.strings(raw, "target_modules", source)
         alpha = fields.number(raw, "lora_alpha", source, default=float(rank))
+        layers = raw.get("layers_to_transform")
+        layers = [layers] if isinstance(layers, int) and not isinstance(layers, bool) else layers
+        if layers is not None and not isinstance(layers, list):
+            raise LoadError(f"{source}: layers_to_transform must be a layer index or a list of them, got {layers!r}")
         try:
-            config = LoRAConfig(rank=rank, alpha=alpha, targets=tuple(targets))
+            config = LoRAConfig(rank, alpha, tuple(targets), None if layers is None else tuple(layers))
+            config = config.resolved(len(weights.layers))
         except InvalidArgumentError as e:
             raise LoadError(f"{source}: {e.message}") from None
         if fields.boolean(raw, "use_rslora", source):
             config.alpha = alpha * rank / np.sqrt(rank)  # alpha/sqrt(r) as alpha/r
         A, B = {}, {}
-        for name in module_names(weights, config.targets):
+        for name in module_names(weights, config.targets, config.layer_indexes(len(weights.layers))):
             N, K = linear_of(weights, name).matrix.shape
             for part, store, shape in (("lora_A", A, (rank, K)), ("lora_B", B, (N, rank))):
                 key = f"base_model.model.{name}.{part}.weight"
@@ -241,6 +283,7 @@ class AdapterSet:
         self.active: str | None = None
         self.merges = 0  # how many times an adapter was merged into (or out of) the base weights
         self._applied: str | None = None  # the adapter the weights are wrapped with now
+        self._lowest: dict[int, int] = {}  # by adapter uid: the lowest layer it changes (shared_layers)
         self._originals: dict[str, object] = {}
 
     @classmethod
@@ -257,6 +300,8 @@ class AdapterSet:
             if self._applied == name:
                 self.apply(None)
             self.adapters[name] = adapter
+            lowest = adapter.lowest_layer
+            self._lowest[adapter.uid] = len(self.weights.layers) if lowest is None else lowest
 
     def create(self, name: str, config: LoRAConfig | None = None) -> Adapter:
         """A fresh adapter (it changes nothing until it learns), held under `name` and made active."""
@@ -324,6 +369,16 @@ class AdapterSet:
                     "merged); start a new generation"
                 )
             self.apply(name)
+
+    def shared_layers(self, a: tuple, b: tuple) -> int:
+        """How many decoder layers, from the bottom, compute the same under identities a and b: those
+        below the lowest layer either adapter changes (none after a merge in between)."""
+        count = len(self.weights.layers)
+        if a == b:
+            return count
+        if a[0] != b[0]:
+            return 0
+        return min(self._lowest.get(a[2], count), self._lowest.get(b[2], count))
 
     def _identity_of(self, name: str | None) -> tuple[int, str | None, int, int]:
         adapter = self.adapters.get(name) if name is not None else None
