@@ -225,6 +225,35 @@ class ColdTier:
         return self.k_codes.nbytes + self.v_codes.nbytes + self.k_scales.nbytes + self.v_scales.nbytes
 
 
+class Residuals:
+    """The hidden state entering decoder layer `layer` (the residual stream there), float32 (S, D), at
+    every position 0..S-1 the cache has computed. Learning starts from it when its adapter sits at or
+    above that layer (no forward through the layers below per step), and after such an adapter
+    changed, only the layers from there up are recomputed from it (the keys and values below stay)."""
+
+    def __init__(self, layer: int, hidden_size: int, max_positions: int | None) -> None:
+        self.layer = layer
+        self.values = np.empty((0, hidden_size), np.float32)  # (capacity, D)
+        self.length = 0
+        self.max_positions = max_positions
+
+    def write(self, positions: np.ndarray, x: np.ndarray) -> None:
+        """x (T, D) entering the layer at consecutive `positions` (T,) starting at or before `length`."""
+        start, end = int(positions[0]), int(positions[-1]) + 1
+        assert start <= self.length, f"position {start} would leave a gap after {self.length}"
+        self.values = _grow(self.values, end, self.max_positions, 0)
+        self.values[start:end] = x
+        self.length = max(self.length, end)  # rewriting held positions (a recompute) keeps the later ones
+
+    def read(self, stop: int) -> np.ndarray:
+        """Positions 0..stop-1 (S, D)."""
+        assert stop <= self.length
+        return self.values[:stop]
+
+    def truncate(self, position: int) -> None:
+        self.length = min(self.length, position)
+
+
 class LayerCache:
     """One layer's keys and values: a hot tier, and a cold tier when `KVOptions.hot_tokens` is set."""
 
@@ -272,9 +301,16 @@ class LayerCache:
 
 
 class KVCache:
-    """One `LayerCache` per layer, plus `tokens`: the ids of every position the cache has seen."""
+    """One `LayerCache` per layer, plus `tokens`: the ids of every position the cache has seen, and
+    with `tap_layer` the hidden states entering that layer (`tap`, Residuals)."""
 
-    def __init__(self, config: ModelConfig, max_positions: int | None, options: KVOptions | None = None) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        max_positions: int | None,
+        options: KVOptions | None = None,
+        tap_layer: int | None = None,
+    ) -> None:
         self.config = config
         self.options = options or KVOptions()
         self.max_positions = None if self.options.budget_bytes is not None else max_positions
@@ -284,6 +320,7 @@ class KVCache:
         ]
         self.tokens: list[int] = []
         self.owner: tuple | None = None  # the weights_identity() the entries were computed with
+        self.tap = None if tap_layer is None else Residuals(tap_layer, config.hidden_size, self.max_positions)
 
     @property
     def length(self) -> int:
@@ -300,7 +337,14 @@ class KVCache:
     def truncate(self, position: int) -> None:
         for layer in self.layers:
             layer.truncate(position)
+        if self.tap is not None:
+            self.tap.truncate(position)
         del self.tokens[position:]
+
+    def forget_layers(self, first: int) -> None:
+        """Empty the layers from `first` up (to recompute them); the others and `tokens` stay."""
+        for layer in self.layers[first:]:
+            layer.truncate(0)
 
     def record(self, tokens: list[int] | np.ndarray) -> None:
         """Note the ids of positions just computed."""

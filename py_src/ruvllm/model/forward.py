@@ -282,22 +282,59 @@ def hidden_batch(
         ids.append(tokens)
         at += len(tokens)
     tokens = ids[0] if len(ids) == 1 else np.concatenate(ids)  # (N,)
-    positions = batch[0].positions if len(batch) == 1 else np.concatenate([s.positions for s in batch])  # (N,)
-    x = weights.embed_tokens.rows(tokens)  # (N, D)
-    if config.embed_scale != 1.0:
-        x = x * np.float32(config.embed_scale)  # (N, D)
-    bases = {id(f): f for f in inv_freq}  # layers share their frequency arrays: one table per distinct base
-    tables = {key: rope_tables_at(f, positions) for key, f in bases.items()}  # (N, E/2) cos, sin
-    layers = zip(weights.layers, config.sliding_windows, inv_freq, strict=True)
-    for i, (layer, window, frequencies) in enumerate(layers):
-        layer_tape = None if tape is None else LayerTape()
-        if tape is not None:
-            tape.layers.append(layer_tape)
-        x = block(x, layer, config, tables[id(frequencies)], batch, i, window, layer_tape)  # (N, D)
+    x = embed(weights, config, tokens)  # (N, D)
+    x = run_layers(weights, config, inv_freq, x, batch, range(config.num_hidden_layers), tape)
     for s, tokens in zip(batch, ids, strict=True):
         s.cache.record(tokens)
         s.cache.keep_within_budget()
     return x
+
+
+def embed(weights: Weights, config: ModelConfig, tokens: np.ndarray) -> np.ndarray:
+    """The input embeddings (N, D) of token ids (N,)."""
+    x = weights.embed_tokens.rows(tokens)  # (N, D)
+    return x * np.float32(config.embed_scale) if config.embed_scale != 1.0 else x
+
+
+def run_layers(
+    weights: Weights,
+    config: ModelConfig,
+    inv_freq: list[np.ndarray],
+    x: np.ndarray,
+    batch: list[Sequence],
+    layers: range,
+    tape: Tape | None = None,
+) -> np.ndarray:
+    """Decoder layers `layers` (consecutive) over x (N, D), the hidden states entering the first of them
+    for the rows of every sequence in `batch`; returns the last one's output (N, D). A cache with a
+    `tap` at one of these layers keeps the hidden states entering it."""
+    positions = batch[0].positions if len(batch) == 1 else np.concatenate([s.positions for s in batch])  # (N,)
+    bases = {id(f): f for f in inv_freq}  # layers share their frequency arrays: one table per distinct base
+    tables = {key: rope_tables_at(f, positions) for key, f in bases.items()}  # (N, E/2) cos, sin
+    for i in layers:
+        for s in batch:
+            tap = getattr(s.cache, "tap", None)
+            if tap is not None and tap.layer == i:
+                tap.write(s.positions, x[s.rows])
+        layer_tape = None if tape is None else LayerTape()
+        if tape is not None:
+            tape.layers.append(layer_tape)
+        window, frequencies = config.sliding_windows[i], inv_freq[i]
+        x = block(x, weights.layers[i], config, tables[id(frequencies)], batch, i, window, layer_tape)  # (N, D)
+    return x
+
+
+def recompute_layers(
+    weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], cache: KVCache, positions: np.ndarray
+) -> None:
+    """The keys and values at consecutive `positions` (T,) of the layers from `cache.tap.layer` up,
+    recomputed from the hidden states the tap kept there and appended to those layers (which must
+    hold exactly the positions before them: KVCache.forget_layers first). What an adapter on those
+    layers changed (after it learned) costs a prefill of those layers only."""
+    first = cache.tap.layer
+    s = Sequence(slice(0, len(positions)), positions, cache, Masks(positions))
+    entering = cache.tap.read(int(positions[-1]) + 1)[positions]  # (T, D)
+    run_layers(weights, config, inv_freq, entering, [s], range(first, config.num_hidden_layers))
 
 
 def logits(weights: Weights, config: ModelConfig, x: np.ndarray) -> np.ndarray:

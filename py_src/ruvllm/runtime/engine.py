@@ -21,7 +21,7 @@ from ..files.store import TensorStore, sanitize
 from ..files.tensorfile import SafetensorsFile
 from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
-from ..model.forward import forward, hidden_batch, logits
+from ..model.forward import forward, hidden_batch, logits, recompute_layers
 from ..model.rope import inverse_frequencies
 from ..model.weights import ComputeOptions, Weights, load_weights
 from ..quant.provider import KernelProvider, resolve_kernels
@@ -42,6 +42,10 @@ class Wrappers(Protocol):
 
     def use(self, identity: tuple) -> None:
         """Put the weights `identity` names in place, or raise if they changed since it was taken."""
+        ...
+
+    def shared_layers(self, a: tuple, b: tuple) -> int:
+        """How many decoder layers, from the bottom, compute the same under identities a and b."""
         ...
 
 
@@ -147,6 +151,7 @@ class Engine:
         self.threads = BlasThreads(threads)
         self.prefill_chunk = default_prefill_chunk()
         self.wrappers: Wrappers | None = None  # what wraps the weights (attach), if anything
+        self.tap_layer: int | None = None  # new caches keep the hidden states entering this layer (KVCache.tap)
 
     @classmethod
     def from_store(cls, config: ModelConfig, store: TensorStore, options: LoadOptions | None = None) -> Engine:
@@ -186,8 +191,28 @@ class Engine:
         return BASE_WEIGHTS if self.wrappers is None else self.wrappers.identity()
 
     def new_cache(self) -> KVCache:
-        """An empty cache: at most `context_length` positions, or a byte budget (KVOptions)."""
-        return KVCache(self.config, self.context_length, self.kv)
+        """An empty cache: at most `context_length` positions, or a byte budget (KVOptions); it keeps
+        the hidden states entering `tap_layer` unless it has a budget (it could grow without end)."""
+        tap = self.tap_layer if self.kv.budget_bytes is None else None
+        return KVCache(self.config, self.context_length, self.kv, tap)
+
+    def kept_layers(self, owner: tuple | None, identity: tuple) -> int:
+        """How many decoder layers, from the bottom, of a cache computed with weights `owner` hold what
+        the weights `identity` compute (all when they are the same; those below an adapter that
+        learned or was switched when not)."""
+        if owner == identity:
+            return self.config.num_hidden_layers
+        if owner is None or self.wrappers is None:
+            return 0
+        return self.wrappers.shared_layers(owner, identity)
+
+    def recompute(self, cache: KVCache, start: int, stop: int, weights: tuple) -> None:
+        """Positions start..stop-1 of the layers from cache.tap.layer up, from the tap's hidden states,
+        with the weights `weights` (forward.recompute_layers)."""
+        with self.lock, self.threads.limit(stop - start):
+            if self.wrappers is not None:
+                self.wrappers.use(weights)
+            recompute_layers(self.weights, self.config, self.inv_freq, cache, np.arange(start, stop))
 
     def forward(
         self,

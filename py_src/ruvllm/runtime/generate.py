@@ -187,13 +187,27 @@ def generate_tokens(
     if bad:
         raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {engine.config.vocab_size})")
     identity = engine.weights_identity()  # every step computes with these weights (the adapter active now)
-    if cache.owner != identity:  # other weights (an adapter switched or updated): nothing can be reused
+    refresh = stale_layers(engine, cache, identity)
+    if refresh == 0:  # other weights from the first layer (an adapter switched): nothing can be reused
         cache.reset()
-        cache.owner = identity
+    cache.owner = None if refresh else identity  # mixed until the stale layers are recomputed
     reused = common_prefix(cache.tokens, prompt) if reuse_prefix else 0
     reused = min(reused, len(prompt) - 1)  # the last prompt token is always computed: it gives the logits
     eos = set() if options.ignore_eos else set(eos_ids)
-    return _token_loop(engine, prompt, reused, options, eos, cache, identity, report_prefill, constraint)
+    return _token_loop(engine, prompt, reused, refresh, options, eos, cache, identity, report_prefill, constraint)
+
+
+def stale_layers(engine: Engine, cache: KVCache, identity: tuple) -> int | None:
+    """Where the entries of `cache` stop holding what the weights `identity` compute: None when they all
+    do; the tap's layer when only layers from there up differ (an adapter there learned: they are
+    recomputed from the tap); 0 when the cache must start over."""
+    kept = engine.kept_layers(cache.owner, identity)
+    if kept >= engine.config.num_hidden_layers or not cache.tokens:
+        return None
+    tap = cache.tap
+    if tap is not None and tap.layer <= kept and tap.length >= len(cache.tokens):
+        return tap.layer
+    return 0
 
 
 def common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
@@ -209,6 +223,7 @@ def _token_loop(
     engine: Engine,
     prompt: list[int],
     reused: int,
+    refresh: int | None,
     options: GenerationOptions,
     eos: set[int],
     cache: KVCache,
@@ -223,11 +238,19 @@ def _token_loop(
         return engine.forward(tokens, start, cache, last_only=True, weights=weights)[0]  # (V,)
 
     cache.truncate(reused)
+    if refresh:  # the reused positions' entries from layer `refresh` up are stale: recomputed below
+        cache.forget_layers(refresh)
     if limit is not None and cache.options.hot_tokens is None:  # a plain cache: allocate it once
         cache.reserve(min(limit - reused, len(prompt) - reused + options.max_tokens))
 
     started = time.perf_counter()
     chunk = engine.prefill_chunk
+    if refresh:
+        for start in range(0, reused, chunk):
+            engine.recompute(cache, start, min(start + chunk, reused), weights)
+            if report_prefill:
+                yield Prefilling(min(start + chunk, reused), len(prompt))
+    cache.owner = weights
     for start in range(reused, len(prompt), chunk):
         logits = next_logits(prompt[start : start + chunk], start)
         if report_prefill and start + chunk < len(prompt):
