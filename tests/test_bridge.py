@@ -184,3 +184,30 @@ def test_a_long_prompt_comes_back_between_its_forward_calls_so_an_abort_can_get_
     ok(handle.step())
     assert ok(handle.stop()) is True  # an abort while the prompt is read
     assert ok(handle.step()) is None
+
+
+def test_lessons_take_their_first_step_at_once_then_learn_in_slices(folder):
+    loader, finished = stream_model(folder)
+    ok(finished)
+    ok(loader.build())
+    handle = loader.take_engine()
+    made = ok(handle.new_adapter(json.dumps({"name": "a", "targets": ["down_proj"], "layers": [-1]})))
+    assert made == {"name": "a", "rank": 2, "targets": ["down_proj"], "layers": [1]}
+    request = {"key": 7, "adapter": "a", "prompt_ids": [1, 2, 3], "completion_ids": [4, 5], "steps": 3}
+    first = ok(handle.feedback(json.dumps(request)))
+    assert first == {"key": 7, "step": 1, "steps": 3, "version": 1, "done": False, "cancelled": False, "report": None}
+    sliced = ok(handle.learn(json.dumps({"budget_ms": 0})))  # one step
+    assert [(p["key"], p["step"], p["done"]) for p in sliced["lessons"]] == [(7, 2, False)] and sliced["waiting"] == 1
+    last = ok(handle.learn(json.dumps({"budget_ms": None})))
+    (done,) = last["lessons"]
+    assert done["done"] and done["report"]["steps"] == 3 and last == {"lessons": [done], "waiting": 0}
+    assert ok(handle.adapter_names()) == {"names": ["a"], "active": "a", "versions": {"a": 3}, "learning": 0}
+    assert ok(handle.learn(json.dumps({"budget_ms": 10}))) == {"lessons": [], "waiting": 0}
+
+    ok(handle.feedback(json.dumps({**request, "key": 8})))
+    assert "already under way" in error(handle.feedback(json.dumps({**request, "key": 8})))["message"]
+    (cancelled,) = ok(handle.cancel_learning(json.dumps({"key": 8})))["lessons"]
+    assert (cancelled["key"], cancelled["step"], cancelled["cancelled"], cancelled["done"]) == (8, 1, True, False)
+    assert ok(handle.adapter_names())["versions"] == {"a": 4}  # its first step stays
+    bad = error(handle.feedback(json.dumps({**request, "key": 9, "completion_ids": "x"})))
+    assert bad == {"type": "invalid_argument", "message": "completion_ids must be a list of integers"}

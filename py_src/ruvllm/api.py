@@ -22,7 +22,7 @@ from .files import jsonfields as fields
 from .files.store import TensorStore
 from .learning import learn
 from .learning.learn import AdaptReport
-from .learning.lora import DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
+from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
 from .model.cache import KVCache, KVOptions
 from .model.config import ModelConfig
 from .runtime.constrain import Vocabulary
@@ -47,6 +47,7 @@ class Model:
         self.name = name  # the model's name in OpenAI answers (the file or folder name)
         self._vocabulary: Vocabulary | None = None
         self.adapters = AdapterSet.attached(engine)  # MicroLoRA: held, selected, learning
+        self.learner = learn.Learner(self.adapters)  # lessons learned in the background (feedback, learn)
         self._idle_cache: KVCache | None = engine.new_cache()  # no generation holds it
         self._cache_lock = threading.Lock()
 
@@ -113,10 +114,17 @@ class Model:
     # --- MicroLoRA ------------------------------------------------------------------------------
 
     def new_adapter(
-        self, name: str = "default", rank: int = 2, alpha: float | None = None, targets: Sequence[str] = DEFAULT_TARGETS
+        self,
+        name: str = "default",
+        rank: int = 2,
+        alpha: float | None = None,
+        targets: Sequence[str] = DEFAULT_TARGETS,
+        layers: Sequence[int] | None = DEFAULT_LAYERS,
     ) -> Adapter:
-        """A fresh adapter (it changes nothing until it learns), held under `name` and made active."""
-        return self.adapters.create(name, LoRAConfig(rank=rank, alpha=alpha, targets=tuple(targets)))
+        """A fresh adapter (it changes nothing until it learns), held under `name` and made active.
+        layers: the decoder layers it adapts (negative counts from the top; None: all)."""
+        layers = None if layers is None else tuple(layers)
+        return self.adapters.create(name, LoRAConfig(rank=rank, alpha=alpha, targets=tuple(targets), layers=layers))
 
     def load_adapter(self, path: str, name: str | None = None) -> str:
         """Load an adapter folder (ours, or a Hugging Face PEFT LoRA); returns the name it is held under."""
@@ -133,28 +141,72 @@ class Model:
 
     def adapt(
         self,
-        prompt: str,
+        prompt: str | list[dict],
         completion: str,
         reward: float = 1.0,
         adapter: str = "default",
         chat: bool = False,
         **options: object,
     ) -> AdaptReport:
-        """Learn from feedback: make `completion` likelier after `prompt` (reward > 0) or less likely (< 0).
+        """Learn from feedback, every step now: make `completion` likelier after `prompt` (reward > 0)
+        or less likely (< 0).
 
-        chat: `prompt` is a user message, rendered with the chat template, and the completion is the
-        assistant's answer, ending with the end-of-turn token. Options: steps, lr, optimizer, ewc.
-        An adapter called `adapter` is made (rank 2 on q_proj and v_proj) if none is held yet.
+        chat: `prompt` is a user message (or a list of messages), rendered with the chat template, and
+        the completion is the assistant's answer, ending with the end-of-turn token. Options: steps,
+        lr, optimizer, ewc, until_greedy. An adapter called `adapter` is made (the default config) if
+        none is held yet. When the text is what the last generation produced, the hidden states it
+        computed are reused (no forward through the layers below the adapter).
         """
-        prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
+        lesson = self._lesson(prompt, completion, reward, adapter, chat, options)
         with self.engine.lock:  # no generation step in between may wrap the weights with another adapter
-            held = self.adapters.learner(adapter)
-            return learn.adapt(self.engine, held, prompt_ids, completion_ids, reward, learn.AdaptOptions(**options))
+            lesson.run()
+        return lesson.report
 
-    def feedback_ids(self, prompt: str, completion: str, chat: bool) -> tuple[list[int], list[int]]:
+    def feedback(
+        self,
+        prompt: str | list[dict],
+        completion: str,
+        reward: float = 1.0,
+        adapter: str = "default",
+        chat: bool = False,
+        **options: object,
+    ) -> learn.Lesson:
+        """Learn from feedback in the background (arguments as `adapt`): the first step is taken now, so
+        the next answer already differs; the other steps and the consolidation wait for `learn()` calls
+        (between generations, each as long as you allow). Returns the lesson (`done`, `steps`, `report`)."""
+        lesson = self._lesson(prompt, completion, reward, adapter, chat, options)
+        with self.engine.lock:
+            lesson.step()
+        if not lesson.done:
+            self.learner.add(adapter, lesson)
+        return lesson
+
+    def learn(self, budget_ms: float | None = 100.0) -> learn.LearningStatus:
+        """Steps of the waiting lessons (`feedback`) for about `budget_ms` (at least one step; None: until
+        all are done). Each step is a forward and backward through the adapted layers only."""
+        return self.learner.run(budget_ms)
+
+    def cancel_learning(self) -> learn.LearningStatus:
+        """Drop the lessons still waiting; what their steps taught so far stays."""
+        return self.learner.cancel()
+
+    @property
+    def learning(self) -> learn.LearningStatus:
+        """Lessons waiting, the current one's step, its adapter and that adapter's version."""
+        return self.learner.status()
+
+    def _lesson(self, prompt, completion, reward, adapter, chat, options) -> learn.Lesson:
+        prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
+        options = learn.AdaptOptions(**options)
+        with self.engine.lock:
+            held = self.adapters.learner(adapter)
+            return learn.Lesson(self.engine, held, prompt_ids, completion_ids, reward, options, self._idle_cache)
+
+    def feedback_ids(self, prompt: str | list[dict], completion: str, chat: bool) -> tuple[list[int], list[int]]:
         """Token ids of a prompt and its completion, tokenized as they would be generated."""
-        if chat:
-            prompt_ids = self.tokenizer.encode_chat([{"role": "user", "content": prompt}])
+        if chat or not isinstance(prompt, str):
+            messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else prompt
+            prompt_ids = self.tokenizer.encode_chat(messages)
             end = [self.eos_token_ids[0]] if self.eos_token_ids else []
             return prompt_ids, self.tokenizer.encode(completion, add_special_tokens=False) + end
         prompt_ids = self.tokenizer.encode(prompt)

@@ -37,8 +37,11 @@ over Python objects instead: `take_engine()` and `take_files()`.
                                                       and the last one "result" (the whole answer)
     EngineHandle.stop()                            -> true (an abort)
     EngineHandle.cache_stats()                     -> {hot_positions, hot_bytes, cold_positions, ...}
-    EngineHandle.new_adapter({name, rank, alpha, targets}), adapt({adapter, prompt_ids, completion_ids,
-                             reward, steps, lr}), set_adapter({name}), adapter_names()
+    EngineHandle.new_adapter({name, rank, alpha, targets, layers}), adapt({adapter, prompt_ids,
+                             completion_ids, reward, steps, lr}), set_adapter({name}), adapter_names()
+    EngineHandle.feedback({key, adapter, prompt_ids, ...})  -> a lesson's progress after its first step
+    EngineHandle.learn({budget_ms})                -> {lessons: [progress], waiting}: the background loop
+    EngineHandle.cancel_learning({key})            -> the same, the lesson `key` (null: all) dropped
     EngineHandle.load_adapter({name}, adapter_config.json, weights bytes, state bytes or None)
     EngineHandle.adapter_files({name})             -> {files: [file names]}; take_files() -> {name: bytes}
 
@@ -63,9 +66,8 @@ from .files.gguf import GGUFFile, header_size
 from .files.gguf_model import GGUFModel
 from .files.store import TensorStore, count_parameters
 from .files.tensorfile import PieceBuffer, SafetensorsFile
-from .learning.learn import AdaptOptions
-from .learning.learn import adapt as learn_adapt
-from .learning.lora import DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
+from .learning.learn import AdaptOptions, Learner, Lesson
+from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
 from .model.cache import KVOptions
 from .model.config import ModelConfig
 from .quant.provider import ARITHMETIC, DEFAULT_ARITHMETIC
@@ -314,6 +316,8 @@ class EngineHandle:
         self.chunks = None
         self.response: Response | None = None  # with start_completion: the OpenAI answer being built
         self._outgoing: dict[str, bytes] = {}  # adapter_files, until take_files()
+        self.learner = Learner(self.adapters)  # lessons learned in the worker's idle time
+        self.lessons: dict[object, Lesson] = {}  # under way, by the key JavaScript gave (its request id)
 
     @_json_result
     def start(self, request_json: str) -> dict:
@@ -421,22 +425,89 @@ class EngineHandle:
 
     @_json_result
     def new_adapter(self, request_json: str) -> dict:
-        """request: {name, rank, alpha, targets}; the new adapter becomes the active one."""
+        """request: {name, rank, alpha, targets, layers}; the new adapter becomes the active one."""
         r = _request(request_json)
-        rank = r.get("rank", 2)
-        config = LoRAConfig(rank=rank, alpha=r.get("alpha"), targets=tuple(r.get("targets") or DEFAULT_TARGETS))
+        targets = tuple(r.get("targets") or DEFAULT_TARGETS)
+        layers = r.get("layers", DEFAULT_LAYERS)
+        layers = None if layers is None else tuple(layers)
+        config = LoRAConfig(rank=r.get("rank", 2), alpha=r.get("alpha"), targets=targets, layers=layers)
         name = r.get("name") or "default"
-        self.adapters.create(name, config)
-        return {"name": name, "rank": config.rank, "targets": list(config.targets)}
+        adapter = self.adapters.create(name, config)
+        return {"name": name, "rank": config.rank, "targets": list(config.targets), "layers": adapter.config.layers}
 
     @_json_result
     def adapt(self, request_json: str) -> dict:
-        """request: {adapter, prompt_ids, completion_ids, reward, steps, lr}; makes the adapter if needed."""
+        """request: {adapter, prompt_ids, completion_ids, reward, steps, lr}: every step now."""
+        lesson = self._lesson(_request(request_json))
+        with self.engine.lock:
+            lesson.run()
+        return dataclasses.asdict(lesson.report)
+
+    @_json_result
+    def feedback(self, request_json: str) -> dict:
+        """request: {key, adapter, prompt_ids, completion_ids, reward, steps, lr}: a lesson whose first step
+        is taken now (the instant loop); `learn` calls take the others. Returns its progress."""
         r = _request(request_json)
-        adapter = self.adapters.learner(r.get("adapter") or "default")
-        options = AdaptOptions(**{k: r[k] for k in ("steps", "lr") if r.get(k) is not None})
-        report = learn_adapt(self.engine, adapter, r["prompt_ids"], r["completion_ids"], r.get("reward", 1.0), options)
-        return dataclasses.asdict(report)
+        key = r.get("key")
+        if key in self.lessons:
+            raise InvalidArgumentError(f"a lesson with key {key!r} is already under way")
+        lesson = self._lesson(r)
+        with self.engine.lock:
+            lesson.step()
+        if not lesson.done:
+            self.learner.add(r.get("adapter") or "default", lesson)
+            self.lessons[key] = lesson
+        return self._progress(key, lesson)
+
+    @_json_result
+    def learn(self, request_json: str) -> dict:
+        """request: {budget_ms}: steps of the waiting lessons for about that long (at least one). Returns
+        {"lessons": the progress of each lesson under way, finished or cancelled since, "waiting"}."""
+        status = self.learner.run(_request(request_json).get("budget_ms"))
+        return {"lessons": self._report_lessons(), "waiting": status.lessons}
+
+    @_json_result
+    def cancel_learning(self, request_json: str) -> dict:
+        """request: {key}: drop that lesson (null: all of them). Returns the progress of those dropped."""
+        key = _request(request_json).get("key")
+        for each, lesson in self.lessons.items():
+            if key is None or each == key:
+                self.learner.cancel(lesson)
+        return {"lessons": self._report_lessons(), "waiting": self.learner.status().lessons}
+
+    def _lesson(self, r: dict) -> Lesson:
+        names = ("steps", "lr", "ewc", "until_greedy")
+        options = AdaptOptions(**{k: r[k] for k in names if r.get(k) is not None})
+        prompt_ids, completion_ids = (
+            _ids(r.get("prompt_ids"), "prompt_ids"),
+            _ids(r.get("completion_ids"), "completion_ids"),
+        )
+        with self.engine.lock:
+            adapter = self.adapters.learner(r.get("adapter") or "default")
+            return Lesson(self.engine, adapter, prompt_ids, completion_ids, r.get("reward", 1.0), options, self.cache)
+
+    def _report_lessons(self) -> list[dict]:
+        """The progress of every lesson held; the finished and cancelled ones are let go."""
+        waiting = {id(lesson) for _, lesson in self.learner.queue}
+        out = []
+        for key, lesson in list(self.lessons.items()):
+            out.append(self._progress(key, lesson, cancelled=not lesson.done and id(lesson) not in waiting))
+            if lesson.done or id(lesson) not in waiting:
+                del self.lessons[key]
+        return out
+
+    @staticmethod
+    def _progress(key: object, lesson: Lesson, cancelled: bool = False) -> dict:
+        report = dataclasses.asdict(lesson.report) if lesson.report else None
+        return {
+            "key": key,
+            "step": lesson.steps,
+            "steps": lesson.options.steps,
+            "version": lesson.adapter.version,
+            "done": lesson.done,
+            "cancelled": cancelled,
+            "report": report,
+        }
 
     @_json_result
     def load_adapter(self, request_json: str, config_json: str, weights: object, state: object = None) -> str:
@@ -467,8 +538,15 @@ class EngineHandle:
 
     @_json_result
     def adapter_names(self) -> dict:
+        """The adapters held, the active one, each one's version, and the lessons waiting."""
         adapters = self.adapters
-        return {"names": list(adapters.adapters), "active": adapters.active}
+        versions = {name: adapter.version for name, adapter in adapters.adapters.items()}
+        return {
+            "names": list(adapters.adapters),
+            "active": adapters.active,
+            "versions": versions,
+            "learning": self.learner.status().lessons,
+        }
 
 
 def _ids(value: object, name: str) -> list[int]:

@@ -14,13 +14,15 @@ adapter's arrays stay the ones the model reads.
 from __future__ import annotations
 
 import time
+from collections import deque
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..model.cache import KVCache
 from ..runtime.engine import Engine
-from .backprop import loss_and_grads
+from .backprop import advance, entering_states, loss_and_grads
 from .lora import Adapter
 from .state import sgd
 
@@ -33,6 +35,7 @@ class AdaptOptions:
     ewc: float = 1e4  # strength of the consolidation term (0 turns it off); measured, see benchmarks
     max_grad_norm: float = 1.0  # the gradient is scaled down to this global norm when longer
     fisher_decay: float = 1.0  # weight of older lessons' Fisher information when a new one is added
+    until_greedy: bool = False  # a good completion's lesson ends once greedy decoding reproduces it
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
@@ -53,15 +56,153 @@ class AdaptReport:
     step_ms: float  # mean time of one step (forward + backward + update)
 
 
-def adapter_gradients(engine: Engine, adapter: Adapter, tokens: list[int], scored: np.ndarray, reward: float):
-    """(loss, mean log-likelihood, {key: gradient}) with `adapter` active in the engine's weights."""
-    loss, ll, by_matrix = loss_and_grads(engine.weights, engine.config, engine.inv_freq, tokens, scored, reward)
+def adapter_gradients(
+    engine: Engine,
+    adapter: Adapter,
+    tokens: list[int],
+    scored: np.ndarray,
+    reward: float,
+    entering: np.ndarray | None = None,
+):
+    """(backprop.Gradients, {key: gradient}) with `adapter` active in the engine's weights; the passes
+    run from the adapter's lowest layer up, entering with `entering` there (default: computed)."""
+    first = first_layer(engine, adapter)
+    weights, config = engine.weights, engine.config
+    result = loss_and_grads(weights, config, engine.inv_freq, tokens, scored, reward, None, first, entering)
     grads = {}
-    for matrix, dA, dB in by_matrix.values():
+    for matrix, dA, dB in result.by_matrix.values():
         for name, A in adapter.A.items():
             if matrix.A is A:
                 grads[f"{name}.lora_A"], grads[f"{name}.lora_B"] = dA, dB
-    return loss, ll, grads
+    return result, grads
+
+
+def first_layer(engine: Engine, adapter: Adapter) -> int:
+    """Where learning's passes start: the adapter's lowest layer (the top, for lm_head only)."""
+    lowest = adapter.lowest_layer
+    return engine.config.num_hidden_layers if lowest is None else lowest
+
+
+class Lesson:
+    """One piece of feedback being learned, a step at a time: `step()` until `done`, then `finish()`
+    (which the last step does). The hidden states entering the adapter's lowest layer are computed once
+    (or taken from the cache of the generation that produced the text, `cache.tap`), so each step is a
+    forward and backward through the adapted layers only."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        adapter: Adapter,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        reward: float = 1.0,
+        options: AdaptOptions | None = None,
+        cache: KVCache | None = None,
+    ) -> None:
+        self.options = options or AdaptOptions()
+        if not engine.config.llama_block:
+            raise InvalidArgumentError(
+                f"adapt (MicroLoRA learning) runs on Llama-style blocks (Llama, Mistral, Qwen2, Phi-3); "
+                f"{engine.config.architecture} is not supported yet (applying a trained adapter is)"
+            )
+        if not prompt_ids or not completion_ids:
+            raise InvalidArgumentError("adapt needs a non-empty prompt and a non-empty completion")
+        if not isinstance(reward, (int, float)) or not np.isfinite(reward) or reward == 0:
+            raise InvalidArgumentError(f"reward must be a non-zero number, got {reward!r}")
+        self.tokens = list(prompt_ids) + list(completion_ids)
+        if len(self.tokens) > engine.context_length:
+            raise InvalidArgumentError(
+                f"prompt and completion have {len(self.tokens)} tokens; the context window is {engine.context_length}"
+            )
+        self.engine, self.adapter, self.reward, self.cache = engine, adapter, float(reward), cache
+        self.scored = np.arange(len(prompt_ids) - 1, len(self.tokens) - 1)  # (P,)
+        self.entering: np.ndarray | None = None  # (T, D) at first_layer, computed by the first step
+        self.steps = 0  # taken so far
+        self.log_prob_before: float | None = None
+        self.report: AdaptReport | None = None  # set by finish()
+        self.compute_ms = 0.0
+        self.reused_states = False  # whether the entering states came from the cache's tap
+
+    @property
+    def done(self) -> bool:
+        return self.report is not None
+
+    def step(self) -> None:
+        """One optimizer step (the last one also consolidates: `finish`)."""
+        if self.done:
+            return
+        started = time.perf_counter()
+        options, adapter = self.options, self.adapter
+        with self.engine.threads.limit(len(self.tokens)):  # products over the whole sequence: prompt-sized
+            entering = self._entering()
+            result, grads = adapter_gradients(self.engine, adapter, self.tokens, self.scored, self.reward, entering)
+        self.log_prob_before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
+        if options.until_greedy and self.reward > 0 and result.greedy:  # learned: greedy decoding gives it
+            self.compute_ms += (time.perf_counter() - started) * 1000
+            self.finish()
+            return
+        params, state = dict(adapter.parameters()), adapter.state
+        grads = clipped(grads, options.max_grad_norm)
+        if options.ewc:
+            grads = state.ewc.pulled(grads, params, options.ewc)
+        if options.optimizer == "sgd":
+            sgd(params, grads, options.lr)
+        else:
+            state.adam.update(params, grads, options.lr)
+        adapter.version += 1
+        self.steps += 1
+        self.compute_ms += (time.perf_counter() - started) * 1000
+        if self.steps == options.steps:
+            self.finish()
+
+    def finish(self) -> AdaptReport:
+        """Consolidate what this lesson taught (its Fisher information, EWC) and report."""
+        if self.report is None:
+            with self.engine.threads.limit(len(self.tokens)):
+                result, grads = adapter_gradients(
+                    self.engine, self.adapter, self.tokens, self.scored, 1.0, self._entering()
+                )
+            after = result.log_likelihood
+            params = dict(self.adapter.parameters())
+            self.adapter.state.ewc.consolidate(params, grads, self.options.fisher_decay)
+            step_ms = self.compute_ms / max(self.steps, 1)
+            self.report = AdaptReport(self.log_prob_before, after, self.steps, step_ms)
+        return self.report
+
+    def run(self, budget_ms: float | None = None) -> bool:
+        """Steps until the lesson is done or `budget_ms` is spent (at least one step); True when done."""
+        started = time.perf_counter()
+        while not self.done:
+            self.step()
+            if budget_ms is not None and (time.perf_counter() - started) * 1000 >= budget_ms:
+                break
+        return self.done
+
+    def _entering(self) -> np.ndarray:
+        """The hidden states entering the adapter's lowest layer at every position fed (T, D)."""
+        if self.entering is None:
+            engine, first = self.engine, first_layer(self.engine, self.adapter)
+            fed = self.tokens[: int(self.scored.max()) + 1]
+            tapped = tapped_states(engine, self.cache, fed, first)
+            self.reused_states = tapped is not None
+            if tapped is not None:
+                tap_layer, x = tapped
+                self.entering = advance(engine.weights, engine.config, engine.inv_freq, x, range(tap_layer, first))
+            else:
+                self.entering = entering_states(engine.weights, engine.config, engine.inv_freq, fed, first)
+        return self.entering
+
+
+def tapped_states(engine: Engine, cache: KVCache | None, tokens: list[int], first: int):
+    """(tap layer, hidden states (T, D) entering it) for `tokens` from a cache that computed them with
+    the weights below `first` as they are now, or None."""
+    if cache is None or cache.tap is None or cache.tap.layer > first or cache.owner is None:
+        return None
+    if engine.kept_layers(cache.owner, engine.weights_identity()) < cache.tap.layer:
+        return None
+    if cache.tap.length < len(tokens) or cache.tokens[: len(tokens)] != list(tokens):
+        return None
+    return cache.tap.layer, cache.tap.read(len(tokens)).copy()
 
 
 def adapt(
@@ -71,43 +212,77 @@ def adapt(
     completion_ids: list[int],
     reward: float = 1.0,
     options: AdaptOptions | None = None,
+    cache: KVCache | None = None,
 ) -> AdaptReport:
-    """Teach `adapter` (active in `engine`) that `completion_ids` follows `prompt_ids`, weighted by reward."""
-    options = options or AdaptOptions()
-    if not engine.config.llama_block:
-        raise InvalidArgumentError(
-            f"adapt (MicroLoRA learning) runs on Llama-style blocks (Llama, Mistral, Qwen2, Phi-3); "
-            f"{engine.config.architecture} is not supported yet (applying a trained adapter is)"
+    """Teach `adapter` (active in `engine`) that `completion_ids` follows `prompt_ids`, weighted by reward:
+    every step of a Lesson at once. `cache`: the cache of the generation that produced the text, if any."""
+    lesson = Lesson(engine, adapter, prompt_ids, completion_ids, reward, options, cache)
+    lesson.run()
+    return lesson.report
+
+
+@dataclass(frozen=True)
+class LearningStatus:
+    """Where the background loop stands."""
+
+    lessons: int  # waiting or under way (0: idle)
+    step: int  # steps the current lesson has taken
+    steps: int  # its most steps
+    adapter: str | None  # the adapter it teaches
+    version: int  # that adapter's version (bumped by every step)
+    finished: int  # lessons finished so far
+    cancelled: int  # lessons cancelled so far
+
+
+class Learner:
+    """The background loop: lessons waiting to be learned, in order, a step at a time. `run(budget_ms)`
+    takes steps until the budget is spent; callers run it between generations (the worker in its idle
+    time, Python code whenever it likes), so learning never holds a generation up by more than a step.
+    A lesson's first step is taken at once by whoever adds it (the instant loop)."""
+
+    def __init__(self, adapters) -> None:
+        self.adapters = adapters  # lora.AdapterSet: the lessons' adapters by name
+        self.queue: deque[tuple[str, Lesson]] = deque()
+        self.finished = 0
+        self.cancelled = 0
+
+    def add(self, name: str, lesson: Lesson) -> None:
+        self.queue.append((name, lesson))
+
+    def run(self, budget_ms: float | None = None) -> LearningStatus:
+        """Steps of the waiting lessons until none is left or `budget_ms` is spent (at least one step)."""
+        started = time.perf_counter()
+        while self.queue:
+            name, lesson = self.queue[0]
+            if self.adapters.adapters.get(name) is not lesson.adapter:  # replaced or removed meanwhile
+                self.queue.popleft()
+                self.cancelled += 1
+                continue
+            with self.adapters.lock:
+                self.adapters.apply(name)
+                lesson.step()
+            if lesson.done:
+                self.queue.popleft()
+                self.finished += 1
+            if budget_ms is not None and (time.perf_counter() - started) * 1000 >= budget_ms:
+                break
+        return self.status()
+
+    def cancel(self, lesson: Lesson | None = None) -> LearningStatus:
+        """Drop `lesson` (None: every waiting lesson); what their steps taught so far stays."""
+        kept = deque(entry for entry in self.queue if lesson is not None and entry[1] is not lesson)
+        self.cancelled += len(self.queue) - len(kept)
+        self.queue = kept
+        return self.status()
+
+    def status(self) -> LearningStatus:
+        if not self.queue:
+            return LearningStatus(0, 0, 0, None, 0, self.finished, self.cancelled)
+        name, lesson = self.queue[0]
+        version = lesson.adapter.version
+        return LearningStatus(
+            len(self.queue), lesson.steps, lesson.options.steps, name, version, self.finished, self.cancelled
         )
-    if not prompt_ids or not completion_ids:
-        raise InvalidArgumentError("adapt needs a non-empty prompt and a non-empty completion")
-    if not isinstance(reward, (int, float)) or not np.isfinite(reward) or reward == 0:
-        raise InvalidArgumentError(f"reward must be a non-zero number, got {reward!r}")
-    tokens = list(prompt_ids) + list(completion_ids)
-    if len(tokens) > engine.context_length:
-        raise InvalidArgumentError(
-            f"prompt and completion have {len(tokens)} tokens; the context window is {engine.context_length}"
-        )
-    scored = np.arange(len(prompt_ids) - 1, len(tokens) - 1)
-    params, state = dict(adapter.parameters()), adapter.state
-    before = None
-    started = time.perf_counter()
-    with engine.threads.limit(len(tokens)):  # products over the whole sequence: prompt-sized
-        for _ in range(options.steps):
-            _, ll, grads = adapter_gradients(engine, adapter, tokens, scored, reward)
-            before = ll if before is None else before
-            grads = clipped(grads, options.max_grad_norm)
-            if options.ewc:
-                grads = state.ewc.pulled(grads, params, options.ewc)
-            if options.optimizer == "sgd":
-                sgd(params, grads, options.lr)
-            else:
-                state.adam.update(params, grads, options.lr)
-            adapter.version += 1
-        step_ms = (time.perf_counter() - started) * 1000 / options.steps
-        _, after, grads = adapter_gradients(engine, adapter, tokens, scored, 1.0)
-    state.ewc.consolidate(params, grads, options.fisher_decay)
-    return AdaptReport(before, after, options.steps, step_ms)
 
 
 def clipped(grads: dict[str, np.ndarray], max_norm: float) -> dict[str, np.ndarray]:

@@ -1,0 +1,183 @@
+"""The instant loop of MicroLoRA on a tiny model: the cache keeps the hidden states entering the
+adapted layers (its tap), a lesson starts from them instead of a forward through the layers below,
+and after learning only the adapted layers' keys and values are recomputed."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+
+from ruvllm.learning.backprop import entering_states
+from ruvllm.learning.learn import AdaptOptions, Learner, LearningStatus, Lesson
+from ruvllm.learning.lora import Adapter, AdapterSet, LoRAConfig
+from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.generate import GenerationOptions, Prefilling, generate_tokens
+
+from conftest import tiny_model
+
+PROMPT = [int(t) for t in np.random.default_rng(7).integers(3, 128, 20)]
+GREEDY = GenerationOptions.from_kwargs(max_tokens=6, temperature=0, ignore_eos=True)
+
+
+class Counting:
+    """A matrix that counts the rows it multiplies (to see which layers a forward ran)."""
+
+    def __init__(self, matrix) -> None:
+        self.matrix, self.rows = matrix, 0
+        self.shape, self.kernel = matrix.shape, getattr(matrix, "kernel", "blas")
+
+    def __call__(self, x):
+        self.rows += x.shape[0]
+        return self.matrix(x)
+
+    def dequantize(self):
+        return self.matrix.dequantize()
+
+
+@pytest.fixture
+def engine(tmp_path):
+    tiny_model("llama", tmp_path, num_hidden_layers=4)
+    engine = load_engine(str(tmp_path))
+    AdapterSet.attached(engine)
+    engine.tap_layer = 2
+    return engine
+
+
+def top_adapter(engine, name="a") -> Adapter:
+    adapter = Adapter.new(engine.weights, LoRAConfig(targets=("down_proj",), layers=(-2, -1)))
+    engine.wrappers.add(name, adapter)
+    engine.wrappers.activate(name)
+    return adapter
+
+
+def run(engine, prompt, cache, **kwargs):
+    steps = list(generate_tokens(engine, prompt, GREEDY, cache=cache, **kwargs))
+    return [s.token_id for s in steps if not isinstance(s, Prefilling)], steps[0]
+
+
+def test_the_tap_keeps_the_hidden_states_entering_its_layer(engine):
+    cache = engine.new_cache()
+    run(engine, PROMPT, cache)
+    held = len(cache.tokens)
+    assert cache.tap.layer == 2 and cache.tap.length == held == len(PROMPT) + GREEDY.max_tokens - 1
+    expected = entering_states(engine.weights, engine.config, engine.inv_freq, cache.tokens, 2)
+    np.testing.assert_allclose(cache.tap.read(held), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_a_lesson_starts_from_the_generation_s_hidden_states(engine):
+    adapter = top_adapter(engine)
+    cache = engine.new_cache()
+    answer, _ = run(engine, PROMPT, cache)
+    twin = copy.deepcopy(adapter)
+    options = AdaptOptions(steps=2, lr=0.01)
+    tapped = Lesson(engine, adapter, PROMPT, answer, 1.0, options, cache)
+    tapped.run()
+    assert tapped.reused_states and tapped.done
+    engine.wrappers.add("twin", twin)
+    engine.wrappers.activate("twin")
+    computed = Lesson(engine, twin, PROMPT, answer, 1.0, options)  # no cache: the layers below run once
+    computed.run()
+    assert not computed.reused_states
+    for (key, a), (_, b) in zip(adapter.parameters(), twin.parameters(), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5, err_msg=key)
+    assert tapped.report.log_prob_after == pytest.approx(computed.report.log_prob_after, abs=1e-5)
+    assert tapped.report.log_prob_after > tapped.report.log_prob_before
+
+
+def test_after_learning_only_the_adapted_layers_are_recomputed(engine):
+    adapter = top_adapter(engine)
+    cache = engine.new_cache()
+    answer, _ = run(engine, PROMPT, cache)
+    Lesson(engine, adapter, PROMPT, answer, 1.0, AdaptOptions(steps=3, lr=0.02), cache).run()
+    follow = PROMPT + answer + [5, 6, 7]
+    bottom = engine.weights.layers[0].self_attn.q_proj
+    top = engine.weights.layers[3].self_attn.q_proj
+    bottom.matrix, top.matrix = Counting(bottom.matrix), Counting(top.matrix)
+    ids, first = run(engine, follow, cache)
+    reused = len(PROMPT) + len(answer) - 1  # the last answer token was sampled, never fed
+    assert first.cached_tokens == reused
+    assert bottom.matrix.rows == len(follow) - reused + GREEDY.max_tokens - 1  # the new tokens only
+    assert top.matrix.rows == bottom.matrix.rows + reused  # and the reused ones, recomputed
+    fresh = engine.new_cache()
+    fresh_ids, _ = run(engine, follow, fresh)
+    assert ids == fresh_ids
+    for mine, theirs in zip(cache.layers, fresh.layers, strict=True):
+        n = mine.hot.length
+        np.testing.assert_allclose(mine.hot.k[:, :n], theirs.hot.k[:, :n], atol=1e-5)
+        np.testing.assert_allclose(mine.hot.v[:, :n], theirs.hot.v[:, :n], atol=1e-5)
+
+
+def test_switching_to_the_base_model_recomputes_the_same_layers(engine):
+    adapter = top_adapter(engine)
+    cache = engine.new_cache()
+    answer, _ = run(engine, PROMPT, cache)
+    Lesson(engine, adapter, PROMPT, answer, 1.0, AdaptOptions(steps=3, lr=0.02), cache).run()
+    run(engine, PROMPT + answer, cache)  # the adapter's cache
+    engine.wrappers.activate(None)
+    ids, first = run(engine, PROMPT + answer + [9], cache)
+    assert first.cached_tokens == len(PROMPT) + len(answer)
+    assert ids == run(engine, PROMPT + answer + [9], engine.new_cache())[0]
+
+
+def test_an_interrupted_recompute_leaves_a_cache_that_starts_over(engine):
+    adapter = top_adapter(engine)
+    engine.prefill_chunk = 4
+    cache = engine.new_cache()
+    answer, _ = run(engine, PROMPT, cache)
+    Lesson(engine, adapter, PROMPT, answer, 1.0, AdaptOptions(steps=2, lr=0.02), cache).run()
+    follow = PROMPT + answer
+    steps = generate_tokens(engine, follow, GREEDY, cache=cache, report_prefill=True)
+    assert isinstance(next(steps), Prefilling)  # one chunk of the recompute, then the caller leaves
+    steps.close()
+    ids, first = run(engine, follow, cache)
+    assert first.cached_tokens == 0
+    assert ids == run(engine, follow, engine.new_cache())[0]
+
+
+def test_an_adapter_below_the_tap_empties_the_cache(engine):
+    cache = engine.new_cache()
+    run(engine, PROMPT, cache)
+    adapter = Adapter.new(engine.weights, LoRAConfig(targets=("down_proj",), layers=(1,)))
+    engine.wrappers.add("low", adapter)
+    engine.wrappers.activate("low")
+    _, first = run(engine, [*PROMPT, 4], cache)
+    assert first.cached_tokens == 0
+
+
+def test_the_learner_takes_steps_within_a_budget_and_can_be_cancelled(engine):
+    adapter = top_adapter(engine)
+    learner = Learner(engine.wrappers)
+    options = AdaptOptions(steps=4, lr=0.01)
+    first = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, options)
+    first.step()  # the instant step, taken by whoever adds the lesson
+    learner.add("a", first)
+    second = Lesson(engine, adapter, PROMPT[:10], [8, 9], 1.0, options)
+    learner.add("a", second)
+    assert learner.status() == LearningStatus(2, 1, 4, "a", 1, 0, 0)
+    status = learner.run(budget_ms=0)  # a budget of nothing still takes one step
+    assert (status.step, status.version) == (2, 2) and first.steps == 2
+    status = learner.run(budget_ms=None)  # until every lesson is done
+    assert first.done and second.done and status == LearningStatus(0, 0, 0, None, 0, 2, 0)
+    assert (
+        adapter.version == 8 and first.report.steps == 4 and first.report.log_prob_after > first.report.log_prob_before
+    )
+
+    third = Lesson(engine, adapter, PROMPT, [3], 1.0, options)
+    learner.add("a", third)
+    learner.run(budget_ms=0)
+    kept = {k: v.copy() for k, v in adapter.parameters()}
+    assert learner.cancel(third).lessons == 0 and learner.cancelled == 1 and not third.done
+    learner.run(budget_ms=None)
+    for key, value in adapter.parameters():  # what the cancelled lesson taught stays; nothing more was taught
+        np.testing.assert_array_equal(value, kept[key])
+
+
+def test_a_lesson_whose_adapter_was_replaced_is_dropped(engine):
+    adapter = top_adapter(engine)
+    learner = Learner(engine.wrappers)
+    learner.add("a", Lesson(engine, adapter, PROMPT, [5], 1.0, AdaptOptions(steps=3)))
+    top_adapter(engine)  # a new adapter under the same name
+    status = learner.run(budget_ms=None)
+    assert status.cancelled == 1 and status.finished == 0 and adapter.version == 0
