@@ -222,22 +222,48 @@ export class RuvLLM {
 
   /**
    * Learn from feedback: make `completion` likelier (reward > 0) or less likely (< 0) after a prompt
-   * (raw text) or a conversation (messages, rendered with the chat template). Makes the adapter
-   * (rank 2 on q_proj and v_proj) if none has that name yet, and leaves it active.
+   * (raw text) or a conversation (messages, rendered with the chat template). Makes the adapter (the
+   * default config) if none has that name yet, and leaves it active.
+   *
+   * The first step is taken at once (the next answer already differs); the others run in the worker's
+   * idle time, a slice at a time, so generation requests made meanwhile start within one slice and
+   * learning resumes after them. `onProgress({ step, steps, version, done })` follows every slice; the
+   * promise resolves with the report when the lesson is done. Aborting `signal` cancels the rest of
+   * the lesson (the steps taken stay) and rejects with an AbortError.
    * @param {import('../types/index.d.ts').Feedback} feedback
+   * @param {import('../types/index.d.ts').AdaptOptions} [options]
    * @returns {Promise<import('../types/index.d.ts').AdaptReport>}
    */
-  adapt(feedback) {
+  async adapt(feedback, { signal, onProgress } = {}) {
     const ok =
       feedback &&
       typeof feedback.completion === 'string' &&
       (typeof feedback.prompt === 'string' || Array.isArray(feedback.messages));
     if (!ok) throw new RuvLLMError('invalid_argument', 'adapt needs { prompt or messages, completion }');
     if (feedback.messages) checkMessages(feedback.messages);
-    return this.#answer({ type: 'adapt', feedback });
+    if (onProgress !== undefined && typeof onProgress !== 'function')
+      throw new RuvLLMError('invalid_argument', 'onProgress must be a function');
+    if (signal?.aborted) throw new AbortError('learning cancelled');
+    let report = null;
+    for await (const event of this.#request({ type: 'adapt', feedback }, signal, 'learning cancelled')) {
+      if (event.type === 'learning') {
+        const { key: _, report: __, cancelled: ___, ...progress } = event.progress;
+        onProgress?.(progress);
+      } else if (event.type === 'result') report = event.result;
+    }
+    return report;
   }
 
-  /** A fresh adapter ({ name, rank, alpha, targets }), made active. */
+  /**
+   * The adapters held, the active one, each one's version (bumped by every learning step) and how many
+   * lessons are waiting to be learned.
+   * @returns {Promise<import('../types/index.d.ts').AdapterList>}
+   */
+  adapters() {
+    return this.#answer({ type: 'adapters' });
+  }
+
+  /** A fresh adapter ({ name, rank, alpha, targets, layers }), made active. */
   newAdapter(config = {}) {
     return this.#answer({ type: 'new_adapter', config });
   }
@@ -322,7 +348,7 @@ export class RuvLLM {
   }
 
   /** Send one request and yield its events until 'done' (returns) or 'error' (throws). */
-  async *#request(request, signal) {
+  async *#request(request, signal, aborted = 'generation aborted') {
     if (this.#failed) throw this.#failed;
     const id = newId();
     const queue = new EventQueue();
@@ -331,7 +357,7 @@ export class RuvLLM {
     let finished = false;
     const onAbort = () => {
       this.#worker.post({ type: 'abort', id });
-      queue.push({ type: 'error', error: { type: 'abort', message: 'generation aborted' } });
+      queue.push({ type: 'error', error: { type: 'abort', message: aborted } });
     };
     signal?.addEventListener('abort', onAbort, { once: true });
     this.#worker.post({ ...request, id });

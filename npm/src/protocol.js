@@ -14,12 +14,15 @@
  *   { type: 'tokenize', id, prompt | messages }           token ids of raw text, or of a rendered chat
  *   { type: 'cache_stats', id }                           positions and bytes of the KV cache per tier
  *   { type: 'adapt', id, feedback }                       feedback: { prompt | messages, completion, reward,
- *                                                                   adapter, steps, lr }
- *   { type: 'new_adapter', id, config }                   config: { name, rank, alpha, targets }
+ *                                                                   adapter, steps, lr }; the first step at
+ *                                                         once, the others in idle time ('learning' events)
+ *   { type: 'adapters', id }                              the adapters held, their versions, lessons waiting
+ *   { type: 'new_adapter', id, config }                   config: { name, rank, alpha, targets, layers }
  *   { type: 'load_adapter', id, url, name }               an adapter folder (ours or Hugging Face PEFT)
  *   { type: 'set_adapter', id, name }                     name, or null for the base model
  *   { type: 'save_adapter', id, name }                    the adapter's files
- *   { type: 'abort',    id }                              id of the generate/chat/completion request to stop
+ *   { type: 'abort',    id }                              id of the generate/chat/completion request to stop,
+ *                                                         or of the adapt request whose lesson to cancel
  *   { type: 'dispose',  id }
  *
  * Events (worker -> caller):
@@ -32,6 +35,8 @@
  *   { type: 'result',   id, result }                      the answer to 'tokenize', 'cache_stats' or an adapter
  *                                                         request; for 'completion' the whole OpenAI answer
  *                                                         (chat.completion or text_completion), streamed or not
+ *   { type: 'learning', id, progress }                    adapt: { key, step, steps, version, done, cancelled,
+ *                                                         report } after the first step and each slice
  *   { type: 'done',     id }                              a request finished (after its last chunk)
  *   { type: 'error',    id, error: { type, message } }    a request failed; type 'abort' for aborts
  */
@@ -46,6 +51,7 @@ export const REQUESTS = Object.freeze([
   'abort',
   'dispose',
   'adapt',
+  'adapters',
   'new_adapter',
   'load_adapter',
   'set_adapter',
@@ -106,6 +112,7 @@ export const PYTHON_NAMES = Object.freeze({
   logProbBefore: 'log_prob_before',
   logProbAfter: 'log_prob_after',
   stepMs: 'step_ms',
+  budgetMs: 'budget_ms',
 });
 
 const JS_NAMES = Object.freeze(Object.fromEntries(Object.entries(PYTHON_NAMES).map(([js, py]) => [py, js])));

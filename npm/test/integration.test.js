@@ -355,6 +355,54 @@ describe('memory options in Pyodide under Node', { skip: SKIP }, () => {
 });
 
 describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
+  test('learning runs in idle time: a generation asked for after the first step starts within one slice', async () => {
+    const llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE });
+    try {
+      await llm.newAdapter({ name: 'bg', targets: ['down_proj'], layers: [-2, -1] });
+      const events = [];
+      let stepped;
+      const firstStep = new Promise((resolve) => (stepped = resolve));
+      const feedback = { prompt: 'The secret code is', completion: ' BLUE-42.', adapter: 'bg', steps: 8 };
+      const lesson = llm.adapt(feedback, {
+        onProgress: (p) => {
+          events.push({ learning: p.step, version: p.version });
+          stepped();
+        },
+      });
+      await firstStep; // applied: the next answer already uses it
+      assert.deepEqual(events, [{ learning: 1, version: 1 }]);
+      const asked = events.length;
+      for await (const chunk of llm.generate('Hello', { maxTokens: 3, temperature: 0 }))
+        events.push({ chunk: chunk.text });
+      const report = await lesson;
+      const firstChunk = events.findIndex((e) => 'chunk' in e);
+      const slicesBetween = events.slice(asked, firstChunk).length;
+      assert.ok(slicesBetween <= 1, `learning slices between the request and its first chunk: ${slicesBetween}`);
+      assert.ok(
+        events.slice(firstChunk).some((e) => 'learning' in e),
+        'learning resumed after the generation',
+      );
+      assert.equal(report.steps, 8);
+      assert.ok(report.logProbAfter > report.logProbBefore, JSON.stringify(report));
+      assert.deepEqual(await llm.adapters(), { names: ['bg'], active: 'bg', versions: { bg: 8 }, learning: 0 });
+
+      // a lesson cancelled (its signal aborted) keeps the steps it took and takes no more
+      const controller = new AbortController();
+      const long = llm.adapt(
+        { ...feedback, completion: ' GREEN-7.', steps: 500 },
+        { signal: controller.signal, onProgress: () => controller.abort() },
+      );
+      await assert.rejects(long, (e) => e instanceof AbortError && e.message === 'learning cancelled');
+      const after = await llm.adapters();
+      assert.equal(after.learning, 0);
+      assert.ok(after.versions.bg > 8 && after.versions.bg < 20, JSON.stringify(after));
+      await new Promise((resolve) => setTimeout(resolve, 300));
+      assert.deepEqual(await llm.adapters(), after); // nothing learned since
+    } finally {
+      await llm.dispose();
+    }
+  });
+
   test('adapt learns a fact, saves an adapter CPython reads, and loads one CPython wrote', async () => {
     const llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE });
     try {

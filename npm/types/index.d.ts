@@ -569,11 +569,27 @@ export interface Feedback {
   completion: string;
   /** +1: good, make it likelier; -1: bad, less likely; any non-zero number weighs the lesson. */
   reward?: number;
-  /** The adapter that learns (default 'default'; made, rank 2 on q_proj and v_proj, if missing). */
+  /** The adapter that learns (default 'default'; made with the default config if missing). */
   adapter?: string;
-  /** Optimizer steps (default 6) and learning rate (default 0.004). */
+  /** Most optimizer steps and the learning rate (defaults: the measured ones, see docs). */
   steps?: number;
   lr?: number;
+}
+
+export interface AdaptOptions {
+  /** Aborting it cancels the rest of the lesson (the steps taken stay); adapt() rejects with an AbortError. */
+  signal?: AbortSignal;
+  /** After the first step (applied at once) and after each slice of background learning. */
+  onProgress?: (progress: LearningProgress) => void;
+}
+
+export interface LearningProgress {
+  /** Steps taken so far, and the most the lesson takes. */
+  step: number;
+  steps: number;
+  /** The adapter's version (bumped by every step): answers from now on use it. */
+  version: number;
+  done: boolean;
 }
 
 export interface AdaptReport {
@@ -581,8 +597,17 @@ export interface AdaptReport {
   logProbBefore: number;
   logProbAfter: number;
   steps: number;
-  /** Time of one step (forward, backward through the whole network, update). */
+  /** Mean compute time of one step (forward and backward through the adapted layers, update). */
   stepMs: number;
+}
+
+export interface AdapterList {
+  names: string[];
+  active: string | null;
+  /** Each adapter's version: how many learning steps it has taken. */
+  versions: Record<string, number>;
+  /** Lessons waiting to be learned in the background. */
+  learning: number;
 }
 
 export interface AdapterConfig {
@@ -591,8 +616,10 @@ export interface AdapterConfig {
   rank?: number;
   /** Default 2 x rank. */
   alpha?: number;
-  /** Projections of every layer (and 'lm_head'); default ['q_proj', 'v_proj']. */
+  /** Projections adapted (and 'lm_head'); default: the measured default (see docs). */
   targets?: Array<'q_proj' | 'k_proj' | 'v_proj' | 'o_proj' | 'gate_proj' | 'up_proj' | 'down_proj' | 'lm_head'>;
+  /** Decoder layers adapted, negative from the top (-1: the last); null: all. Default: the measured default. */
+  layers?: number[] | null;
 }
 
 export class RuvLLM {
@@ -632,16 +659,25 @@ export class RuvLLM {
   tokenize(input: string | ChatMessage[]): Promise<number[]>;
 
   /**
-   * Learn from feedback (a true gradient step on a LoRA adapter, in the worker).
-   * @example await llm.adapt({ messages, completion: answer, reward: thumbsUp ? 1 : -1 });
+   * Learn from feedback (true gradient steps on a LoRA adapter, in the worker): the first step at once,
+   * the others in the worker's idle time (a generation requested meanwhile starts within one slice).
+   * @example await llm.adapt({ messages, completion: answer, reward: thumbsUp ? 1 : -1 }, { onProgress, signal });
    */
-  adapt(feedback: Feedback): Promise<AdaptReport>;
+  adapt(feedback: Feedback, options?: AdaptOptions): Promise<AdaptReport>;
+
+  /**
+   * The adapters held, the active one, their versions and the lessons waiting.
+   * @example const { versions } = await llm.adapters();
+   */
+  adapters(): Promise<AdapterList>;
 
   /**
    * A fresh adapter, made active.
    * @example await llm.newAdapter({ name: 'facts', rank: 2, targets: ['down_proj'] });
    */
-  newAdapter(config?: AdapterConfig): Promise<{ name: string; rank: number; targets: string[] }>;
+  newAdapter(
+    config?: AdapterConfig,
+  ): Promise<{ name: string; rank: number; targets: string[]; layers: number[] | null }>;
 
   /**
    * Load an adapter folder (ours, or a Hugging Face PEFT LoRA) by URL; returns its name.

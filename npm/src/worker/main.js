@@ -212,11 +212,64 @@ async function* steps(id) {
   }
 }
 
+/**
+ * Learning from feedback. The lesson's first step is taken at once (the instant loop: the next answer
+ * already differs); its other steps run in the worker's idle time, a slice at a time (learnWhileIdle),
+ * so a request that comes in waits at most one slice. The request stays open until the lesson is done
+ * ('learning' events on the way, then its report) or cancelled (an abort).
+ */
 async function adapt({ id, feedback }) {
   const { prompt, messages, completion, reward = 1, adapter = 'default', steps, lr } = feedback;
   const [promptIds, completionIds] = state.text.feedbackIds({ prompt, messages, completion });
-  const report = callBridge(state.engine, 'adapt', { adapter, promptIds, completionIds, reward, steps, lr });
-  send({ type: 'result', id, result: report });
+  const request = { key: id, adapter, promptIds, completionIds, reward, steps, lr };
+  const progress = callBridge(state.engine, 'feedback', request);
+  reportLesson(progress, false);
+  if (progress.done) return undefined;
+  learning.lessons.add(id);
+  return KEEP_OPEN;
+}
+
+/** How long one slice of background learning may run before pending requests are looked at (ms). */
+const LEARNING_SLICE_MS = 100;
+const KEEP_OPEN = Symbol('the request stays open: its answer comes later');
+const learning = { lessons: new Set(), running: false };
+
+/**
+ * A lesson's progress as a 'learning' event, its report as the 'result' once done. For a lesson that
+ * went on in the background (`background`), also the end of its request: 'done', or an abort error
+ * when it was cancelled.
+ */
+function reportLesson(progress, background) {
+  const id = progress.key;
+  send({ type: 'learning', id, progress });
+  if (progress.done) send({ type: 'result', id, result: progress.report });
+  if (!background || (!progress.done && !progress.cancelled)) return;
+  learning.lessons.delete(id);
+  if (progress.done) send({ type: 'done', id });
+  else send({ type: 'error', id, error: serializeError(new AbortError('learning cancelled')) });
+}
+
+/** Stop lesson `id` (an abort of its adapt request) now: the worker may be between two tokens. */
+function cancelLesson(id) {
+  for (const progress of callBridge(state.engine, 'cancel_learning', { key: id }).lessons) reportLesson(progress, true);
+}
+
+/**
+ * The background loop: while no request is waiting, slices of learning (each at least one step, about
+ * LEARNING_SLICE_MS), with the event loop turned between two so a new request is seen at once.
+ */
+async function learnWhileIdle() {
+  if (learning.running) return;
+  learning.running = true;
+  try {
+    while (learning.lessons.size && pending === 0 && state.engine) {
+      const answer = callBridge(state.engine, 'learn', { budgetMs: LEARNING_SLICE_MS });
+      for (const progress of answer.lessons) reportLesson(progress, true);
+      await yieldToEventLoop();
+    }
+  } finally {
+    learning.running = false;
+  }
 }
 
 async function loadAdapter({ id, url, name }) {
@@ -249,6 +302,7 @@ const answer =
 const HANDLERS = {
   load,
   dispose: async () => {
+    if (state.engine) cancelLesson(null);
     state.engine?.destroy();
     state.engine = state.text = state.model = null;
   },
@@ -258,6 +312,7 @@ const HANDLERS = {
   tokenize: async (message) => send({ type: 'result', id: message.id, result: promptIds(message) }),
   cache_stats: answer('cache_stats'),
   adapt,
+  adapters: answer('adapter_names'),
   new_adapter: answer('new_adapter', (m) => [m.config ?? {}]),
   set_adapter: answer('set_adapter', (m) => [{ name: m.name ?? null }]),
   load_adapter: loadAdapter,
@@ -269,8 +324,7 @@ async function handle(message) {
   try {
     if (type !== 'load' && type !== 'dispose' && !state.engine)
       throw new RuvLLMError('inference', 'the model is not loaded');
-    await HANDLERS[type](message);
-    send({ type: 'done', id });
+    if ((await HANDLERS[type](message)) !== KEEP_OPEN) send({ type: 'done', id });
   } catch (error) {
     send({ type: 'error', id, error: serializeError(error) });
   } finally {
@@ -279,7 +333,9 @@ async function handle(message) {
 }
 
 // Requests are handled in order, except aborts, which must get through while a generation runs.
+// Background learning runs when none is waiting (`pending`: requests received and not yet handled).
 let queue = Promise.resolve();
+let pending = 0;
 const onMessage = (data) => {
   let message;
   try {
@@ -288,8 +344,17 @@ const onMessage = (data) => {
     send({ type: 'error', id: data?.id ?? 0, error: { type: 'invalid_argument', message: error.message } });
     return;
   }
-  if (message.type === 'abort') state.aborted.add(message.id);
-  else queue = queue.then(() => handle(message));
+  if (message.type === 'abort' && learning.lessons.has(message.id)) cancelLesson(message.id);
+  else if (message.type === 'abort') state.aborted.add(message.id);
+  else {
+    pending += 1;
+    queue = queue
+      .then(() => handle(message))
+      .finally(() => {
+        pending -= 1;
+        if (pending === 0) learnWhileIdle();
+      });
+  }
 };
 if (IS_NODE) port.on('message', onMessage);
 else port.addEventListener('message', (event) => onMessage(event.data));
