@@ -25,9 +25,9 @@ import numpy as np
 
 from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
-from ..model.forward import Masks, Sequence, Tape, embed, logits, rms_norm, run_layers, silu
+from ..model.forward import LayerTape, Masks, Sequence, Tape, embed, logits, rms_norm, run_layers, silu
 from ..model.rope import apply_rope, rope_tables
-from ..model.weights import Linear, Weights
+from ..model.weights import Linear, Weights, linear
 from ..quant.matrices import dense_product
 from .lora import LoRAMatrix
 
@@ -98,22 +98,49 @@ def advance(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], x
     return run_layers(weights, config, inv_freq, x, [Sequence(slice(None), positions, cache, Masks(positions))], layers)
 
 
-def _run(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], entering: np.ndarray, first: int):
-    """The inference forward of layers `first`.. over positions 0..T-1 entering with `entering` (T, D),
-    from an empty float32 cache: (the last layer's output (T, D), the tapes of those layers)."""
+@dataclass
+class Start:
+    """Where the passes of a lesson start: at layer `first`, with the hidden states entering it (T, D).
+    When that layer's only adapted matrix is down_proj, everything it computes before that product is
+    the same at every step: `frozen` keeps it (the layer's tape), and a step starts at the product."""
+
+    first: int
+    entering: np.ndarray
+    frozen: LayerTape | None = None
+
+
+def start_at(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], entering: np.ndarray, first: int):
+    """The Start of passes at layer `first` entering with `entering` (T, D)."""
+    if first == config.num_hidden_layers:
+        return Start(first, entering)
+    layer = weights.layers[first]
+    w, m = layer.self_attn, layer.mlp
+    if _adapted(w.q_proj, w.k_proj, w.v_proj, w.o_proj, m.gate_proj, m.up_proj):
+        return Start(first, entering)
+    _, tapes = _run(weights, config, inv_freq, Start(first, entering), stop=first + 1)
+    return Start(first, entering, tapes[0])
+
+
+def _run(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, stop: int | None = None):
+    """The inference forward of layers start.first.. (to `stop`) over positions 0..T-1, from an empty
+    float32 cache: (the last layer's output (T, D), the tapes of those layers)."""
     tape = Tape()
-    T = len(entering)
+    first, x = start.first, start.entering
+    if start.frozen is not None:  # the first layer from its down_proj product on
+        x = start.frozen.h + linear(start.frozen.s, weights.layers[first].mlp.down_proj)  # (T, D)
+        tape.layers.append(start.frozen)
+        first += 1
+    T = len(x)
     positions = np.arange(T)
     cache = KVCache(config, T, KVOptions())
     batch = [Sequence(slice(None), positions, cache, Masks(positions))]
-    return run_layers(
-        weights, config, inv_freq, entering, batch, range(first, config.num_hidden_layers), tape
-    ), tape.layers
+    layers = range(first, config.num_hidden_layers if stop is None else stop)
+    return run_layers(weights, config, inv_freq, x, batch, layers, tape), tape.layers
 
 
 def logits_for(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], tokens: list[int]) -> np.ndarray:
     """All logits (T, V) of the forward the backward pass runs on."""
-    x, _ = _run(weights, config, inv_freq, entering_states(weights, config, inv_freq, tokens, 0), 0)
+    x, _ = _run(weights, config, inv_freq, Start(0, entering_states(weights, config, inv_freq, tokens, 0)))
     return logits(weights, config, x)
 
 
@@ -126,20 +153,23 @@ def loss_and_grads(
     reward: float = 1.0,
     soft_targets: np.ndarray | None = None,
     first: int = 0,
-    entering: np.ndarray | None = None,
+    start: Start | None = None,
 ) -> Gradients:
     """The loss, its gradients (by LoRAMatrix) and the targets' log-likelihood for predicting tokens[p + 1]
     from the positions p in `scored` (P,); with `soft_targets` (P, V) probabilities instead, the loss is
     the cross-entropy to them (a KL divergence up to a constant), weighted by `reward`.
 
-    The forward and backward run through layers `first`.. (no adapter may sit below it), entering with
-    `entering` (>= max(scored) + 1 rows, D): the hidden states there at positions 0.. (default: computed)."""
+    The forward and backward run through layers `first`.. (no adapter may sit below it), from `start`
+    (start_at: the hidden states entering there at positions 0..max(scored); default: computed)."""
     tokens = np.asarray(tokens)
     T = int(scored.max()) + 1  # positions fed: the last one scored is the last one needed
-    if entering is None:
-        entering = entering_states(weights, config, inv_freq, tokens[:T], first)
+    if start is None:
+        start = start_at(
+            weights, config, inv_freq, entering_states(weights, config, inv_freq, tokens[:T], first), first
+        )
+    assert start.first == first and len(start.entering) == T, "a start for other positions or another layer"
     H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
-    x_last, tapes = _run(weights, config, inv_freq, entering[:T], first)
+    x_last, tapes = _run(weights, config, inv_freq, start)
     xs = x_last[scored]  # (P, D)
     final = rms_norm(xs, weights.norm, config.rms_norm_eps)  # (P, D)
     scored_logits = weights.lm_head(final).astype(np.float64)  # (P, V)

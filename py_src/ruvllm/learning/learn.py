@@ -22,7 +22,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..model.cache import KVCache
 from ..runtime.engine import Engine
-from .backprop import advance, entering_states, loss_and_grads
+from .backprop import Start, advance, entering_states, loss_and_grads, start_at
 from .lora import Adapter
 from .state import sgd
 
@@ -62,13 +62,13 @@ def adapter_gradients(
     tokens: list[int],
     scored: np.ndarray,
     reward: float,
-    entering: np.ndarray | None = None,
+    start: Start | None = None,
 ):
     """(backprop.Gradients, {key: gradient}) with `adapter` active in the engine's weights; the passes
-    run from the adapter's lowest layer up, entering with `entering` there (default: computed)."""
+    run from the adapter's lowest layer up, from `start` (backprop.start_at; default: computed)."""
     first = first_layer(engine, adapter)
     weights, config = engine.weights, engine.config
-    result = loss_and_grads(weights, config, engine.inv_freq, tokens, scored, reward, None, first, entering)
+    result = loss_and_grads(weights, config, engine.inv_freq, tokens, scored, reward, None, first, start)
     grads = {}
     for matrix, dA, dB in result.by_matrix.values():
         for name, A in adapter.A.items():
@@ -116,7 +116,7 @@ class Lesson:
             )
         self.engine, self.adapter, self.reward, self.cache = engine, adapter, float(reward), cache
         self.scored = np.arange(len(prompt_ids) - 1, len(self.tokens) - 1)  # (P,)
-        self.entering: np.ndarray | None = None  # (T, D) at first_layer, computed by the first step
+        self.start: Start | None = None  # where each step's passes start, made by the first step
         self.steps = 0  # taken so far
         self.log_prob_before: float | None = None
         self.report: AdaptReport | None = None  # set by finish()
@@ -134,8 +134,8 @@ class Lesson:
         started = time.perf_counter()
         options, adapter = self.options, self.adapter
         with self.engine.threads.limit(len(self.tokens)):  # products over the whole sequence: prompt-sized
-            entering = self._entering()
-            result, grads = adapter_gradients(self.engine, adapter, self.tokens, self.scored, self.reward, entering)
+            start = self._start()
+            result, grads = adapter_gradients(self.engine, adapter, self.tokens, self.scored, self.reward, start)
         self.log_prob_before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
         if options.until_greedy and self.reward > 0 and result.greedy:  # learned: greedy decoding gives it
             self.compute_ms += (time.perf_counter() - started) * 1000
@@ -160,7 +160,7 @@ class Lesson:
         if self.report is None:
             with self.engine.threads.limit(len(self.tokens)):
                 result, grads = adapter_gradients(
-                    self.engine, self.adapter, self.tokens, self.scored, 1.0, self._entering()
+                    self.engine, self.adapter, self.tokens, self.scored, 1.0, self._start()
                 )
             after = result.log_likelihood
             params = dict(self.adapter.parameters())
@@ -178,19 +178,22 @@ class Lesson:
                 break
         return self.done
 
-    def _entering(self) -> np.ndarray:
-        """The hidden states entering the adapter's lowest layer at every position fed (T, D)."""
-        if self.entering is None:
+    def _start(self) -> Start:
+        """Where the passes start: the hidden states entering the adapter's lowest layer at every
+        position fed, and what that layer computes the same at every step (backprop.start_at)."""
+        if self.start is None:
             engine, first = self.engine, first_layer(self.engine, self.adapter)
+            weights, config, inv_freq = engine.weights, engine.config, engine.inv_freq
             fed = self.tokens[: int(self.scored.max()) + 1]
             tapped = tapped_states(engine, self.cache, fed, first)
             self.reused_states = tapped is not None
             if tapped is not None:
                 tap_layer, x = tapped
-                self.entering = advance(engine.weights, engine.config, engine.inv_freq, x, range(tap_layer, first))
+                entering = advance(weights, config, inv_freq, x, range(tap_layer, first))
             else:
-                self.entering = entering_states(engine.weights, engine.config, engine.inv_freq, fed, first)
-        return self.entering
+                entering = entering_states(weights, config, inv_freq, fed, first)
+            self.start = start_at(weights, config, inv_freq, entering, first)
+        return self.start
 
 
 def tapped_states(engine: Engine, cache: KVCache | None, tokens: list[int], first: int):
