@@ -263,3 +263,26 @@ def test_our_adapters_load_in_peft(tmp_path):
         with torch.no_grad():
             np.testing.assert_allclose(peft_model(torch.tensor([TOKENS])).logits[0].numpy(), ours, atol=1e-4)
         assert Adapter.load(str(folder), engine.weights).config.layers == (None if layers is None else (1,))
+
+
+def test_merge_writes_a_model_folder_that_computes_like_the_adapter(tmp_path):
+    from ruvllm.tools.merge import merge_adapter
+
+    tiny_model("llama", tmp_path / "m", tie_word_embeddings=True)
+    engine = load_engine(str(tmp_path / "m"))
+    adapter = random_adapter(engine, targets=("q_proj", "down_proj", "lm_head"), layers=(-1,))
+    activated(engine, adapter)
+    expected = engine.forward(TOKENS, 0, engine.new_cache())
+    adapter.save(str(tmp_path / "a"))
+    merge_adapter(str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "merged"))
+    merged = load_engine(str(tmp_path / "merged"))
+    np.testing.assert_allclose(merged.forward(TOKENS, 0, merged.new_cache()), expected, atol=1e-4)
+    config = json.loads((tmp_path / "merged" / "config.json").read_text())
+    assert config["tie_word_embeddings"] is False  # the output projection got its own copy
+    np.testing.assert_array_equal(
+        merged.weights.embed_tokens.weight, load_engine(str(tmp_path / "m")).weights.embed_tokens.weight
+    )
+    with pytest.raises(InvalidArgumentError, match="is not empty: writing into it could mix two models"):
+        merge_adapter(str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "merged"))
+    with pytest.raises(InvalidArgumentError, match="convert the GGUF file into one first"):
+        merge_adapter(str(tmp_path / "x.gguf"), str(tmp_path / "a"), str(tmp_path / "other"))

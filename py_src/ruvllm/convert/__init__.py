@@ -45,19 +45,26 @@ def convert(
         raise LoadError(f"{src}: no such file or folder")
     else:
         raise LoadError(f"{src}: expected a Hugging Face model folder or a .gguf file")
+    write_atomically(out, force, lambda folder: run(src, folder, weights, log))
+
+
+def write_atomically(out: str, force: bool, write: Callable[[str], None]) -> None:
+    """Have `write` fill a temporary folder beside `out`, then move it into place: a failure leaves no
+    half-written model, and no file of an older one remains (a stale shard breaks loading). `out` must
+    not exist or be empty, unless `force`: then it is replaced, whole."""
     out = os.path.normpath(out)
     if os.path.exists(out) and not force:
         if not os.path.isdir(out):
             raise InvalidArgumentError(f"{out} exists and is not a folder (--force replaces it)")
         if os.listdir(out):
             raise InvalidArgumentError(
-                f"{out} is not empty: converting into it could mix two models (--force replaces it, whole)"
+                f"{out} is not empty: writing into it could mix two models (--force replaces it, whole)"
             )
     parent = os.path.dirname(out) or "."
     os.makedirs(parent, exist_ok=True)
     temporary = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
     try:
-        run(src, temporary, weights, log)
+        write(temporary)
         _replace(temporary, out)
     except BaseException:
         shutil.rmtree(temporary, ignore_errors=True)
