@@ -195,7 +195,16 @@ def test_lessons_take_their_first_step_at_once_then_learn_in_slices(folder):
     assert made == {"name": "a", "rank": 2, "targets": ["down_proj"], "layers": [1]}
     request = {"key": 7, "adapter": "a", "prompt_ids": [1, 2, 3], "completion_ids": [4, 5], "steps": 3}
     first = ok(handle.feedback(json.dumps(request)))
-    assert first == {"key": 7, "step": 1, "steps": 3, "version": 1, "done": False, "cancelled": False, "report": None}
+    assert first == {
+        "key": 7,
+        "step": 1,
+        "steps": 3,
+        "rehearsed": 0,
+        "version": 1,
+        "done": False,
+        "cancelled": False,
+        "report": None,
+    }
     sliced = ok(handle.learn(json.dumps({"budget_ms": 0})))  # one step
     assert [(p["key"], p["step"], p["done"]) for p in sliced["lessons"]] == [(7, 2, False)] and sliced["waiting"] == 1
     last = ok(handle.learn(json.dumps({"budget_ms": None})))

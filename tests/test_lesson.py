@@ -181,3 +181,20 @@ def test_a_lesson_whose_adapter_was_replaced_is_dropped(engine):
     top_adapter(engine)  # a new adapter under the same name
     status = learner.run(budget_ms=None)
     assert status.cancelled == 1 and status.finished == 0 and adapter.version == 0
+
+
+def test_a_lesson_rehearses_the_earlier_ones_and_the_adapter_remembers_them(engine, tmp_path):
+    adapter = top_adapter(engine)
+    options = AdaptOptions(steps=3, lr=0.02, optimizer="sgd", until_greedy=True, rehearse=1)
+    earlier = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, options)
+    earlier.run()
+    assert earlier.report.rehearsal_steps == 0 and len(adapter.state.memory) == 1  # nothing earlier to rehearse
+    later = Lesson(engine, adapter, PROMPT[:12], [9, 8], 1.0, options)
+    later.run()
+    # a random tiny model does not learn a random completion in 3 steps: each lesson gets its 3 rehearsal steps
+    assert later.report.steps == 3 and later.report.rehearsal_steps == 6
+    assert [m.tokens for m in adapter.state.memory] == [(*PROMPT, 5, 6, 7), (*PROMPT[:12], 9, 8)]
+    assert adapter.state.memory[1].prompt_length == 12
+    adapter.save(str(tmp_path / "a"))
+    back = Adapter.load(str(tmp_path / "a"), engine.weights)
+    assert back.state.memory == adapter.state.memory

@@ -503,6 +503,7 @@ class EngineHandle:
             "key": key,
             "step": lesson.steps,
             "steps": lesson.options.steps,
+            "rehearsed": lesson.rehearsed,
             "version": lesson.adapter.version,
             "done": lesson.done,
             "cancelled": cancelled,

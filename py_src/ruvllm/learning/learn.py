@@ -24,7 +24,9 @@ from ..model.cache import KVCache
 from ..runtime.engine import Engine
 from .backprop import Start, advance, entering_states, loss_and_grads, start_at
 from .lora import Adapter
-from .state import sgd
+from .state import Memory, sgd
+
+MEMORY_LESSONS = 64  # lessons an adapter remembers for rehearsal (the oldest go first)
 
 
 @dataclass(frozen=True)
@@ -36,6 +38,7 @@ class AdaptOptions:
     max_grad_norm: float = 1.0  # the gradient is scaled down to this global norm when longer
     fisher_decay: float = 1.0  # weight of older lessons' Fisher information when a new one is added
     until_greedy: bool = False  # a good completion's lesson ends once greedy decoding reproduces it
+    rehearse: int = 0  # rounds of rehearsal of earlier lessons after this one (0: none)
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
@@ -52,8 +55,9 @@ class AdaptOptions:
 class AdaptReport:
     log_prob_before: float  # mean log-probability of the completion's tokens, before the first step
     log_prob_after: float  # ... after the last step
-    steps: int
-    step_ms: float  # mean time of one step (forward + backward + update)
+    steps: int  # optimizer steps on this lesson
+    step_ms: float  # mean time of one pass (forward + backward through the adapted layers, update)
+    rehearsal_steps: int = 0  # optimizer steps on earlier lessons, rehearsed after this one
 
 
 def adapter_gradients(
@@ -117,7 +121,9 @@ class Lesson:
         self.engine, self.adapter, self.reward, self.cache = engine, adapter, float(reward), cache
         self.scored = np.arange(len(prompt_ids) - 1, len(self.tokens) - 1)  # (P,)
         self.start: Start | None = None  # where each step's passes start, made by the first step
-        self.steps = 0  # taken so far
+        self.steps = 0  # optimizer steps on this lesson so far
+        self.rehearsed = 0  # optimizer steps on earlier lessons, rehearsed after this one was learned
+        self.rehearsal: _Rehearsal | None = None  # once this lesson is learned
         self.log_prob_before: float | None = None
         self.report: AdaptReport | None = None  # set by finish()
         self.compute_ms = 0.0
@@ -128,19 +134,50 @@ class Lesson:
         return self.report is not None
 
     def step(self) -> None:
-        """One optimizer step (the last one also consolidates: `finish`)."""
+        """One unit of work, a forward and backward pass: an optimizer step on this lesson or, once it
+        is learned, a check (and step) of a lesson learned before, rehearsed so that it stays. The last
+        one consolidates (`finish`)."""
         if self.done:
             return
         started = time.perf_counter()
-        options, adapter = self.options, self.adapter
         with self.engine.threads.limit(len(self.tokens)):  # products over the whole sequence: prompt-sized
-            start = self._start()
-            result, grads = adapter_gradients(self.engine, adapter, self.tokens, self.scored, self.reward, start)
-        self.log_prob_before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
-        if options.until_greedy and self.reward > 0 and result.greedy:  # learned: greedy decoding gives it
-            self.compute_ms += (time.perf_counter() - started) * 1000
+            if self.rehearsal is None:
+                self._learn()
+            else:
+                self._rehearse()
+        self.compute_ms += (time.perf_counter() - started) * 1000
+        if self.rehearsal is not None and self.rehearsal.finished:
             self.finish()
-            return
+
+    def _learn(self) -> None:
+        options = self.options
+        result, grads = adapter_gradients(
+            self.engine, self.adapter, self.tokens, self.scored, self.reward, self._start()
+        )
+        self.log_prob_before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
+        learned = options.until_greedy and self.reward > 0 and result.greedy  # greedy decoding gives it
+        if not learned:
+            self._update(grads)
+            self.steps += 1
+        if learned or self.steps == options.steps:
+            memory = self.adapter.state.memory if options.rehearse else []
+            earlier = [m for m in memory if m.reward > 0]
+            self.rehearsal = _Rehearsal([*earlier, self.memory], options.rehearse if earlier else 0, options.steps)
+
+    def _rehearse(self) -> None:
+        r = self.rehearsal
+        item = r.items[r.index]
+        tokens, scored, start = self._recall(item)
+        result, grads = adapter_gradients(self.engine, self.adapter, tokens, scored, item.reward, start)
+        if result.greedy or r.taken == r.cap:
+            r.next(again=r.taken > 0)
+        else:
+            self._update(grads)
+            r.taken += 1
+            self.rehearsed += 1
+
+    def _update(self, grads: dict[str, np.ndarray]) -> None:
+        options, adapter = self.options, self.adapter
         params, state = dict(adapter.parameters()), adapter.state
         grads = clipped(grads, options.max_grad_norm)
         if options.ewc:
@@ -150,24 +187,41 @@ class Lesson:
         else:
             state.adam.update(params, grads, options.lr)
         adapter.version += 1
-        self.steps += 1
-        self.compute_ms += (time.perf_counter() - started) * 1000
-        if self.steps == options.steps:
-            self.finish()
 
     def finish(self) -> AdaptReport:
-        """Consolidate what this lesson taught (its Fisher information, EWC) and report."""
+        """Consolidate what this lesson taught (its Fisher information, EWC; it joins the adapter's
+        memory of lessons) and report."""
         if self.report is None:
             with self.engine.threads.limit(len(self.tokens)):
                 result, grads = adapter_gradients(
                     self.engine, self.adapter, self.tokens, self.scored, 1.0, self._start()
                 )
-            after = result.log_likelihood
             params = dict(self.adapter.parameters())
             self.adapter.state.ewc.consolidate(params, grads, self.options.fisher_decay)
-            step_ms = self.compute_ms / max(self.steps, 1)
-            self.report = AdaptReport(self.log_prob_before, after, self.steps, step_ms)
+            memory = self.adapter.state.memory
+            memory.append(self.memory)
+            del memory[: max(0, len(memory) - MEMORY_LESSONS)]
+            step_ms = self.compute_ms / max(self.steps + self.rehearsed, 1)
+            before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
+            self.report = AdaptReport(before, result.log_likelihood, self.steps, step_ms, self.rehearsed)
         return self.report
+
+    @property
+    def memory(self) -> Memory:
+        return Memory(tuple(self.tokens), int(self.scored[0]) + 1, self.reward)
+
+    def _recall(self, item: Memory) -> tuple[list[int], np.ndarray, Start]:
+        """A remembered lesson's tokens, scored positions and Start (kept with the adapter once made)."""
+        scored = np.arange(item.prompt_length - 1, len(item.tokens) - 1)
+        if item == self.memory:
+            return self.tokens, self.scored, self._start()
+        starts = self.adapter.starts
+        if item not in starts:
+            engine, first = self.engine, first_layer(self.engine, self.adapter)
+            fed = list(item.tokens[: len(item.tokens) - 1])
+            entering = entering_states(engine.weights, engine.config, engine.inv_freq, fed, first)
+            starts[item] = start_at(engine.weights, engine.config, engine.inv_freq, entering, first)
+        return list(item.tokens), scored, starts[item]
 
     def run(self, budget_ms: float | None = None) -> bool:
         """Steps until the lesson is done or `budget_ms` is spent (at least one step); True when done."""
@@ -194,6 +248,28 @@ class Lesson:
                 entering = entering_states(weights, config, inv_freq, fed, first)
             self.start = start_at(weights, config, inv_freq, entering, first)
         return self.start
+
+
+class _Rehearsal:
+    """Rounds over lessons learned before (and this one): each is checked, and stepped while greedy
+    decoding does not reproduce it (at most `cap` steps per visit); a round where none needed a step
+    ends the rehearsal, as does the last of `rounds`."""
+
+    def __init__(self, items: list[Memory], rounds: int, cap: int) -> None:
+        self.items, self.rounds, self.cap = items, rounds, cap
+        self.round = self.index = self.taken = 0
+        self.again = False  # a lesson of this round needed steps
+
+    @property
+    def finished(self) -> bool:
+        return self.round >= self.rounds
+
+    def next(self, again: bool) -> None:
+        self.again |= again
+        self.index, self.taken = self.index + 1, 0
+        if self.index == len(self.items):
+            self.round = self.round + 1 if self.again else self.rounds
+            self.index, self.again = 0, False
 
 
 def tapped_states(engine: Engine, cache: KVCache | None, tokens: list[int], first: int):

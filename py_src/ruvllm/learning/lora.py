@@ -145,6 +145,8 @@ class Adapter:
     state: LearningState = field(default_factory=LearningState)  # what learning keeps between lessons
     version: int = 0  # bumped on every update: the KV cache of an older version is stale
     uid: int = field(default_factory=lambda: next(_UIDS))  # tells apart adapters held under one name
+    # where the passes of remembered lessons start (learn.Lesson, rehearsal): made once, not saved
+    starts: dict = field(default_factory=dict, repr=False, compare=False)
 
     @classmethod
     def new(cls, weights: Weights, config: LoRAConfig, seed: int = 0) -> Adapter:
@@ -291,6 +293,9 @@ class AdapterSet:
         """The adapters of `engine` (a runtime.engine.Engine), attached to it on first use, sharing its lock."""
         if engine.wrappers is None:
             engine.attach(cls(engine.weights, engine.lock))
+            if engine.tap_layer is None:  # caches keep what a lesson on the default adapter starts from
+                lowest = LoRAConfig().layer_indexes(len(engine.weights.layers))[0]
+                engine.tap_layer = lowest or None
         return engine.wrappers
 
     def add(self, name: str, adapter: Adapter) -> None:

@@ -1,9 +1,11 @@
 """What an adapter keeps between lessons: Adam's moments and step count, and the elastic weight
-consolidation terms (the Fisher information of past lessons and the parameters they ended at).
+consolidation terms (the Fisher information of past lessons and the parameters they ended at), and
+the lessons themselves (`memory`), which later lessons rehearse.
 
 Keys are the adapter's parameter names (`<module>.lora_A`, `<module>.lora_B`). In an adapter folder
 the state is `learning_state.safetensors`, with entries `adam.m.<key>`, `adam.v.<key>`, `adam.t`,
-`fisher.<key>` and `anchor.<key>`.
+`fisher.<key>`, `anchor.<key>`, and `memory.tokens` (every lesson's ids, concatenated),
+`memory.lengths`, `memory.prompt_lengths`, `memory.rewards`.
 """
 
 from __future__ import annotations
@@ -64,13 +66,24 @@ class Consolidation:
             self.anchor[key] = theta.copy()
 
 
+@dataclass(frozen=True)
+class Memory:
+    """A lesson learned, kept so that later lessons can rehearse it: its token ids, how many of them
+    are the prompt, and its reward."""
+
+    tokens: tuple[int, ...]
+    prompt_length: int
+    reward: float
+
+
 @dataclass
 class LearningState:
     adam: Adam = field(default_factory=Adam)
     ewc: Consolidation = field(default_factory=Consolidation)
+    memory: list[Memory] = field(default_factory=list)  # lessons learned, oldest first
 
     def __bool__(self) -> bool:
-        return bool(self.adam.t or self.ewc.fisher)
+        return bool(self.adam.t or self.ewc.fisher or self.memory)
 
     def tensors(self) -> Arrays:
         """The entries of learning_state.safetensors."""
@@ -80,6 +93,11 @@ class LearningState:
         out |= {f"anchor.{k}": v for k, v in self.ewc.anchor.items()}
         if self.adam.t:
             out["adam.t"] = np.array([self.adam.t], np.float32)
+        if self.memory:  # token ids < 2^24 are exact in float32
+            out["memory.tokens"] = np.concatenate([np.asarray(m.tokens) for m in self.memory])
+            out["memory.lengths"] = np.array([len(m.tokens) for m in self.memory])
+            out["memory.prompt_lengths"] = np.array([m.prompt_length for m in self.memory])
+            out["memory.rewards"] = np.array([m.reward for m in self.memory])
         return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
 
     @classmethod
@@ -88,4 +106,13 @@ class LearningState:
             return {k[len(prefix) :]: v.astype(np.float32) for k, v in tensors.items() if k.startswith(prefix)}
 
         t = int(tensors["adam.t"][0]) if "adam.t" in tensors else 0
-        return cls(Adam(group("adam.m."), group("adam.v."), t), Consolidation(group("fisher."), group("anchor.")))
+        memory = []
+        if "memory.tokens" in tensors:
+            ids = [int(v) for v in tensors["memory.tokens"]]
+            ends = np.cumsum(tensors["memory.lengths"]).astype(int)
+            prompts, rewards = tensors["memory.prompt_lengths"], tensors["memory.rewards"]
+            for i, end in enumerate(ends):
+                begin = end - int(tensors["memory.lengths"][i])
+                memory.append(Memory(tuple(ids[begin:end]), int(prompts[i]), float(rewards[i])))
+        adam = Adam(group("adam.m."), group("adam.v."), t)
+        return cls(adam, Consolidation(group("fisher."), group("anchor.")), memory)
