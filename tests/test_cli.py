@@ -12,7 +12,7 @@ import pytest
 
 from ruvllm import cli
 
-from conftest import tiny_model
+from conftest import byte_tokenizer_json, tiny_model
 
 
 def ruvllm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -217,3 +217,26 @@ def test_info_states_the_memory_plan(smollm2_dir):
     refused = ruvllm("info", str(smollm2_dir), "--memory-budget", "50M")
     assert_one_line_error(refused, "the model does not fit the memory budget of 50 MiB")
     assert_one_line_error(ruvllm("info", str(smollm2_dir), "--memory-budget", "lots"), "not a size: 'lots'", code=2)
+
+
+@pytest.mark.parametrize(
+    ("line", "message"),
+    [
+        ('{"prompt": "a", "completion": "b"', "line 2: not JSON"),
+        ('{"prompt": "a", "completion": "b", "reward": 0}', "line 2: reward must be a non-zero number, got 0"),
+        ('{"prompt": "a", "messages": [], "completion": "b"}', "line 2: give either prompt or messages"),
+        ('{"prompt": "a", "answer": "b"}', "line 2: unknown field 'answer'"),
+        ('{"prompt": "a", "completion": ""}', "line 2: completion must be a non-empty string"),
+    ],
+)
+def test_a_bad_feedback_file_is_refused_naming_the_line(tmp_path, line, message):
+    tiny_model("llama", tmp_path / "m")
+    (tmp_path / "m" / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json()))
+    feedback = tmp_path / "feedback.jsonl"
+    feedback.write_text('{"prompt": "a", "completion": "b"}\n' + line + "\n")
+    result = ruvllm("adapt", str(tmp_path / "m"), "--from-file", str(feedback), "--out", str(tmp_path / "a"))
+    assert_one_line_error(result, f"{feedback} {message}")
+    both = ruvllm("adapt", str(tmp_path / "m"), "--from-file", str(feedback), "--prompt", "x", "--out", "o")
+    assert_one_line_error(both, "give --from-file or --prompt and --completion, not both")
+    neither = ruvllm("adapt", str(tmp_path / "m"), "--out", "o")
+    assert_one_line_error(neither, "adapt needs --prompt and --completion, or --from-file")

@@ -17,6 +17,8 @@ import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import numpy as np
+
 from .completions import Response, prepare
 from .files import jsonfields as fields
 from .files.store import TensorStore
@@ -30,6 +32,7 @@ from .runtime.engine import Engine, LoadOptions, is_gguf, open_gguf, open_model
 from .runtime.generate import Constraint, GenerationOptions, generate_tokens
 from .text.stream import Chunk, generate_text
 from .text.tokenizer import Tokenizer
+from .tools.perplexity import token_nll
 
 
 class Model:
@@ -194,6 +197,18 @@ class Model:
     def learning(self) -> learn.LearningStatus:
         """Lessons waiting, the current one's step, its adapter and that adapter's version."""
         return self.learner.status()
+
+    def completion_log_prob(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> float:
+        """Mean log-probability of `completion_ids` after `prompt_ids`, with the active adapter."""
+        tokens = [*prompt_ids, *completion_ids]
+        logits = self.engine.forward(tokens[:-1], 0, self.engine.new_cache())[len(prompt_ids) - 1 :]  # (C, V)
+        return -float(token_nll(logits, np.asarray(completion_ids)).mean())
+
+    def reproduces(self, prompt: str | list[dict], completion: str, chat: bool = False) -> bool:
+        """Whether greedy decoding after `prompt` (as `adapt` takes it) starts with `completion`."""
+        prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
+        chunks = self.generate(prompt_ids, max_tokens=len(completion_ids), temperature=0)
+        return "".join(c.text for c in chunks).startswith(completion)
 
     def _lesson(self, prompt, completion, reward, adapter, chat, options) -> learn.Lesson:
         prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)

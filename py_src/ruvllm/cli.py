@@ -1,4 +1,5 @@
-"""The `ruvllm` command: convert, info, generate, chat, perplexity, bench, adapt, download, list.
+"""The `ruvllm` command: convert, info, generate, chat, perplexity, bench, adapt, merge, download, list,
+serve.
 
 Defaults are the library's own (the option dataclasses), read here, not typed again. Errors a user
 can cause end the program with exit code 1 (2 for a malformed command line) and one line on stderr;
@@ -19,7 +20,7 @@ from collections.abc import Iterator
 
 from .errors import InvalidArgumentError, RuvLLMError
 from .learning.learn import AdaptOptions
-from .learning.lora import DEFAULT_TARGETS, LoRAConfig
+from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, LoRAConfig
 from .model.cache import COLD_FORMATS, KVOptions
 from .model.weights import COMPUTE_FORMS
 from .runtime.engine import LoadOptions
@@ -67,21 +68,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--format", choices=("table", "json", "csv"), default="table")
     add_load_options(p)
 
-    p = sub.add_parser("adapt", help="teach a LoRA adapter that a completion follows a prompt")
+    p = sub.add_parser("adapt", help="teach a LoRA adapter that a completion follows a prompt (or many lessons)")
     p.add_argument("model")
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--completion", required=True)
+    p.add_argument("--prompt")
+    p.add_argument("--completion")
+    p.add_argument(
+        "--from-file",
+        metavar="FEEDBACK.jsonl",
+        help="lessons, one JSON object per line: {prompt or messages, completion, reward}; "
+        "reports retention and perplexity drift",
+    )
+    p.add_argument("--epochs", type=int, default=1, help="with --from-file: passes over the lessons")
+    p.add_argument(
+        "--eval-file",
+        metavar="TEXT",
+        help="with --from-file: the text whose perplexity drift is reported (default: the built-in calibration text)",
+    )
     p.add_argument("--reward", type=float, default=1.0, help="+1 good (likelier), -1 bad (less likely)")
     p.add_argument("--steps", type=int, default=AdaptOptions.steps)
     p.add_argument("--lr", type=float, default=AdaptOptions.lr)
     p.add_argument("--rank", type=int, default=LoRAConfig.rank)
     p.add_argument("--alpha", type=float, help="LoRA alpha (default: 2 x rank)")
     p.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated projections")
+    p.add_argument(
+        "--layers",
+        default=_layers_text(DEFAULT_LAYERS),
+        help="comma-separated decoder layers to adapt, negative from the top; 'all' for every layer",
+    )
     p.add_argument("--chat", action="store_true", help="the prompt is a user message, the completion the reply")
     p.add_argument("--adapter", help="adapter folder to continue from (its rank and targets are kept)")
     p.add_argument("--out", required=True, help="adapter folder to write")
     p.add_argument("--json", action="store_true")
     add_load_options(p)
+
+    p = sub.add_parser("merge", help="merge a LoRA adapter into a model folder's weights, for good")
+    p.add_argument("model", help="a model folder (ours or Hugging Face; convert a GGUF file first)")
+    p.add_argument("adapter", help="the adapter folder (ours or Hugging Face PEFT)")
+    p.add_argument("--out", required=True, help="the model folder to write")
+    p.add_argument("--force", action="store_true", help="replace --out if it exists")
 
     p = sub.add_parser("download", help="download a model of the Hugging Face hub into the cache")
     p.add_argument("name", help="hf:OWNER/REPO (a model folder) or hf:OWNER/REPO/FILE.gguf; @REVISION after REPO")
@@ -467,13 +491,39 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_adapt(args: argparse.Namespace) -> int:
-
     options = AdaptOptions(steps=args.steps, lr=args.lr)  # refuse bad values before the slow load
+    lessons = None
+    if args.from_file:
+        if args.prompt is not None or args.completion is not None:
+            raise InvalidArgumentError("give --from-file or --prompt and --completion, not both")
+        from .tools.lessons import read_lessons
+
+        lessons = read_lessons(_read_text(args.from_file, "--from-file"), args.from_file)
+        eval_text = _read_text(args.eval_file, "--eval-file") if args.eval_file else None
+    elif args.prompt is None or args.completion is None:
+        raise InvalidArgumentError("adapt needs --prompt and --completion, or --from-file")
+    targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
+    config = LoRAConfig(rank=args.rank, alpha=args.alpha, targets=targets, layers=_parse_layers(args.layers))
     model = _load_model(args)  # with --adapter, that adapter learns further
     if not args.adapter:
-        targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
-        model.new_adapter("default", rank=args.rank, alpha=args.alpha, targets=targets)
+        model.adapters.create("default", config)
     name = model.adapters.active
+    if lessons is not None:
+        from .api import calibration_text
+        from .tools.lessons import run_lessons
+
+        report = run_lessons(model, lessons, name, options, args.epochs, eval_text or calibration_text())
+        model.save_adapter(args.out, name)
+        if args.json:
+            print(json.dumps({**report, "out": args.out}))
+        else:
+            kept, drift = report["retention"], report["perplexity"]
+            print(
+                f"{len(lessons)} lessons x {args.epochs} epochs ({report['steps']} steps): {kept['reproduced']} of "
+                f"{kept['of']} rewarded completions reproduced by greedy decoding; perplexity "
+                f"{drift['before']:.3f} -> {drift['after']:.3f} ({drift['change']:+.1%}); adapter written to {args.out}"
+            )
+        return 0
     report = model.adapt(args.prompt, args.completion, args.reward, name, args.chat, steps=options.steps, lr=options.lr)
     model.save_adapter(args.out, name)
     if args.json:
@@ -484,6 +534,37 @@ def cmd_adapt(args: argparse.Namespace) -> int:
             f"in {report.steps} steps ({report.step_ms:.0f} ms each); adapter written to {args.out}"
         )
     return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from .tools.merge import merge_adapter
+
+    merge_adapter(args.model, args.adapter, args.out, force=args.force, log=print)
+    print(f"merged model written to {args.out}")
+    return 0
+
+
+def _read_text(path: str, option: str) -> str:
+    try:
+        with open(path, encoding="utf-8") as f:
+            return f.read()
+    except (OSError, UnicodeDecodeError) as e:
+        raise InvalidArgumentError(f"{option} {path}: cannot be read ({e})") from None
+
+
+def _layers_text(layers: tuple[int, ...] | None) -> str:
+    return "all" if layers is None else ",".join(str(i) for i in layers)
+
+
+def _parse_layers(text: str) -> tuple[int, ...] | None:
+    if text.strip() == "all":
+        return None
+    try:
+        return tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        raise InvalidArgumentError(
+            f"--layers must be layer indexes separated by commas, or all; got {text!r}"
+        ) from None
 
 
 def cmd_download(args: argparse.Namespace) -> int:
@@ -555,6 +636,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 COMMANDS = {
     "serve": cmd_serve,
     "adapt": cmd_adapt,
+    "merge": cmd_merge,
     "convert": cmd_convert,
     "info": cmd_info,
     "generate": cmd_generate,
