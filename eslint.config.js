@@ -9,7 +9,7 @@ export default [
   {
     files: ['**/*.js', '**/*.mjs'],
     languageOptions: {
-      ecmaVersion: 2024,
+      ecmaVersion: 2025,
       sourceType: 'module',
       globals: { ...globals.browser, ...globals.node },
     },

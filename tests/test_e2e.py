@@ -543,22 +543,53 @@ def test_retry_after_a_failed_download_loads_the_model_in_the_same_page(browser,
     context.close()
 
 
-def test_feedback_teaches_the_model_and_the_adapter_downloads(demo, tmp_path):
+def test_feedback_teaches_the_model_in_the_background_and_the_adapter_downloads(demo, tmp_path):
     import zipfile
 
     demo.click("[data-testid=clear]")
     demo.fill("[data-testid=max-tokens]", "16")
     ask(demo, "What is the secret code?")
     wait_state(demo, "ready")
+    first_answer = answer(demo)
     assert demo.is_disabled("[data-testid=download-adapter]")
+    demo.evaluate(
+        """() => {  // in order: each change of the learning indicator, and each answer's text as it streams
+            window.__events = [];
+            new MutationObserver(() => window.__events.push('learning: ' + document.getElementById('learning-text')
+                .textContent)).observe(document.getElementById('learning'), { subtree: true, childList: true,
+                characterData: true });
+            new MutationObserver((records) => records.forEach((r) => window.__events.push('answer: ' +
+                r.target.dataset.raw))).observe(document.getElementById('messages'), { subtree: true,
+                attributeFilter: ['data-raw'] });
+        }"""
+    )
     demo.click("[data-testid=thumbs-up]")
-    wait_state(demo, "learning", 10_000)
-    wait_state(demo, "ready", 120_000)
-    report = demo.text_content("[data-testid=learning]")
-    assert report.startswith("Learned (good answer): log-probability of that answer ")
+    demo.wait_for_selector("[data-testid=learning] >> text=/step 1\\//", timeout=30_000)  # the first step landed
+    assert demo.get_attribute("[data-testid=status]", "data-state") == "ready"  # the page is not locked
+    asked = len(demo.evaluate("window.__events"))
+    ask(demo, "Hello")  # a new message right away: it goes before the rest of the lesson
+    wait_state(demo, "ready", 60_000)
+    events = demo.evaluate("window.__events")[asked:]
+    first_text = next(i for i, e in enumerate(events) if e.startswith("answer: ") and e != "answer: ")
+    steps_before = [e for e in events[:first_text] if e.startswith("learning")]
+    assert len(steps_before) <= 1, f"the answer waited for {len(steps_before)} learning slices: {events[:first_text]}"
+    demo.wait_for_selector("[data-testid=learning][data-state=idle]", timeout=120_000)
+    report = demo.text_content("[data-testid=learning-text]")
+    assert report.startswith("Learned (good answer): log-probability of that answer "), report
+    assert any(e.startswith("learning: Learning") for e in demo.evaluate("window.__events")[asked + first_text :])
     before, after = (float(v) for v in report.split("answer ")[1].split(" in ")[0].split(" → "))
     assert after > before
-    assert demo.get_attribute("[data-testid=thumbs-up]", "aria-pressed") == "true"
+    assert demo.get_attribute("[data-testid=thumbs-up] >> nth=0", "aria-pressed") == "true"
+    # the corrected answer asked again: a second answer beside it, from the model that learned
+    demo.click("[data-testid=regenerate] >> nth=0")
+    wait_state(demo, "ready", 60_000)
+    assert demo.text_content("#messages > li.regenerated .role") == "Model, asked again after learning"
+    assert answer(demo) and first_answer
+    # a lesson cancelled keeps its steps and says so
+    demo.click("[data-testid=thumbs-down] >> nth=0")
+    demo.click("[data-testid=cancel-learning]")
+    demo.wait_for_selector("[data-testid=learning][data-state=idle]", timeout=60_000)
+    assert demo.text_content("[data-testid=learning-text]") == "Learning cancelled (the steps taken are kept)."
     with demo.expect_download() as download:
         demo.click("[data-testid=download-adapter]")
     path = tmp_path / "adapter.zip"

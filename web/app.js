@@ -33,13 +33,14 @@ const ui = {
   clear: $('clear'),
   useAdapter: $('use-adapter'),
   learning: $('learning'),
+  learningText: $('learning-text'),
+  cancelLearning: $('cancel-learning'),
   download: $('download-adapter'),
 };
 
 const ADAPTER = 'feedback';
-// Lessons go into the MLP's down_proj: measured to take a fact in a few steps with less collateral
-// change than the library's default (q_proj, v_proj); see benchmarks/RESULTS.md.
-const ADAPTER_CONFIG = { name: ADAPTER, rank: 2, targets: ['down_proj'] };
+// The library's default adapter (measured: benchmarks/RESULTS.md), under the page's own name.
+const ADAPTER_CONFIG = { name: ADAPTER };
 let adapterReady = false;
 
 let llm = null;
@@ -53,9 +54,11 @@ function setStatus(state, text) {
   ui.prompt.disabled = !idle;
   ui.send.disabled = !idle;
   ui.stop.disabled = state !== 'generating';
-  for (const button of document.querySelectorAll('button.learn')) button.disabled = !idle;
-  ui.useAdapter.disabled = !idle || !adapterReady;
-  ui.download.disabled = !idle || !adapterReady;
+  // Learning never locks the page: it runs in the worker's idle time, and a new message goes first.
+  const loaded = llm !== null && state !== 'loading';
+  for (const button of document.querySelectorAll('button.learn, button.regenerate')) button.disabled = !loaded;
+  ui.useAdapter.disabled = !loaded || !adapterReady;
+  ui.download.disabled = !loaded || !adapterReady;
 }
 
 const MiB = 2 ** 20;
@@ -126,7 +129,7 @@ function addMessage(role, text) {
   item.className = role;
   const label = document.createElement('span');
   label.className = 'role';
-  label.textContent = role === 'user' ? 'You' : 'Model';
+  label.textContent = role === 'user' ? 'You' : role === 'assistant' ? 'Model' : 'Model, asked again after learning';
   const body = document.createElement('div');
   body.className = 'text';
   body.textContent = text;
@@ -163,13 +166,24 @@ async function send() {
   const turns = history; // "Clear chat" during the answer starts a new history; this answer stays out of it
   turns.push({ role: 'user', content: text });
   addMessage('user', text);
-  document.querySelector('[data-testid="output"]')?.removeAttribute('data-testid');
-  const output = addMessage('assistant', '');
-  output.dataset.testid = 'output';
-  output.dataset.raw = '';
-
   const system = ui.system.value.trim();
   const messages = system ? [{ role: 'system', content: system }, ...turns] : [...turns];
+  const reply = await answer(messages, 'assistant');
+  if (reply) turns.push({ role: 'assistant', content: reply });
+  else turns.pop(); // no answer at all: the model does not see this message again
+  ui.prompt.focus();
+}
+
+/**
+ * Stream the model's answer to `messages` into a new message of class `role` ('assistant', or
+ * 'assistant regenerated': the same question asked again after learning, beside the first answer);
+ * returns the reply ('' when there was none).
+ */
+async function answer(messages, role) {
+  document.querySelector('[data-testid="output"]')?.removeAttribute('data-testid');
+  const output = addMessage(role, '');
+  output.dataset.testid = 'output';
+  output.dataset.raw = '';
   const options = { temperature: Number(ui.temperature.value), maxTokens: Number(ui.maxTokens.value) };
   if (adapterReady) options.adapter = ui.useAdapter.checked ? ADAPTER : null;
   running = new AbortController();
@@ -195,24 +209,29 @@ async function send() {
   } finally {
     running = null;
     ui.messages.setAttribute('aria-busy', 'false');
-    if (reply) {
-      turns.push({ role: 'assistant', content: reply });
-      keepingBottom(() => addActions(output.parentElement, messages, reply));
-    } else {
-      turns.pop(); // no answer at all: the model does not see this message again
-    }
-    ui.prompt.focus();
+    if (reply) keepingBottom(() => addActions(output.parentElement, messages, reply));
   }
+  return reply;
 }
 
 /**
- * Under an answer: Copy (its raw text), and Good / Bad, which teach the adapter that this reply to these
- * messages was good or bad.
+ * Under an answer: Copy (its raw text); Good / Bad, which teach the adapter that this reply to these
+ * messages was good or bad; Regenerate, which asks the same question again (after learning: the
+ * difference shows), the new answer beside this one.
  */
 function addActions(item, messages, reply) {
   const row = document.createElement('div');
   row.className = 'actions';
   row.append(copyButton(reply));
+  const again = document.createElement('button');
+  again.type = 'button';
+  again.className = 'regenerate';
+  again.textContent = 'Regenerate';
+  again.dataset.testid = 'regenerate';
+  again.setAttribute('aria-label', 'Ask the same question again (after learning, the difference shows)');
+  again.addEventListener('click', () => {
+    if (!running) answer(messages, 'assistant regenerated');
+  });
   for (const [label, reward, testid] of [
     ['Good', 1, 'thumbs-up'],
     ['Bad', -1, 'thumbs-down'],
@@ -227,6 +246,7 @@ function addActions(item, messages, reply) {
     button.addEventListener('click', () => learn(messages, reply, reward, button));
     row.append(button);
   }
+  row.append(again);
   item.append(row);
 }
 
@@ -250,21 +270,54 @@ function copyButton(text) {
   return button;
 }
 
+/** Lessons under way: each one's AbortController (Cancel aborts them all). */
+const lessons = new Set();
+
+/**
+ * Teach the adapter that `reply` to `messages` was good (reward 1) or bad (-1). The first step lands at
+ * once; the rest runs in the worker's idle time, so the page stays usable: a new message goes first and
+ * learning resumes after it. The indicator shows the steps and offers Cancel.
+ */
 async function learn(messages, reply, reward, button) {
-  setStatus('learning', reward > 0 ? 'Learning from a good answer…' : 'Learning from a bad answer…');
+  const kind = reward > 0 ? 'good' : 'bad';
+  const lesson = new AbortController();
+  lessons.add(lesson);
+  button.setAttribute('aria-pressed', 'true');
+  showLearning(`Learning from a ${kind} answer…`);
   try {
     if (!adapterReady) await llm.newAdapter(ADAPTER_CONFIG);
     adapterReady = true;
-    const report = await llm.adapt({ messages, completion: reply, reward, adapter: ADAPTER });
-    button.setAttribute('aria-pressed', 'true');
-    const seconds = ((report.stepMs * report.steps) / 1000).toFixed(1);
-    ui.learning.textContent = `Learned (${reward > 0 ? 'good' : 'bad'} answer): log-probability of that answer ${report.logProbBefore.toFixed(2)} → ${report.logProbAfter.toFixed(2)} in ${report.steps} steps, ${seconds} s.`;
     ui.useAdapter.checked = true;
-    setStatus('ready', 'Ready');
+    setStatus(ui.status.dataset.state, ui.status.textContent); // the adapter's controls are usable now
+    const onProgress = (p) => {
+      const waiting = lessons.size > 1 ? ` (${lessons.size - 1} more waiting)` : '';
+      showLearning(`Learning from a ${kind} answer… step ${p.step}/${p.steps}${waiting}`);
+    };
+    const report = await llm.adapt(
+      { messages, completion: reply, reward, adapter: ADAPTER },
+      { signal: lesson.signal, onProgress },
+    );
+    const seconds = ((report.stepMs * report.steps) / 1000).toFixed(1);
+    ui.learningText.textContent = `Learned (${kind} answer): log-probability of that answer ${report.logProbBefore.toFixed(2)} → ${report.logProbAfter.toFixed(2)} in ${report.steps} steps, ${seconds} s. Regenerate shows the difference.`;
   } catch (error) {
-    setStatus('error', describe(error, 'while learning'));
+    if (error.name === 'AbortError') ui.learningText.textContent = 'Learning cancelled (the steps taken are kept).';
+    else setStatus('error', describe(error, 'while learning'));
+  } finally {
+    lessons.delete(lesson);
+    ui.learning.dataset.state = lessons.size ? 'learning' : 'idle';
+    ui.cancelLearning.hidden = lessons.size === 0;
   }
 }
+
+function showLearning(text) {
+  ui.learning.dataset.state = 'learning';
+  ui.learningText.textContent = text;
+  ui.cancelLearning.hidden = false;
+}
+
+ui.cancelLearning.addEventListener('click', () => {
+  for (const lesson of lessons) lesson.abort();
+});
 
 ui.download.addEventListener('click', async () => {
   let files;

@@ -199,6 +199,8 @@ class Lesson:
             params = dict(self.adapter.parameters())
             self.adapter.state.ewc.consolidate(params, grads, self.options.fisher_decay)
             memory = self.adapter.state.memory
+            if self.memory in memory:  # the same lesson again: it moves to the end
+                memory.remove(self.memory)
             memory.append(self.memory)
             del memory[: max(0, len(memory) - MEMORY_LESSONS)]
             step_ms = self.compute_ms / max(self.steps + self.rehearsed, 1)
