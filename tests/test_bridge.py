@@ -194,6 +194,7 @@ def test_lessons_take_their_first_step_at_once_then_learn_in_slices(folder):
     made = ok(handle.new_adapter(json.dumps({"name": "a", "targets": ["down_proj"], "layers": [-1]})))
     assert made == {"name": "a", "rank": 2, "targets": ["down_proj"], "layers": [1]}
     request = {"key": 7, "adapter": "a", "prompt_ids": [1, 2, 3], "completion_ids": [4, 5], "steps": 3}
+    request |= {"until_greedy": False, "rehearse": 0, "keep": 0}  # three plain steps
     first = ok(handle.feedback(json.dumps(request)))
     assert first == {
         "key": 7,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ruvllm.learning.backprop import entering_states
-from ruvllm.learning.learn import AdaptOptions, Learner, LearningStatus, Lesson
+from ruvllm.learning.learn import REHEARSAL_STEPS, AdaptOptions, Learner, LearningStatus, Lesson
 from ruvllm.learning.lora import Adapter, AdapterSet, LoRAConfig
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, Prefilling, generate_tokens
@@ -19,6 +19,11 @@ from conftest import tiny_model
 
 PROMPT = [int(t) for t in np.random.default_rng(7).integers(3, 128, 20)]
 GREEDY = GenerationOptions.from_kwargs(max_tokens=6, temperature=0, ignore_eos=True)
+
+
+def plain(**options) -> AdaptOptions:
+    """Lesson options for checking the mechanics: fixed steps, no rehearsal, kept predictions or projection."""
+    return AdaptOptions(**{"until_greedy": False, "rehearse": 0, "keep": 0.0, "project": 0.0, **options})
 
 
 class Counting:
@@ -71,7 +76,7 @@ def test_a_lesson_starts_from_the_generation_s_hidden_states(engine):
     cache = engine.new_cache()
     answer, _ = run(engine, PROMPT, cache)
     twin = copy.deepcopy(adapter)
-    options = AdaptOptions(steps=2, lr=0.01)
+    options = plain(steps=2, lr=0.01)
     tapped = Lesson(engine, adapter, PROMPT, answer, 1.0, options, cache)
     tapped.run()
     assert tapped.reused_states and tapped.done
@@ -90,7 +95,7 @@ def test_after_learning_only_the_adapted_layers_are_recomputed(engine):
     adapter = top_adapter(engine)
     cache = engine.new_cache()
     answer, _ = run(engine, PROMPT, cache)
-    Lesson(engine, adapter, PROMPT, answer, 1.0, AdaptOptions(steps=3, lr=0.02), cache).run()
+    Lesson(engine, adapter, PROMPT, answer, 1.0, plain(steps=3, lr=0.02), cache).run()
     follow = PROMPT + answer + [5, 6, 7]
     bottom = engine.weights.layers[0].self_attn.q_proj
     top = engine.weights.layers[3].self_attn.q_proj
@@ -113,7 +118,7 @@ def test_switching_to_the_base_model_recomputes_the_same_layers(engine):
     adapter = top_adapter(engine)
     cache = engine.new_cache()
     answer, _ = run(engine, PROMPT, cache)
-    Lesson(engine, adapter, PROMPT, answer, 1.0, AdaptOptions(steps=3, lr=0.02), cache).run()
+    Lesson(engine, adapter, PROMPT, answer, 1.0, plain(steps=3, lr=0.02), cache).run()
     run(engine, PROMPT + answer, cache)  # the adapter's cache
     engine.wrappers.activate(None)
     ids, first = run(engine, PROMPT + answer + [9], cache)
@@ -126,7 +131,7 @@ def test_an_interrupted_recompute_leaves_a_cache_that_starts_over(engine):
     engine.prefill_chunk = 4
     cache = engine.new_cache()
     answer, _ = run(engine, PROMPT, cache)
-    Lesson(engine, adapter, PROMPT, answer, 1.0, AdaptOptions(steps=2, lr=0.02), cache).run()
+    Lesson(engine, adapter, PROMPT, answer, 1.0, plain(steps=2, lr=0.02), cache).run()
     follow = PROMPT + answer
     steps = generate_tokens(engine, follow, GREEDY, cache=cache, report_prefill=True)
     assert isinstance(next(steps), Prefilling)  # one chunk of the recompute, then the caller leaves
@@ -149,7 +154,7 @@ def test_an_adapter_below_the_tap_empties_the_cache(engine):
 def test_the_learner_takes_steps_within_a_budget_and_can_be_cancelled(engine):
     adapter = top_adapter(engine)
     learner = Learner(engine.wrappers)
-    options = AdaptOptions(steps=4, lr=0.01)
+    options = plain(steps=4, lr=0.01)
     first = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, options)
     first.step()  # the instant step, taken by whoever adds the lesson
     learner.add("a", first)
@@ -177,7 +182,7 @@ def test_the_learner_takes_steps_within_a_budget_and_can_be_cancelled(engine):
 def test_a_lesson_whose_adapter_was_replaced_is_dropped(engine):
     adapter = top_adapter(engine)
     learner = Learner(engine.wrappers)
-    learner.add("a", Lesson(engine, adapter, PROMPT, [5], 1.0, AdaptOptions(steps=3)))
+    learner.add("a", Lesson(engine, adapter, PROMPT, [5], 1.0, plain(steps=3)))
     top_adapter(engine)  # a new adapter under the same name
     status = learner.run(budget_ms=None)
     assert status.cancelled == 1 and status.finished == 0 and adapter.version == 0
@@ -185,16 +190,33 @@ def test_a_lesson_whose_adapter_was_replaced_is_dropped(engine):
 
 def test_a_lesson_rehearses_the_earlier_ones_and_the_adapter_remembers_them(engine, tmp_path):
     adapter = top_adapter(engine)
-    options = AdaptOptions(steps=3, lr=0.02, optimizer="sgd", until_greedy=True, rehearse=1)
+    options = plain(steps=3, lr=0.02, optimizer="sgd", until_greedy=True, rehearse=1)
     earlier = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, options)
     earlier.run()
-    assert earlier.report.rehearsal_steps == 0 and len(adapter.state.memory) == 1  # nothing earlier to rehearse
+    # not learned in 3 steps (a random tiny model, a random completion): rehearsal gives it its 5 more
+    assert earlier.report.rehearsal_steps == REHEARSAL_STEPS and len(adapter.state.memory) == 1
     later = Lesson(engine, adapter, PROMPT[:12], [9, 8], 1.0, options)
     later.run()
-    # a random tiny model does not learn a random completion in 3 steps: each lesson gets its 3 rehearsal steps
-    assert later.report.steps == 3 and later.report.rehearsal_steps == 6
+    # a random tiny model does not learn a random completion in 3 steps: each lesson gets its 5 rehearsal steps
+    assert later.report.steps == 3 and later.report.rehearsal_steps == 2 * REHEARSAL_STEPS
     assert [m.tokens for m in adapter.state.memory] == [(*PROMPT, 5, 6, 7), (*PROMPT[:12], 9, 8)]
     assert adapter.state.memory[1].prompt_length == 12
     adapter.save(str(tmp_path / "a"))
     back = Adapter.load(str(tmp_path / "a"), engine.weights)
     assert back.state.memory == adapter.state.memory
+
+
+def test_every_step_keeps_the_base_model_s_predictions_on_the_prompt(engine, monkeypatch):
+    from ruvllm.learning import learn
+
+    seen, original = [], learn.adapter_gradients
+
+    def recording(engine, adapter, tokens, scored, reward, start=None, keep=None):
+        seen.append(None if keep is None else list(keep.positions))
+        return original(engine, adapter, tokens, scored, reward, start, keep)
+
+    monkeypatch.setattr(learn, "adapter_gradients", recording)
+    adapter = top_adapter(engine)
+    Lesson(engine, adapter, PROMPT, [5, 6], 1.0, plain(steps=2, lr=0.01, keep=10.0)).run()
+    spread = [int(p) for p in np.linspace(0, len(PROMPT) - 2, 8).astype(int)]  # 8 of the prompt's positions
+    assert seen == [spread, spread, None]  # two steps, then the consolidation (the lesson alone)

@@ -116,7 +116,7 @@ def test_a_new_adapter_changes_nothing_until_it_learns(tmp_path):
     engine = load_engine(str(tmp_path))
     base = engine.forward(TOKENS, 0, engine.new_cache())
     adapter = Adapter.new(engine.weights, LoRAConfig())
-    assert adapter.config.targets == ("q_proj", "v_proj") and adapter.config.rank == 2
+    assert adapter.config.targets == ("down_proj",) and adapter.config.rank == 32
     assert all(not b.any() for b in adapter.B.values()) and all(a.any() for a in adapter.A.values())
     activated(engine, adapter)
     np.testing.assert_array_equal(engine.forward(TOKENS, 0, engine.new_cache()), base)
@@ -142,7 +142,7 @@ def test_merge_and_unmerge_are_exact(tmp_path):
     q4 = load_engine(str(tmp_path), compute="q4")
     AdapterSet.attached(q4).add("a", Adapter.new(q4.weights, LoRAConfig()))
     with pytest.raises(
-        InvalidArgumentError, match=r"merging needs float32 weights; model\.layers\.0\.self_attn\.q_proj computes as q4"
+        InvalidArgumentError, match=r"merging needs float32 weights; model\.layers\.0\.mlp\.down_proj computes as q4"
     ):
         AdapterSet.attached(q4).merge("a")
 
@@ -286,3 +286,37 @@ def test_merge_writes_a_model_folder_that_computes_like_the_adapter(tmp_path):
         merge_adapter(str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "merged"))
     with pytest.raises(InvalidArgumentError, match="convert the GGUF file into one first"):
         merge_adapter(str(tmp_path / "x.gguf"), str(tmp_path / "a"), str(tmp_path / "other"))
+
+
+def test_the_kept_predictions_term_equals_torch_autograd(tmp_path):
+    from ruvllm.learning.backprop import Keep, loss_and_grads
+
+    model = tiny_model("llama", tmp_path, num_hidden_layers=4)
+    engine = load_engine(str(tmp_path))
+    adapter = random_adapter(engine, ("down_proj",), layers=(-2, -1))
+    activated(engine, adapter)
+    rng = np.random.default_rng(9)
+    ref = rng.dirichlet(np.ones(engine.config.vocab_size), 3).astype(np.float32)  # (3, V)
+    keep = Keep(np.array([1, 4, 9]), ref, 10.0)  # position 9 is also scored: its row counts twice
+    result = loss_and_grads(engine.weights, engine.config, engine.inv_freq, TOKENS, SCORED, 1.0, keep, 2)
+
+    leaves, params = {}, dict(model.named_parameters(remove_duplicate=False))
+    for name in adapter.A:
+        A = torch.tensor(adapter.A[name], requires_grad=True)
+        B = torch.tensor(adapter.B[name], requires_grad=True)
+        leaves[name] = (A, B)
+        params[f"{name}.weight"] = params[f"{name}.weight"].detach() + adapter.config.scale * (B @ A)
+    logits = torch.func.functional_call(model, params, (torch.tensor([TOKENS]),)).logits[0].double()
+    log_probs = torch.log_softmax(logits, dim=-1)
+    nll = -log_probs[torch.tensor(SCORED), torch.tensor(TOKENS)[SCORED + 1]].mean()
+    target = torch.tensor(ref, dtype=torch.float64)
+    kl = (target * (torch.log(target + 1e-30) - log_probs[torch.tensor([1, 4, 9])])).sum(-1).mean()
+    (nll + 10.0 * kl).backward()
+    assert result.loss == pytest.approx((nll + 10.0 * kl).item(), rel=1e-5)
+    lesson = {id(m.A): (dA, dB) for m, dA, dB in result.by_matrix.values()}
+    kept = {id(m.A): (dA, dB) for m, dA, dB in result.kept.values()}  # the kept term's, apart
+    for name, (A, B) in leaves.items():
+        (dA, dB), (kA, kB) = lesson[id(adapter.A[name])], kept[id(adapter.A[name])]
+        dA, dB = dA + kA, dB + kB
+        np.testing.assert_allclose(dA, A.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)
+        np.testing.assert_allclose(dB, B.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)

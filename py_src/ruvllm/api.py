@@ -15,7 +15,6 @@ import os
 import threading
 import time
 from collections.abc import Iterator, Sequence
-from pathlib import Path
 
 import numpy as np
 
@@ -25,6 +24,7 @@ from .files.store import TensorStore
 from .learning import learn
 from .learning.learn import AdaptReport
 from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
+from .learning.projection import CALIBRATION_TOKENS, calibration_text
 from .model.cache import KVCache, KVOptions
 from .model.config import ModelConfig
 from .runtime.constrain import Vocabulary
@@ -51,6 +51,8 @@ class Model:
         self._vocabulary: Vocabulary | None = None
         self.adapters = AdapterSet.attached(engine)  # MicroLoRA: held, selected, learning
         self.learner = learn.Learner(self.adapters)  # lessons learned in the background (feedback, learn)
+        if engine.calibration_ids is None:  # what learning keeps its adapters' inputs away from
+            engine.calibration_ids = tokenizer.encode(calibration_text())[:CALIBRATION_TOKENS]
         self._idle_cache: KVCache | None = engine.new_cache()  # no generation holds it
         self._cache_lock = threading.Lock()
 
@@ -343,11 +345,6 @@ def model_name(path: str) -> str:
         path = hub.file or hub.repo
     last = os.path.basename(os.path.normpath(path))
     return (last[: -len(".gguf")] if last.lower().endswith(".gguf") else last) or "ruvllm"
-
-
-def calibration_text() -> str:
-    """The built-in calibration text (varied prose, dialogue, code and numbers)."""
-    return (Path(__file__).parent / "data" / "calibration.txt").read_text(encoding="utf-8")
 
 
 def eos_token_ids(generation_config: object, engine: Engine, tokenizer: Tokenizer) -> list[int]:

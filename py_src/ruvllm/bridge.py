@@ -42,6 +42,7 @@ over Python objects instead: `take_engine()` and `take_files()`.
     EngineHandle.feedback({key, adapter, prompt_ids, ...})  -> a lesson's progress after its first step
     EngineHandle.learn({budget_ms})                -> {lessons: [progress], waiting}: the background loop
     EngineHandle.cancel_learning({key})            -> the same, the lesson `key` (null: all) dropped
+    EngineHandle.calibration_text(), set_calibration({ids})  the calibration text, tokenized in JavaScript
     EngineHandle.load_adapter({name}, adapter_config.json, weights bytes, state bytes or None)
     EngineHandle.adapter_files({name})             -> {files: [file names]}; take_files() -> {name: bytes}
 
@@ -68,6 +69,7 @@ from .files.store import TensorStore, count_parameters
 from .files.tensorfile import PieceBuffer, SafetensorsFile
 from .learning.learn import AdaptOptions, Learner, Lesson
 from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
+from .learning.projection import CALIBRATION_TOKENS, calibration_text
 from .model.cache import KVOptions
 from .model.config import ModelConfig
 from .quant.provider import ARITHMETIC, DEFAULT_ARITHMETIC
@@ -475,8 +477,20 @@ class EngineHandle:
                 self.learner.cancel(lesson)
         return {"lessons": self._report_lessons(), "waiting": self.learner.status().lessons}
 
+    @_json_result
+    def calibration_text(self) -> str:
+        """The built-in calibration text: JavaScript tokenizes it for `set_calibration`."""
+        return calibration_text()
+
+    @_json_result
+    def set_calibration(self, request_json: str) -> int:
+        """request: {ids}: the calibration text's token ids (what learning's projection starts from)."""
+        ids = _ids(_request(request_json).get("ids"), "ids")
+        self.engine.calibration_ids = ids[:CALIBRATION_TOKENS]
+        return len(self.engine.calibration_ids)
+
     def _lesson(self, r: dict) -> Lesson:
-        names = ("steps", "lr", "ewc", "until_greedy")
+        names = ("steps", "lr", "optimizer", "ewc", "until_greedy", "rehearse", "keep", "project")
         options = AdaptOptions(**{k: r[k] for k in names if r.get(k) is not None})
         prompt_ids, completion_ids = (
             _ids(r.get("prompt_ids"), "prompt_ids"),

@@ -19,6 +19,7 @@ G = H/K, E head size, F MLP size, V vocab, r rank.
 
 from __future__ import annotations
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,6 +39,7 @@ class Gradients:
     log_likelihood: float  # mean over the scored positions
     greedy: bool  # whether every target is the likeliest token at its position
     by_matrix: dict[int, tuple[LoRAMatrix, np.ndarray, np.ndarray]]  # id(matrix): (matrix, dA, dB)
+    kept: dict | None = None  # the same, of the kept-predictions term apart (with `keep`)
 
 
 def _transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
@@ -99,6 +101,50 @@ def advance(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], x
 
 
 @dataclass
+class Keep:
+    """Positions whose predictions a lesson keeps: the model's distributions there are pulled towards
+    `probs` (K, V) (the base model's), by `weight` times their mean KL divergence."""
+
+    positions: np.ndarray  # (K,)
+    probs: np.ndarray  # (K, V)
+    weight: float
+
+
+def _softmax64(logits: np.ndarray) -> np.ndarray:
+    z = logits.astype(np.float64)
+    z -= z.max(axis=-1, keepdims=True)
+    e = np.exp(z)
+    return e / e.sum(axis=-1, keepdims=True)
+
+
+def base_probs(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, positions):
+    """The base model's next-token distributions (K, V) at `positions` (K,), from `start`: the passes
+    with every adapter matrix bypassed (the caller holds the lock that guards the weights)."""
+    with bypassed(weights):
+        x, _ = run_from(weights, config, inv_freq, start)
+        return _softmax64(logits(weights, config, x[positions])).astype(np.float32)
+
+
+@contextmanager
+def bypassed(weights: Weights):
+    """The weights without their adapter matrices while inside (the caller holds their lock)."""
+    swapped = []
+    for layer in weights.layers:
+        for lin in [*layer.self_attn.projections().values(), *layer.mlp.projections().values()]:
+            if isinstance(lin.matrix, LoRAMatrix):
+                swapped.append((lin, lin.matrix))
+    if isinstance(weights.lm_head.matrix, LoRAMatrix):
+        swapped.append((weights.lm_head, weights.lm_head.matrix))
+    try:
+        for lin, matrix in swapped:
+            lin.matrix = matrix.base
+        yield
+    finally:
+        for lin, matrix in swapped:
+            lin.matrix = matrix
+
+
+@dataclass
 class Start:
     """Where the passes of a lesson start: at layer `first`, with the hidden states entering it (T, D).
     When that layer's only adapted matrix is down_proj, everything it computes before that product is
@@ -117,11 +163,11 @@ def start_at(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], 
     w, m = layer.self_attn, layer.mlp
     if _adapted(w.q_proj, w.k_proj, w.v_proj, w.o_proj, m.gate_proj, m.up_proj):
         return Start(first, entering)
-    _, tapes = _run(weights, config, inv_freq, Start(first, entering), stop=first + 1)
+    _, tapes = run_from(weights, config, inv_freq, Start(first, entering), stop=first + 1)
     return Start(first, entering, tapes[0])
 
 
-def _run(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, stop: int | None = None):
+def run_from(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, stop: int | None = None):
     """The inference forward of layers start.first.. (to `stop`) over positions 0..T-1, from an empty
     float32 cache: (the last layer's output (T, D), the tapes of those layers)."""
     tape = Tape()
@@ -140,7 +186,7 @@ def _run(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], star
 
 def logits_for(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], tokens: list[int]) -> np.ndarray:
     """All logits (T, V) of the forward the backward pass runs on."""
-    x, _ = _run(weights, config, inv_freq, Start(0, entering_states(weights, config, inv_freq, tokens, 0)))
+    x, _ = run_from(weights, config, inv_freq, Start(0, entering_states(weights, config, inv_freq, tokens, 0)))
     return logits(weights, config, x)
 
 
@@ -151,13 +197,14 @@ def loss_and_grads(
     tokens: list[int],
     scored: np.ndarray,
     reward: float = 1.0,
-    soft_targets: np.ndarray | None = None,
+    keep: Keep | None = None,
     first: int = 0,
     start: Start | None = None,
 ) -> Gradients:
     """The loss, its gradients (by LoRAMatrix) and the targets' log-likelihood for predicting tokens[p + 1]
-    from the positions p in `scored` (P,); with `soft_targets` (P, V) probabilities instead, the loss is
-    the cross-entropy to them (a KL divergence up to a constant), weighted by `reward`.
+    from the positions p in `scored` (P,), weighted by `reward`; with `keep`, plus its weight times the
+    mean KL divergence from its reference distributions to the model's at its positions (what the
+    model predicted there stays).
 
     The forward and backward run through layers `first`.. (no adapter may sit below it), from `start`
     (start_at: the hidden states entering there at positions 0..max(scored); default: computed)."""
@@ -168,35 +215,48 @@ def loss_and_grads(
             weights, config, inv_freq, entering_states(weights, config, inv_freq, tokens[:T], first), first
         )
     assert start.first == first and len(start.entering) == T, "a start for other positions or another layer"
-    H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
-    x_last, tapes = _run(weights, config, inv_freq, start)
-    xs = x_last[scored]  # (P, D)
-    final = rms_norm(xs, weights.norm, config.rms_norm_eps)  # (P, D)
-    scored_logits = weights.lm_head(final).astype(np.float64)  # (P, V)
+    x_last, tapes = run_from(weights, config, inv_freq, start)
+    P = len(scored)
+    rows = scored if keep is None else np.concatenate([scored, keep.positions])  # (R,)
+    xs = x_last[rows]  # (R, D)
+    final = rms_norm(xs, weights.norm, config.rms_norm_eps)  # (R, D)
+    probs = _softmax64(weights.lm_head(final))  # (R, V)
     targets = tokens[scored + 1]  # (P,)
-    scored_logits -= scored_logits.max(axis=-1, keepdims=True)
-    probs = np.exp(scored_logits)
-    probs /= probs.sum(axis=-1, keepdims=True)  # (P, V)
-    log_likelihood = float(np.mean(np.log(probs[np.arange(len(scored)), targets])))
-    greedy = bool(np.all(probs.argmax(axis=-1) == targets))  # every target is the likeliest token
-    if soft_targets is None:
-        loss = -reward * log_likelihood
-    else:
-        loss = -reward * float(np.mean(np.sum(soft_targets * np.log(probs + 1e-30), axis=-1)))
+    log_likelihood = float(np.mean(np.log(probs[np.arange(P), targets])))
+    greedy = bool(np.all(probs[:P].argmax(axis=-1) == targets))  # every target is the likeliest token
+    loss = -reward * log_likelihood
+    dlogits = probs  # (R, V), made the gradient of the loss with respect to the logits in place
+    dlogits[np.arange(P), targets] -= 1.0
+    dlogits[:P] *= reward / P
+    if keep is not None:
+        ref = keep.probs.astype(np.float64)  # (K, V)
+        kept = probs[P:]
+        loss += keep.weight * float(np.mean(np.sum(ref * (np.log(ref + 1e-30) - np.log(kept + 1e-30)), axis=-1)))
+        dlogits[P:] = (kept - ref) * (keep.weight / len(ref))
+    dlogits = dlogits.astype(np.float32)
+    if keep is None:
+        by_matrix = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
+        return Gradients(loss, log_likelihood, greedy, by_matrix)
+    only = np.zeros_like(dlogits)
+    only[P:], dlogits[P:] = dlogits[P:], 0  # the two terms apart: a caller may clip the first alone
+    by_matrix = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
+    kept = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, only)
+    return Gradients(loss, log_likelihood, greedy, by_matrix, kept)
 
+
+def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes, x_last, rows, final, dlogits):
+    """{id(matrix): (matrix, dA, dB)} for dlogits (R, V), the gradient of the logits at `rows` (R,), from
+    the forward whose last layer gave x_last (T, D) and whose layers from `first` left `tapes`."""
     grads = _Grads()
-    dlogits = probs
-    if soft_targets is None:
-        dlogits[np.arange(len(scored)), targets] -= 1.0
-    else:
-        dlogits -= soft_targets
-    dlogits = (dlogits * (reward / len(scored))).astype(np.float32)  # (P, V)
+    T = len(x_last)
+    H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
     if first == config.num_hidden_layers:  # only the output projection is adapted: nothing below needs dx
         grads.linear_backward(weights.lm_head, dlogits, final, need_input=False)
-        return Gradients(loss, log_likelihood, greedy, grads.by_matrix)
-    dfinal = grads.linear_backward(weights.lm_head, dlogits, final)  # (P, D)
+        return grads.by_matrix
+    dfinal = grads.linear_backward(weights.lm_head, dlogits, final)  # (R, D)
     dx = np.zeros_like(x_last)  # (T, D)
-    dx[scored] = _rms_backward(dfinal, xs, weights.norm, config.rms_norm_eps)
+    xs = x_last[rows]  # (R, D)
+    np.add.at(dx, rows, _rms_backward(dfinal, xs, weights.norm, config.rms_norm_eps))  # a row may be in both
     scale = np.float32(config.attention_scale)
 
     layers = zip(weights.layers[first:], tapes, inv_freq[first:], strict=True)
@@ -236,4 +296,4 @@ def loss_and_grads(
             + grads.linear_backward(w.v_proj, dv, tape.a)
         )  # (T, D)
         dx = dh + _rms_backward(da, tape.x, layer.input_layernorm, eps)  # (T, D)
-    return Gradients(loss, log_likelihood, greedy, grads.by_matrix)
+    return grads.by_matrix

@@ -22,23 +22,32 @@ import numpy as np
 from ..errors import InvalidArgumentError
 from ..model.cache import KVCache
 from ..runtime.engine import Engine
-from .backprop import Start, advance, entering_states, loss_and_grads, start_at
+from .backprop import Keep, Start, advance, base_probs, entering_states, loss_and_grads, start_at
 from .lora import Adapter
+from .projection import input_bases, project
 from .state import Memory, sgd
 
 MEMORY_LESSONS = 64  # lessons an adapter remembers for rehearsal (the oldest go first)
+REHEARSAL_STEPS = 5  # steps a rehearsed lesson gets at most per round
+KEPT_POSITIONS = 8  # prompt positions whose predictions a lesson keeps (AdaptOptions.keep)
 
 
 @dataclass(frozen=True)
 class AdaptOptions:
-    steps: int = 6
-    lr: float = 4e-3
-    optimizer: str = "adam"  # or "sgd"
-    ewc: float = 1e4  # strength of the consolidation term (0 turns it off); measured, see benchmarks
+    """How a lesson learns. The defaults are the measured ones (benchmarks/RESULTS.md, "MicroLoRA"):
+    plain gradient steps until greedy decoding reproduces a good completion (at most `steps`), the
+    base model's predictions on the prompt kept, then rehearsal of the earlier lessons."""
+
+    steps: int = 20  # optimizer steps on the lesson at most
+    lr: float = 1.0
+    optimizer: str = "sgd"  # or "adam"
+    ewc: float = 0.0  # strength of the consolidation term (0 turns it off)
     max_grad_norm: float = 1.0  # the gradient is scaled down to this global norm when longer
     fisher_decay: float = 1.0  # weight of older lessons' Fisher information when a new one is added
-    until_greedy: bool = False  # a good completion's lesson ends once greedy decoding reproduces it
-    rehearse: int = 0  # rounds of rehearsal of earlier lessons after this one (0: none)
+    until_greedy: bool = True  # a good completion's lesson ends once greedy decoding reproduces it
+    rehearse: int = 3  # rounds of rehearsal of earlier lessons after this one (0: none)
+    keep: float = 10.0  # weight of the KL divergence that keeps the base model's predictions on the prompt
+    project: float = 0.99  # a new adapter's A stays out of the inputs' subspace holding this much energy
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
@@ -67,18 +76,25 @@ def adapter_gradients(
     scored: np.ndarray,
     reward: float,
     start: Start | None = None,
+    keep: Keep | None = None,
 ):
     """(backprop.Gradients, {key: gradient}) with `adapter` active in the engine's weights; the passes
-    run from the adapter's lowest layer up, from `start` (backprop.start_at; default: computed)."""
+    run from the adapter's lowest layer up, from `start` (backprop.start_at; default: computed). With
+    `keep`, the gradient of its term (the predictions kept) is in `keyed(adapter, result.kept)`."""
     first = first_layer(engine, adapter)
     weights, config = engine.weights, engine.config
-    result = loss_and_grads(weights, config, engine.inv_freq, tokens, scored, reward, None, first, start)
+    result = loss_and_grads(weights, config, engine.inv_freq, tokens, scored, reward, keep, first, start)
+    return result, keyed(adapter, result.by_matrix)
+
+
+def keyed(adapter: Adapter, by_matrix: dict) -> dict[str, np.ndarray]:
+    """Gradients by LoRAMatrix as {"<module>.lora_A" / "<module>.lora_B": gradient} of `adapter`."""
     grads = {}
-    for matrix, dA, dB in result.by_matrix.values():
+    for matrix, dA, dB in by_matrix.values():
         for name, A in adapter.A.items():
             if matrix.A is A:
                 grads[f"{name}.lora_A"], grads[f"{name}.lora_B"] = dA, dB
-    return result, grads
+    return grads
 
 
 def first_layer(engine: Engine, adapter: Adapter) -> int:
@@ -121,6 +137,7 @@ class Lesson:
         self.engine, self.adapter, self.reward, self.cache = engine, adapter, float(reward), cache
         self.scored = np.arange(len(prompt_ids) - 1, len(self.tokens) - 1)  # (P,)
         self.start: Start | None = None  # where each step's passes start, made by the first step
+        self.keep: Keep | bool | None = None  # the predictions kept (False: none), made by the first step
         self.steps = 0  # optimizer steps on this lesson so far
         self.rehearsed = 0  # optimizer steps on earlier lessons, rehearsed after this one was learned
         self.rehearsal: _Rehearsal | None = None  # once this lesson is learned
@@ -151,35 +168,42 @@ class Lesson:
 
     def _learn(self) -> None:
         options = self.options
-        result, grads = adapter_gradients(
-            self.engine, self.adapter, self.tokens, self.scored, self.reward, self._start()
-        )
+        start, keep = self._start(), self._keep()
+        result, grads = adapter_gradients(self.engine, self.adapter, self.tokens, self.scored, self.reward, start, keep)
         self.log_prob_before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
         learned = options.until_greedy and self.reward > 0 and result.greedy  # greedy decoding gives it
         if not learned:
-            self._update(grads)
+            self._update(grads, result.kept)
             self.steps += 1
         if learned or self.steps == options.steps:
             memory = self.adapter.state.memory if options.rehearse else []
             earlier = [m for m in memory if m.reward > 0]
-            self.rehearsal = _Rehearsal([*earlier, self.memory], options.rehearse if earlier else 0, options.steps)
+            # this lesson too: one that its steps did not teach gets more, with the earlier ones beside it
+            items = [*earlier, self.memory] if self.reward > 0 else earlier
+            self.rehearsal = _Rehearsal(items, options.rehearse if items else 0, REHEARSAL_STEPS)
 
     def _rehearse(self) -> None:
         r = self.rehearsal
         item = r.items[r.index]
-        tokens, scored, start = self._recall(item)
-        result, grads = adapter_gradients(self.engine, self.adapter, tokens, scored, item.reward, start)
+        tokens, scored, start, keep = self._recall(item)
+        result, grads = adapter_gradients(self.engine, self.adapter, tokens, scored, item.reward, start, keep)
         if result.greedy or r.taken == r.cap:
             r.next(again=r.taken > 0)
         else:
-            self._update(grads)
+            self._update(grads, result.kept)
             r.taken += 1
             self.rehearsed += 1
 
-    def _update(self, grads: dict[str, np.ndarray]) -> None:
+    def _update(self, grads: dict[str, np.ndarray], kept: dict | None) -> None:
+        """One optimizer step: the lesson's gradient clipped, plus the kept predictions' (`kept`, by
+        matrix), clipped again (measured: clipping the sum alone lets a large lesson gradient drown
+        the kept predictions)."""
         options, adapter = self.options, self.adapter
         params, state = dict(adapter.parameters()), adapter.state
-        grads = clipped(grads, options.max_grad_norm)
+        grads = clipped(self._projected(grads), options.max_grad_norm)
+        if kept is not None:
+            kept = self._projected(keyed(adapter, kept))
+            grads = clipped({key: g + kept[key] for key, g in grads.items()}, options.max_grad_norm)
         if options.ewc:
             grads = state.ewc.pulled(grads, params, options.ewc)
         if options.optimizer == "sgd":
@@ -187,6 +211,11 @@ class Lesson:
         else:
             state.adam.update(params, grads, options.lr)
         adapter.version += 1
+
+    def _projected(self, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        for name, basis in self.adapter.state.bases.items():  # A stays out of ordinary text's input subspace
+            grads[f"{name}.lora_A"] = project(grads[f"{name}.lora_A"], basis)
+        return grads
 
     def finish(self) -> AdaptReport:
         """Consolidate what this lesson taught (its Fisher information, EWC; it joins the adapter's
@@ -212,18 +241,36 @@ class Lesson:
     def memory(self) -> Memory:
         return Memory(tuple(self.tokens), int(self.scored[0]) + 1, self.reward)
 
-    def _recall(self, item: Memory) -> tuple[list[int], np.ndarray, Start]:
-        """A remembered lesson's tokens, scored positions and Start (kept with the adapter once made)."""
-        scored = np.arange(item.prompt_length - 1, len(item.tokens) - 1)
+    def _recall(self, item: Memory) -> tuple[list[int], np.ndarray, Start, Keep | None]:
+        """A remembered lesson's tokens, scored positions, Start and Keep (kept with the adapter once
+        made: `Adapter.starts`)."""
         if item == self.memory:
-            return self.tokens, self.scored, self._start()
+            return self.tokens, self.scored, self._start(), self._keep()
+        scored = np.arange(item.prompt_length - 1, len(item.tokens) - 1)
         starts = self.adapter.starts
         if item not in starts:
             engine, first = self.engine, first_layer(self.engine, self.adapter)
             fed = list(item.tokens[: len(item.tokens) - 1])
             entering = entering_states(engine.weights, engine.config, engine.inv_freq, fed, first)
-            starts[item] = start_at(engine.weights, engine.config, engine.inv_freq, entering, first)
-        return list(item.tokens), scored, starts[item]
+            start = start_at(engine.weights, engine.config, engine.inv_freq, entering, first)
+            starts[item] = start, self._kept(start, item.prompt_length)
+        start, keep = starts[item]
+        return list(item.tokens), scored, start, keep or None
+
+    def _keep(self) -> Keep | None:
+        if self.keep is None:
+            self.keep = self._kept(self._start(), int(self.scored[0]) + 1)
+        return self.keep or None
+
+    def _kept(self, start: Start, prompt_length: int) -> Keep | bool:
+        """The base model's predictions at up to KEPT_POSITIONS prompt positions, spread over the
+        prompt (the last one predicts the completion: not kept); False when none or options.keep is 0."""
+        if not self.options.keep or prompt_length < 2:
+            return False
+        positions = np.unique(np.linspace(0, prompt_length - 2, min(KEPT_POSITIONS, prompt_length - 1)).astype(int))
+        engine = self.engine
+        probs = base_probs(engine.weights, engine.config, engine.inv_freq, start, positions)
+        return Keep(positions, probs, self.options.keep)
 
     def run(self, budget_ms: float | None = None) -> bool:
         """Steps until the lesson is done or `budget_ms` is spent (at least one step); True when done."""
@@ -249,7 +296,19 @@ class Lesson:
             else:
                 entering = entering_states(weights, config, inv_freq, fed, first)
             self.start = start_at(weights, config, inv_freq, entering, first)
+            self._project()
         return self.start
+
+    def _project(self) -> None:
+        """A fresh adapter's A out of ordinary text's input subspace (projection.py), once: the bases
+        come from the engine's calibration text and stay in the adapter's learning state."""
+        adapter, engine = self.adapter, self.engine
+        ids = getattr(engine, "calibration_ids", None)
+        if not self.options.project or adapter.state.bases or adapter.version or not ids:
+            return
+        adapter.state.bases = input_bases(engine, list(adapter.A), list(ids), self.options.project)
+        for name, basis in adapter.state.bases.items():
+            adapter.A[name][...] = project(adapter.A[name], basis)
 
 
 class _Rehearsal:

@@ -4,8 +4,8 @@ the lessons themselves (`memory`), which later lessons rehearse.
 
 Keys are the adapter's parameter names (`<module>.lora_A`, `<module>.lora_B`). In an adapter folder
 the state is `learning_state.safetensors`, with entries `adam.m.<key>`, `adam.v.<key>`, `adam.t`,
-`fisher.<key>`, `anchor.<key>`, and `memory.tokens` (every lesson's ids, concatenated),
-`memory.lengths`, `memory.prompt_lengths`, `memory.rewards`.
+`fisher.<key>`, `anchor.<key>`, `basis.<module>` (learning/projection.py), and `memory.tokens` (every
+lesson's ids, concatenated), `memory.lengths`, `memory.prompt_lengths`, `memory.rewards`.
 """
 
 from __future__ import annotations
@@ -81,9 +81,10 @@ class LearningState:
     adam: Adam = field(default_factory=Adam)
     ewc: Consolidation = field(default_factory=Consolidation)
     memory: list[Memory] = field(default_factory=list)  # lessons learned, oldest first
+    bases: Arrays = field(default_factory=dict)  # by module: the input subspace A stays out of (projection.py)
 
     def __bool__(self) -> bool:
-        return bool(self.adam.t or self.ewc.fisher or self.memory)
+        return bool(self.adam.t or self.ewc.fisher or self.memory or self.bases)
 
     def tensors(self) -> Arrays:
         """The entries of learning_state.safetensors."""
@@ -91,6 +92,7 @@ class LearningState:
         out |= {f"adam.v.{k}": v for k, v in self.adam.v.items()}
         out |= {f"fisher.{k}": v for k, v in self.ewc.fisher.items()}
         out |= {f"anchor.{k}": v for k, v in self.ewc.anchor.items()}
+        out |= {f"basis.{k}": v for k, v in self.bases.items()}
         if self.adam.t:
             out["adam.t"] = np.array([self.adam.t], np.float32)
         if self.memory:  # token ids < 2^24 are exact in float32
@@ -115,4 +117,4 @@ class LearningState:
                 begin = end - int(tensors["memory.lengths"][i])
                 memory.append(Memory(tuple(ids[begin:end]), int(prompts[i]), float(rewards[i])))
         adam = Adam(group("adam.m."), group("adam.v."), t)
-        return cls(adam, Consolidation(group("fisher."), group("anchor.")), memory)
+        return cls(adam, Consolidation(group("fisher."), group("anchor.")), memory, group("basis."))

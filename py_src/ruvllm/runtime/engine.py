@@ -152,6 +152,7 @@ class Engine:
         self.prefill_chunk = default_prefill_chunk()
         self.wrappers: Wrappers | None = None  # what wraps the weights (attach), if anything
         self.tap_layer: int | None = None  # new caches keep the hidden states entering this layer (KVCache.tap)
+        self.calibration_ids: list[int] | None = None  # token ids of a calibration text (learning's projection)
 
     @classmethod
     def from_store(cls, config: ModelConfig, store: TensorStore, options: LoadOptions | None = None) -> Engine:
