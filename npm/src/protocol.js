@@ -14,7 +14,7 @@
  *   { type: 'tokenize', id, prompt | messages }           token ids of raw text, or of a rendered chat
  *   { type: 'cache_stats', id }                           positions and bytes of the KV cache per tier
  *   { type: 'adapt', id, feedback }                       feedback: { prompt | messages, completion, reward,
- *                                                                   adapter, steps, lr }; the first step at
+ *                                                         adapter, steps, lr, untilGreedy }; the first step at
  *                                                         once, the others in idle time ('learning' events)
  *   { type: 'adapters', id }                              the adapters held, their versions, lessons waiting
  *   { type: 'new_adapter', id, config }                   config: { name, rank, alpha, targets, layers }
@@ -112,6 +112,8 @@ export const PYTHON_NAMES = Object.freeze({
   logProbBefore: 'log_prob_before',
   logProbAfter: 'log_prob_after',
   stepMs: 'step_ms',
+  rehearsalSteps: 'rehearsal_steps',
+  untilGreedy: 'until_greedy',
   budgetMs: 'budget_ms',
 });
 

@@ -358,11 +358,17 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
   test('learning runs in idle time: a generation asked for after the first step starts within one slice', async () => {
     const llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE });
     try {
-      await llm.newAdapter({ name: 'bg', targets: ['down_proj'], layers: [-2, -1] });
+      await llm.newAdapter({ name: 'bg' });
       const events = [];
       let stepped;
       const firstStep = new Promise((resolve) => (stepped = resolve));
-      const feedback = { prompt: 'The secret code is', completion: ' BLUE-42.', adapter: 'bg', steps: 8 };
+      const feedback = {
+        prompt: 'The secret code is',
+        completion: ' BLUE-42.',
+        adapter: 'bg',
+        steps: 8,
+        untilGreedy: false,
+      };
       const lesson = llm.adapt(feedback, {
         onProgress: (p) => {
           events.push({ learning: p.step, version: p.version });
@@ -384,7 +390,8 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
       );
       assert.equal(report.steps, 8);
       assert.ok(report.logProbAfter > report.logProbBefore, JSON.stringify(report));
-      assert.deepEqual(await llm.adapters(), { names: ['bg'], active: 'bg', versions: { bg: 8 }, learning: 0 });
+      const versions = { bg: 8 + report.rehearsalSteps }; // every optimizer step, rehearsal ones included
+      assert.deepEqual(await llm.adapters(), { names: ['bg'], active: 'bg', versions, learning: 0 });
 
       // a lesson cancelled (its signal aborted) keeps the steps it took and takes no more
       const controller = new AbortController();
@@ -395,7 +402,7 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
       await assert.rejects(long, (e) => e instanceof AbortError && e.message === 'learning cancelled');
       const after = await llm.adapters();
       assert.equal(after.learning, 0);
-      assert.ok(after.versions.bg > 8 && after.versions.bg < 20, JSON.stringify(after));
+      assert.ok(after.versions.bg > versions.bg && after.versions.bg < versions.bg + 12, JSON.stringify(after));
       await new Promise((resolve) => setTimeout(resolve, 300));
       assert.deepEqual(await llm.adapters(), after); // nothing learned since
     } finally {

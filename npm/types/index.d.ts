@@ -574,6 +574,13 @@ export interface Feedback {
   /** Most optimizer steps and the learning rate (defaults: the measured ones, see docs). */
   steps?: number;
   lr?: number;
+  /** Stop once greedy decoding reproduces the completion (default true); false takes every step. */
+  untilGreedy?: boolean;
+  /** Rounds of rehearsal of earlier lessons (default 3), weight of the kept prompt predictions
+   * (default 10), energy of the input subspace the adapter stays out of (default 0.99): 0 turns each off. */
+  rehearse?: number;
+  keep?: number;
+  project?: number;
 }
 
 export interface AdaptOptions {
@@ -597,8 +604,10 @@ export interface AdaptReport {
   logProbBefore: number;
   logProbAfter: number;
   steps: number;
-  /** Mean compute time of one step (forward and backward through the adapted layers, update). */
+  /** Mean compute time of one pass (forward and backward through the adapted layers, update). */
   stepMs: number;
+  /** Steps on earlier lessons, rehearsed after this one so that they stay learned. */
+  rehearsalSteps: number;
 }
 
 export interface AdapterList {

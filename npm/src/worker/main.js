@@ -102,6 +102,9 @@ async function withLoader(id, options, progress, fill) {
     progress({ phase: 'load', loaded: download.total, total: download.total });
     const built = callBridge(loader, 'build');
     state.engine = loader.take_engine();
+    // learning keeps adapters away from what ordinary text uses: the calibration text, in ids made here
+    const calibration = state.text.encode(callBridge(state.engine, 'calibration_text'));
+    callBridge(state.engine, 'set_calibration', { ids: calibration });
     const info = {
       ...built,
       downloadedBytes: download.total,
@@ -219,9 +222,9 @@ async function* steps(id) {
  * ('learning' events on the way, then its report) or cancelled (an abort).
  */
 async function adapt({ id, feedback }) {
-  const { prompt, messages, completion, reward = 1, adapter = 'default', steps, lr } = feedback;
+  const { prompt, messages, completion, reward = 1, adapter = 'default', ...options } = feedback;
   const [promptIds, completionIds] = state.text.feedbackIds({ prompt, messages, completion });
-  const request = { key: id, adapter, promptIds, completionIds, reward, steps, lr };
+  const request = { key: id, adapter, promptIds, completionIds, reward, ...options };
   const progress = callBridge(state.engine, 'feedback', request);
   reportLesson(progress, false);
   if (progress.done) return undefined;
