@@ -39,12 +39,13 @@ let yieldToEventLoop;
 if (IS_NODE) {
   yieldToEventLoop = () => new Promise((resolve) => setImmediate(resolve));
 } else {
+  // Several may wait at once (a generation and the learning loop): each message wakes the first waiter.
   const tick = new MessageChannel();
-  let afterTick = null;
-  tick.port1.onmessage = () => afterTick();
+  const waiting = [];
+  tick.port1.onmessage = () => waiting.shift()();
   yieldToEventLoop = () =>
     new Promise((resolve) => {
-      afterTick = resolve;
+      waiting.push(resolve);
       tick.port2.postMessage(null);
     });
 }
