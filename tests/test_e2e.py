@@ -573,7 +573,7 @@ def test_feedback_teaches_the_model_in_the_background_and_the_adapter_downloads(
     first_text = next(i for i, e in enumerate(events) if e.startswith("answer: ") and e != "answer: ")
     steps_before = [e for e in events[:first_text] if e.startswith("learning")]
     assert len(steps_before) <= 1, f"the answer waited for {len(steps_before)} learning slices: {events[:first_text]}"
-    demo.wait_for_selector("[data-testid=learning][data-state=idle]", timeout=120_000)
+    demo.wait_for_selector("[data-testid=learning][data-state=idle]", timeout=180_000)
     report = demo.text_content("[data-testid=learning-text]")
     assert report.startswith("Learned (good answer): log-probability of that answer "), report
     assert any(e.startswith("learning: Learning") for e in demo.evaluate("window.__events")[asked + first_text :])
