@@ -68,9 +68,9 @@ def test_bad_feedback_is_refused(model):
         model.adapt("a", "b", reward=0)
     with pytest.raises(InvalidArgumentError, match="adapt needs a non-empty prompt and a non-empty completion"):
         model.adapters.activate(None)
-        from ruvllm.learning.learn import adapt
+        from ruvllm.learning.learn import Lesson
 
-        adapt(model.engine, model.adapters.adapters["default"], [1, 2], [])
+        Lesson(model.engine, model.adapters.adapters["default"], [1, 2], [])
     with pytest.raises(InvalidArgumentError, match="steps must be an integer >= 1, got 0"):
         model.adapt("a", "b", steps=0)
     model.set_adapter(None)

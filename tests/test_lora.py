@@ -30,6 +30,18 @@ def random_adapter(engine, targets=TARGETS, rank=2, seed=1, layers=None) -> Adap
     return adapter
 
 
+def torch_adapted(model, adapter: Adapter) -> tuple[dict, dict]:
+    """The torch model's parameters with every targeted weight W replaced by W + scale * B @ A, and the
+    (A, B) leaves by module: the same loss in torch, for autograd."""
+    leaves, params = {}, dict(model.named_parameters(remove_duplicate=False))
+    for name in adapter.A:
+        A = torch.tensor(adapter.A[name], requires_grad=True)
+        B = torch.tensor(adapter.B[name], requires_grad=True)
+        leaves[name] = (A, B)
+        params[f"{name}.weight"] = params[f"{name}.weight"].detach() + adapter.config.scale * (B @ A)
+    return leaves, params
+
+
 def activated(engine, adapter: Adapter) -> AdapterSet:
     adapters = AdapterSet(engine.weights)
     adapters.add("a", adapter)
@@ -61,13 +73,7 @@ def test_gradients_equal_torch_autograd(variant, tmp_path):
     result, grads = adapter_gradients(engine, adapter, TOKENS, SCORED, reward=1.5)
     loss = result.loss
 
-    # The same loss in torch: every targeted weight W replaced by W + scale * B @ A, A and B leaves.
-    leaves, params = {}, dict(model.named_parameters(remove_duplicate=False))
-    for name in adapter.A:
-        A = torch.tensor(adapter.A[name], requires_grad=True)
-        B = torch.tensor(adapter.B[name], requires_grad=True)
-        leaves[name] = (A, B)
-        params[f"{name}.weight"] = params[f"{name}.weight"].detach() + adapter.config.scale * (B @ A)
+    leaves, params = torch_adapted(model, adapter)
     # tie_weights=False: an adapter on a tied lm_head changes the output projection, not the embedding
     logits = torch.func.functional_call(model, params, (torch.tensor([TOKENS]),), tie_weights=False).logits[0]
     log_probs = torch.log_softmax(logits[SCORED].double(), dim=-1)
@@ -300,12 +306,7 @@ def test_the_kept_predictions_term_equals_torch_autograd(tmp_path):
     keep = Keep(np.array([1, 4, 9]), ref, 10.0)  # position 9 is also scored: its row counts twice
     result = loss_and_grads(engine.weights, engine.config, engine.inv_freq, TOKENS, SCORED, 1.0, keep, 2)
 
-    leaves, params = {}, dict(model.named_parameters(remove_duplicate=False))
-    for name in adapter.A:
-        A = torch.tensor(adapter.A[name], requires_grad=True)
-        B = torch.tensor(adapter.B[name], requires_grad=True)
-        leaves[name] = (A, B)
-        params[f"{name}.weight"] = params[f"{name}.weight"].detach() + adapter.config.scale * (B @ A)
+    leaves, params = torch_adapted(model, adapter)
     logits = torch.func.functional_call(model, params, (torch.tensor([TOKENS]),)).logits[0].double()
     log_probs = torch.log_softmax(logits, dim=-1)
     nll = -log_probs[torch.tensor(SCORED), torch.tensor(TOKENS)[SCORED + 1]].mean()

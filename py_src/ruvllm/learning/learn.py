@@ -345,22 +345,6 @@ def tapped_states(engine: Engine, cache: KVCache | None, tokens: list[int], firs
     return cache.tap.layer, cache.tap.read(len(tokens)).copy()
 
 
-def adapt(
-    engine: Engine,
-    adapter: Adapter,
-    prompt_ids: list[int],
-    completion_ids: list[int],
-    reward: float = 1.0,
-    options: AdaptOptions | None = None,
-    cache: KVCache | None = None,
-) -> AdaptReport:
-    """Teach `adapter` (active in `engine`) that `completion_ids` follows `prompt_ids`, weighted by reward:
-    every step of a Lesson at once. `cache`: the cache of the generation that produced the text, if any."""
-    lesson = Lesson(engine, adapter, prompt_ids, completion_ids, reward, options, cache)
-    lesson.run()
-    return lesson.report
-
-
 @dataclass(frozen=True)
 class LearningStatus:
     """Where the background loop stands."""
