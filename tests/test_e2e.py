@@ -369,7 +369,7 @@ def test_the_conversation_follows_a_streaming_answer_unless_scrolled_up(demo):
             wait_more_text(demo, state["raw"], 10)
         demo.evaluate("document.getElementById('messages').scrollTop = 40")  # the visitor scrolls up to read
         state = scroll_state(demo)
-        wait_more_text(demo, state["raw"])
+        wait_more_text(demo, state["raw"], 150)  # more than a line at this width: the answer grows taller
         after = scroll_state(demo)
         assert after["top"] == state["top"] and after["gap"] > state["gap"], (state, after)
         shot(demo, "scrolled-up")
