@@ -17,6 +17,17 @@ from .writer import ModelFolder, write_model
 _COPIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json")
 
 
+def companion_files(folder: str) -> dict[str, bytes]:
+    """The tokenizer and generation files of a model folder that a converted copy keeps, by name."""
+    found = {}
+    for name in _COPIED:
+        path = os.path.join(folder, name)
+        if os.path.exists(path):
+            with open(path, "rb") as f:
+                found[name] = f.read()
+    return found
+
+
 def convert_hf(src: str, out: str, weights: str | None, log: Callable[[str], None]) -> None:
     config_path = os.path.join(src, "config.json")
     config = fields.read_json(config_path)
@@ -34,9 +45,5 @@ def convert_hf(src: str, out: str, weights: str | None, log: Callable[[str], Non
         log(report(converted))
 
     folder = ModelFolder(config=config)
-    for name in _COPIED:
-        path = os.path.join(src, name)
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                folder.extra_files[name] = f.read()
+    folder.extra_files.update(companion_files(src))
     write_model(out, folder, tensors, log)

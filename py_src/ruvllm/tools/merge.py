@@ -14,14 +14,13 @@ from collections.abc import Callable
 import numpy as np
 
 from ..convert import WEIGHT_CHOICES, encode, report, write_atomically
+from ..convert.hf import companion_files
 from ..convert.writer import ModelFolder, write_model
 from ..errors import InvalidArgumentError
 from ..files import jsonfields as fields
 from ..files.store import sanitize
 from ..learning.lora import Adapter
 from ..runtime.engine import is_gguf, load_engine, open_model
-
-_COPIED = ("tokenizer.json", "tokenizer_config.json", "generation_config.json", "special_tokens_map.json")
 
 
 def merge_adapter(
@@ -56,11 +55,7 @@ def merge_adapter(
             tensors.append(converted)
             log(report(converted))
         files = ModelFolder(config=raw_config)
-        for extra in _COPIED:
-            path = os.path.join(model, extra)
-            if os.path.exists(path):
-                with open(path, "rb") as f:
-                    files.extra_files[extra] = f.read()
+        files.extra_files.update(companion_files(model))
         write_model(folder, files, tensors, log)
 
     write_atomically(out, force, write)
