@@ -76,6 +76,14 @@ def number(raw: dict, key: str, source: str, default: object = MISSING, below: f
     return float(value)
 
 
+def real(raw: dict, key: str, source: str, default: object = MISSING) -> float:
+    """Any finite number."""
+    value = _get(raw, key, default, source, "a finite number")
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        raise fail(source, key, "a finite number", value)
+    return float(value)
+
+
 def boolean(raw: dict, key: str, source: str, default: bool = False) -> bool:
     value = _get(raw, key, default, source, "true or false")
     if not isinstance(value, bool):

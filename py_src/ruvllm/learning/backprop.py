@@ -31,6 +31,7 @@ from ..model.rope import apply_rope, rope_tables
 from ..model.weights import Linear, Weights, linear
 from ..quant.matrices import dense_product
 from .lora import LoRAMatrix
+from .xlora import MixedMatrix
 
 
 @dataclass
@@ -40,6 +41,7 @@ class Gradients:
     greedy: bool  # whether every target is the likeliest token at its position
     by_matrix: dict[int, tuple[LoRAMatrix, np.ndarray, np.ndarray]]  # id(matrix): (matrix, dA, dB)
     kept: dict | None = None  # the same, of the kept-predictions term apart (with `keep`)
+    mixes: dict[int, np.ndarray] | None = None  # X-LoRA: {projection index: gradient (T, E) of its mix}
 
 
 def _transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
@@ -52,10 +54,16 @@ class _Grads:
 
     def __init__(self) -> None:
         self.by_matrix: dict[int, tuple[LoRAMatrix, np.ndarray, np.ndarray]] = {}
+        self.mixes: dict[int, np.ndarray] = {}
 
     def linear_backward(self, lin: Linear, dy: np.ndarray, x: np.ndarray, need_input: bool = True):
-        """dx for y = lin(x), given dy (T, N) (None unless `need_input`); records the adapter's dA, dB."""
+        """dx for y = lin(x), given dy (T, N) (None unless `need_input`); records the adapter's dA, dB
+        (or, for a projection mixed by X-LoRA, the gradient of its mix)."""
         matrix = lin.matrix
+        if isinstance(matrix, MixedMatrix):
+            d_mix, dx = matrix.backward(dy, x)
+            self.mixes[matrix.index] = self.mixes.get(matrix.index, 0) + d_mix
+            return _transposed_product(dy, matrix.base) + dx if need_input else None
         if isinstance(matrix, LoRAMatrix):
             z = x @ matrix.A.T  # (T, r)
             dz = (dy @ matrix.B) * matrix.scale  # (T, r)
@@ -70,7 +78,7 @@ class _Grads:
 
 
 def _adapted(*linears: Linear) -> bool:
-    return any(isinstance(lin.matrix, LoRAMatrix) for lin in linears)
+    return any(isinstance(lin.matrix, (LoRAMatrix, MixedMatrix)) for lin in linears)
 
 
 def _rms_backward(dy: np.ndarray, x: np.ndarray, weight: np.ndarray, eps: float) -> np.ndarray:
@@ -235,24 +243,25 @@ def loss_and_grads(
         dlogits[P:] = (kept - ref) * (keep.weight / len(ref))
     dlogits = dlogits.astype(np.float32)
     if keep is None:
-        by_matrix = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
-        return Gradients(loss, log_likelihood, greedy, by_matrix)
+        grads = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
+        return Gradients(loss, log_likelihood, greedy, grads.by_matrix, None, grads.mixes)
     only = np.zeros_like(dlogits)
     only[P:], dlogits[P:] = dlogits[P:], 0  # the two terms apart: a caller may clip the first alone
-    by_matrix = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
+    grads = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
     kept = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, only)
-    return Gradients(loss, log_likelihood, greedy, by_matrix, kept)
+    return Gradients(loss, log_likelihood, greedy, grads.by_matrix, kept.by_matrix, grads.mixes)
 
 
 def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes, x_last, rows, final, dlogits):
-    """{id(matrix): (matrix, dA, dB)} for dlogits (R, V), the gradient of the logits at `rows` (R,), from
-    the forward whose last layer gave x_last (T, D) and whose layers from `first` left `tapes`."""
+    """The gradients (_Grads: by_matrix {id(matrix): (matrix, dA, dB)}, mixes) for dlogits (R, V), the
+    gradient of the logits at `rows` (R,), from the forward whose last layer gave x_last (T, D) and
+    whose layers from `first` left `tapes`."""
     grads = _Grads()
     T = len(x_last)
     H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
     if first == config.num_hidden_layers:  # only the output projection is adapted: nothing below needs dx
         grads.linear_backward(weights.lm_head, dlogits, final, need_input=False)
-        return grads.by_matrix
+        return grads
     dfinal = grads.linear_backward(weights.lm_head, dlogits, final)  # (R, D)
     dx = np.zeros_like(x_last)  # (T, D)
     xs = x_last[rows]  # (R, D)
@@ -296,4 +305,4 @@ def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes
             + grads.linear_backward(w.v_proj, dv, tape.a)
         )  # (T, D)
         dx = dh + _rms_backward(da, tape.x, layer.input_layernorm, eps)  # (T, D)
-    return grads.by_matrix
+    return grads

@@ -20,12 +20,14 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from ..model.cache import KVCache
+from ..model.cache import KVCache, KVOptions
+from ..model.forward import hidden, rms_norm
 from ..runtime.engine import Engine
-from .backprop import Keep, Start, advance, base_probs, entering_states, loss_and_grads, start_at
+from .backprop import Gradients, Keep, Start, advance, base_probs, entering_states, loss_and_grads, start_at
 from .lora import Adapter
 from .projection import input_bases, project
 from .state import Memory, sgd
+from .xlora import Mixture
 
 MEMORY_LESSONS = 64  # lessons an adapter remembers for rehearsal (the oldest go first)
 REHEARSAL_STEPS = 5  # steps a rehearsed lesson gets at most per round
@@ -97,10 +99,53 @@ def keyed(adapter: Adapter, by_matrix: dict) -> dict[str, np.ndarray]:
     return grads
 
 
+def route_gradients(
+    engine: Engine, mixture: Mixture, tokens: list[int], scored: np.ndarray, reward: float
+) -> tuple[Gradients, dict[str, np.ndarray]]:
+    """(backprop.Gradients, {key: gradient} of the router's parameters) with `mixture` in the engine's
+    weights: the scaling pass routes the tokens, the pass from the experts' lowest layer up and back
+    gives the gradient of each projection's mix, and the router's own backward the rest."""
+    weights, config, inv_freq = engine.weights, engine.config, engine.inv_freq
+    T = int(scored.max()) + 1
+    fed = np.asarray(tokens[:T])
+    mixture.constant(T)
+    side = hidden(weights, config, inv_freq, fed, 0, KVCache(config, T, KVOptions()))  # (T, D)
+    mixture.route(rms_norm(side, weights.norm, config.rms_norm_eps))
+    first = mixture.lowest_layer
+    result = loss_and_grads(weights, config, inv_freq, tokens, scored, reward, None, first)
+    layers = mixture.route_backward(result.mixes or {})
+    grads = {}
+    for (key_w, _), (key_b, _), (dW, db) in zip(
+        mixture.parameters()[::2], mixture.parameters()[1::2], layers, strict=True
+    ):
+        grads[key_w], grads[key_b] = dW, db
+    return result, grads
+
+
 def first_layer(engine: Engine, adapter: Adapter) -> int:
     """Where learning's passes start: the adapter's lowest layer (the top, for lm_head only)."""
     lowest = adapter.lowest_layer
     return engine.config.num_hidden_layers if lowest is None else lowest
+
+
+def lesson_tokens(engine: Engine, prompt_ids, completion_ids, reward) -> tuple[list[int], np.ndarray]:
+    """A lesson's tokens (prompt then completion) and scored positions (P,), or the error saying why
+    it cannot be learned."""
+    if not engine.config.llama_block:
+        raise InvalidArgumentError(
+            f"adapt (MicroLoRA learning) runs on Llama-style blocks (Llama, Mistral, Qwen2, Phi-3); "
+            f"{engine.config.architecture} is not supported yet (applying a trained adapter is)"
+        )
+    if not prompt_ids or not completion_ids:
+        raise InvalidArgumentError("adapt needs a non-empty prompt and a non-empty completion")
+    if not isinstance(reward, (int, float)) or not np.isfinite(reward) or reward == 0:
+        raise InvalidArgumentError(f"reward must be a non-zero number, got {reward!r}")
+    tokens = list(prompt_ids) + list(completion_ids)
+    if len(tokens) > engine.context_length:
+        raise InvalidArgumentError(
+            f"prompt and completion have {len(tokens)} tokens; the context window is {engine.context_length}"
+        )
+    return tokens, np.arange(len(prompt_ids) - 1, len(tokens) - 1)
 
 
 class Lesson:
@@ -120,22 +165,8 @@ class Lesson:
         cache: KVCache | None = None,
     ) -> None:
         self.options = options or AdaptOptions()
-        if not engine.config.llama_block:
-            raise InvalidArgumentError(
-                f"adapt (MicroLoRA learning) runs on Llama-style blocks (Llama, Mistral, Qwen2, Phi-3); "
-                f"{engine.config.architecture} is not supported yet (applying a trained adapter is)"
-            )
-        if not prompt_ids or not completion_ids:
-            raise InvalidArgumentError("adapt needs a non-empty prompt and a non-empty completion")
-        if not isinstance(reward, (int, float)) or not np.isfinite(reward) or reward == 0:
-            raise InvalidArgumentError(f"reward must be a non-zero number, got {reward!r}")
-        self.tokens = list(prompt_ids) + list(completion_ids)
-        if len(self.tokens) > engine.context_length:
-            raise InvalidArgumentError(
-                f"prompt and completion have {len(self.tokens)} tokens; the context window is {engine.context_length}"
-            )
+        self.tokens, self.scored = lesson_tokens(engine, prompt_ids, completion_ids, reward)
         self.engine, self.adapter, self.reward, self.cache = engine, adapter, float(reward), cache
-        self.scored = np.arange(len(prompt_ids) - 1, len(self.tokens) - 1)  # (P,)
         self.start: Start | None = None  # where each step's passes start, made by the first step
         self.keep: Keep | bool | None = None  # the predictions kept (False: none), made by the first step
         self.steps = 0  # optimizer steps on this lesson so far
@@ -378,7 +409,8 @@ class Learner:
         started = time.perf_counter()
         while self.queue:
             name, lesson = self.queue[0]
-            if self.adapters.adapters.get(name) is not lesson.adapter:  # replaced or removed meanwhile
+            held = self.adapters.adapters.get(name) or self.adapters.mixtures.get(name)
+            if held is not lesson.adapter:  # replaced or removed meanwhile
                 self.queue.popleft()
                 self.cancelled += 1
                 continue
@@ -415,3 +447,56 @@ def clipped(grads: dict[str, np.ndarray], max_norm: float) -> dict[str, np.ndarr
     if not max_norm or norm <= max_norm:
         return grads
     return {k: g * np.float32(max_norm / norm) for k, g in grads.items()}
+
+
+class RouteLesson:
+    """A piece of feedback for an X-LoRA mixture: its router learns which experts to use for such text
+    (the experts stay as they are), a step at a time like a Lesson: plain gradient steps (clipped)
+    until greedy decoding reproduces a good completion, at most `steps`."""
+
+    def __init__(
+        self,
+        engine: Engine,
+        mixture: Mixture,
+        prompt_ids: list[int],
+        completion_ids: list[int],
+        reward: float = 1.0,
+        options: AdaptOptions | None = None,
+    ) -> None:
+        self.options = options or AdaptOptions()
+        self.tokens, self.scored = lesson_tokens(engine, prompt_ids, completion_ids, reward)
+        self.engine, self.adapter, self.reward = engine, mixture, float(reward)
+        self.steps = 0
+        self.log_prob_before: float | None = None
+        self.report: AdaptReport | None = None
+        self.compute_ms = 0.0
+
+    @property
+    def done(self) -> bool:
+        return self.report is not None
+
+    def step(self) -> None:
+        if self.done:
+            return
+        started = time.perf_counter()
+        with self.engine.threads.limit(len(self.tokens)):
+            result, grads = route_gradients(self.engine, self.adapter, self.tokens, self.scored, self.reward)
+        self.log_prob_before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
+        learned = self.options.until_greedy and self.reward > 0 and result.greedy
+        if not learned:
+            params = dict(self.adapter.parameters())
+            sgd(params, clipped(grads, self.options.max_grad_norm), self.options.lr)
+            self.adapter.version += 1
+            self.steps += 1
+        self.compute_ms += (time.perf_counter() - started) * 1000
+        if learned or self.steps == self.options.steps:
+            self.finish(result if learned else None)
+
+    def finish(self, last: Gradients | None = None) -> AdaptReport:
+        if self.report is None:
+            if last is None:  # the last step changed the router: where it stands now
+                with self.engine.threads.limit(len(self.tokens)):
+                    last, _ = route_gradients(self.engine, self.adapter, self.tokens, self.scored, self.reward)
+            before = last.log_likelihood if self.log_prob_before is None else self.log_prob_before
+            self.report = AdaptReport(before, last.log_likelihood, self.steps, self.compute_ms / max(self.steps, 1))
+        return self.report

@@ -287,6 +287,7 @@ class AdapterSet:
         self.weights = weights
         self.lock = lock or threading.RLock()
         self.adapters: dict[str, Adapter] = {}
+        self.mixtures: dict = {}  # X-LoRA mixtures of adapters (learning.xlora.Mixture), by name
         self.active: str | None = None
         self.merges = 0  # how many times an adapter was merged into (or out of) the base weights
         self._applied: str | None = None  # the adapter the weights are wrapped with now
@@ -303,15 +304,22 @@ class AdapterSet:
                 engine.tap_layer = lowest or None
         return engine.wrappers
 
-    def add(self, name: str, adapter: Adapter) -> None:
+    def add(self, name: str, adapter) -> None:
+        """Hold `adapter` (an Adapter, or an X-LoRA Mixture) under `name`, replacing what was held there."""
         with self.lock:
             if self.active == name:
                 self.activate(None)
             if self._applied == name:
                 self.apply(None)
-            self.adapters[name] = adapter
-            lowest = adapter.lowest_layer
-            self._lowest[adapter.uid] = len(self.weights.layers) if lowest is None else lowest
+            self.adapters.pop(name, None)
+            self.mixtures.pop(name, None)
+            if isinstance(adapter, Adapter):
+                self.adapters[name] = adapter
+                lowest = adapter.lowest_layer
+                self._lowest[adapter.uid] = len(self.weights.layers) if lowest is None else lowest
+            else:  # a mixture's scalings depend on every position: a cache computed otherwise starts over
+                self.mixtures[name] = adapter
+                self._lowest[adapter.uid] = 0
 
     def create(self, name: str, config: LoRAConfig | None = None) -> Adapter:
         """A fresh adapter (it changes nothing until it learns), held under `name` and made active."""
@@ -332,14 +340,27 @@ class AdapterSet:
     def get(self, name: str | None = None) -> Adapter:
         """A held adapter (default: the active one)."""
         name = name or self.active
+        if name in self.mixtures:
+            raise InvalidArgumentError(f"{name!r} is an X-LoRA mixture, not a LoRA adapter")
         if name not in self.adapters:
             known = ", ".join(self.adapters) or "none loaded"
             raise InvalidArgumentError(f"no adapter named {name!r} (adapters: {known})")
         return self.adapters[name]
 
+    def mixture(self, name: str):
+        """A held X-LoRA mixture."""
+        if name not in self.mixtures:
+            known = ", ".join(self.mixtures) or "none held"
+            raise InvalidArgumentError(f"no X-LoRA mixture named {name!r} (mixtures: {known})")
+        return self.mixtures[name]
+
+    def names(self) -> list[str]:
+        """Every adapter and mixture held."""
+        return [*self.adapters, *self.mixtures]
+
     def activate(self, name: str | None) -> None:
-        """Select adapter `name` (None: the base model) and wrap the weights with it."""
-        if name is not None:
+        """Select adapter or mixture `name` (None: the base model) and wrap the weights with it."""
+        if name is not None and name not in self.mixtures:
             self.get(name)  # known, or an error listing the held ones
         with self.lock:
             self.active = name
@@ -355,6 +376,14 @@ class AdapterSet:
             self._originals.clear()
             self._applied = name
             if name is None:
+                return
+            if name in self.mixtures:
+                from .xlora import mixed
+
+                for module, matrix in mixed(self.weights, self.mixtures[name]).items():
+                    lin = linear_of(self.weights, module)
+                    self._originals[module] = lin.matrix
+                    lin.matrix = matrix
                 return
             adapter = self.get(name)
             for module in adapter.A:
@@ -380,6 +409,10 @@ class AdapterSet:
                 )
             self.apply(name)
 
+    def routing(self):
+        """The mixture the weights are wrapped with now (it routes each forward's tokens), or None."""
+        return self.mixtures.get(self._applied) if self._applied is not None else None
+
     def shared_layers(self, a: tuple, b: tuple) -> int:
         """How many decoder layers, from the bottom, compute the same under identities a and b: those
         below the lowest layer either adapter changes (none after a merge in between)."""
@@ -391,7 +424,7 @@ class AdapterSet:
         return min(self._lowest.get(a[2], count), self._lowest.get(b[2], count))
 
     def _identity_of(self, name: str | None) -> tuple[int, str | None, int, int]:
-        adapter = self.adapters.get(name) if name is not None else None
+        adapter = (self.adapters.get(name) or self.mixtures.get(name)) if name is not None else None
         return (self.merges, name, adapter.uid, adapter.version) if adapter else (self.merges, name, 0, 0)
 
     def merge(self, name: str, sign: float = 1.0) -> None:

@@ -302,7 +302,9 @@ class LayerCache:
 
 class KVCache:
     """One `LayerCache` per layer, plus `tokens`: the ids of every position the cache has seen, and
-    with `tap_layer` the hidden states entering that layer (`tap`, Residuals)."""
+    with `tap_layer` the hidden states entering that layer (`tap`, Residuals). A forward that runs a
+    second pass over the same tokens first (X-LoRA's scaling pass) keeps that pass's entries in
+    `side`, a cache that follows this one's truncations."""
 
     def __init__(
         self,
@@ -321,6 +323,7 @@ class KVCache:
         self.tokens: list[int] = []
         self.owner: tuple | None = None  # the weights_identity() the entries were computed with
         self.tap = None if tap_layer is None else Residuals(tap_layer, config.hidden_size, self.max_positions)
+        self.side: KVCache | None = None
 
     @property
     def length(self) -> int:
@@ -339,6 +342,8 @@ class KVCache:
             layer.truncate(position)
         if self.tap is not None:
             self.tap.truncate(position)
+        if self.side is not None and len(self.side.tokens) > position:
+            self.side.truncate(position)
         del self.tokens[position:]
 
     def forget_layers(self, first: int) -> None:

@@ -21,7 +21,7 @@ from ..files.store import TensorStore, sanitize
 from ..files.tensorfile import SafetensorsFile
 from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
-from ..model.forward import forward, hidden_batch, logits, recompute_layers
+from ..model.forward import forward, hidden, hidden_batch, logits, recompute_layers, rms_norm
 from ..model.rope import inverse_frequencies
 from ..model.weights import ComputeOptions, Weights, load_weights
 from ..quant.provider import KernelProvider, resolve_kernels
@@ -47,6 +47,19 @@ class Wrappers(Protocol):
     def shared_layers(self, a: tuple, b: tuple) -> int:
         """How many decoder layers, from the bottom, compute the same under identities a and b."""
         ...
+
+    def routing(self) -> Routing | None:
+        """What mixes the weights per token in place now (an X-LoRA mixture), if anything."""
+        ...
+
+
+class Routing(Protocol):
+    """Weights mixed per token (learning.xlora.Mixture): a forward first runs a scaling pass with
+    `constant` scalings, then `route`s from that pass's final hidden states."""
+
+    def constant(self, T: int) -> None: ...
+
+    def route(self, final: np.ndarray) -> np.ndarray: ...
 
 
 def default_kernel() -> str:
@@ -238,7 +251,28 @@ class Engine:
         with self.lock, self.threads.limit(len(tokens)):
             if self.wrappers is not None:
                 self.wrappers.use(weights or self.wrappers.identity())
+                routing = self.wrappers.routing()
+                if routing is not None:
+                    x = self._routed_hidden(routing, tokens, start, cache)
+                    return logits(self.weights, self.config, x[-1:] if last_only else x)
             return forward(self.weights, self.config, self.inv_freq, tokens, start, cache, last_only)
+
+    def _routed_hidden(self, routing: Routing, tokens: np.ndarray, start: int, cache: KVCache) -> np.ndarray:
+        """The last layer's output (T, D) with weights mixed per token: the scaling pass (its entries
+        in `cache.side`), the routing from its final hidden states, then the pass that counts."""
+        if start < len(cache.tokens):
+            cache.truncate(start)  # rewinding, both caches (after the scaling pass it would undo it)
+        side = cache.side
+        if side is None:
+            side = cache.side = KVCache(self.config, cache.max_positions, cache.options)
+        fed, at = tokens, start
+        if side.tokens[:start] != cache.tokens[:start]:  # it missed positions: it catches up
+            side.reset()
+            fed, at = np.concatenate([np.asarray(cache.tokens[:start], np.int64), tokens]), 0
+        routing.constant(len(fed))
+        h = hidden(self.weights, self.config, self.inv_freq, fed, at, side)[-len(tokens) :]  # (T, D)
+        routing.route(rms_norm(h, self.weights.norm, self.config.rms_norm_eps))
+        return hidden(self.weights, self.config, self.inv_freq, tokens, start, cache)
 
     def forward_batch(
         self,
@@ -252,7 +286,11 @@ class Engine:
         with self.lock, self.threads.limit(sum(lengths)):
             if self.wrappers is not None:
                 self.wrappers.use(weights or self.wrappers.identity())
-            x = hidden_batch(self.weights, self.config, self.inv_freq, entries)  # (N, D)
+            routing = None if self.wrappers is None else self.wrappers.routing()
+            if routing is None:
+                x = hidden_batch(self.weights, self.config, self.inv_freq, entries)  # (N, D)
+            else:  # each sequence routes its own tokens: one at a time
+                x = np.concatenate([self._routed_hidden(routing, np.asarray(t), s, c) for t, s, c in entries])
             rows = (np.cumsum(lengths) - 1)[np.asarray(sampled, dtype=bool)]  # (R,)
             if not len(rows):
                 return np.empty((0, self.config.vocab_size), np.float32)
