@@ -264,3 +264,74 @@ def _greedy(engine, prompt: list[int], count: int) -> list[int]:
         out.append(int(logits[0].argmax()))
         logits = engine.forward([out[-1]], len(prompt) + len(out) - 1, cache, last_only=True)
     return out
+
+
+FACT_1 = ("The secret code is", " BLUE-42.")
+FACT_2 = ("The capital of Zorbia is", " Quillon.")
+
+
+def test_a_mixture_of_two_fact_experts_learns_to_route_on_smollm2(smollm2_dir, tmp_path):
+    """Each fact taught to its own adapter; mixed evenly, the two blur; lessons on the mixture teach
+    its router which expert each text needs, and then it gives both facts (and still " Paris"). Then
+    the same from the command line: mix, adapt the router from a feedback file, list, generate."""
+    import subprocess
+    import sys
+
+    import ruvllm
+
+    model = ruvllm.load(str(smollm2_dir))  # its own copy: the adapters stay out of other tests
+
+    def greedy(prompt: str) -> str:
+        return "".join(c.text for c in model.generate(prompt, max_tokens=6, temperature=0))
+
+    for name, (prompt, completion) in (("blue", FACT_1), ("zorbia", FACT_2)):
+        model.adapt(prompt, completion, adapter=name)
+        model.save_adapter(str(tmp_path / name), name)
+    model.mix_adapters("both", ["blue", "zorbia"])
+    assert not (greedy(FACT_1[0]).startswith(" BLUE-42") and greedy(FACT_2[0]).startswith(" Quillon"))
+    for _ in range(3):
+        for prompt, completion in (FACT_1, FACT_2):
+            model.adapt(prompt, completion, adapter="both")
+    assert greedy(FACT_1[0]).startswith(" BLUE-42") and greedy(FACT_2[0]).startswith(" Quillon")
+    assert greedy("The capital of France is").startswith(" Paris")
+    listed = {e["name"]: e for e in model.list_adapters()}
+    assert listed["both"]["kind"] == "xlora" and listed["both"]["experts"] == ["blue", "zorbia"]
+    assert listed["both"]["version"] > 0 and listed["blue"]["kind"] == "lora" and listed["both"]["active"]
+
+    def cli(*args: str) -> subprocess.CompletedProcess:
+        done = subprocess.run([sys.executable, "-m", "ruvllm", *args], capture_output=True, text=True, timeout=600)
+        assert done.returncode == 0, done.stderr
+        return done
+
+    cli("mix", str(smollm2_dir), str(tmp_path / "blue"), str(tmp_path / "zorbia"), "--out", str(tmp_path / "mixed"))
+    lessons = "".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in (FACT_1, FACT_2))
+    (tmp_path / "facts.jsonl").write_text(lessons)
+    report = cli(
+        "adapt",
+        str(smollm2_dir),
+        "--adapter",
+        str(tmp_path / "mixed"),
+        "--from-file",
+        str(tmp_path / "facts.jsonl"),
+        "--epochs",
+        "3",
+        "--out",
+        str(tmp_path / "routed"),
+        "--json",
+    )
+    assert json.loads(report.stdout)["retention"] == {"reproduced": 2, "of": 2}
+    listed = json.loads(cli("adapters", str(smollm2_dir), str(tmp_path / "routed"), "--json").stdout)
+    assert [(e["name"], e["kind"], e["experts"]) for e in listed] == [("routed", "xlora", ["blue", "zorbia"])]
+    text = cli(
+        "generate",
+        str(smollm2_dir),
+        "--adapter",
+        str(tmp_path / "routed"),
+        "--prompt",
+        FACT_2[0],
+        "--temperature",
+        "0",
+        "--max-tokens",
+        "6",
+    ).stdout
+    assert text.startswith(" Quillon")

@@ -19,12 +19,14 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from .completions import Response, prepare
+from .errors import InvalidArgumentError
 from .files import jsonfields as fields
 from .files.store import TensorStore
 from .learning import learn
 from .learning.learn import AdaptReport
 from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
 from .learning.projection import CALIBRATION_TOKENS, calibration_text
+from .learning.xlora import Mixture, RouterConfig, is_xlora
 from .model.cache import KVCache, KVOptions
 from .model.config import ModelConfig
 from .runtime.constrain import Vocabulary
@@ -132,13 +134,62 @@ class Model:
         return self.adapters.create(name, LoRAConfig(rank=rank, alpha=alpha, targets=tuple(targets), layers=layers))
 
     def load_adapter(self, path: str, name: str | None = None) -> str:
-        """Load an adapter folder (ours, or a Hugging Face PEFT LoRA); returns the name it is held under."""
+        """Load an adapter folder (ours, a Hugging Face PEFT LoRA, or a PEFT X-LoRA mixture with its
+        experts) without reloading the model; returns the name it is held under."""
         name = name or os.path.basename(os.path.normpath(path))
-        self.adapters.add(name, Adapter.load(path, self.engine.weights))
+        xlora = is_xlora(os.path.join(path, "adapter_config.json"))
+        loaded = Mixture.load(path, self.engine.weights) if xlora else Adapter.load(path, self.engine.weights)
+        self.adapters.add(name, loaded)
         return name
 
     def save_adapter(self, path: str, name: str | None = None) -> None:
-        self.adapters.get(name).save(path)
+        """Write adapter `name` (default: the active one) as a PEFT folder (an X-LoRA mixture with its
+        experts in subfolders)."""
+        if (name or self.adapters.active) in self.adapters.mixtures:
+            self.adapters.mixture(name or self.adapters.active).save(path)
+        else:
+            self.adapters.get(name).save(path)
+
+    def mix_adapters(
+        self,
+        name: str,
+        experts: Sequence[str],
+        top_k: int | None = None,
+        depth: int = 1,
+        size: int = 2048,
+        layerwise: bool = False,
+        temperature: float = 1.0,
+        global_scaling_weight: float = 1.0,
+    ) -> Mixture:
+        """An X-LoRA mixture of held adapters (copies of them as they are now), routed per token by a new
+        router that starts out giving every expert the same weight; held under `name` and made active.
+        Feedback on it (`adapt`, `feedback` with adapter=name) teaches its router."""
+        if not isinstance(experts, (list, tuple)) or not experts or len(set(experts)) != len(experts):
+            raise InvalidArgumentError(f"experts must be a list of distinct adapter names, got {experts!r}")
+        copies = {}
+        for e in experts:  # as they are now: an expert that learns later does not change the mixture
+            held = self.adapters.get(e)
+            copies[e] = Adapter(
+                held.config, {k: a.copy() for k, a in held.A.items()}, {k: b.copy() for k, b in held.B.items()}
+            )
+        config = RouterConfig(
+            depth=depth,
+            size=size,
+            layerwise=layerwise,
+            temperature=temperature,
+            top_k=top_k,
+            global_scaling_weight=global_scaling_weight,
+        )
+        mixture = Mixture.new(copies, self.engine.config.hidden_size, config)
+        with self.engine.lock:
+            self.adapters.add(name, mixture)
+            self.adapters.activate(name)
+        return mixture
+
+    def list_adapters(self) -> list[dict]:
+        """Every adapter and mixture held: name, kind ("lora" or "xlora"), version, whether active, and
+        rank/targets/layers (LoRA) or experts/top_k (X-LoRA)."""
+        return self.adapters.describe()
 
     def set_adapter(self, name: str | None) -> None:
         """Compute with adapter `name` from now on (None: the base model)."""
@@ -214,9 +265,13 @@ class Model:
 
     def _lesson(self, prompt, completion, reward, adapter, chat, options) -> learn.Lesson:
         prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
-        options = learn.AdaptOptions(**options)
+        learn.AdaptOptions(**options)  # bad options are refused before an adapter is made for them
         with self.engine.lock:
             held = self.adapters.learner(adapter)
+            if isinstance(held, Mixture):  # its router learns
+                options = learn.AdaptOptions(**{"lr": learn.ROUTER_LR, **options})
+                return learn.RouteLesson(self.engine, held, prompt_ids, completion_ids, reward, options)
+            options = learn.AdaptOptions(**options)
             return learn.Lesson(self.engine, held, prompt_ids, completion_ids, reward, options, self._idle_cache)
 
     def feedback_ids(self, prompt: str | list[dict], completion: str, chat: bool) -> tuple[list[int], list[int]]:

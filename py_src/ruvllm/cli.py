@@ -1,5 +1,5 @@
-"""The `ruvllm` command: convert, info, generate, chat, perplexity, bench, adapt, merge, download, list,
-serve.
+"""The `ruvllm` command: convert, info, generate, chat, perplexity, bench, adapt, merge, mix, adapters,
+download, list, serve.
 
 Defaults are the library's own (the option dataclasses), read here, not typed again. Errors a user
 can cause end the program with exit code 1 (2 for a malformed command line) and one line on stderr;
@@ -19,8 +19,9 @@ from collections import Counter
 from collections.abc import Iterator
 
 from .errors import InvalidArgumentError, RuvLLMError
-from .learning.learn import AdaptOptions
+from .learning.learn import ROUTER_LR, AdaptOptions
 from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, LoRAConfig
+from .learning.xlora import RouterConfig
 from .model.cache import COLD_FORMATS, KVOptions
 from .model.weights import COMPUTE_FORMS
 from .runtime.engine import LoadOptions
@@ -28,6 +29,7 @@ from .runtime.generate import GenerationOptions
 from .runtime.sampling import SamplingOptions
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
+ADAPTER_HELP = "adapter folder to apply: LoRA (ours or Hugging Face PEFT) or an X-LoRA mixture (PEFT's layout)"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -58,7 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--text-file", required=True)
     p.add_argument("--window", type=int, help="tokens per evaluation window (default: the context length)")
     p.add_argument("--json", action="store_true")
-    p.add_argument("--adapter", help="LoRA adapter folder to apply")
+    p.add_argument("--adapter", help=ADAPTER_HELP)
     add_load_options(p)
 
     p = sub.add_parser("bench", help="prefill, time to first token, decode speed and memory")
@@ -86,7 +88,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--reward", type=float, default=1.0, help="+1 good (likelier), -1 bad (less likely)")
     p.add_argument("--steps", type=int, default=AdaptOptions.steps)
-    p.add_argument("--lr", type=float, default=AdaptOptions.lr)
+    p.add_argument(
+        "--lr", type=float, help=f"step size (default: {AdaptOptions.lr:g}; an X-LoRA router's {ROUTER_LR:g})"
+    )
     p.add_argument("--rank", type=int, default=LoRAConfig.rank)
     p.add_argument("--alpha", type=float, help="LoRA alpha (default: 2 x rank)")
     p.add_argument("--targets", default=",".join(DEFAULT_TARGETS), help="comma-separated projections")
@@ -96,7 +100,10 @@ def build_parser() -> argparse.ArgumentParser:
         help="comma-separated decoder layers to adapt, negative from the top; 'all' for every layer",
     )
     p.add_argument("--chat", action="store_true", help="the prompt is a user message, the completion the reply")
-    p.add_argument("--adapter", help="adapter folder to continue from (its rank and targets are kept)")
+    p.add_argument(
+        "--adapter",
+        help="adapter folder to continue from (its rank and targets are kept); an X-LoRA mixture: its router learns",
+    )
     p.add_argument("--out", required=True, help="adapter folder to write")
     p.add_argument("--json", action="store_true")
     add_load_options(p)
@@ -106,6 +113,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("adapter", help="the adapter folder (ours or Hugging Face PEFT)")
     p.add_argument("--out", required=True, help="the model folder to write")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
+
+    p = sub.add_parser(
+        "mix", help="compose LoRA adapters into an X-LoRA mixture, routed per token (its router starts out even)"
+    )
+    p.add_argument("model")
+    p.add_argument("experts", nargs="+", help="LoRA adapter folders (ours or Hugging Face PEFT): the experts")
+    p.add_argument("--out", required=True, help="the X-LoRA folder to write (PEFT's layout)")
+    p.add_argument("--top-k", type=int, help="experts each token uses (default: all of them, weighted)")
+    p.add_argument("--depth", type=int, default=RouterConfig.depth, help="router layers")
+    p.add_argument("--size", type=int, default=RouterConfig.size, help="router width when --depth > 1")
+    p.add_argument("--layerwise", action="store_true", help="scalings per adapted projection, not one set")
+    add_load_options(p)
+
+    p = sub.add_parser("adapters", help="describe adapter folders (LoRA or X-LoRA) as the model would hold them")
+    p.add_argument("model")
+    p.add_argument("folders", nargs="+", help="adapter folders")
+    p.add_argument("--json", action="store_true")
+    add_load_options(p)
 
     p = sub.add_parser("download", help="download a model of the Hugging Face hub into the cache")
     p.add_argument("name", help="hf:OWNER/REPO (a model folder) or hf:OWNER/REPO/FILE.gguf; @REVISION after REPO")
@@ -119,14 +144,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-concurrent", type=int, default=8, help="sequences generated together at most")
     p.add_argument("--max-context", type=int, help="positions per sequence (default: --context-length's)")
     p.add_argument("--chat-template", metavar="FILE", help="a Jinja chat template to use (for models that have none)")
-    p.add_argument("--adapter", help="LoRA adapter folder to apply")
+    p.add_argument("--adapter", help=ADAPTER_HELP)
     add_load_options(p)
 
     for name, text in (("generate", "generate text from a prompt"), ("chat", "interactive chat")):
         p = sub.add_parser(name, help=text)
         p.add_argument("model")
         add_load_options(p)
-        p.add_argument("--adapter", help="LoRA adapter folder to apply (ours or Hugging Face PEFT)")
+        p.add_argument("--adapter", help=ADAPTER_HELP)
         if name == "generate":
             p.add_argument("--prompt", required=True)
             p.add_argument("--chat", action="store_true", help="apply the model's chat template to the prompt")
@@ -491,7 +516,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_adapt(args: argparse.Namespace) -> int:
-    options = AdaptOptions(steps=args.steps, lr=args.lr)  # refuse bad values before the slow load
+    options = AdaptOptions(
+        steps=args.steps, lr=AdaptOptions.lr if args.lr is None else args.lr
+    )  # bad values refused before the load
     lessons = None
     if args.from_file:
         if args.prompt is not None or args.completion is not None:
@@ -508,6 +535,8 @@ def cmd_adapt(args: argparse.Namespace) -> int:
     if not args.adapter:
         model.adapters.create("default", config)
     name = model.adapters.active
+    if args.lr is None and name in model.adapters.mixtures:  # an X-LoRA mixture: its router learns
+        options = dataclasses.replace(options, lr=ROUTER_LR)
     if lessons is not None:
         from .api import calibration_text
         from .tools.lessons import run_lessons
@@ -533,6 +562,38 @@ def cmd_adapt(args: argparse.Namespace) -> int:
             f"mean log-probability of the completion {report.log_prob_before:.3f} -> {report.log_prob_after:.3f} "
             f"in {report.steps} steps ({report.step_ms:.0f} ms each); adapter written to {args.out}"
         )
+    return 0
+
+
+def cmd_mix(args: argparse.Namespace) -> int:
+    RouterConfig(depth=args.depth, size=args.size, top_k=args.top_k)  # refuse bad values before the slow load
+    model = _load_model(args)
+    names = [model.load_adapter(folder) for folder in args.experts]
+    if len(set(names)) != len(names):
+        raise InvalidArgumentError(f"experts need distinct folder names (they name the experts), got {names}")
+    name = "+".join(names)
+    model.mix_adapters(name, names, top_k=args.top_k, depth=args.depth, size=args.size, layerwise=args.layerwise)
+    model.save_adapter(args.out, name)
+    print(f"X-LoRA mixture of {', '.join(names)} written to {args.out}")
+    return 0
+
+
+def cmd_adapters(args: argparse.Namespace) -> int:
+    model = _load_model(args)
+    for folder in args.folders:
+        model.load_adapter(folder)
+    entries = model.list_adapters()
+    if args.json:
+        print(json.dumps(entries))
+        return 0
+    for e in entries:
+        if e["kind"] == "lora":
+            layers = "all" if e["layers"] is None else ",".join(map(str, e["layers"]))
+            shape = f"rank {e['rank']}, alpha {e['alpha']:g}, {','.join(e['targets'])}, layers {layers}"
+        else:
+            routing = "all, weighted" if e["top_k"] is None else f"top {e['top_k']}"
+            shape = f"experts {', '.join(e['experts'])}; each token uses {routing}; router depth {e['depth']}"
+        print(f"{e['name']}: {e['kind']} (version {e['version']}): {shape}")
     return 0
 
 
@@ -637,6 +698,8 @@ COMMANDS = {
     "serve": cmd_serve,
     "adapt": cmd_adapt,
     "merge": cmd_merge,
+    "mix": cmd_mix,
+    "adapters": cmd_adapters,
     "convert": cmd_convert,
     "info": cmd_info,
     "generate": cmd_generate,

@@ -329,9 +329,13 @@ class AdapterSet:
             self.activate(name)
         return adapter
 
-    def learner(self, name: str) -> Adapter:
-        """Adapter `name`, made with the default config if none is held, and active: the one to adapt."""
+    def learner(self, name: str):
+        """Adapter (or X-LoRA mixture) `name`, an adapter made with the default config if none is held,
+        and active: the one to adapt."""
         with self.lock:
+            if name in self.mixtures:
+                self.activate(name)
+                return self.mixtures[name]
             if name not in self.adapters:
                 return self.create(name)
             self.activate(name)
@@ -357,6 +361,20 @@ class AdapterSet:
     def names(self) -> list[str]:
         """Every adapter and mixture held."""
         return [*self.adapters, *self.mixtures]
+
+    def describe(self) -> list[dict]:
+        """Every adapter and mixture held: name, kind, version, whether active, and its shape."""
+        out = []
+        for name, adapter in self.adapters.items():
+            c = adapter.config
+            layers = None if c.layers is None else list(c.layers)
+            shape = {"rank": c.rank, "alpha": c.alpha, "targets": list(c.targets), "layers": layers}
+            out.append({"name": name, "kind": "lora", "version": adapter.version, **shape})
+        for name, mixture in self.mixtures.items():
+            c = mixture.config
+            shape = {"experts": list(mixture.names), "top_k": c.top_k, "depth": c.depth, "layerwise": c.layerwise}
+            out.append({"name": name, "kind": "xlora", "version": mixture.version, **shape})
+        return [{**entry, "active": entry["name"] == self.active} for entry in out]
 
     def activate(self, name: str | None) -> None:
         """Select adapter or mixture `name` (None: the base model) and wrap the weights with it."""

@@ -335,12 +335,13 @@ class Mixture:
         return cls.from_files(config_json, SafetensorsFile.from_path(router_path), experts, hidden_size)
 
 
-def is_xlora(config_json: str) -> bool:
-    """Whether an adapter_config.json describes an X-LoRA mixture."""
+def is_xlora(config_path: str) -> bool:
+    """Whether the adapter_config.json at `config_path` describes an X-LoRA mixture."""
     try:
-        raw = json.loads(config_json)
-    except json.JSONDecodeError:
-        return False
+        with open(config_path, encoding="utf-8") as f:
+            raw = json.load(f)
+    except (OSError, ValueError):
+        return False  # not there or not JSON: the LoRA loader says what is wrong
     return isinstance(raw, dict) and raw.get("peft_type") == "XLORA"
 
 
