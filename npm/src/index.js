@@ -269,7 +269,24 @@ export class RuvLLM {
   }
 
   /**
-   * Load an adapter folder by URL (in Node also a path): adapter_config.json + adapter_model.safetensors.
+   * An X-LoRA mixture of held adapters (copies of them as they are now), routed per token by a new
+   * router that weighs them evenly at first; made active. `adapt` with `adapter: name` teaches its
+   * router which expert each text needs.
+   * @param {string} name
+   * @param {string[]} experts the names of held adapters
+   * @param {import('../types/index.d.ts').MixOptions} [options]
+   * @returns {Promise<{ name: string, experts: string[], topK: number | null }>}
+   */
+  mixAdapters(name, experts, options = {}) {
+    if (typeof name !== 'string' || !name) throw new RuvLLMError('invalid_argument', 'mixAdapters needs a name');
+    if (!Array.isArray(experts) || experts.length === 0 || !experts.every((e) => typeof e === 'string'))
+      throw new RuvLLMError('invalid_argument', 'mixAdapters needs a non-empty list of adapter names');
+    return this.#answer({ type: 'mix_adapters', config: { ...options, name, experts } });
+  }
+
+  /**
+   * Load an adapter folder by URL (in Node also a path): adapter_config.json + adapter_model.safetensors;
+   * an X-LoRA mixture (PEFT's layout) with its experts in subfolders named after them.
    * @returns {Promise<string>} the name it is held under
    */
   loadAdapter(url, { name } = {}) {

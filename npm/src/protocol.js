@@ -18,7 +18,10 @@
  *                                                         once, the others in idle time ('learning' events)
  *   { type: 'adapters', id }                              the adapters held, their versions, lessons waiting
  *   { type: 'new_adapter', id, config }                   config: { name, rank, alpha, targets, layers }
- *   { type: 'load_adapter', id, url, name }               an adapter folder (ours or Hugging Face PEFT)
+ *   { type: 'mix_adapters', id, config }                  config: { name, experts, topK, depth, size, layerwise,
+ *                                                         temperature }: an X-LoRA mixture of held adapters
+ *   { type: 'load_adapter', id, url, name }               an adapter folder (ours or Hugging Face PEFT), or an
+ *                                                         X-LoRA mixture (its experts in subfolders)
  *   { type: 'set_adapter', id, name }                     name, or null for the base model
  *   { type: 'save_adapter', id, name }                    the adapter's files
  *   { type: 'abort',    id }                              id of the generate/chat/completion request to stop,
@@ -53,6 +56,7 @@ export const REQUESTS = Object.freeze([
   'adapt',
   'adapters',
   'new_adapter',
+  'mix_adapters',
   'load_adapter',
   'set_adapter',
   'save_adapter',

@@ -2,10 +2,10 @@
 // distribution (RUVLLM_PYODIDE_DIST or ~/.cache/ruvllm/pyodide/314.0.1); skipped, with how to get one, without it.
 import assert from 'node:assert/strict';
 import { execFile } from 'node:child_process';
-import { copyFile, mkdtemp, open, readFile, writeFile } from 'node:fs/promises';
+import { copyFile, mkdir, mkdtemp, open, readFile, writeFile } from 'node:fs/promises';
 import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
-import { join, resolve } from 'node:path';
+import { dirname, join, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
@@ -391,7 +391,12 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
       assert.equal(report.steps, 8);
       assert.ok(report.logProbAfter > report.logProbBefore, JSON.stringify(report));
       const versions = { bg: 8 + report.rehearsalSteps }; // every optimizer step, rehearsal ones included
-      assert.deepEqual(await llm.adapters(), { names: ['bg'], active: 'bg', versions, learning: 0 });
+      const { adapters: described, ...listed } = await llm.adapters();
+      assert.deepEqual(listed, { names: ['bg'], active: 'bg', versions, learning: 0 });
+      assert.deepEqual(
+        described.map((a) => [a.name, a.kind, a.version, a.active]),
+        [['bg', 'lora', versions.bg, true]],
+      );
 
       // a lesson cancelled (its signal aborted) keeps the steps it took and takes no more
       const controller = new AbortController();
@@ -462,6 +467,46 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
       await assert.rejects(
         llm.setAdapter('nope'),
         (e) => e.type === 'invalid_argument' && /no adapter named 'nope'/.test(e.message),
+      );
+
+      // X-LoRA: the fact's adapter and a blank one mixed per token; its router learns from feedback; the
+      // mixture saves in PEFT's layout (experts in subfolders), CPython reads it and gives the same
+      // tokens, and it loads back here without reloading the model
+      await llm.newAdapter({ name: 'blank', targets: ['down_proj'] });
+      const mixed = await llm.mixAdapters('both', ['facts', 'blank']);
+      assert.deepEqual(mixed, { name: 'both', experts: ['facts', 'blank'], topK: null });
+      const routeReport = await llm.adapt({ prompt: 'The secret code is', completion: ' BLUE-42.', adapter: 'both' });
+      assert.ok(routeReport.logProbAfter > routeReport.logProbBefore, JSON.stringify(routeReport));
+      const held = (await llm.adapters()).adapters.find((a) => a.name === 'both');
+      assert.deepEqual([held.kind, held.experts, held.active], ['xlora', ['facts', 'blank'], true]);
+      assert.ok(held.version > 0);
+      const mixFiles = await llm.saveAdapter('both');
+      assert.deepEqual(Object.keys(mixFiles).sort(), [
+        'adapter_config.json',
+        'adapter_model.safetensors',
+        'blank/adapter_config.json',
+        'blank/adapter_model.safetensors',
+        'facts/adapter_config.json',
+        'facts/adapter_model.safetensors',
+      ]);
+      const mixDir = await mkdtemp(join(tmpdir(), 'ruvllm-xlora-'));
+      for (const [name, bytes] of Object.entries(mixFiles)) {
+        await mkdir(dirname(join(mixDir, name)), { recursive: true });
+        await writeFile(join(mixDir, name), bytes);
+      }
+      const cpuMixed = await cpython('The secret code is', 6, '--adapter', mixDir);
+      const here = await collect(llm.generate('The secret code is', { temperature: 0, maxTokens: 6 }));
+      assert.deepEqual(
+        here.map((c) => c.tokenId),
+        cpuMixed.token_ids,
+      );
+      assert.equal(await llm.loadAdapter(mixDir, { name: 'reloaded' }), 'reloaded');
+      const reloaded = await collect(
+        llm.generate('The secret code is', { temperature: 0, maxTokens: 6, adapter: 'reloaded' }),
+      );
+      assert.deepEqual(
+        reloaded.map((c) => c.tokenId),
+        cpuMixed.token_ids,
       );
     } finally {
       await llm.dispose();

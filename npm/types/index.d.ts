@@ -617,6 +617,44 @@ export interface AdapterList {
   versions: Record<string, number>;
   /** Lessons waiting to be learned in the background. */
   learning: number;
+  /** Each adapter and mixture described. */
+  adapters: AdapterInfo[];
+}
+
+/** A held LoRA adapter, or an X-LoRA mixture of adapters routed per token. */
+export type AdapterInfo =
+  | {
+      name: string;
+      kind: 'lora';
+      version: number;
+      active: boolean;
+      rank: number;
+      alpha: number;
+      targets: string[];
+      layers: number[] | null;
+    }
+  | {
+      name: string;
+      kind: 'xlora';
+      version: number;
+      active: boolean;
+      experts: string[];
+      /** Experts each token uses (null: all of them, weighted). */
+      topK: number | null;
+      depth: number;
+      layerwise: boolean;
+    };
+
+export interface MixOptions {
+  /** Experts each token uses; default all of them, weighted by the router. */
+  topK?: number;
+  /** Router layers (default 1) and width when deeper (default 2048). */
+  depth?: number;
+  size?: number;
+  /** Scalings per adapted projection rather than one set for all. */
+  layerwise?: boolean;
+  /** Softmax temperature of the router (default 1). */
+  temperature?: number;
 }
 
 export interface AdapterConfig {
@@ -689,7 +727,19 @@ export class RuvLLM {
   ): Promise<{ name: string; rank: number; targets: string[]; layers: number[] | null }>;
 
   /**
-   * Load an adapter folder (ours, or a Hugging Face PEFT LoRA) by URL; returns its name.
+   * An X-LoRA mixture of held adapters, routed per token by a router that weighs them evenly at first
+   * (`adapt` with `adapter: name` teaches it); made active.
+   * @example await llm.mixAdapters('both', ['facts', 'style'], { topK: 1 });
+   */
+  mixAdapters(
+    name: string,
+    experts: string[],
+    options?: MixOptions,
+  ): Promise<{ name: string; experts: string[]; topK: number | null }>;
+
+  /**
+   * Load an adapter folder by URL: ours, a Hugging Face PEFT LoRA, or a PEFT X-LoRA mixture whose
+   * experts are subfolders named after them (the Hub layout); returns its name.
    * @example const name = await llm.loadAdapter('/adapters/polite/'); await llm.setAdapter(name);
    */
   loadAdapter(url: string, options?: { name?: string }): Promise<string>;

@@ -19,7 +19,6 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from .completions import Response, prepare
-from .errors import InvalidArgumentError
 from .files import jsonfields as fields
 from .files.store import TensorStore
 from .learning import learn
@@ -164,14 +163,6 @@ class Model:
         """An X-LoRA mixture of held adapters (copies of them as they are now), routed per token by a new
         router that starts out giving every expert the same weight; held under `name` and made active.
         Feedback on it (`adapt`, `feedback` with adapter=name) teaches its router."""
-        if not isinstance(experts, (list, tuple)) or not experts or len(set(experts)) != len(experts):
-            raise InvalidArgumentError(f"experts must be a list of distinct adapter names, got {experts!r}")
-        copies = {}
-        for e in experts:  # as they are now: an expert that learns later does not change the mixture
-            held = self.adapters.get(e)
-            copies[e] = Adapter(
-                held.config, {k: a.copy() for k, a in held.A.items()}, {k: b.copy() for k, b in held.B.items()}
-            )
         config = RouterConfig(
             depth=depth,
             size=size,
@@ -180,11 +171,7 @@ class Model:
             top_k=top_k,
             global_scaling_weight=global_scaling_weight,
         )
-        mixture = Mixture.new(copies, self.engine.config.hidden_size, config)
-        with self.engine.lock:
-            self.adapters.add(name, mixture)
-            self.adapters.activate(name)
-        return mixture
+        return self.adapters.mix(name, experts, config)
 
     def list_adapters(self) -> list[dict]:
         """Every adapter and mixture held: name, kind ("lora" or "xlora"), version, whether active, and
@@ -268,11 +255,7 @@ class Model:
         learn.AdaptOptions(**options)  # bad options are refused before an adapter is made for them
         with self.engine.lock:
             held = self.adapters.learner(adapter)
-            if isinstance(held, Mixture):  # its router learns
-                options = learn.AdaptOptions(**{"lr": learn.ROUTER_LR, **options})
-                return learn.RouteLesson(self.engine, held, prompt_ids, completion_ids, reward, options)
-            options = learn.AdaptOptions(**options)
-            return learn.Lesson(self.engine, held, prompt_ids, completion_ids, reward, options, self._idle_cache)
+            return learn.lesson_for(self.engine, held, prompt_ids, completion_ids, reward, options, self._idle_cache)
 
     def feedback_ids(self, prompt: str | list[dict], completion: str, chat: bool) -> tuple[list[int], list[int]]:
         """Token ids of a prompt and its completion, tokenized as they would be generated."""

@@ -44,6 +44,8 @@ over Python objects instead: `take_engine()` and `take_files()`.
     EngineHandle.cancel_learning({key})            -> the same, the lesson `key` (null: all) dropped
     EngineHandle.calibration_text(), set_calibration({ids})  the calibration text, tokenized in JavaScript
     EngineHandle.load_adapter({name}, adapter_config.json, weights bytes, state bytes or None)
+    EngineHandle.load_mixture({name}, adapter_config.json, router bytes, *each expert's config and weights)
+    EngineHandle.mix_adapters({name, experts, top_k, depth, size, layerwise, temperature}): X-LoRA
     EngineHandle.adapter_files({name})             -> {files: [file names]}; take_files() -> {name: bytes}
 
 Weight files arrive chunk by chunk: each chunk is copied once, straight into a NumPy buffer the engine
@@ -67,9 +69,10 @@ from .files.gguf import GGUFFile, header_size
 from .files.gguf_model import GGUFModel
 from .files.store import TensorStore, count_parameters
 from .files.tensorfile import PieceBuffer, SafetensorsFile
-from .learning.learn import AdaptOptions, Learner, Lesson
+from .learning.learn import AdaptOptions, Learner, Lesson, RouteLesson, lesson_for
 from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
 from .learning.projection import CALIBRATION_TOKENS, calibration_text
+from .learning.xlora import Mixture, RouterConfig
 from .model.cache import KVOptions
 from .model.config import ModelConfig
 from .quant.provider import ARITHMETIC, DEFAULT_ARITHMETIC
@@ -319,7 +322,7 @@ class EngineHandle:
         self.response: Response | None = None  # with start_completion: the OpenAI answer being built
         self._outgoing: dict[str, bytes] = {}  # adapter_files, until take_files()
         self.learner = Learner(self.adapters)  # lessons learned in the worker's idle time
-        self.lessons: dict[object, Lesson] = {}  # under way, by the key JavaScript gave (its request id)
+        self.lessons: dict[object, Lesson | RouteLesson] = {}  # under way, by the key JavaScript gave (its request id)
 
     @_json_result
     def start(self, request_json: str) -> dict:
@@ -489,16 +492,17 @@ class EngineHandle:
         self.engine.calibration_ids = ids[:CALIBRATION_TOKENS]
         return len(self.engine.calibration_ids)
 
-    def _lesson(self, r: dict) -> Lesson:
+    def _lesson(self, r: dict) -> Lesson | RouteLesson:
         names = ("steps", "lr", "optimizer", "ewc", "until_greedy", "rehearse", "keep", "project")
-        options = AdaptOptions(**{k: r[k] for k in names if r.get(k) is not None})
+        options = {k: r[k] for k in names if r.get(k) is not None}
+        AdaptOptions(**options)  # bad options are refused before an adapter is made for them
         prompt_ids, completion_ids = (
             _ids(r.get("prompt_ids"), "prompt_ids"),
             _ids(r.get("completion_ids"), "completion_ids"),
         )
         with self.engine.lock:
-            adapter = self.adapters.learner(r.get("adapter") or "default")
-            return Lesson(self.engine, adapter, prompt_ids, completion_ids, r.get("reward", 1.0), options, self.cache)
+            held = self.adapters.learner(r.get("adapter") or "default")
+            return lesson_for(self.engine, held, prompt_ids, completion_ids, r.get("reward", 1.0), options, self.cache)
 
     def _report_lessons(self) -> list[dict]:
         """The progress of every lesson held; the finished and cancelled ones are let go."""
@@ -511,7 +515,7 @@ class EngineHandle:
         return out
 
     @staticmethod
-    def _progress(key: object, lesson: Lesson, cancelled: bool = False) -> dict:
+    def _progress(key: object, lesson: Lesson | RouteLesson, cancelled: bool = False) -> dict:
         report = dataclasses.asdict(lesson.report) if lesson.report else None
         return {
             "key": key,
@@ -534,6 +538,35 @@ class EngineHandle:
         return name
 
     @_json_result
+    def load_mixture(self, request_json: str, config_json: str, router: object, *experts: object) -> str:
+        """request: {name}; an X-LoRA mixture from its files' contents: adapter_config.json, the router's
+        adapter_model.safetensors, then each expert's adapter_config.json and adapter_model.safetensors,
+        in the order of the config's `adapters`."""
+        raw = json.loads(config_json)
+        names = list(raw.get("adapters") or {}) if isinstance(raw, dict) else []
+        if len(experts) != 2 * len(names):
+            raise LoadError(f"an X-LoRA mixture of {len(names)} experts needs two files each, got {len(experts)}")
+        held = {}
+        for i, expert in enumerate(names):
+            weights_file = SafetensorsFile(_bytes(experts[2 * i + 1]), f"{expert}/adapter_model.safetensors")
+            held[expert] = Adapter.from_files(experts[2 * i], weights_file, self.engine.weights)
+        router_file = SafetensorsFile(_bytes(router), "adapter_model.safetensors")
+        name = _request(request_json).get("name")
+        self.adapters.add(name, Mixture.from_files(config_json, router_file, held, self.engine.config.hidden_size))
+        return name
+
+    @_json_result
+    def mix_adapters(self, request_json: str) -> dict:
+        """request: {name, experts, top_k, depth, size, layerwise, temperature}: an X-LoRA mixture of held
+        adapters with an even router, made active."""
+        r = _request(request_json)
+        names = ("depth", "size", "layerwise", "temperature", "top_k")
+        config = RouterConfig(**{k: r[k] for k in names if r.get(k) is not None})
+        name = r.get("name") or "mixture"
+        mixture = self.adapters.mix(name, r.get("experts"), config)
+        return {"name": name, "experts": mixture.names, "top_k": config.top_k}
+
+    @_json_result
     def set_adapter(self, request_json: str) -> str | None:
         """request: {name}: compute with that adapter from now on (null: the base model)."""
         name = _request(request_json).get("name")
@@ -543,7 +576,9 @@ class EngineHandle:
     @_json_result
     def adapter_files(self, request_json: str) -> dict:
         """request: {name} (null: the active adapter): its files, handed over by `take_files`."""
-        self._outgoing = self.adapters.get(_request(request_json).get("name")).files()
+        name = _request(request_json).get("name") or self.adapters.active
+        held = self.adapters.mixtures.get(name) or self.adapters.get(name)
+        self._outgoing = held.files()
         return {"files": list(self._outgoing)}
 
     def take_files(self) -> dict[str, bytes]:
@@ -553,14 +588,16 @@ class EngineHandle:
 
     @_json_result
     def adapter_names(self) -> dict:
-        """The adapters held, the active one, each one's version, and the lessons waiting."""
+        """The adapters and mixtures held, the active one, each one's version, the lessons waiting, and
+        each one described (`adapters`: AdapterSet.describe)."""
         adapters = self.adapters
-        versions = {name: adapter.version for name, adapter in adapters.adapters.items()}
+        described = adapters.describe()
         return {
-            "names": list(adapters.adapters),
+            "names": [e["name"] for e in described],
             "active": adapters.active,
-            "versions": versions,
+            "versions": {e["name"]: e["version"] for e in described},
             "learning": self.learner.status().lessons,
+            "adapters": described,
         }
 
 

@@ -276,12 +276,38 @@ async function learnWhileIdle() {
   }
 }
 
+/**
+ * An adapter folder: a LoRA adapter, or an X-LoRA mixture (PEFT's layout) whose experts are the
+ * subfolders named in its config (the Hugging Face Hub layout).
+ */
 async function loadAdapter({ id, url, name }) {
   const files = { cache: false };
   const config = await readText(url, 'adapter_config.json', files);
   const weights = await readBytes(url, 'adapter_model.safetensors', files);
+  const experts = xloraExperts(config);
+  if (experts) {
+    const parts = [];
+    for (const expert of experts) {
+      parts.push(await readText(url, `${expert}/adapter_config.json`, files));
+      parts.push(await readBytes(url, `${expert}/adapter_model.safetensors`, files));
+    }
+    send({ type: 'result', id, result: callBridge(state.engine, 'load_mixture', { name }, config, weights, ...parts) });
+    return;
+  }
   const learned = await readBytes(url, 'learning_state.safetensors', { ...files, optional: true });
   send({ type: 'result', id, result: callBridge(state.engine, 'load_adapter', { name }, config, weights, learned) });
+}
+
+/** The expert names of an X-LoRA adapter_config.json, or null for any other (Python judges those). */
+function xloraExperts(config) {
+  let parsed;
+  try {
+    parsed = JSON.parse(config);
+  } catch {
+    return null;
+  }
+  if (parsed?.peft_type !== 'XLORA' || typeof parsed.adapters !== 'object' || parsed.adapters === null) return null;
+  return Object.keys(parsed.adapters);
 }
 
 /** An adapter's files, moved to the caller as ArrayBuffers (transferred, not copied). */
@@ -318,6 +344,7 @@ const HANDLERS = {
   adapt,
   adapters: answer('adapter_names'),
   new_adapter: answer('new_adapter', (m) => [m.config ?? {}]),
+  mix_adapters: answer('mix_adapters', (m) => [m.config ?? {}]),
   set_adapter: answer('set_adapter', (m) => [{ name: m.name ?? null }]),
   load_adapter: loadAdapter,
   save_adapter: saveAdapter,

@@ -132,6 +132,15 @@ def first_layer(engine: Engine, adapter: Adapter) -> int:
     return engine.config.num_hidden_layers if lowest is None else lowest
 
 
+def lesson_for(engine: Engine, held, prompt_ids, completion_ids, reward, options: dict, cache: KVCache | None = None):
+    """The lesson that teaches `held`: a Lesson for an adapter, a RouteLesson (lr ROUTER_LR unless
+    given) for an X-LoRA mixture. `options`: AdaptOptions fields."""
+    if isinstance(held, Mixture):
+        options = AdaptOptions(**{"lr": ROUTER_LR, **options})
+        return RouteLesson(engine, held, prompt_ids, completion_ids, reward, options)
+    return Lesson(engine, held, prompt_ids, completion_ids, reward, AdaptOptions(**options), cache)
+
+
 def lesson_tokens(engine: Engine, prompt_ids, completion_ids, reward) -> tuple[list[int], np.ndarray]:
     """A lesson's tokens (prompt then completion) and scored positions (P,), or the error saying why
     it cannot be learned."""
@@ -480,6 +489,7 @@ class RouteLesson(_Stepwise):
         self.tokens, self.scored = lesson_tokens(engine, prompt_ids, completion_ids, reward)
         self.engine, self.adapter, self.reward = engine, mixture, float(reward)
         self.steps = 0
+        self.rehearsed = 0  # (a router rehearses nothing)
         self.log_prob_before: float | None = None
         self.report: AdaptReport | None = None
         self.compute_ms = 0.0

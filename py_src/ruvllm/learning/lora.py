@@ -351,6 +351,25 @@ class AdapterSet:
             raise InvalidArgumentError(f"no adapter named {name!r} (adapters: {known})")
         return self.adapters[name]
 
+    def mix(self, name: str, experts, config=None):
+        """An X-LoRA mixture (xlora.Mixture) of held adapters, copied as they are now (one that learns
+        later does not change it), with a new router that weighs them evenly (xlora.RouterConfig
+        `config`); held under `name` and made active."""
+        from .xlora import Mixture
+
+        if not isinstance(experts, (list, tuple)) or not experts or len(set(experts)) != len(experts):
+            raise InvalidArgumentError(f"experts must be a list of distinct adapter names, got {experts!r}")
+        copies = {}
+        for e in experts:
+            held = self.get(e)
+            A, B = {k: a.copy() for k, a in held.A.items()}, {k: b.copy() for k, b in held.B.items()}
+            copies[e] = Adapter(held.config, A, B)
+        mixture = Mixture.new(copies, self.weights.embed_tokens.shape[1], config)
+        with self.lock:
+            self.add(name, mixture)
+            self.activate(name)
+        return mixture
+
     def mixture(self, name: str):
         """A held X-LoRA mixture."""
         if name not in self.mixtures:
