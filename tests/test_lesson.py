@@ -220,3 +220,26 @@ def test_every_step_keeps_the_base_model_s_predictions_on_the_prompt(engine, mon
     Lesson(engine, adapter, PROMPT, [5, 6], 1.0, plain(steps=2, lr=0.01, keep=10.0)).run()
     spread = [int(p) for p in np.linspace(0, len(PROMPT) - 2, 8).astype(int)]  # 8 of the prompt's positions
     assert seen == [spread, spread, None]  # two steps, then the consolidation (the lesson alone)
+
+
+def test_a_lesson_feeds_the_generation_s_cache_the_tokens_it_never_saw(engine):
+    """A chat lesson's completion ends with the end-of-turn token, after the last generated token, and
+    neither went through the model: the cache is fed them (one short forward), not the whole text."""
+    adapter = top_adapter(engine)
+    cache = engine.new_cache()
+    answer, _ = run(engine, PROMPT, cache)
+    completion = [*answer, 2]
+    twin = copy.deepcopy(adapter)
+    tapped = Lesson(engine, adapter, PROMPT, completion, 1.0, plain(steps=2, lr=0.01), cache)
+    tapped.run()
+    assert tapped.reused_states and cache.tokens == PROMPT + answer
+    engine.wrappers.add("twin", twin)
+    engine.wrappers.activate("twin")
+    computed = Lesson(engine, twin, PROMPT, completion, 1.0, plain(steps=2, lr=0.01))
+    computed.run()
+    assert tapped.report.log_prob_after == pytest.approx(computed.report.log_prob_after, abs=1e-5)
+    far = [*answer, *range(3, 3 + 20)]  # more than a few tokens the cache never saw: computed instead
+    engine.wrappers.activate("a")
+    lesson = Lesson(engine, adapter, PROMPT, far, 1.0, plain(steps=1), cache)
+    lesson.step()
+    assert lesson.done and not lesson.reused_states and cache.tokens == PROMPT + answer

@@ -32,6 +32,7 @@ from .xlora import Mixture
 MEMORY_LESSONS = 64  # lessons an adapter remembers for rehearsal (the oldest go first)
 REHEARSAL_STEPS = 5  # steps a rehearsed lesson gets at most per round
 KEPT_POSITIONS = 8  # prompt positions whose predictions a lesson keeps (AdaptOptions.keep)
+TAP_TAIL = 16  # tokens a lesson feeds a generation's cache to take its hidden states (tapped_states)
 # A router's step size (RouteLesson). Measured on SmolLM2 (two experts, one fact each, mixed densely, a
 # lesson on each fact three times): 0.1 reproduced both facts in 7 steps, 0.3 in 12, 0.02 only one of
 # them; at 1 (an adapter's) the first lesson saturates the softmax and the other expert is never used.
@@ -388,13 +389,20 @@ class _Rehearsal:
 
 def tapped_states(engine: Engine, cache: KVCache | None, tokens: list[int], first: int):
     """(tap layer, hidden states (T, D) entering it) for `tokens` from a cache that computed them with
-    the weights below `first` as they are now, or None."""
+    the weights below `first` as they are now, or None. A cache a few tokens short (a generation never
+    feeds its last token back) is extended first, when its weights are still the active ones."""
     if cache is None or cache.tap is None or cache.tap.layer > first or cache.owner is None:
         return None
-    if engine.kept_layers(cache.owner, engine.weights_identity()) < cache.tap.layer:
+    identity = engine.weights_identity()
+    if engine.kept_layers(cache.owner, identity) < cache.tap.layer:
         return None
-    if cache.tap.length < len(tokens) or cache.tokens[: len(tokens)] != list(tokens):
+    have = min(cache.tap.length, len(cache.tokens), len(tokens))
+    if cache.tokens[:have] != list(tokens[:have]):
         return None
+    if have < len(tokens):
+        if len(tokens) - have > TAP_TAIL or cache.owner != identity:
+            return None
+        engine.forward(tokens[have:], have, cache, last_only=True, weights=identity)
     return cache.tap.layer, cache.tap.read(len(tokens)).copy()
 
 
