@@ -243,3 +243,33 @@ def test_a_lesson_feeds_the_generation_s_cache_the_tokens_it_never_saw(engine):
     lesson = Lesson(engine, adapter, PROMPT, far, 1.0, plain(steps=1), cache)
     lesson.step()
     assert lesson.done and not lesson.reused_states and cache.tokens == PROMPT + answer
+
+
+@pytest.mark.parametrize("T", [300, 20])  # more rows than columns (K x K Gram) and fewer (T x T)
+def test_the_input_basis_is_the_smallest_holding_the_energy_asked(T):
+    from ruvllm.learning.projection import _basis
+
+    rng = np.random.default_rng(T)
+    x = rng.normal(size=(T, 40)) * np.geomspace(10, 0.01, 40)  # a few strong input directions
+    basis = _basis(x, 0.9).astype(np.float64)
+    np.testing.assert_allclose(basis.T @ basis, np.eye(basis.shape[1]), atol=1e-5)  # orthonormal
+    held = np.linalg.norm(x @ basis) ** 2 / np.linalg.norm(x) ** 2
+    fewer = np.linalg.norm(x @ basis[:, :-1]) ** 2 / np.linalg.norm(x) ** 2
+    assert held >= 0.9 > fewer and 1 < basis.shape[1] < 20
+
+
+def test_a_fresh_adapter_reuses_the_bases_an_earlier_one_computed(engine, monkeypatch):
+    from ruvllm.learning import projection
+
+    engine.calibration_ids = PROMPT * 3
+    calls = []
+    original = projection.input_bases
+    monkeypatch.setattr(projection, "input_bases", lambda *a: calls.append(a[1]) or original(*a))
+    first = top_adapter(engine, "a")
+    Lesson(engine, first, PROMPT, [5, 6], 1.0, plain(steps=1, project=0.99)).run()
+    second = top_adapter(engine, "b")
+    Lesson(engine, second, PROMPT, [5, 6], 1.0, plain(steps=1, project=0.99)).run()
+    assert calls == [list(first.A)] and first.state.bases.keys() == second.state.bases.keys() == first.A.keys()
+    for name in first.A:
+        np.testing.assert_array_equal(first.state.bases[name], second.state.bases[name])
+        assert np.abs(second.A[name] @ second.state.bases[name]).max() < 1e-5  # A starts out of the subspace

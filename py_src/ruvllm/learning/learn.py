@@ -25,7 +25,7 @@ from ..model.forward import hidden, rms_norm
 from ..runtime.engine import Engine
 from .backprop import Gradients, Keep, Start, advance, base_probs, entering_states, loss_and_grads, start_at
 from .lora import Adapter
-from .projection import input_bases, project
+from .projection import project, shared_bases
 from .state import Memory, sgd
 from .xlora import Mixture
 
@@ -360,7 +360,7 @@ class Lesson(_Stepwise):
         ids = getattr(engine, "calibration_ids", None)
         if not self.options.project or adapter.state.bases or adapter.version or not ids:
             return
-        adapter.state.bases = input_bases(engine, list(adapter.A), list(ids), self.options.project)
+        adapter.state.bases = shared_bases(engine, list(adapter.A), list(ids), self.options.project)
         for name, basis in adapter.state.bases.items():
             adapter.A[name][...] = project(adapter.A[name], basis)
 

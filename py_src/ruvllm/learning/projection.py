@@ -8,7 +8,8 @@ energy on a calibration text: A starts there and every gradient of A is projecte
 row stay learned with perplexity within a few percent only with this projection (benchmarks/RESULTS.md).
 
 The basis comes from the calibration text's inputs X (T, K) of each adapted matrix, through the small
-Gram matrix X X^T (T, T): its eigenvectors V and eigenvalues s give U = X^T V / sqrt(s).
+Gram matrix: X^T X (K, K) gives U as its eigenvectors; when T < K, X X^T (T, T) is smaller, and its
+eigenvectors V and eigenvalues s give U = X^T V / sqrt(s).
 """
 
 from __future__ import annotations
@@ -57,18 +58,30 @@ def input_bases(engine: Engine, modules: list[str], ids: list[int], energy: floa
             for name in rows:
                 _, _, index, _, target = name.split(".")
                 rows[name].append(getattr(tapes[int(index) - first], _INPUT[target]))
-    bases = {}
-    for name in modules:
-        if name == "lm_head":
-            continue
-        _, _, index, _, target = name.split(".")
-        x = np.concatenate(rows[name]).astype(np.float64)  # (T, K)
-        values, vectors = np.linalg.eigh(x @ x.T)  # ascending
-        values, vectors = values[::-1], vectors[:, ::-1]
-        values = np.maximum(values, 0)
-        k = int(np.searchsorted(np.cumsum(values) / values.sum(), energy)) + 1
-        bases[name] = (x.T @ vectors[:, :k] / np.sqrt(values[:k])).astype(np.float32)  # (K, k)
-    return bases
+    return {name: _basis(np.concatenate(rows[name]).astype(np.float64), energy) for name in rows}
+
+
+def shared_bases(engine: Engine, modules: list[str], ids: list[int], energy: float) -> dict[str, np.ndarray]:
+    """input_bases, computed once per loaded model (kept in `engine.memo`, for the weights as they are:
+    a merge into them makes new ones): every fresh adapter on the same matrices reuses them."""
+    key = ("input_bases", engine.weights_identity()[0], hash(tuple(ids)), energy)
+    held = engine.memo.setdefault(key, {})
+    missing = [name for name in modules if name != "lm_head" and name not in held]
+    if missing:
+        held.update(input_bases(engine, missing, ids, energy))
+    return {name: held[name] for name in modules if name in held}
+
+
+def _basis(x: np.ndarray, energy: float) -> np.ndarray:
+    """An orthonormal basis (K, k) of the subspace holding `energy` of the rows of x (T, K), from the
+    smaller of the two Gram matrices (an eigendecomposition costs its size cubed)."""
+    T, K = x.shape
+    values, vectors = np.linalg.eigh(x.T @ x if K <= T else x @ x.T)  # ascending
+    values, vectors = np.maximum(values[::-1], 0), vectors[:, ::-1]
+    k = int(np.searchsorted(np.cumsum(values) / values.sum(), energy)) + 1
+    if K <= T:
+        return vectors[:, :k].astype(np.float32)  # (K, k)
+    return (x.T @ vectors[:, :k] / np.sqrt(values[:k])).astype(np.float32)  # (K, k)
 
 
 def project(matrix: np.ndarray, basis: np.ndarray) -> np.ndarray:
