@@ -335,3 +335,21 @@ def test_a_mixture_of_two_fact_experts_learns_to_route_on_smollm2(smollm2_dir, t
         "6",
     ).stdout
     assert text.startswith(" Quillon")
+
+
+def test_a_batch_of_sequences_routes_each_on_its_own(tmp_path):
+    """The server's batched step (forward_batch) with a mixture: each sequence's scaling pass and
+    routing are its own, the logits those of one sequence at a time."""
+    tiny_model("llama", tmp_path / "m")
+    engine = load_engine(str(tmp_path / "m"))
+    held = {f"e{i}": Adapter.load(str(p), engine.weights) for i, p in enumerate(experts(tmp_path, 2))}
+    mixture = Mixture.new(held, 64, RouterConfig(top_k=1))
+    for _, array in mixture.parameters():
+        array[...] = np.random.default_rng(1).normal(0, 0.3, array.shape)
+    routed(engine, mixture)
+    a, b = TOKENS[:7], TOKENS[7:16]
+    caches = [engine.new_cache(), engine.new_cache()]
+    got = engine.forward_batch([(np.array(a), 0, caches[0]), (np.array(b), 0, caches[1])], [True, True])
+    alone = [engine.forward(t, 0, engine.new_cache(), last_only=True)[0] for t in (a, b)]
+    np.testing.assert_allclose(got, np.stack(alone), atol=1e-5)
+    assert [c.side.tokens for c in caches] == [a, b]
