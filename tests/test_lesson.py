@@ -273,3 +273,30 @@ def test_a_fresh_adapter_reuses_the_bases_an_earlier_one_computed(engine, monkey
     for name in first.A:
         np.testing.assert_array_equal(first.state.bases[name], second.state.bases[name])
         assert np.abs(second.A[name] @ second.state.bases[name]).max() < 1e-5  # A starts out of the subspace
+
+
+def test_the_bases_made_a_chunk_at_a_time_equal_those_of_whole_pieces(engine, monkeypatch):
+    """BasesJob (the worker's idle time: a few tokens per step) against the inputs of one forward per
+    calibration piece; a piece shorter than the text, so two pieces each start at position 0."""
+    from ruvllm.learning import projection
+    from ruvllm.learning.backprop import Start, run_from
+
+    monkeypatch.setattr(projection, "CALIBRATION_PIECE", 40)
+    ids = [int(t) for t in np.random.default_rng(3).integers(3, 128, 70)]
+    modules = ["model.layers.2.mlp.down_proj", "model.layers.3.self_attn.q_proj"]  # K 128 > 70 rows, 64 < 70
+    job = projection.BasesJob(engine, modules, ids, 0.9, chunk=7)
+    steps = 1
+    while not job.step():
+        steps += 1
+    assert steps == 6 + 5 + 1  # 40 tokens in 6 chunks of at most 7, 30 in 5, then the decomposition
+    inputs = {name: [] for name in modules}
+    for begin in (0, 40):
+        entering = entering_states(engine.weights, engine.config, engine.inv_freq, ids[begin : begin + 40], 2)
+        _, tapes = run_from(engine.weights, engine.config, engine.inv_freq, Start(2, entering))
+        inputs[modules[0]].append(tapes[0].s)
+        inputs[modules[1]].append(tapes[1].a)
+    for name in modules:
+        expected = projection._basis(np.concatenate(inputs[name]).astype(np.float64), 0.9).astype(np.float64)
+        got = job.bases[name].astype(np.float64)
+        assert got.shape == expected.shape, name
+        np.testing.assert_allclose(got @ got.T, expected @ expected.T, atol=1e-4, err_msg=name)
