@@ -7,7 +7,7 @@ a chat turn (24 greedy tokens), Good on its answer, then the time until the firs
 until the lesson is done, and the next turn's time to first token against the same turn without
 feedback.
 
-    OPENBLAS_NUM_THREADS=1 .venv/bin/python benchmarks/learning_bench.py [--runtimes cpython,node,chromium]
+    .venv/bin/python benchmarks/learning_bench.py [--runtimes cpython,node,chromium] [--threads 1]
 
 Node and Chromium need a local Pyodide distribution (docs/pyodide.md); Chromium is Debian's.
 """
@@ -37,8 +37,8 @@ def turn(model, messages: list[dict]) -> tuple[str, dict]:
     return "".join(c.text for c in chunks), chunks[0].stats
 
 
-def cpython_scenario(config: dict, lesson: dict) -> dict:
-    model = ruvllm.load(str(MODEL))
+def cpython_scenario(config: dict, lesson: dict, threads: int) -> dict:
+    model = ruvllm.load(str(MODEL), threads=threads)  # the engine sets BLAS threads itself: the env is not enough
     config = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
     model.new_adapter("bench", **config)
     messages = [{"role": "user", "content": SCENARIO["question"]}]
@@ -107,11 +107,15 @@ def chromium_results() -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runtimes", default="cpython,node,chromium")
+    parser.add_argument("--threads", type=int, default=1, help="CPython's BLAS threads (default 1)")
     args = parser.parse_args()
     rows = []
     for runtime in args.runtimes.split(","):
         if runtime == "cpython":
-            found = [{"runtime": "cpython", "adapter": label, **cpython_scenario(c, o)} for label, c, o in CONFIGS]
+            found = [
+                {"runtime": "cpython", "adapter": label, **cpython_scenario(c, o, args.threads)}
+                for label, c, o in CONFIGS
+            ]
         elif runtime == "node":
             found = node_results()
         else:

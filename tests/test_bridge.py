@@ -210,9 +210,22 @@ def test_lessons_take_their_first_step_at_once_then_learn_in_slices(folder):
     assert [(p["key"], p["step"], p["done"]) for p in sliced["lessons"]] == [(7, 2, False)] and sliced["waiting"] == 1
     last = ok(handle.learn(json.dumps({"budget_ms": None})))
     (done,) = last["lessons"]
-    assert done["done"] and done["report"]["steps"] == 3 and last == {"lessons": [done], "waiting": 0}
-    assert ok(handle.adapter_names()) == {"names": ["a"], "active": "a", "versions": {"a": 3}, "learning": 0}
-    assert ok(handle.learn(json.dumps({"budget_ms": 10}))) == {"lessons": [], "waiting": 0}
+    assert done["done"] and done["report"]["steps"] == 3
+    assert last == {"lessons": [done], "waiting": 0, "preparing": False}
+    names = ok(handle.adapter_names())
+    assert names.pop("adapters") == [
+        {"name": "a", "kind": "lora", "version": 3, "rank": 2, "alpha": 4.0, "targets": ["down_proj"], "layers": [1]}
+        | {"active": True}
+    ]
+    assert names == {"names": ["a"], "active": "a", "versions": {"a": 3}, "learning": 0}
+    assert ok(handle.learn(json.dumps({"budget_ms": 10}))) == {"lessons": [], "waiting": 0, "preparing": False}
+
+    # the default adapter's projection, made in idle time before any lesson needs it
+    ok(handle.set_calibration(json.dumps({"ids": list(range(3, 60))})))
+    assert ok(handle.prepare_learning()) == {"preparing": True}
+    assert ok(handle.learn(json.dumps({"budget_ms": 0})))["preparing"]  # one chunk of the calibration text
+    assert ok(handle.learn(json.dumps({"budget_ms": None})))["preparing"] is False
+    assert ok(handle.prepare_learning()) == {"preparing": False}  # made: nothing left to do
 
     ok(handle.feedback(json.dumps({**request, "key": 8})))
     assert "already under way" in error(handle.feedback(json.dumps({**request, "key": 8})))["message"]

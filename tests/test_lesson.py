@@ -245,13 +245,32 @@ def test_a_lesson_feeds_the_generation_s_cache_the_tokens_it_never_saw(engine):
     assert lesson.done and not lesson.reused_states and cache.tokens == PROMPT + answer
 
 
+def finished(steps):
+    """What a generator of steps returns."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as end:
+            return end.value
+
+
+def svd_basis(x: np.ndarray, energy: float) -> np.ndarray:
+    """The reference: the top right singular vectors of x holding `energy` of its squared norm."""
+    _, s, vt = np.linalg.svd(x, full_matrices=False)
+    k = int(np.searchsorted(np.cumsum(s**2) / np.sum(s**2), energy)) + 1
+    return vt[:k].T
+
+
 @pytest.mark.parametrize("T", [300, 20])  # more rows than columns (K x K Gram) and fewer (T x T)
 def test_the_input_basis_is_the_smallest_holding_the_energy_asked(T):
-    from ruvllm.learning.projection import _basis
+    from ruvllm.learning.projection import decomposition
 
     rng = np.random.default_rng(T)
     x = rng.normal(size=(T, 40)) * np.geomspace(10, 0.01, 40)  # a few strong input directions
-    basis = _basis(x, 0.9).astype(np.float64)
+    steps = decomposition(x.T @ x, None, 0.9) if T > 40 else decomposition(x @ x.T, x, 0.9)
+    basis = finished(steps).astype(np.float64)
+    expected = svd_basis(x, 0.9)
+    np.testing.assert_allclose(basis @ basis.T, expected @ expected.T, atol=1e-5)
     np.testing.assert_allclose(basis.T @ basis, np.eye(basis.shape[1]), atol=1e-5)  # orthonormal
     held = np.linalg.norm(x @ basis) ** 2 / np.linalg.norm(x) ** 2
     fewer = np.linalg.norm(x @ basis[:, :-1]) ** 2 / np.linalg.norm(x) ** 2
@@ -263,8 +282,13 @@ def test_a_fresh_adapter_reuses_the_bases_an_earlier_one_computed(engine, monkey
 
     engine.calibration_ids = PROMPT * 3
     calls = []
-    original = projection.input_bases
-    monkeypatch.setattr(projection, "input_bases", lambda *a: calls.append(a[1]) or original(*a))
+
+    class Counted(projection.BasesJob):
+        def __init__(self, engine, modules, *rest, **kw) -> None:
+            calls.append(list(modules))
+            super().__init__(engine, modules, *rest, **kw)
+
+    monkeypatch.setattr(projection, "BasesJob", Counted)
     first = top_adapter(engine, "a")
     Lesson(engine, first, PROMPT, [5, 6], 1.0, plain(steps=1, project=0.99)).run()
     second = top_adapter(engine, "b")
@@ -288,7 +312,9 @@ def test_the_bases_made_a_chunk_at_a_time_equal_those_of_whole_pieces(engine, mo
     steps = 1
     while not job.step():
         steps += 1
-    assert steps == 6 + 5 + 1  # 40 tokens in 6 chunks of at most 7, 30 in 5, then the decomposition
+    # 40 tokens in 6 chunks of at most 7, 30 in 5; an eigendecomposition per module, and for the one
+    # with more inputs than the text has tokens a block of its basis; then the step that ends the job
+    assert steps == 6 + 5 + 2 + 1 + 1
     inputs = {name: [] for name in modules}
     for begin in (0, 40):
         entering = entering_states(engine.weights, engine.config, engine.inv_freq, ids[begin : begin + 40], 2)
@@ -296,7 +322,31 @@ def test_the_bases_made_a_chunk_at_a_time_equal_those_of_whole_pieces(engine, mo
         inputs[modules[0]].append(tapes[0].s)
         inputs[modules[1]].append(tapes[1].a)
     for name in modules:
-        expected = projection._basis(np.concatenate(inputs[name]).astype(np.float64), 0.9).astype(np.float64)
+        expected = svd_basis(np.concatenate(inputs[name]).astype(np.float64), 0.9)
         got = job.bases[name].astype(np.float64)
         assert got.shape == expected.shape, name
         np.testing.assert_allclose(got @ got.T, expected @ expected.T, atol=1e-4, err_msg=name)
+
+
+def test_an_instant_step_does_not_wait_for_a_fresh_adapter_s_projection(engine):
+    """feedback's first step on a fresh adapter runs unprojected; the background loop makes the bases a
+    chunk of calibration text at a time, before any further step, and the next step projects A."""
+    engine.calibration_ids = PROMPT * 3
+    adapter = top_adapter(engine)
+    learner = Learner(engine.wrappers, engine)
+    lesson = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, plain(steps=3, project=0.99))
+    lesson.defer_projection = True
+    lesson.step()
+    assert lesson.steps == 1 and not adapter.state.bases and learner.status().preparing
+    learner.add("a", lesson)
+    assert learner.run(budget_ms=0).preparing and lesson.steps == 1  # one chunk, no lesson step
+    learner.run(None)
+    assert lesson.done and lesson.steps == 3 and not learner.status().preparing
+    assert adapter.state.bases.keys() == adapter.A.keys()
+    for name, basis in adapter.state.bases.items():
+        assert np.abs(adapter.A[name] @ basis).max() < 1e-5, name
+    again = top_adapter(engine, "b")  # the next fresh adapter finds them made
+    second = Lesson(engine, again, PROMPT, [5, 6, 7], 1.0, plain(steps=1, project=0.99))
+    second.defer_projection = True
+    second.step()
+    assert again.state.bases.keys() == again.A.keys() and not learner.status().preparing

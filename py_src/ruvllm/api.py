@@ -51,7 +51,7 @@ class Model:
         self.name = name  # the model's name in OpenAI answers (the file or folder name)
         self._vocabulary: Vocabulary | None = None
         self.adapters = AdapterSet.attached(engine)  # MicroLoRA: held, selected, learning
-        self.learner = learn.Learner(self.adapters)  # lessons learned in the background (feedback, learn)
+        self.learner = learn.Learner(self.adapters, engine)  # lessons learned in the background (feedback, learn)
         if engine.calibration_ids is None:  # what learning keeps its adapters' inputs away from
             engine.calibration_ids = tokenizer.encode(calibration_text())[:CALIBRATION_TOKENS]
         self._idle_cache: KVCache | None = engine.new_cache()  # no generation holds it
@@ -218,6 +218,7 @@ class Model:
         the next answer already differs; the other steps and the consolidation wait for `learn()` calls
         (between generations, each as long as you allow). Returns the lesson (`done`, `steps`, `report`)."""
         lesson = self._lesson(prompt, completion, reward, adapter, chat, options)
+        lesson.defer_projection = True  # a fresh adapter's projection is made by learn(), not now
         with self.engine.lock:
             lesson.step()
         if not lesson.done:

@@ -40,7 +40,9 @@ over Python objects instead: `take_engine()` and `take_files()`.
     EngineHandle.new_adapter({name, rank, alpha, targets, layers}), adapt({adapter, prompt_ids,
                              completion_ids, reward, steps, lr}), set_adapter({name}), adapter_names()
     EngineHandle.feedback({key, adapter, prompt_ids, ...})  -> a lesson's progress after its first step
-    EngineHandle.learn({budget_ms})                -> {lessons: [progress], waiting}: the background loop
+    EngineHandle.learn({budget_ms})                -> {lessons: [progress], waiting, preparing}: the background
+                                                      loop (a projection being made comes first)
+    EngineHandle.prepare_learning()                -> {preparing}: the default adapter's projection, queued
     EngineHandle.cancel_learning({key})            -> the same, the lesson `key` (null: all) dropped
     EngineHandle.calibration_text(), set_calibration({ids})  the calibration text, tokenized in JavaScript
     EngineHandle.load_adapter({name}, adapter_config.json, weights bytes, state bytes or None)
@@ -70,7 +72,7 @@ from .files.gguf_model import GGUFModel
 from .files.store import TensorStore, count_parameters
 from .files.tensorfile import PieceBuffer, SafetensorsFile
 from .learning.learn import AdaptOptions, Learner, Lesson, RouteLesson, lesson_for
-from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
+from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig, module_names
 from .learning.projection import CALIBRATION_TOKENS, calibration_text
 from .learning.xlora import Mixture, RouterConfig
 from .model.cache import KVOptions
@@ -321,7 +323,7 @@ class EngineHandle:
         self.chunks = None
         self.response: Response | None = None  # with start_completion: the OpenAI answer being built
         self._outgoing: dict[str, bytes] = {}  # adapter_files, until take_files()
-        self.learner = Learner(self.adapters)  # lessons learned in the worker's idle time
+        self.learner = Learner(self.adapters, engine)  # lessons learned in the worker's idle time
         self.lessons: dict[object, Lesson | RouteLesson] = {}  # under way, by the key JavaScript gave (its request id)
 
     @_json_result
@@ -457,6 +459,7 @@ class EngineHandle:
         if key in self.lessons:
             raise InvalidArgumentError(f"a lesson with key {key!r} is already under way")
         lesson = self._lesson(r)
+        lesson.defer_projection = True  # a fresh adapter's projection is made in idle time, not now
         with self.engine.lock:
             lesson.step()
         if not lesson.done:
@@ -469,7 +472,14 @@ class EngineHandle:
         """request: {budget_ms}: steps of the waiting lessons for about that long (at least one). Returns
         {"lessons": the progress of each lesson under way, finished or cancelled since, "waiting"}."""
         status = self.learner.run(_request(request_json).get("budget_ms"))
-        return {"lessons": self._report_lessons(), "waiting": status.lessons}
+        return {"lessons": self._report_lessons(), "waiting": status.lessons, "preparing": status.preparing}
+
+    @_json_result
+    def prepare_learning(self) -> dict:
+        """Have the default adapter's projection made in idle time (`learn` calls), so that its first
+        lesson starts projected. Returns {"preparing"}: whether there is work to do."""
+        layers = LoRAConfig().layer_indexes(len(self.engine.weights.layers))
+        return {"preparing": self.learner.prepare(module_names(self.engine.weights, DEFAULT_TARGETS, layers))}
 
     @_json_result
     def cancel_learning(self, request_json: str) -> dict:

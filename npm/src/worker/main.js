@@ -106,6 +106,8 @@ async function withLoader(id, options, progress, fill) {
     // learning keeps adapters away from what ordinary text uses: the calibration text, in ids made here
     const calibration = state.text.encode(callBridge(state.engine, 'calibration_text'));
     callBridge(state.engine, 'set_calibration', { ids: calibration });
+    // the default adapter's projection is made in idle time from now on (learnWhileIdle)
+    learning.preparing = callBridge(state.engine, 'prepare_learning').preparing;
     const info = {
       ...built,
       downloadedBytes: download.total,
@@ -236,7 +238,7 @@ async function adapt({ id, feedback }) {
 /** How long one slice of background learning may run before pending requests are looked at (ms). */
 const LEARNING_SLICE_MS = 100;
 const KEEP_OPEN = Symbol('the request stays open: its answer comes later');
-const learning = { lessons: new Set(), running: false };
+const learning = { lessons: new Set(), running: false, preparing: false };
 
 /**
  * A lesson's progress as a 'learning' event, its report as the 'result' once done. For a lesson that
@@ -266,8 +268,9 @@ async function learnWhileIdle() {
   if (learning.running) return;
   learning.running = true;
   try {
-    while (learning.lessons.size && pending === 0 && state.engine) {
+    while ((learning.lessons.size || learning.preparing) && pending === 0 && state.engine) {
       const answer = callBridge(state.engine, 'learn', { budgetMs: LEARNING_SLICE_MS });
+      learning.preparing = answer.preparing;
       for (const progress of answer.lessons) reportLesson(progress, true);
       await yieldToEventLoop();
     }

@@ -25,7 +25,8 @@ from ..model.forward import hidden, rms_norm
 from ..runtime.engine import Engine
 from .backprop import Gradients, Keep, Start, advance, base_probs, entering_states, loss_and_grads, start_at
 from .lora import Adapter
-from .projection import project, shared_bases
+from .projection import advance as advance_job
+from .projection import bases_job, pending_job, project, ready_bases, shared_bases
 from .state import Memory, sgd
 from .xlora import Mixture
 
@@ -166,6 +167,7 @@ class _Stepwise:
     """What the background loop needs of a lesson: `step()` until `done` (then `report` is set)."""
 
     report: AdaptReport | None = None
+    defer_projection = False  # (Lesson: its instant step does not wait for a fresh adapter's bases)
 
     def step(self) -> None:
         raise NotImplementedError
@@ -212,6 +214,8 @@ class Lesson(_Stepwise):
         self.report: AdaptReport | None = None  # set by finish()
         self.compute_ms = 0.0
         self.reused_states = False  # whether the entering states came from the cache's tap
+        self.defer_projection = False  # the instant step does not wait for a fresh adapter's bases
+        self.unprojected = False  # steps were taken before the bases were made
 
     def step(self) -> None:
         """One unit of work, a forward and backward pass: an optimizer step on this lesson or, once it
@@ -232,6 +236,8 @@ class Lesson(_Stepwise):
     def _learn(self) -> None:
         options = self.options
         start, keep = self._start(), self._keep()
+        if self.unprojected:
+            self._project()
         result, grads = adapter_gradients(self.engine, self.adapter, self.tokens, self.scored, self.reward, start, keep)
         self.log_prob_before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
         learned = options.until_greedy and self.reward > 0 and result.greedy  # greedy decoding gives it
@@ -355,14 +361,25 @@ class Lesson(_Stepwise):
 
     def _project(self) -> None:
         """A fresh adapter's A out of ordinary text's input subspace (projection.py), once: the bases
-        come from the engine's calibration text and stay in the adapter's learning state."""
+        come from the engine's calibration text and stay in the adapter's learning state. A lesson's
+        instant step (`defer_projection`) does not wait for bases still to be made: the background loop
+        makes them (a job of small steps), and the next step projects A then."""
         adapter, engine = self.adapter, self.engine
         ids = getattr(engine, "calibration_ids", None)
-        if not self.options.project or adapter.state.bases or adapter.version or not ids:
+        if not self.options.project or adapter.state.bases or not ids:
             return
-        adapter.state.bases = shared_bases(engine, list(adapter.A), list(ids), self.options.project)
+        if adapter.version and not self.unprojected:  # it learned before, without (a loaded adapter)
+            return
+        modules, ids, energy = list(adapter.A), list(ids), self.options.project
+        bases = ready_bases(engine, modules, ids, energy)
+        if bases is None and self.defer_projection and not self.steps:
+            bases_job(engine, modules, ids, energy)
+            self.unprojected = True
+            return
+        adapter.state.bases = bases if bases is not None else shared_bases(engine, modules, ids, energy)
         for name, basis in adapter.state.bases.items():
             adapter.A[name][...] = project(adapter.A[name], basis)
+        self.unprojected = False
 
 
 class _Rehearsal:
@@ -417,6 +434,7 @@ class LearningStatus:
     version: int  # that adapter's version (bumped by every step)
     finished: int  # lessons finished so far
     cancelled: int  # lessons cancelled so far
+    preparing: bool = False  # a fresh adapter's projection is being made (before the next lesson step)
 
 
 class Learner:
@@ -425,8 +443,9 @@ class Learner:
     time, Python code whenever it likes), so learning never holds a generation up by more than a step.
     A lesson's first step is taken at once by whoever adds it (the instant loop)."""
 
-    def __init__(self, adapters) -> None:
+    def __init__(self, adapters, engine: Engine | None = None) -> None:
         self.adapters = adapters  # lora.AdapterSet: the lessons' adapters by name
+        self.engine = engine  # whose projection jobs (projection.bases_job) come before the lessons
         self.queue: deque[tuple[str, Lesson]] = deque()
         self.finished = 0
         self.cancelled = 0
@@ -437,7 +456,14 @@ class Learner:
     def run(self, budget_ms: float | None = None) -> LearningStatus:
         """Steps of the waiting lessons until none is left or `budget_ms` is spent (at least one step)."""
         started = time.perf_counter()
-        while self.queue:
+        while self.queue or self.preparing:
+            job = self.preparing
+            if job is not None:  # the bases the lessons project with come first
+                with self.adapters.lock:
+                    advance_job(self.engine, job)
+                if budget_ms is not None and (time.perf_counter() - started) * 1000 >= budget_ms:
+                    break
+                continue
             name, lesson = self.queue[0]
             held = self.adapters.adapters.get(name) or self.adapters.mixtures.get(name)
             if held is not lesson.adapter:  # replaced or removed meanwhile
@@ -461,13 +487,28 @@ class Learner:
         self.queue = kept
         return self.status()
 
+    @property
+    def preparing(self):
+        """A projection job under way (its bases are made before the next lesson step), or None."""
+        return None if self.engine is None else pending_job(self.engine)
+
+    def prepare(self, modules: list[str], energy: float = AdaptOptions.project) -> bool:
+        """Have the bases of `modules` (a fresh adapter's projection) made in the background; True when
+        there is work to do (none without a calibration text, or once they are made)."""
+        ids = None if self.engine is None else self.engine.calibration_ids
+        if not ids or not energy:
+            return False
+        with self.adapters.lock:
+            return bases_job(self.engine, modules, list(ids), energy) is not None
+
     def status(self) -> LearningStatus:
+        preparing = self.preparing is not None
         if not self.queue:
-            return LearningStatus(0, 0, 0, None, 0, self.finished, self.cancelled)
+            return LearningStatus(0, 0, 0, None, 0, self.finished, self.cancelled, preparing)
         name, lesson = self.queue[0]
         version = lesson.adapter.version
         return LearningStatus(
-            len(self.queue), lesson.steps, lesson.options.steps, name, version, self.finished, self.cancelled
+            len(self.queue), lesson.steps, lesson.options.steps, name, version, self.finished, self.cancelled, preparing
         )
 
 

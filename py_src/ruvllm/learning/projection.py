@@ -25,6 +25,7 @@ from .backprop import bypassed
 
 CALIBRATION_TOKENS = 2048  # of the calibration text (all of the built-in one), where the bases come from
 CALIBRATION_PIECE = 512  # tokens per sequence the calibration text is cut into
+BASIS_BLOCK = 64  # basis columns made per step of a BasesJob
 
 
 def calibration_text() -> str:
@@ -57,56 +58,64 @@ class BasesJob:
     """input_bases in small pieces of work, for a worker that answers requests in between: each
     CALIBRATION_PIECE-token piece of the calibration text runs from position 0 (as lessons do), `chunk`
     tokens per `step()` through the layers up to the highest adapted one (its own KV cache across the
-    piece), adding each module's inputs to its Gram matrix; the last step decomposes them. The caller
-    holds the lock that guards the weights."""
+    piece), adding each module's inputs to the smaller of its Gram matrices; then each module's
+    eigendecomposition is a step, and its basis a step per block of BASIS_BLOCK columns (in Pyodide,
+    without BLAS, the whole of it took seconds: measured 1.1 s for an eigendecomposition of 1082, 1.6 s
+    for a basis, 5.7 s for a Gram matrix at once). The caller holds the lock that guards the weights."""
 
     def __init__(self, engine: Engine, modules: list[str], ids: list[int], energy: float, chunk: int = 32) -> None:
         self.engine, self.ids, self.energy, self.chunk = engine, list(ids), energy, chunk
         self.modules = [name for name in modules if name != "lm_head"]
-        layers = [int(name.split(".")[2]) for name in self.modules]
-        self.first, self.last = (min(layers), max(layers)) if layers else (0, -1)
-        K = {name: _input_size(engine, name) for name in self.modules}
-        # the smaller Gram matrix: inputs' K x K, summed as they come, or the T x T of all rows (kept)
-        self.gram = {name: np.zeros((K[name], K[name])) for name in self.modules if K[name] <= len(self.ids)}
-        self.rows: dict[str, list[np.ndarray]] = {name: [] for name in self.modules if name not in self.gram}
-        self.position = 0  # tokens of `ids` done
-        self.cache: KVCache | None = None
         self.bases: dict[str, np.ndarray] | None = None if self.modules else {}
+        self.key: tuple | None = None  # where the engine keeps them (bases_job)
+        self._work = self._steps()
 
     @property
     def done(self) -> bool:
         return self.bases is not None
 
     def step(self) -> bool:
-        """One chunk of the calibration text, or the decomposition once all are in; True when done."""
-        if self.done:
-            return True
-        if self.position >= len(self.ids):
-            rows = {name: np.concatenate(parts).astype(np.float64) for name, parts in self.rows.items()}
-            self.bases = {name: _decomposed(self.gram.get(name), rows.get(name), self.energy) for name in self.modules}
-            return True
-        engine = self.engine
+        """One unit of work (a chunk of the calibration text, a decomposition, a block of a basis);
+        True when done."""
+        if not self.done:
+            next(self._work, None)
+        return self.done
+
+    def _steps(self):
+        engine, T = self.engine, len(self.ids)
         weights, config, inv_freq = engine.weights, engine.config, engine.inv_freq
-        offset = self.position % CALIBRATION_PIECE  # where in its piece this chunk starts
-        if offset == 0:
-            self.cache = KVCache(config, CALIBRATION_PIECE, KVOptions())
-        stop = min(self.position + self.chunk, self.position - offset + CALIBRATION_PIECE, len(self.ids))
-        positions = np.arange(offset, offset + stop - self.position)
-        batch = [Sequence(slice(None), positions, self.cache, Masks(positions))]
-        tape = Tape()
-        with bypassed(weights):
-            x = embed(weights, config, np.asarray(self.ids[self.position : stop]))
-            x = run_layers(weights, config, inv_freq, x, batch, range(self.first))
-            run_layers(weights, config, inv_freq, x, batch, range(self.first, self.last + 1), tape)
+        layers = [int(name.split(".")[2]) for name in self.modules]
+        first, last = min(layers), max(layers)
+        K = {name: _input_size(engine, name) for name in self.modules}
+        # the smaller Gram matrix: the inputs' K x K, summed as they come; or, for a matrix with more
+        # inputs than the text has tokens, the T x T one of the rows (kept), block by block
+        gram = {name: np.zeros((K[name], K[name]) if K[name] <= T else (T, T)) for name in self.modules}
+        rows = {name: np.zeros((T, K[name])) for name in self.modules if K[name] > T}
+        for begin in range(0, T, CALIBRATION_PIECE):
+            cache = KVCache(config, CALIBRATION_PIECE, KVOptions())
+            for at in range(begin, min(begin + CALIBRATION_PIECE, T), self.chunk):
+                stop = min(at + self.chunk, begin + CALIBRATION_PIECE, T)
+                positions = np.arange(at - begin, stop - begin)
+                batch = [Sequence(slice(None), positions, cache, Masks(positions))]
+                tape = Tape()
+                with bypassed(weights):
+                    x = embed(weights, config, np.asarray(self.ids[at:stop]))
+                    x = run_layers(weights, config, inv_freq, x, batch, range(first))
+                    run_layers(weights, config, inv_freq, x, batch, range(first, last + 1), tape)
+                for name in self.modules:
+                    _, _, index, _, target = name.split(".")
+                    x = getattr(tape.layers[int(index) - first], _INPUT[target]).astype(np.float64)  # (t, K)
+                    if name not in rows:
+                        gram[name] += x.T @ x
+                        continue
+                    rows[name][at:stop] = x
+                    gram[name][at:stop, :stop] = x @ rows[name][:stop].T
+                    gram[name][:at, at:stop] = gram[name][at:stop, :at].T
+                yield
+        bases = {}
         for name in self.modules:
-            _, _, index, _, target = name.split(".")
-            x = getattr(tape.layers[int(index) - self.first], _INPUT[target]).astype(np.float64)  # (t, K)
-            if name in self.gram:
-                self.gram[name] += x.T @ x
-            else:
-                self.rows[name].append(x)
-        self.position = stop
-        return False
+            bases[name] = yield from decomposition(gram.pop(name), rows.pop(name, None), self.energy)
+        self.bases = bases
 
 
 def _input_size(engine: Engine, name: str) -> int:
@@ -117,31 +126,80 @@ def _input_size(engine: Engine, name: str) -> int:
 
 def shared_bases(engine: Engine, modules: list[str], ids: list[int], energy: float) -> dict[str, np.ndarray]:
     """input_bases, computed once per loaded model (kept in `engine.memo`, for the weights as they are:
-    a merge into them makes new ones): every fresh adapter on the same matrices reuses them."""
-    key = ("input_bases", engine.weights_identity()[0], hash(tuple(ids)), energy)
+    a merge into them makes new ones): every fresh adapter on the same matrices reuses them. A job
+    making them in the background (`bases_job`) is finished here; otherwise each calibration piece
+    runs as one forward (small chunks round differently, and measured, a lesson at the edge of being
+    learned in its 20 steps can end either side of it)."""
+    job = bases_job(engine, modules, ids, energy, chunk=CALIBRATION_PIECE)
+    while job is not None and not advance(engine, job):
+        pass
+    return ready_bases(engine, modules, ids, energy)
+
+
+def ready_bases(engine: Engine, modules: list[str], ids: list[int], energy: float) -> dict[str, np.ndarray] | None:
+    """The bases of `modules` if all are made, else None."""
+    held = engine.memo.get(_key(engine, ids, energy), {})
+    wanted = [name for name in modules if name != "lm_head"]
+    return {name: held[name] for name in wanted} if all(name in held for name in wanted) else None
+
+
+def bases_job(engine: Engine, modules: list[str], ids: list[int], energy: float, chunk: int = 32) -> BasesJob | None:
+    """The job making the bases of `modules` that are not made yet (`chunk` tokens a step), registered
+    with the engine so the background loop advances it (`pending_job`, `advance`); None when all are
+    made. A job already under way for them is returned as it is."""
+    key = _key(engine, ids, energy)
     held = engine.memo.setdefault(key, {})
     missing = [name for name in modules if name != "lm_head" and name not in held]
-    if missing:
-        held.update(input_bases(engine, missing, ids, energy))
-    return {name: held[name] for name in modules if name in held}
+    if not missing:
+        return None
+    jobs = engine.memo.setdefault("jobs", [])
+    for job in jobs:
+        if job.key == key and set(missing) <= set(job.modules):
+            return job
+    job = BasesJob(engine, missing, ids, energy, chunk)
+    job.key = key
+    jobs.append(job)
+    return job
 
 
-def _basis(x: np.ndarray, energy: float) -> np.ndarray:
-    """An orthonormal basis (K, k) of the subspace holding `energy` of the rows of x (T, K), from the
-    smaller of the two Gram matrices (an eigendecomposition costs its size cubed)."""
-    T, K = x.shape
-    return _decomposed(x.T @ x, None, energy) if K <= T else _decomposed(None, x, energy)
+def pending_job(engine: Engine) -> BasesJob | None:
+    """The first job waiting to be advanced, if any."""
+    jobs = engine.memo.get("jobs")
+    return jobs[0] if jobs else None
 
 
-def _decomposed(gram: np.ndarray | None, x: np.ndarray | None, energy: float) -> np.ndarray:
-    """The basis (K, k) from the inputs' Gram matrix X^T X (K, K), or from the rows X (T, K) themselves
-    through X X^T (T, T): its eigenvectors V and eigenvalues s give U = X^T V / sqrt(s)."""
-    values, vectors = np.linalg.eigh(gram if gram is not None else x @ x.T)  # ascending
+def advance(engine: Engine, job: BasesJob) -> bool:
+    """One step of `job`; once done, its bases join the engine's and the job leaves. True when done."""
+    if job.step():
+        engine.memo.setdefault(job.key, {}).update(job.bases)
+        jobs = engine.memo.get("jobs", [])
+        if job in jobs:
+            jobs.remove(job)
+        return True
+    return False
+
+
+def _key(engine: Engine, ids: list[int], energy: float) -> tuple:
+    return ("input_bases", engine.weights_identity()[0], hash(tuple(ids)), energy)
+
+
+def decomposition(gram: np.ndarray, rows: np.ndarray | None, energy: float):
+    """A generator of steps making the basis (K, k) that holds `energy` of the inputs, from their Gram
+    matrix X^T X (K, K), or from X X^T (T, T) and the rows X (T, K) themselves (its eigenvectors V and
+    eigenvalues s give U = X^T V / sqrt(s)); it returns the basis. A step after the eigendecomposition
+    and after each block of BASIS_BLOCK columns."""
+    values, vectors = np.linalg.eigh(gram)  # ascending
     values, vectors = np.maximum(values[::-1], 0), vectors[:, ::-1]
     k = int(np.searchsorted(np.cumsum(values) / values.sum(), energy)) + 1
-    if gram is not None:
+    yield
+    if rows is None:
         return vectors[:, :k].astype(np.float32)  # (K, k)
-    return (x.T @ vectors[:, :k] / np.sqrt(values[:k])).astype(np.float32)  # (K, k)
+    basis = np.empty((rows.shape[1], k), np.float32)
+    for j in range(0, k, BASIS_BLOCK):
+        block = slice(j, min(j + BASIS_BLOCK, k))
+        basis[:, block] = rows.T @ vectors[:, block] / np.sqrt(values[block])
+        yield
+    return basis
 
 
 def project(matrix: np.ndarray, basis: np.ndarray) -> np.ndarray:
