@@ -212,11 +212,19 @@ def test_bad_mixtures_are_refused(tmp_path):
         adapters.get("x")
 
 
-def test_router_gradients_equal_torch_autograd(tmp_path):
+GRADIENT_CONFIGS = {
+    "layerwise depth 2, top-2": dict(
+        xlora_depth=2, xlora_size=16, layerwise_scalings=True, scaling_pass_value=0.2, top_k_lora=2
+    ),
+    "top-2, softmax over the kept": dict(top_k_lora=2, enable_softmax_topk=True, enable_softmax=False),
+}
+
+
+@pytest.mark.parametrize("name", list(GRADIENT_CONFIGS))
+def test_router_gradients_equal_torch_autograd(name, tmp_path):
     tiny_model("llama", tmp_path / "m")
     paths = experts(tmp_path)
-    config = dict(xlora_depth=2, xlora_size=16, layerwise_scalings=True, scaling_pass_value=0.2, top_k_lora=2)
-    model = peft_xlora(paths, xlora_dropout_p=0.0, **config)
+    model = peft_xlora(paths, xlora_dropout_p=0.0, **GRADIENT_CONFIGS[name])
     scored = np.arange(9, 19)
     logits = model(input_ids=torch.tensor([TOKENS])).logits[0]
     log_probs = torch.log_softmax(logits[scored].double(), dim=-1)

@@ -144,10 +144,7 @@ class Model:
     def save_adapter(self, path: str, name: str | None = None) -> None:
         """Write adapter `name` (default: the active one) as a PEFT folder (an X-LoRA mixture with its
         experts in subfolders)."""
-        if (name or self.adapters.active) in self.adapters.mixtures:
-            self.adapters.mixture(name or self.adapters.active).save(path)
-        else:
-            self.adapters.get(name).save(path)
+        self.adapters.held(name).save(path)
 
     def mix_adapters(
         self,

@@ -586,9 +586,7 @@ class EngineHandle:
     @_json_result
     def adapter_files(self, request_json: str) -> dict:
         """request: {name} (null: the active adapter): its files, handed over by `take_files`."""
-        name = _request(request_json).get("name") or self.adapters.active
-        held = self.adapters.mixtures.get(name) or self.adapters.get(name)
-        self._outgoing = held.files()
+        self._outgoing = self.adapters.held(_request(request_json).get("name")).files()
         return {"files": list(self._outgoing)}
 
     def take_files(self) -> dict[str, bytes]:

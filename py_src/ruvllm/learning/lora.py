@@ -370,16 +370,10 @@ class AdapterSet:
             self.activate(name)
         return mixture
 
-    def mixture(self, name: str):
-        """A held X-LoRA mixture."""
-        if name not in self.mixtures:
-            known = ", ".join(self.mixtures) or "none held"
-            raise InvalidArgumentError(f"no X-LoRA mixture named {name!r} (mixtures: {known})")
-        return self.mixtures[name]
-
-    def names(self) -> list[str]:
-        """Every adapter and mixture held."""
-        return [*self.adapters, *self.mixtures]
+    def held(self, name: str | None = None):
+        """A held adapter or X-LoRA mixture (default: the active one)."""
+        name = name or self.active
+        return self.mixtures[name] if name in self.mixtures else self.get(name)
 
     def describe(self) -> list[dict]:
         """Every adapter and mixture held: name, kind, version, whether active, and its shape."""

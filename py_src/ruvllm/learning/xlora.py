@@ -166,12 +166,8 @@ class Mixture:
 
     def _kept(self, s: np.ndarray) -> np.ndarray:
         """A projection's (T, E) scalings after top-k (and the softmax over the k kept)."""
-        k = self.config.top_k
-        if k is not None and k < s.shape[1]:
-            order = np.argsort(-s, axis=1, kind="stable")[:, :k]
-            mask = np.zeros(s.shape, bool)
-            np.put_along_axis(mask, order, True, axis=1)
-            s = np.where(mask, s, 0).astype(np.float32)
+        if self.config.top_k is not None:
+            s = np.where(self._mask(s), s, 0).astype(np.float32)
         if self.config.softmax_topk:  # a softmax over the nonzero scalings (a row without any stays zero)
             nonzero = s != 0
             z = np.where(nonzero, s, -np.inf)
@@ -204,15 +200,15 @@ class Mixture:
 
     def _kept_backward(self, s: np.ndarray, d: np.ndarray) -> np.ndarray:
         """The gradient with respect to s (T, E), given that of `_kept(s)`."""
-        kept = self._kept(s)
-        if self.config.softmax_topk:
-            nonzero = kept != 0
-            d = np.where(nonzero, kept * (d - np.sum(d * kept, axis=1, keepdims=True)), 0)
-        if self.config.top_k is not None:
-            d = np.where(kept != 0, d, 0) if self.config.softmax_topk else np.where(self._mask(s), d, 0)
+        if self.config.softmax_topk:  # through the softmax over the kept (nonzero) ones
+            kept = self._kept(s)
+            d = np.where(kept != 0, kept * (d - np.sum(d * kept, axis=1, keepdims=True)), 0)
+        elif self.config.top_k is not None:
+            d = np.where(self._mask(s), d, 0)
         return d.astype(np.float32)
 
     def _mask(self, s: np.ndarray) -> np.ndarray:
+        """Where each row's `top_k` largest scalings are (ties: the first experts)."""
         order = np.argsort(-s, axis=1, kind="stable")[:, : self.config.top_k]
         mask = np.zeros(s.shape, bool)
         np.put_along_axis(mask, order, True, axis=1)
