@@ -35,8 +35,8 @@ REHEARSAL_STEPS = 5  # steps a rehearsed lesson gets at most per round
 KEPT_POSITIONS = 8  # prompt positions whose predictions a lesson keeps (AdaptOptions.keep)
 TAP_TAIL = 16  # tokens a lesson feeds a generation's cache to take its hidden states (tapped_states)
 # A router's step size (RouteLesson). Measured on SmolLM2 (two experts, one fact each, mixed densely, a
-# lesson on each fact three times): 0.1 reproduced both facts in 7 steps, 0.3 in 12, 0.02 only one of
-# them; at 1 (an adapter's) the first lesson saturates the softmax and the other expert is never used.
+# lesson on each fact three times): 0.1 reproduced both facts in 7 steps, 0.3 in 12; 0.02 and 1 (an
+# adapter's) only one of them (benchmarks/RESULTS.md, "X-LoRA").
 ROUTER_LR = 0.1
 
 
