@@ -263,15 +263,20 @@ class Adapter:
 
     @classmethod
     def load(cls, folder: str, weights: Weights) -> Adapter:
-        config_path = os.path.join(folder, "adapter_config.json")
-        model_path = os.path.join(folder, "adapter_model.safetensors")
-        if not os.path.exists(config_path) or not os.path.exists(model_path):
-            raise LoadError(f"{folder}: an adapter folder needs adapter_config.json and adapter_model.safetensors")
-        with open(config_path, encoding="utf-8") as f:
-            config_json = f.read()
+        config_json, model_path = read_folder(folder, "an adapter folder")
         state_path = os.path.join(folder, "learning_state.safetensors")
         state = SafetensorsFile.from_path(state_path) if os.path.exists(state_path) else None
         return cls.from_files(config_json, SafetensorsFile.from_path(model_path), weights, state)
+
+
+def read_folder(folder: str, what: str) -> tuple[str, str]:
+    """(the text of adapter_config.json, the path of adapter_model.safetensors) of a PEFT folder."""
+    config_path = os.path.join(folder, "adapter_config.json")
+    model_path = os.path.join(folder, "adapter_model.safetensors")
+    if not os.path.exists(config_path) or not os.path.exists(model_path):
+        raise LoadError(f"{folder}: {what} needs adapter_config.json and adapter_model.safetensors")
+    with open(config_path, encoding="utf-8") as f:
+        return f.read(), model_path
 
 
 class AdapterSet:

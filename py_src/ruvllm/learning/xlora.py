@@ -41,7 +41,7 @@ from ..errors import InvalidArgumentError, LoadError
 from ..files import jsonfields as fields
 from ..files.tensorfile import SafetensorsFile, bf16_to_f32, serialize
 from ..model.weights import Weights
-from .lora import TARGETS, Adapter, linear_of
+from .lora import TARGETS, Adapter, linear_of, read_folder
 
 _UIDS = itertools.count(1_000_000)  # apart from adapters' uids: identities of both kinds never collide
 _ROUTER = "internal_xlora_classifier.layers."  # PEFT's key of the router's nn.Sequential
@@ -306,12 +306,8 @@ class Mixture:
     @classmethod
     def load(cls, folder: str, weights: Weights) -> Mixture:
         """A PEFT X-LoRA folder: its config, router and experts (subfolders, or the config's paths)."""
+        config_json, router_path = read_folder(folder, "an X-LoRA folder")
         config_path = os.path.join(folder, "adapter_config.json")
-        router_path = os.path.join(folder, "adapter_model.safetensors")
-        if not os.path.exists(config_path) or not os.path.exists(router_path):
-            raise LoadError(f"{folder}: an X-LoRA folder needs adapter_config.json and adapter_model.safetensors")
-        with open(config_path, encoding="utf-8") as f:
-            config_json = f.read()
         raw = _config(config_json)
         adapters = raw.get("adapters")
         if not isinstance(adapters, dict) or not adapters:
