@@ -119,13 +119,9 @@ def route_gradients(
     mixture.route(rms_norm(side, weights.norm, config.rms_norm_eps))
     first = mixture.lowest_layer
     result = loss_and_grads(weights, config, inv_freq, tokens, scored, reward, None, first)
-    layers = mixture.route_backward(result.mixes or {})
-    grads = {}
-    for (key_w, _), (key_b, _), (dW, db) in zip(
-        mixture.parameters()[::2], mixture.parameters()[1::2], layers, strict=True
-    ):
-        grads[key_w], grads[key_b] = dW, db
-    return result, grads
+    layers = mixture.route_backward(result.mixes or {})  # [(dW, db)], in parameters() order
+    keys = [key for key, _ in mixture.parameters()]
+    return result, dict(zip(keys, [g for pair in layers for g in pair], strict=True))
 
 
 def first_layer(engine: Engine, adapter: Adapter) -> int:
