@@ -321,3 +321,34 @@ def test_the_kept_predictions_term_equals_torch_autograd(tmp_path):
         dA, dB = dA + kA, dB + kB
         np.testing.assert_allclose(dA, A.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)
         np.testing.assert_allclose(dB, B.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)
+
+
+def test_the_backward_s_transposed_product_through_a_kernel_provider_equals_numpy(tmp_path, monkeypatch):
+    """Where a kernel provider computes the products (the WebAssembly kernels in Pyodide), the backward
+    pass's dy @ W runs through it a block of rows at a time: the same numbers as NumPy's whole product."""
+    from ruvllm.learning import backprop
+
+    class Provider:  # computes x @ M.T as the WebAssembly kernels do, for float32 matrices only
+        name, arithmetic, calls = "numpy-stand-in", "exact", 0
+
+        def prepare(self, matrix):
+            if not isinstance(matrix, backprop.DenseMatrix):
+                return None
+
+            def product(x):
+                Provider.calls += 1
+                return x @ matrix.weight.T
+
+            return product
+
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path), compute="q8")
+    monkeypatch.setattr(backprop, "TRANSPOSED_BLOCK", 50)
+    dy = np.random.default_rng(0).normal(size=(5, 128)).astype(np.float32)
+    for matrix in (engine.weights.lm_head.matrix, engine.weights.layers[1].mlp.down_proj.matrix):
+        expected = dy[:, : matrix.shape[0]] @ matrix.dequantize()
+        matrix.use_provider(Provider())
+        before = Provider.calls
+        got = backprop._transposed_product(dy[:, : matrix.shape[0]], matrix)
+        np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
+        assert Provider.calls - before == -(-matrix.shape[0] // 50)  # one product per block of rows

@@ -29,7 +29,7 @@ from ..model.config import ModelConfig
 from ..model.forward import LayerTape, Masks, Sequence, Tape, embed, logits, rms_norm, run_layers, silu
 from ..model.rope import apply_rope, rope_tables
 from ..model.weights import Linear, Weights, linear
-from ..quant.matrices import dense_product
+from ..quant.matrices import DenseMatrix, dense_product
 from .lora import LoRAMatrix
 from .xlora import MixedMatrix
 
@@ -44,9 +44,26 @@ class Gradients:
     mixes: dict[int, np.ndarray] | None = None  # X-LoRA: {projection index: gradient (T, E) of its mix}
 
 
+TRANSPOSED_BLOCK = 4096  # rows of W expanded at a time for a kernel provider's transposed product
+
+
 def _transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
-    """dy (T, N) @ W (N, K), with the matrix's own kernel; a quantized W is expanded for this product only."""
-    return dense_product(dy, matrix.dequantize().T, matrix.kernel)
+    """dy (T, N) @ W (N, K), with the matrix's own kernel; a quantized W is expanded for this product only.
+    With a kernel provider (the WebAssembly kernels in Pyodide, where NumPy has no BLAS), W is expanded
+    TRANSPOSED_BLOCK rows at a time, each block transposed into a float32 matrix the provider multiplies
+    (it computes x @ M.T): measured, NumPy alone made the output projection's backward the largest part
+    of a learning step in Pyodide."""
+    provider = getattr(matrix, "provider", None)
+    if provider is None:
+        return dense_product(dy, matrix.dequantize().T, matrix.kernel)
+    N, K = matrix.shape
+    out = np.zeros((dy.shape[0], K), np.float32)
+    for start in range(0, N, TRANSPOSED_BLOCK):
+        stop = min(start + TRANSPOSED_BLOCK, N)
+        block = DenseMatrix(matrix.rows(np.arange(start, stop)).T, matrix.kernel)  # (K, b)
+        block.use_provider(provider)
+        out += block(np.ascontiguousarray(dy[:, start:stop]))
+    return out
 
 
 class _Grads:
