@@ -350,3 +350,28 @@ def test_an_instant_step_does_not_wait_for_a_fresh_adapter_s_projection(engine):
     second.defer_projection = True
     second.step()
     assert again.state.bases.keys() == again.A.keys() and not learner.status().preparing
+
+
+def test_no_projection_is_prepared_for_a_model_learning_does_not_run_on(tmp_path):
+    """The worker prepares the default adapter's projection after every load: for a model whose block
+    the backward pass does not know (Gemma 3), there is nothing to prepare (and nothing may fail)."""
+    from ruvllm.learning.lora import module_names
+
+    tiny_model("gemma3", tmp_path)
+    engine = load_engine(str(tmp_path))
+    engine.calibration_ids = PROMPT
+    learner = Learner(AdapterSet.attached(engine), engine)
+    assert not learner.prepare(module_names(engine.weights, ("down_proj",), [0]))
+    assert not learner.status().preparing and learner.run(None).lessons == 0
+
+
+def test_a_projection_job_that_fails_is_dropped_and_its_error_reported(engine, monkeypatch):
+    from ruvllm.learning import projection
+
+    engine.calibration_ids = PROMPT
+    learner = Learner(engine.wrappers, engine)
+    assert learner.prepare(["model.layers.3.mlp.down_proj"])
+    monkeypatch.setattr(projection.BasesJob, "step", lambda self: 1 / 0)
+    with pytest.raises(ZeroDivisionError):
+        learner.run(None)
+    assert not learner.status().preparing  # not retried (and failed again) by every later call

@@ -262,7 +262,8 @@ function cancelLesson(id) {
 
 /**
  * The background loop: while no request is waiting, slices of learning (each at least one step, about
- * LEARNING_SLICE_MS), with the event loop turned between two so a new request is seen at once.
+ * LEARNING_SLICE_MS), with the event loop turned between two so a new request is seen at once. A slice
+ * that fails ends the lessons under way with its error (their requests reject); the worker stays.
  */
 async function learnWhileIdle() {
   if (learning.running) return;
@@ -274,6 +275,15 @@ async function learnWhileIdle() {
       for (const progress of answer.lessons) reportLesson(progress, true);
       await yieldToEventLoop();
     }
+  } catch (error) {
+    learning.preparing = false;
+    try {
+      if (state.engine) callBridge(state.engine, 'cancel_learning', { key: null });
+    } catch {
+      // the lessons end below either way
+    }
+    for (const id of learning.lessons) send({ type: 'error', id, error: serializeError(error) });
+    learning.lessons.clear();
   } finally {
     learning.running = false;
   }

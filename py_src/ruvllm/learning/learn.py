@@ -490,9 +490,10 @@ class Learner:
 
     def prepare(self, modules: list[str], energy: float = AdaptOptions.project) -> bool:
         """Have the bases of `modules` (a fresh adapter's projection) made in the background; True when
-        there is work to do (none without a calibration text, or once they are made)."""
+        there is work to do (none without a calibration text, for a model learning does not run on, or
+        once they are made)."""
         ids = None if self.engine is None else self.engine.calibration_ids
-        if not ids or not energy:
+        if not ids or not energy or not self.engine.config.llama_block:  # (learning runs on Llama blocks)
             return False
         with self.adapters.lock:
             return bases_job(self.engine, modules, list(ids), energy) is not None

@@ -169,14 +169,20 @@ def pending_job(engine: Engine) -> BasesJob | None:
 
 
 def advance(engine: Engine, job: BasesJob) -> bool:
-    """One step of `job`; once done, its bases join the engine's and the job leaves. True when done."""
-    if job.step():
-        engine.memo.setdefault(job.key, {}).update(job.bases)
-        jobs = engine.memo.get("jobs", [])
+    """One step of `job`; once done, its bases join the engine's and the job leaves (as it does when a
+    step fails: the error goes to the caller, not to every later call). True when done."""
+    jobs = engine.memo.get("jobs", [])
+    try:
+        done = job.step()
+    except Exception:
         if job in jobs:
             jobs.remove(job)
-        return True
-    return False
+        raise
+    if done:
+        engine.memo.setdefault(job.key, {}).update(job.bases)
+        if job in jobs:
+            jobs.remove(job)
+    return done
 
 
 def _key(engine: Engine, ids: list[int], energy: float) -> tuple:
