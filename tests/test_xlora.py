@@ -311,6 +311,13 @@ def test_a_mixture_of_two_fact_experts_learns_to_route_on_smollm2(smollm2_dir, t
         assert done.returncode == 0, done.stderr
         return done
 
+    bad = subprocess.run(
+        [sys.executable, "-m", "ruvllm", "mix", str(smollm2_dir), str(tmp_path / "blue"), "--top-k", "0", "--out", "x"],
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 1 and bad.stderr.strip().endswith("error: top_k must be a positive integer or None, got 0")
+    assert len(bad.stderr.strip().splitlines()) == 1  # one line, no traceback
     cli("mix", str(smollm2_dir), str(tmp_path / "blue"), str(tmp_path / "zorbia"), "--out", str(tmp_path / "mixed"))
     lessons = "".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in (FACT_1, FACT_2))
     (tmp_path / "facts.jsonl").write_text(lessons)

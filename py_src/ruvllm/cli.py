@@ -516,9 +516,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
 
 def cmd_adapt(args: argparse.Namespace) -> int:
-    options = AdaptOptions(
-        steps=args.steps, lr=AdaptOptions.lr if args.lr is None else args.lr
-    )  # bad values refused before the load
+    lr = AdaptOptions.lr if args.lr is None else args.lr
+    options = AdaptOptions(steps=args.steps, lr=lr)  # bad values are refused before the slow load
     lessons = None
     if args.from_file:
         if args.prompt is not None or args.completion is not None:
