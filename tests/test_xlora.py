@@ -368,3 +368,24 @@ def test_a_batch_of_sequences_routes_each_on_its_own(tmp_path):
     alone = [engine.forward(t, 0, engine.new_cache(), last_only=True)[0] for t in (a, b)]
     np.testing.assert_allclose(got, np.stack(alone), atol=1e-5)
     assert [c.side.tokens for c in caches] == [a, b]
+
+
+def test_a_projection_made_while_a_mixture_is_active_is_the_base_model_s(tmp_path):
+    """The background loop makes projection bases with whatever the weights are wrapped with: a
+    mixture's projections are bypassed like an adapter's (they would route stale scalings)."""
+    from ruvllm.learning.projection import BasesJob
+
+    tiny_model("llama", tmp_path / "m")
+    engine = load_engine(str(tmp_path / "m"))
+    held = {f"e{i}": Adapter.load(str(p), engine.weights) for i, p in enumerate(experts(tmp_path, 2))}
+
+    def bases():
+        job = BasesJob(engine, ["model.layers.1.mlp.down_proj"], TOKENS * 3, 0.9, chunk=8)
+        while not job.step():
+            pass
+        return job.bases["model.layers.1.mlp.down_proj"]
+
+    expected = bases()
+    routed(engine, Mixture.new(held, 64))
+    engine.forward(TOKENS[:3], 0, engine.new_cache())  # the mixture's scalings are those of 3 tokens now
+    np.testing.assert_array_equal(bases(), expected)

@@ -152,13 +152,14 @@ def base_probs(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray]
 
 @contextmanager
 def bypassed(weights: Weights):
-    """The weights without their adapter matrices while inside (the caller holds their lock)."""
+    """The weights without their adapter matrices (LoRA or X-LoRA) while inside (the caller holds their
+    lock)."""
     swapped = []
     for layer in weights.layers:
         for lin in [*layer.self_attn.projections().values(), *layer.mlp.projections().values()]:
-            if isinstance(lin.matrix, LoRAMatrix):
+            if _adapted(lin):
                 swapped.append((lin, lin.matrix))
-    if isinstance(weights.lm_head.matrix, LoRAMatrix):
+    if _adapted(weights.lm_head):
         swapped.append((weights.lm_head, weights.lm_head.matrix))
     try:
         for lin, matrix in swapped:

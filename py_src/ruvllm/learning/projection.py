@@ -22,6 +22,7 @@ from ..model.cache import KVCache, KVOptions
 from ..model.forward import Masks, Sequence, Tape, embed, run_layers
 from ..runtime.engine import Engine
 from .backprop import bypassed
+from .lora import linear_of
 
 CALIBRATION_TOKENS = 2048  # of the calibration text (all of the built-in one), where the bases come from
 CALIBRATION_PIECE = 512  # tokens per sequence the calibration text is cut into
@@ -45,17 +46,10 @@ _INPUT = {
 }
 
 
-def input_bases(engine: Engine, modules: list[str], ids: list[int], energy: float) -> dict[str, np.ndarray]:
-    """For each module (HF name; lm_head is left out), an orthonormal basis (K, k) of the subspace
-    holding `energy` of its inputs' energy over the calibration token ids `ids` (base weights)."""
-    job = BasesJob(engine, modules, ids, energy, chunk=CALIBRATION_PIECE)
-    while not job.step():
-        pass
-    return job.bases
-
-
 class BasesJob:
-    """input_bases in small pieces of work, for a worker that answers requests in between: each
+    """For each module (HF name; lm_head is left out), an orthonormal basis (K, k) of the subspace
+    holding `energy` of its inputs' energy over the calibration token ids `ids` (base weights), made in
+    small pieces of work, for a worker that answers requests in between: each
     CALIBRATION_PIECE-token piece of the calibration text runs from position 0 (as lessons do), `chunk`
     tokens per `step()` through the layers up to the highest adapted one (its own KV cache across the
     piece), adding each module's inputs to the smaller of its Gram matrices; then each module's
@@ -86,7 +80,7 @@ class BasesJob:
         weights, config, inv_freq = engine.weights, engine.config, engine.inv_freq
         layers = [int(name.split(".")[2]) for name in self.modules]
         first, last = min(layers), max(layers)
-        K = {name: _input_size(engine, name) for name in self.modules}
+        K = {name: linear_of(weights, name).matrix.shape[1] for name in self.modules}
         # the smaller Gram matrix: the inputs' K x K, summed as they come; or, for a matrix with more
         # inputs than the text has tokens, the T x T one of the rows (kept), block by block
         gram = {name: np.zeros((K[name], K[name]) if K[name] <= T else (T, T)) for name in self.modules}
@@ -118,14 +112,8 @@ class BasesJob:
         self.bases = bases
 
 
-def _input_size(engine: Engine, name: str) -> int:
-    from .lora import linear_of
-
-    return linear_of(engine.weights, name).matrix.shape[1]
-
-
 def shared_bases(engine: Engine, modules: list[str], ids: list[int], energy: float) -> dict[str, np.ndarray]:
-    """input_bases, computed once per loaded model (kept in `engine.memo`, for the weights as they are:
+    """The bases (BasesJob), computed once per loaded model (kept in `engine.memo`, for the weights as they are:
     a merge into them makes new ones): every fresh adapter on the same matrices reuses them. A job
     making them in the background (`bases_job`) is finished here; otherwise each calibration piece
     runs as one forward (small chunks round differently, and measured, a lesson at the edge of being
