@@ -223,12 +223,12 @@ function addActions(item, messages, reply) {
   const row = document.createElement('div');
   row.className = 'actions';
   row.append(copyButton(reply));
-  const again = document.createElement('button');
-  again.type = 'button';
-  again.className = 'regenerate';
-  again.textContent = 'Regenerate';
-  again.dataset.testid = 'regenerate';
-  again.setAttribute('aria-label', 'Ask the same question again (after learning, the difference shows)');
+  const again = actionButton(
+    'regenerate',
+    'Regenerate',
+    'regenerate',
+    'Ask the same question again (after learning, the difference shows)',
+  );
   again.addEventListener('click', () => {
     if (!running) answer(messages, 'assistant regenerated');
   });
@@ -236,12 +236,8 @@ function addActions(item, messages, reply) {
     ['Good', 1, 'thumbs-up'],
     ['Bad', -1, 'thumbs-down'],
   ]) {
-    const button = document.createElement('button');
-    button.type = 'button';
-    button.className = 'learn';
-    button.textContent = label;
-    button.dataset.testid = testid;
-    button.setAttribute('aria-label', reward > 0 ? 'Good answer: learn from it' : 'Bad answer: learn to avoid it');
+    const aria = reward > 0 ? 'Good answer: learn from it' : 'Bad answer: learn to avoid it';
+    const button = actionButton('learn', label, testid, aria);
     button.setAttribute('aria-pressed', 'false');
     button.addEventListener('click', () => learn(messages, reply, reward, button));
     row.append(button);
@@ -250,13 +246,19 @@ function addActions(item, messages, reply) {
   item.append(row);
 }
 
-function copyButton(text) {
+/** A button of an answer's row of actions. */
+function actionButton(className, text, testid, ariaLabel) {
   const button = document.createElement('button');
   button.type = 'button';
-  button.className = 'copy';
-  button.textContent = 'Copy';
-  button.dataset.testid = 'copy';
-  button.setAttribute('aria-label', 'Copy this answer');
+  button.className = className;
+  button.textContent = text;
+  button.dataset.testid = testid;
+  button.setAttribute('aria-label', ariaLabel);
+  return button;
+}
+
+function copyButton(text) {
+  const button = actionButton('copy', 'Copy', 'copy', 'Copy this answer');
   button.addEventListener('click', async () => {
     try {
       await navigator.clipboard.writeText(text);
