@@ -193,7 +193,7 @@ def test_convert_refuses_a_folder_that_is_not_empty_unless_forced(tmp_path):
     out.mkdir()
     (out / "model-00002-of-00002.safetensors").write_bytes(b"a stale shard of another model")
     result = ruvllm_cli("convert", str(tmp_path / "hf"), str(out))
-    assert_one_line_error(result, f"{out} is not empty: writing into it could mix two models (--force replaces it")
+    assert_one_line_error(result, f"{out} is not empty: writing into it would mix old files with new ones (--force")
     assert (out / "model-00002-of-00002.safetensors").exists()
 
     result = ruvllm_cli("convert", str(tmp_path / "hf"), str(out), "--force")

@@ -223,7 +223,10 @@ def test_info_states_the_memory_plan(smollm2_dir):
     ("line", "message"),
     [
         ('{"prompt": "a", "completion": "b"', "line 2: not JSON"),
-        ('{"prompt": "a", "completion": "b", "reward": 0}', "line 2: reward must be a non-zero number, got 0"),
+        (
+            '{"prompt": "a", "completion": "b", "reward": 0}',
+            "line 2: reward must be a non-zero number in [-1, 1] (+1 good, -1 bad), got 0",
+        ),
         ('{"prompt": "a", "messages": [], "completion": "b"}', "line 2: give either prompt or messages"),
         ('{"prompt": "a", "answer": "b"}', "line 2: unknown field 'answer'"),
         ('{"prompt": "a", "completion": ""}', "line 2: completion must be a non-empty string"),

@@ -288,7 +288,7 @@ def test_merge_writes_a_model_folder_that_computes_like_the_adapter(tmp_path):
     np.testing.assert_array_equal(
         merged.weights.embed_tokens.weight, load_engine(str(tmp_path / "m")).weights.embed_tokens.weight
     )
-    with pytest.raises(InvalidArgumentError, match="is not empty: writing into it could mix two models"):
+    with pytest.raises(InvalidArgumentError, match="is not empty: writing into it would mix old files with new ones"):
         merge_adapter(str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "merged"))
     with pytest.raises(InvalidArgumentError, match="convert the GGUF file into one first"):
         merge_adapter(str(tmp_path / "x.gguf"), str(tmp_path / "a"), str(tmp_path / "other"))

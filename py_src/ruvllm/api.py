@@ -55,6 +55,7 @@ class Model:
         if engine.calibration_ids is None:  # what learning keeps its adapters' inputs away from
             engine.calibration_ids = tokenizer.encode(calibration_text())[:CALIBRATION_TOKENS]
         self._idle_cache: KVCache | None = engine.new_cache()  # no generation holds it
+        self._read_folders: list[str] = []  # the model and the adapters loaded: never written over
         self._cache_lock = threading.Lock()
 
     @property
@@ -139,12 +140,16 @@ class Model:
         xlora = is_xlora(os.path.join(path, "adapter_config.json"))
         loaded = Mixture.load(path, self.engine.weights) if xlora else Adapter.load(path, self.engine.weights)
         self.adapters.add(name, loaded)
+        self._read_folders.append(path)
         return name
 
-    def save_adapter(self, path: str, name: str | None = None) -> None:
+    def save_adapter(self, path: str, name: str | None = None, force: bool = False, inputs: Sequence[str] = ()) -> None:
         """Write adapter `name` (default: the active one) as a PEFT folder (an X-LoRA mixture with its
-        experts in subfolders)."""
-        self.adapters.held(name).save(path)
+        experts in subfolders), whole or not at all. `path` must not exist or be empty, unless `force`
+        (then it is replaced); it may never be, or hold, a folder this model read (the model, an adapter
+        loaded) or one of `inputs`."""
+        held = self.adapters.held(name)
+        held.save(path, force=force, inputs=[*self._read_folders, *inputs])
 
     def mix_adapters(
         self,
@@ -368,7 +373,9 @@ def load(
         kernels,
     )
     engine = Engine.from_store(config, store, options)
-    return Model(engine, tokenizer, eos_token_ids(generation_config, engine, tokenizer), name)
+    model = Model(engine, tokenizer, eos_token_ids(generation_config, engine, tokenizer), name)
+    model._read_folders.append(path)
+    return model
 
 
 def model_name(path: str) -> str:

@@ -19,7 +19,8 @@ from collections import Counter
 from collections.abc import Iterator
 
 from .errors import InvalidArgumentError, RuvLLMError
-from .learning.learn import ROUTER_LR, AdaptOptions
+from .files.outputs import check_output
+from .learning.learn import ROUTER_LR, AdaptOptions, check_reward
 from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, LoRAConfig
 from .learning.xlora import RouterConfig
 from .model.cache import COLD_FORMATS, KVOptions
@@ -104,7 +105,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--adapter",
         help="adapter folder to continue from (its rank and targets are kept); an X-LoRA mixture: its router learns",
     )
-    p.add_argument("--out", required=True, help="adapter folder to write")
+    p.add_argument("--out", required=True, help="adapter folder to write (new or empty)")
+    p.add_argument("--force", action="store_true", help="replace --out (and everything in it) if it is not empty")
     p.add_argument("--json", action="store_true")
     add_load_options(p)
 
@@ -119,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("model")
     p.add_argument("experts", nargs="+", help="LoRA adapter folders (ours or Hugging Face PEFT): the experts")
-    p.add_argument("--out", required=True, help="the X-LoRA folder to write (PEFT's layout)")
+    p.add_argument("--out", required=True, help="the X-LoRA folder to write (PEFT's layout; new or empty)")
+    p.add_argument("--force", action="store_true", help="replace --out (and everything in it) if it is not empty")
     p.add_argument("--top-k", type=int, help="experts each token uses (default: all of them, weighted)")
     p.add_argument("--depth", type=int, default=RouterConfig.depth, help="router layers")
     p.add_argument("--size", type=int, default=RouterConfig.size, help="router width when --depth > 1")
@@ -518,6 +521,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
 def cmd_adapt(args: argparse.Namespace) -> int:
     lr = AdaptOptions.lr if args.lr is None else args.lr
     options = AdaptOptions(steps=args.steps, lr=lr)  # bad values are refused before the slow load
+    check_reward(args.reward, "--reward")
     lessons = None
     if args.from_file:
         if args.prompt is not None or args.completion is not None:
@@ -528,6 +532,8 @@ def cmd_adapt(args: argparse.Namespace) -> int:
         eval_text = _read_text(args.eval_file, "--eval-file") if args.eval_file else None
     elif args.prompt is None or args.completion is None:
         raise InvalidArgumentError("adapt needs --prompt and --completion, or --from-file")
+    inputs = (args.model, args.adapter, args.from_file, args.eval_file)
+    check_output(args.out, args.force, inputs, "--out")  # before the slow load and the lessons
     targets = tuple(t.strip() for t in args.targets.split(",") if t.strip())
     config = LoRAConfig(rank=args.rank, alpha=args.alpha, targets=targets, layers=_parse_layers(args.layers))
     model = _load_model(args)  # with --adapter, that adapter learns further
@@ -541,7 +547,7 @@ def cmd_adapt(args: argparse.Namespace) -> int:
         from .tools.lessons import run_lessons
 
         report = run_lessons(model, lessons, name, options, args.epochs, eval_text or calibration_text())
-        model.save_adapter(args.out, name)
+        model.save_adapter(args.out, name, force=args.force, inputs=inputs)
         if args.json:
             print(json.dumps({**report, "out": args.out}))
         else:
@@ -553,7 +559,7 @@ def cmd_adapt(args: argparse.Namespace) -> int:
             )
         return 0
     report = model.adapt(args.prompt, args.completion, args.reward, name, args.chat, steps=options.steps, lr=options.lr)
-    model.save_adapter(args.out, name)
+    model.save_adapter(args.out, name, force=args.force, inputs=inputs)
     if args.json:
         print(json.dumps({**dataclasses.asdict(report), "out": args.out}))
     else:
@@ -566,13 +572,15 @@ def cmd_adapt(args: argparse.Namespace) -> int:
 
 def cmd_mix(args: argparse.Namespace) -> int:
     RouterConfig(depth=args.depth, size=args.size, top_k=args.top_k)  # refuse bad values before the slow load
+    inputs = (args.model, *args.experts)
+    check_output(args.out, args.force, inputs, "--out")
     model = _load_model(args)
     names = [model.load_adapter(folder) for folder in args.experts]
     if len(set(names)) != len(names):
         raise InvalidArgumentError(f"experts need distinct folder names (they name the experts), got {names}")
     name = "+".join(names)
     model.mix_adapters(name, names, top_k=args.top_k, depth=args.depth, size=args.size, layerwise=args.layerwise)
-    model.save_adapter(args.out, name)
+    model.save_adapter(args.out, name, force=args.force, inputs=inputs)
     print(f"X-LoRA mixture of {', '.join(names)} written to {args.out}")
     return 0
 

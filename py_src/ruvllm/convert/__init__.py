@@ -7,14 +7,13 @@ engine itself reads the result with NumPy alone.
 from __future__ import annotations
 
 import os
-import shutil
-import tempfile
 from collections.abc import Callable
 
 import numpy as np
 
 from ..errors import InvalidArgumentError, LoadError
 from ..files.formats import GROUP, get_format
+from ..files.outputs import write_folder
 from .writer import ConvertedTensor
 
 WEIGHT_CHOICES = ("f32", "f16", "q8", "q4_0", "q4_1")
@@ -31,9 +30,10 @@ def convert(
 
     `weights` is the storage format for matrices (f32, f16, q8, q4_0, q4_1); None keeps each tensor's
     source format. GGUF tensors already in Q8_0 / Q4_0 / Q4_1 are always copied without loss.
-    `out` must not exist or be empty, unless `force`: then it is replaced, whole. The model is written
-    into a temporary folder beside it and renamed into place once complete, so a failed conversion
-    leaves no half-written model, and no file of an older one remains (a stale shard breaks loading).
+    `out` must not exist or be empty, unless `force`: then it is replaced, whole (never when it is or
+    holds `src`). The model is written into a temporary folder beside it and renamed into place once
+    complete, so a failed conversion leaves no half-written model, and no file of an older one remains
+    (a stale shard breaks loading): files/outputs.py.
     """
     if weights is not None and weights not in WEIGHT_CHOICES:
         raise InvalidArgumentError(f"--weights must be one of {', '.join(WEIGHT_CHOICES)}, got {weights!r}")
@@ -45,48 +45,7 @@ def convert(
         raise LoadError(f"{src}: no such file or folder")
     else:
         raise LoadError(f"{src}: expected a Hugging Face model folder or a .gguf file")
-    write_atomically(out, force, lambda folder: run(src, folder, weights, log))
-
-
-def write_atomically(out: str, force: bool, write: Callable[[str], None]) -> None:
-    """Have `write` fill a temporary folder beside `out`, then move it into place: a failure leaves no
-    half-written model, and no file of an older one remains (a stale shard breaks loading). `out` must
-    not exist or be empty, unless `force`: then it is replaced, whole."""
-    out = os.path.normpath(out)
-    if os.path.exists(out) and not force:
-        if not os.path.isdir(out):
-            raise InvalidArgumentError(f"{out} exists and is not a folder (--force replaces it)")
-        if os.listdir(out):
-            raise InvalidArgumentError(
-                f"{out} is not empty: writing into it could mix two models (--force replaces it, whole)"
-            )
-    parent = os.path.dirname(out) or "."
-    os.makedirs(parent, exist_ok=True)
-    temporary = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
-    try:
-        write(temporary)
-        _replace(temporary, out)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
-
-
-def _replace(new: str, out: str) -> None:
-    """Move the folder `new` to `out`, replacing whatever is there; `out` is never half-written."""
-    mask = os.umask(0)
-    os.umask(mask)
-    os.chmod(new, 0o777 & ~mask)  # mkdtemp makes it private; a model folder is not a secret
-    if not os.path.lexists(out):
-        os.rename(new, out)
-        return
-    old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old.", dir=os.path.dirname(out))
-    os.rmdir(old)
-    os.rename(out, old)
-    os.rename(new, out)
-    if os.path.isdir(old) and not os.path.islink(old):
-        shutil.rmtree(old)
-    else:
-        os.remove(old)
+    write_folder(out, force, lambda folder: run(src, folder, weights, log), inputs=(src,))
 
 
 def encode(name: str, w: np.ndarray, target: str) -> ConvertedTensor:

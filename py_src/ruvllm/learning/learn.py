@@ -139,6 +139,16 @@ def lesson_for(engine: Engine, held, prompt_ids, completion_ids, reward, options
     return Lesson(engine, held, prompt_ids, completion_ids, reward, AdaptOptions(**options), cache)
 
 
+def check_reward(reward: object, name: str = "reward") -> float:
+    """A lesson's reward: a non-zero number in [-1, 1] (+1 good: likelier; -1 bad: less likely; the
+    magnitude scales the lesson's gradient before clipping, so more than 1 would only drown the kept
+    predictions)."""
+    number = isinstance(reward, (int, float)) and not isinstance(reward, bool)
+    if not number or not -1 <= reward <= 1 or reward == 0:  # (NaN fails the range)
+        raise InvalidArgumentError(f"{name} must be a non-zero number in [-1, 1] (+1 good, -1 bad), got {reward!r}")
+    return float(reward)
+
+
 def lesson_tokens(engine: Engine, prompt_ids, completion_ids, reward) -> tuple[list[int], np.ndarray]:
     """A lesson's tokens (prompt then completion) and scored positions (P,), or the error saying why
     it cannot be learned."""
@@ -149,8 +159,7 @@ def lesson_tokens(engine: Engine, prompt_ids, completion_ids, reward) -> tuple[l
         )
     if not prompt_ids or not completion_ids:
         raise InvalidArgumentError("adapt needs a non-empty prompt and a non-empty completion")
-    if not isinstance(reward, (int, float)) or not np.isfinite(reward) or reward == 0:
-        raise InvalidArgumentError(f"reward must be a non-zero number, got {reward!r}")
+    check_reward(reward)
     tokens = list(prompt_ids) + list(completion_ids)
     if len(tokens) > engine.context_length:
         raise InvalidArgumentError(

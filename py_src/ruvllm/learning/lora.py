@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 import threading
 from dataclasses import dataclass, field
@@ -29,6 +30,7 @@ import numpy as np
 
 from ..errors import InferenceError, InvalidArgumentError, LoadError
 from ..files import jsonfields as fields
+from ..files.outputs import write_files
 from ..files.tensorfile import SafetensorsFile, bf16_to_f32, serialize
 from ..model.weights import Linear, Weights
 from ..quant.matrices import DenseMatrix
@@ -40,6 +42,12 @@ TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down
 # damage, and a step there costs those layers only.
 DEFAULT_TARGETS = ("down_proj",)
 DEFAULT_LAYERS = (-2, -1)
+# Bounds that keep an adapter finite and its arrays allocatable: a rank is at most the matrix's smaller
+# side (checked against the model), and a scale alpha/r far past any published recipe's (PEFT configs use
+# 0.5-4) would only turn the update into infinities.
+MAX_RANK = 65536
+MAX_SCALE = 1e4
+_FLOAT_DTYPES = ("F32", "F16", "BF16")
 _GROUP = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
 
 
@@ -53,8 +61,16 @@ class LoRAConfig:
     layers: tuple[int, ...] | None = DEFAULT_LAYERS
 
     def __post_init__(self) -> None:
-        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or self.rank < 1:
-            raise InvalidArgumentError(f"rank must be an integer >= 1, got {self.rank!r}")
+        if not isinstance(self.rank, int) or isinstance(self.rank, bool) or not 1 <= self.rank <= MAX_RANK:
+            raise InvalidArgumentError(f"rank must be an integer in [1, {MAX_RANK}], got {self.rank!r}")
+        if self.alpha is not None:
+            alpha = self.alpha
+            if not isinstance(alpha, (int, float)) or isinstance(alpha, bool) or not math.isfinite(alpha):
+                raise InvalidArgumentError(f"alpha must be a finite number, got {alpha!r}")
+            if not 0 < alpha / self.rank <= MAX_SCALE:
+                raise InvalidArgumentError(
+                    f"alpha / rank (the update's scale) must be in (0, {MAX_SCALE:g}], got {alpha!r} / {self.rank}"
+                )
         unknown = [t for t in self.targets if t not in TARGETS]
         if unknown or not self.targets:
             raise InvalidArgumentError(f"targets must be among {', '.join(TARGETS)}, got {list(self.targets)}")
@@ -159,7 +175,13 @@ class Adapter:
         rng = np.random.default_rng(seed)
         config = config.resolved(len(weights.layers))
         A, B = {}, {}
-        for name in module_names(weights, config.targets, config.layer_indexes(len(weights.layers))):
+        names = module_names(weights, config.targets, config.layer_indexes(len(weights.layers)))
+        smallest = min(min(linear_of(weights, name).matrix.shape) for name in names)
+        if config.rank > smallest:  # before anything is allocated: a rank past it adds nothing
+            raise InvalidArgumentError(
+                f"rank {config.rank} is larger than the adapted matrices allow (at most {smallest}, their smaller side)"
+            )
+        for name in names:
             N, K = linear_of(weights, name).matrix.shape
             bound = np.sqrt(6.0 / ((1 + 5) * K))  # kaiming_uniform_(a=sqrt(5)) on a (r, K) matrix
             A[name] = rng.uniform(-bound, bound, (config.rank, K)).astype(np.float32)
@@ -209,11 +231,9 @@ class Adapter:
             files["learning_state.safetensors"] = serialize(self.state.tensors())
         return files
 
-    def save(self, folder: str, base_model: str = "") -> None:
-        os.makedirs(folder, exist_ok=True)
-        for name, data in self.files(base_model).items():
-            with open(os.path.join(folder, name), "wb") as f:
-                f.write(data)
+    def save(self, folder: str, base_model: str = "", force: bool = False, inputs=()) -> None:
+        """Write the adapter folder whole (files/outputs.py: an existing folder only with `force`)."""
+        write_files(folder, self.files(base_model), force, inputs)
 
     @classmethod
     def from_files(cls, config_json: str, weights_file: SafetensorsFile, weights: Weights, state_file=None) -> Adapter:
@@ -251,12 +271,7 @@ class Adapter:
                 key = f"base_model.model.{name}.{part}.weight"
                 if key not in weights_file:
                     raise LoadError(f"adapter_model.safetensors has no {key}")
-                array = weights_file.get(key)
-                if array.shape != shape:
-                    raise LoadError(f"{key} has shape {list(array.shape)}, expected {list(shape)} for this model")
-                if weights_file.info(key).dtype == "BF16":
-                    array = bf16_to_f32(array)
-                store[name] = array.astype(np.float32)
+                store[name] = float_tensor(weights_file, key, shape, "this model")
         state = LearningState.from_tensors({k: state_file.get(k) for k in state_file.keys()}) if state_file else None
         state = state or LearningState()
         return cls(config, A, B, state, fields.integer(raw, "ruvllm_version", source, default=0, minimum=0))
@@ -267,6 +282,21 @@ class Adapter:
         state_path = os.path.join(folder, "learning_state.safetensors")
         state = SafetensorsFile.from_path(state_path) if os.path.exists(state_path) else None
         return cls.from_files(config_json, SafetensorsFile.from_path(model_path), weights, state)
+
+
+def float_tensor(file: SafetensorsFile, key: str, shape: tuple[int, ...] | None = None, whose: str = "") -> np.ndarray:
+    """Tensor `key` of an adapter's safetensors as float32, checked: a float dtype, `shape` (when
+    given), finite values."""
+    dtype = file.info(key).dtype
+    if dtype not in _FLOAT_DTYPES:
+        raise LoadError(f"{key} is {dtype}; adapter tensors must be {', '.join(_FLOAT_DTYPES)}")
+    array = file.get(key)
+    if shape is not None and array.shape != tuple(shape):
+        raise LoadError(f"{key} has shape {list(array.shape)}, expected {list(shape)} for {whose}")
+    array = (bf16_to_f32(array) if dtype == "BF16" else array).astype(np.float32)
+    if not np.isfinite(array).all():
+        raise LoadError(f"{key} holds non-finite values (NaN or infinity)")
+    return array
 
 
 def read_folder(folder: str, what: str) -> tuple[str, str]:

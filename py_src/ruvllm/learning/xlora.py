@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -39,13 +40,21 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, LoadError
 from ..files import jsonfields as fields
-from ..files.tensorfile import SafetensorsFile, bf16_to_f32, serialize
+from ..files.outputs import plain_name, write_files
+from ..files.tensorfile import SafetensorsFile, serialize
 from ..model.weights import Weights
-from .lora import TARGETS, Adapter, linear_of, read_folder
+from .lora import TARGETS, Adapter, float_tensor, linear_of, read_folder
 
 _UIDS = itertools.count(1_000_000)  # apart from adapters' uids: identities of both kinds never collide
 _ROUTER = "internal_xlora_classifier.layers."  # PEFT's key of the router's nn.Sequential
 _ORDER = {target: i for i, target in enumerate(TARGETS)}  # a decoder layer's projections in model order
+
+
+# Bounds on a router (PEFT's default width is 2048, depth 1-3), and on its size in memory: a mistyped
+# width must be an error, not a MemoryError after gigabytes are taken.
+MAX_DEPTH = 64
+MAX_SIZE = 65536
+MAX_ROUTER_PARAMETERS = 1 << 28  # 1 GiB of float32
 
 
 @dataclass
@@ -70,16 +79,25 @@ class RouterConfig:
         return [step * i for i in range(self.depth)]
 
     def __post_init__(self) -> None:
-        for name in ("depth", "size"):
+        for name, most in (("depth", MAX_DEPTH), ("size", MAX_SIZE)):
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise InvalidArgumentError(f"router {name} must be a positive integer, got {value!r}")
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= most:
+                raise InvalidArgumentError(f"router {name} must be an integer in [1, {most}], got {value!r}")
         if self.top_k is not None and (
             not isinstance(self.top_k, int) or isinstance(self.top_k, bool) or self.top_k < 1
         ):
             raise InvalidArgumentError(f"top_k must be a positive integer or None, got {self.top_k!r}")
-        if not isinstance(self.temperature, (int, float)) or not self.temperature > 0:
-            raise InvalidArgumentError(f"temperature must be a positive number, got {self.temperature!r}")
+        if not isinstance(self.temperature, (int, float)) or not 0 < self.temperature < math.inf:
+            raise InvalidArgumentError(f"temperature must be a positive finite number, got {self.temperature!r}")
+        for name in ("scaling_pass_value", "global_scaling_weight", "dropout"):
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise InvalidArgumentError(f"{name} must be a finite number, got {value!r}")
+
+    def parameter_count(self, hidden_size: int, outputs: int) -> int:
+        """The router's weights and biases for `hidden_size` inputs and `outputs` scalings."""
+        widths = [hidden_size] + [self.size] * (self.depth - 1) + [outputs]
+        return sum((a + 1) * b for a, b in itertools.pairwise(widths))
 
 
 def mixed_modules(experts: list[Adapter]) -> list[str]:
@@ -97,7 +115,7 @@ class Mixture:
     def __init__(self, experts: dict[str, Adapter], layers: list, config: RouterConfig, hidden_size: int) -> None:
         if not experts:
             raise InvalidArgumentError("a mixture needs at least one expert adapter")
-        self.names = list(experts)
+        self.names = [plain_name(name, "an expert's name") for name in experts]  # each names a subfolder
         self.experts = list(experts.values())
         self.config = config
         self.modules = mixed_modules(self.experts)
@@ -125,6 +143,12 @@ class Mixture:
         config = config or RouterConfig()
         rng = np.random.default_rng(seed)
         L = len(mixed_modules(list(experts.values())))
+        count = config.parameter_count(hidden_size, len(experts) * L if config.layerwise else len(experts))
+        if count > MAX_ROUTER_PARAMETERS:
+            raise InvalidArgumentError(
+                f"a router of depth {config.depth} and size {config.size} would hold {count:,} parameters "
+                f"({count * 4 / 2**30:.1f} GiB); at most {MAX_ROUTER_PARAMETERS:,}: choose a smaller size or depth"
+            )
         widths = [hidden_size] + [config.size] * (config.depth - 1)
         widths.append(len(experts) * L if config.layerwise else len(experts))
         layers = []
@@ -255,12 +279,10 @@ class Mixture:
             files.update({f"{name}/{file}": data for file, data in expert.files().items()})
         return files
 
-    def save(self, folder: str) -> None:
-        for path, data in self.files().items():
-            target = os.path.join(folder, path)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            with open(target, "wb") as f:
-                f.write(data)
+    def save(self, folder: str, force: bool = False, inputs=()) -> None:
+        """Write the mixture's folder whole, experts in subfolders (files/outputs.py: an existing folder
+        only with `force`)."""
+        write_files(folder, self.files(), force, inputs)
 
     @classmethod
     def from_files(
@@ -296,8 +318,7 @@ class Mixture:
                 key = f"{prefix}{_ROUTER}{i}.{part}"
                 if key not in router_file:
                     raise LoadError(f"adapter_model.safetensors has no {key} (the X-LoRA router)")
-                array = router_file.get(key)
-                pair.append(bf16_to_f32(array) if router_file.info(key).dtype == "BF16" else array)
+                pair.append(float_tensor(router_file, key))
             layers.append(tuple(pair))
         mixture = cls(experts, layers, config, hidden_size)
         mixture.version = fields.integer(raw, "ruvllm_version", source, default=0, minimum=0)
@@ -314,6 +335,10 @@ class Mixture:
             raise LoadError(f"{config_path}: adapters must name the expert adapters (name: path)")
         experts = {}
         for name, path in adapters.items():
+            try:
+                plain_name(name, "expert")  # it names the expert's subfolder, here and when saved
+            except InvalidArgumentError as e:
+                raise LoadError(f"{config_path}: {e.message}") from None
             candidates = [os.path.join(folder, name)]
             if isinstance(path, str):
                 candidates.append(path if os.path.isabs(path) else os.path.join(folder, path))

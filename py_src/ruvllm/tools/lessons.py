@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidArgumentError
-from ..learning.learn import AdaptOptions
+from ..learning.learn import AdaptOptions, check_reward
 from ..tools.perplexity import perplexity
 
 
@@ -61,9 +61,8 @@ def read_lessons(text: str, source: str) -> list[LessonLine]:
         completion, reward = item.get("completion"), item.get("reward", 1)
         if not isinstance(completion, str) or not completion:
             raise InvalidArgumentError(f"{where}: completion must be a non-empty string")
-        if isinstance(reward, bool) or not isinstance(reward, (int, float)) or reward == 0:
-            raise InvalidArgumentError(f"{where}: reward must be a non-zero number, got {reward!r}")
-        lessons.append(LessonLine(prompt, completion, float(reward), bool(item.get("chat", False)), number))
+        reward = check_reward(reward, f"{where}: reward")
+        lessons.append(LessonLine(prompt, completion, reward, bool(item.get("chat", False)), number))
     if not lessons:
         raise InvalidArgumentError(f"{source}: no lessons")
     return lessons

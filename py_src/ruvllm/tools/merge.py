@@ -13,11 +13,12 @@ from collections.abc import Callable
 
 import numpy as np
 
-from ..convert import WEIGHT_CHOICES, encode, report, write_atomically
+from ..convert import WEIGHT_CHOICES, encode, report
 from ..convert.hf import companion_files
 from ..convert.writer import ModelFolder, write_model
 from ..errors import InvalidArgumentError
 from ..files import jsonfields as fields
+from ..files.outputs import check_output, write_folder
 from ..files.store import sanitize
 from ..learning.lora import Adapter
 from ..runtime.engine import is_gguf, load_engine, open_model
@@ -31,6 +32,7 @@ def merge_adapter(
         raise InvalidArgumentError(
             f"{model}: merge writes a model folder; convert the GGUF file into one first (ruvllm convert)"
         )
+    check_output(out, force, (model, adapter_folder))  # before the slow load
     engine = load_engine(model, compute="f32")  # the adapter is checked against these shapes
     adapter = Adapter.load(adapter_folder, engine.weights)
     del engine
@@ -58,4 +60,4 @@ def merge_adapter(
         files.extra_files.update(companion_files(model))
         write_model(folder, files, tensors, log)
 
-    write_atomically(out, force, write)
+    write_folder(out, force, write, inputs=(model, adapter_folder))
