@@ -12,6 +12,7 @@ import pytest
 
 import ruvllm
 from ruvllm.errors import InvalidArgumentError
+from ruvllm.learning.learn import NEGATIVE_DROP, AdaptOptions
 from ruvllm.learning.lora import DEFAULT_LAYERS
 from ruvllm.tools.perplexity import perplexity
 
@@ -57,14 +58,46 @@ def test_a_new_fact_is_learned_with_the_defaults_without_breaking_the_model(mode
 
 
 def test_negative_feedback_makes_a_completion_less_likely(model):
+    """A completion greedy decoding does not give (as sampling may): Bad makes the whole of it at least
+    half as likely, and stops there."""
     model.new_adapter("manners")
-    report = model.adapt("The weather today is", " terrible.", reward=-1.0, adapter="manners", steps=3)
-    assert report.log_prob_after < report.log_prob_before - 0.5
+    report = model.adapt("The weather today is", " terrible.", reward=-1.0, adapter="manners")
+    completion_tokens = 2  # " terrible", "."
+    assert (report.log_prob_before - report.log_prob_after) * completion_tokens >= NEGATIVE_DROP
+    assert report.steps < AdaptOptions.steps  # it ended because it was done, not at the cap
+    model.set_adapter(None)
+
+
+def test_bad_feedback_changes_the_answer_and_keeps_the_model(model):
+    """Bad on a greedy chat answer: the next greedy answer differs, the held-out perplexity moves 5% at
+    most, and what the model knows elsewhere stays (" Paris" after raw text, Berlin in another chat).
+    The lesson used to push the answer's log-likelihood down without a floor: the model then answered
+    "La femme au chocolat, la femme au chocolat..." (issue #23)."""
+    eval_ids = model.tokenizer.encode(EVAL.read_text())
+    base_ppl = perplexity(model.engine, eval_ids, 1024).perplexity
+    france = [{"role": "user", "content": "What is the capital of France?"}]
+    germany = [{"role": "user", "content": "What is the capital of Germany?"}]
+
+    def answer(messages) -> str:
+        return "".join(c.text for c in model.chat(messages, max_tokens=24, temperature=0))
+
+    model.set_adapter(None)
+    before = answer(france)
+    assert "Paris" in before and "Berlin" in answer(germany)
+    report = model.adapt(france, before, reward=-1.0, adapter="bad", chat=True)
+    assert report.steps < AdaptOptions.steps
+    after = answer(france)
+    assert after != before
+    assert "Paris" in after  # a different answer, not a broken one: the fact stays
+    assert "Berlin" in answer(germany)
+    assert greedy(model, "The capital of France is").startswith(" Paris")
+    ppl = perplexity(model.engine, eval_ids, 1024).perplexity
+    assert abs(ppl / base_ppl - 1) <= 0.05, (base_ppl, ppl)
     model.set_adapter(None)
 
 
 def test_bad_feedback_is_refused(model):
-    with pytest.raises(InvalidArgumentError, match="reward must be a non-zero number, got 0"):
+    with pytest.raises(InvalidArgumentError, match=r"reward must be a non-zero number in \[-1, 1\] .*, got 0"):
         model.adapt("a", "b", reward=0)
     with pytest.raises(InvalidArgumentError, match="adapt needs a non-empty prompt and a non-empty completion"):
         model.adapters.activate(None)

@@ -85,6 +85,33 @@ def test_gradients_equal_torch_autograd(variant, tmp_path):
         np.testing.assert_allclose(grads[f"{name}.lora_B"], B.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)
 
 
+def test_bad_feedback_s_unlikelihood_gradient_equals_torch_autograd(tmp_path):
+    """reward < 0: -|reward| * log(1 - p(target)) at the weakest scored position after the first (the
+    target nearest to the likeliest other token, either side), its gradient as torch's autograd gives."""
+    model = tiny_model("llama", tmp_path, num_hidden_layers=4)
+    engine = load_engine(str(tmp_path))
+    adapter = random_adapter(engine, ("q_proj", "down_proj"), layers=(-2, -1))
+    activated(engine, adapter)
+    result, grads = adapter_gradients(engine, adapter, TOKENS, SCORED, reward=-0.5)
+
+    leaves, params = torch_adapted(model, adapter)
+    logits = torch.func.functional_call(model, params, (torch.tensor([TOKENS]),), tie_weights=False).logits[0]
+    log_probs = torch.log_softmax(logits[SCORED].double(), dim=-1)  # (P, V)
+    targets = torch.tensor(TOKENS)[SCORED + 1]
+    target = log_probs[torch.arange(len(SCORED)), targets]
+    others = log_probs.detach().clone()
+    others[torch.arange(len(SCORED)), targets] = -torch.inf
+    margins = target.detach() - others.max(dim=-1).values  # (P,)
+    w = 1 + int(margins[1:].abs().argmin())
+    expected_loss = -0.5 * torch.log1p(-target[w].exp())
+    expected_loss.backward()
+    assert result.loss == pytest.approx(expected_loss.item(), rel=1e-5)
+    assert result.margin == pytest.approx(float(margins.min()), abs=1e-5)
+    for name, (A, B) in leaves.items():
+        np.testing.assert_allclose(grads[f"{name}.lora_A"], A.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)
+        np.testing.assert_allclose(grads[f"{name}.lora_B"], B.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)
+
+
 def test_gradients_match_finite_differences(tmp_path):
     tiny_model("llama", tmp_path)
     engine = load_engine(str(tmp_path))

@@ -262,7 +262,8 @@ def test_a_router_learns_which_expert_gives_a_completion(tmp_path):
     while not lesson.done:
         lesson.step()
     assert lesson.report.log_prob_after > lesson.report.log_prob_before
-    assert _greedy(engine, prompt, 6) == wanted and mixture.version == lesson.steps > 0
+    assert _greedy(engine, prompt, 6) == wanted and lesson.steps > 0
+    assert mixture.version in (lesson.steps, lesson.steps + 1)  # + 1: the best router met, put back
 
 
 def _greedy(engine, prompt: list[int], count: int) -> list[int]:

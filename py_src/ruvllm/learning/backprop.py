@@ -11,7 +11,22 @@ from that layer up only, given the hidden states entering it (`entering`: kept b
 generation that produced the text, or computed once per lesson by `entering_states`). An adapter on
 the top layers costs a few layers per step, not the whole network.
 
-    loss = -reward * mean_i log p(target_i | tokens before it)   over the chosen positions
+    reward > 0:  loss = -reward * mean_i log p(target_i | tokens before it)        over the chosen positions
+    reward < 0:  loss = -|reward| * log (1 - p(target_w | tokens before it))   (unlikelihood at w)
+
+Bad feedback uses unlikelihood (Welleck et al., 2019, "Neural Text Generation with Unlikelihood
+Training") rather than the log-likelihood with its sign flipped: that one has no floor (pushing
+log p to minus infinity takes every other prediction along with it), while log(1 - p) stops pulling
+once p is small. And it applies at one position, w, the weakest: where the target leads the likeliest
+other token by the least. Greedy decoding leaves the completion as soon as one position's target stops
+being the likeliest, and the weakest one needs the smallest push. The first position is left out when
+there are others: it follows the prompt's end, which in a chat is the template's assistant header that
+every answer shares, so a push there changes how every answer starts. Measured on SmolLM2 ("What is the
+capital of France?" answered "The capital of France is Paris."): unlikelihood at every position pushed
+hardest where the model was surest (p / (1 - p) weights its gradient), " Paris", and the model lost the
+fact; at the weakest position including the first ("The", 0.08 ahead of "L"), every chat answer started
+otherwise (German for Germany, French garbage for France); at the weakest later one (".", 0.29 ahead of
+",") the answer changes and the rest stays (benchmarks/RESULTS.md, "Bad feedback").
 
 Dimension letters: T tokens, P scored positions, D hidden, H query heads, K key/value heads,
 G = H/K, E head size, F MLP size, V vocab, r rank.
@@ -39,6 +54,7 @@ class Gradients:
     loss: float
     log_likelihood: float  # mean over the scored positions
     greedy: bool  # whether every target is the likeliest token at its position
+    margin: float  # min over the scored positions of log p(target) - log p(likeliest other token)
     by_matrix: dict[int, tuple[LoRAMatrix, np.ndarray, np.ndarray]]  # id(matrix): (matrix, dA, dB)
     kept: dict | None = None  # the same, of the kept-predictions term apart (with `keep`)
     mixes: dict[int, np.ndarray] | None = None  # X-LoRA: {projection index: gradient (T, E) of its mix}
@@ -248,12 +264,24 @@ def loss_and_grads(
     final = rms_norm(xs, weights.norm, config.rms_norm_eps)  # (R, D)
     probs = _softmax64(weights.lm_head(final))  # (R, V)
     targets = tokens[scored + 1]  # (P,)
-    log_likelihood = float(np.mean(np.log(probs[np.arange(P), targets])))
+    p_target = probs[np.arange(P), targets].copy()  # (P,)
+    log_likelihood = float(np.mean(np.log(p_target)))
     greedy = bool(np.all(probs[:P].argmax(axis=-1) == targets))  # every target is the likeliest token
-    loss = -reward * log_likelihood
+    others = probs[:P].copy()
+    others[np.arange(P), targets] = 0.0
+    margins = np.log(p_target) - np.log(others.max(axis=-1) + 1e-300)  # (P,)
     dlogits = probs  # (R, V), made the gradient of the loss with respect to the logits in place
-    dlogits[np.arange(P), targets] -= 1.0
-    dlogits[:P] *= reward / P
+    if reward > 0:
+        loss = -reward * log_likelihood
+        dlogits[np.arange(P), targets] -= 1.0
+        dlogits[:P] *= reward / P
+    else:  # at the weakest position w: d/dz -log(1 - p_w) = p_w / (1 - p_w) * (onehot_w - p)
+        w = int(np.argmin(np.abs(margins[1:]))) + 1 if P > 1 else 0  # (not the first: see the docstring)
+        rest = max(1.0 - p_target[w], 1e-12)
+        loss = reward * float(np.log(rest))
+        dlogits[w, targets[w]] -= 1.0
+        dlogits[w] *= reward * p_target[w] / rest  # (reward < 0: the sign of -(onehot - p))
+        dlogits[:w], dlogits[w + 1 : P] = 0.0, 0.0
     if keep is not None:
         ref = keep.probs.astype(np.float64)  # (K, V)
         kept = probs[P:]
@@ -262,12 +290,12 @@ def loss_and_grads(
     dlogits = dlogits.astype(np.float32)
     if keep is None:
         grads = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
-        return Gradients(loss, log_likelihood, greedy, grads.by_matrix, None, grads.mixes)
+        return Gradients(loss, log_likelihood, greedy, float(margins.min()), grads.by_matrix, None, grads.mixes)
     only = np.zeros_like(dlogits)
     only[P:], dlogits[P:] = dlogits[P:], 0  # the two terms apart: a caller may clip the first alone
     grads = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
     kept = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, only)
-    return Gradients(loss, log_likelihood, greedy, grads.by_matrix, kept.by_matrix, grads.mixes)
+    return Gradients(loss, log_likelihood, greedy, float(margins.min()), grads.by_matrix, kept.by_matrix, grads.mixes)
 
 
 def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes, x_last, rows, final, dlogits):

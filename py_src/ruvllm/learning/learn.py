@@ -38,6 +38,15 @@ TAP_TAIL = 16  # tokens a lesson feeds a generation's cache to take its hidden s
 # lesson on each fact three times): 0.1 reproduced both facts in 7 steps, 0.3 in 12; 0.02 and 1 (an
 # adapter's) only one of them (benchmarks/RESULTS.md, "X-LoRA").
 ROUTER_LR = 0.1
+# A router's lesson ends once greedy decoding gives the completion with this margin (log-probability
+# over the next likeliest token at every position), not at the edge: lessons on one mixture pull its one
+# router in turn, and one that stopped where its completion had only just become the greedy one was
+# undone by the next lesson or not, by rounding (1 or 2 BLAS threads gave different answers).
+ROUTER_MARGIN = 1.0
+# When a bad completion's lesson ends: its likeliest position's target trails another token by this
+# much (greedy decoding leaves it there), and the whole completion is this much less likely (log).
+NEGATIVE_MARGIN = 0.5
+NEGATIVE_DROP = float(np.log(2.0))
 
 
 @dataclass(frozen=True)
@@ -168,6 +177,19 @@ def lesson_tokens(engine: Engine, prompt_ids, completion_ids, reward) -> tuple[l
     return tokens, np.arange(len(prompt_ids) - 1, len(tokens) - 1)
 
 
+def done_with(reward: float, result: Gradients, log_prob_before: float, scored: int, margin: float = 0.0) -> bool:
+    """Whether a lesson has done what it asks, judged by `result` (its Gradients now, over `scored`
+    positions): greedy decoding
+    gives a good completion (with `margin`: by that much log-probability at every position); a bad one
+    is no longer what greedy decoding gives, by NEGATIVE_MARGIN at one position at least, and the whole
+    of it is NEGATIVE_DROP less likely than before (also when sampling produced it: then it may not have
+    been the greedy answer to begin with)."""
+    if reward > 0:
+        return result.greedy and result.margin >= margin
+    drop = (log_prob_before - result.log_likelihood) * scored  # of the whole completion
+    return result.margin <= -NEGATIVE_MARGIN and drop >= NEGATIVE_DROP
+
+
 class _Stepwise:
     """What the background loop needs of a lesson: `step()` until `done` (then `report` is set)."""
 
@@ -245,7 +267,7 @@ class Lesson(_Stepwise):
             self._project()
         result, grads = adapter_gradients(self.engine, self.adapter, self.tokens, self.scored, self.reward, start, keep)
         self.log_prob_before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
-        learned = options.until_greedy and self.reward > 0 and result.greedy  # greedy decoding gives it
+        learned = options.until_greedy and done_with(self.reward, result, self.log_prob_before, len(self.scored))
         if not learned:
             self._update(grads, result.kept)
             self.steps += 1
@@ -545,6 +567,7 @@ class RouteLesson(_Stepwise):
         self.engine, self.adapter, self.reward = engine, mixture, float(reward)
         self.steps = 0
         self.rehearsed = 0  # (a router rehearses nothing)
+        self.best: tuple = (-np.inf, None, None)  # (margin, the router's arrays, Gradients): a good lesson's best
         self.log_prob_before: float | None = None
         self.report: AdaptReport | None = None
         self.compute_ms = 0.0
@@ -556,7 +579,10 @@ class RouteLesson(_Stepwise):
         with self.engine.threads.limit(len(self.tokens)):
             result, grads = route_gradients(self.engine, self.adapter, self.tokens, self.scored, self.reward)
         self.log_prob_before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
-        learned = self.options.until_greedy and self.reward > 0 and result.greedy
+        before, count = self.log_prob_before, len(self.scored)
+        learned = self.options.until_greedy and done_with(self.reward, result, before, count, ROUTER_MARGIN)
+        if self.reward > 0 and result.margin > self.best[0]:  # the router as it stood before this step
+            self.best = (result.margin, [a.copy() for _, a in self.adapter.parameters()], result)
         if not learned:
             params = dict(self.adapter.parameters())
             sgd(params, clipped(grads, self.options.max_grad_norm), self.options.lr)
@@ -571,6 +597,12 @@ class RouteLesson(_Stepwise):
             if last is None:  # the last step changed the router: where it stands now
                 with self.engine.threads.limit(len(self.tokens)):
                     last, _ = route_gradients(self.engine, self.adapter, self.tokens, self.scored, self.reward)
+            margin, kept, result = self.best
+            if last.margin < margin:  # the steps went past the best router they met (top-k routing jumps)
+                for (_, array), saved in zip(self.adapter.parameters(), kept, strict=True):
+                    array[...] = saved
+                self.adapter.version += 1
+                last = result
             before = last.log_likelihood if self.log_prob_before is None else self.log_prob_before
             self.report = AdaptReport(before, last.log_likelihood, self.steps, self.compute_ms / max(self.steps, 1))
         return self.report
