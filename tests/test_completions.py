@@ -14,6 +14,7 @@ import ruvllm
 from ruvllm.cli import main
 from ruvllm.completions import ToolCallTrigger
 from ruvllm.errors import InvalidArgumentError
+from ruvllm.runtime.constrain import json_grammar
 
 TEMPLATES = Path(__file__).parent / "data" / "tool_templates"
 ORDER = {
@@ -199,7 +200,8 @@ def test_auto_tool_choice_constrains_a_call_once_the_model_opens_one(qwen_templa
     """With tool_choice auto the model writes freely; after `<tool_call>` only a valid call may follow,
     then writing is free again. Random logits stand in for a model that chose to call."""
     tokenizer = qwen_templated.tokenizer
-    trigger = ToolCallTrigger({"anyOf": [_call_schema(WEATHER)]}, qwen_templated.vocabulary)
+    grammar = json_grammar({"anyOf": [_call_schema(WEATHER)]}, "\n", "\n</tool_call>")
+    trigger = ToolCallTrigger(grammar, qwen_templated.vocabulary)
     for token in tokenizer.encode("Let me check. <tool_call>", add_special_tokens=False):
         assert trigger.allowed()[token]
         trigger.advance(token)

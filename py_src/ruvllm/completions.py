@@ -1,13 +1,19 @@
 """OpenAI's chat completion and completion shapes, for `Model.create_chat_completion` /
 `Model.create_completion` (llama-cpp-python's names) and for `ruvllm serve`.
 
-A request body is checked once (`check`): every field OpenAI defines that we honour is turned into
-generation options and a grammar for the token constraint (response_format, tool calls); fields we
-cannot honour are refused by name; a few that clients send by default are accepted and ignored
-(IGNORED). Its prompt is then tokenized (`prepare` on CPython; the browser worker tokenizes in
-JavaScript) and `finish` makes the `Prepared` request. Responses are built from the text layer's
-`Chunk`s as they come (`Response`), so the solo API, the worker and the batching server shape them
-with the same code.
+A request body is checked once (`check`), every field by its type, each error naming the field: `null`
+is the same as absent, as in OpenAI's API; a boolean is never a number; no number may be one a double
+cannot hold, and nothing may be nested deeper than json_body.MAX_DEPTH. Every field OpenAI defines that
+we honour is turned into generation options and grammars for the token constraint (response_format,
+tool calls: compiled here, so a schema we cannot follow is refused before any answer starts). Fields
+OpenAI defines that we cannot honour are refused by name unless they hold the value that changes
+nothing (n: 1, echo: false, ...); a few that clients send by default are type-checked and ignored
+(IGNORED). Names OpenAI does not define are refused (a misspelt keyword of the Python API) or, for the
+HTTP server, ignored as vLLM's and llama.cpp's servers do (`unknown_fields`).
+
+The prompt is then tokenized (`prepare` on CPython; the browser worker tokenizes in JavaScript) and
+`finish` makes the `Prepared` request. Responses are built from the text layer's `Chunk`s as they come
+(`Response`), so the solo API, the worker and the batching server shape them with the same code.
 
 Defaults follow OpenAI, not ruvllm's `generate`: temperature 1, top_p 1, no top-k or min-p, and no
 max_tokens bound but the context window.
@@ -24,10 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import InvalidArgumentError
+from .json_body import FieldError, boolean, check_values, integer, number, obj, parse, shown, string
 from .runtime.constrain import Grammar, Matcher, Vocabulary, json_grammar
-from .runtime.generate import GenerationOptions
-from .runtime.sampling import SamplingOptions
-from .text.chat_template import check_messages
+from .runtime.generate import MAX_TOP_LOGPROBS, GenerationOptions
 from .text.stream import Chunk
 from .text.tokenizer import Tokenizer
 from .text.tool_calls import (
@@ -36,7 +41,6 @@ from .text.tool_calls import (
     check_tool_choice,
     check_tools,
     parse_tool_calls,
-    template_messages,
     tool_call_schema,
 )
 
@@ -54,10 +58,14 @@ CHAT_FIELDS = {
     *COMMON,
 }
 TEXT_FIELDS = {"prompt", "logprobs", "response_format", *COMMON}
-# Sent by clients and frameworks by default, with no effect on one local model: accepted, ignored.
-IGNORED = {"user", "metadata", "store", "parallel_tool_calls", "service_tier", "n", "frequency_penalty",
-           "presence_penalty", "logit_bias"}  # fmt: skip
+# Sent by clients and frameworks by default, with no effect on one local model: type-checked, ignored.
+IGNORED = {"user", "metadata", "store", "parallel_tool_calls", "service_tier"}
+# OpenAI's fields that we cannot honour: accepted only with the value that changes nothing (_check_defaults).
+DEFAULT_ONLY = {"n", "best_of", "echo", "suffix", "frequency_penalty", "presence_penalty", "logit_bias", "audio",
+                "modalities"}  # fmt: skip
+ENDPOINTS = {"chat": "/v1/chat/completions", "text": "/v1/completions"}
 MAX_TEXT_LOGPROBS = 5  # OpenAI's bound for /v1/completions
+UNKNOWN_FIELDS = ("refuse", "ignore")
 
 
 @dataclass
@@ -74,6 +82,7 @@ class Prepared:
     grammar: Grammar | None = None  # output constrained from the first token
     tools: list[dict] = field(default_factory=list)
     tool_choice: str | dict = "none"
+    call_grammar: Grammar | None = None  # tool_choice "auto": one call, once the model opens one
 
     @property
     def constrained(self) -> bool:
@@ -84,8 +93,8 @@ class Prepared:
         """A fresh constraint for one generation of this request (it keeps state)."""
         if self.grammar is not None:
             return Matcher(self.grammar, vocabulary)
-        if self.tool_choice == "auto":
-            return ToolCallTrigger(tool_call_schema(self.tools, "auto"), vocabulary)
+        if self.call_grammar is not None:
+            return ToolCallTrigger(self.call_grammar, vocabulary)
         return None
 
 
@@ -103,12 +112,15 @@ class Checked:
     grammar: Grammar | None
     tools: list[dict]
     tool_choice: str | dict
+    call_grammar: Grammar | None = None
 
 
-def prepare(body: object, kind: str, tokenizer: Tokenizer, context: int, model_name: str) -> Prepared:
+def prepare(
+    body: object, kind: str, tokenizer: Tokenizer, context: int, model_name: str, unknown_fields: str = "refuse"
+) -> Prepared:
     """Check an OpenAI request body (chat: /v1/chat/completions, text: /v1/completions) and tokenize its
-    prompt; `context`: the positions a sequence may have."""
-    checked = check(body, kind)
+    prompt; `context`: the positions a sequence may have; `unknown_fields`: see `check`."""
+    checked = check(body, kind, unknown_fields)
     if kind == "chat":
         ids = tokenizer.encode_chat(checked.source["messages"], tools=checked.source["tools"])
     else:
@@ -134,113 +146,247 @@ def finish(checked: Checked, prompt_ids: list[int], context: int, model_name: st
         checked.grammar,
         checked.tools,
         checked.tool_choice,
+        checked.call_grammar,
     )
 
 
-def check(body: object, kind: str) -> Checked:
-    """Every field of a request body but its prompt's tokens, checked; unsupported fields are refused."""
-    if kind not in ("chat", "text"):
+def check(body: object, kind: str, unknown_fields: str = "refuse") -> Checked:
+    """Every field of a request body but its prompt's tokens, checked. unknown_fields: "refuse" names
+    OpenAI does not define (the library API: a misspelt keyword), or "ignore" them (the HTTP server)."""
+    if kind not in ENDPOINTS:
         raise InvalidArgumentError(f"kind must be chat or text, got {kind!r}")
+    if unknown_fields not in UNKNOWN_FIELDS:
+        raise InvalidArgumentError(f"unknown_fields must be refuse or ignore, got {unknown_fields!r}")
     if not isinstance(body, dict):
-        raise InvalidArgumentError("the request body must be a JSON object")
-    allowed = CHAT_FIELDS if kind == "chat" else TEXT_FIELDS
-    for name in body:
-        if name not in allowed and name not in IGNORED:
-            raise InvalidArgumentError(f"unsupported field {name!r}; supported: {', '.join(sorted(allowed))}")
-    _check_ignored(body)
-    stream = _flag(body, "stream")
-    include_usage = False
-    if body.get("stream_options") is not None:
-        if not isinstance(body["stream_options"], dict) or set(body["stream_options"]) - {"include_usage"}:
-            raise InvalidArgumentError('stream_options must be {"include_usage": true|false}')
-        include_usage = bool(body["stream_options"].get("include_usage"))
-    tools, tool_choice, grammar = [], "none", None
+        raise InvalidArgumentError(f"the request body must be a JSON object, got {shown(body)}")
+    check_values(body)  # nesting and numbers, everywhere (schemas and tool arguments too)
+    _check_names(body, kind, unknown_fields == "refuse")
+    _check_defaults(body)
+    string(body.get("model"), "model")
+    stream = boolean(body.get("stream"), "stream")
+    options = obj(body.get("stream_options"), "stream_options") or {}  # other keys: OpenAI's later ones, ignored
+    include_usage = boolean(options.get("include_usage"), "stream_options.include_usage")
+    tools, tool_choice = [], "none"
     if kind == "chat":
-        messages = body.get("messages")
-        tools = check_tools(body.get("tools"))
-        tool_choice = check_tool_choice(body.get("tool_choice"), tools)
-        messages = template_messages(messages) if isinstance(messages, list) else messages
-        check_messages(messages)
-        source = {"messages": messages, "tools": tools or None}
-        if tool_choice not in ("none", "auto"):  # "required" or one named function: a call from the start
-            grammar = json_grammar(tool_call_schema(tools, tool_choice), f"{TOOL_CALL_OPEN}\n", f"\n{TOOL_CALL_CLOSE}")
+        tools = _field(check_tools, "tools", body.get("tools"))
+        tool_choice = _field(check_tool_choice, "tool_choice", body.get("tool_choice"), tools)
+        source = {"messages": _messages(body.get("messages")), "tools": tools or None}
     else:
-        prompt = body.get("prompt")
-        if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
-            prompt = prompt[0]  # clients send [text] for one prompt
-        ids = (
-            isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
-        )
-        if not isinstance(prompt, str) and not ids:
-            raise InvalidArgumentError("prompt must be a string or a non-empty list of token ids (one prompt)")
-        source = {"prompt": prompt}
-    response_format = body.get("response_format")
-    if response_format is not None:
-        if grammar is not None:
-            raise InvalidArgumentError("response_format cannot be combined with a required tool call")
-        grammar = _response_grammar(response_format)
+        source = {"prompt": _prompt(body.get("prompt"))}
     logprobs, top = _logprobs(body, kind)
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
-    stop = body.get("stop")
+    max_tokens = integer(body.get("max_tokens"), "max_tokens", None, low=1)
+    max_tokens = integer(body.get("max_completion_tokens"), "max_completion_tokens", max_tokens, low=1)
     generation = {
-        "stop": [] if stop is None else stop,
-        "ignore_eos": _flag(body, "ignore_eos"),
+        "stop": _stop(body.get("stop")),
+        "ignore_eos": boolean(body.get("ignore_eos"), "ignore_eos"),
         "logprobs": top if logprobs else None,
         **_sampling(body),
     }
     GenerationOptions.from_kwargs(max_tokens=1 if max_tokens is None else max_tokens, **generation)  # refuse now
-    return Checked(kind, source, generation, max_tokens, stream, include_usage, logprobs, grammar, tools, tool_choice)
+    # The grammars last (the costliest checks), compiled now: a schema we cannot follow is refused before
+    # the answer starts, not in the middle of it.
+    grammar, call_grammar = _response_grammar(body.get("response_format")), None
+    if tool_choice == "auto":
+        call_grammar = _call_grammar(tools, tool_choice, "\n", f"\n{TOOL_CALL_CLOSE}")
+    elif tool_choice != "none":  # "required" or one named function: a call from the start
+        if grammar is not None:
+            raise FieldError("response_format cannot be combined with a required tool call", "response_format")
+        grammar = _call_grammar(tools, tool_choice, f"{TOOL_CALL_OPEN}\n", f"\n{TOOL_CALL_CLOSE}")
+    return Checked(
+        kind, source, generation, max_tokens, stream, include_usage, logprobs, grammar, tools, tool_choice, call_grammar
+    )
 
 
-def _check_ignored(body: dict) -> None:
-    """Ignored fields are accepted only with values that change nothing."""
-    if body.get("n", 1) != 1:
-        raise InvalidArgumentError(f"n must be 1 (one choice per request), got {body['n']!r}")
+def _field(checker, name: str, *args):
+    """A check of text/tool_calls.py, its error tagged with the field for OpenAI's error object."""
+    try:
+        return checker(*args)
+    except InvalidArgumentError as e:
+        raise FieldError(str(e), name) from None
+
+
+def _check_names(body: dict, kind: str, refuse_unknown: bool) -> None:
+    """A field of the other endpoint is refused; one OpenAI does not define, refused or ignored."""
+    own = CHAT_FIELDS if kind == "chat" else TEXT_FIELDS
+    other = "text" if kind == "chat" else "chat"
+    for name in body:
+        if name in own or name in IGNORED or name in DEFAULT_ONLY:
+            continue
+        if name in CHAT_FIELDS | TEXT_FIELDS:
+            raise FieldError(f"{name} is a field of {ENDPOINTS[other]}, not of {ENDPOINTS[kind]}", name)
+        if refuse_unknown:
+            raise FieldError(f"unsupported field {name!r}; supported: {', '.join(sorted(own))}", name)
+
+
+def _check_defaults(body: dict) -> None:
+    """Fields we cannot honour, with the value that changes nothing; those sent by default, type-checked."""
+    if integer(body.get("n"), "n", 1, low=1) != 1:
+        raise FieldError(f"n must be 1 (one choice per request), got {shown(body['n'])}", "n")
+    if integer(body.get("best_of"), "best_of", 1, low=1) != 1:
+        raise FieldError(f"unsupported field 'best_of': only 1 is accepted, got {shown(body['best_of'])}", "best_of")
+    if boolean(body.get("echo"), "echo"):
+        raise FieldError("unsupported field 'echo': only false is accepted, got true", "echo")
+    if string(body.get("suffix"), "suffix"):
+        raise FieldError(f"unsupported field 'suffix' (no fill-in-the-middle), got {shown(body['suffix'])}", "suffix")
     for name in ("frequency_penalty", "presence_penalty"):
-        if body.get(name) not in (None, 0, 0.0):
-            raise InvalidArgumentError(f"{name} is not supported (use repetition_penalty), got {body[name]!r}")
-    if body.get("logit_bias"):
-        raise InvalidArgumentError("logit_bias is not supported")
+        if number(body.get(name), name, 0.0, -2.0, 2.0) != 0:
+            raise FieldError(
+                f"{name} is not supported (use repetition_penalty): only 0 is accepted, got {shown(body[name])}", name
+            )
+    if obj(body.get("logit_bias"), "logit_bias"):
+        found = json.dumps(body["logit_bias"])
+        found = found if len(found) <= 40 else found[:37] + "..."
+        raise FieldError(f"logit_bias is not supported: only {{}} is accepted, got {found}", "logit_bias")
+    if body.get("audio") is not None:
+        raise FieldError(f"unsupported field 'audio' (the answer is text), got {shown(body['audio'])}", "audio")
+    modalities = body.get("modalities")
+    if modalities is not None and modalities != ["text"]:
+        raise FieldError(
+            f'modalities must be ["text"] (the answer is text), got {json.dumps(modalities)}', "modalities"
+        )
+    for name in ("user", "service_tier"):
+        string(body.get(name), name)
+    for name in ("store", "parallel_tool_calls"):
+        boolean(body.get(name), name)
+    obj(body.get("metadata"), "metadata")
 
 
-def _flag(body: dict, name: str) -> bool:
-    value = body.get(name, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise InvalidArgumentError(f"{name} must be true or false, got {value!r}")
-    return value
+def _messages(messages: object) -> list[dict]:
+    """The chat's messages as chat templates take them: content as one string (text parts joined with
+    "\\n", as vLLM and llama.cpp's server do), optional fields that are null left out, and each tool
+    call's arguments as an object (OpenAI clients send a JSON string; templates such as Qwen2.5's write
+    `arguments | tojson`, which would quote it again). The caller's messages are not changed."""
+    if not isinstance(messages, list) or not messages:
+        raise FieldError(f"messages must be a non-empty list of message objects, got {shown(messages)}", "messages")
+    out = []
+    for i, message in enumerate(messages):
+        where = f"messages[{i}]"
+        if not isinstance(message, dict):
+            raise FieldError(f"{where} must be an object with a role and a content, got {shown(message)}", where)
+        role = string(message.get("role"), f"{where}.role")
+        if role is None:
+            raise FieldError(f"{where}.role is missing (a string: system, user, assistant, tool, ...)", where)
+        checked = {key: value for key, value in message.items() if value is not None}
+        calls = _tool_calls(message.get("tool_calls"), f"{where}.tool_calls")
+        if calls:
+            checked["tool_calls"] = calls
+        else:
+            checked.pop("tool_calls", None)
+        content = message.get("content")
+        if content is None and not calls:
+            raise FieldError(f"{where}.content is missing (null only for an assistant message with tool_calls)", where)
+        checked["content"] = None if content is None else _content(content, f"{where}.content")
+        for name in ("name", "tool_call_id"):
+            string(message.get(name), f"{where}.{name}")
+        out.append(checked)
+    return out
+
+
+def _content(content: object, where: str) -> str:
+    if isinstance(content, str):
+        return content
+    if not isinstance(content, list) or not content:
+        raise FieldError(f"{where} must be a string or a non-empty list of text parts, got {shown(content)}", where)
+    texts = []
+    for j, part in enumerate(content):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind != "text":
+            found = f"a part of type {kind!r}" if isinstance(kind, str) else shown(part)
+            raise FieldError(f'{where}[{j}] must be a text part {{"type": "text", "text": ...}}, got {found}', where)
+        text = part.get("text")
+        if not isinstance(text, str):
+            raise FieldError(f"{where}[{j}].text must be a string, got {shown(text)}", where)
+        texts.append(text)
+    return "\n".join(texts)
+
+
+def _tool_calls(calls: object, where: str) -> list[dict]:
+    """An assistant message's tool calls: [{"id", "type": "function", "function": {"name", "arguments"}}]."""
+    if calls is None:
+        return []
+    if not isinstance(calls, list):
+        raise FieldError(f"{where} must be a list of tool calls, got {shown(calls)}", where)
+    out = []
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if not isinstance(function, dict) or not isinstance(function.get("name"), str):
+            raise FieldError(f'{where}[{j}] must be {{"type": "function", "function": {{"name", "arguments"}}}}', where)
+        string(call.get("id"), f"{where}[{j}].id")
+        arguments = function.get("arguments")
+        if isinstance(arguments, str):  # as OpenAI clients send them
+            arguments = parse(arguments, f"{where}[{j}].function.arguments")
+            check_values(arguments, f"{where}[{j}].function.arguments")
+        if not isinstance(arguments, dict):
+            raise FieldError(
+                f"{where}[{j}].function.arguments must be a JSON object (or its text), got {shown(arguments)}", where
+            )
+        out.append({**call, "function": {**function, "arguments": arguments}})
+    return out
+
+
+def _prompt(prompt: object) -> str | list[int]:
+    """One prompt: text, or token ids; clients send either in a list of one."""
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], (str, list)):
+        prompt = prompt[0]
+    if isinstance(prompt, str):
+        return prompt
+    if isinstance(prompt, list) and prompt and all(isinstance(p, (str, list)) for p in prompt):
+        raise FieldError(f"prompt holds {len(prompt)} prompts; one per request is accepted", "prompt")
+    if not isinstance(prompt, list) or not prompt:
+        raise FieldError(f"prompt must be a string or a non-empty list of token ids, got {shown(prompt)}", "prompt")
+    for i, token in enumerate(prompt):
+        integer(token, f"prompt[{i}]", None, low=0)  # the vocabulary's size is checked once the ids are used
+    return prompt
+
+
+def _stop(stop: object) -> list[str]:
+    if stop is None:
+        return []
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list):
+        raise FieldError(f"stop must be a string or a list of strings, got {shown(stop)}", "stop")
+    for i, text in enumerate(stops):
+        if not isinstance(text, str) or not text:
+            where = "stop" if isinstance(stop, str) else f"stop[{i}]"
+            raise FieldError(f"{where} must be a non-empty string, got {shown(text)}", where)
+    return stops
 
 
 def _sampling(body: dict) -> dict:
     """OpenAI's defaults (temperature 1, top_p 1, no top-k/min-p) where the body says nothing."""
-    defaults = {"temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0, "repetition_penalty": 1.0, "seed": None}
-    values = {name: body[name] if body.get(name) is not None else defaults[name] for name in SAMPLING}
-    SamplingOptions(**values)  # a bad value is refused here with its name
-    return values
+    return {
+        "temperature": number(body.get("temperature"), "temperature", 1.0, low=0),
+        "top_p": number(body.get("top_p"), "top_p", 1.0, 0, 1, open_low=True),
+        "top_k": integer(body.get("top_k"), "top_k", 0, low=0),
+        "min_p": number(body.get("min_p"), "min_p", 0.0, 0, 1),
+        "repetition_penalty": number(body.get("repetition_penalty"), "repetition_penalty", 1.0, low=0, open_low=True),
+        "seed": integer(body.get("seed"), "seed", None, low=0),
+    }
 
 
 def _logprobs(body: dict, kind: str) -> tuple[bool, int]:
     if kind == "chat":
-        wanted = _flag(body, "logprobs")
-        top = body.get("top_logprobs")
+        wanted = boolean(body.get("logprobs"), "logprobs")
+        top = integer(body.get("top_logprobs"), "top_logprobs", None, 0, MAX_TOP_LOGPROBS)
         if top is None:
             return wanted, 0
         if not wanted:
-            raise InvalidArgumentError("top_logprobs needs logprobs: true")
-        return True, top  # GenerationOptions checks the range
-    value = body.get("logprobs")  # completions: the number of alternatives, or null
-    if value is None:
-        return False, 0
-    if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= MAX_TEXT_LOGPROBS:
-        raise InvalidArgumentError(f"logprobs must be an integer in [0, {MAX_TEXT_LOGPROBS}], got {value!r}")
-    return True, value
+            raise FieldError("top_logprobs needs logprobs: true", "top_logprobs")
+        return True, top
+    value = integer(body.get("logprobs"), "logprobs", None, 0, MAX_TEXT_LOGPROBS)  # the number of alternatives
+    return value is not None, value or 0
 
 
 def _response_grammar(response_format: object) -> Grammar | None:
-    if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
-        raise InvalidArgumentError('response_format must be {"type": "text" | "json_object" | "json_schema", ...}')
-    kind = response_format["type"]
+    if response_format is None:
+        return None
+    kind = response_format.get("type") if isinstance(response_format, dict) else None
+    if not isinstance(kind, str):
+        raise FieldError(
+            'response_format must be {"type": "text" | "json_object" | "json_schema", ...}, '
+            f"got {shown(response_format)}",
+            "response_format",
+        )
     if kind == "text":
         return None
     if kind == "json_object":
@@ -248,18 +394,44 @@ def _response_grammar(response_format: object) -> Grammar | None:
     if kind == "json_schema":
         spec = response_format.get("json_schema")
         if not isinstance(spec, dict) or not isinstance(spec.get("schema"), (dict, bool)):
-            raise InvalidArgumentError('response_format json_schema must be {"name": ..., "schema": {...}}')
-        return json_grammar(spec["schema"])
-    raise InvalidArgumentError(f"response_format type must be text, json_object or json_schema, got {kind!r}")
+            raise FieldError('response_format json_schema must be {"name": ..., "schema": {...}}', "response_format")
+        string(spec.get("name"), "response_format.json_schema.name")
+        boolean(spec.get("strict"), "response_format.json_schema.strict")
+        try:
+            return json_grammar(spec["schema"])
+        except InvalidArgumentError as e:
+            raise FieldError(f"response_format.json_schema.schema: {e}", "response_format") from None
+    raise FieldError(
+        f"response_format type must be text, json_object or json_schema, got {shown(kind)}", "response_format"
+    )
+
+
+def _call_grammar(tools: list[dict], tool_choice: str | dict, prefix: str, suffix: str) -> Grammar:
+    """The grammar of one call (see tool_call_schema) between `prefix` and `suffix`. A tool whose
+    parameters we cannot follow is named: its parameters are compiled alone (errors say where in them),
+    then its call (a `$ref` into the parameters' own `$defs` points to nothing from there)."""
+    for i, tool in enumerate(tools):
+        function = tool["function"]
+        for schema in (function["parameters"], tool_call_schema([tool], "required")):
+            try:
+                json_grammar(schema)
+            except InvalidArgumentError as e:
+                where = f"tools[{i}].function.parameters"
+                raise FieldError(f"{where} ({function['name']}) cannot constrain a call: {e}", where) from None
+    try:
+        return json_grammar(tool_call_schema(tools, tool_choice), prefix, suffix)
+    except InvalidArgumentError as e:
+        raise FieldError(f"tools: a call cannot be constrained: {e}", "tools") from None
 
 
 class ToolCallTrigger:
     """tool_choice "auto": the model writes freely until it opens a call (`<tool_call>`); from there the
     call must be one of the tools with arguments that fit its parameters, up to `</tool_call>`; then it
-    is free again (for text, or another call)."""
+    is free again (for text, or another call). `grammar`: the call's, from "\n" to "\n</tool_call>"
+    (Prepared.call_grammar)."""
 
-    def __init__(self, schema: dict, vocabulary: Vocabulary) -> None:
-        self.grammar = json_grammar(schema, "\n", f"\n{TOOL_CALL_CLOSE}")
+    def __init__(self, grammar: Grammar, vocabulary: Vocabulary) -> None:
+        self.grammar = grammar
         self.vocabulary = vocabulary
         self.free = np.ones(vocabulary.size, dtype=bool)
         self.tail = b""  # the last bytes written, to see the opening tag
@@ -303,6 +475,11 @@ class Response:
         self.usage: dict | None = None
         self.buffer_for_tools = chat and prepared.tool_choice != "none"  # calls are parsed from the whole text
         self.sent_role = False
+
+    @property
+    def completion_tokens(self) -> int:
+        """Tokens generated so far (a chunk each)."""
+        return len(self.text)
 
     def _head(self, stream: bool) -> dict:
         kind = self.object + (".chunk" if stream and self.prepared.kind == "chat" else "")
@@ -410,5 +587,5 @@ def _text_logprobs(entries: list[dict]) -> dict:
 def sse(events: Iterator[dict]) -> Iterator[str]:
     """Server-sent events as OpenAI streams them: one `data: {json}` per chunk, then `data: [DONE]`."""
     for event in events:
-        yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+        yield f"data: {json.dumps(event, ensure_ascii=False, allow_nan=False)}\n\n"  # strict JSON, as clients parse it
     yield "data: [DONE]\n\n"

@@ -10,6 +10,10 @@ Requests are checked and tokenized on the event loop, then handed to the `Schedu
 steps every live sequence together; each request's Steps come back through an asyncio queue and are
 turned into text (text.stream.TextStream) and OpenAI chunks (completions.Response) here. A client that
 disconnects, or a stop string reached, cancels the sequence: its KV blocks are free at the next step.
+
+A body is parsed with json_body.parse (nesting bounded before the parser recurses, no NaN); every field
+is checked by completions.check, fields it does not know ignored, as vLLM's and llama.cpp's servers do.
+Each request is logged on stderr in one line once answered: client, method, path, status, tokens, time.
 """
 
 from __future__ import annotations
@@ -17,13 +21,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import ipaddress
 import json
+import socket
+import sys
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 from .api import Model
 from .completions import Prepared, Response, prepare
-from .errors import ContextFullError, RuvLLMError
+from .errors import ContextFullError, InvalidArgumentError, RuvLLMError
+from .json_body import FieldError, parse
 from .runtime.batching import Request, Scheduler
 from .runtime.generate import Step
 from .text.stream import TextStream
@@ -49,10 +57,13 @@ METRICS = [
     ("ruvllm_kv_block_size", "gauge", "kv_block_size", "Positions per KV cache block."),
 ]
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client went away
+MAX_CONCURRENT = 256  # --max-concurrent's bound: each sequence reserves KV blocks for a whole context
 
 
-def error_body(message: str, kind: str = "invalid_request_error", code: str | None = None) -> dict:
-    return {"error": {"message": message, "type": kind, "param": None, "code": code}}
+def error_body(
+    message: str, kind: str = "invalid_request_error", code: str | None = None, param: str | None = None
+) -> dict:
+    return {"error": {"message": message, "type": kind, "param": param, "code": code}}
 
 
 class Service:
@@ -65,8 +76,12 @@ class Service:
         self.http_requests: dict[tuple[str, int], int] = {}
 
     def prepare(self, body: object, kind: str) -> Prepared:
-        prepared = prepare(body, kind, self.model.tokenizer, self.scheduler.max_context, self.model.name)
-        self.scheduler.check(prepared.prompt_ids)  # a prompt that can never run is refused before any answer
+        model, scheduler = self.model, self.scheduler
+        prepared = prepare(body, kind, model.tokenizer, scheduler.max_context, model.name, unknown_fields="ignore")
+        try:  # a prompt that can never run is refused before any answer
+            scheduler.check(prepared.prompt_ids)
+        except InvalidArgumentError as e:  # token ids outside the vocabulary, an empty prompt
+            raise FieldError(f"prompt: {e}", "prompt") from None
         return prepared
 
     async def run(self, prepared: Prepared, response: Response) -> AsyncIterator[dict]:
@@ -113,8 +128,9 @@ class Service:
         return "\n".join(lines) + "\n"
 
 
-def create_app(service: Service):
-    """The Starlette application (imported here: starlette is the `serve` extra)."""
+def create_app(service: Service, log: Callable[[str], None] | None = None):
+    """The Starlette application (imported here: starlette is the `serve` extra). `log` takes the access
+    log's lines (default: stderr)."""
     from starlette.applications import Starlette
     from starlette.requests import Request as HTTPRequest
     from starlette.responses import JSONResponse, PlainTextResponse, StreamingResponse
@@ -130,16 +146,14 @@ def create_app(service: Service):
     async def completions(http: HTTPRequest, kind: str):
         path = http.url.path
         try:
-            body = json.loads(await http.body())
-        except ValueError as e:
-            return answer(path, error_body(f"the request body is not JSON: {e}"), 400)
-        try:
-            prepared = service.prepare(body, kind)
+            prepared = service.prepare(parse(await http.body()), kind)
         except ContextFullError as e:
-            return answer(path, error_body(str(e), code="context_length_exceeded"), 400)
+            param = "messages" if kind == "chat" else "prompt"
+            return answer(path, error_body(str(e), code="context_length_exceeded", param=param), 400)
         except RuvLLMError as e:
-            return answer(path, error_body(str(e)), 400)
+            return answer(path, error_body(str(e), param=getattr(e, "param", None)), 400)
         response = Response(prepared, service.model.tokenizer.token_bytes)
+        http.scope[_TOKENS] = lambda: (len(prepared.prompt_ids), response.completion_tokens)  # for the access log
         if prepared.stream:
             count(path, 200)
             return StreamingResponse(_sse(service.run(prepared, response)), media_type="text/event-stream")
@@ -171,6 +185,9 @@ def create_app(service: Service):
     async def metrics(http: HTTPRequest):
         return PlainTextResponse(service.metrics(), media_type="text/plain; version=0.0.4")
 
+    async def failed(http: HTTPRequest, error: Exception):  # a bug of ours: still OpenAI's error object
+        return answer(http.url.path, error_body(_reason(error), "server_error"), 500)
+
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", text, methods=["POST"]),
@@ -186,7 +203,48 @@ def create_app(service: Service):
         service.scheduler.close()
         thread.join(timeout=5)
 
-    return Starlette(routes=routes, lifespan=lifespan)
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: failed})
+    return AccessLog(app, log or _to_stderr)
+
+
+_TOKENS = "ruvllm.tokens"  # ASGI scope key: () -> (prompt tokens, completion tokens so far)
+
+
+class AccessLog:
+    """ASGI middleware: one line per HTTP request once its answer is sent (a stream: once it ends or
+    its client goes away), `127.0.0.1:50312 POST /v1/chat/completions 200 prompt_tokens=31
+    completion_tokens=16 412 ms`; the token counts only for completions."""
+
+    def __init__(self, app, log: Callable[[str], None]) -> None:
+        self.app, self.log = app, log
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500  # if the application fails before it answers
+
+        async def sending(message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await self.app(scope, receive, sending)
+        finally:
+            client = scope.get("client")
+            parts = [f"{client[0]}:{client[1]}" if client else "-", scope["method"], scope["path"], str(status)]
+            if _TOKENS in scope:
+                prompt, completion = scope[_TOKENS]()
+                parts += [f"prompt_tokens={prompt}", f"completion_tokens={completion}"]
+            parts.append(f"{(time.perf_counter() - started) * 1000:.0f} ms")
+            self.log(" ".join(parts))
+
+
+def _to_stderr(line: str) -> None:
+    print(line, file=sys.stderr, flush=True)
 
 
 async def _drain(events: AsyncIterator[dict]) -> None:
@@ -195,10 +253,11 @@ async def _drain(events: AsyncIterator[dict]) -> None:
 
 
 async def _sse(events: AsyncIterator[dict]) -> AsyncIterator[str]:
-    """Server-sent events as OpenAI streams them; an error mid-stream is sent as an error event."""
+    """Server-sent events as OpenAI streams them, strict JSON (no NaN: clients' parsers refuse it); an
+    error mid-stream is sent as an error event."""
     try:
         async for event in events:
-            yield f"data: {json.dumps(event, ensure_ascii=False)}\n\n"
+            yield f"data: {json.dumps(event, ensure_ascii=False, allow_nan=False)}\n\n"
     except Exception as e:  # the generation failed mid-stream: the client gets the reason, the server goes on
         yield f"data: {json.dumps(error_body(_reason(e), 'server_error'))}\n\n"
     yield "data: [DONE]\n\n"
@@ -211,12 +270,49 @@ def _reason(error: Exception) -> str:
     return f"internal error: {type(error).__name__}: {error}"
 
 
-def serve(model: Model, host: str = "127.0.0.1", port: int = 8080, max_concurrent: int = 8, max_context=None) -> None:
-    """Run the server until interrupted."""
+def bind(host: str, port: int) -> socket.socket:
+    """A socket bound to host:port, not listening yet (connections are refused until the server starts),
+    so that a bad --host or --port, or a port in use, is reported before the model loads."""
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise InvalidArgumentError(f"--port must be an integer in [1, 65535], got {port!r}")
+    if all(c in "0123456789." for c in host) or ":" in host:  # an address, never looked up as a name
+        try:
+            ipaddress.ip_address(host)
+        except ValueError:
+            raise InvalidArgumentError(f"--host {host!r} is not an IP address") from None
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn chooses
+        family, kind, proto, _, address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0]
+    except (socket.gaierror, UnicodeError) as e:
+        raise InvalidArgumentError(
+            f"--host {host!r} is not an IP address or a name this machine resolves ({e.strerror or e})"
+        ) from None
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: a restart need not wait
+        sock.bind(address)
+    except OSError as e:
+        sock.close()
+        raise InvalidArgumentError(f"--host {host} --port {port}: cannot listen there ({e.strerror or e})") from None
+    return sock
+
+
+def serve(
+    model: Model,
+    host: str = "127.0.0.1",
+    port: int = 8080,
+    max_concurrent: int = 8,
+    max_context=None,
+    sock: socket.socket | None = None,
+) -> None:
+    """Run the server until interrupted, on `sock` if given (see `bind`), else on host:port."""
     import uvicorn
 
-    service = Service(model, max_concurrent, max_context)
-    # The model and tokenizer are millions of long-lived objects: out of the collector's sight, a full
-    # collection takes ~0 ms instead of ~20 ms in the middle of a step (measured with the JSON constraint).
-    gc.freeze()
-    uvicorn.run(create_app(service), host=host, port=port, log_level="warning")
+    with sock or bind(host, port) as listening:
+        service = Service(model, max_concurrent, max_context)
+        # The model and tokenizer are millions of long-lived objects: out of the collector's sight, a full
+        # collection takes ~0 ms instead of ~20 ms in the middle of a step (measured with the JSON constraint).
+        gc.freeze()
+        # uvicorn's own access log is off: ours (AccessLog) has the token counts.
+        config = uvicorn.Config(create_app(service), host=host, port=port, log_level="warning", access_log=False)
+        uvicorn.Server(config).run(sockets=[listening])

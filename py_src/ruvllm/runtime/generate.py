@@ -21,7 +21,7 @@ import numpy as np
 from ..errors import ContextFullError, InferenceError, InvalidArgumentError
 from ..model.cache import KVCache
 from .engine import Engine
-from .sampling import SamplingOptions, apply_repetition_penalty, make_sampler
+from .sampling import SamplingOptions, apply_repetition_penalty, make_sampler, shifted_logits
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -149,9 +149,8 @@ class Decoder:
     def _logprobs(self, logits: np.ndarray, token: int) -> tuple[float, tuple[tuple[int, float], ...]]:
         sampling = self.options.sampling
         logits = apply_repetition_penalty(logits, self.history, sampling.repetition_penalty)
-        scaled = logits.astype(np.float64) / (sampling.temperature or 1.0)  # (V,)
-        top = scaled.max()
-        logp = scaled - (top + np.log(np.exp(scaled - top).sum()))  # (V,)
+        scaled = shifted_logits(logits, sampling.temperature or 1.0)  # (V,) <= 0: finite however small the temperature
+        logp = scaled - np.log(np.exp(scaled).sum())  # (V,)
         k = self.options.logprobs
         best = np.argpartition(-logp, k - 1)[:k] if k else np.empty(0, np.int64)
         best = best[np.argsort(-logp[best], kind="stable")]

@@ -18,6 +18,7 @@ import numpy as np
 from ..errors import InvalidArgumentError
 
 Sampler = Callable[[np.ndarray, Sequence[int]], int]
+_LARGEST = np.finfo(np.float64).max
 
 
 @dataclass(frozen=True)
@@ -61,25 +62,36 @@ def _check(name: str, value: object, ok: bool, expected: str) -> None:
 
 
 def apply_repetition_penalty(logits: np.ndarray, history: Sequence[int], penalty: float) -> np.ndarray:
-    """CTRL-style: for tokens already seen, divide positive logits by `penalty`, multiply negative ones."""
+    """CTRL-style: for tokens already seen, divide positive logits by `penalty`, multiply negative ones.
+    In float64, and never up to +inf (a tiny penalty would make it, and inf - inf is NaN downstream)."""
     if penalty == 1.0 or not len(history):
         return logits
     seen = np.unique(np.asarray(history, dtype=np.int64))  # (n,)
-    values = logits[seen]
-    logits = logits.copy()
-    logits[seen] = np.where(values > 0, values / penalty, values * penalty)
+    values = logits[seen].astype(np.float64)  # (n,)
+    logits = logits.astype(np.float64)  # (V,)
+    with np.errstate(over="ignore"):  # a product past the range is -inf: probability 0, as it tends to
+        logits[seen] = np.minimum(np.where(values > 0, values / penalty, values * penalty), _LARGEST)
     return logits
+
+
+def shifted_logits(logits: np.ndarray, temperature: float) -> np.ndarray:
+    """(logits - max) / temperature in float64: 0 for the best token, below 0 or -inf for the others, never
+    NaN. Dividing first overflows: a subnormal temperature (1e-320) makes logits of ±inf, and inf - inf is
+    NaN; in this order a tiny temperature is the limit it tends to, greedy."""
+    logits = logits.astype(np.float64)  # (V,)
+    with np.errstate(over="ignore"):  # a quotient past the range is -inf: probability 0, as it tends to
+        return (logits - logits.max()) / temperature  # (V,)
 
 
 def filter_candidates(logits: np.ndarray, options: SamplingOptions) -> tuple[np.ndarray, np.ndarray]:
     """(token ids, probabilities) that survive temperature, top-k, top-p and min-p; probabilities sum to 1."""
-    scaled = logits.astype(np.float64) / options.temperature  # (V,)
+    scaled = shifted_logits(logits, options.temperature)  # (V,)
     ids = np.arange(scaled.size)
     if 0 < options.top_k < scaled.size:
         ids = np.argpartition(-scaled, options.top_k - 1)[: options.top_k]  # (N,)
     order = np.argsort(-scaled[ids], kind="stable")  # best first
     ids = ids[order]  # (N,)
-    probs = np.exp(scaled[ids] - scaled[ids[0]])
+    probs = np.exp(scaled[ids])  # the best token's is 1
     probs /= probs.sum()  # (N,)
     if options.top_p < 1.0:
         # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is < top_p.
@@ -101,7 +113,10 @@ def make_sampler(options: SamplingOptions) -> Sampler:
         if options.temperature == 0:
             return int(np.argmax(logits))
         ids, probs = filter_candidates(logits, options)
-        index = int(np.searchsorted(np.cumsum(probs), rng.random(), side="right"))
-        return int(ids[min(index, ids.size - 1)])
+        mass = np.cumsum(probs)  # (N,)
+        # Below the sum as it came out of the rounding: the draw never falls past the end, onto a token of
+        # probability 0 (whose log-probability, -inf, is no JSON number).
+        draw = min(rng.random() * mass[-1], np.nextafter(mass[-1], 0.0))
+        return int(ids[np.searchsorted(mass, draw, side="right")])
 
     return sample

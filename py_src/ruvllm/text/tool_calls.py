@@ -21,6 +21,7 @@ import re
 import secrets
 
 from ..errors import InvalidArgumentError
+from ..json_body import PARSE_DEPTH, nesting_depth
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"
@@ -175,6 +176,8 @@ def parse_tool_calls(text: str) -> tuple[str | None, list[dict]]:
 
 
 def _parse_call(body: str) -> dict | None:
+    if nesting_depth(body.encode("utf-8", "surrogatepass")) > PARSE_DEPTH:  # json.loads would recurse too deep
+        return None
     try:
         call = json.loads(body)
     except json.JSONDecodeError:
@@ -183,6 +186,8 @@ def _parse_call(body: str) -> dict | None:
         return None
     arguments = call.get("arguments", call.get("parameters", {}))
     if isinstance(arguments, str):  # some models write the arguments as a JSON string, as OpenAI returns them
+        if nesting_depth(arguments.encode("utf-8", "surrogatepass")) > PARSE_DEPTH:
+            return None
         try:
             arguments = json.loads(arguments)
         except json.JSONDecodeError:
