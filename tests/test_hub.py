@@ -78,6 +78,7 @@ class LocalHub:
     faults: resolve path -> an HTTP status (int), ("redirect", URL or path), or flags joined by "+":
       loop (a redirect to itself), garbage (bytes that are not HTTP), bad-status, hangup (closes without an
       answer), html (an HTML page), silent (no answer), header-drip, gated (401 with X-Error-Code: GatedRepo),
+      no-revision (404 with X-Error-Code: RevisionNotFound),
       and for the body, wherever it is served: short (half the bytes, then the connection closes), unsized
       (no Content-Length: the body ends when the connection closes), drip (a byte every 0.2 s), pause (half,
       then the rest 0.5 s later), corrupt (the last byte flipped), no-range (Range ignored), anonymous (no
@@ -139,7 +140,7 @@ class LocalHub:
             return self.redirect(h, fault[1], {})
         if "loop" in flags:
             return self.redirect(h, path, {})
-        if flags & {"garbage", "bad-status", "hangup", "silent", "header-drip", "html", "gated"}:
+        if flags & {"garbage", "bad-status", "hangup", "silent", "header-drip", "html", "gated", "no-revision"}:
             return self.misbehave(h, flags)
         file = self.root / path.lstrip("/")
         if "/resolve/" not in path or not file.is_file():
@@ -228,9 +229,9 @@ class LocalHub:
             h.send_header("Content-Length", str(len(page)))
             h.end_headers()
             h.wfile.write(page)
-        elif "gated" in flags:
-            h.send_response(401)
-            h.send_header("X-Error-Code", "GatedRepo")
+        elif "gated" in flags or "no-revision" in flags:
+            h.send_response(401 if "gated" in flags else 404)
+            h.send_header("X-Error-Code", "GatedRepo" if "gated" in flags else "RevisionNotFound")
             h.send_header("Content-Length", "0")
             h.end_headers()
         # hangup: nothing at all
@@ -824,6 +825,15 @@ def test_an_unauthorized_answer_says_whether_hf_token_is_set(local, monkeypatch)
     assert e.value.message == (
         f"{url}: HTTP 401 Unauthorized: {GGUF_REPO} is gated: accept its conditions at "
         f"{local.endpoint}/{GGUF_REPO}, then set HF_TOKEN (HF_TOKEN is set but does not give access)"
+    )
+
+
+def test_a_revision_the_hub_does_not_have_is_named_even_for_an_optional_file(local):
+    local.faults[CONFIG_PATH] = "no-revision"  # config.json is asked for as optional: a 404 alone means "no file"
+    with pytest.raises(DownloadError) as e:
+        hub.download(f"hf:{FOLDER_REPO}")
+    assert e.value.message == (
+        f"{local.endpoint}{CONFIG_PATH}: HTTP 404 Not Found: {FOLDER_REPO} has no revision 'main' on the hub"
     )
 
 
