@@ -462,16 +462,25 @@ class _Partial:
             view = view[os.write(self.fd, view) :]
 
     def commit(self, target: Path) -> None:
+        """Rename the finished file to `target`. Under a lock, the lock is let go only after the rename: another
+        download could otherwise take the file in between and start it over."""
         os.fsync(self.fd)
+        if fcntl is None:
+            os.close(self.fd)  # Windows renames no file that is open
         os.replace(self.path, target)
-        os.close(self.fd)
+        if fcntl is not None:
+            os.close(self.fd)
 
     def release(self, keep: bool) -> None:
+        """Let go of the file, removing it unless `keep` (again: under a lock, removed before the lock goes)."""
         self.size_at_release = self.size()
+        if fcntl is None:
+            os.close(self.fd)  # Windows removes no file that is open
         if not keep:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(OSError):  # gone already, or (Windows) opened by another download
                 self.path.unlink()
-        os.close(self.fd)
+        if fcntl is not None:
+            os.close(self.fd)
 
 
 def write_atomically(path: Path, data: bytes) -> None:
