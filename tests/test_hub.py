@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+import hashlib
 import json
 import shutil
 import socket
 import sys
 import threading
 import urllib.parse
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
@@ -47,50 +50,219 @@ def write_model_folder(folder: Path, shard_size: str | None = None) -> None:
     (folder / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json()), encoding="utf-8")
 
 
-class LocalHub:
-    """Files under `root` served as `/<owner>/<repo>/resolve/<revision>/<path>`, each request recorded.
+COMMIT = "c0ffee" * 6 + "c0ff"  # the commit every revision of the local hub is at (40 hex digits)
 
-    faults: URL path -> "short" (half the announced bytes, then the connection closes), an HTTP status
-    (int), or ("redirect", URL path), as the hub does for large files it keeps on a CDN.
+
+def git_blob_id(data: bytes) -> str:
+    """What the hub's ETag is for a small file: git's blob id."""
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+@dataclass
+class Request:
+    server: str  # "hub" or "cdn"
+    path: str  # unquoted, without the query
+    authorization: str | None
+    range: str | None
+
+
+class LocalHub:
+    """Files under `root` served in the Hugging Face hub's layout, each request recorded.
+
+    `/<owner>/<repo>/resolve/<revision>/<path>` answers with X-Repo-Commit. A small file comes back itself
+    with its git blob id as ETag; a large one (.gguf, .safetensors) is a 302 to a second server, the CDN
+    (at `localhost` and another port: another origin), with X-Linked-Size and X-Linked-Etag (its sha256),
+    as the hub does. `/api/models/<owner>/<repo>/revision/<revision>` lists the files (unless `api` is off).
+    Bodies honour `Range`.
+
+    faults: resolve path -> an HTTP status (int), ("redirect", URL or path), or flags joined by "+":
+      loop (a redirect to itself), garbage (bytes that are not HTTP), bad-status, hangup (closes without an
+      answer), html (an HTML page), silent (no answer), header-drip, gated (401 with X-Error-Code: GatedRepo),
+      no-revision (404 with X-Error-Code: RevisionNotFound),
+      and for the body, wherever it is served: short (half the bytes, then the connection closes), unsized
+      (no Content-Length: the body ends when the connection closes), drip (a byte every 0.2 s), pause (half,
+      then the rest 0.5 s later), corrupt (the last byte flipped), no-range (Range ignored), anonymous (no
+      hub headers: a plain web server).
     """
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.requests: list[str] = []
+        self.log: list[Request] = []
         self.faults: dict[str, object] = {}
-        hub_ = self
+        self.api = True
+        self.closing = threading.Event()  # ends the answers that hang
+        self.hub = self._serve("hub")
+        self.cdn = self._serve("cdn")
+        self.endpoint = f"http://127.0.0.1:{self.hub.server_address[1]}"
+        self.cdn_endpoint = f"http://localhost:{self.cdn.server_address[1]}"
+
+    @property
+    def requests(self) -> list[str]:
+        """The paths asked of the hub (not of the CDN)."""
+        return [r.path for r in self.log if r.server == "hub"]
+
+    def _serve(self, role: str) -> ThreadingHTTPServer:
+        local = self
 
         class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
             def do_GET(self) -> None:
-                path = urllib.parse.unquote(urllib.parse.urlsplit(self.path).path)
-                hub_.requests.append(path)
-                fault = hub_.faults.get(path)
-                if isinstance(fault, int):
-                    self.send_error(fault)
-                    return
-                if isinstance(fault, tuple):
-                    self.send_response(302)
-                    self.send_header("Location", fault[1])
-                    self.send_header("Content-Length", "0")
-                    self.end_headers()
-                    return
-                file = hub_.root / path.lstrip("/")
-                if not file.is_file():
-                    self.send_error(404)
-                    return
-                data = file.read_bytes()
-                self.send_response(200)
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data[: len(data) // 2] if fault == "short" else data)
+                try:
+                    local.answer(self, role)
+                except (BrokenPipeError, ConnectionResetError):
+                    pass  # the client gave up (a stalled download it stopped)
 
             def log_message(self, *args) -> None:
-                pass  # quiet: the test output is the requests list
+                pass  # quiet: the test output is the log
 
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
+        server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        server.daemon_threads = True
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return server
+
+    def answer(self, h: BaseHTTPRequestHandler, role: str) -> None:
+        path = urllib.parse.unquote(urllib.parse.urlsplit(h.path).path)
+        self.log.append(Request(role, path, h.headers.get("Authorization"), h.headers.get("Range")))
+        if role == "cdn":  # /lfs/<resolve path>: the file's bytes
+            resolve = path.removeprefix("/lfs")
+            return self.body(h, self.root / resolve.lstrip("/"), self.flags(resolve), {})
+        if path.startswith("/api/models/"):
+            return self.listing(h, path)
+        fault = self.faults.get(path)
+        flags = self.flags(path)
+        if isinstance(fault, int):
+            h.send_response(fault)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return None
+        if isinstance(fault, tuple):
+            return self.redirect(h, fault[1], {})
+        if "loop" in flags:
+            return self.redirect(h, path, {})
+        if flags & {"garbage", "bad-status", "hangup", "silent", "header-drip", "html", "gated", "no-revision"}:
+            return self.misbehave(h, flags)
+        file = self.root / path.lstrip("/")
+        if "/resolve/" not in path or not file.is_file():
+            h.send_response(404)
+            h.send_header("X-Repo-Commit", COMMIT)
+            h.send_header("X-Error-Code", "EntryNotFound")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return None
+        data = file.read_bytes()
+        if "anonymous" in flags:
+            return self.body(h, file, flags, {})
+        if file.suffix in (".gguf", ".safetensors"):
+            sha256 = hashlib.sha256(data).hexdigest()
+            linked = {"X-Linked-Size": str(len(data)), "X-Linked-Etag": f'"{sha256}"'}
+            return self.redirect(h, f"{self.cdn_endpoint}/lfs{urllib.parse.quote(path)}", linked)
+        return self.body(h, file, flags, {"ETag": f'"{git_blob_id(data)}"'})
+
+    def redirect(self, h, location: str, headers: dict[str, str]) -> None:
+        h.send_response(302)
+        h.send_header("Location", location)
+        h.send_header("X-Repo-Commit", COMMIT)
+        for name, value in headers.items():
+            h.send_header(name, value)
+        h.send_header("Content-Length", "0")
+        h.end_headers()
+
+    def body(self, h, file: Path, flags: set[str], headers: dict[str, str]) -> None:
+        data = file.read_bytes()
+        start = 0
+        asked = h.headers.get("Range")
+        if asked and "no-range" not in flags:
+            start = int(asked.removeprefix("bytes=").partition("-")[0])
+        h.send_response(206 if start else 200)
+        if "anonymous" not in flags:
+            h.send_header("X-Repo-Commit", COMMIT)
+            for name, value in headers.items():
+                h.send_header(name, value)
+        h.send_header("Accept-Ranges", "bytes")
+        if start:
+            h.send_header("Content-Range", f"bytes {start}-{len(data) - 1}/{len(data)}")
+        if "unsized" in flags:
+            h.send_header("Connection", "close")
+            h.close_connection = True
+        else:
+            h.send_header("Content-Length", str(len(data) - start))
+        h.end_headers()
+        data = data[start:]
+        if "corrupt" in flags:
+            data = data[:-1] + bytes([data[-1] ^ 1])
+        if "short" in flags:
+            h.wfile.write(data[: len(data) // 2])
+            h.close_connection = True
+        elif "drip" in flags:
+            for i in range(len(data)):
+                h.wfile.write(data[i : i + 1])
+                h.wfile.flush()
+                if self.closing.wait(0.2):
+                    return
+        elif "pause" in flags:
+            h.wfile.write(data[: len(data) // 2])
+            h.wfile.flush()
+            self.closing.wait(0.5)
+            h.wfile.write(data[len(data) // 2 :])
+        else:
+            h.wfile.write(data)
+
+    def misbehave(self, h, flags: set[str]) -> None:
+        h.close_connection = True
+        if "garbage" in flags:
+            h.wfile.write(b"\x00\x01\x02 not HTTP at all \xff\xfe\r\n\r\n")
+        elif "bad-status" in flags:
+            h.wfile.write(b"HTTP/1.1 2OO Fine\r\nContent-Length: 2\r\n\r\nok")
+        elif "silent" in flags:
+            self.closing.wait(30)
+        elif "header-drip" in flags:
+            for byte in b"HTTP/1.1 200 OK\r\nX-Padding: " + b"x" * 1000:
+                h.wfile.write(bytes([byte]))
+                h.wfile.flush()
+                if self.closing.wait(0.2):
+                    return
+        elif "html" in flags:
+            page = b"<!doctype html><html><body><h1>Welcome</h1></body></html>"
+            h.send_response(200)
+            h.send_header("Content-Type", "text/html; charset=utf-8")
+            h.send_header("Content-Length", str(len(page)))
+            h.end_headers()
+            h.wfile.write(page)
+        elif "gated" in flags or "no-revision" in flags:
+            h.send_response(401 if "gated" in flags else 404)
+            h.send_header("X-Error-Code", "GatedRepo" if "gated" in flags else "RevisionNotFound")
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+        # hangup: nothing at all
+
+    def listing(self, h, path: str) -> None:
+        owner, repo, kind, revision = path.removeprefix("/api/models/").split("/")[:4]
+        folder = self.root / owner / repo / "resolve" / revision
+        if not self.api or kind != "revision" or not folder.is_dir():
+            h.send_response(404)
+            h.send_header("Content-Length", "0")
+            h.end_headers()
+            return
+        siblings = []
+        for file in sorted(p for p in folder.rglob("*") if p.is_file()):
+            data = file.read_bytes()
+            sibling = {"rfilename": file.relative_to(folder).as_posix(), "size": len(data), "blobId": "0" * 40}
+            if file.suffix in (".gguf", ".safetensors"):
+                sibling["lfs"] = {"sha256": hashlib.sha256(data).hexdigest(), "size": len(data), "pointerSize": 134}
+            else:
+                sibling["blobId"] = git_blob_id(data)
+            siblings.append(sibling)
+        body = json.dumps({"id": f"{owner}/{repo}", "sha": COMMIT, "siblings": siblings}).encode()
+        h.send_response(200)
+        h.send_header("Content-Type", "application/json")
+        h.send_header("Content-Length", str(len(body)))
+        h.end_headers()
+        h.wfile.write(body)
+
+    def flags(self, path: str) -> set[str]:
+        fault = self.faults.get(path)
+        return set(fault.split("+")) if isinstance(fault, str) else set()
 
     def source(self, repo: str, path: str = "", revision: str = "main") -> Path:
         return self.root / repo / "resolve" / revision / path
@@ -99,8 +271,10 @@ class LocalHub:
         return [r for r in self.requests if r.endswith(suffix)]
 
     def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+        self.closing.set()
+        for server in (self.hub, self.cdn):
+            server.shutdown()
+            server.server_close()
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +294,11 @@ def local_hub(tmp_path_factory):
 @pytest.fixture
 def local(local_hub, tmp_path, monkeypatch):
     """The local hub, fresh (no requests, no faults), as the endpoint; an empty cache folder."""
-    local_hub.requests.clear()
+    local_hub.log.clear()
     local_hub.faults.clear()
+    local_hub.api = True
+    for name in ("HF_TOKEN", "RUVLLM_HF_STALL_SECONDS", "RUVLLM_HF_MIN_SPEED"):
+        monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RUVLLM_HF_ENDPOINT", local_hub.endpoint)
     monkeypatch.setenv("RUVLLM_MODELS_DIR", str(tmp_path / "cache"))
     return local_hub
@@ -133,6 +310,23 @@ def files_of(folder: Path) -> dict[str, bytes]:
 
 def no_temporary_files(folder: Path) -> bool:
     return not [p for p in folder.rglob("*") if p.name.endswith(".part")]
+
+
+def partial_files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.name.endswith(".part"))
+
+
+def within(seconds: float, call):
+    """call()'s result, or a failed test if it has not returned after `seconds` (a hang guard, not a timing)."""
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        return pool.submit(call).result(timeout=seconds)
+    finally:
+        pool.shutdown(wait=False)
+
+
+GGUF_NAME, GGUF_PATH = f"hf:{GGUF_REPO}/tiny-f32.gguf", f"/{GGUF_REPO}/resolve/main/tiny-f32.gguf"
+CONFIG_PATH = f"/{FOLDER_REPO}/resolve/main/config.json"
 
 
 # --- names ---------------------------------------------------------------------------------------------------------
@@ -311,19 +505,6 @@ def test_a_folder_missing_its_weights_is_a_download_error_and_not_complete(local
     assert hub.list_cached() == []
 
 
-def test_a_download_cut_short_leaves_no_complete_looking_file(local, tmp_path):
-    name, path = f"hf:{GGUF_REPO}/tiny-f32.gguf", f"/{GGUF_REPO}/resolve/main/tiny-f32.gguf"
-    local.faults[path] = "short"
-    with pytest.raises(DownloadError, match="arrived incomplete"):
-        hub.download(name)
-    folder = tmp_path / "cache" / GGUF_REPO / "main"
-    assert not (folder / "tiny-f32.gguf").exists()
-    assert no_temporary_files(tmp_path / "cache")
-    assert hub.list_cached() == []
-    del local.faults[path]  # the next try fetches it again, whole
-    assert hub.download(name).read_bytes() == local.source(GGUF_REPO, "tiny-f32.gguf").read_bytes()
-
-
 def test_an_interrupted_folder_download_resumes_with_the_files_it_lacks(local, tmp_path):
     weights = f"/{FOLDER_REPO}/resolve/main/model.safetensors"
     local.faults[weights] = "short"
@@ -334,7 +515,7 @@ def test_an_interrupted_folder_download_resumes_with_the_files_it_lacks(local, t
     assert not (folder / "model.safetensors").exists()
     assert not (folder / hub.COMPLETE).exists()
     del local.faults[weights]
-    local.requests.clear()
+    local.log.clear()
     hub.download(f"hf:{FOLDER_REPO}")
     assert not local.requested("/config.json")  # complete files stay
     assert local.requested("/model.safetensors") == [weights]
@@ -364,6 +545,316 @@ def test_an_unreachable_hub_is_a_download_error(local, monkeypatch):
     monkeypatch.setenv("RUVLLM_HF_ENDPOINT", f"http://127.0.0.1:{port}")
     with pytest.raises(DownloadError, match="cannot connect"):
         hub.download(f"hf:{GGUF_REPO}/tiny-f32.gguf")
+
+
+# --- incomplete and wrong bodies -----------------------------------------------------------------------------------
+
+
+def test_a_download_cut_short_is_kept_only_as_a_partial_file_the_next_download_resumes(local, tmp_path):
+    size = local.source(GGUF_REPO, "tiny-f32.gguf").stat().st_size
+    local.faults[GGUF_PATH] = "short"
+    with pytest.raises(DownloadError) as e:
+        hub.download(GGUF_NAME)
+    half = size // 2
+    assert e.value.message == (
+        f"{local.endpoint}{GGUF_PATH}: arrived incomplete, {half} of {size} bytes; its {half} bytes are kept and "
+        "the next download resumes from them"
+    )
+    folder = tmp_path / "cache" / GGUF_REPO / "main"
+    assert not (folder / "tiny-f32.gguf").exists()
+    assert hub.list_cached() == []
+    assert [p.stat().st_size for p in partial_files(folder)] == [half]
+    del local.faults[GGUF_PATH]
+    local.log.clear()
+    assert hub.download(GGUF_NAME).read_bytes() == local.source(GGUF_REPO, "tiny-f32.gguf").read_bytes()
+    assert [r.range for r in local.log if r.server == "cdn"] == [f"bytes={half}-"]
+    assert partial_files(tmp_path / "cache") == []
+
+
+@pytest.mark.parametrize("name, path", [(GGUF_NAME, GGUF_PATH), (f"hf:{FOLDER_REPO}", CONFIG_PATH)])
+def test_a_body_cut_short_without_content_length_is_not_kept_and_is_fetched_again(local, tmp_path, name, path):
+    source = local.root / path.lstrip("/")
+    local.faults[path] = "short+unsized"  # the hub's X-Linked-Size (a GGUF) or its file list (config.json) tells
+    with pytest.raises(DownloadError) as e:
+        hub.download(name)
+    size = source.stat().st_size
+    assert e.value.message.startswith(f"{local.endpoint}{path}: arrived incomplete, {size // 2} of {size} bytes")
+    target = tmp_path / "cache" / path.lstrip("/").replace("resolve/", "")
+    assert not target.exists()
+    assert hub.list_cached() == []
+    del local.faults[path]
+    hub.download(name)
+    assert target.read_bytes() == source.read_bytes()
+    assert local.requested(path) == [path, path]
+    assert partial_files(tmp_path / "cache") == []
+
+
+def test_a_body_without_content_length_is_taken_when_the_hubs_file_list_gives_its_size(local, tmp_path):
+    local.faults[CONFIG_PATH] = "unsized"
+    folder = hub.download(f"hf:{FOLDER_REPO}")
+    assert files_of(folder) == files_of(local.source(FOLDER_REPO))
+    assert local.requested(f"/api/models/{FOLDER_REPO}/revision/main") != []
+
+
+def test_a_body_of_unknown_size_is_refused_when_nothing_gives_its_size(local, tmp_path):
+    local.faults[CONFIG_PATH] = "unsized+anonymous"  # a plain web server: no X-Repo-Commit, no ETag
+    local.api = False
+    with pytest.raises(DownloadError) as e:
+        hub.download(f"hf:{FOLDER_REPO}")
+    assert e.value.message == (
+        f"{local.endpoint}{CONFIG_PATH}: the server gave no size (no Content-Length or X-Linked-Size, and the "
+        "hub's file list has none), so a body cut short could not be told from a whole one"
+    )
+    assert not (tmp_path / "cache" / FOLDER_REPO / "main" / "config.json").exists()
+    assert partial_files(tmp_path / "cache") == []
+
+
+@pytest.mark.parametrize(
+    "name, path, what",
+    [(GGUF_NAME, GGUF_PATH, "sha256"), (f"hf:{FOLDER_REPO}", CONFIG_PATH, "git blob id")],
+)
+def test_a_file_whose_hash_is_not_the_hubs_is_refused_and_not_kept(local, tmp_path, name, path, what):
+    data = (local.root / path.lstrip("/")).read_bytes()
+    want = hashlib.sha256(data).hexdigest() if what == "sha256" else git_blob_id(data)
+    local.faults[path] = "corrupt"  # the last byte flipped: the size is right
+    with pytest.raises(DownloadError) as e:
+        hub.download(name)
+    assert e.value.message.startswith(f"{local.endpoint}{path}: its {what} is ")
+    assert e.value.message.endswith(f", the hub says {want}: what arrived is not the file; not kept")
+    assert not (tmp_path / "cache" / path.lstrip("/").replace("resolve/", "")).exists()
+    assert partial_files(tmp_path / "cache") == []
+    del local.faults[path]
+    hub.download(name)  # and fetched whole the next time
+
+
+def test_a_config_that_is_not_json_is_refused(local, tmp_path):
+    local.faults[CONFIG_PATH] = ("redirect", GGUF_PATH)
+    with pytest.raises(DownloadError, match=r"config\.json: not JSON \(UnicodeDecodeError: .*; not kept$"):
+        hub.download(f"hf:{FOLDER_REPO}")
+    assert not (tmp_path / "cache" / FOLDER_REPO / "main" / "config.json").exists()
+
+
+# --- misbehaving servers -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        ("drip", "the download stalled after "),  # a byte every 0.2 s: a per-read timeout never fires
+        ("silent", "no answer: "),
+        ("header-drip", "no answer: "),
+    ],
+)
+def test_a_dripping_or_silent_server_ends_in_a_download_error_after_the_stall_window(
+    local, tmp_path, monkeypatch, fault, message
+):
+    monkeypatch.setenv("RUVLLM_HF_STALL_SECONDS", "1")
+    local.faults[GGUF_PATH] = fault
+    with pytest.raises(DownloadError) as e:
+        within(60, lambda: hub.download(GGUF_NAME))
+    assert e.value.message.startswith(f"{local.endpoint}{GGUF_PATH}")
+    assert message in e.value.message
+    assert "fewer than 1024 bytes in 1 s (RUVLLM_HF_MIN_SPEED=1024 bytes/s over RUVLLM_HF_STALL_SECONDS=1)" in (
+        e.value.message
+    )
+    assert not (tmp_path / "cache" / GGUF_REPO / "main" / "tiny-f32.gguf").exists()
+
+
+def test_a_stalled_download_says_how_much_arrived_and_keeps_it(local, tmp_path, monkeypatch):
+    monkeypatch.setenv("RUVLLM_HF_STALL_SECONDS", "1")
+    local.faults[GGUF_PATH] = "drip"
+    with pytest.raises(DownloadError) as e:
+        within(60, lambda: hub.download(GGUF_NAME))
+    (partial,) = partial_files(tmp_path / "cache")
+    size = local.source(GGUF_REPO, "tiny-f32.gguf").stat().st_size
+    kept = partial.stat().st_size
+    assert 0 < kept < size
+    assert f"the download stalled after {kept} of {size} bytes: " in e.value.message
+    assert e.value.message.endswith(f"; its {kept} bytes are kept and the next download resumes from them")
+
+
+def test_a_redirect_loop_is_one_download_error(local):
+    local.faults[GGUF_PATH] = "loop"
+    with pytest.raises(DownloadError) as e:
+        hub.download(GGUF_NAME)
+    url = f"{local.endpoint}{GGUF_PATH}"
+    assert e.value.message == f"{url}: more than 10 redirects (a loop?), the last to {url}"
+    assert len(local.requested(GGUF_PATH)) == 11
+
+
+def test_a_redirect_to_a_url_that_is_not_http_is_refused(local):
+    local.faults[GGUF_PATH] = ("redirect", "file:///etc/passwd")
+    with pytest.raises(DownloadError) as e:
+        hub.download(GGUF_NAME)
+    assert e.value.message == f"{local.endpoint}{GGUF_PATH}: redirected to file:///etc/passwd, not an http(s) URL"
+
+
+@pytest.mark.parametrize(
+    "fault, message",
+    [
+        ("garbage", "the answer is not HTTP: "),
+        ("bad-status", "the answer is not HTTP: 'HTTP/1.1 2OO Fine\\r\\n'"),
+        ("hangup", "the server closed the connection without an answer"),
+        ("html", "an HTML page came instead of the file (Content-Type: text/html): http://127.0.0.1:"),
+    ],
+)
+def test_a_server_that_does_not_answer_as_the_hub_does_is_one_download_error(local, tmp_path, fault, message):
+    local.faults[GGUF_PATH] = fault
+    with pytest.raises(DownloadError) as e:
+        hub.download(GGUF_NAME)
+    assert e.value.message.startswith(f"{local.endpoint}{GGUF_PATH}: {message}")
+    assert e.value.message.isprintable()
+    assert not (tmp_path / "cache" / GGUF_REPO / "main" / "tiny-f32.gguf").exists()
+    assert partial_files(tmp_path / "cache") == []
+
+
+# --- partial files -------------------------------------------------------------------------------------------------
+
+
+def interrupt_midway(path: Path, done: int, total: int | None) -> None:
+    """A progress callback that stops the download as Ctrl-C would, once some bytes have arrived."""
+    if 0 < done < (total or done + 1):
+        raise KeyboardInterrupt
+
+
+def test_an_interrupted_download_of_a_file_without_a_hash_leaves_no_partial_file(local, tmp_path):
+    local.faults[GGUF_PATH] = "anonymous+pause"  # a plain web server: nothing to check a resumed file against
+    with pytest.raises(KeyboardInterrupt):
+        hub.download(GGUF_NAME, progress=interrupt_midway)
+    assert not (tmp_path / "cache" / GGUF_REPO / "main" / "tiny-f32.gguf").exists()
+    assert partial_files(tmp_path / "cache") == []
+
+
+def test_an_interrupted_download_of_a_file_with_a_hash_resumes_from_its_partial_file(local, tmp_path):
+    local.faults[GGUF_PATH] = "pause"  # half, then the rest: the interrupt comes in between
+    with pytest.raises(KeyboardInterrupt):
+        hub.download(GGUF_NAME, progress=interrupt_midway)
+    (partial,) = partial_files(tmp_path / "cache")
+    kept = partial.stat().st_size
+    del local.faults[GGUF_PATH]
+    local.log.clear()
+    calls = []
+    path = hub.download(GGUF_NAME, progress=lambda *a: calls.append(a))
+    assert path.read_bytes() == local.source(GGUF_REPO, "tiny-f32.gguf").read_bytes()
+    assert [r.range for r in local.log if r.server == "cdn"] == [f"bytes={kept}-"]
+    assert calls[0] == (path, kept, path.stat().st_size)
+    assert partial_files(tmp_path / "cache") == []
+
+
+def test_a_server_that_ignores_range_sends_the_whole_file_again(local, tmp_path):
+    local.faults[GGUF_PATH] = "short"
+    with pytest.raises(DownloadError):
+        hub.download(GGUF_NAME)
+    local.faults[GGUF_PATH] = "no-range"
+    assert hub.download(GGUF_NAME).read_bytes() == local.source(GGUF_REPO, "tiny-f32.gguf").read_bytes()
+    assert partial_files(tmp_path / "cache") == []
+
+
+def test_stale_partial_files_of_the_target_are_removed_when_its_download_starts(local, tmp_path):
+    folder = tmp_path / "cache" / GGUF_REPO / "main"
+    folder.mkdir(parents=True)
+    stale = [folder / ".tiny-f32.gguf.k3j_x9a2.part", folder / ".tiny-f32.gguf.0123456789abcdef.part"]
+    other = folder / ".other.gguf.0123456789abcdef.part"  # another file's: not this download's to remove
+    for path in [*stale, other]:
+        path.write_bytes(b"GGUF left by a killed download")
+    hub.download(GGUF_NAME)
+    assert partial_files(folder) == [other]
+
+
+fcntl = pytest.importorskip("fcntl") if sys.platform != "win32" else None
+
+
+@pytest.mark.skipif(fcntl is None, reason="partial files are locked with fcntl.flock (POSIX)")
+def test_a_partial_file_another_download_holds_is_left_alone(local, tmp_path):
+    folder = tmp_path / "cache" / GGUF_REPO / "main"
+    folder.mkdir(parents=True)
+    busy = folder / ".tiny-f32.gguf.0123456789abcdef.part"  # another version, being downloaded right now
+    with open(busy, "wb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        hub.download(GGUF_NAME)
+        assert partial_files(folder) == [busy]
+
+
+@pytest.mark.skipif(fcntl is None, reason="partial files are locked with fcntl.flock (POSIX)")
+def test_a_download_of_a_version_another_download_holds_waits_for_it(local, tmp_path):
+    data = local.source(GGUF_REPO, "tiny-f32.gguf").read_bytes()
+    folder = tmp_path / "cache" / GGUF_REPO / "main"
+    folder.mkdir(parents=True)
+    busy = folder / f".tiny-f32.gguf.{hashlib.sha256(data).hexdigest()[:16]}.part"
+    with open(busy, "wb") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        pool = concurrent.futures.ThreadPoolExecutor(1)
+        waiting = pool.submit(hub.download, GGUF_NAME)
+        with pytest.raises(concurrent.futures.TimeoutError):
+            waiting.result(timeout=0.5)  # it waits while the other holds the file...
+    assert within(60, waiting.result).read_bytes() == data  # ...and downloads once it let go without finishing
+    pool.shutdown()
+
+
+# --- tokens --------------------------------------------------------------------------------------------------------
+
+
+def test_hf_token_goes_to_the_hub_and_never_to_the_cdn_it_redirects_to(local, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_local_test_token")
+    hub.download(GGUF_NAME)
+    hub.download(f"hf:{FOLDER_REPO}")
+    to_hub = [r.authorization for r in local.log if r.server == "hub"]
+    to_cdn = [r.authorization for r in local.log if r.server == "cdn"]
+    assert to_hub and set(to_hub) == {"Bearer hf_local_test_token"}
+    assert to_cdn and set(to_cdn) == {None}
+
+
+def test_without_hf_token_no_authorization_is_sent(local):
+    hub.download(GGUF_NAME)
+    assert {r.authorization for r in local.log} == {None}
+
+
+def test_an_unauthorized_answer_says_whether_hf_token_is_set(local, monkeypatch):
+    local.faults[GGUF_PATH] = 401
+    url = f"{local.endpoint}{GGUF_PATH}"
+    with pytest.raises(DownloadError) as e:
+        hub.download(GGUF_NAME)
+    assert e.value.message == (
+        f"{url}: HTTP 401 Unauthorized: {GGUF_REPO} does not exist on the hub, or is private or gated "
+        "(no HF_TOKEN is set)"
+    )
+    monkeypatch.setenv("HF_TOKEN", "hf_wrong")
+    local.faults[GGUF_PATH] = "gated"
+    with pytest.raises(DownloadError) as e:
+        hub.download(GGUF_NAME)
+    assert e.value.message == (
+        f"{url}: HTTP 401 Unauthorized: {GGUF_REPO} is gated: accept its conditions at "
+        f"{local.endpoint}/{GGUF_REPO}, then set HF_TOKEN (HF_TOKEN is set but does not give access)"
+    )
+
+
+def test_a_revision_the_hub_does_not_have_is_named_even_for_an_optional_file(local):
+    local.faults[CONFIG_PATH] = "no-revision"  # config.json is asked for as optional: a 404 alone means "no file"
+    with pytest.raises(DownloadError) as e:
+        hub.download(f"hf:{FOLDER_REPO}")
+    assert e.value.message == (
+        f"{local.endpoint}{CONFIG_PATH}: HTTP 404 Not Found: {FOLDER_REPO} has no revision 'main' on the hub"
+    )
+
+
+@pytest.mark.parametrize(
+    "variable, value, message",
+    [
+        ("RUVLLM_HF_STALL_SECONDS", "soon", "$RUVLLM_HF_STALL_SECONDS must be a number of seconds > 0; got 'soon'"),
+        ("RUVLLM_HF_STALL_SECONDS", "-1", "$RUVLLM_HF_STALL_SECONDS must be a number of seconds > 0; got '-1'"),
+        ("RUVLLM_HF_STALL_SECONDS", "inf", "$RUVLLM_HF_STALL_SECONDS must be a number of seconds > 0; got 'inf'"),
+        ("RUVLLM_HF_MIN_SPEED", "1.5", "$RUVLLM_HF_MIN_SPEED must be a whole number of bytes per second > 0"),
+        ("RUVLLM_HF_MIN_SPEED", "0", "$RUVLLM_HF_MIN_SPEED must be a whole number of bytes per second > 0"),
+        ("RUVLLM_HF_ENDPOINT", "file:///etc", "$RUVLLM_HF_ENDPOINT must be an http:// or https:// URL"),
+        ("RUVLLM_HF_ENDPOINT", "huggingface.co", "$RUVLLM_HF_ENDPOINT must be an http:// or https:// URL"),
+    ],
+)
+def test_malformed_download_settings_are_refused_before_any_request(local, monkeypatch, variable, value, message):
+    monkeypatch.setenv(variable, value)
+    with pytest.raises(InvalidArgumentError) as e:
+        hub.download(GGUF_NAME)
+    assert e.value.message.startswith(message)
+    assert local.log == []
 
 
 # --- the cache -----------------------------------------------------------------------------------------------------
@@ -434,6 +925,30 @@ def test_ruvllm_list_shows_name_kind_size_and_path(local, tmp_path, capsys):
     shutil.rmtree(cache)
     assert cli.main(["list"]) == 0
     assert capsys.readouterr().out == f"no models in {cache}\n"
+
+
+def test_ruvllm_list_shows_partial_files_after_the_models(local, tmp_path, capsys):
+    folder = hub.download(f"hf:{FOLDER_REPO}")
+    local.faults[GGUF_PATH] = "short"
+    assert cli.main(["download", GGUF_NAME]) == 1
+    capsys.readouterr()
+    assert cli.main(["list"]) == 0
+    lines = [line.split() for line in capsys.readouterr().out.splitlines()]
+    (partial,) = partial_files(tmp_path / "cache")
+    assert [line[:2] for line in lines] == [[f"hf:{FOLDER_REPO}", "folder"], [GGUF_NAME, "partial"]]
+    assert lines[0][-1] == str(folder)
+    assert lines[1][-1] == str(partial)
+
+
+@pytest.mark.parametrize("fault", ["garbage", "loop", "html", "short+unsized"])
+def test_ruvllm_download_from_a_misbehaving_server_fails_with_one_line(local, capsys, fault):
+    local.faults[GGUF_PATH] = fault
+    assert cli.main(["download", GGUF_NAME]) == 1
+    out, err = capsys.readouterr()
+    assert out == ""
+    *progress, error = err.splitlines()  # the progress lines of the files begun, then the error in one line
+    assert all(line.startswith("downloading tiny-f32.gguf") for line in progress)
+    assert error.startswith(f"ruvllm download: error: {local.endpoint}{GGUF_PATH}: ")
 
 
 def test_ruvllm_download_rewrites_one_line_per_file_on_a_terminal(local, capsys, monkeypatch):

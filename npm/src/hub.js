@@ -7,6 +7,7 @@
  *   // { url: 'https://huggingface.co/HuggingFaceTB/SmolLM2-135M-Instruct/resolve/main/', kind: 'folder' }
  */
 
+import { IS_NODE } from './env.js';
 import { RuvLLMError } from './errors.js';
 
 export const HF_PREFIX = 'hf:';
@@ -86,6 +87,47 @@ export function resolveModel(model, { hfEndpoint = DEFAULT_HF_ENDPOINT } = {}) {
   const base = [hfEndpoint.replace(/\/+$/, ''), ...[owner, repo, 'resolve', revision].map(quote)].join('/') + '/';
   if (file === null) return { url: base, kind: 'folder' };
   return { url: base + file.split('/').map(quote).join('/'), kind: 'gguf' };
+}
+
+/**
+ * The access token for private and gated repos: `hfToken` if given, else (in Node) the HF_TOKEN environment
+ * variable, else null.
+ *
+ * @param {string | null} [hfToken]
+ * @returns {string | null}
+ */
+export function hubToken(hfToken) {
+  const token = hfToken ?? (IS_NODE ? process.env.HF_TOKEN : undefined);
+  return typeof token === 'string' && token.trim() ? token.trim() : null;
+}
+
+/**
+ * The headers a request for `url` needs: `Authorization: Bearer TOKEN` when there is a token (see hubToken)
+ * and `url` is on the hub endpoint's origin, none otherwise. Give them to fetch() as they are: it drops
+ * Authorization when a redirect leads to another origin (the Fetch standard, done by Node's fetch and by
+ * browsers), so the CDN the hub sends large files to never gets the token; ruvllm/files/transfer.py does
+ * the same on CPython.
+ *
+ *   fetch(url, { headers: hubHeaders(url, { hfEndpoint }) });
+ *
+ * @param {string} url
+ * @param {{ hfEndpoint?: string, hfToken?: string | null }} [options]
+ * @returns {Record<string, string>}
+ */
+export function hubHeaders(url, { hfEndpoint = DEFAULT_HF_ENDPOINT, hfToken } = {}) {
+  const token = hubToken(hfToken);
+  if (token === null || originOf(url) === null || originOf(url) !== originOf(hfEndpoint)) return {};
+  return { Authorization: `Bearer ${token}` };
+}
+
+/** The origin (scheme, host, port) of an http(s) URL, or null for anything else. */
+function originOf(url) {
+  try {
+    const parsed = new URL(url);
+    return parsed.protocol === 'http:' || parsed.protocol === 'https:' ? parsed.origin : null;
+  } catch {
+    return null;
+  }
 }
 
 /**

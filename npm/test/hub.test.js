@@ -1,8 +1,9 @@
 import assert from 'node:assert/strict';
+import http from 'node:http';
 import { test } from 'node:test';
 
 import { RuvLLMError } from '../src/errors.js';
-import { HF_FORMS, isHubName, modelName, parseHubName, resolveModel } from '../src/hub.js';
+import { HF_FORMS, hubHeaders, hubToken, isHubName, modelName, parseHubName, resolveModel } from '../src/hub.js';
 
 test('hf: names of a folder resolve to the base URL of the repo at its revision', () => {
   assert.deepEqual(resolveModel('hf:HuggingFaceTB/SmolLM2-135M-Instruct'), {
@@ -94,4 +95,57 @@ test("a model's name in OpenAI answers is the last segment of its location, with
     ['hf:unsloth/gemma-3-270m-it-GGUF@v1/sub/gemma-3-270m-it-Q4_K_M.gguf', 'gemma-3-270m-it-Q4_K_M'],
   ])
     assert.equal(modelName(model), name, model);
+});
+
+test('the token comes from hfToken, else HF_TOKEN, and goes only to URLs of the hub endpoint', (t) => {
+  const saved = process.env.HF_TOKEN;
+  t.after(() => (saved === undefined ? delete process.env.HF_TOKEN : (process.env.HF_TOKEN = saved)));
+  delete process.env.HF_TOKEN;
+  assert.equal(hubToken(), null);
+  assert.deepEqual(hubHeaders('https://huggingface.co/o/r/resolve/main/x.gguf'), {});
+  process.env.HF_TOKEN = ' hf_env ';
+  assert.equal(hubToken(), 'hf_env');
+  assert.equal(hubToken('hf_option'), 'hf_option');
+  const endpoint = { hfEndpoint: 'http://127.0.0.1:8080/mirror/' };
+  assert.deepEqual(hubHeaders('https://huggingface.co/o/r/resolve/main/x.gguf'), { Authorization: 'Bearer hf_env' });
+  assert.deepEqual(hubHeaders('http://127.0.0.1:8080/o/r/resolve/main/x.gguf', endpoint), {
+    Authorization: 'Bearer hf_env',
+  });
+  for (const url of [
+    'http://127.0.0.1:8081/o/r/resolve/main/x.gguf', // another port
+    'https://127.0.0.1:8080/o/r/resolve/main/x.gguf', // another scheme
+    'http://localhost:8080/o/r/resolve/main/x.gguf', // another host
+    'https://cdn-lfs.hf.co/repos/ab/cd/sha256', // the hub's CDN
+    'file:///etc/passwd',
+    'not a URL',
+  ])
+    assert.deepEqual(hubHeaders(url, endpoint), {}, url);
+  assert.deepEqual(hubHeaders('https://huggingface.co/x', { hfToken: 'hf_option' }), {
+    Authorization: 'Bearer hf_option',
+  });
+});
+
+test('fetch() with hubHeaders sends the token to the hub and not to the CDN it redirects to', async (t) => {
+  const seen = [];
+  const listen = (handler) =>
+    new Promise((resolve) => {
+      const server = http.createServer(handler).listen(0, '127.0.0.1', () => resolve(server));
+      t.after(() => server.close());
+    });
+  const cdn = await listen((request, response) => {
+    seen.push(['cdn', request.headers.authorization ?? null]);
+    response.end('GGUF');
+  });
+  const hub = await listen((request, response) => {
+    seen.push(['hub', request.headers.authorization ?? null]);
+    response.writeHead(302, { Location: `http://localhost:${cdn.address().port}/lfs/x.gguf` }).end();
+  });
+  const hfEndpoint = `http://127.0.0.1:${hub.address().port}`;
+  const { url } = resolveModel('hf:o/r/x.gguf', { hfEndpoint });
+  const response = await fetch(url, { headers: hubHeaders(url, { hfEndpoint, hfToken: 'hf_secret' }) });
+  assert.equal(await response.text(), 'GGUF');
+  assert.deepEqual(seen, [
+    ['hub', 'Bearer hf_secret'],
+    ['cdn', null],
+  ]);
 });

@@ -676,15 +676,16 @@ class _DownloadProgress:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from .files.hub import cache_folder, list_cached
+    """The complete models of the cache, then its partial files (`ruvllm download NAME` resumes or removes them)."""
+    from .files.hub import cache_folder, list_cached, list_partial
 
-    models = list_cached()
+    models = list_cached() + list_partial()
     if not models:
         print(f"no models in {cache_folder()}")
         return 0
     width = max(len(m.name) for m in models)
     for m in models:
-        print(f"{m.name:{width}s}  {m.kind:6s} {m.size / 2**20:9.1f} MiB  {m.path}")
+        print(f"{m.name:{width}s}  {m.kind:7s} {m.size / 2**20:9.1f} MiB  {m.path}")
     return 0
 
 

@@ -12,27 +12,29 @@ endpoint is $RUVLLM_HF_ENDPOINT, else https://huggingface.co. Downloads go to th
 ($RUVLLM_MODELS_DIR, else $XDG_CACHE_HOME/ruvllm/hub, else ~/.cache/ruvllm/hub) as
 `<cache>/<owner>/<repo>/<revision>/<path>`.
 
-A file is written under a temporary name in its own folder and renamed once it has arrived whole (the size
-the server announced, and for a GGUF its magic), so a file at its final path is complete and is never
-fetched again. A model folder is complete once its `.complete` record (the files and their sizes) exists.
-Only the standard library is used: urllib, no token (public repositories only).
+A file is renamed to its final path only once it has arrived whole and checked (files/transfer.py: the
+size and, where the hub gives it, the sha256 or git blob id; then its format: a GGUF's magic, JSON that
+parses, a safetensors header), so a file at its final path is complete and is never fetched again. A model
+folder is complete once its `.complete` record (the files and their sizes) exists. $HF_TOKEN, if set, is
+sent to the endpoint (never to the CDN it redirects to), for private and gated repos.
+
+Only the standard library is used. huggingface_hub (installed with the text extra) was measured against
+a misbehaving local hub and not taken: a server dripping a byte every 2 s holds its downloads forever
+(a per-read timeout), a silent one for 394 s, and it keeps a file cut short without Content-Length or
+whose sha256 is wrong as complete.
 """
 
 from __future__ import annotations
 
-import http.client
 import json
 import os
 import re
-import tempfile
-import urllib.error
 import urllib.parse
-import urllib.request
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import DownloadError, InvalidArgumentError
+from .transfer import Expected, HTTPStatusError, Progress, Stall, fetch, is_partial, read_small, write_atomically
 
 PREFIX = "hf:"
 DEFAULT_ENDPOINT = "https://huggingface.co"
@@ -43,13 +45,9 @@ COMPLETE = ".complete"  # a model folder's record of its files: written last, so
 REQUIRED_FILES = ("config.json", "tokenizer.json")
 OPTIONAL_FILES = ("tokenizer_config.json", "generation_config.json")
 WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
-CHUNK = 1 << 20
-TIMEOUT_S = 60
 
 # Owner, repo and revision: letters, digits, '.', '_', '-' (the hub's own rule, less its length limits).
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
-
-Progress = Callable[[Path, int, int | None], None]
 
 
 @dataclass(frozen=True)
@@ -132,8 +130,12 @@ def _is_path_segment(text: str) -> bool:
 
 
 def hub_endpoint() -> str:
-    """$RUVLLM_HF_ENDPOINT, else https://huggingface.co (no trailing slash)."""
-    return (os.environ.get("RUVLLM_HF_ENDPOINT") or DEFAULT_ENDPOINT).rstrip("/")
+    """$RUVLLM_HF_ENDPOINT, else https://huggingface.co (no trailing slash); an http(s) URL."""
+    endpoint = (os.environ.get("RUVLLM_HF_ENDPOINT") or DEFAULT_ENDPOINT).strip().rstrip("/")
+    parts = urllib.parse.urlsplit(endpoint)
+    if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+        raise InvalidArgumentError(f"$RUVLLM_HF_ENDPOINT must be an http:// or https:// URL; got {endpoint!r}")
+    return endpoint
 
 
 def cache_folder() -> Path:
@@ -148,15 +150,21 @@ def cache_folder() -> Path:
 def download(name: str, cache_dir: str | os.PathLike | None = None, progress: Progress | None = None) -> Path:
     """Fetch hub name `name` into the cache unless it is there: the GGUF file's path, or the model folder.
 
-    progress(path, done_bytes, total_bytes or None) is called as each file arrives (first with 0 done).
-    Raises DownloadError (what could not be fetched and why) and InvalidArgumentError (a malformed name).
+    progress(path, done_bytes, total_bytes or None) is called as each file arrives (first with the bytes
+    already there: 0, or those of a partial file it resumes).
+    Raises DownloadError (what could not be fetched and why) and InvalidArgumentError (a malformed name,
+    or a malformed $RUVLLM_HF_ENDPOINT, $RUVLLM_HF_STALL_SECONDS or $RUVLLM_HF_MIN_SPEED).
     """
     model = parse(name)
     folder = model.folder(Path(cache_dir) if cache_dir is not None else cache_folder())
+    if model.file is not None and (folder / model.file).is_file():
+        return folder / model.file  # only complete files are ever renamed to their final path
+    if model.file is None and _folder_complete(folder):
+        return folder
+    source = _Source(model, hub_endpoint(), hub_token(), Stall.from_env(), progress)
     if model.file is not None:
-        return _fetch_file(model, model.file, folder, progress)
-    if not _folder_complete(folder):
-        _fetch_folder(model, folder, progress)
+        return source.fetch(model.file, folder)
+    _fetch_folder(source, folder)
     return folder
 
 
@@ -165,28 +173,142 @@ def ensure_local(name: str, progress: Progress | None = None) -> str:
     return str(download(name, progress=progress))
 
 
-def _fetch_folder(model: HubModel, folder: Path, progress: Progress | None) -> None:
-    config = _fetch_file(model, "config.json", folder, progress, optional=True)
+def hub_token() -> str | None:
+    """$HF_TOKEN (the Hugging Face access token, for private and gated repos), or None."""
+    return os.environ.get("HF_TOKEN", "").strip() or None
+
+
+class _Source:
+    """One repo at one revision on the hub, with what downloading from it needs."""
+
+    def __init__(self, model: HubModel, endpoint: str, token: str | None, stall: Stall, progress) -> None:
+        self.model, self.endpoint, self.token, self.stall, self.progress = model, endpoint, token, stall, progress
+        self._listing: dict[str, Expected] | None = None
+
+    def url(self, path: str) -> str:
+        return self.model.url(path, self.endpoint)
+
+    def fetch(self, path: str, folder: Path, optional: bool = False) -> Path | None:
+        """The local copy of `path` of the repo, downloaded if missing; None if `optional` and the hub has none."""
+        target = folder / path
+        if target.is_file():
+            return target
+        url = self.url(path)
+        try:
+            fetch(
+                url,
+                target,
+                token=self.token,
+                token_origin=self.endpoint,
+                stall=self.stall,
+                progress=self.progress,
+                lookup=lambda: self.listing().get(path, Expected()),
+                check=lambda partial: _problem(target.suffix.lower(), partial),
+            )
+        except HTTPStatusError as e:
+            if e.code == 404 and optional and e.error_code not in ("RepoNotFound", "RevisionNotFound"):
+                return None
+            raise self._status_error(e) from None
+        return target
+
+    def listing(self) -> dict[str, Expected]:
+        """The repo's files at this revision with their sizes and hashes, from the hub's API ({} if it has none).
+
+        Asked only when an answer gives no size: `GET {endpoint}/api/models/{repo}/revision/{revision}?blobs=true`
+        lists `siblings`, each with `rfilename`, `size`, `blobId` and, for a large file, `lfs: {sha256, size}`.
+        """
+        if self._listing is None:
+            self._listing = {}
+            m = self.model
+            parts = ("api", "models", m.owner, m.repo, "revision", m.revision)
+            url = self.endpoint + "/" + "/".join(urllib.parse.quote(p, safe="") for p in parts) + "?blobs=true"
+            try:
+                body = read_small(url, token=self.token, token_origin=self.endpoint, stall=self.stall)
+                self._listing = _siblings(json.loads(body))
+            except (DownloadError, HTTPStatusError, ValueError):
+                pass  # no listing: the download that asked says it has no size to check against
+        return self._listing
+
+    def _status_error(self, e: HTTPStatusError) -> DownloadError:
+        m, where = self.model, f"{e.url}: HTTP {e.code} {e.reason}"
+        if e.error_code == "RevisionNotFound":
+            return DownloadError(f"{where}: {m.owner}/{m.repo} has no revision {m.revision!r} on the hub")
+        if e.code == 404:
+            return DownloadError(
+                f"{e.url}: not found (HTTP 404): the file or repo of {m.name} does not exist on the hub"
+            )
+        if e.code in (401, 403):
+            # The hub answers 401 for repos that do not exist as well as for private or gated ones.
+            page = f"{self.endpoint}/{m.owner}/{m.repo}"
+            if e.error_code == "GatedRepo":
+                why = f"{m.owner}/{m.repo} is gated: accept its conditions at {page}, then set HF_TOKEN"
+            else:
+                why = f"{m.owner}/{m.repo} does not exist on the hub, or is private or gated"
+            token = "HF_TOKEN is set but does not give access" if self.token else "no HF_TOKEN is set"
+            return DownloadError(f"{where}: {why} ({token})")
+        return DownloadError(where)
+
+
+def _siblings(answer) -> dict[str, Expected]:
+    """The API's `siblings` as path -> Expected; entries of another shape are left out."""
+    found = {}
+    for sibling in answer.get("siblings", []) if isinstance(answer, dict) else []:
+        if not isinstance(sibling, dict) or not isinstance(sibling.get("rfilename"), str):
+            continue
+        lfs = sibling.get("lfs")
+        if isinstance(lfs, dict) and isinstance(lfs.get("size"), int) and isinstance(lfs.get("sha256"), str):
+            found[sibling["rfilename"]] = Expected(lfs["size"], lfs["sha256"].lower())
+        elif isinstance(sibling.get("size"), int):
+            blob = sibling.get("blobId")
+            found[sibling["rfilename"]] = Expected(sibling["size"], None, blob if isinstance(blob, str) else None)
+    return found
+
+
+def _problem(suffix: str, path: Path) -> str | None:
+    """What is wrong with a finished file for its kind (a GGUF's magic, JSON that parses, a safetensors header)."""
+    with open(path, "rb") as f:
+        head = f.read(9)
+    if suffix == ".gguf" and head[:4] != GGUF_MAGIC:
+        return f"not a GGUF file (it starts with {head[:4]!r}, a GGUF file with {GGUF_MAGIC!r})"
+    if suffix == ".safetensors":
+        size = int.from_bytes(head[:8], "little") if len(head) == 9 else None
+        if size is None or head[8:9] != b"{" or size > path.stat().st_size - 8:
+            return f"not a safetensors file (it starts with {head!r}, a safetensors file with a header size and '{{')"
+    if suffix == ".json":
+        try:
+            json.loads(path.read_bytes())
+        except ValueError as e:
+            return f"not JSON ({_one_line(e)})"
+    return None
+
+
+def _one_line(error: Exception) -> str:
+    return f"{type(error).__name__}: {error}".splitlines()[0][:200]
+
+
+def _fetch_folder(source: _Source, folder: Path) -> None:
+    model = source.model
+    config = source.fetch("config.json", folder, optional=True)
     if config is None:
         raise DownloadError(
-            f"{model.name}: no config.json at {model.url('config.json')} (HTTP 404): the repo does not exist on the "
-            f"hub, or it is not a model folder (for one GGUF file of a repo, name it: {model.name}/FILE.gguf)"
+            f"{model.name}: no config.json at {source.url('config.json')} (HTTP 404): the repo does not exist on "
+            f"the hub, or it is not a model folder (for one GGUF file of a repo, name it: {model.name}/FILE.gguf)"
         )
-    files = [config, _fetch_file(model, "tokenizer.json", folder, progress)]
-    files += [f for f in (_fetch_file(model, n, folder, progress, optional=True) for n in OPTIONAL_FILES) if f]
-    index = _fetch_file(model, WEIGHTS_INDEX, folder, progress, optional=True)
+    files = [config, source.fetch("tokenizer.json", folder)]
+    files += [f for f in (source.fetch(n, folder, optional=True) for n in OPTIONAL_FILES) if f]
+    index = source.fetch(WEIGHTS_INDEX, folder, optional=True)
     if index is None:
-        files.append(_fetch_file(model, WEIGHTS, folder, progress))
+        files.append(source.fetch(WEIGHTS, folder))
     else:
         files.append(index)
-        files += [_fetch_file(model, shard, folder, progress) for shard in _shards(model, index)]
+        files += [source.fetch(shard, folder) for shard in _shards(source, index)]
     record = {"name": model.name, "files": {f.name: f.stat().st_size for f in files}}
-    _write_atomically(folder / COMPLETE, json.dumps(record, indent=1).encode())
+    write_atomically(folder / COMPLETE, json.dumps(record, indent=1).encode())
 
 
-def _shards(model: HubModel, index: Path) -> list[str]:
+def _shards(source: _Source, index: Path) -> list[str]:
     """The weight files a safetensors index names (its weight_map's values), each checked to be a plain file name."""
-    where = model.url(WEIGHTS_INDEX)
+    where = source.url(WEIGHTS_INDEX)
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
         shards = sorted(set(weight_map.values()))
@@ -209,104 +331,6 @@ def _folder_complete(folder: Path) -> bool:
         return False
 
 
-def _fetch_file(
-    model: HubModel, path: str, folder: Path, progress: Progress | None, optional: bool = False
-) -> Path | None:
-    """The local copy of `path` of the repo, downloaded if missing; None if `optional` and the hub has none."""
-    target = folder / path
-    if target.is_file():
-        return target  # only complete files are ever renamed to their final path
-    url = model.url(path)
-    response = _open(url, model, optional)
-    if response is None:
-        return None
-    with response:
-        total = _content_length(response)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tempfile.NamedTemporaryFile(dir=target.parent, prefix=f".{target.name}.", suffix=".part", delete=False)
-        try:
-            with tmp:
-                done = _copy(response, tmp, url, target, total, progress)
-            if total is not None and done != total:
-                raise DownloadError(f"{url}: arrived incomplete, {done} of {total} bytes")
-            if target.suffix.lower() == ".gguf":
-                _check_gguf(Path(tmp.name), url)
-            os.replace(tmp.name, target)
-        except BaseException:  # failed, interrupted or refused: no partial file stays behind
-            os.unlink(tmp.name)
-            raise
-    return target
-
-
-def _open(url: str, model: HubModel, optional: bool) -> http.client.HTTPResponse | None:
-    """The response for `url` (redirects followed), None for a 404 of an optional file, DownloadError otherwise."""
-    request = urllib.request.Request(url, headers={"User-Agent": "ruvllm"})
-    try:
-        return urllib.request.urlopen(request, timeout=TIMEOUT_S)
-    except urllib.error.HTTPError as e:
-        e.close()
-        if e.code == 404 and optional:
-            return None
-        if e.code == 404:
-            raise DownloadError(
-                f"{url}: not found (HTTP 404): the file or repo of {model.name} does not exist on the hub"
-            ) from None
-        if e.code in (401, 403):
-            # The hub answers 401 for repos that do not exist as well as for private or gated ones.
-            raise DownloadError(
-                f"{url}: HTTP {e.code} {e.reason}: {model.owner}/{model.repo} does not exist on the hub, or is "
-                "private or gated (ruvllm downloads public repos only, without a token)"
-            ) from None
-        raise DownloadError(f"{url}: HTTP {e.code} {e.reason}") from None
-    except urllib.error.URLError as e:
-        raise DownloadError(f"{url}: cannot connect: {e.reason}") from None
-    except (OSError, http.client.HTTPException) as e:
-        raise DownloadError(f"{url}: cannot fetch: {type(e).__name__}: {e}") from None
-
-
-def _content_length(response: http.client.HTTPResponse) -> int | None:
-    value = response.headers.get("Content-Length")
-    return int(value) if value is not None and value.strip().isdigit() else None
-
-
-def _copy(response, out, url: str, target: Path, total: int | None, progress: Progress | None) -> int:
-    """Copy the body to `out` in chunks, reporting progress; the number of bytes copied."""
-    done = 0
-    if progress is not None:
-        progress(target, 0, total)
-    while True:
-        try:
-            chunk = response.read(CHUNK)
-        except http.client.IncompleteRead as e:
-            raise DownloadError(f"{url}: arrived incomplete, the connection closed after {done} bytes") from e
-        except (OSError, http.client.HTTPException) as e:
-            raise DownloadError(f"{url}: download failed after {done} bytes: {type(e).__name__}: {e}") from None
-        if not chunk:
-            return done
-        out.write(chunk)
-        done += len(chunk)
-        if progress is not None:
-            progress(target, done, total)
-
-
-def _check_gguf(path: Path, url: str) -> None:
-    with open(path, "rb") as f:
-        head = f.read(len(GGUF_MAGIC))
-    if head != GGUF_MAGIC:
-        raise DownloadError(f"{url}: not a GGUF file (it starts with {head!r}, a GGUF file with {GGUF_MAGIC!r})")
-
-
-def _write_atomically(path: Path, data: bytes) -> None:
-    tmp = tempfile.NamedTemporaryFile(dir=path.parent, prefix=f".{path.name}.", suffix=".part", delete=False)
-    try:
-        with tmp:
-            tmp.write(data)
-        os.replace(tmp.name, path)
-    except BaseException:
-        os.unlink(tmp.name)
-        raise
-
-
 def list_cached(cache_dir: str | os.PathLike | None = None) -> list[CachedModel]:
     """The models in the cache: complete model folders and GGUF files, sorted by name."""
     root = Path(cache_dir) if cache_dir is not None else cache_folder()
@@ -327,4 +351,26 @@ def list_cached(cache_dir: str | os.PathLike | None = None) -> list[CachedModel]
             if path.is_file() and not hidden and path.suffix.lower() == ".gguf":
                 name = HubModel(owner, repo, revision, relative.as_posix()).name
                 found.append(CachedModel(name, path, path.stat().st_size, "gguf"))
+    return sorted(found, key=lambda m: m.name)
+
+
+def list_partial(cache_dir: str | os.PathLike | None = None) -> list[CachedModel]:
+    """Partial files in the cache (kept to be resumed, or left by a killed download), as the models they belong to.
+
+    The next download of the model resumes from (or removes) them.
+    """
+    root = Path(cache_dir) if cache_dir is not None else cache_folder()
+    found = []
+    for folder in sorted(root.glob("*/*/*")):  # <owner>/<repo>/<revision>
+        owner, repo, revision = folder.relative_to(root).parts
+        if not (folder.is_dir() and _is_name(owner) and _is_name(repo) and _is_name(revision)):
+            continue
+        for path in sorted(folder.rglob(".*.part")):
+            target = path.name[1:].rsplit(".", 2)[0]  # .{name}.{tag}.part
+            if not path.is_file() or not is_partial(path.name) or target == COMPLETE:
+                continue
+            relative = path.parent.relative_to(folder) / target
+            gguf = relative.suffix.lower() == ".gguf"
+            model = HubModel(owner, repo, revision, relative.as_posix() if gguf else None)
+            found.append(CachedModel(model.name, path, path.stat().st_size, "partial"))
     return sorted(found, key=lambda m: m.name)
