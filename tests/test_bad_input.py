@@ -208,3 +208,74 @@ def test_convert_makes_the_folders_above_its_target(tmp_path):
     result = ruvllm_cli("convert", str(tmp_path / "hf"), str(tmp_path / "models" / "tiny"))
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["tiny"]
+
+
+# --- files and numbers the CLI reads before loading: bounded, refused in one line before any model loads
+
+
+@pytest.fixture
+def no_load(monkeypatch):
+    """Fail the test if a command gets as far as loading the model."""
+
+    def load(*args, **kwargs):
+        raise AssertionError("the model was loaded before the bad option was refused")
+
+    monkeypatch.setattr(ruvllm.api, "load", load)
+
+
+def cli_error(capsys, *args: str) -> str:
+    from ruvllm.cli import main
+
+    assert main(list(args)) == 1
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1, err
+    return err.strip()
+
+
+@pytest.fixture
+def odd_files(tmp_path) -> dict[str, str]:
+    (tmp_path / "nul.txt").write_bytes(b"abc\0def")
+    (tmp_path / "latin1.txt").write_bytes("café au lait".encode("latin-1"))
+    return {"nul": str(tmp_path / "nul.txt"), "latin1": str(tmp_path / "latin1.txt")}
+
+
+def test_a_chat_template_file_is_read_bounded_and_must_be_text(smollm2_gguf, odd_files, no_load, capsys):
+    generate = ("generate", str(smollm2_gguf), "--prompt", "Hi", "--chat-template")
+    assert cli_error(capsys, *generate, "/dev/zero") == (
+        "ruvllm generate: error: --chat-template /dev/zero: the file is larger than 1 MiB, the most it may be"
+    )
+    assert cli_error(capsys, *generate, odd_files["nul"]).endswith(
+        f"--chat-template {odd_files['nul']}: not a text file (byte 3 is a NUL)"
+    )
+    assert cli_error(capsys, *generate, odd_files["latin1"]).endswith(
+        f"--chat-template {odd_files['latin1']}: not UTF-8 text (invalid continuation byte at byte 3)"
+    )
+    assert cli_error(capsys, *generate, "/no/such/template").endswith(
+        "--chat-template /no/such/template: cannot read it (No such file or directory)"
+    )
+
+
+def test_a_perplexity_text_file_is_read_bounded_and_must_be_text(smollm2_gguf, odd_files, no_load, capsys):
+    perplexity = ("perplexity", str(smollm2_gguf), "--text-file")
+    assert cli_error(capsys, *perplexity, "/dev/zero") == (
+        "ruvllm perplexity: error: --text-file /dev/zero: the file is larger than 64 MiB, the most it may be"
+    )
+    assert cli_error(capsys, *perplexity, odd_files["nul"]).endswith("not a text file (byte 3 is a NUL)")
+    assert cli_error(capsys, *perplexity, odd_files["latin1"]).endswith(
+        "not UTF-8 text (invalid continuation byte at byte 3)"
+    )
+
+
+def test_a_bench_longer_than_the_context_is_refused_before_loading(smollm2_gguf, no_load, capsys):
+    bench = ("bench", str(smollm2_gguf))
+    assert cli_error(capsys, *bench, "--prompt-length", "1000000000") == (
+        "ruvllm bench: error: --prompt-length 1000000000 + --gen-length 64 need 1000000064 positions, more than "
+        "the default context (--context-length) of 4096; this model takes at most 8192"
+    )
+    assert cli_error(capsys, *bench, "--prompt-length", "60", "--context-length", "100").endswith(
+        "--prompt-length 60 + --gen-length 64 need 124 positions, more than --context-length of 100; "
+        "this model takes at most 8192"
+    )
+    assert cli_error(capsys, *bench, "--prompt-length", "60", "--context-length", "9000").endswith(
+        "context_length must be an integer in [1, 8192], got 9000"
+    )

@@ -291,6 +291,15 @@ BAD_FILES = {
         build([kv("a", 9, struct.pack("<IQ", 9, 1) + struct.pack("<IQ", 6, 500))], [], 64),
         r"key 'a'\[0\] is an array of 500 items",
     ),
+    "arrays nested too deep": (  # 3000 deep would exhaust the interpreter's stack
+        build([kv("a", 9, struct.pack("<IQ", 9, 1) * 3000 + struct.pack("<IQ", 4, 0))], []),
+        r"key 'a'\[0\]\[0\]\[0\]\[0\]\[0\]\[0\]\[0\] holds arrays nested more than 8 deep",
+    ),
+    "array too long": (  # fits the file (a hole reads as zeros) but would be billions of Python objects
+        build([kv("a", 9, struct.pack("<IQ", 0, 2**23))], [], 2**23),
+        r"key 'a' is an array of 8388608 items, over the limit of 4194304",
+    ),
+    "empty tensor name": (build([], [info("", ())], 32), r"tensor #0 \(named ''\) has 0 dimensions"),
     "key not utf-8": (build([kv(b"\xff\xfe", 4, bytes(4))], []), r"the key of key-value pair #0 is not valid UTF-8"),
     "name not utf-8": (build([], [info(b"w\xc3", (4, 2))], 32), r"the name of tensor #0 is not valid UTF-8"),
     "token not utf-8": (

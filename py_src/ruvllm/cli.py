@@ -232,11 +232,7 @@ def _load_model(args: argparse.Namespace):
     o = load_options(args)
     template = None
     if getattr(args, "chat_template", None):
-        try:
-            with open(args.chat_template, encoding="utf-8") as f:
-                template = f.read()
-        except (OSError, UnicodeDecodeError) as e:
-            raise InvalidArgumentError(f"--chat-template {args.chat_template}: cannot be read ({e})") from None
+        template = _read_text(args.chat_template, "--chat-template", TEMPLATE_LIMIT)
     model = load(
         args.model,
         o.context_length,
@@ -282,6 +278,8 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def cmd_info(args: argparse.Namespace) -> int:
+    import warnings
+
     from .files.formats import get_format
     from .runtime.engine import DEFAULT_MAX_CONTEXT, open_model, plan_for
 
@@ -289,8 +287,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         from .files.hub import ensure_local
 
         args.model = ensure_local(args.model)
-    config, store = open_model(args.model, header_only=True)
-    plan = plan_for(config, store, load_options(args))
+    with warnings.catch_warnings(record=True) as notes:  # what a load would warn about, listed below
+        warnings.simplefilter("always")
+        config, store = open_model(args.model, header_only=True)
+        plan = plan_for(config, store, load_options(args))
     params, nbytes = Counter(), Counter()
     for t in store.tensors.values():
         params[t.format] += _numel(t.shape)
@@ -310,6 +310,8 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"storage {fmt:10s} {params[fmt] / 1e6:8.2f}M params  {nbytes[fmt] / 2**20:8.1f} MiB")
     print(f"storage total  {sum(nbytes.values()) / 2**20:.1f} MiB")
     print(f"memory plan    compute {plan.compute}: {plan.describe()}")
+    for note in dict.fromkeys(str(n.message) for n in notes):
+        print(f"warning        {note}")
     return 0
 
 
@@ -341,16 +343,11 @@ def _load(args: argparse.Namespace):
 
 
 def cmd_perplexity(args: argparse.Namespace) -> int:
-    from .errors import LoadError
     from .tools.perplexity import check_window, perplexity
 
     if args.window is not None:
         check_window(args.window)  # before the slow load
-    try:
-        with open(args.text_file, encoding="utf-8") as f:
-            text = f.read()
-    except OSError as e:
-        raise LoadError(f"cannot read {args.text_file}: {e.strerror or e}") from None
+    text = _read_text(args.text_file, "--text-file")
     o = load_options(args)
     model = _load_model(args)
     engine = model.engine
@@ -394,6 +391,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     if args.prompt_length < 1 or args.gen_length < 1:
         raise InvalidArgumentError("--prompt-length and --gen-length must be >= 1")
+    _check_bench_lengths(args)  # before the slow load: the header tells the context
     model = _load_model(args)
     ids = model.tokenizer.encode(calibration_text())
     while len(ids) < args.prompt_length:
@@ -412,6 +410,26 @@ def cmd_bench(args: argparse.Namespace) -> int:
                 shown = f"{value / 2**20:.1f} MiB"
             print(f"{key:18s} {shown}")
     return 0
+
+
+def _check_bench_lengths(args: argparse.Namespace) -> None:
+    """The prompt and the generated tokens must fit the context the model will be loaded with."""
+    from .runtime.engine import open_model, resolve_context
+
+    if args.model.startswith("hf:"):
+        from .files.hub import ensure_local
+
+        args.model = ensure_local(args.model)
+    config, _ = open_model(args.model, header_only=True)
+    context = resolve_context(config, args.context_length)
+    needed = args.prompt_length + args.gen_length
+    if needed > context:
+        most = config.max_position_embeddings
+        where = "--context-length" if args.context_length else "the default context (--context-length)"
+        raise InvalidArgumentError(
+            f"--prompt-length {args.prompt_length} + --gen-length {args.gen_length} need {needed} positions, "
+            f"more than {where} of {context}; this model takes at most {most}"
+        )
 
 
 def _messages(system: str | None, turns: list[dict]) -> list[dict]:
@@ -612,12 +630,26 @@ def cmd_merge(args: argparse.Namespace) -> int:
     return 0
 
 
-def _read_text(path: str, option: str) -> str:
+TEXT_LIMIT = 64 * 2**20  # a text file an option names: far more than any evaluation text or lesson file
+TEMPLATE_LIMIT = 2**20  # a chat template: published ones take a few KB (the longest, tens of KB)
+
+
+def _read_text(path: str, option: str, limit: int = TEXT_LIMIT) -> str:
+    """The UTF-8 text of a file an option names, at most `limit` bytes read: an endless or binary file
+    (/dev/zero, an image) is a one-line error naming the option, before any model loads."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except (OSError, UnicodeDecodeError) as e:
-        raise InvalidArgumentError(f"{option} {path}: cannot be read ({e})") from None
+        with open(path, "rb") as f:
+            raw = f.read(limit + 1)
+    except OSError as e:
+        raise InvalidArgumentError(f"{option} {path}: cannot read it ({e.strerror or e})") from None
+    if len(raw) > limit:
+        raise InvalidArgumentError(f"{option} {path}: the file is larger than {limit // 2**20} MiB, the most it may be")
+    if b"\0" in raw:
+        raise InvalidArgumentError(f"{option} {path}: not a text file (byte {raw.index(0)} is a NUL)")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise InvalidArgumentError(f"{option} {path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
 
 
 def _layers_text(layers: tuple[int, ...] | None) -> str:

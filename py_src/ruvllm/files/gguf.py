@@ -44,6 +44,11 @@ PREAMBLE_BYTES = 24  # magic, version, tensor_count, kv_count
 MAX_HEADER_BYTES = 256 * 2**20
 MAX_STRING_BYTES = 64 * 2**20
 MAX_DIMS = 4  # GGML_MAX_DIMS
+# Arrays: the longest in released models are vocabularies and merge lists (Gemma 3: 262k tokens, Qwen:
+# 151k merges); no model nests arrays more than once or twice. Past these a header is damaged, and would
+# cost gigabytes of Python lists (or the interpreter's stack) to read.
+MAX_ARRAY_ITEMS = 2**22
+MAX_ARRAY_DEPTH = 8
 MAX_ELEMENTS = 2**63 - 1  # ggml counts elements in int64
 
 # The smallest encoding of one key-value pair (empty key, u8 value) and of one tensor info (empty name,
@@ -200,16 +205,22 @@ def _value(cur: _Cursor, vtype: int, what: str, decode: bool) -> object:
     if vtype == STRING:
         return cur.string(what, decode)
     if vtype == ARRAY:
-        return _array(cur, what, decode)
+        return _array(cur, what, decode, 1)
     raise LoadError(
         f"{cur.source}: {what} has value type {vtype}, which is not a GGUF value type "
         f"(expected one of {', '.join(f'{k} {n}' for k, n in sorted(VALUE_TYPE_NAMES.items()))})"
     )
 
 
-def _array(cur: _Cursor, what: str, decode: bool) -> list | None:
+def _array(cur: _Cursor, what: str, decode: bool, depth: int) -> list | None:
+    """An array nested `depth` arrays deep (1 for a key's own value)."""
     etype = cur.u32(f"the element type of {what}")
     count = cur.u64(f"the length of {what}")
+    if count > MAX_ARRAY_ITEMS:
+        raise LoadError(
+            f"{cur.source}: {what} is an array of {count} items, over the limit of {MAX_ARRAY_ITEMS} "
+            "(the longest arrays of real models, vocabularies, have a few hundred thousand)"
+        )
     if etype in _STRUCTS:
         dtype = np.dtype(_STRUCTS[etype].format)
         cur.room(count, dtype.itemsize, what)
@@ -222,8 +233,13 @@ def _array(cur: _Cursor, what: str, decode: bool) -> list | None:
         cur.room(count, 8, what)
         return _strings(cur, count, what, decode)
     if etype == ARRAY:
+        if depth >= MAX_ARRAY_DEPTH:
+            raise LoadError(
+                f"{cur.source}: {what} holds arrays nested more than {MAX_ARRAY_DEPTH} deep; "
+                "GGUF metadata nests arrays once or twice at most"
+            )
         cur.room(count, 12, what)
-        items = [_array(cur, f"{what}[{i}]", decode) for i in range(count)]
+        items = [_array(cur, f"{what}[{i}]", decode, depth + 1) for i in range(count)]
         return items if decode else None
     raise LoadError(
         f"{cur.source}: {what} is an array of value type {etype}, which is not a GGUF value type "
@@ -322,7 +338,7 @@ def _parse(view: memoryview, total_size: int, source: str, decode: bool = True) 
     infos = []
     for index in range(tensor_count):
         name = cur.string(f"the name of tensor #{index}")
-        where = f"tensor {name!r}"
+        where = f"tensor {name!r}" if name else f"tensor #{index} (named '')"
         n_dims = cur.u32(f"the number of dimensions of {where}")
         if not 1 <= n_dims <= MAX_DIMS:
             raise LoadError(f"{source}: {where} has {n_dims} dimensions; a GGUF tensor has 1 to {MAX_DIMS}")

@@ -25,6 +25,8 @@ special token such as `<mask>` that the file lacks), we leave it out: the model 
 from __future__ import annotations
 
 import copy
+import dataclasses
+import warnings
 from dataclasses import dataclass
 
 from ..errors import LoadError
@@ -95,9 +97,24 @@ _BYTE_LEVEL_PRE = {
 }
 
 
+class GGUFWarning(UserWarning):
+    """Metadata that is wrong but changes nothing the model computes, ignored as llama.cpp ignores it."""
+
+
+# Special token ids the tokenizer and generation use (the prompt's first token, the ids that end a reply,
+# the piece unknown text becomes): an id outside the vocabulary is refused. The others are ignored when
+# they are out of range, with a GGUFWarning: llama.cpp (llama-vocab.cpp) warns about any bad special id
+# and falls back to its default, and these ones change nothing ruvllm computes.
+USED_SPECIAL_IDS = ("bos", "eos", "unknown", "eot", "eom")
+UNUSED_SPECIAL_IDS = ("padding", "seperator", "cls", "mask")  # "seperator": llama.cpp's spelling of the key
+
+
 @dataclass(frozen=True)
 class Vocabulary:
-    """The `tokenizer.ggml.*` metadata, checked: one entry per token id in `tokens`, `types`, `scores`."""
+    """The `tokenizer.ggml.*` metadata, checked: one entry per token id in `tokens`, `types`, `scores`;
+    special ids inside the vocabulary; a tokenizer kind, pre-tokenizer and merges `tokenizer_files` can
+    build a tokenizer from. Reading it is cheap (no merges recovered, no tokenizer.json built), so a file
+    is checked this far from its header alone."""
 
     model: str
     pre: str | None
@@ -105,9 +122,11 @@ class Vocabulary:
     types: list[int]
     scores: list[float] | None
     merges: list[str] | None
-    special_ids: dict[str, int | None]  # bos, eos, unknown, padding, eot, eom
+    pairs: list[list[str]] | None  # the merges, each split into its two sides
+    special_ids: dict[str, int | None]  # USED_SPECIAL_IDS and UNUSED_SPECIAL_IDS: None when absent (or ignored)
     add_bos: bool | None
     add_eos: bool | None
+    chat_template: str | None
 
     @classmethod
     def read(cls, metadata: dict[str, object], source: str) -> Vocabulary:
@@ -144,26 +163,91 @@ class Vocabulary:
                     f"tokenizer.ggml.tokens has {len(tokens)}"
                 )
         special_ids = {}
-        for name in ("bos", "eos", "unknown", "padding", "eot", "eom"):
-            expected = f"a token id (an integer from 0 to {len(tokens) - 1})"
-            index = one(f"{name}_token_id", int, expected)
+        expected = f"a token id (an integer from 0 to {len(tokens) - 1})"
+        for name in (*USED_SPECIAL_IDS, *UNUSED_SPECIAL_IDS):
+            key = f"{name}_token_id"
+            index = one(key, int, expected)
             if index is not None and not 0 <= index < len(tokens):
-                raise fail(f"{name}_token_id", expected)
+                outside = f"the vocabulary (tokenizer.ggml.tokens) has {len(tokens)} tokens"
+                if name in USED_SPECIAL_IDS:
+                    raise LoadError(
+                        f"{source}: GGUF metadata tokenizer.ggml.{key} must be {expected}, found {index}: {outside}"
+                    )
+                warnings.warn(
+                    GGUFWarning(f"{source}: GGUF metadata tokenizer.ggml.{key} {index} is ignored: {outside}"),
+                    stacklevel=2,
+                )
+                index = None
             special_ids[name] = index
         model = one("model", str, "a string naming the tokenizer")
         if model is None:
             raise fail("model", "a string naming the tokenizer")
-        return cls(
+        pre = one("pre", str, "a string")
+        merges = listed("merges", str, "a list of strings 'left right'")
+        template = metadata.get("tokenizer.chat_template")
+        if template is not None and not isinstance(template, str):
+            raise LoadError(
+                f"{source}: GGUF metadata tokenizer.chat_template must be a string, found {_found(template)}"
+            )
+        vocabulary = cls(
             model=model,
-            pre=one("pre", str, "a string"),
+            pre=pre,
             tokens=tokens,
             types=types or [1] * len(tokens),
             scores=scores,
-            merges=listed("merges", str, "a list of strings 'left right'"),
+            merges=merges,
+            pairs=None,
             special_ids=special_ids,
             add_bos=one("add_bos_token", bool, "true or false"),
             add_eos=one("add_eos_token", bool, "true or false"),
+            chat_template=template,
         )
+        pairs = vocabulary._check_kind(metadata.get("general.architecture"), source)
+        return dataclasses.replace(vocabulary, pairs=pairs)
+
+    def _check_kind(self, architecture: object, source: str) -> list[list[str]] | None:
+        """Refuse a tokenizer kind, pre-tokenizer or merge list the builders below cannot use; the merges
+        split into pairs."""
+        if self.model not in SUPPORTED_MODELS:
+            supported = ", ".join(f"{name} ({kind})" for name, kind in SUPPORTED_MODELS.items())
+            raise LoadError(
+                f"{source}: GGUF metadata tokenizer.ggml.model {self.model!r} is not supported; supported: {supported}"
+            )
+        if self.model == "gpt2":
+            if (self.pre or "default") not in _BYTE_LEVEL_PRE:
+                raise LoadError(
+                    f"{source}: GGUF metadata tokenizer.ggml.pre {self.pre!r} is not supported; "
+                    f"supported: {', '.join(_BYTE_LEVEL_PRE)}"
+                )
+            if self.merges is None:
+                raise LoadError(f"{source}: GGUF metadata has no tokenizer.ggml.merges (byte-level BPE needs them)")
+        elif self.pre in _BYTE_LEVEL_PRE and self.pre not in ("default", None):
+            raise LoadError(
+                f"{source}: GGUF metadata tokenizer.ggml.pre {self.pre!r} (a byte-level split) does not go "
+                "with tokenizer.ggml.model 'llama' (SentencePiece)"
+            )
+        elif self.merges is None and self.scores is None and architecture not in GEMMA_ARCHITECTURES:
+            raise LoadError(
+                f"{source}: GGUF metadata has neither tokenizer.ggml.merges nor tokenizer.ggml.scores "
+                f"(tokenizer.ggml.model 'llama', architecture {architecture!r})"
+            )
+        if self.merges is None:
+            return None
+        pairs = []
+        for index, merge in enumerate(self.merges):
+            pair = merge.split(" ", 1) if self.model == "gpt2" else merge.split(" ")
+            if len(pair) != 2:
+                raise LoadError(f"{source}: GGUF metadata tokenizer.ggml.merges[{index}] {merge!r} is not 'left right'")
+            pairs.append(pair)
+        _check_merges(pairs, set(self.spelled(architecture)), source)
+        return pairs
+
+    def spelled(self, architecture: object) -> list[str]:
+        """The tokens as the tokenizer spells them: Gemma files store a token of blanks with real spaces
+        ("  "); its SentencePiece tokenizer spells them "▁▁"."""
+        if self.model == "llama" and architecture in GEMMA_ARCHITECTURES:
+            return ["\u2581" * len(t) if " " in t and not t.strip() else t for t in self.tokens]
+        return self.tokens
 
     def text(self, name: str) -> str | None:
         """The text of a special token (`bos`, `eos`, `unknown`, `padding`) as the file spells it."""
@@ -171,29 +255,26 @@ class Vocabulary:
         return None if index is None else self.tokens[index]
 
 
-def tokenizer_files(metadata: dict[str, object], source: str) -> tuple[dict, dict, dict]:
+def tokenizer_files(
+    metadata: dict[str, object], source: str, vocabulary: Vocabulary | None = None
+) -> tuple[dict, dict, dict]:
     """(tokenizer.json, tokenizer_config.json, generation_config.json) contents for a GGUF's tokenizer.
 
     `metadata` maps each GGUF key to its value (arrays as lists), as `GGUFReader` fields' `contents()`
-    give them; `source` names the file in errors. Raises LoadError naming the file and the key for a
-    tokenizer kind that is not supported or metadata that cannot describe one.
+    give them; `source` names the file in errors; `vocabulary`, if the caller has read it already, is
+    `Vocabulary.read(metadata, source)`. Raises LoadError naming the file and the key for a tokenizer
+    kind that is not supported or metadata that cannot describe one.
 
     >>> tokenizer_json, tokenizer_config, generation_config = tokenizer_files(metadata, "gemma-3-270m.gguf")
     >>> Tokenizer(json.dumps(tokenizer_json), tokenizer_config).encode("Hello")
     [2, 9259]
     """
     architecture = metadata.get("general.architecture")
-    vocabulary = Vocabulary.read(metadata, source)
+    vocabulary = vocabulary or Vocabulary.read(metadata, source)
     if vocabulary.model == "gpt2":
-        tokenizer, add_bos, add_eos = _byte_level(vocabulary, source)
-    elif vocabulary.model == "llama":
-        tokenizer, add_bos, add_eos = _sentencepiece(vocabulary, architecture, source)
+        tokenizer, add_bos, add_eos = _byte_level(vocabulary)
     else:
-        supported = ", ".join(f"{name} ({kind})" for name, kind in SUPPORTED_MODELS.items())
-        raise LoadError(
-            f"{source}: GGUF metadata tokenizer.ggml.model {vocabulary.model!r} is not supported; "
-            f"supported: {supported}"
-        )
+        tokenizer, add_bos, add_eos = _sentencepiece(vocabulary, architecture)
 
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",  # tokenizer.json as written, not rebuilt by a class
@@ -205,11 +286,8 @@ def tokenizer_files(metadata: dict[str, object], source: str) -> tuple[dict, dic
         "pad_token": vocabulary.text("padding"),
         "clean_up_tokenization_spaces": False,
     }
-    template = metadata.get("tokenizer.chat_template")
-    if template is not None and not isinstance(template, str):
-        raise LoadError(f"{source}: GGUF metadata tokenizer.chat_template must be a string, found {_found(template)}")
-    if template:
-        tokenizer_config["chat_template"] = template
+    if vocabulary.chat_template:
+        tokenizer_config["chat_template"] = vocabulary.chat_template
     elif architecture in GEMMA_ARCHITECTURES:
         tokenizer_config["chat_template"] = GEMMA_CHAT_TEMPLATE
         tokenizer_config["chat_template_source"] = "built-in gemma"
@@ -228,25 +306,12 @@ def tokenizer_files(metadata: dict[str, object], source: str) -> tuple[dict, dic
 # --- byte-level BPE ("gpt2") ---------------------------------------------------------------------------
 
 
-def _byte_level(vocabulary: Vocabulary, source: str) -> tuple[dict, bool, bool]:
+def _byte_level(vocabulary: Vocabulary) -> tuple[dict, bool, bool]:
     pre = vocabulary.pre or "default"
-    if pre not in _BYTE_LEVEL_PRE:
-        raise LoadError(
-            f"{source}: GGUF metadata tokenizer.ggml.pre {pre!r} is not supported; "
-            f"supported: {', '.join(_BYTE_LEVEL_PRE)}"
-        )
-    if vocabulary.merges is None:
-        raise LoadError(f"{source}: GGUF metadata has no tokenizer.ggml.merges (byte-level BPE needs them)")
     vocab: dict[str, int] = {}
     for index, token in enumerate(vocabulary.tokens):
         vocab.setdefault(token, index)  # a repeated spelling keeps its first id
-    merges = []
-    for index, merge in enumerate(vocabulary.merges):
-        pair = merge.split(" ", 1)
-        if len(pair) != 2:
-            raise LoadError(f"{source}: GGUF metadata tokenizer.ggml.merges[{index}] {merge!r} is not 'left right'")
-        merges.append(pair)
-    _check_merges(merges, vocab, source)
+    merges = vocabulary.pairs
 
     added = _AddedTokens(vocab)
     added.add(_typed(vocabulary, CONTROL), special=True)
@@ -278,36 +343,16 @@ def _byte_level(vocabulary: Vocabulary, source: str) -> tuple[dict, bool, bool]:
 # --- SentencePiece BPE ("llama") ------------------------------------------------------------------------
 
 
-def _sentencepiece(vocabulary: Vocabulary, architecture: object, source: str) -> tuple[dict, bool, bool]:
-    if vocabulary.pre in _BYTE_LEVEL_PRE and vocabulary.pre not in ("default", None):
-        raise LoadError(
-            f"{source}: GGUF metadata tokenizer.ggml.pre {vocabulary.pre!r} (a byte-level split) does not go "
-            "with tokenizer.ggml.model 'llama' (SentencePiece)"
-        )
+def _sentencepiece(vocabulary: Vocabulary, architecture: object) -> tuple[dict, bool, bool]:
     gemma = architecture in GEMMA_ARCHITECTURES
-    tokens = vocabulary.tokens
-    if gemma:  # Gemma files store a token of blanks with real spaces ("  "); its tokenizer spells them "▁▁"
-        tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
+    tokens = vocabulary.spelled(architecture)
     vocab = {token: index for index, token in enumerate(tokens)}  # a repeated spelling keeps its last id
-
-    if vocabulary.merges is not None:
-        merges = [merge.split(" ") for merge in vocabulary.merges]
-        for index, pair in enumerate(merges):
-            if len(pair) != 2:
-                raise LoadError(
-                    f"{source}: GGUF metadata tokenizer.ggml.merges[{index}] {vocabulary.merges[index]!r} "
-                    "is not 'left right'"
-                )
-        _check_merges(merges, vocab, source)
+    if vocabulary.pairs is not None:
+        merges = vocabulary.pairs
     elif gemma:
         merges = merges_by_position(tokens, vocab)
-    elif vocabulary.scores is not None:
+    else:  # Vocabulary.read made sure there are scores
         merges = merges_by_score(tokens, vocabulary.scores, vocab)
-    else:
-        raise LoadError(
-            f"{source}: GGUF metadata has neither tokenizer.ggml.merges nor tokenizer.ggml.scores "
-            f"(tokenizer.ggml.model 'llama', architecture {architecture!r})"
-        )
 
     # The special tokens transformers adds, in its order (a later addition of the same text sets its flag):
     # the class defaults, the file's control and user-defined tokens, then the file's named tokens.
@@ -434,7 +479,7 @@ def _typed(vocabulary: Vocabulary, kind: int) -> list[str]:
     return [token for token, t in zip(vocabulary.tokens, vocabulary.types, strict=True) if t == kind]
 
 
-def _check_merges(merges: list[list[str]], vocab: dict[str, int], source: str) -> None:
+def _check_merges(merges: list[list[str]], vocab: set[str], source: str) -> None:
     """Both sides and the merged token must be tokens (`tokenizers` refuses the file otherwise)."""
     for index, (left, right) in enumerate(merges):
         for part in (left, right, left + right):

@@ -86,10 +86,11 @@ def resolve_context(config: ModelConfig, context_length: int | None) -> int:
 
 @dataclass(frozen=True)
 class LoadOptions:
-    """How to load a model. compute: "auto" (the fastest form within `memory_budget`), "f32", "q8",
-    "q4", or ComputeOptions; kernel: None picks NumPy's for this runtime. kernels: "auto", "wasm" or
-    "numpy" (quant/provider.py), choosing between NumPy and `provider`, the kernel provider the runtime
-    offers (the Pyodide bridge passes the WebAssembly one)."""
+    """How to load a model. compute: "auto" (the fastest form within `memory_budget` and the machine's
+    memory: planner.py), "f32", "q8", "q4", or ComputeOptions (refused if it does not fit them); kernel:
+    None picks NumPy's for this runtime. kernels: "auto", "wasm" or "numpy" (quant/provider.py), choosing
+    between NumPy and `provider`, the kernel provider the runtime offers (the Pyodide bridge passes the
+    WebAssembly one)."""
 
     context_length: int | None = None
     compute: str | ComputeOptions = "auto"

@@ -5,7 +5,9 @@ before anything is allocated, so a plan that cannot fit is refused before the do
     kv cache   at the configured context: float32 hot positions, int8/int4 cold ones, or the KV budget
     workspace  activations of one forward call over a prefill chunk (attention scores dominate)
 
-`choose_compute("auto", ...)` picks the fastest compute form whose plan fits a memory budget. With NumPy
+`choose_compute("auto", ...)` picks the fastest compute form whose plan fits a memory budget, and the
+machine's memory (`machine_memory`): a plan larger than the machine is refused before anything is
+allocated, even without a budget, with the figures (not a MemoryError gigabytes later). With NumPy
 that is float32 first (FORM_ORDER). With a kernel provider (quant/provider.py) quantized products are
 as fast as float32 ones or faster (docs/performance.md), so `provider_form_order` puts first the
 smallest form that keeps every stored matrix exactly.
@@ -13,6 +15,8 @@ smallest form that keeps every stored matrix exactly.
 
 from __future__ import annotations
 
+import os
+import sys
 from dataclasses import dataclass
 
 from ..errors import InvalidArgumentError, LoadError
@@ -21,7 +25,8 @@ from ..model.cache import KVOptions
 from ..model.config import ModelConfig
 from ..model.weights import COMPUTE_FORMS, FLOAT_FORMATS, ComputeOptions, compute_form
 
-MiB = 2**20
+MiB, GiB = 2**20, 2**30
+CGROUP_LIMIT = "/sys/fs/cgroup/memory.max"  # a container's memory limit (cgroup v2), when it has one
 PREFILL_CHUNK = 256  # the most prompt positions per forward call (generate.py): bounds the attention workspace
 FORM_ORDER = ("f32", "q8", "q4")  # fastest first, with NumPy
 
@@ -64,6 +69,25 @@ class MemoryPlan:
             f"weights {self.weight_bytes / MiB:.1f} MiB ({forms}) + KV cache {self.kv_bytes / MiB:.1f} MiB"
             f" + workspace {self.workspace_bytes / MiB:.1f} MiB = {self.total_bytes / MiB:.1f} MiB"
         )
+
+
+def machine_memory() -> int | None:
+    """Bytes of memory this machine has (or its container may use); None where that cannot be told: in
+    Pyodide the page's engine passes its own memory_budget."""
+    if sys.platform == "emscripten":
+        return None
+    try:
+        total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # no sysconf (Windows), or no such name
+        return None
+    try:
+        with open(CGROUP_LIMIT, encoding="ascii") as f:
+            limit = f.read().strip()  # "max" when there is none
+        if limit.isdigit():
+            total = min(total, int(limit))
+    except (OSError, UnicodeDecodeError):
+        pass  # not in a cgroup v2 container
+    return total if total > 0 else None
 
 
 def kv_bytes(config: ModelConfig, context_length: int, kv: KVOptions) -> int:
@@ -132,20 +156,29 @@ def choose_compute(
     isq_format: str = "q4_1",
     order: tuple[str, ...] = FORM_ORDER,
 ) -> MemoryPlan:
-    """The plan for `compute` ("auto": the first form of `order` that fits `memory_budget`), or a
-    LoadError."""
+    """The plan for `compute` ("auto": the first form of `order` that fits `memory_budget` and the
+    machine's memory), or a LoadError saying what the smallest plan needs and what there is."""
     if memory_budget is not None and (not isinstance(memory_budget, int) or memory_budget <= 0):
         raise InvalidArgumentError(f"memory_budget must be a positive number of bytes, got {memory_budget!r}")
+    machine = machine_memory()
+    limits = [(memory_budget, f"the memory budget of {(memory_budget or 0) / MiB:.0f} MiB")]
+    limits.append((machine, f"this machine's memory ({(machine or 0) / GiB:.1f} GiB)"))
+    limit, what = min(((n, text) for n, text in limits if n is not None), default=(None, ""))
     forms = order if compute == "auto" else (compute,)
     plans = [plan_memory(config, tensors, form, context_length, kv, isq_format) for form in forms]
     for plan in plans:
-        if memory_budget is None or plan.total_bytes <= memory_budget:
+        if limit is None or plan.total_bytes <= limit:
             return plan
     smallest = min(plans, key=lambda p: p.total_bytes)
-    advice = (
-        "a smaller context_length" if compute == "auto" else "compute='auto', q8 or q4, or a smaller context_length"
-    )
+    needs = smallest.describe()
+    if smallest.total_bytes >= GiB:
+        needs = f"{smallest.total_bytes / GiB:.1f} GiB: {needs}"
+    if compute != "auto":
+        advice = "compute='auto', q8 or q4, or a smaller context_length"
+    elif smallest.weight_bytes > limit:
+        advice = "a smaller model (its weights alone do not fit)"
+    else:
+        advice = "a smaller context_length"
     raise LoadError(
-        f"the model does not fit the memory budget of {memory_budget / MiB:.0f} MiB: in its smallest form "
-        f"({smallest.compute}) it needs {smallest.describe()}; try {advice}"
+        f"the model does not fit {what}: in its smallest form ({smallest.compute}) it needs {needs}; try {advice}"
     )
