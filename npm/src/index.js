@@ -21,9 +21,9 @@ import { IS_NODE } from './env.js';
 import { resolveModel } from './hub.js';
 import {
   ADAPT_OPTIONS,
-  describe as describeValue,
   ADAPTER_CONFIG,
   ADAPTER_NAME,
+  ADAPTER_URL,
   EXPERTS,
   FEEDBACK,
   LOAD_ADAPTER_OPTIONS,
@@ -31,12 +31,12 @@ import {
   MESSAGES,
   MIX_OPTIONS,
   NULLABLE_ADAPTER_NAME,
-  ADAPTER_URL,
   PROMPT,
   REQUEST_OPTIONS,
   check,
   checkJson,
   checkTable,
+  describe as describeValue,
   generationOptions,
   required,
 } from './options.js';
@@ -369,7 +369,7 @@ export class RuvLLM {
    */
   async #complete(kind, body, options = {}) {
     const request = { type: 'completion', kind, body: checkBody(kind, body) };
-    const { signal } = checkTable(REQUEST_OPTIONS, options, 'options', `${methodOf(kind)}`);
+    const { signal } = checkTable(REQUEST_OPTIONS, options, 'options', methodOf(kind));
     if (signal?.aborted) throw new AbortError('generation aborted');
     const events = this.#request(request, signal);
     if (request.body.stream !== true) {

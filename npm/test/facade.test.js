@@ -125,7 +125,8 @@ test('bad arguments are refused before anything is sent', async () => {
   await assert.rejects(RuvLLM.load({ model: 'x', contextLength: -1 }), (e) => e.type === 'invalid_argument');
   await assert.rejects(
     RuvLLM.load({ model: 'x', kernels: 'simd' }),
-    (e) => e.type === 'invalid_argument' && e.message === 'options.kernels must be one of auto, wasm, numpy, got "simd"',
+    (e) =>
+      e.type === 'invalid_argument' && e.message === 'options.kernels must be one of auto, wasm, numpy, got "simd"',
   );
   await assert.rejects(
     RuvLLM.load({ model: 'x', arithmetic: 'int8' }),
