@@ -16,9 +16,30 @@
  */
 
 import { AbortError, RuvLLMError, deserializeError } from './errors.js';
-import { ARITHMETIC, KERNEL_CHOICES, newId } from './protocol.js';
+import { newId } from './protocol.js';
 import { IS_NODE } from './env.js';
 import { resolveModel } from './hub.js';
+import {
+  ADAPT_OPTIONS,
+  ADAPTER_CONFIG,
+  ADAPTER_NAME,
+  ADAPTER_URL,
+  EXPERTS,
+  FEEDBACK,
+  LOAD_ADAPTER_OPTIONS,
+  LOAD_OPTIONS,
+  MESSAGES,
+  MIX_OPTIONS,
+  NULLABLE_ADAPTER_NAME,
+  PROMPT,
+  REQUEST_OPTIONS,
+  check,
+  checkJson,
+  checkTable,
+  describe as describeValue,
+  generationOptions,
+  required,
+} from './options.js';
 
 export { AbortError, RuvLLMError } from './errors.js';
 
@@ -72,50 +93,21 @@ class EventQueue {
   }
 }
 
+/**
+ * How long an aborted load waits for the worker to stop its downloads and remove their partial copies
+ * before the worker is terminated anyway (it may be inside a long synchronous step: Pyodide's boot).
+ */
+const ABORT_GRACE_MS = 1000;
+
+/** Every load option checked (options.js), and what the table cannot say: a malformed hub name, kv. */
 function checkLoadOptions(options) {
-  if (!options || typeof options !== 'object')
-    throw new RuvLLMError('invalid_argument', 'RuvLLM.load needs an options object');
-  if (typeof options.model !== 'string' || !options.model) {
-    throw new RuvLLMError(
-      'invalid_argument',
-      'options.model must be the URL (in Node also the path) of a GGUF file or of a model folder, or a hub name (hf:OWNER/REPO/FILE.gguf)',
-    );
-  }
-  for (const name of ['hfEndpoint', 'chatTemplate']) {
-    if (options[name] !== undefined && (typeof options[name] !== 'string' || !options[name])) {
-      throw new RuvLLMError('invalid_argument', `options.${name} must be a non-empty string`);
-    }
-  }
+  checkTable(LOAD_OPTIONS, options, 'options', 'RuvLLM.load');
   resolveModel(options.model, { hfEndpoint: options.hfEndpoint }); // a malformed hub name fails here
-  if (options.onProgress !== undefined && typeof options.onProgress !== 'function') {
-    throw new RuvLLMError('invalid_argument', 'options.onProgress must be a function');
-  }
-  if (options.compute !== undefined && !['auto', 'f32', 'q8', 'q4'].includes(options.compute)) {
+  if (options.kv?.budgetBytes !== undefined && options.kv.hotTokens === undefined) {
     throw new RuvLLMError(
       'invalid_argument',
-      `options.compute must be auto, f32, q8 or q4, got ${JSON.stringify(options.compute)}`,
+      'options.kv.budgetBytes needs options.kv.hotTokens: only positions older than the hot ones can be dropped',
     );
-  }
-  for (const [name, choices] of [
-    ['kernels', KERNEL_CHOICES],
-    ['arithmetic', ARITHMETIC],
-  ]) {
-    if (options[name] !== undefined && !choices.includes(options[name])) {
-      throw new RuvLLMError(
-        'invalid_argument',
-        `options.${name} must be ${choices.join(', ')}, got ${JSON.stringify(options[name])}`,
-      );
-    }
-  }
-  if (options.cache !== undefined && typeof options.cache !== 'boolean') {
-    throw new RuvLLMError(
-      'invalid_argument',
-      `options.cache must be true or false, got ${JSON.stringify(options.cache)}`,
-    );
-  }
-  const ctx = options.contextLength;
-  if (ctx !== undefined && (!Number.isInteger(ctx) || ctx < 1)) {
-    throw new RuvLLMError('invalid_argument', `options.contextLength must be a positive integer, got ${ctx}`);
   }
 }
 
@@ -123,6 +115,7 @@ export class RuvLLM {
   #worker;
   #queues = new Map();
   #failed = null;
+  #unbounded = false; // a KV budget drops old positions: a sequence may then outgrow the context length
 
   /** What the worker reported once the model was ready (architecture, contextLength, heapBytes, ...). */
   info = null;
@@ -160,25 +153,37 @@ export class RuvLLM {
     const { signal, onProgress, ...rest } = resolveLocations(options);
     if (signal?.aborted) throw new AbortError('loading aborted');
     const llm = new RuvLLM(await spawnWorker());
-    const onAbort = () => {
-      llm.#worker.terminate();
-      llm.#failed = new AbortError('loading aborted');
-      for (const queue of llm.#queues.values())
-        queue.push({ type: 'error', error: { type: 'abort', message: 'loading aborted' } });
-    };
-    signal?.addEventListener('abort', onAbort, { once: true });
+    const id = newId();
     try {
-      for await (const event of llm.#request({ type: 'load', options: rest })) {
+      for await (const event of llm.#request({ type: 'load', options: rest }, signal, 'loading aborted', id)) {
         if (event.type === 'progress') onProgress?.(event.progress);
         else if (event.type === 'loaded') llm.info = event.info;
       }
     } catch (error) {
-      llm.#worker.terminate();
+      // An abort: the worker stops its downloads and removes their partial copies, then answers; a
+      // worker busy in a long synchronous step is terminated after a grace time.
+      if (error instanceof AbortError) await llm.#settled(id, ABORT_GRACE_MS);
+      llm.#failed ??= error;
+      await llm.#worker.terminate();
       throw error;
-    } finally {
-      signal?.removeEventListener('abort', onAbort);
     }
+    llm.#unbounded = options.kv?.budgetBytes !== undefined;
     return llm;
+  }
+
+  /** Resolves once the worker has answered request `id` (its error or done), or after `ms`. */
+  #settled(id, ms) {
+    return new Promise((resolve) => {
+      const timer = setTimeout(resolve, ms);
+      this.#queues.set(id, {
+        push: (event) => {
+          if (event.type !== 'error' && event.type !== 'done') return;
+          clearTimeout(timer);
+          this.#queues.delete(id);
+          resolve();
+        },
+      });
+    });
   }
 
   /**
@@ -188,13 +193,31 @@ export class RuvLLM {
    * @returns {AsyncIterable<import('../types/index.d.ts').Chunk>}
    */
   generate(prompt, options = {}) {
-    checkPrompt(prompt);
-    return this.#stream({ type: 'generate', prompt }, options);
+    check(required(PROMPT), prompt, 'prompt');
+    const positions = this.#positions();
+    if (Array.isArray(prompt) && prompt.length > positions) {
+      throw new RuvLLMError(
+        'context_full',
+        `the prompt has ${prompt.length} tokens but the context window is ${positions}`,
+      );
+    }
+    return this.#stream({ type: 'generate', prompt }, this.#generationOptions(options, 'generate'));
   }
 
   /** `llm.chat(messages, options)`: see the `chat` field above. */
   #chat(messages, options) {
-    return this.#stream({ type: 'chat', messages: checkMessages(messages) }, options);
+    checkMessages(messages);
+    return this.#stream({ type: 'chat', messages }, this.#generationOptions(options, 'chat'));
+  }
+
+  /** The options of generate/chat, checked: maxTokens at most the context length (when it bounds). */
+  #generationOptions(options, what) {
+    return checkTable(generationOptions(this.#positions()), options, 'options', what);
+  }
+
+  /** Positions one sequence may have: the context length, unless a KV budget lifts the bound. */
+  #positions() {
+    return this.#unbounded ? Infinity : (this.info?.contextLength ?? Infinity);
   }
 
   /**
@@ -203,11 +226,14 @@ export class RuvLLM {
    * @returns {Promise<number[]>}
    */
   async tokenize(input) {
-    const request = Array.isArray(input)
-      ? { type: 'tokenize', messages: checkMessages(input) }
-      : { type: 'tokenize', prompt: input };
-    if (!Array.isArray(input)) checkPrompt(input);
-    return this.#answer(request);
+    if (Array.isArray(input)) return this.#answer({ type: 'tokenize', messages: checkMessages(input, 'input') });
+    if (typeof input !== 'string') {
+      throw new RuvLLMError(
+        'invalid_argument',
+        `input must be a string (raw text) or an array of { role, content } messages, got ${describeValue(input)}`,
+      );
+    }
+    return this.#answer({ type: 'tokenize', prompt: input });
   }
 
   /**
@@ -234,15 +260,16 @@ export class RuvLLM {
    * @param {import('../types/index.d.ts').AdaptOptions} [options]
    * @returns {Promise<import('../types/index.d.ts').AdaptReport>}
    */
-  async adapt(feedback, { signal, onProgress } = {}) {
-    const ok =
-      feedback &&
-      typeof feedback.completion === 'string' &&
-      (typeof feedback.prompt === 'string' || Array.isArray(feedback.messages));
-    if (!ok) throw new RuvLLMError('invalid_argument', 'adapt needs { prompt or messages, completion }');
-    if (feedback.messages) checkMessages(feedback.messages);
-    if (onProgress !== undefined && typeof onProgress !== 'function')
-      throw new RuvLLMError('invalid_argument', 'onProgress must be a function');
+  async adapt(feedback, options = {}) {
+    checkTable(FEEDBACK, feedback, 'feedback', 'adapt');
+    if ((feedback.prompt === undefined) === (feedback.messages === undefined)) {
+      throw new RuvLLMError(
+        'invalid_argument',
+        'feedback needs either prompt (raw text) or messages (a conversation) before its completion, ' +
+          `got ${feedback.prompt === undefined ? 'neither' : 'both'}`,
+      );
+    }
+    const { signal, onProgress } = checkTable(ADAPT_OPTIONS, options, 'options', 'adapt');
     if (signal?.aborted) throw new AbortError('learning cancelled');
     let report = null;
     for await (const event of this.#request({ type: 'adapt', feedback }, signal, 'learning cancelled')) {
@@ -265,7 +292,7 @@ export class RuvLLM {
 
   /** A fresh adapter ({ name, rank, alpha, targets, layers }), made active. */
   newAdapter(config = {}) {
-    return this.#answer({ type: 'new_adapter', config });
+    return this.#answer({ type: 'new_adapter', config: checkTable(ADAPTER_CONFIG, config, 'config', 'newAdapter') });
   }
 
   /**
@@ -278,9 +305,9 @@ export class RuvLLM {
    * @returns {Promise<{ name: string, experts: string[], topK: number | null }>}
    */
   mixAdapters(name, experts, options = {}) {
-    if (typeof name !== 'string' || !name) throw new RuvLLMError('invalid_argument', 'mixAdapters needs a name');
-    if (!Array.isArray(experts) || experts.length === 0 || !experts.every((e) => typeof e === 'string'))
-      throw new RuvLLMError('invalid_argument', 'mixAdapters needs a non-empty list of adapter names');
+    check(required(ADAPTER_NAME), name, 'name');
+    check(required(EXPERTS), experts, 'experts');
+    checkTable(MIX_OPTIONS, options, 'options', 'mixAdapters');
     return this.#answer({ type: 'mix_adapters', config: { ...options, name, experts } });
   }
 
@@ -289,8 +316,9 @@ export class RuvLLM {
    * an X-LoRA mixture (PEFT's layout) with its experts in subfolders named after them.
    * @returns {Promise<string>} the name it is held under
    */
-  loadAdapter(url, { name } = {}) {
-    if (typeof url !== 'string' || !url) throw new RuvLLMError('invalid_argument', 'loadAdapter needs a URL');
+  loadAdapter(url, options = {}) {
+    check(required(ADAPTER_URL), url, 'url');
+    const { name } = checkTable(LOAD_ADAPTER_OPTIONS, options, 'options', 'loadAdapter');
     const resolved = IS_NODE || typeof location === 'undefined' ? url : new URL(url, location.href).href;
     return this.#answer({
       type: 'load_adapter',
@@ -301,6 +329,7 @@ export class RuvLLM {
 
   /** Compute with adapter `name` from now on; null for the base model. */
   setAdapter(name) {
+    check(NULLABLE_ADAPTER_NAME, name, 'name');
     return this.#answer({ type: 'set_adapter', name: name ?? null });
   }
 
@@ -309,6 +338,7 @@ export class RuvLLM {
    * @returns {Promise<Record<string, Uint8Array>>}
    */
   saveAdapter(name) {
+    check(ADAPTER_NAME, name, 'name');
     return this.#answer({ type: 'save_adapter', name });
   }
 
@@ -337,8 +367,9 @@ export class RuvLLM {
    * the answer object, or with `body.stream` to an AsyncIterable of OpenAI stream chunks; that promise
    * settles with the first chunk, so a refused body or an abort before it rejects it.
    */
-  async #complete(kind, body, { signal } = {}) {
+  async #complete(kind, body, options = {}) {
     const request = { type: 'completion', kind, body: checkBody(kind, body) };
+    const { signal } = checkTable(REQUEST_OPTIONS, options, 'options', methodOf(kind));
     if (signal?.aborted) throw new AbortError('generation aborted');
     const events = this.#request(request, signal);
     if (request.body.stream !== true) {
@@ -364,10 +395,24 @@ export class RuvLLM {
     }
   }
 
+  /**
+   * Post `message` to the worker. The options were checked, so every value can be cloned; should one
+   * still not be (a bug), the caller gets a typed error, not a DataCloneError.
+   */
+  #send(message) {
+    try {
+      this.#worker.post(message);
+    } catch (error) {
+      throw new RuvLLMError(
+        'invalid_argument',
+        `the ${message.type} request cannot be sent to the worker: ${error.message}`,
+      );
+    }
+  }
+
   /** Send one request and yield its events until 'done' (returns) or 'error' (throws). */
-  async *#request(request, signal, aborted = 'generation aborted') {
+  async *#request(request, signal, aborted = 'generation aborted', id = newId()) {
     if (this.#failed) throw this.#failed;
-    const id = newId();
     const queue = new EventQueue();
     this.#queues.set(id, queue);
     this.#worker.setActive(true);
@@ -377,8 +422,10 @@ export class RuvLLM {
       queue.push({ type: 'error', error: { type: 'abort', message: aborted } });
     };
     signal?.addEventListener('abort', onAbort, { once: true });
-    this.#worker.post({ ...request, id });
+    let sent = false; // a request that could not be posted has nothing to abort in the worker
     try {
+      this.#send({ ...request, id });
+      sent = true;
       for (;;) {
         const event = await queue.next();
         if (event.type === 'done') {
@@ -393,7 +440,7 @@ export class RuvLLM {
       }
     } finally {
       signal?.removeEventListener('abort', onAbort);
-      if (!finished && !this.#failed) this.#worker.post({ type: 'abort', id }); // the caller stopped iterating
+      if (sent && !finished && !this.#failed) this.#worker.post({ type: 'abort', id }); // the caller stopped iterating
       this.#queues.delete(id);
       if (this.#queues.size === 0) this.#worker.setActive(false);
     }
@@ -409,34 +456,26 @@ function resolveLocations(options) {
   return resolved;
 }
 
-function checkPrompt(prompt) {
-  const ids = Array.isArray(prompt) && prompt.length > 0 && prompt.every((t) => Number.isInteger(t) && t >= 0);
-  if (typeof prompt !== 'string' && !ids) {
-    throw new RuvLLMError('invalid_argument', 'prompt must be a string or a non-empty array of token ids');
-  }
-}
+const methodOf = (kind) => (kind === 'chat' ? 'chat.completions.create' : 'completions.create');
 
 /**
  * An OpenAI request body as the worker gets it: a copy with JSON's values only (JSON is what reaches
- * Python). Only its prompt is checked here, so the call says what it needs; Python checks every field.
+ * Python), refused if JSON would change it (NaN becoming null). Only its prompt is required here, so the
+ * call says what it needs; Python checks every field, by the server's rule.
  */
 function checkBody(kind, body) {
-  const method = kind === 'chat' ? 'chat.completions.create' : 'completions.create';
+  const method = methodOf(kind);
   const field = kind === 'chat' ? 'messages' : 'prompt';
   if (body === null || typeof body !== 'object' || Array.isArray(body) || body[field] === undefined)
-    throw new RuvLLMError('invalid_argument', `${method} needs a request body: an object with ${field}`);
-  try {
-    return JSON.parse(JSON.stringify(body));
-  } catch (error) {
-    throw new RuvLLMError('invalid_argument', `the body of ${method} cannot be sent as JSON: ${error.message}`);
-  }
+    throw new RuvLLMError(
+      'invalid_argument',
+      `${method} needs a request body: an object with ${field}, got ${describeValue(body)}`,
+    );
+  checkJson(body, 'body');
+  return JSON.parse(JSON.stringify(body));
 }
 
-function checkMessages(messages) {
-  const ok =
-    Array.isArray(messages) &&
-    messages.length > 0 &&
-    messages.every((m) => typeof m?.role === 'string' && typeof m?.content === 'string');
-  if (!ok) throw new RuvLLMError('invalid_argument', 'messages must be a non-empty array of { role, content } strings');
+function checkMessages(messages, path = 'messages') {
+  check(required(MESSAGES), messages, path);
   return messages;
 }

@@ -3,7 +3,8 @@
  * `id`; every event the worker sends back names the request it belongs to.
  *
  * Requests (caller -> worker):
- *   { type: 'load',     id, options }                     options: see LoadOptions (serializable part)
+ *   { type: 'load',     id, options }                     options: see LoadOptions (serializable part), checked
+ *                                                         by the facade (options.js) before it is posted
  *   { type: 'generate', id, prompt, options }             prompt: raw text, or token ids
  *   { type: 'chat',     id, messages, options }           messages: [{ role, content }]
  *   { type: 'completion', id, kind, body }                an OpenAI completion. kind 'chat': body is a chat
@@ -25,7 +26,9 @@
  *   { type: 'set_adapter', id, name }                     name, or null for the base model
  *   { type: 'save_adapter', id, name }                    the adapter's files
  *   { type: 'abort',    id }                              id of the generate/chat/completion request to stop,
- *                                                         or of the adapt request whose lesson to cancel
+ *                                                         of the adapt request whose lesson to cancel, or of
+ *                                                         the load to stop (its downloads end, their partial
+ *                                                         copies are removed, then it answers an abort error)
  *   { type: 'dispose',  id }
  *
  * Events (worker -> caller):
@@ -123,20 +126,6 @@ export const PYTHON_NAMES = Object.freeze({
 
 const JS_NAMES = Object.freeze(Object.fromEntries(Object.entries(PYTHON_NAMES).map(([js, py]) => [py, js])));
 
-/** The options of generate/chat (besides `signal` and `adapter`), by their JavaScript names. */
-export const GENERATION_OPTIONS = Object.freeze([
-  'maxTokens',
-  'temperature',
-  'topK',
-  'topP',
-  'minP',
-  'repetitionPenalty',
-  'seed',
-  'ignoreEos',
-  'stop',
-]);
-/** The options of the two-tier KV cache (`kv` in RuvLLM.load). */
-export const KV_OPTIONS = Object.freeze(['hotTokens', 'cold', 'budgetBytes', 'keep']);
 /** What computes the matrix products (`kernels` in RuvLLM.load; src/worker/kernels.js). */
 export const KERNEL_CHOICES = Object.freeze(['auto', 'wasm', 'numpy']);
 /** How the WebAssembly kernels multiply quantized weights (`arithmetic` in RuvLLM.load). */

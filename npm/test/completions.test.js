@@ -94,8 +94,8 @@ describe('the facade of OpenAI completions', () => {
       top_p: 0.5,
       response_format: { type: 'json_schema', json_schema: { name: 'x', schema } },
     };
-    // What JSON cannot carry is left out, as JSON.stringify leaves it out.
-    await llm.chat.completions.create({ ...json, user: undefined, onToken: () => {} });
+    // Members that are undefined are left out, as JSON.stringify (and the OpenAI SDK) leave them out.
+    await llm.chat.completions.create({ ...json, user: undefined });
     const { id, ...sent } = worker.posted[0];
     assert.ok(Number.isInteger(id));
     assert.deepEqual(sent, { type: 'completion', kind: 'chat', body: json });
@@ -108,11 +108,23 @@ describe('the facade of OpenAI completions', () => {
       assert.rejects(call, (e) => e instanceof RuvLLMError && e.type === 'invalid_argument' && message.test(e.message));
     await refused(
       llm.chat.completions.create({ prompt: 'hi' }),
-      /^chat\.completions\.create needs a request body: an object with messages$/,
+      /^chat\.completions\.create needs a request body: an object with messages, got \{"prompt":"hi"\}$/,
     );
     await refused(llm.chat.completions.create(user('hi')), /needs a request body/);
-    await refused(llm.completions.create(null), /^completions\.create needs a request body: an object with prompt$/);
-    await refused(llm.completions.create({ prompt: 'x', seed: 1n }), /cannot be sent as JSON/);
+    await refused(
+      llm.completions.create(null),
+      /^completions\.create needs a request body: an object with prompt, got null$/,
+    );
+    // What JSON would change or drop is refused, naming the field: never sent as a silent default
+    await refused(llm.completions.create({ prompt: 'x', seed: 1n }), /^body\.seed must be a JSON value .*got 1n/);
+    await refused(
+      llm.chat.completions.create({ messages: user('hi'), onToken: () => {} }),
+      /^body\.onToken must be a JSON value \(a string, finite number, boolean, null, array or plain object\), got a function$/,
+    );
+    await refused(
+      llm.chat.completions.create({ messages: user('hi'), top_p: NaN }),
+      /^body\.top_p must be a finite number, got NaN$/,
+    );
     await assert.rejects(
       llm.chat.completions.create({ messages: user('hi') }, { signal: AbortSignal.abort() }),
       AbortError,

@@ -10,7 +10,13 @@
  * await llm.dispose();
  */
 
-/** What went wrong, in a form a program can branch on. */
+/**
+ * What went wrong, in a form a program can branch on. 'invalid_argument': a bad argument or option,
+ * refused before anything is sent to the worker, its message naming the option, what it must be and
+ * what it was (`options.temperature must be a finite number >= 0, got NaN`); an unknown option name
+ * is refused too, with the known ones. 'context_full': a prompt longer than the context window (a very
+ * long text is refused by its length, before it is tokenized).
+ */
 export type RuvLLMErrorType = 'download' | 'load' | 'inference' | 'context_full' | 'invalid_argument';
 
 /**
@@ -84,7 +90,10 @@ export interface LoadOptions {
   pyodide?: { indexURL?: string };
   /** Called as the runtime starts and the weights arrive. */
   onProgress?: (progress: Progress) => void;
-  /** Aborting stops the download and the worker; `load` rejects with an AbortError. */
+  /**
+   * Aborting stops the downloads and the worker; `load` rejects with an AbortError once the worker has
+   * removed its partial downloads (at most about a second later, if it is busy starting Pyodide).
+   */
   signal?: AbortSignal;
   /**
    * Keep files downloaded by URL so the next load does not download them again. Browsers: the Cache API.
@@ -95,9 +104,12 @@ export interface LoadOptions {
    * await RuvLLM.load({ model: 'https://host/models/smollm2/', cache: false }); // always from the network
    */
   cache?: boolean;
-  /** Expected sha256 (hex) of weight files, by file name; a mismatch is a 'download' error. */
+  /**
+   * Expected sha256 (64 hex digits) of weight files, by file name; a mismatch is a 'download' error, a
+   * name that is not one of the model's weight files an 'invalid_argument' error.
+   */
   sha256?: Record<string, string>;
-  /** KV cache positions (default: the model's context, at most 4096). */
+  /** KV cache positions, a positive integer (default: the model's context, at most 4096). */
   contextLength?: number;
   /**
    * How weights live in memory: 'f32' (4 bytes/weight), 'q8' (~1.1), 'q4' (~0.6), or 'auto' (default):
@@ -122,10 +134,18 @@ export interface LoadOptions {
    * cost is in docs/performance.md). Prompt processing is exact either way.
    */
   arithmetic?: 'exact' | 'fast';
-  /** Bytes for weights + KV cache + workspace. Default in browsers: a quarter of navigator.deviceMemory. */
+  /** Bytes for weights + KV cache + workspace, a positive integer. Default in browsers: a quarter of navigator.deviceMemory. */
   memoryBudget?: number;
   /** The two-tier KV cache. */
   kv?: KVOptions;
+  /**
+   * How long a download may wait for the server's next byte (its answer, then each piece of the body),
+   * in milliseconds, before the load fails with a 'download' error naming the URL (default 30000; at
+   * most 2^31 - 1). Only waits on the server count, not the time spent on what has arrived.
+   * @example
+   * await RuvLLM.load({ model: url, stallTimeoutMs: 120_000 }); // a slow mobile link
+   */
+  stallTimeoutMs?: number;
 }
 
 /**
@@ -167,16 +187,18 @@ export interface CacheStats {
 }
 
 /**
- * Generation options; the same meaning as the Python CLI's flags.
+ * Generation options; the same meaning as the Python CLI's flags. Each is checked before the request is
+ * sent: a wrong type, a non-finite number, a non-integer where an integer is due, a value out of range,
+ * or a name not listed here is an 'invalid_argument' error naming the option (`undefined` means not given).
  * @example
  * llm.generate('Once upon a time', { maxTokens: 64, temperature: 0.7, topP: 0.9, seed: 1, stop: ['\n\n'] })
  */
 export interface GenerateOptions {
-  /** At most this many new tokens (default 256). */
+  /** At most this many new tokens, an integer from 1 to the context length (default 256). */
   maxTokens?: number;
-  /** 0 is greedy (default 0.8). */
+  /** A finite number >= 0; 0 is greedy (default 0.8). */
   temperature?: number;
-  /** Keep the k most likely tokens; 0 disables (default 40). */
+  /** Keep the k most likely tokens, an integer >= 0; 0 disables (default 40). */
   topK?: number;
   /** Nucleus sampling mass in (0, 1] (default 0.95). */
   topP?: number;
@@ -184,10 +206,10 @@ export interface GenerateOptions {
   minP?: number;
   /** > 1 discourages tokens already in the context (default 1, off). */
   repetitionPenalty?: number;
-  /** Same seed, same tokens. */
+  /** Same seed (an integer >= 0), same tokens. */
   seed?: number;
-  /** Stop before the first of these strings; it is not part of the output. */
-  stop?: string[];
+  /** Stop before the first of these (non-empty) strings; it is not part of the output. */
+  stop?: string | string[];
   /** Keep going past the end-of-sequence token. */
   ignoreEos?: boolean;
   /** Compute this request (and the ones after) with a held adapter; null for the base model. */
@@ -571,13 +593,17 @@ export interface Feedback {
   reward?: number;
   /** The adapter that learns (default 'default'; made with the default config if missing). */
   adapter?: string;
-  /** Most optimizer steps and the learning rate (defaults: the measured ones, see docs). */
+  /** Most optimizer steps (an integer >= 1) and the learning rate, in (0, 10) (defaults: the measured ones, see docs). */
   steps?: number;
   lr?: number;
+  /** 'sgd' (default) or 'adam'. */
+  optimizer?: 'sgd' | 'adam';
+  /** Strength of elastic weight consolidation, >= 0 (default 0, off). */
+  ewc?: number;
   /** Stop once greedy decoding reproduces the completion (default true); false takes every step. */
   untilGreedy?: boolean;
-  /** Rounds of rehearsal of earlier lessons (default 3), weight of the kept prompt predictions
-   * (default 10), energy of the input subspace the adapter stays out of (default 0.99): 0 turns each off. */
+  /** Rounds of rehearsal of earlier lessons (an integer, default 3), weight of the kept prompt predictions
+   * (default 10), energy of the input subspace the adapter stays out of (in [0, 1), default 0.99): 0 turns each off. */
   rehearse?: number;
   keep?: number;
   project?: number;

@@ -114,6 +114,7 @@ class CacheWriter {
   #hash = null;
   #bytes = 0;
   #failed = false;
+  #finished = false;
   #settle;
   /** Settles once the download ended: true if it became an entry. */
   stored = new Promise((resolve) => {
@@ -160,7 +161,14 @@ class CacheWriter {
     }
   }
 
+  /** Drop a download whose chunks were never read (copy() never started, so its cleanup never runs). */
+  async discard() {
+    if (!this.#finished) this.#settle(await this.#finish(false));
+  }
+
   async #finish(complete) {
+    if (this.#finished) return false;
+    this.#finished = true;
     const { fs, path } = await node();
     try {
       await this.#handle.close();
@@ -192,8 +200,9 @@ async function sha256Of(handle) {
 }
 
 /**
- * Remove downloads under partial/ whose data has not grown for an hour: a worker that is terminated (an
- * aborted load) runs no cleanup, so its partial copy stays behind until a later download clears it.
+ * Remove downloads under partial/ whose data has not grown for an hour: an aborted load removes its own,
+ * but a worker terminated in the middle of a write (or a process that exits) runs no cleanup, so its
+ * partial copy stays behind until a later download clears it.
  */
 async function removeStale(partial) {
   const { fs, path } = await node();

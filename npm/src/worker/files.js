@@ -6,7 +6,8 @@
 
 import { FolderCache, cacheFolder } from './cache-folder.js';
 import { IS_NODE } from '../env.js';
-import { RuvLLMError } from '../errors.js';
+import { AbortError, RuvLLMError } from '../errors.js';
+import { STALL_TIMEOUT_MS } from '../options.js';
 
 export const CACHE_NAME = 'ruvllm-models-v1';
 
@@ -24,31 +25,67 @@ export function fileLocation(base, name) {
 /**
  * Open one file: resolves to { size (bytes, or null if unknown), chunks (async iterable of Uint8Array),
  * fromCache, stored (a promise, settled once a cached copy is written: true if this call wrote one;
- * never rejects) } or to null for a missing optional file. Throws a `download` RuvLLMError naming the file.
+ * never rejects), close() } or to null for a missing optional file. Throws a `download` RuvLLMError
+ * naming the file. close() ends the download and drops a partial copy, whether or not reading began
+ * (a no-op after the last chunk): whoever opens a file closes it when a load fails.
+ *
+ * Network reads wait at most `stallTimeoutMs` for the server's next byte (the headers, then each piece
+ * of the body), then fail with a `download` error naming the URL; aborting `signal` stops them with an
+ * AbortError.
  */
-export async function openFile(base, name, { cache = true, optional = false } = {}) {
+export async function openFile(base, name, { cache = true, optional = false, ...network } = {}) {
   const where = fileLocation(base, name);
   if (isLocalPath(base)) return openLocal(where, name, optional);
-  if (IS_NODE) return openThroughFolder(where, name, { cache, optional });
-  return openThroughCacheApi(where, name, { cache, optional });
+  const watch = { stallTimeoutMs: network.stallTimeoutMs ?? STALL_TIMEOUT_MS, signal: network.signal };
+  if (IS_NODE) return openThroughFolder(where, name, { cache, optional, watch });
+  return openThroughCacheApi(where, name, { cache, optional, watch });
 }
 
-async function openThroughCacheApi(url, name, { cache, optional }) {
+/**
+ * An opened file: `chunks` with a close() that works whether or not reading began. A generator that
+ * never started runs no `finally` when it is returned, so `dropUnread` does its cleanup then.
+ */
+function opened({ size, chunks, fromCache, stored = Promise.resolve(false), dropUnread = async () => {} }) {
+  const iterator = chunks[Symbol.asyncIterator]();
+  let started = false;
+  let closed = null;
+  const reader = {
+    [Symbol.asyncIterator]: () => reader,
+    next: () => {
+      started = true;
+      return iterator.next();
+    },
+    return: (value) => iterator.return(value),
+  };
+  const close = () => {
+    closed ??= (started ? iterator.return() : dropUnread()).then(
+      () => {},
+      () => {},
+    );
+    return closed;
+  };
+  return { size, chunks: reader, fromCache, stored, close };
+}
+
+async function openThroughCacheApi(url, name, { cache, optional, watch }) {
   const store = cache && typeof caches !== 'undefined' ? await caches.open(CACHE_NAME).catch(() => null) : null;
   const cached = (await store?.match(url)) ?? null;
   if (cached) {
-    return {
+    return opened({
       size: declaredSize(cached),
       chunks: streamChunks(cached.body, name),
       fromCache: true,
-      stored: Promise.resolve(false),
-    };
+      dropUnread: () => cached.body?.cancel(),
+    });
   }
-  const response = await download(url, name, optional);
-  if (response === null) return null;
-  const chunks = streamChunks(response.body, name);
-  if (!store) return { size: declaredSize(response), chunks, fromCache: false, stored: Promise.resolve(false) };
-  return { size: declaredSize(response), fromCache: false, ...copyIntoCache(store, url, response, chunks) };
+  const fetched = await download(url, name, optional, watch);
+  if (fetched === null) return null;
+  const { response } = fetched;
+  const chunks = streamChunks(response.body, name, fetched);
+  const dropUnread = () => fetched.stop();
+  if (!store) return opened({ size: declaredSize(response), chunks, fromCache: false, dropUnread });
+  const copy = copyIntoCache(store, url, response, chunks);
+  return opened({ size: declaredSize(response), fromCache: false, ...copy, dropUnread: () => copy.drop(dropUnread) });
 }
 
 /**
@@ -64,6 +101,10 @@ function copyIntoCache(store, url, response, chunks) {
     () => true,
     () => false,
   );
+  const drop = async (stop) => {
+    controller.error(new Error('the download was dropped before it was read'));
+    await stop();
+  };
   async function* copy() {
     let complete = false;
     try {
@@ -77,35 +118,90 @@ function copyIntoCache(store, url, response, chunks) {
       if (!complete) controller.error(new Error('the download stopped before the end of the file'));
     }
   }
-  return { chunks: copy(), stored };
+  return { chunks: copy(), stored, drop };
 }
 
-async function openThroughFolder(url, name, { cache, optional }) {
+async function openThroughFolder(url, name, { cache, optional, watch }) {
   const folder = cache ? new FolderCache(await cacheFolder()) : null;
   const hit = await folder?.read(url);
-  if (hit) return { size: hit.size, chunks: plainBytes(hit.stream), fromCache: true, stored: Promise.resolve(false) };
-  const response = await download(url, name, optional);
-  if (response === null) return null;
+  if (hit) {
+    return opened({
+      size: hit.size,
+      chunks: plainBytes(hit.stream),
+      fromCache: true,
+      dropUnread: () => hit.stream.destroy(),
+    });
+  }
+  const fetched = await download(url, name, optional, watch);
+  if (fetched === null) return null;
+  const { response } = fetched;
   const size = declaredSize(response);
-  const chunks = streamChunks(response.body, name);
+  const chunks = streamChunks(response.body, name, fetched);
   const writer = await folder?.writer(url, response); // null when the folder cannot be written
-  if (!writer) return { size, chunks, fromCache: false, stored: Promise.resolve(false) };
-  return { size, chunks: writer.copy(chunks, size), fromCache: false, stored: writer.stored };
+  if (!writer) return opened({ size, chunks, fromCache: false, dropUnread: () => fetched.stop() });
+  return opened({
+    size,
+    chunks: writer.copy(chunks, size),
+    fromCache: false,
+    stored: writer.stored,
+    dropUnread: () => Promise.all([fetched.stop(), writer.discard()]),
+  });
 }
 
-/** The response for `url`, or null for a missing optional file; a `download` error otherwise. */
-async function download(url, name, optional) {
+/**
+ * Fetch `url`: resolves to { response, url, read(promise), stop() }, or to null for a missing optional
+ * file; a `download` error otherwise. Every wait on the server (`read` wraps the body's reads) fails
+ * after `stallTimeoutMs` without a byte; `signal` aborts them all.
+ */
+async function download(url, name, optional, { stallTimeoutMs, signal }) {
+  if (signal?.aborted) throw new AbortError('loading aborted');
+  const controller = new AbortController();
+  const onAbort = () => controller.abort();
+  signal?.addEventListener('abort', onAbort, { once: true });
+  const stalled = () =>
+    new RuvLLMError(
+      'download',
+      `${name}: ${url} sent nothing for ${stallTimeoutMs / 1000} s; giving up (the stallTimeoutMs load option)`,
+    );
+  /** `promise`, or the stall error once `stallTimeoutMs` pass first (the request is aborted then). */
+  const read = async (promise) => {
+    let timer;
+    const timeout = new Promise((_, reject) => {
+      timer = setTimeout(() => {
+        reject(stalled());
+        controller.abort();
+      }, stallTimeoutMs);
+    });
+    try {
+      return await Promise.race([promise, timeout]);
+    } catch (error) {
+      if (signal?.aborted) throw new AbortError('loading aborted');
+      throw error;
+    } finally {
+      clearTimeout(timer);
+    }
+  };
+  const stop = async () => {
+    signal?.removeEventListener('abort', onAbort);
+    controller.abort();
+  };
   let response;
   try {
-    response = await fetch(url);
+    response = await read(fetch(url, { signal: controller.signal }));
   } catch (error) {
+    await stop();
+    if (error instanceof RuvLLMError || error instanceof AbortError) throw error;
     throw new RuvLLMError('download', `${name}: cannot fetch ${url}: ${error.message}`);
+  }
+  if ((response.status === 404 && optional) || !response.ok) {
+    await response.body?.cancel().catch(() => {});
+    await stop();
   }
   if (response.status === 404 && optional) return null;
   if (!response.ok) {
     throw new RuvLLMError('download', `${name}: ${url} answered HTTP ${response.status} ${response.statusText}`.trim());
   }
-  return response;
+  return { response, read, stop };
 }
 
 /** The body's size in bytes, or null if the response does not say (or is compressed). */
@@ -115,15 +211,20 @@ function declaredSize(response) {
   return length !== null && (!encoding || encoding === 'identity') ? Number(length) : null;
 }
 
-async function* streamChunks(body, name) {
+/**
+ * The chunks of a body. With `network` ({ read, stop } of download()), every read waits at most the
+ * stall timeout, and the request is let go at the end, read to its end or not.
+ */
+async function* streamChunks(body, name, network = null) {
   const reader = body.getReader();
   let done = false;
   try {
     for (;;) {
       let result;
       try {
-        result = await reader.read();
+        result = await (network ? network.read(reader.read()) : reader.read());
       } catch (error) {
+        if (error instanceof RuvLLMError || error instanceof AbortError) throw error;
         throw new RuvLLMError('download', `${name}: the download failed midway: ${error.message}`);
       }
       if (result.done) {
@@ -135,6 +236,7 @@ async function* streamChunks(body, name) {
   } finally {
     if (!done) await reader.cancel().catch(() => {}); // the reader stopped early (a refused plan): stop the download
     reader.releaseLock();
+    await network?.stop();
   }
 }
 
@@ -148,8 +250,8 @@ async function openLocal(path, name, optional) {
     const reason = error.code === 'ENOENT' ? 'no such file' : error.message;
     throw new RuvLLMError('download', `${name}: cannot read ${path}: ${reason}`);
   }
-  const chunks = plainBytes(fs.createReadStream(path, { highWaterMark: 1 << 20 }));
-  return { size: stat.size, chunks, fromCache: false, stored: Promise.resolve(false) };
+  const stream = fs.createReadStream(path, { highWaterMark: 1 << 20 });
+  return opened({ size: stat.size, chunks: plainBytes(stream), fromCache: false, dropUnread: () => stream.destroy() });
 }
 
 /** Node Buffers as plain Uint8Array views (Pyodide copies only plain typed arrays into Python). */
@@ -162,7 +264,11 @@ export async function readBytes(base, name, options) {
   const file = await openFile(base, name, options);
   if (file === null) return null;
   const parts = [];
-  for await (const chunk of file.chunks) parts.push(chunk);
+  try {
+    for await (const chunk of file.chunks) parts.push(chunk);
+  } finally {
+    await file.close();
+  }
   return concat(
     parts,
     parts.reduce((n, p) => n + p.length, 0),

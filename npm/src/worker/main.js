@@ -10,8 +10,9 @@
 
 import { IS_NODE } from '../env.js';
 import { AbortError, RuvLLMError, serializeError, unwrap } from '../errors.js';
-import { GENERATION_OPTIONS, KV_OPTIONS, checkRequest } from '../protocol.js';
+import { checkRequest } from '../protocol.js';
 import { createText } from '../text/index.js';
+import { MAX_CHARS } from '../text/chat-template.js';
 import { readBytes, readJson, readText } from './files.js';
 import { startKernels } from './kernels.js';
 import { callBridge, heapBytes, startPython } from './python.js';
@@ -27,6 +28,9 @@ const state = {
   text: null,
   model: null, // the model's name in OpenAI answers
   aborted: new Set(), // ids of generate/chat/completion requests asked to stop
+  loading: null, // the load under way: { id, controller } (an abort of `id` aborts `controller`)
+  positions: null, // positions a generated sequence may have (the context length); null: no bound (KV budget)
+  contextLength: null, // positions a lesson (prompt and completion) may have
 };
 
 /**
@@ -50,9 +54,24 @@ if (IS_NODE) {
     });
 }
 
+/**
+ * Load a model. Its downloads stop when the caller aborts (an 'abort' request with this id) or when the
+ * server sends nothing for options.stallTimeoutMs; either way their partial copies are removed before
+ * the error is answered.
+ */
 async function load({ id, options }) {
+  const controller = new AbortController();
+  state.loading = { id, controller };
+  try {
+    await loadModel(id, options, controller.signal);
+  } finally {
+    state.loading = null;
+  }
+}
+
+async function loadModel(id, options, signal) {
   const progress = (p) => send({ type: 'progress', id, progress: p });
-  const files = { cache: options.cache !== false };
+  const files = { cache: options.cache !== false, stallTimeoutMs: options.stallTimeoutMs, signal };
   const { url, kind } = resolveModel(options.model, { hfEndpoint: options.hfEndpoint });
   const chatTemplate = options.chatTemplate ?? null;
   state.model = modelName(options.model);
@@ -63,7 +82,7 @@ async function load({ id, options }) {
     const tokenizerConfig = (await readJson(url, 'tokenizer_config.json', { ...files, optional: true })) ?? {};
     const generationConfig = (await readJson(url, 'generation_config.json', { ...files, optional: true })) ?? {};
     state.text = createText({ tokenizerJson, tokenizerConfig, generationConfig, config, chatTemplate });
-    await withLoader(id, options, progress, async (loader, onPlan) => {
+    await withLoader(id, options, progress, signal, async (loader, onPlan) => {
       callBridge(loader, 'set_config', JSON.stringify(config));
       callBridge(loader, 'set_tokenizer', JSON.stringify(tokenizerJson)); // the text of each chunk is made in Python
       callBridge(loader, 'set_options', loadOptions(options));
@@ -73,7 +92,7 @@ async function load({ id, options }) {
   }
   // A GGUF: its header holds the config and the tokenizer; Python reads it, so Pyodide boots first.
   const { base, name } = splitLocation(url);
-  await withLoader(id, options, progress, async (loader, onPlan) => {
+  await withLoader(id, options, progress, signal, async (loader, onPlan) => {
     callBridge(loader, 'set_options', loadOptions(options));
     const onHeader = (header) => {
       state.text = createText({
@@ -88,10 +107,17 @@ async function load({ id, options }) {
   });
 }
 
+/** Throws an AbortError once the load was aborted (between steps that cannot be interrupted). */
+function stopIfAborted(signal) {
+  if (signal.aborted) throw new AbortError('loading aborted');
+}
+
 /** Boot Pyodide and the kernels, run `fill(loader, onPlan)` (it gives the loader the model), then build. */
-async function withLoader(id, options, progress, fill) {
+async function withLoader(id, options, progress, signal, fill) {
   progress({ phase: 'runtime', loaded: 0, total: 0 });
+  stopIfAborted(signal);
   state.py = await startPython(options.pyodide ?? {});
+  stopIfAborted(signal);
   const kernels = await startKernels(state.py, options.kernels);
   const bridge = state.py.pyimport('ruvllm.bridge');
   const loader = bridge.new_loader();
@@ -101,8 +127,11 @@ async function withLoader(id, options, progress, fill) {
     const onPlan = (plan) => progress({ phase: 'plan', plan, loaded: 0, total: 0 });
     const download = await fill(loader, onPlan);
     progress({ phase: 'load', loaded: download.total, total: download.total });
+    stopIfAborted(signal);
     const built = callBridge(loader, 'build');
     state.engine = loader.take_engine();
+    state.contextLength = built.contextLength;
+    state.positions = options.kv?.budgetBytes === undefined ? built.contextLength : null;
     // learning keeps adapters away from what ordinary text uses: the calibration text, in ids made here
     const calibration = state.text.encode(callBridge(state.engine, 'calibration_text'));
     callBridge(state.engine, 'set_calibration', { ids: calibration });
@@ -136,13 +165,6 @@ function splitLocation(location) {
  */
 function loadOptions(options) {
   const kv = options.kv ?? {};
-  for (const key of Object.keys(kv)) {
-    if (!KV_OPTIONS.includes(key))
-      throw new RuvLLMError(
-        'invalid_argument',
-        `unknown kv option ${JSON.stringify(key)}; kv options are: ${KV_OPTIONS.join(', ')}`,
-      );
-  }
   const deviceMemory = globalThis.navigator?.deviceMemory;
   const budget =
     options.memoryBudget ?? (IS_NODE || !deviceMemory ? undefined : Math.floor((deviceMemory * 2 ** 30) / 4));
@@ -163,18 +185,42 @@ function promptIds({ messages, prompt }) {
   return state.text.encode(prompt);
 }
 
+/**
+ * Token ids of a prompt that is to be computed: one too long for `positions` is refused before it is
+ * tokenized, whenever its length alone shows it (tokenizing megabytes takes a minute here).
+ */
+function fittingIds({ messages, prompt, tools }, positions = state.positions) {
+  if (messages === undefined) {
+    if (typeof prompt === 'string') requireFit(prompt, 'the prompt', positions);
+    return promptIds({ prompt });
+  }
+  // A message the chat template cannot render (past its size bound) and that could not fit anyway
+  for (const [i, message] of messages.entries()) {
+    if (typeof message?.content === 'string' && message.content.length > MAX_CHARS)
+      requireFit(message.content, `messages[${i}].content`, positions);
+  }
+  const rendered = state.text.applyChatTemplate(messages, { tools });
+  requireFit(rendered, 'the prompt', positions);
+  return state.text.encodeRendered(rendered);
+}
+
+/** An error (context_full by default) if `text` has more tokens than `positions` (null: no bound), by its length. */
+function requireFit(text, what, positions, type = 'context_full') {
+  if (positions === null) return;
+  const least = state.text.moreTokensThan(text, positions);
+  if (least === null) return;
+  const n = (x) => x.toLocaleString('en');
+  throw new RuvLLMError(
+    type,
+    `${what} has ${n(text.length)} characters, at least ${n(least)} tokens with this tokenizer: ` +
+      `more than the context window of ${n(positions)}`,
+  );
+}
+
 async function generate(message) {
   const { id } = message;
   const { adapter, ...options } = message.options ?? {};
-  for (const [key, value] of Object.entries(options)) {
-    if (value !== undefined && !GENERATION_OPTIONS.includes(key)) {
-      throw new RuvLLMError(
-        'invalid_argument',
-        `unknown option ${JSON.stringify(key)}; options are: ${GENERATION_OPTIONS.join(', ')}`,
-      );
-    }
-  }
-  const ids = promptIds(message);
+  const ids = fittingIds(message);
   if (adapter !== undefined) callBridge(state.engine, 'set_adapter', { name: adapter }); // null: the base model
   callBridge(state.engine, 'start', { promptIds: ids, eosIds: state.text.eosIds, options });
   for await (const step of steps(id)) send({ type: 'chunk', id, chunk: step });
@@ -188,9 +234,7 @@ async function generate(message) {
 async function completion({ id, kind, body }) {
   const request = (more) => JSON.stringify({ kind, body, ...more });
   const source = JSON.parse(callBridge(state.engine, 'check_completion', request()).source);
-  let ids;
-  if (kind === 'chat') ids = state.text.encodeChat(source.messages, { tools: source.tools });
-  else ids = Array.isArray(source.prompt) ? source.prompt : state.text.encode(source.prompt);
+  const ids = fittingIds(kind === 'chat' ? source : { prompt: source.prompt });
   const start = { prompt_ids: ids, eos_ids: state.text.eosIds, model: state.model };
   callBridge(state.engine, 'start_completion', request(start));
   for await (const step of steps(id)) {
@@ -226,6 +270,9 @@ async function* steps(id) {
  */
 async function adapt({ id, feedback }) {
   const { prompt, messages, completion, reward = 1, adapter = 'default', ...options } = feedback;
+  // each alone must fit the context window (Python bounds the lesson by it), told before tokenizing
+  if (prompt !== undefined) requireFit(prompt, 'the prompt', state.contextLength, 'invalid_argument');
+  requireFit(completion, 'the completion', state.contextLength, 'invalid_argument');
   const [promptIds, completionIds] = state.text.feedbackIds({ prompt, messages, completion });
   const request = { key: id, adapter, promptIds, completionIds, reward, ...options };
   const progress = callBridge(state.engine, 'feedback', request);
@@ -388,7 +435,8 @@ const onMessage = (data) => {
     send({ type: 'error', id: data?.id ?? 0, error: { type: 'invalid_argument', message: error.message } });
     return;
   }
-  if (message.type === 'abort' && learning.lessons.has(message.id)) cancelLesson(message.id);
+  if (message.type === 'abort' && state.loading?.id === message.id) state.loading.controller.abort();
+  else if (message.type === 'abort' && learning.lessons.has(message.id)) cancelLesson(message.id);
   else if (message.type === 'abort') state.aborted.add(message.id);
   else {
     pending += 1;

@@ -22,22 +22,45 @@ export async function weightFiles(base, options) {
 /**
  * Stream every weight file into `loader` (a ruvllm.bridge.ModelLoader proxy).
  * sha256: optional { fileName: hexDigest }. onProgress receives
- * { phase: 'download', file, fileLoaded, fileTotal, loaded, total, fromCache }.
+ * { phase: 'download', file, fileLoaded, fileTotal, loaded, total, fromCache }. The other options
+ * (cache, stallTimeoutMs, signal) are openFile's. Whatever fails, every file opened is closed: no
+ * download goes on and no partial copy stays.
  */
-export async function loadWeights(loader, base, { cache, sha256 = {}, onProgress = () => {}, onPlan = () => {} } = {}) {
-  const names = await weightFiles(base, { cache });
+export async function loadWeights(
+  loader,
+  base,
+  { sha256 = {}, onProgress = () => {}, onPlan = () => {}, ...open } = {},
+) {
+  const names = await weightFiles(base, open);
+  checkDigestNames(sha256, names);
   const files = [];
-  for (const name of names) files.push({ name, ...(await openFile(base, name, { cache })) });
-  files.forEach(requireSize);
-  // Each file's header arrives first: plan (and refuse a plan that cannot fit) before the bulk.
-  for (const f of files) {
-    const { header, buffered, rest } = await readHeader(f);
-    Object.assign(f, { buffered, chunks: rest });
-    callBridge(loader, 'add_header', f.name, f.size, header);
+  try {
+    for (const name of names) files.push({ name, ...(await openFile(base, name, open)) });
+    files.forEach(requireSize);
+    // Each file's header arrives first: plan (and refuse a plan that cannot fit) before the bulk.
+    for (const f of files) {
+      const { header, buffered, rest } = await readHeader(f);
+      Object.assign(f, { buffered, chunks: rest });
+      callBridge(loader, 'add_header', f.name, f.size, header);
+    }
+    const plan = callBridge(loader, 'plan');
+    onPlan(plan);
+    return await streamFiles(loader, files, { sha256, onProgress, plan });
+  } finally {
+    await Promise.all(files.map((f) => f.close()));
   }
-  const plan = callBridge(loader, 'plan');
-  onPlan(plan);
-  return streamFiles(loader, files, { sha256, onProgress, plan });
+}
+
+/** A sha256 for a file the model does not have would never be checked: refused, naming the files it has. */
+function checkDigestNames(sha256, names) {
+  const unknown = Object.keys(sha256).filter((name) => !names.includes(name));
+  if (unknown.length > 0) {
+    throw new RuvLLMError(
+      'invalid_argument',
+      `options.sha256 names ${unknown.map((n) => JSON.stringify(n)).join(', ')}, which this model does not have; ` +
+        `its weight files are: ${names.join(', ')}`,
+    );
+  }
 }
 
 /**
@@ -45,15 +68,15 @@ export async function loadWeights(loader, base, { cache, sha256 = {}, onProgress
  * model folder; `onHeader` gets { config, tokenizer, tokenizer_config, generation_config } before the
  * plan is made, so a plan that cannot fit is refused before the tensor data is fetched.
  */
-export async function loadGguf(loader, base, name, { cache, sha256 = {}, onProgress, onPlan, onHeader }) {
-  const file = { name, ...(await openFile(base, name, { cache })) };
-  requireSize(file);
-  const iterator = file.chunks[Symbol.asyncIterator]();
+export async function loadGguf(loader, base, name, { sha256 = {}, onProgress, onPlan, onHeader, ...open }) {
+  checkDigestNames(sha256, [name]);
+  const file = { name, ...(await openFile(base, name, open)) };
   try {
+    requireSize(file);
+    const iterator = file.chunks[Symbol.asyncIterator]();
     return await headerThenData(loader, file, iterator, { sha256, onProgress, onPlan, onHeader });
-  } catch (error) {
-    await iterator.return?.(); // a refused header or plan: the tensor data is not fetched
-    throw error;
+  } finally {
+    await file.close(); // a refused header or plan: the tensor data is not fetched
   }
 }
 

@@ -1,0 +1,30 @@
+'use strict';
+/**
+ * The CommonJS entry of @ruvector/ruvllm (what `require('@ruvector/ruvllm')` gives). The package is an
+ * ES module, and Node 20 cannot require() one synchronously, so this door is asynchronous: `RuvLLM.load`
+ * here imports the ES module on first use and answers the same model object.
+ *
+ *   const { RuvLLM } = require('@ruvector/ruvllm');
+ *   async function main() {
+ *     const llm = await RuvLLM.load({ model: './models/smollm2-135m-instruct/' });
+ *     ...
+ *   }
+ *
+ * Errors keep their `name` ('RuvLLMError', 'AbortError') and `type`; for `instanceof`, take the classes
+ * from the ES module: `const { RuvLLMError } = await importModule()`.
+ */
+
+/** The ES module itself: { RuvLLM, RuvLLMError, AbortError }. */
+function importModule() {
+  return import('./index.js');
+}
+
+const RuvLLM = Object.freeze({
+  /** RuvLLM.load of the ES module (see types/index.d.ts). */
+  async load(options) {
+    const api = await importModule();
+    return api.RuvLLM.load(options);
+  },
+});
+
+module.exports = { RuvLLM, importModule };
