@@ -15,22 +15,21 @@ from pathlib import Path
 import pytest
 
 from ruvllm.errors import InvalidArgumentError, LoadError
-from ruvllm.text.chat_template import MAX_SECONDS, ChatTemplate
+from ruvllm.text.chat_template import ChatTemplate
 
 CASES = json.loads((Path(__file__).parent / "data" / "hostile_templates.json").read_text())["cases"]
 MESSAGES = [{"role": "user", "content": "hi"}]
 RENDER_ALL = """
-import json, sys, time
+import json, sys
 from ruvllm.text.chat_template import ChatTemplate
 from ruvllm.errors import RuvLLMError
 results = []
 for case in json.load(sys.stdin):
-    started = time.perf_counter()
     try:
         ChatTemplate(case["template"], {}, "models/x/tokenizer_config.json").render([{"role": "user", "content": "hi"}])
         results.append({"type": None, "message": "rendered"})
     except RuvLLMError as e:
-        results.append({"type": e.type, "message": e.message, "seconds": time.perf_counter() - started})
+        results.append({"type": e.type, "message": e.message})
 print(json.dumps(results))
 """
 
@@ -52,7 +51,6 @@ def test_a_hostile_template_fails_cleanly_naming_the_template(case, outcomes):
     assert case["python"] in result["message"], result["message"]
     if case["type"] == "load":
         assert result["message"].startswith("the chat_template in models/x/tokenizer_config.json fails: ")
-    assert result["seconds"] < MAX_SECONDS + 1.0  # the time bound, plus what one check may overshoot
 
 
 def test_a_template_that_does_not_parse_is_a_load_error():

@@ -5,8 +5,6 @@ Dimension letters: R rows, C columns, G groups per row, g weights per group.
 
 from __future__ import annotations
 
-import time
-
 import gguf
 import numpy as np
 import pytest
@@ -210,13 +208,10 @@ def test_grid_types_keep_the_sign_of_zero_scales(type_name):
 
 
 @pytest.mark.parametrize("type_name", DEQUANTIZE_ONLY)
-def test_grid_types_decode_a_2048_square_bit_for_bit_in_well_under_a_second(type_name):
-    # 16384 blocks reach nearly every grid row. ruvllm took 10-50 ms here on 2 cores, gguf-py 30-60 ms.
+def test_grid_types_decode_a_2048_square_bit_for_bit(type_name):
+    # 16384 blocks reach nearly every grid row (their speed: benchmarks/gguf_bench.py)
     raw = random_rows(type_name, np.random.default_rng(9), rows=2048, columns=2048)
-    start = time.perf_counter()
     w = dequantize(type_name, raw, 2048)
-    elapsed = time.perf_counter() - start
-    assert elapsed < 1.0, f"{type_name} 2048 x 2048 took {elapsed:.2f} s"
     assert_same_bits(w, reference(type_name, raw, 2048))
 
 

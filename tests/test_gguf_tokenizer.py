@@ -178,17 +178,12 @@ def test_gemma_config_files(gemma_files, gemma):
     assert gemma.token_id("<end_of_turn>") == 106
 
 
-def test_gemma_merges_are_derived_in_well_under_two_seconds(gemma_metadata, gemma_files):
+def test_gemma_merges_are_derived(gemma_metadata, gemma_files):
     tokens = gemma_metadata["tokenizer.ggml.tokens"]
     tokens = ["\u2581" * len(t) if " " in t and not t.strip() else t for t in tokens]
     vocab = {token: index for index, token in enumerate(tokens)}
-    start = time.perf_counter()
     merges = merges_by_position(tokens, vocab)
-    seconds = time.perf_counter() - start
-    assert len(merges) == 514_906
-    # Budget 2 s on CPython (Pyodide runs this too); the bound is loose so a busy machine does not fail it.
-    assert seconds < 4.0, f"deriving Gemma's merges took {seconds:.2f} s"
-    assert gemma_files[1] < 6.0, f"tokenizer_files took {gemma_files[1]:.2f} s"
+    assert len(merges) == 514_906  # (their time: benchmarks/gguf_bench.py)
 
 
 # --- Gemma 3 in JavaScript -------------------------------------------------------------------------------

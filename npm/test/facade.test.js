@@ -57,7 +57,6 @@ test('an AbortSignal ends the stream with an AbortError and tells the worker', a
   const llm = new RuvLLM(worker);
   const controller = new AbortController();
   const got = [];
-  const started = Date.now();
   await assert.rejects(
     (async () => {
       for await (const c of llm.generate('hi', { signal: controller.signal })) {
@@ -67,7 +66,6 @@ test('an AbortSignal ends the stream with an AbortError and tells the worker', a
     })(),
     (e) => e instanceof AbortError && e.name === 'AbortError',
   );
-  assert.ok(Date.now() - started < 1000);
   assert.equal(got.length, 3);
   const generate = worker.posted.find((m) => m.type === 'generate');
   assert.ok(worker.posted.some((m) => m.type === 'abort' && m.id === generate.id));

@@ -141,24 +141,19 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
     );
   });
 
-  // After an abort the worker must be free within about one token: the next request's first token
-  // arrives in its own time-to-first-token plus at most the step that was running (before the fix it
-  // waited for the aborted generation to reach maxTokens: ~200 token times here).
+  // After an abort the worker must stop the aborted generation within a few tokens, not run it to
+  // maxTokens (before the fix it did: the next request waited ~200 token times). Counted, not timed: the
+  // KV cache's positions after the abort say how far it went (the next request is answered after it).
   for (const how of ['break', 'signal']) {
-    test(`after an abort (${how}) the next request starts within about one token`, async () => {
-      const firstTokenMs = async () => {
-        const started = performance.now();
-        for await (const _ of llm.generate('Hello', { temperature: 0, maxTokens: 1 }))
-          return performance.now() - started;
-      };
-      const idleFirstToken = await firstTokenMs();
+    test(`after an abort (${how}) the worker stops the generation within a few tokens`, async () => {
+      const prompt = 'Once upon a time';
+      const promptTokens = (await llm.tokenize(prompt)).length;
       const controller = new AbortController();
-      const arrivals = [];
-      const stream = llm.generate('Once upon a time', { ...GREEDY, maxTokens: 200, signal: controller.signal });
+      let seen = 0;
+      const stream = llm.generate(prompt, { ...GREEDY, maxTokens: 400, ignoreEos: true, signal: controller.signal });
       try {
         for await (const _ of stream) {
-          arrivals.push(performance.now());
-          if (arrivals.length === 4) {
+          if (++seen === 4) {
             if (how === 'break') break;
             controller.abort();
           }
@@ -166,36 +161,28 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
       } catch (error) {
         assert.ok(error instanceof AbortError, `expected an AbortError, got ${error}`);
       }
-      const tokenMs = (arrivals[3] - arrivals[1]) / 2;
-      const afterAbort = await firstTokenMs();
-      const allowed = idleFirstToken + 2 * tokenMs + 250;
+      const { seenPositions } = await llm.cacheStats();
+      // the worker may have run ahead of this thread by some tokens on a busy machine: far fewer than 400
       assert.ok(
-        afterAbort < allowed,
-        `first token ${afterAbort.toFixed(0)} ms after the abort; allowed ${allowed.toFixed(0)} ms (idle ${idleFirstToken.toFixed(0)} ms, one token ${tokenMs.toFixed(0)} ms)`,
+        seenPositions <= promptTokens + seen + 64,
+        `${seenPositions} positions computed after an abort at token ${seen} of 400 (prompt ${promptTokens})`,
       );
+      const next = await collect(llm.generate('Hello', { temperature: 0, maxTokens: 1 }));
+      assert.equal(next.length, 1); // and the worker answers the next request
     });
   }
 
-  test('an abort while a long prompt is read frees the worker within about one prompt chunk', async () => {
-    const firstTokenMs = async (prompt) => {
-      const started = performance.now();
-      for await (const _ of llm.generate(prompt, { temperature: 0, maxTokens: 1 })) return performance.now() - started;
-    };
-    const idleFirstToken = await firstTokenMs('Hello');
-    const chunkPrompt = Array.from({ length: 32 }, (_, i) => 1000 + i); // one forward call of 32 positions
-    const chunkMs = await firstTokenMs(chunkPrompt);
-    const longPrompt = Array.from({ length: 640 }, (_, i) => 2000 + i); // 20 chunks: ~20 s to read here
+  test('an abort while a long prompt is read stops reading it', async () => {
+    const longPrompt = Array.from({ length: 4000 }, (_, i) => 2000 + (i % 5000)); // 125 chunks of 32 positions
     const controller = new AbortController();
     const stream = collect(llm.generate(longPrompt, { maxTokens: 1, signal: controller.signal }));
-    await new Promise((done) => setTimeout(done, 1500));
+    await new Promise((done) => setTimeout(done, 300));
     controller.abort();
     await assert.rejects(stream, (e) => e instanceof AbortError);
-    const afterAbort = await firstTokenMs('Hello');
-    const allowed = idleFirstToken + chunkMs + 500;
-    assert.ok(
-      afterAbort < allowed,
-      `first token ${afterAbort.toFixed(0)} ms after the abort; allowed ${allowed.toFixed(0)} ms (idle ${idleFirstToken.toFixed(0)} ms, one 32-token chunk ${chunkMs.toFixed(0)} ms)`,
-    );
+    const { seenPositions } = await llm.cacheStats();
+    assert.ok(seenPositions < longPrompt.length, `${seenPositions} of ${longPrompt.length} prompt positions read`);
+    const next = await collect(llm.generate('Hello', { temperature: 0, maxTokens: 1 }));
+    assert.equal(next.length, 1);
   });
 
   test('two consecutive generations are independent', async () => {
