@@ -1,6 +1,8 @@
-"""BLAS threads: prefill and decode speed with one thread, with every core, and with ruvllm's policy (one
-thread to decode, every core for the prompt), on a quiet machine and with other busy processes, in one
-run. The figures behind the choice in py_src/ruvllm/threads.py.
+"""BLAS threads: prefill and decode speed with one thread, with every core, with every core for prompts
+only (ruvllm's default before) and with ruvllm's default (one thread to decode; for prompts one or every
+core, whichever measures faster as it runs), on a quiet machine and with other busy processes, in one
+run. The figures behind the choice in py_src/ruvllm/runtime/threads.py. Each policy's prefill is the
+median of --repeats prompts (the default's includes its first measurements).
 
     .venv/bin/python benchmarks/threads_bench.py [--busy 0 1 2] [--compute f32] [--repeats 3]
 """
@@ -43,7 +45,12 @@ def main() -> None:
             return self.prefill
 
     cores = available_cpus()
-    policies = {"1 thread": BlasThreads(1), f"{cores} everywhere": Everywhere(cores), "ruvllm": BlasThreads()}
+    policies = {
+        "1 thread": BlasThreads(1),
+        f"{cores} everywhere": Everywhere(cores),
+        f"{cores} for prompts": BlasThreads(cores),
+        "ruvllm default": BlasThreads(),
+    }
     model = ruvllm.load(str(MODEL), compute=args.compute)
     ids = model.tokenizer.encode(calibration_text())[: args.prompt_length]
     options = GenerationOptions.from_kwargs(max_tokens=args.gen_length, temperature=0, ignore_eos=True)
@@ -56,7 +63,7 @@ def main() -> None:
         return first.prefill_ms, count / (time.perf_counter() - started)
 
     print(f"{len(ids)}-token prompt, {args.gen_length} greedy tokens, compute {args.compute}, {cores} CPUs")
-    print(f"{'busy':>4s}  {'policy':14s}{'prefill ms':>12s}{'decode tok/s':>14s}")
+    print(f"{'busy':>4s}  {'policy':16s}{'prefill ms':>12s}{'decode tok/s':>14s}")
     for busy in args.busy:
         spinners = [multiprocessing.Process(target=spin, daemon=True) for _ in range(busy)]
         for p in spinners:
@@ -73,7 +80,7 @@ def main() -> None:
         for name, runs in results.items():
             prefill = statistics.median(r[0] for r in runs)
             decode = statistics.median(r[1] for r in runs)
-            print(f"{busy:>4d}  {name:14s}{prefill:>12.0f}{decode:>14.1f}", flush=True)
+            print(f"{busy:>4d}  {name:16s}{prefill:>12.0f}{decode:>14.1f}", flush=True)
 
 
 if __name__ == "__main__":

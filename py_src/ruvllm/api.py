@@ -334,8 +334,9 @@ def load(
     `memory_budget` bytes, f32 without a budget). kv: the two-tier KV cache (KVOptions).
     isq: how a float model is quantized at load when compute asks for q8/q4: "rtn" (round to
     nearest) or "awq" (activation-aware, calibrated on a short built-in text). isq_format: the 4-bit
-    format ("q4_1" or "q4_0") float matrices get under compute "q4". threads: the most BLAS threads a
-    prompt's products may use (default: the CPUs available; decoding always uses one; see threads.py).
+    format ("q4_1" or "q4_0") float matrices get under compute "q4". threads: the BLAS threads a prompt's
+    products use (default: one or the CPUs available, whichever measures faster as it runs; decoding
+    always uses one; see runtime/threads.py).
     kernels: what computes the matrix products: "auto" (a faster kernel provider where the runtime
     offers one, NumPy otherwise; CPython offers none, its NumPy has a BLAS), "wasm" (the WebAssembly
     SIMD kernels, only inside the npm package's Pyodide worker) or "numpy".

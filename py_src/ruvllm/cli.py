@@ -208,7 +208,10 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
         "--isq-format", choices=("q4_0", "q4_1"), default=LoadOptions.isq_format, help="4-bit format for --compute q4"
     )
     p.add_argument(
-        "--threads", type=int, help="BLAS threads for prompt processing (default: all CPUs; decoding uses one)"
+        "--threads",
+        type=int,
+        help="BLAS threads for prompt processing (default: one or every CPU, whichever measures faster as it "
+        "runs; decoding uses one)",
     )
 
 
