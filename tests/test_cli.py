@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import shutil
 import subprocess
 import sys
 
 import pytest
 
+from ruvllm import __version__ as ruvllm_version
 from ruvllm import cli
 
 from conftest import byte_tokenizer_json, tiny_model
@@ -128,6 +130,53 @@ def test_chat_keeps_history_and_obeys_commands(smollm2_dir, monkeypatch, capsys)
     assert "(conversation cleared)" in err and "unknown command /bogus" in err
 
 
+def test_ctrl_c_stops_an_answer_and_the_chat_goes_on(smollm2_dir, monkeypatch, capsys):
+    """Ctrl+C while an answer is written stops that answer (its text stays in the conversation), not the
+    chat; /stats shows the speed after each answer; Ctrl+C at the prompt leaves."""
+    from ruvllm.api import Model
+
+    real_chat, seen, closed = Model.chat, [], []
+
+    def interrupted_chat(self, messages, **options):
+        seen.append(messages)
+        chunks = real_chat(self, messages, **options)
+        if len(seen) > 1:
+            return chunks
+
+        def three_then_ctrl_c():
+            try:
+                for i, chunk in enumerate(chunks):
+                    if i == 3:
+                        raise KeyboardInterrupt  # what Ctrl+C raises in the main thread
+                    yield chunk
+            finally:
+                closed.append(True)
+
+        return three_then_ctrl_c()
+
+    monkeypatch.setattr(Model, "chat", interrupted_chat)
+    script = "\n".join(["Tell me a long story.", "/stats", "Hi", ""])
+    monkeypatch.setattr(sys, "stdin", io.StringIO(script))
+    code = cli.main(["chat", str(smollm2_dir), "--max-tokens", "8", "--temperature", "0"])
+    out, err = capsys.readouterr()
+    assert code == 0 and closed == [True]
+    assert "(stopped)" in err and "(speed after each answer on)" in err
+    assert re.search(r"\(\d+ tokens, [\d.]+ tok/s; prompt \d+ tokens, first token after \d+ ms\)", err), err
+    stopped = seen[1][1]  # the stopped answer, as it was shown, is part of the conversation
+    assert stopped["role"] == "assistant" and stopped["content"] and stopped["content"] in out
+
+    def ctrl_c(prompt=""):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("builtins.input", ctrl_c)
+    assert cli.main(["chat", str(smollm2_dir)]) == 0
+
+
+def test_version():
+    result = ruvllm("--version")
+    assert result.returncode == 0 and result.stdout.strip() == f"ruvllm {ruvllm_version}"
+
+
 # --- bad input: exit code 1 (2 for a malformed command line), one line on stderr, no traceback
 
 
@@ -214,6 +263,7 @@ def test_bench_prints_the_figures_in_each_format(smollm2_dir):
 def test_info_states_the_memory_plan(smollm2_dir):
     out = ruvllm("info", str(smollm2_dir), "--compute", "q4", "--context-length", "1024").stdout
     assert "memory plan    compute q4: weights 106.4 MiB (q4 75.9, q8 30.4) + KV cache 45.0 MiB" in out
+    assert "in memory      weights 106.4 MiB for 92.1 MiB stored: the compute forms keep each group's scale" in out
     refused = ruvllm("info", str(smollm2_dir), "--memory-budget", "50M")
     assert_one_line_error(refused, "the model does not fit the memory budget of 50 MiB")
     assert_one_line_error(ruvllm("info", str(smollm2_dir), "--memory-budget", "lots"), "not a size: 'lots'", code=2)

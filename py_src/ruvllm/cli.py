@@ -18,6 +18,7 @@ import traceback
 from collections import Counter
 from collections.abc import Iterator
 
+from . import __version__
 from .errors import InvalidArgumentError, RuvLLMError
 from .files.outputs import check_output
 from .learning.learn import ROUTER_LR, AdaptOptions, check_reward
@@ -44,6 +45,7 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="ruvllm", description="A small language model engine in pure NumPy.")
     parser.add_argument("--verbose", action="store_true", help="show tracebacks on errors")
+    parser.add_argument("--version", action="version", version=f"ruvllm {__version__}")
     sub = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
 
     p = sub.add_parser("convert", help="convert an HF model folder or a .gguf file into a ruvllm model folder")
@@ -313,6 +315,18 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"storage {fmt:10s} {params[fmt] / 1e6:8.2f}M params  {nbytes[fmt] / 2**20:8.1f} MiB")
     print(f"storage total  {sum(nbytes.values()) / 2**20:.1f} MiB")
     print(f"memory plan    compute {plan.compute}: {plan.describe()}")
+    stored, held = sum(nbytes.values()), plan.weight_bytes
+    if abs(held - stored) > 0.01 * stored:
+        if plan.compute == "f32":
+            why = "compute f32 holds every weight as float32, the fastest on CPython (--compute q8 or q4: smaller)"
+        elif held > stored:
+            why = (
+                "the compute forms keep each group's scale (and minimum) as float32 where the file has float16, "
+                "and unpack formats the kernels cannot read as stored"
+            )
+        else:
+            why = f"the weights are requantized into the smaller compute form {plan.compute}"
+        print(f"in memory      weights {held / 2**20:.1f} MiB for {stored / 2**20:.1f} MiB stored: {why}")
     for note in dict.fromkeys(str(n.message) for n in notes):
         print(f"warning        {note}")
     return 0
@@ -486,21 +500,29 @@ def _stream(chunks: Iterator) -> None:
     sys.stdout.write("\n")
 
 
-CHAT_HELP = "commands: /clear (forget the conversation), /system TEXT, /temp T, /quit"
+CHAT_HELP = "commands: /clear (forget the conversation), /system TEXT, /temp T, /stats (speed on/off), /quit"
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
+    """An interactive chat. On a terminal: line editing and history (readline), Ctrl+C stops the answer
+    being written (what it wrote stays in the conversation) and, at the prompt, leaves, as llama.cpp's."""
     from .errors import InvalidArgumentError
 
     model = _load(args)
     options = _options(args)
-    system, history = args.system, []
+    system, history, stats = args.system, [], False
     interactive = sys.stdin.isatty()
-    print(f"ruvllm chat - {CHAT_HELP}", file=sys.stderr)
+    if interactive:
+        try:
+            import readline  # noqa: F401  (input() edits lines and recalls them once it is imported)
+        except ImportError:  # (Windows, Pyodide)
+            pass
+    print(f"ruvllm chat - {CHAT_HELP}; Ctrl+C stops an answer", file=sys.stderr)
     while True:
         try:
             line = input("> " if interactive else "")
-        except EOFError:
+        except (EOFError, KeyboardInterrupt):
+            print(file=sys.stderr)
             return 0
         if not line.strip():
             continue
@@ -521,21 +543,40 @@ def cmd_chat(args: argparse.Namespace) -> int:
                     print(f"(temperature {options['temperature']})", file=sys.stderr)
                 except (ValueError, InvalidArgumentError) as e:
                     print(f"(not a valid temperature: {e})", file=sys.stderr)
+            elif command == "/stats":
+                stats = not stats
+                print(f"(speed after each answer {'on' if stats else 'off'})", file=sys.stderr)
             else:
                 print(f"(unknown command {command}; {CHAT_HELP})", file=sys.stderr)
             continue
         history.append({"role": "user", "content": line})
-        reply = []
+        reply, last, stopped = [], None, False
+        chunks = None
         try:
-            for chunk in model.chat(_messages(system, history), **options):
-                reply.append(chunk.text)
-                sys.stdout.write(chunk.text)
+            chunks = model.chat(_messages(system, history), **options)
+            for last in chunks:
+                reply.append(last.text)
+                sys.stdout.write(last.text)
                 sys.stdout.flush()
+        except KeyboardInterrupt:
+            stopped = True
         except RuvLLMError as e:
             history.pop()
             print(f"\n(error: {e.message}; /clear starts over)", file=sys.stderr)
             continue
+        finally:
+            if chunks is not None:
+                chunks.close()  # the generation ends here (and hands its cache back)
         sys.stdout.write("\n")
+        if stopped:
+            print("(stopped)", file=sys.stderr)
+        if stats and last is not None:
+            s = last.stats
+            print(
+                f"({s.completion_tokens} tokens, {s.decode_tok_s:.1f} tok/s; prompt {s.prompt_tokens} tokens, "
+                f"first token after {s.ttft_ms:.0f} ms)",
+                file=sys.stderr,
+            )
         history.append({"role": "assistant", "content": "".join(reply)})
 
 
