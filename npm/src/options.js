@@ -189,6 +189,7 @@ export const KV_OPTIONS = {
 export const LOAD_OPTIONS = {
   model: required(MODEL),
   hfEndpoint: httpUrl,
+  hfToken: text,
   chatTemplate: text,
   pyodide: options({ indexURL: text }, 'pyodide'),
   onProgress: fn,

@@ -20,11 +20,13 @@ new DataView(BODY.buffer).setBigUint64(0, 100n, true); // a safetensors-like 100
 let server;
 let base;
 const hits = new Map();
+const authorization = new Map(); // URL: the Authorization header it came with
 const open = new Set(); // sockets, so that the stalled ones can be closed at the end
 
 before(async () => {
   server = createServer((req, res) => {
     hits.set(req.url, (hits.get(req.url) ?? 0) + 1);
+    authorization.set(req.url, req.headers.authorization ?? null);
     const [, mode, name] = req.url.split('/');
     if (mode === 'silent') return; // accepts the connection, never answers
     if (name === 'model.safetensors.index.json') {
@@ -83,6 +85,16 @@ const stalled = (url, ms) => (e) =>
   e instanceof RuvLLMError &&
   e.type === 'download' &&
   e.message.endsWith(`${url} sent nothing for ${ms / 1000} s; giving up (the stallTimeoutMs load option)`);
+
+test('a token (hfToken or $HF_TOKEN) goes to the hub endpoint only', async () => {
+  const hub = { hfEndpoint: base, hfToken: 'hf_secret' };
+  const ask = (url, options) => readJson(url, 'config.json', { cache: false, ...options }).catch(() => null); // (not JSON)
+  await ask(`${base}/m/`, { hub });
+  assert.equal(authorization.get('/m/config.json'), 'Bearer hf_secret');
+  const elsewhere = { hfEndpoint: 'https://huggingface.co', hfToken: 'hf_secret' };
+  await ask(`${base}/n/`, { hub: elsewhere });
+  assert.equal(authorization.get('/n/config.json'), null); // this server is not the hub
+});
 
 test('a server that accepts the connection and never answers fails after the stall timeout, naming the URL', async () => {
   await assert.rejects(

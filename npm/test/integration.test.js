@@ -491,6 +491,16 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
         cpuMixed.token_ids,
       );
       assert.equal(await llm.loadAdapter(mixDir, { name: 'reloaded' }), 'reloaded');
+      // a crafted config whose expert names are paths: refused before anything is fetched from them
+      const config = JSON.parse(new TextDecoder().decode(mixFiles['adapter_config.json']));
+      const evil = await mkdtemp(join(tmpdir(), 'ruvllm-evil-'));
+      await writeFile(join(evil, 'adapter_config.json'), JSON.stringify({ ...config, adapters: { '../facts': '' } }));
+      await writeFile(join(evil, 'adapter_model.safetensors'), mixFiles['adapter_model.safetensors']);
+      await assert.rejects(
+        llm.loadAdapter(evil, { name: 'evil' }),
+        (e) =>
+          e instanceof RuvLLMError && e.type === 'load' && e.message.includes('"../facts" is not a plain folder name'),
+      );
       const reloaded = await collect(
         llm.generate('The secret code is', { temperature: 0, maxTokens: 6, adapter: 'reloaded' }),
       );

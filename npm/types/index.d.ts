@@ -81,6 +81,11 @@ export interface LoadOptions {
   /** Where `hf:` names are fetched from (default 'https://huggingface.co'): `${hfEndpoint}/OWNER/REPO/resolve/REV/FILE`. */
   hfEndpoint?: string;
   /**
+   * A Hugging Face token for gated or private repos, sent as `Authorization: Bearer` to `hfEndpoint`
+   * only (never to the CDN it redirects to). Default in Node: $HF_TOKEN.
+   */
+  hfToken?: string;
+  /**
    * A Jinja chat template used instead of the model's own, or for a model without one (chat() then works;
    * without it, chat() on such a model is an 'invalid_argument' error). Gemma files without a template
    * get the built-in Gemma turn format.

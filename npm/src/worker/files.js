@@ -8,6 +8,7 @@ import { FolderCache, cacheFolder } from './cache-folder.js';
 import { IS_NODE } from '../env.js';
 import { AbortError, RuvLLMError } from '../errors.js';
 import { STALL_TIMEOUT_MS } from '../options.js';
+import { hubHeaders } from '../hub.js';
 
 export const CACHE_NAME = 'ruvllm-models-v1';
 
@@ -36,7 +37,11 @@ export function fileLocation(base, name) {
 export async function openFile(base, name, { cache = true, optional = false, ...network } = {}) {
   const where = fileLocation(base, name);
   if (isLocalPath(base)) return openLocal(where, name, optional);
-  const watch = { stallTimeoutMs: network.stallTimeoutMs ?? STALL_TIMEOUT_MS, signal: network.signal };
+  const watch = {
+    stallTimeoutMs: network.stallTimeoutMs ?? STALL_TIMEOUT_MS,
+    signal: network.signal,
+    headers: hubHeaders(where, network.hub ?? {}), // HF_TOKEN for the hub only (hub.js)
+  };
   if (IS_NODE) return openThroughFolder(where, name, { cache, optional, watch });
   return openThroughCacheApi(where, name, { cache, optional, watch });
 }
@@ -153,7 +158,7 @@ async function openThroughFolder(url, name, { cache, optional, watch }) {
  * file; a `download` error otherwise. Every wait on the server (`read` wraps the body's reads) fails
  * after `stallTimeoutMs` without a byte; `signal` aborts them all.
  */
-async function download(url, name, optional, { stallTimeoutMs, signal }) {
+async function download(url, name, optional, { stallTimeoutMs, signal, headers = {} }) {
   if (signal?.aborted) throw new AbortError('loading aborted');
   const controller = new AbortController();
   const onAbort = () => controller.abort();
@@ -187,7 +192,7 @@ async function download(url, name, optional, { stallTimeoutMs, signal }) {
   };
   let response;
   try {
-    response = await read(fetch(url, { signal: controller.signal }));
+    response = await read(fetch(url, { signal: controller.signal, headers }));
   } catch (error) {
     await stop();
     if (error instanceof RuvLLMError || error instanceof AbortError) throw error;

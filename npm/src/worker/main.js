@@ -71,7 +71,8 @@ async function load({ id, options }) {
 
 async function loadModel(id, options, signal) {
   const progress = (p) => send({ type: 'progress', id, progress: p });
-  const files = { cache: options.cache !== false, stallTimeoutMs: options.stallTimeoutMs, signal };
+  const hub = { hfEndpoint: options.hfEndpoint, hfToken: options.hfToken };
+  const files = { cache: options.cache !== false, stallTimeoutMs: options.stallTimeoutMs, signal, hub };
   const { url, kind } = resolveModel(options.model, { hfEndpoint: options.hfEndpoint });
   const chatTemplate = options.chatTemplate ?? null;
   state.model = modelName(options.model);
@@ -367,7 +368,18 @@ function xloraExperts(config) {
     return null;
   }
   if (parsed?.peft_type !== 'XLORA' || typeof parsed.adapters !== 'object' || parsed.adapters === null) return null;
-  return Object.keys(parsed.adapters);
+  const names = Object.keys(parsed.adapters);
+  // Each names the subfolder its files are fetched from: one plain name (files/outputs.py's rule), so a
+  // crafted config cannot send the requests elsewhere.
+  const plain = (name) =>
+    name && name !== '.' && name !== '..' && !/[/\\\0]/.test(name) && !/^[A-Za-z]:/.test(name) && name.length <= 255;
+  const bad = names.find((name) => !plain(name));
+  if (bad !== undefined)
+    throw new RuvLLMError(
+      'load',
+      `adapter_config.json: expert ${JSON.stringify(bad)} is not a plain folder name (no '/', '\\', '..', drive or absolute path): it would be fetched from outside its folder`,
+    );
+  return names;
 }
 
 /** An adapter's files, moved to the caller as ArrayBuffers (transferred, not copied). */
