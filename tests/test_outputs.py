@@ -212,3 +212,23 @@ def test_adapter_files_with_absurd_numbers_are_refused(tiny, tmp_path, capsys):
     code, err = run(capsys, "merge", tiny, folder, "--out", tmp_path / "merged")
     assert code == 1 and f"{first} holds non-finite values (NaN or infinity)" in one_line(err)
     assert not (tmp_path / "merged").exists()
+
+
+def test_a_killed_writer_s_temporary_folders_are_removed_by_the_next_and_two_writers_do_not_mix(tmp_path):
+    """A merge or conversion killed outright (SIGKILL: no cleanup runs) left .NAME.XXXXXXXX folders."""
+    import fcntl
+
+    out = tmp_path / "merged"
+    for stale in (".merged.k1l2e3d_", ".merged.old.abcd1234"):
+        (tmp_path / stale).mkdir()
+        (tmp_path / stale / "model.safetensors").write_bytes(b"half")
+    (tmp_path / ".merged.mine").mkdir()  # not a name ruvllm makes: left alone
+    write_files(str(out), {"config.json": b"{}"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".merged.mine", "merged"]
+
+    with open(tmp_path / ".other.lock", "wb") as held:  # another process writing the same output
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.raises(InvalidArgumentError, match=r"other is being written by another process"):
+            write_files(str(tmp_path / "other"), {"config.json": b"{}"})
+        assert (tmp_path / ".other.lock").exists()  # the other writer's lock stays
+    assert not (tmp_path / "other").exists()

@@ -5,8 +5,8 @@ Three rules hold for everything ruvllm writes (model folders, adapters, mixtures
 1. A name that comes from outside (an adapter's or expert's name, a file a config lists) becomes a
    path only when it is one plain folder or file name: no separator, not `.` or `..`, not absolute.
 2. An output folder is written into a temporary folder beside it and renamed into place once complete,
-   so an interruption leaves nothing half-written. It must not exist or be empty, unless `force`:
-   then it is replaced, whole.
+   so an interruption leaves nothing half-written (and what a killed writer left is removed by the next
+   one). It must not exist or be empty, unless `force`: then it is replaced, whole.
 3. An output is never one of the command's inputs, nor a folder holding one (replacing it would delete
    the input), `force` or not.
 """
@@ -14,9 +14,12 @@ Three rules hold for everything ruvllm writes (model folders, adapters, mixtures
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import sys
 import tempfile
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 
 from ..errors import InvalidArgumentError
 
@@ -94,13 +97,50 @@ def write_folder(
     out = check_output(out, force, inputs, option)
     parent = os.path.dirname(out) or "."
     os.makedirs(parent, exist_ok=True)
-    temporary = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
+    with _writing(out):
+        temporary = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
+        try:
+            write(temporary)
+            _replace(temporary, out)
+        except BaseException:
+            shutil.rmtree(temporary, ignore_errors=True)
+            raise
+
+
+@contextmanager
+def _writing(out: str) -> Iterator[None]:
+    """Hold `.NAME.lock` beside `out` while it is written: a second writer of the same output is refused,
+    and the temporary folders a killed writer left (`.NAME.*`: no one holds the lock) are removed first.
+    Without file locks (Windows; Pyodide's file system has one process) neither happens."""
     try:
-        write(temporary)
-        _replace(temporary, out)
-    except BaseException:
-        shutil.rmtree(temporary, ignore_errors=True)
-        raise
+        import fcntl
+    except ImportError:
+        fcntl = None
+    if fcntl is None or sys.platform == "emscripten":
+        yield
+        return
+    parent, name = os.path.dirname(out) or ".", os.path.basename(out)
+    lock_path = os.path.join(parent, f".{name}.lock")
+    lock = open(lock_path, "a+b")  # held open for the whole write
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        lock.close()
+        raise InvalidArgumentError(f"{out} is being written by another process (it holds {lock_path})") from None
+    try:
+        # what a killed writer left: mkdtemp's .NAME.XXXXXXXX and .NAME.old.XXXXXXXX (8 of its characters)
+        ours = re.compile(re.escape(f".{name}.") + r"(old\.)?[a-z0-9_]{8}")
+        for entry in os.listdir(parent):
+            stale = os.path.join(parent, entry)
+            if ours.fullmatch(entry) and os.path.isdir(stale) and not os.path.islink(stale):
+                shutil.rmtree(stale, ignore_errors=True)
+        yield
+    finally:
+        try:
+            os.unlink(lock_path)  # (before the lock goes, so no one takes a lock on a file about to vanish)
+        except OSError:
+            pass
+        lock.close()
 
 
 def write_files(
