@@ -251,8 +251,7 @@ function addMessage(role, text) {
   item.className = role;
   const label = document.createElement('span');
   label.className = 'role';
-  const model = mode === 'completion' ? 'Model, continuing your text' : 'Model';
-  label.textContent = role === 'user' ? 'You' : role === 'assistant' ? model : `${model}, asked again after learning`;
+  label.textContent = role === 'user' ? 'You' : role === 'assistant' ? 'Model' : 'Model, asked again after learning';
   const body = document.createElement('div');
   body.className = 'text';
   body.textContent = text;
@@ -335,6 +334,7 @@ function answer(request, role) {
 async function streamAnswer(request, role) {
   document.querySelector('[data-testid="output"]')?.removeAttribute('data-testid');
   const output = addMessage(role, '');
+  if (request.prompt !== undefined) output.previousElementSibling.textContent = 'Model, continuing your text';
   output.dataset.testid = 'output';
   output.dataset.raw = '';
   const options = generationSettings();
@@ -610,7 +610,7 @@ async function loadModel(entry) {
 /** The new model in, the old one out: its generation and lessons stop, its chat goes, then it is freed. */
 async function replaceModel(next, entry, checked) {
   running?.abort();
-  for (const lesson of lessons) lesson.abort();
+  ui.cancelLearning.click(); // the lessons under way stop (as Cancel stops them)
   await answering;
   const previous = llm;
   llm = next;
