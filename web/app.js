@@ -1,10 +1,16 @@
-// The demo chat page: loads a model with @ruvector/ruvllm (its browser build) and streams answers.
-// The server (web/serve.py) answers /config.json with the models it serves (the picker lists them, and
-// takes any other URL or hub name) and, when it has one, a local Pyodide distribution; `?model=URL` in
-// the page address picks the model to load first.
+// The demo page: loads a model with @ruvector/ruvllm (its browser build) and streams answers, as a chat
+// or, for a base model, as a continuation of the visitor's text.
+// The server (web/serve.py) answers /config.json with the models it serves (the picker lists them, each
+// with its mode, and takes any other URL or hub name) and, when it has one, a local Pyodide
+// distribution; `?model=URL` in the page address picks the model to load first.
+//
+// Loading another model checks its location first (model-check.js) and loads it beside the current one:
+// the current model and its chat stay usable until the new one is ready, and a location that is wrong is
+// said in words, in a second, without costing anything.
 import { RuvLLM } from '/npm/browser/index.js';
 
 import { renderMarkdown } from './markdown.js';
+import { ModelCheckError, checkModel } from './model-check.js';
 import { zipFiles } from './zip.js';
 
 const $ = (id) => document.getElementById(id);
@@ -15,12 +21,19 @@ const ui = {
   progressLabel: $('progress-label'),
   progress: $('progress'),
   progressText: $('progress-text'),
+  loadingNote: $('loading-note'),
   loadFailed: $('load-failed'),
+  loadError: $('load-error'),
   picker: $('picker'),
   modelSelect: $('model-select'),
   modelUrl: $('model-url'),
   plan: $('plan'),
+  details: $('details-list'),
   retry: $('retry'),
+  modeHint: $('mode-hint'),
+  welcome: $('welcome'),
+  welcomeText: $('welcome-text'),
+  examples: $('examples'),
   messages: $('messages'),
   composer: $('composer'),
   prompt: $('prompt'),
@@ -28,6 +41,8 @@ const ui = {
   stop: $('stop'),
   stats: $('stats'),
   temperature: $('temperature'),
+  topP: $('top-p'),
+  repetitionPenalty: $('repetition-penalty'),
   maxTokens: $('max-tokens'),
   system: $('system'),
   clear: $('clear'),
@@ -43,9 +58,51 @@ const ADAPTER = 'feedback';
 const ADAPTER_CONFIG = { name: ADAPTER };
 let adapterReady = false;
 
-let llm = null;
+let llm = null; // the model in use
+let current = null; // what it is: { name, mode, plan (the plan line's text) }
 let history = []; // [{ role, content }] of the conversation so far, without the system prompt
 let running = null; // AbortController of the generation in progress
+let answering = Promise.resolve(); // settles when the generation in progress has ended
+
+/**
+ * The two ways to use a model: a chat (its chat template turns the conversation into text) or a text
+ * completion (the model continues the visitor's text as it is: what a base model does).
+ */
+const MODES = {
+  chat: {
+    hint: '',
+    placeholder: 'Ask something…',
+    welcome:
+      'Ask the model anything. It is small, so it is best at short texts and simple questions, and it ' +
+      'often gets facts wrong. It runs in this tab: nothing you type is sent anywhere. Try one of these:',
+    examples: [
+      'Give me two tips for better sleep.',
+      'Write a short poem about the sea.',
+      'What is the capital of France?',
+      'Explain what a rainbow is to a child.',
+    ],
+  },
+  completion: {
+    hint: 'The model continues your text (a base model answers questions poorly).',
+    placeholder: 'The start of a text for the model to continue…',
+    welcome:
+      'This is a base model: it was not trained to chat. It continues the text you give it, ' +
+      'so write the beginning of something. Try one of these:',
+    examples: [
+      'Once upon a time, in a small village by the sea,',
+      'The capital of France is',
+      'A recipe for pancakes:',
+    ],
+  },
+};
+let mode = 'chat';
+// On touch screens Enter makes a new line and the Send button sends, as in chat apps.
+const touchScreen = matchMedia('(pointer: coarse)');
+
+/** Ready for the next message; not on a touch screen, where focus opens the on-screen keyboard over the answer. */
+function focusPrompt() {
+  if (!touchScreen.matches) ui.prompt.focus();
+}
 
 function setStatus(state, text) {
   ui.status.dataset.state = state;
@@ -63,8 +120,13 @@ function setStatus(state, text) {
 
 const MiB = 2 ** 20;
 const mib = (bytes) => (bytes / MiB).toFixed(1);
+/** A size in plain words: whole MiB (one decimal below 10). */
+const aboutMib = (bytes) => (bytes < 10 * MiB ? mib(bytes) : String(Math.round(bytes / MiB)));
 
-/** The loading step in the progress block: what runs, how far (a percentage, or null: no measure), details. */
+/**
+ * The loading step in the progress block: what runs, how far (a percentage, or null: no measure),
+ * details. The status says it too while no model is in use (the first load).
+ */
 function showStep(phase, label, percent, details) {
   ui.loading.hidden = false;
   ui.loading.dataset.phase = phase;
@@ -73,26 +135,86 @@ function showStep(phase, label, percent, details) {
     ui.progress.removeAttribute('value'); // an indeterminate bar
   else ui.progress.value = percent;
   ui.progressText.textContent = details;
-  setStatus('loading', label);
+  if (llm === null) setStatus('loading', label);
 }
 
-/** RuvLLM.load's onProgress: one phase after the other, each shown as what it is. */
-function showProgress(p) {
-  if (p.phase === 'runtime') {
-    showStep('runtime', 'Starting Python…', null, 'Pyodide and NumPy, in a worker: 10–20 s the first time');
-  } else if (p.phase === 'plan') {
-    showStep('plan', 'Planning memory…', null, `${p.plan.compute} compute, ${mib(p.plan.totalBytes)} MiB in memory`);
-    const { compute, weightBytes, kvBytes, workspaceBytes, totalBytes } = p.plan;
-    ui.plan.textContent =
-      `Memory plan: ${compute} weights ${mib(weightBytes)} MiB + KV cache ${mib(kvBytes)} MiB + ` +
-      `workspace ${mib(workspaceBytes)} MiB = ${mib(totalBytes)} MiB`;
-  } else if (p.phase === 'download') {
-    const percent = p.total ? (100 * p.loaded) / p.total : 0;
-    const label = p.fromCache ? 'Reading the weights from the browser cache' : 'Downloading the weights';
-    showStep('download', label, percent, `${mib(p.loaded)} / ${mib(p.total)} MiB (${percent.toFixed(0)}%)`);
-  } else if (p.phase === 'load') {
-    showStep('load', 'Preparing the weights…', null, `${mib(p.total)} MiB downloaded`);
+/**
+ * RuvLLM.load's onProgress, for the model `checked` (model-check.js): one phase after the other. While
+ * another model is in use, the plan line names the one it is about (`name`).
+ */
+function progressOf(checked, name) {
+  return (p) => {
+    if (p.phase === 'runtime') {
+      const details = 'Python and NumPy start in this tab: 10–20 s the first time';
+      showStep('runtime', 'Starting the engine…', null, details);
+    } else if (p.phase === 'plan') {
+      showStep('plan', 'Checking memory…', null, '');
+      ui.plan.textContent = name + planWords(checked, p.plan);
+    } else if (p.phase === 'download') {
+      const percent = p.total ? (100 * p.loaded) / p.total : 0;
+      const label = p.fromCache ? "Reading the model from this browser's cache" : 'Downloading the model';
+      showStep('download', label, percent, `${mib(p.loaded)} / ${mib(p.total)} MiB (${percent.toFixed(0)}%)`);
+    } else if (p.phase === 'load') {
+      showStep('load', 'Preparing the model…', null, `${mib(p.total)} MiB downloaded`);
+    }
+  };
+}
+
+/**
+ * What loading the model takes, in plain words: the download (known once its location is checked) and,
+ * once the engine has read the weights' header (before their data), the memory it will use.
+ */
+function planWords({ downloadBytes, cached }, plan) {
+  let download = '';
+  if (downloadBytes !== null) {
+    download = cached
+      ? `${aboutMib(downloadBytes)} MiB, already in this browser's cache`
+      : `${aboutMib(downloadBytes)} MiB to download`;
   }
+  if (!plan) return download ? `${download}.` : '';
+  const { weightBytes, kvBytes, workspaceBytes, totalBytes } = plan;
+  let weights = `weights ${aboutMib(weightBytes)} MiB`;
+  if (downloadBytes !== null && weightBytes > 1.05 * downloadBytes)
+    weights += ': more than the file, as some parts are unpacked into a faster form';
+  else if (downloadBytes !== null && weightBytes < 0.95 * downloadBytes) weights += ': packed smaller than the file';
+  const kv = `the conversation's memory ${aboutMib(kvBytes)} MiB`;
+  const parts = `${weights}; ${kv}; working space ${aboutMib(workspaceBytes)} MiB`;
+  const running = `about ${aboutMib(totalBytes)} MiB of memory while running (${parts})`;
+  return download ? `${download}; ${running}.` : `${running[0].toUpperCase()}${running.slice(1)}.`;
+}
+
+/** The technical details of the model in use, as lines (the "Technical details" disclosure). */
+function showDetails(info, checked, seconds) {
+  const { plan } = info;
+  const forms = Object.entries(plan.weightBytesByForm ?? {})
+    .sort(([a], [b]) => a.localeCompare(b))
+    .map(([form, bytes]) => `${form} ${mib(bytes)}`)
+    .join(', ');
+  const template = {
+    model: "the model's own",
+    option: 'given to RuvLLM.load',
+    'built-in gemma': 'none in the file: the built-in Gemma turn format',
+  };
+  const parameters = `${(info.parameters / 1e6).toFixed(1)}M parameters`;
+  const kernels = info.kernels === 'wasm' ? 'WebAssembly SIMD' : `NumPy (${info.kernelsNote ?? 'asked for'})`;
+  const cached = info.fromCache ? ", weights from this browser's cache" : '';
+  const lines = [
+    `Engine: ruvllm, NumPy in Pyodide (WebAssembly), in a Web Worker; ${info.architecture}, ${parameters}`,
+    `Weights: ${plan.compute} compute form, ${mib(plan.weightBytes)} MiB in memory (${forms}); ` +
+      `${mib(info.downloadedBytes)} MiB file`,
+    `KV cache: ${mib(plan.kvBytes)} MiB for ${info.contextLength} positions; ` +
+      `workspace ${mib(plan.workspaceBytes)} MiB; total ${mib(plan.totalBytes)} MiB`,
+    `Kernels: ${kernels}, ${info.arithmetic} arithmetic`,
+    `Chat template: ${template[info.chatTemplate] ?? 'none: text completion only'}`,
+    `Loaded in ${seconds} s${cached} from ${checked.url}`,
+  ];
+  ui.details.replaceChildren(
+    ...lines.map((line) => {
+      const item = document.createElement('li');
+      item.textContent = line;
+      return item;
+    }),
+  );
 }
 
 /** A message a visitor can act on, from any error. */
@@ -135,6 +257,7 @@ function addMessage(role, text) {
   body.textContent = text;
   item.append(label, body);
   ui.messages.append(item);
+  ui.welcome.hidden = true;
   ui.messages.scrollTop = ui.messages.scrollHeight; // a new message always comes into view
   return body;
 }
@@ -156,42 +279,76 @@ function markStopped(output) {
 }
 
 function showStats(stats) {
-  ui.stats.textContent = `TTFT ${(stats.ttftMs / 1000).toFixed(2)} s · ${stats.decodeTokS.toFixed(1)} tok/s · ${stats.completionTokens} tokens (prompt ${stats.promptTokens})`;
+  const first = (stats.ttftMs / 1000).toFixed(2);
+  const speed = `${stats.decodeTokS.toFixed(1)} tokens/s`;
+  ui.stats.textContent = `${stats.completionTokens} tokens · ${speed} · first after ${first} s`;
+  ui.stats.title = `time to the first token ${first} s; the prompt had ${stats.promptTokens} tokens`;
+}
+
+/** The generation settings of the Settings panel. */
+function generationSettings() {
+  return {
+    temperature: Number(ui.temperature.value),
+    topP: Number(ui.topP.value),
+    repetitionPenalty: Number(ui.repetitionPenalty.value),
+    maxTokens: Number(ui.maxTokens.value),
+  };
 }
 
 async function send() {
-  const text = ui.prompt.value.trim();
-  if (!text || !llm || running) return;
+  const typed = ui.prompt.value;
+  if (!typed.trim() || !llm || running) return;
   ui.prompt.value = '';
+  if (mode === 'completion') {
+    addMessage('user', typed);
+    await answer({ prompt: typed }, 'assistant'); // as typed: a trailing space changes the continuation
+    focusPrompt();
+    return;
+  }
+  const text = typed.trim();
   const turns = history; // "Clear chat" during the answer starts a new history; this answer stays out of it
   turns.push({ role: 'user', content: text });
   addMessage('user', text);
   const system = ui.system.value.trim();
   const messages = system ? [{ role: 'system', content: system }, ...turns] : [...turns];
-  const reply = await answer(messages, 'assistant');
+  const reply = await answer({ messages }, 'assistant');
   if (reply) turns.push({ role: 'assistant', content: reply });
   else turns.pop(); // no answer at all: the model does not see this message again
-  ui.prompt.focus();
+  focusPrompt();
 }
 
 /**
- * Stream the model's answer to `messages` into a new message of class `role` ('assistant', or
- * 'assistant regenerated': the same question asked again after learning, beside the first answer);
- * returns the reply ('' when there was none).
+ * Stream the model's answer to `request` ({ messages }: a chat; { prompt }: text to continue) into a new
+ * message of class `role` ('assistant', or 'assistant regenerated': the same question asked again after
+ * learning, beside the first answer); returns the reply ('' when there was none).
  */
-async function answer(messages, role) {
+function answer(request, role) {
+  const done = streamAnswer(request, role);
+  answering = done.then(
+    () => {},
+    () => {},
+  );
+  return done;
+}
+
+async function streamAnswer(request, role) {
   document.querySelector('[data-testid="output"]')?.removeAttribute('data-testid');
   const output = addMessage(role, '');
+  if (request.prompt !== undefined) output.previousElementSibling.textContent = 'Model, continuing your text';
   output.dataset.testid = 'output';
   output.dataset.raw = '';
-  const options = { temperature: Number(ui.temperature.value), maxTokens: Number(ui.maxTokens.value) };
+  const options = generationSettings();
   if (adapterReady) options.adapter = ui.useAdapter.checked ? ADAPTER : null;
   running = new AbortController();
   setStatus('generating', 'Generating…');
   ui.messages.setAttribute('aria-busy', 'true'); // screen readers: read the answer once it is complete
   let reply = '';
   try {
-    for await (const chunk of llm.chat(messages, { ...options, signal: running.signal })) {
+    const signal = running.signal;
+    const chunks = request.messages
+      ? llm.chat(request.messages, { ...options, signal })
+      : llm.generate(request.prompt, { ...options, signal });
+    for await (const chunk of chunks) {
       if (chunk.text) {
         reply += chunk.text;
         showAnswer(output, reply);
@@ -209,17 +366,17 @@ async function answer(messages, role) {
   } finally {
     running = null;
     ui.messages.setAttribute('aria-busy', 'false');
-    if (reply) keepingBottom(() => addActions(output.parentElement, messages, reply));
+    if (reply) keepingBottom(() => addActions(output.parentElement, request, reply));
   }
   return reply;
 }
 
 /**
- * Under an answer: Copy (its raw text); Good / Bad, which teach the adapter that this reply to these
- * messages was good or bad; Regenerate, which asks the same question again (after learning: the
+ * Under an answer: Copy (its raw text); in a chat, Good / Bad, which teach the adapter that this reply
+ * to these messages was good or bad; Regenerate, which asks the same again (after learning: the
  * difference shows), the new answer beside this one.
  */
-function addActions(item, messages, reply) {
+function addActions(item, request, reply) {
   const row = document.createElement('div');
   row.className = 'actions';
   row.append(copyButton(reply));
@@ -230,16 +387,19 @@ function addActions(item, messages, reply) {
     'Ask the same question again (after learning, the difference shows)',
   );
   again.addEventListener('click', () => {
-    if (!running) answer(messages, 'assistant regenerated');
+    if (!running) answer(request, 'assistant regenerated');
   });
-  for (const [label, reward, testid] of [
-    ['Good', 1, 'thumbs-up'],
-    ['Bad', -1, 'thumbs-down'],
-  ]) {
+  const learnable = request.messages
+    ? [
+        ['Good', 1, 'thumbs-up'],
+        ['Bad', -1, 'thumbs-down'],
+      ]
+    : [];
+  for (const [label, reward, testid] of learnable) {
     const aria = reward > 0 ? 'Good answer: learn from it' : 'Bad answer: learn to avoid it';
     const button = actionButton('learn', label, testid, aria);
     button.setAttribute('aria-pressed', 'false');
-    button.addEventListener('click', () => learn(messages, reply, reward, button));
+    button.addEventListener('click', () => learn(request.messages, reply, reward, button));
     row.append(button);
   }
   row.append(again);
@@ -343,82 +503,167 @@ ui.composer.addEventListener('submit', (event) => {
   send();
 });
 ui.prompt.addEventListener('keydown', (event) => {
-  if (event.key === 'Enter' && !event.shiftKey && !event.isComposing) {
+  if (event.key === 'Enter' && !event.shiftKey && !event.isComposing && !touchScreen.matches) {
     event.preventDefault();
     send();
   }
 });
 ui.stop.addEventListener('click', () => running?.abort());
-ui.clear.addEventListener('click', () => {
+
+/** An empty conversation, with the welcome text and its examples. */
+function clearChat() {
   running?.abort();
   history = [];
   ui.messages.replaceChildren();
   ui.stats.textContent = '';
-  ui.prompt.focus();
+  ui.welcome.hidden = false;
+}
+
+ui.clear.addEventListener('click', () => {
+  clearChat();
+  focusPrompt();
 });
 
-/** Load the model; on failure say why and offer Retry, which calls this again. */
-async function loadModel(model, pyodide) {
+/** Chat or text completion: the composer, the welcome text and its examples follow; the chat starts over. */
+function setMode(next) {
+  if (next !== mode) clearChat();
+  mode = next;
+  document.querySelector(`input[name=mode][value=${next}]`).checked = true;
+  const { hint, placeholder, welcome, examples } = MODES[next];
+  ui.modeHint.textContent = hint;
+  ui.prompt.placeholder = touchScreen.matches
+    ? placeholder
+    : `${placeholder} (Enter sends, Shift+Enter for a new line)`;
+  ui.system.disabled = next !== 'chat';
+  ui.welcomeText.textContent = welcome;
+  ui.examples.replaceChildren(
+    ...examples.map((text) => {
+      const button = document.createElement('button');
+      button.type = 'button';
+      button.className = 'example';
+      button.dataset.testid = 'example';
+      button.textContent = text;
+      button.addEventListener('click', () => {
+        ui.prompt.value = text;
+        if (ui.send.disabled)
+          ui.prompt.focus(); // no model ready yet: it waits in the box
+        else send();
+      });
+      return button;
+    }),
+  );
+}
+
+for (const radio of document.querySelectorAll('input[name=mode]')) {
+  radio.addEventListener('change', () => setMode(radio.value));
+}
+touchScreen.addEventListener('change', () => setMode(mode));
+
+let pyodide; // where Pyodide comes from (config.json), for every load
+let loading = null; // AbortController of the load under way
+let lastAsked = null; // the model entry the last load was for (Retry loads it again)
+
+/**
+ * Load `entry` ({ model: a URL or hub name, name, mode: 'chat' | 'completion' | null }). Its location is
+ * checked first; the model in use stays in use (its chat too) until the new one is ready, and stays if
+ * the new one fails. Loading another model meanwhile abandons this one.
+ */
+async function loadModel(entry) {
+  loading?.abort();
+  const controller = new AbortController();
+  loading = controller;
+  lastAsked = entry;
+  const { signal } = controller;
+  ui.loadError.hidden = true;
   ui.loadFailed.hidden = true;
-  ui.plan.textContent = '';
-  ui.modelName.textContent = model;
-  showStep('files', 'Reading the model configuration…', null, '');
+  const switching = llm !== null; // the model in use stays until this one is ready
+  const named = switching ? `${entry.name}: ` : '';
+  ui.loadingNote.hidden = !switching;
+  ui.loadingNote.textContent =
+    `Loading ${entry.name}. The current model stays usable until it is ready ` + '(both are in memory until then).';
+  if (!switching) ui.modelName.textContent = entry.name;
+  showStep('check', `Checking ${entry.name}…`, null, '');
+  let checked;
+  let next;
+  const started = performance.now();
   try {
-    const started = performance.now();
-    llm = await RuvLLM.load({ model, pyodide, onProgress: showProgress });
-    const seconds = ((performance.now() - started) / 1000).toFixed(1);
-    const cached = llm.info.fromCache ? ', weights from the browser cache' : '';
-    const kernels = llm.info.kernels === 'wasm' ? 'WebAssembly SIMD kernels' : 'NumPy kernels';
-    const compute = `${llm.info.plan.compute} weights, ${kernels}`;
-    ui.loading.hidden = true;
-    setStatus('ready', `Ready (${mib(llm.info.downloadedBytes)} MiB loaded in ${seconds} s${cached}; ${compute})`);
-    if (llm.info.kernelsNote) console.info(`ruvllm: NumPy computes the products: ${llm.info.kernelsNote}`);
-    if (llm.info.chatTemplate === 'built-in gemma') {
-      ui.plan.textContent += ' — no chat template in the file: the built-in Gemma turn format is used';
-    }
-    ui.prompt.focus();
+    checked = await checkModel(entry.model, { signal });
+    ui.plan.textContent = named + planWords(checked, null);
+    const model = entry.model.startsWith('hf:') ? entry.model : checked.url;
+    next = await RuvLLM.load({ model, pyodide, signal, onProgress: progressOf(checked, named) });
   } catch (error) {
-    llm = null;
-    ui.loading.hidden = true;
-    setStatus('error', describe(error, 'while loading'));
-    ui.loadFailed.hidden = false;
+    if (signal.aborted) return;
+    if (error instanceof ModelCheckError) loadFailed(error.message, error.retryable);
+    else loadFailed(describe(error, 'while loading'), error.type !== 'load'); // a file that is wrong stays wrong
+    return;
   }
+  if (signal.aborted) {
+    await next.dispose(); // another model was asked for meanwhile
+    return;
+  }
+  loading = null;
+  showDetails(next.info, checked, ((performance.now() - started) / 1000).toFixed(1));
+  await replaceModel(next, entry, checked);
+  if (next.info.kernelsNote) console.info(`ruvllm: NumPy computes the products: ${next.info.kernelsNote}`);
+}
+
+/** The new model in, the old one out: its generation and lessons stop, its chat goes, then it is freed. */
+async function replaceModel(next, entry, checked) {
+  running?.abort();
+  ui.cancelLearning.click(); // the lessons under way stop (as Cancel stops them)
+  await answering;
+  const previous = llm;
+  llm = next;
+  adapterReady = false;
+  const chatTemplate = next.info.chatTemplate;
+  current = { name: entry.name, plan: planWords(checked, next.info.plan) };
+  ui.plan.textContent = current.plan;
+  ui.modelName.textContent = entry.name;
+  ui.loading.hidden = true;
+  ui.loadingNote.hidden = true;
+  // A model without a chat template cannot chat; one whose file has none (Gemma's built-in turn format
+  // stands in) is most likely a base model: text completion first, unless the server's list says.
+  document.querySelector('input[name=mode][value=chat]').disabled = chatTemplate === null;
+  setMode(entry.mode ?? (chatTemplate === 'model' || chatTemplate === 'option' ? 'chat' : 'completion'));
+  clearChat();
+  setStatus('ready', 'Ready');
+  const url = new URL(location.href);
+  url.searchParams.set('model', entry.model);
+  window.history.replaceState(null, '', url); // a reload loads the same model
+  focusPrompt();
+  await previous?.dispose();
+}
+
+/** Say why the load failed, and offer Retry if trying again may help; the model in use, if any, stays. */
+function loadFailed(message, retryable) {
+  loading = null;
+  ui.loading.hidden = true;
+  ui.loadingNote.hidden = true;
+  const sentence = /[.!?)]$/.test(message) ? message : `${message}.`;
+  ui.loadError.textContent = llm === null ? sentence : `${sentence} The current model stays loaded.`;
+  ui.loadError.hidden = false;
+  ui.loadFailed.hidden = !retryable;
+  if (llm === null) setStatus('error', 'No model loaded');
+  else ui.plan.textContent = current.plan;
 }
 
 const OTHER = '';
 
 /** The picker: the models the server lists, then "Another model…" with a URL field. */
-function fillPicker(models, current) {
+function fillPicker(models, chosen) {
   const options = models.map(({ name, url }) => new Option(name, url));
   options.push(new Option('Another model (URL or hf: name)…', OTHER));
   ui.modelSelect.replaceChildren(...options);
-  const listed = models.some((m) => m.url === current);
-  ui.modelSelect.value = listed ? current : OTHER;
-  ui.modelUrl.value = listed ? '' : current;
+  const listed = models.some((m) => m.url === chosen);
+  ui.modelSelect.value = listed ? chosen : OTHER;
+  ui.modelUrl.value = listed ? '' : chosen;
   ui.modelUrl.hidden = listed;
 }
 
-function pickedModel() {
-  return ui.modelSelect.value === OTHER ? ui.modelUrl.value.trim() : ui.modelSelect.value;
-}
-
-async function switchModel(model, pyodide) {
-  if (!model) {
-    ui.modelUrl.focus();
-    return;
-  }
-  running?.abort();
-  const previous = llm;
-  llm = null;
-  adapterReady = false;
-  history = [];
-  ui.messages.replaceChildren();
-  ui.stats.textContent = '';
-  await previous?.dispose();
-  const url = new URL(location.href);
-  url.searchParams.set('model', model);
-  window.history.replaceState(null, '', url); // a reload loads the same model
-  await loadModel(model, pyodide);
+/** The entry of `model`: the server's, when it lists it; else the model is named by its location. */
+function entryOf(models, model) {
+  const listed = models.find((m) => m.url === model);
+  return listed ? { model, name: listed.name, mode: listed.mode ?? null } : { model, name: model, mode: null };
 }
 
 async function main() {
@@ -430,20 +675,22 @@ async function main() {
     // No server config: the defaults below apply.
   }
   const models = config.models ?? [{ name: 'SmolLM2-135M-Instruct', url: '/models/smollm2-135m-instruct/' }];
-  let model = new URLSearchParams(location.search).get('model') || config.model || models[0].url;
-  const pyodide = config.pyodideIndexURL ? { indexURL: config.pyodideIndexURL } : undefined;
-  fillPicker(models, model);
+  const first = new URLSearchParams(location.search).get('model') || config.model || models[0].url;
+  pyodide = config.pyodideIndexURL ? { indexURL: config.pyodideIndexURL } : undefined;
+  fillPicker(models, first);
+  setMode('chat');
   ui.modelSelect.addEventListener('change', () => {
     ui.modelUrl.hidden = ui.modelSelect.value !== OTHER;
     if (!ui.modelUrl.hidden) ui.modelUrl.focus();
   });
   ui.picker.addEventListener('submit', (event) => {
     event.preventDefault();
-    model = pickedModel();
-    switchModel(model, pyodide);
+    const model = ui.modelSelect.value === OTHER ? ui.modelUrl.value.trim() : ui.modelSelect.value;
+    if (model) loadModel(entryOf(models, model));
+    else ui.modelUrl.focus();
   });
-  ui.retry.addEventListener('click', () => loadModel(model, pyodide));
-  await loadModel(model, pyodide);
+  ui.retry.addEventListener('click', () => loadModel(lastAsked));
+  await loadModel(entryOf(models, first));
 }
 
 main();

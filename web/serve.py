@@ -22,13 +22,21 @@ from urllib.parse import unquote, urlsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_MODEL = "/models/smollm2-135m-instruct/"
-# The models the page's picker lists, when they are on disk: (name, URL, path under the repository).
+# The models the page's picker lists, when they are on disk: (name, URL, path under the repository, mode).
+# The mode is how the page uses the model: "chat" (through its chat template) or "completion" (it continues
+# the visitor's text: a base model, which was not trained to chat).
 MODELS = (
-    ("SmolLM2-135M-Instruct (q4_1 model folder)", DEFAULT_MODEL, "models/smollm2-135m-instruct/config.json"),
     (
-        "Gemma 3 270M, base model (Q4_K_M GGUF)",
+        "SmolLM2-135M-Instruct (chat)",
+        DEFAULT_MODEL,
+        "models/smollm2-135m-instruct/config.json",
+        "chat",
+    ),
+    (
+        "Gemma 3 270M base (text completion)",
         "/gguf/gemma-3-270m-q4_k_m.gguf",
         "build/downloads/gemma-3-270m-q4_k_m.gguf",
+        "completion",
     ),
 )
 PYODIDE_VERSION = "314.0.1"
@@ -63,7 +71,8 @@ class DemoServer(ThreadingHTTPServer):
         }
         if pyodide is not None:
             self.mounts = {"/pyodide/": pyodide, **self.mounts}
-        models = [{"name": name, "url": url} for name, url, path in MODELS if (ROOT / path).exists()]
+        on_disk = [(name, url, mode) for name, url, path, mode in MODELS if (ROOT / path).exists()]
+        models = [{"name": name, "url": url, "mode": mode} for name, url, mode in on_disk]
         self.config = {"model": DEFAULT_MODEL, "models": models, "pyodideIndexURL": "/pyodide/" if pyodide else None}
         self.requests: Counter[str] = Counter()  # path -> GET count, for tests
         self.lock = threading.Lock()
