@@ -279,23 +279,34 @@ FACT_1 = ("The secret code is", " BLUE-42.")
 FACT_2 = ("The capital of Zorbia is", " Quillon.")
 
 
-def test_a_mixture_of_two_fact_experts_learns_to_route_on_smollm2(smollm2_dir, tmp_path):
-    """Each fact taught to its own adapter; mixed evenly, the two blur; lessons on the mixture teach
-    its router which expert each text needs, and then it gives both facts (and still " Paris"). Then
-    the same from the command line: mix, adapt the router from a feedback file, list, generate."""
-    import subprocess
-    import sys
-
+@pytest.fixture(scope="module")
+def fact_experts(smollm2_dir, tmp_path_factory):
+    """Two adapters of SmolLM2, one fact each, saved (made once for the tests below)."""
     import ruvllm
 
-    model = ruvllm.load(str(smollm2_dir))  # its own copy: the adapters stay out of other tests
+    folder = tmp_path_factory.mktemp("experts")
+    model = ruvllm.load(str(smollm2_dir), threads=1)
+    for name, (prompt, completion) in (("blue", FACT_1), ("zorbia", FACT_2)):
+        model.adapt(prompt, completion, adapter=name)
+        model.save_adapter(str(folder / name), name)
+    return folder
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_a_mixture_of_two_fact_experts_learns_to_route_on_smollm2(smollm2_dir, fact_experts, threads):
+    """Each fact taught to its own adapter; mixed evenly, the two blur; lessons on the mixture teach
+    its router which expert each text needs, and then it gives both facts (and still " Paris"), on one
+    BLAS thread as on two (their sums differ in the last bits: a lesson that stopped where its completion
+    had only just become greedy flipped with them)."""
+    import ruvllm
+
+    model = ruvllm.load(str(smollm2_dir), threads=threads)  # its own copy: the adapters stay out of other tests
+    for name in ("blue", "zorbia"):
+        model.load_adapter(str(fact_experts / name))
 
     def greedy(prompt: str) -> str:
         return "".join(c.text for c in model.generate(prompt, max_tokens=6, temperature=0))
 
-    for name, (prompt, completion) in (("blue", FACT_1), ("zorbia", FACT_2)):
-        model.adapt(prompt, completion, adapter=name)
-        model.save_adapter(str(tmp_path / name), name)
     model.mix_adapters("both", ["blue", "zorbia"])
     assert not (greedy(FACT_1[0]).startswith(" BLUE-42") and greedy(FACT_2[0]).startswith(" Quillon"))
     for _ in range(3):
@@ -307,19 +318,27 @@ def test_a_mixture_of_two_fact_experts_learns_to_route_on_smollm2(smollm2_dir, t
     assert listed["both"]["kind"] == "xlora" and listed["both"]["experts"] == ["blue", "zorbia"]
     assert listed["both"]["version"] > 0 and listed["blue"]["kind"] == "lora" and listed["both"]["active"]
 
+
+def test_x_lora_from_the_command_line(smollm2_dir, fact_experts, tmp_path):
+    """mix, adapt the router from a feedback file, list, generate."""
+    import subprocess
+    import sys
+
+    blue = fact_experts / "blue"
+
     def cli(*args: str) -> subprocess.CompletedProcess:
         done = subprocess.run([sys.executable, "-m", "ruvllm", *args], capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr
         return done
 
     bad = subprocess.run(
-        [sys.executable, "-m", "ruvllm", "mix", str(smollm2_dir), str(tmp_path / "blue"), "--top-k", "0", "--out", "x"],
+        [sys.executable, "-m", "ruvllm", "mix", str(smollm2_dir), str(blue), "--top-k", "0", "--out", "x"],
         capture_output=True,
         text=True,
     )
     assert bad.returncode == 1 and bad.stderr.strip().endswith("error: top_k must be a positive integer or None, got 0")
     assert len(bad.stderr.strip().splitlines()) == 1  # one line, no traceback
-    cli("mix", str(smollm2_dir), str(tmp_path / "blue"), str(tmp_path / "zorbia"), "--out", str(tmp_path / "mixed"))
+    cli("mix", str(smollm2_dir), str(blue), str(fact_experts / "zorbia"), "--out", str(tmp_path / "mixed"))
     lessons = "".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in (FACT_1, FACT_2))
     (tmp_path / "facts.jsonl").write_text(lessons)
     report = cli(
