@@ -18,7 +18,7 @@ import pytest
 import uvicorn
 
 from ruvllm.cli import main
-from ruvllm.json_body import MAX_DEPTH, FieldError, check_values, nesting_depth, parse
+from ruvllm.files.json_body import MAX_DEPTH, FieldError, check_values, nesting_depth, parse
 from ruvllm.runtime.generate import Decoder, GenerationOptions
 from ruvllm.server import Service, create_app
 

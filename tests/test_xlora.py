@@ -327,7 +327,7 @@ def test_x_lora_from_the_command_line(smollm2_dir, fact_experts, tmp_path):
     blue = fact_experts / "blue"
 
     def cli(*args: str) -> subprocess.CompletedProcess:
-        done = subprocess.run([sys.executable, "-m", "ruvllm", *args], capture_output=True, text=True, timeout=600)
+        done = subprocess.run([sys.executable, "-m", "ruvllm", *args], capture_output=True, text=True, timeout=1800)
         assert done.returncode == 0, done.stderr
         return done
 

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .errors import InvalidArgumentError
-from .json_body import FieldError, boolean, check_values, integer, number, obj, parse, shown, string
+from .files.json_body import FieldError, boolean, check_values, integer, number, obj, parse, shown, string
 from .runtime.constrain import Grammar, Matcher, Vocabulary, json_grammar
 from .runtime.generate import MAX_TOP_LOGPROBS, GenerationOptions
 from .text.stream import Chunk

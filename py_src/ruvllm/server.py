@@ -31,7 +31,7 @@ from collections.abc import AsyncIterator, Callable
 from .api import Model
 from .completions import Prepared, Response, prepare
 from .errors import ContextFullError, InvalidArgumentError, RuvLLMError
-from .json_body import FieldError, parse
+from .files.json_body import FieldError, parse
 from .runtime.batching import Request, Scheduler
 from .runtime.generate import Step
 from .text.stream import TextStream

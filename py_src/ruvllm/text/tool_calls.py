@@ -21,7 +21,7 @@ import re
 import secrets
 
 from ..errors import InvalidArgumentError
-from ..json_body import PARSE_DEPTH, nesting_depth
+from ..files.json_body import PARSE_DEPTH, nesting_depth
 
 TOOL_CALL_OPEN = "<tool_call>"
 TOOL_CALL_CLOSE = "</tool_call>"

@@ -24,7 +24,7 @@ import sys
 
 import numpy as np
 
-from .errors import InvalidArgumentError
+from ..errors import InvalidArgumentError
 
 MAX_DEPTH = 64  # levels of objects and arrays, the body itself being the first; OpenAI bodies need ~10
 # Deeper than this, text is refused before it is parsed, without naming a field; up to it, json.loads
