@@ -63,11 +63,13 @@ async function findPyodide(indexURL) {
   } catch (error) {
     throw new RuvLLMError('load', `cannot load Pyodide from ${from}: ${error.message}`);
   }
-  // The folder or URL the runtime files are read from (Node's default: the pyodide package's folder).
-  const base = await distributionBase(index);
+  // The folder or URL the runtime files are read from (Node's default: the pyodide package's folder);
+  // only the boot snapshot needs it, so a failure to find it fails only that.
+  const base = distributionBase(index);
+  base.catch(() => {});
   const read = async (name) => {
     try {
-      return await readFrom(new URL(name, base));
+      return await readFrom(new URL(name, await base));
     } catch (error) {
       // Node's pyodide package has no NumPy until Pyodide downloads it: take it where Pyodide would.
       if (index !== undefined || !IS_NODE) throw error;
@@ -82,7 +84,8 @@ async function findPyodide(indexURL) {
     if (!python) throw new Error('the lock file names no Python version');
     return { numpy: { fileName: numpy.file_name, sha256: numpy.sha256 }, python };
   };
-  const createModule = async () => (await import(/* @vite-ignore */ new URL('pyodide.asm.mjs', base).href)).default;
+  const createModule = async () =>
+    (await import(/* @vite-ignore */ new URL('pyodide.asm.mjs', await base).href)).default;
   return { loader, index, from, version: loader.version, read, lock, createModule };
 }
 

@@ -154,6 +154,9 @@ export function sitePackages(py) {
  */
 function withPreload(dist, libraries, { states = null, memoryBytes = 0, intact = null } = {}) {
   const result = { states: null, table: null, error: null };
+  // Pyodide keeps `create` (in its config) as long as it runs: it holds the paths, not the bytes (which,
+  // on a restore, are views of the whole entry).
+  const paths = libraries.map(({ path }) => path);
   const modules = Promise.all(libraries.map(({ bytes }) => WebAssembly.compile(bytes))); // compiling runs no code
   modules.catch(() => {}); // awaited below; a failure there rejects the load
   const create = async (settings) => {
@@ -162,12 +165,13 @@ function withPreload(dist, libraries, { states = null, memoryBytes = 0, intact =
     // Emscripten calls this after its runtime started, before main() (Python's start); it cannot wait.
     settings.onRuntimeInitialized = () => {
       try {
-        Object.assign(result, preload(settings, libraries, compiled, states));
+        Object.assign(result, preload(settings, paths, compiled, states));
       } catch (error) {
         result.error = error;
       }
     };
     const module = await createModule(settings);
+    delete module.onRuntimeInitialized;
     if (result.error) throw result.error;
     if (memoryBytes > module.HEAP8.length && !module.growMemory(memoryBytes)) {
       throw new Error(`cannot grow the memory to ${memoryBytes} bytes for the snapshot`);
@@ -187,19 +191,19 @@ function loaderState(module) {
  * their site-packages paths, so Python's dlopen of that path finds them loaded. Throws if a state
  * differs from `expect`.
  */
-function preload(module, libraries, compiled, expect) {
+function preload(module, paths, compiled, expect) {
   const states = [loaderState(module)];
   const check = (i) => {
     if (expect && String(states[i]) !== String(expect[i])) {
       throw new Error(
         `the runtime is not in the state the snapshot was made in (table length and memory top ${states[i]}, ` +
-          `expected ${expect[i]}${i > 0 ? ` after ${libraries[i - 1].path}` : ''})`,
+          `expected ${expect[i]}${i > 0 ? ` after ${paths[i - 1]}` : ''})`,
       );
     }
   };
   check(0);
   const settled = !Object.values(module.GOT).some((entry) => entry.value === -1);
-  libraries.forEach(({ path }, i) => {
+  paths.forEach((path, i) => {
     const dso = module.newDSO(path, undefined, 'loading');
     dso.refcount = Infinity;
     dso.global = false;
@@ -333,7 +337,7 @@ async function restore(dist, { header, payload, intact }, { stdout, stderr }) {
   const py = await dist.loader.loadPyodide({
     indexURL: dist.index,
     createPyodideModule: preloading.create,
-    _loadSnapshot: memory,
+    _loadSnapshot: handOver(memory),
     stdout,
     stderr,
   });
@@ -363,6 +367,21 @@ async function restore(dist, { header, payload, intact }, { stdout, stderr }) {
   if (check !== 6) throw new Error(`NumPy answered ${check} for sum([0, 1, 2, 3]) after the restore`);
   if (sitePackages(py) !== header.site) throw new Error(`site-packages is ${sitePackages(py)}, not ${header.site}`);
   return py;
+}
+
+/**
+ * `bytes` as a thenable that lets go of them once taken: Pyodide keeps its options (this one is
+ * `_loadSnapshot`) for the session. A function of its own, so that the closure holds nothing else of
+ * the caller (V8 shares one context among a function's closures: the entry itself would stay).
+ */
+function handOver(bytes) {
+  let held = bytes;
+  return {
+    then(resolve) {
+      resolve(held);
+      held = null;
+    },
+  };
 }
 
 /**
