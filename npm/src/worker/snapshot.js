@@ -233,8 +233,9 @@ function importsUnresolved(module, compiled) {
 }
 
 /**
- * The entry of a snapshot of `py` (made with the preload), or an Error-throw when it cannot be one that
- * restores: a library loaded outside the preload, a table slot that changed or that cannot be put back.
+ * The entry of a snapshot of `py` (made with the preload). Throws when it could not be one that restores:
+ * a library loaded outside the preload, a table slot that changed or that cannot be put back, JavaScript
+ * objects held by Python that Pyodide cannot record.
  */
 async function snapshotEntry(py, key, site, libraries, preloaded) {
   const module = py._module;
