@@ -4,12 +4,14 @@
 // bootCache: false neither reads nor writes one. The loads need a local Pyodide distribution
 // (RUVLLM_PYODIDE_DIST or ~/.cache/ruvllm/pyodide/314.0.1) and are skipped, saying how to get one, without it.
 import assert from 'node:assert/strict';
+import { execFile } from 'node:child_process';
 import { existsSync } from 'node:fs';
-import { mkdir, mkdtemp, readFile, readdir, rm, stat, writeFile } from 'node:fs/promises';
+import { cp, mkdir, mkdtemp, readFile, readdir, rm, stat, symlink, writeFile } from 'node:fs/promises';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
 import { after, before, describe, test } from 'node:test';
-import { fileURLToPath } from 'node:url';
+import { fileURLToPath, pathToFileURL } from 'node:url';
+import { promisify } from 'node:util';
 
 import { RuvLLM, RuvLLMError } from '../src/index.js';
 import { DamagedEntry, decodeEntry, encodeEntry } from '../src/worker/boot-cache.js';
@@ -17,7 +19,9 @@ import { sharedLibraries } from '../src/worker/snapshot.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
 
 const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
+const PACKAGE = join(ROOT, 'npm');
 const MODEL = join(ROOT, 'models', 'smollm2-135m-instruct'); // a folder: never in the file cache
+const execute = promisify(execFile);
 const SKIP = HAVE_DIST
   ? false
   : `no local Pyodide distribution at ${DIST}: set RUVLLM_PYODIDE_DIST to a Pyodide 314.0.1 folder with NumPy (docs/pyodide.md says how to make one)`;
@@ -131,6 +135,37 @@ describe('the boot snapshot with SmolLM2 in Pyodide under Node', { skip: SKIP },
     }
   });
 
+  test('a copy of the package installed elsewhere restores the snapshot (Node names the program by its path)', async () => {
+    const folder = await mkdtemp(join(tmpdir(), 'ruvllm-boot-elsewhere-'));
+    try {
+      const copy = join(folder, 'another', 'project', 'node_modules', 'ruvllm-copy');
+      for (const part of ['src', 'wheel', 'wasm', 'package.json'])
+        await cp(join(PACKAGE, part), join(copy, part), { recursive: true });
+      await symlink(join(PACKAGE, 'node_modules'), join(copy, 'node_modules'));
+      const script = join(folder, 'a-program-of-its-own.mjs');
+      const index = JSON.stringify(pathToFileURL(join(copy, 'src', 'index.js')).href);
+      const options = JSON.stringify({ model: MODEL, pyodide: { indexURL: DIST } });
+      await writeFile(
+        script,
+        `import { RuvLLM } from ${index};
+const llm = await RuvLLM.load(${options});
+const ids = [];
+for await (const c of llm.generate('Once upon a time', { temperature: 0, maxTokens: 8, ignoreEos: true })) ids.push(c.tokenId);
+process.stdout.write(JSON.stringify({ boot: llm.info.boot, ids }));
+await llm.dispose();
+`,
+      );
+      const { stdout } = await execute(process.execPath, [script], {
+        env: { ...process.env, RUVLLM_CACHE_DIR: cache },
+      });
+      const other = JSON.parse(stdout);
+      assert.deepEqual([other.boot.from, other.boot.cache], ['snapshot', 'restored'], other.boot.note);
+      assert.deepEqual(other.ids, fresh.greedy);
+    } finally {
+      await rm(folder, { recursive: true, force: true });
+    }
+  });
+
   test('cache: false neither reads nor writes the snapshot (bootCache defaults to cache)', async () => {
     const [name] = await snapshots();
     const kept = await readFile(join(boot(), name));
@@ -162,14 +197,14 @@ describe('the boot snapshot with SmolLM2 in Pyodide under Node', { skip: SKIP },
     const [name] = await snapshots();
     const file = join(boot(), name);
     const { header, payload } = decodeEntry(new Uint8Array(await readFile(file)));
-    header.states[0][1] += 16; // the allocator's top before the libraries: as if the runtime had changed
+    header.states[0][2] += 16; // the allocator's top before the libraries: as if the runtime had changed
     await writeFile(file, await encodeEntry(header, [payload]));
 
     const refused = await run();
     assert.deepEqual([refused.boot.from, refused.boot.cache], ['fresh', 'unavailable']);
     assert.match(
       refused.boot.note,
-      /^the boot snapshot did not restore \(the runtime is not in the state the snapshot was made in \(table length and memory top \d+,\d+, expected \d+,\d+\)\): removed; boot snapshots are off for this version$/,
+      /^the boot snapshot did not restore \(the runtime is not in the state the snapshot was made in \(\d+,\d+,\d+, expected \d+,\d+,\d+ before the libraries\)\): removed; boot snapshots are off for this version$/,
     );
     assert.deepEqual(refused.greedy, fresh.greedy);
     assert.deepEqual(await snapshots(), []);

@@ -28,16 +28,15 @@ export async function startPython({ indexURL, bootCache = true } = {}) {
   const started = performance.now();
   const dist = await findPyodide(indexURL);
   const wheel = await ourWheel();
-  const streams = { stdout: () => {}, stderr: () => {} };
   let note = null;
   if (bootCache) {
-    const attempt = await bootFromSnapshot(dist, wheel, streams);
+    const attempt = await bootFromSnapshot(dist, wheel, pyodideOptions);
     if (attempt.py) return { py: attempt.py, boot: { ...attempt.boot, ms: performance.now() - started } };
     note = attempt.note;
   }
   let py;
   try {
-    py = await dist.loader.loadPyodide({ indexURL: dist.index, ...streams });
+    py = await dist.loader.loadPyodide({ ...pyodideOptions(), indexURL: dist.index });
   } catch (error) {
     throw new RuvLLMError('load', `cannot start Pyodide from ${dist.from}: ${error.message}`);
   }
@@ -45,6 +44,16 @@ export async function startPython({ indexURL, bootCache = true } = {}) {
   installWheel(py, wheel);
   const boot = { from: 'fresh', cache: bootCache ? 'unavailable' : 'off', note, snapshotBytes: null };
   return { py, boot: { ...boot, ms: performance.now() - started } };
+}
+
+/**
+ * loadPyodide's options for every boot. Python's environment is the same wherever it runs: the
+ * C runtime copies it into memory before Python starts, so a program name or language that differs
+ * between two boots (Node's is the script's path, a browser's its language) would move everything
+ * allocated after it, and a boot snapshot made by one would not fit the other.
+ */
+function pyodideOptions() {
+  return { stdout: () => {}, stderr: () => {}, _sysExecutable: 'python', env: { LANG: 'C.UTF-8' } };
 }
 
 /**

@@ -8,10 +8,11 @@
  * were loaded. So both the boot that makes a snapshot and the one that restores it load NumPy's shared
  * libraries themselves, in the same order, at the same moment (the runtime just initialized, before
  * Python starts): from the same state the allocator and the function table hand them the same addresses,
- * and the restored memory finds its libraries where it left them. What that relies on is checked, not
- * assumed: the allocator's top and the table's length before and after each library are recorded and
- * must match on restore; the libraries Python opened, and every table slot added after them, must be
- * ones the restore can put back, or no snapshot is made. The files of site-packages (which live in
+ * and the restored memory finds its libraries where it left them (which is why every boot gives Python
+ * the same environment: python.js, pyodideOptions). What that relies on is checked, not assumed: where
+ * each library's memory and table slots went, and the allocator's and the table's state before it, are
+ * recorded and must match on restore; the libraries Python opened, and every table slot added after
+ * them, must be ones the restore can put back, or no snapshot is made. The files of site-packages (which live in
  * Pyodide's in-memory file system, not in the snapshot) are kept in the entry and written back.
  *
  * Everything here may fail (a private Pyodide API that changed, a full disk): the caller then boots
@@ -22,7 +23,7 @@ import { IS_NODE } from '../env.js';
 import { DamagedEntry, decodeEntry, encodeEntry, openBootCache, sha256Hex } from './boot-cache.js';
 
 /** Bumped whenever the layout of an entry or the way it is made changes. */
-const FORMAT = 1;
+const FORMAT = 2;
 const PAGE = 65536;
 
 /** The key of the snapshot for this Pyodide, this NumPy wheel (its sha256) and this ruvllm wheel (its bytes). */
@@ -33,13 +34,14 @@ export async function snapshotKey({ version, numpySha256, wheel }) {
 
 /**
  * Python from a snapshot, or a fresh boot that saves one. `dist` is python.js's distribution ({ loader,
- * index, version, read(name), lock(), createModule() }), `wheel` our wheel's bytes. Resolves to
+ * index, version, read(name), lock(), createModule() }), `wheel` our wheel's bytes, `pyodideOptions()`
+ * loadPyodide's options (the same for every boot). Resolves to
  * { py, boot } or, when neither could be done, to { py: null, note } (the caller boots the ordinary
  * way and reports the note); never rejects. A snapshot that is damaged where it is kept is made again;
  * one that is whole but does not restore, or a boot that cannot make one, turns boot snapshots off for
  * this key (a marker entry), so later boots do not pay for a failing attempt each time.
  */
-export async function bootFromSnapshot(dist, wheel, options) {
+export async function bootFromSnapshot(dist, wheel, pyodideOptions) {
   let lock, key, cache;
   try {
     lock = await dist.lock();
@@ -55,7 +57,7 @@ export async function bootFromSnapshot(dist, wheel, options) {
     let entry = null;
     try {
       entry = decodeEntry(blob);
-      const py = await restore(dist, entry, options);
+      const py = await restore(dist, entry, pyodideOptions);
       return { py, boot: { from: 'snapshot', cache: 'restored', note: null, snapshotBytes: blob.length } };
     } catch (error) {
       await cache.remove(key);
@@ -85,7 +87,7 @@ export async function bootFromSnapshot(dist, wheel, options) {
   }
   let made;
   try {
-    made = await bootAndSnapshot(dist, lock, numpy, wheel, key, options);
+    made = await bootAndSnapshot(dist, lock, numpy, wheel, key, pyodideOptions);
   } catch (error) {
     // This boot failed where the ordinary one may not (a private Pyodide API that changed): not again.
     const reason = `the boot that makes a snapshot failed (${error.message})`;
@@ -118,16 +120,15 @@ async function numpyWheel(dist, lock) {
  * blob). Rejects when the boot itself fails (the caller boots again the ordinary way); resolves to
  * { py, blob: null, note } when only the snapshot could not be made (py works all the same).
  */
-async function bootAndSnapshot(dist, lock, numpy, wheel, key, { stdout, stderr }) {
+async function bootAndSnapshot(dist, lock, numpy, wheel, key, pyodideOptions) {
   const site = `/lib/python${lock.python}/site-packages`;
   const libraries = (await sharedLibraries(numpy)).map(({ name, bytes }) => ({ path: `${site}/${name}`, bytes }));
   const preloading = withPreload(dist, libraries);
   const py = await dist.loader.loadPyodide({
+    ...pyodideOptions(),
     indexURL: dist.index,
     createPyodideModule: preloading.create,
     _makeSnapshot: true,
-    stdout,
-    stderr,
   });
   if (sitePackages(py) !== site) throw new Error(`site-packages is ${sitePackages(py)}, not ${site}`);
   py.unpackArchive(numpy, 'wheel', { extractDir: site });
@@ -188,33 +189,43 @@ function loaderState(module) {
 
 /**
  * Load the libraries as Pyodide's loadDynlib does (local symbols, never unloaded), registered under
- * their site-packages paths, so Python's dlopen of that path finds them loaded. Throws if a state
- * differs from `expect`.
+ * their site-packages paths, so Python's dlopen of that path finds them loaded. Returns the states it
+ * went through, and throws as soon as one differs from `expect` (the states of the boot that made the
+ * snapshot): first [address of a 32-byte record, table length, allocator top], then for each library
+ * [memory base, table base, table length, allocator top]. The record (malloc'd and freed here, alike in
+ * both boots) is where the loader writes a library's bases: where it placed the library is compared,
+ * not only how far the memory reaches (which moves in large steps).
  */
 function preload(module, paths, compiled, expect) {
-  const states = [loaderState(module)];
+  const record = module._malloc(32);
+  const states = [[record, ...loaderState(module)]];
   const check = (i) => {
     if (expect && String(states[i]) !== String(expect[i])) {
       throw new Error(
-        `the runtime is not in the state the snapshot was made in (table length and memory top ${states[i]}, ` +
-          `expected ${expect[i]}${i > 0 ? ` after ${paths[i - 1]}` : ''})`,
+        `the runtime is not in the state the snapshot was made in (${states[i]}, expected ${expect[i]}` +
+          `${i > 0 ? ` for ${paths[i - 1]}` : ' before the libraries'})`,
       );
     }
   };
-  check(0);
-  const settled = !Object.values(module.GOT).some((entry) => entry.value === -1);
-  paths.forEach((path, i) => {
-    const dso = module.newDSO(path, undefined, 'loading');
-    dso.refcount = Infinity;
-    dso.global = false;
-    // The same decisions in the boot that makes the snapshot and in the one that restores it: both
-    // start from the same table, so the slots come out the same either way.
-    const resolve = !settled || importsUnresolved(module, compiled[i]);
-    const flags = { global: false, nodelete: true, loadAsync: false, allowUndefined: !resolve };
-    dso.exports = module.loadWebAssemblyModule(compiled[i], flags, path, {}, undefined);
-    states.push(loaderState(module));
-    check(i + 1);
-  });
+  try {
+    check(0);
+    const settled = !Object.values(module.GOT).some((entry) => entry.value === -1);
+    paths.forEach((path, i) => {
+      const dso = module.newDSO(path, undefined, 'loading');
+      dso.refcount = Infinity;
+      dso.global = false;
+      // The same decisions in the boot that makes the snapshot and in the one that restores it: both
+      // start from the same table, so the slots come out the same either way.
+      const resolve = !settled || importsUnresolved(module, compiled[i]);
+      const flags = { global: false, nodelete: true, loadAsync: false, allowUndefined: !resolve };
+      dso.exports = module.loadWebAssemblyModule(compiled[i], flags, path, {}, record);
+      const bases = [module.HEAPU32[(record + 12) >>> 2], module.HEAPU32[(record + 20) >>> 2]];
+      states.push([...bases, ...loaderState(module)]);
+      check(i + 1);
+    });
+  } finally {
+    module._free(record);
+  }
   const table = Array.from({ length: module.wasmTable.length }, (_, i) => module.wasmTable.get(i));
   return { states, table };
 }
@@ -322,7 +333,7 @@ function siteFiles(FS, dir) {
 }
 
 /** Python restored from a decoded entry; throws if anything does not match (the caller boots afresh). */
-async function restore(dist, { header, payload, intact }, { stdout, stderr }) {
+async function restore(dist, { header, payload, intact }, pyodideOptions) {
   if (header.format !== FORMAT) throw new DamagedEntry(`it has format ${header.format}, not ${FORMAT}`);
   const file = new Map(header.files.map(([path, offset, size]) => [path, payload.subarray(offset, offset + size)]));
   const libraries = header.libraries.map((path) => {
@@ -336,11 +347,10 @@ async function restore(dist, { header, payload, intact }, { stdout, stderr }) {
   const expect = { states: header.states, memoryBytes: memory.length, intact };
   const preloading = withPreload(dist, libraries, expect);
   const py = await dist.loader.loadPyodide({
+    ...pyodideOptions(),
     indexURL: dist.index,
     createPyodideModule: preloading.create,
     _loadSnapshot: handOver(memory),
-    stdout,
-    stderr,
   });
   const module = py._module;
   for (const [handle, path] of header.handles)
