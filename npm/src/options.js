@@ -195,6 +195,7 @@ export const LOAD_OPTIONS = {
   onProgress: fn,
   signal,
   cache: flag,
+  bootCache: flag,
   sha256: recordOf(
     rule('a sha256 digest (64 hex digits)', (v) => typeof v === 'string' && /^[0-9a-fA-F]{64}$/.test(v)),
     'file name: sha256 digest (64 hex digits)',

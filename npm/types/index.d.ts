@@ -58,6 +58,30 @@ export interface Progress {
   fileTotal?: number;
   /** True when the bytes come from the cache (the browser's Cache API, Node's cache folder) rather than the network. */
   fromCache?: boolean;
+  /** How Python started ('runtime', once it has: the same as `info.boot`). */
+  boot?: BootReport;
+}
+
+/**
+ * How Python started in the worker (`info.boot`), and what the boot cache did.
+ * @example
+ * const llm = await RuvLLM.load({ model });
+ * if (llm.info.boot.note) console.warn(llm.info.boot.note); // why no snapshot was used or saved
+ */
+export interface BootReport {
+  /** 'snapshot': restored from the boot snapshot; 'fresh': a full start of Pyodide, NumPy and ruvllm. */
+  from: 'snapshot' | 'fresh';
+  /**
+   * 'restored': the snapshot was used; 'saved': this boot made one for the next; 'off': `bootCache: false`;
+   * 'unavailable': none was used or saved (`note` says why).
+   */
+  cache: 'restored' | 'saved' | 'off' | 'unavailable';
+  /** Why the snapshot was not used or not saved, or was made again (a damaged one); null when all went as planned. */
+  note: string | null;
+  /** Milliseconds from the start of the boot to Python ready (with ruvllm imported). */
+  ms: number;
+  /** Bytes of the snapshot entry read or written, or null. */
+  snapshotBytes: number | null;
 }
 
 /**
@@ -109,6 +133,17 @@ export interface LoadOptions {
    * await RuvLLM.load({ model: 'https://host/models/smollm2/', cache: false }); // always from the network
    */
   cache?: boolean;
+  /**
+   * Start Python from a boot snapshot: memory of Pyodide with NumPy and ruvllm imported, saved by the first
+   * load and restored by later ones (about 2-3 s instead of 10-20 s on a busy machine; `info.boot` says
+   * which happened). Browsers keep it in the Cache API (cache `ruvllm-boot-v1`), Node in the cache
+   * folder's `boot/` (see `cache`); about 37 MB, one per version of this package. A snapshot that is damaged
+   * is made again; one that does not restore is never tried again for this version: those loads start
+   * Python afresh and say why in `info.boot.note`. Default: `cache` (true); false neither reads nor writes one.
+   * @example
+   * await RuvLLM.load({ model, bootCache: false }); // always a full start of Python
+   */
+  bootCache?: boolean;
   /**
    * Expected sha256 (64 hex digits) of weight files, by file name; a mismatch is a 'download' error, a
    * name that is not one of the model's weight files an 'invalid_argument' error.
@@ -581,6 +616,8 @@ export interface ModelInfo {
   kernelsNote: string | null;
   /** Where chat()'s template comes from: the model's files, the built-in Gemma turn format, the chatTemplate option, or none. */
   chatTemplate: 'model' | 'built-in gemma' | 'option' | null;
+  /** How Python started: from the boot snapshot or afresh (see `LoadOptions.bootCache`). */
+  boot: BootReport;
 }
 
 /**

@@ -117,7 +117,10 @@ function stopIfAborted(signal) {
 async function withLoader(id, options, progress, signal, fill) {
   progress({ phase: 'runtime', loaded: 0, total: 0 });
   stopIfAborted(signal);
-  state.py = await startPython(options.pyodide ?? {});
+  const bootCache = options.bootCache ?? options.cache !== false; // `cache: false` writes nothing at all
+  const python = await startPython({ ...options.pyodide, bootCache });
+  state.py = python.py;
+  progress({ phase: 'runtime', loaded: 0, total: 0, boot: python.boot });
   stopIfAborted(signal);
   const kernels = await startKernels(state.py, options.kernels);
   const bridge = state.py.pyimport('ruvllm.bridge');
@@ -143,6 +146,7 @@ async function withLoader(id, options, progress, signal, fill) {
       downloadedBytes: download.total,
       fromCache: download.fromCache,
       heapBytes: heapBytes(state.py),
+      boot: python.boot, // how Python started: from the boot snapshot or afresh, and why
       kernelsNote: kernels.reason, // why 'auto' runs NumPy's kernels, if it does
       chatTemplate: state.text.chatTemplateSource, // 'model', 'built-in gemma', 'option' or null (none)
     };

@@ -1,12 +1,13 @@
 /**
- * Python in the worker: starting Pyodide, NumPy and our own wheel (shipped inside this package,
- * installed with micropip from the package's files, never from PyPI), and calling the bridge
- * (py_src/ruvllm/bridge.py, whose docstring lists the calls).
+ * Python in the worker: starting Pyodide, NumPy and our own wheel (shipped inside this package and
+ * unpacked from the package's files, never fetched from PyPI), from a boot snapshot when there is one
+ * (snapshot.js), and calling the bridge (py_src/ruvllm/bridge.py, whose docstring lists the calls).
  */
 
 import { IS_NODE } from '../env.js';
 import { RuvLLMError, unwrap } from '../errors.js';
 import { fromPython, toPython } from '../protocol.js';
+import { bootFromSnapshot, sitePackages } from './snapshot.js';
 
 export const PYODIDE_VERSION = '314.0.1';
 export const DEFAULT_INDEX_URL = `https://cdn.jsdelivr.net/pyodide/v${PYODIDE_VERSION}/full/`;
@@ -16,56 +17,126 @@ function withSlash(url) {
 }
 
 /**
- * Boot Pyodide and import `ruvllm.bridge`.
+ * Boot Pyodide with NumPy and our wheel, and import `ruvllm.bridge`. Resolves to { py, boot }: boot says
+ * how Python started ({ from: 'snapshot' | 'fresh', cache: 'restored' | 'saved' | 'off' | 'unavailable',
+ * note, ms, snapshotBytes }).
  * indexURL: a Pyodide distribution (URL, or a folder in Node). Default: in browsers the official CDN;
  * in Node the `pyodide` npm package, which fetches NumPy from the CDN on first use and caches it.
+ * bootCache: restore Python from a boot snapshot (snapshot.js), saving one on a boot without.
  */
-export async function startPython({ indexURL } = {}) {
-  let loadPyodide;
-  const index = indexURL ? withSlash(indexURL) : IS_NODE ? undefined : DEFAULT_INDEX_URL;
-  const from = index ?? 'the pyodide package';
-  try {
-    // Node: always the npm package's loader (it resolves its own Node dependencies); the runtime files
-    // come from indexURL. Browsers: the loader that sits with the runtime files.
-    ({ loadPyodide } = IS_NODE ? await import('pyodide') : await import(/* @vite-ignore */ `${index}pyodide.mjs`));
-  } catch (error) {
-    throw new RuvLLMError('load', `cannot load Pyodide from ${from}: ${error.message}`);
+export async function startPython({ indexURL, bootCache = true } = {}) {
+  const started = performance.now();
+  const dist = await findPyodide(indexURL);
+  const wheel = await ourWheel();
+  let note = null;
+  if (bootCache) {
+    const attempt = await bootFromSnapshot(dist, wheel, pyodideOptions);
+    if (attempt.py) return { py: attempt.py, boot: { ...attempt.boot, ms: performance.now() - started } };
+    note = attempt.note;
   }
   let py;
   try {
-    py = await loadPyodide({ indexURL: index, stdout: () => {}, stderr: () => {} });
+    py = await dist.loader.loadPyodide({ ...pyodideOptions(), indexURL: dist.index });
   } catch (error) {
-    throw new RuvLLMError('load', `cannot start Pyodide from ${from}: ${error.message}`);
+    throw new RuvLLMError('load', `cannot start Pyodide from ${dist.from}: ${error.message}`);
   }
-  await loadPackages(py, from);
-  await installWheel(py);
-  return py;
+  await loadNumpy(py, dist.from);
+  installWheel(py, wheel);
+  const boot = { from: 'fresh', cache: bootCache ? 'unavailable' : 'off', note, snapshotBytes: null };
+  return { py, boot: { ...boot, ms: performance.now() - started } };
 }
 
-const PACKAGES = ['numpy', 'micropip'];
+/**
+ * loadPyodide's options for every boot. Python's environment is the same wherever it runs: the
+ * C runtime copies it into memory before Python starts, so a program name or language that differs
+ * between two boots (Node's is the script's path, a browser's its language) would move everything
+ * allocated after it, and a boot snapshot made by one would not fit the other.
+ */
+function pyodideOptions() {
+  return { stdout: () => {}, stderr: () => {}, _sysExecutable: 'python', env: { LANG: 'C.UTF-8' } };
+}
 
 /**
- * Load NumPy and micropip from the distribution's lock file. Pyodide does not throw when a wheel cannot
- * be fetched: it says so through the callbacks and leaves the package out, and all that shows next is
- * "No module named 'numpy'". Its messages name the file or URL that failed, so they become the error.
+ * The Pyodide distribution: { loader (pyodide.mjs), index (loadPyodide's indexURL), from (for
+ * messages), version, read(name) (bytes of a file of it), lock() (what the snapshot needs of its lock
+ * file), createModule() (the Emscripten module factory, pyodide.asm.mjs) }.
  */
-async function loadPackages(py, from) {
+async function findPyodide(indexURL) {
+  const index = indexURL ? withSlash(indexURL) : IS_NODE ? undefined : DEFAULT_INDEX_URL;
+  const from = index ?? 'the pyodide package';
+  let loader;
+  try {
+    // Node: always the npm package's loader (it resolves its own Node dependencies); the runtime files
+    // come from indexURL. Browsers: the loader that sits with the runtime files.
+    loader = IS_NODE ? await import('pyodide') : await import(/* @vite-ignore */ `${index}pyodide.mjs`);
+  } catch (error) {
+    throw new RuvLLMError('load', `cannot load Pyodide from ${from}: ${error.message}`);
+  }
+  // The folder or URL the runtime files are read from (Node's default: the pyodide package's folder);
+  // only the boot snapshot needs it, so a failure to find it fails only that.
+  const base = distributionBase(index);
+  base.catch(() => {});
+  const read = async (name) => {
+    try {
+      return await readFrom(new URL(name, await base));
+    } catch (error) {
+      // Node's pyodide package has no NumPy until Pyodide downloads it: take it where Pyodide would.
+      if (index !== undefined || !IS_NODE) throw error;
+      return readFrom(new URL(name, DEFAULT_INDEX_URL));
+    }
+  };
+  const lock = async () => {
+    const json = JSON.parse(new TextDecoder().decode(await read('pyodide-lock.json')));
+    const numpy = json.packages?.numpy;
+    if (!numpy?.file_name || !numpy?.sha256) throw new Error('the lock file names no NumPy wheel');
+    const python = /^(\d+\.\d+)/.exec(json.info?.python ?? '')?.[1];
+    if (!python) throw new Error('the lock file names no Python version');
+    return { numpy: { fileName: numpy.file_name, sha256: numpy.sha256 }, python };
+  };
+  const createModule = async () =>
+    (await import(/* @vite-ignore */ new URL('pyodide.asm.mjs', await base).href)).default;
+  return { loader, index, from, version: loader.version, read, lock, createModule };
+}
+
+async function distributionBase(index) {
+  if (!IS_NODE) return new URL(index, globalThis.location?.href).href;
+  const { pathToFileURL } = await import('node:url');
+  if (index === undefined) return new URL('./', import.meta.resolve('pyodide')).href;
+  return /^[a-z][a-z0-9+.-]*:\/\//i.test(index) ? index : pathToFileURL(index).href + (index.endsWith('/') ? '' : '/');
+}
+
+/** The bytes at `url`: a file (Node) or fetched. */
+async function readFrom(url) {
+  if (IS_NODE && url.protocol === 'file:') {
+    const [{ readFile }, { fileURLToPath }] = await Promise.all([import('node:fs/promises'), import('node:url')]);
+    return new Uint8Array(await readFile(fileURLToPath(url)));
+  }
+  const response = await fetch(url);
+  if (!response.ok) throw new Error(`HTTP ${response.status} for ${url}`);
+  return new Uint8Array(await response.arrayBuffer());
+}
+
+/**
+ * Load NumPy from the distribution's lock file. Pyodide does not throw when a wheel cannot be fetched:
+ * it says so through the callbacks and leaves the package out, and all that shows next is "No module
+ * named 'numpy'". Its messages name the file or URL that failed, so they become the error.
+ */
+async function loadNumpy(py, from) {
   const said = [];
   const note = (message) => {
-    if (!message.startsWith('Loading ')) said.push(message); // not the "Loading numpy, micropip" preamble
+    if (!message.startsWith('Loading ')) said.push(message); // not the "Loading numpy" preamble
   };
   try {
-    await py.loadPackage(PACKAGES, { messageCallback: note, errorCallback: note });
+    await py.loadPackage(['numpy'], { messageCallback: note, errorCallback: note });
   } catch (error) {
     said.push(error.message);
   }
-  const missing = PACKAGES.filter((name) => !(name in py.loadedPackages));
-  if (missing.length > 0) {
+  if (!('numpy' in py.loadedPackages)) {
     throw new RuvLLMError(
       'load',
-      `cannot load ${missing.join(' and ')} into Pyodide from ${from}. Pyodide said:\n  ${said.join('\n  ')}\n` +
+      `cannot load numpy into Pyodide from ${from}. Pyodide said:\n  ${said.join('\n  ')}\n` +
         `To fix it, pass pyodide: { indexURL } pointing at a Pyodide ${PYODIDE_VERSION} distribution (a folder or URL) ` +
-        'that holds NumPy and micropip; docs/pyodide.md in the ruvllm repository says how to make one.',
+        'that holds NumPy; docs/pyodide.md in the ruvllm repository says how to make one.',
     );
   }
   try {
@@ -87,19 +158,21 @@ export async function readPackageFile(relative) {
   return new Uint8Array(await response.arrayBuffer());
 }
 
-async function installWheel(py) {
+/** Our wheel's bytes (shipped in this package: wheel/manifest.json names it). */
+async function ourWheel() {
   try {
     const manifest = JSON.parse(new TextDecoder().decode(await readPackageFile('../../wheel/manifest.json')));
-    const bytes = await readPackageFile(`../../wheel/${manifest.file}`);
-    const path = `/tmp/${manifest.file}`;
-    py.FS.writeFile(path, bytes);
-    const micropip = py.pyimport('micropip');
-    try {
-      await micropip.install(`emfs:${path}`);
-    } finally {
-      micropip.destroy();
-    }
-    py.FS.unlink(path);
+    return await readPackageFile(`../../wheel/${manifest.file}`);
+  } catch (error) {
+    throw new RuvLLMError('load', `cannot read the ruvllm wheel of this package: ${error.message}`);
+  }
+}
+
+/** Unpack our wheel into site-packages (it is pure Python and needs only NumPy: no installer needed). */
+function installWheel(py, wheel) {
+  try {
+    py.unpackArchive(wheel, 'wheel', { extractDir: sitePackages(py) });
+    py.pyimport('ruvllm.bridge').destroy();
   } catch (error) {
     throw new RuvLLMError('load', `cannot install the ruvllm wheel into Pyodide: ${error.message}`);
   }
