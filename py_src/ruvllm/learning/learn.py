@@ -179,11 +179,10 @@ def lesson_tokens(engine: Engine, prompt_ids, completion_ids, reward) -> tuple[l
 
 def done_with(reward: float, result: Gradients, log_prob_before: float, scored: int, margin: float = 0.0) -> bool:
     """Whether a lesson has done what it asks, judged by `result` (its Gradients now, over `scored`
-    positions): greedy decoding
-    gives a good completion (with `margin`: by that much log-probability at every position); a bad one
-    is no longer what greedy decoding gives, by NEGATIVE_MARGIN at one position at least, and the whole
-    of it is NEGATIVE_DROP less likely than before (also when sampling produced it: then it may not have
-    been the greedy answer to begin with)."""
+    positions): greedy decoding gives a good completion (with `margin`: by that much log-probability at
+    every position); a bad one is no longer what greedy decoding gives, by NEGATIVE_MARGIN at one position
+    at least, and the whole of it is NEGATIVE_DROP less likely than before (also when sampling produced
+    it: then it may not have been the greedy answer to begin with)."""
     if reward > 0:
         return result.greedy and result.margin >= margin
     drop = (log_prob_before - result.log_likelihood) * scored  # of the whole completion
