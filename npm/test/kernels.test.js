@@ -93,7 +93,7 @@ def worst_error(copies):
 
 describe('the kernels inside Pyodide', { skip: SKIP }, () => {
   test('products equal NumPy before and after the heap grows', async () => {
-    const py = await startPython({ indexURL: DIST });
+    const { py } = await startPython({ indexURL: DIST });
     const { exports } = await startKernels(py, 'wasm');
     py.globals.set('kernel_exports', exports);
     py.runPython(PRODUCTS);
