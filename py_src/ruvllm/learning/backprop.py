@@ -190,10 +190,17 @@ def base_probs(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray]
 
 
 def base_prob_units(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, positions):
-    """base_probs in two units of work, the passes and the output projection, each with the adapters
+    """base_probs in units of work, a layer each, then the output projection, each with the adapters
     bypassed while it runs only (generations may run in between)."""
-    with bypassed(weights):
-        x, _ = run_from(weights, config, inv_freq, start)  # (T, D)
+    passes = _run_from_units(weights, config, inv_freq, start)
+    while True:
+        with bypassed(weights):
+            try:
+                next(passes)
+            except StopIteration as end:
+                x, _ = end.value  # (T, D)
+                break
+        yield
     yield
     with bypassed(weights):
         return _softmax64(logits(weights, config, x[positions])).astype(np.float32)
