@@ -196,41 +196,72 @@ def test_lessons_take_their_first_step_at_once_then_learn_in_slices(folder):
     request = {"key": 7, "adapter": "a", "prompt_ids": [1, 2, 3], "completion_ids": [4, 5], "steps": 3}
     request |= {"until_greedy": False, "rehearse": 0, "keep": 0}  # three plain steps
     first = ok(handle.feedback(json.dumps(request)))
+    assert first.pop("elapsed_ms") >= 0
     assert first == {
         "key": 7,
+        "phase": "learning",
         "step": 1,
         "steps": 3,
         "rehearsed": 0,
         "version": 1,
         "done": False,
+        "applied": True,
         "cancelled": False,
+        "outcome": None,
+        "prepared": None,
+        "ahead": 0,
+        "note": None,
         "report": None,
     }
-    sliced = ok(handle.learn(json.dumps({"budget_ms": 0})))  # one step
-    assert [(p["key"], p["step"], p["done"]) for p in sliced["lessons"]] == [(7, 2, False)] and sliced["waiting"] == 1
+    sliced = ok(handle.learn(json.dumps({"budget_ms": 0})))  # one unit of work: the step is not taken yet
+    assert [(p["key"], p["step"], p["done"]) for p in sliced["lessons"]] == [(7, 1, False)] and sliced["waiting"] == 1
     last = ok(handle.learn(json.dumps({"budget_ms": None})))
     (done,) = last["lessons"]
-    assert done["done"] and done["report"]["steps"] == 3
-    assert last == {"lessons": [done], "waiting": 0, "preparing": False}
+    assert done["done"] and done["phase"] == "done" and done["report"]["steps"] == 3
+    assert done["outcome"] == done["report"]["outcome"] == "most_steps"
+    assert done["elapsed_ms"] == round(done["report"]["wall_ms"], 1) > 0
+    assert last == {"lessons": [done], "waiting": 0, "preparing": False, "prepared": None}
     names = ok(handle.adapter_names())
     assert names.pop("adapters") == [
         {"name": "a", "kind": "lora", "version": 3, "rank": 2, "alpha": 4.0, "targets": ["down_proj"], "layers": [1]}
         | {"active": True}
     ]
     assert names == {"names": ["a"], "active": "a", "versions": {"a": 3}, "learning": 0}
-    assert ok(handle.learn(json.dumps({"budget_ms": 10}))) == {"lessons": [], "waiting": 0, "preparing": False}
+    idle = {"lessons": [], "waiting": 0, "preparing": False, "prepared": None}
+    assert ok(handle.learn(json.dumps({"budget_ms": 10}))) == idle
 
     # the default adapter's projection, made in idle time before any lesson needs it
     ok(handle.set_calibration(json.dumps({"ids": list(range(3, 60))})))
     assert ok(handle.prepare_learning()) == {"preparing": True}
-    assert ok(handle.learn(json.dumps({"budget_ms": 0})))["preparing"]  # one chunk of the calibration text
-    assert ok(handle.learn(json.dumps({"budget_ms": None})))["preparing"] is False
+    one = ok(handle.learn(json.dumps({"budget_ms": 0})))  # one unit: a chunk of the calibration text, 2 layers
+    assert one["preparing"] and one["prepared"]["done"] == 1 < one["prepared"]["total"]
+    assert ok(handle.learn(json.dumps({"budget_ms": None}))) == idle
     assert ok(handle.prepare_learning()) == {"preparing": False}  # made: nothing left to do
 
-    ok(handle.feedback(json.dumps({**request, "key": 8})))
+    # the instant loop a unit at a time: the lesson's first step, then its progress in the background
+    partial = ok(handle.feedback(json.dumps({**request, "key": 8, "budget_ms": 0})))
+    assert (partial["phase"], partial["step"], partial["applied"], partial["version"]) == ("learning", 0, False, 3)
     assert "already under way" in error(handle.feedback(json.dumps({**request, "key": 8})))["message"]
-    (cancelled,) = ok(handle.cancel_learning(json.dumps({"key": 8})))["lessons"]
+    while not partial["applied"]:
+        partial = ok(handle.first_step(json.dumps({"key": 8, "budget_ms": 0})))
+    assert (partial["step"], partial["version"]) == (1, 4)
+    unknown = error(handle.first_step(json.dumps({"key": 99, "budget_ms": 0})))
+    assert unknown == {"type": "invalid_argument", "message": "no lesson with key 99 is under way"}
+    behind = ok(handle.feedback(json.dumps({**request, "key": 10})))
+    assert (behind["phase"], behind["ahead"], behind["step"]) == ("waiting", 1, 1)
+    (cancelled, waiting) = ok(handle.cancel_learning(json.dumps({"key": 8})))["lessons"]
     assert (cancelled["key"], cancelled["step"], cancelled["cancelled"], cancelled["done"]) == (8, 1, True, False)
-    assert ok(handle.adapter_names())["versions"] == {"a": 4}  # its first step stays
+    assert cancelled["phase"] == "cancelled" and (waiting["key"], waiting["phase"], waiting["ahead"]) == (
+        10,
+        "learning",
+        0,
+    )
+    assert ok(handle.adapter_names())["versions"] == {"a": 5}  # their first steps stay
+
+    # a lesson whose adapter is replaced is dropped, and says so: it was not cancelled
+    ok(handle.new_adapter(json.dumps({"name": "a", "targets": ["down_proj"], "layers": [-1]})))
+    (dropped,) = ok(handle.learn(json.dumps({"budget_ms": None})))["lessons"]
+    assert (dropped["key"], dropped["phase"], dropped["cancelled"], dropped["done"]) == (10, "dropped", False, False)
+    assert dropped["note"] == "its adapter 'a' was replaced before the lesson finished (what it taught went with it)"
     bad = error(handle.feedback(json.dumps({**request, "key": 9, "completion_ids": "x"})))
     assert bad == {"type": "invalid_argument", "message": "completion_ids must be a list of integers"}

@@ -664,14 +664,33 @@ def test_feedback_teaches_the_model_in_the_background_and_the_adapter_downloads(
     asked = len(demo.evaluate("window.__events"))
     ask(demo, "Hello")  # a new message right away: it goes before the rest of the lesson
     wait_state(demo, "ready", 60_000)
-    events = demo.evaluate("window.__events")[asked:]
+    seen = demo.evaluate("window.__events")
+    events = seen[asked:]
+    sent = next(i for i, e in enumerate(events) if e.startswith("answer: "))  # its empty answer: the request went
     first_text = next(i for i, e in enumerate(events) if e.startswith("answer: ") and e != "answer: ")
-    steps_before = [e for e in events[:first_text] if e.startswith("learning")]
-    assert len(steps_before) <= 1, f"the answer waited for {len(steps_before)} learning slices: {events[:first_text]}"
+
+    def state(said: str) -> str:  # each slice's progress changes what the panel says; the time ticks on its own
+        return re.sub(r" · \d+\.\d s$", "", said)
+
+    at_send = next(state(e) for e in reversed(seen[: asked + sent]) if e.startswith("learning"))
+    slices = {state(e) for e in events[sent:first_text] if e.startswith("learning")} - {at_send}
+    assert len(slices) <= 1, f"the answer waited for {len(slices)} learning slices: {events[sent:first_text]}"
     demo.wait_for_selector("[data-testid=learning][data-state=idle]", timeout=180_000)
     report = demo.text_content("[data-testid=learning-text]")
-    assert report.startswith("Learned (good answer): log-probability of that answer "), report
-    assert any(e.startswith("learning: Learning") for e in demo.evaluate("window.__events")[asked + first_text :])
+    learned = r"Learned \(good answer\): log-probability of that answer \S+ → \S+ in \d+ steps, \d+\.\d s\. "
+    assert re.fullmatch(learned + "Regenerate shows the difference.", report), report
+    events = demo.evaluate("window.__events")
+    assert any(e.startswith("learning: Learning") for e in events[asked + first_text :])
+    # what the panel said, from the click on: what it did and for how long, steps counting up, no cancel
+    said = [e[len("learning: ") :] for e in events if e.startswith("learning: ")]
+    doing = re.compile(
+        r"Learning from a good answer: (starting|learning, step (\d+)/20|preparing \(projection bases \d+/\d+\), "
+        r"step (\d+)/20 taken|rehearsing after step \d+/20 \(checking that the lessons so far hold; \d+ rehearsal "
+        r"steps\)|done after step \d+/20) · \d+\.\d s"
+    )
+    assert all(doing.fullmatch(e) for e in said[:-1]) and said[-1] == report, said
+    counted = [int(m.group(2) or m.group(3)) for m in map(doing.fullmatch, said[:-1]) if m.group(2) or m.group(3)]
+    assert counted == sorted(counted) and counted[0] <= 1 < counted[-1], counted
     before, after = (float(v) for v in report.split("answer ")[1].split(" in ")[0].split(" → "))
     assert after > before
     assert demo.get_attribute("[data-testid=thumbs-up] >> nth=0", "aria-pressed") == "true"
@@ -680,8 +699,14 @@ def test_feedback_teaches_the_model_in_the_background_and_the_adapter_downloads(
     wait_state(demo, "ready", 60_000)
     assert demo.text_content("#messages > li.regenerated .role") == "Model, asked again after learning"
     assert answer(demo) and first_answer
-    # a lesson cancelled keeps its steps and says so
+    # asked again while a lesson is under way: the answer does not claim to come after learning
     demo.click("[data-testid=thumbs-down] >> nth=0")
+    demo.wait_for_selector("[data-testid=learning] >> text=/step 1\\/20/", timeout=60_000)
+    demo.click("[data-testid=regenerate] >> nth=0")
+    wait_state(demo, "ready", 60_000)
+    label = demo.text_content("#messages > li.regenerated >> nth=-1 >> .role")
+    assert re.fullmatch(r"Model, asked again while learning \(step \d+/20 so far\)", label), label
+    # a lesson cancelled keeps its steps and says so
     demo.click("[data-testid=cancel-learning]")
     demo.wait_for_selector("[data-testid=learning][data-state=idle]", timeout=60_000)
     assert demo.text_content("[data-testid=learning-text]") == "Learning cancelled (the steps taken are kept)."
@@ -772,3 +797,18 @@ def test_the_page_on_a_phone(browser, base_url):
     page.evaluate("window.scrollTo(0, 0)")
     shot(page, "phone-after", full_page=False)
     context.close()
+
+
+def test_feedback_on_an_answer_the_model_already_gives_says_there_is_nothing_to_learn(demo):
+    demo.click("[data-testid=clear]")
+    demo.fill("[data-testid=max-tokens]", "48")
+    ask(demo, "What is the capital of France?")
+    wait_state(demo, "ready", 60_000)
+    demo.click("[data-testid=thumbs-up] >> nth=-1")
+    demo.wait_for_selector("[data-testid=learning][data-state=idle]", timeout=180_000)
+    text = demo.text_content("[data-testid=learning-text]")
+    expected = (
+        r"Nothing to learn \(good answer\): the model already gives this answer \(greedy decoding\); "
+        r"log-probability -\d+\.\d\d, checked in \d+\.\d s\."
+    )
+    assert re.fullmatch(expected, text), text

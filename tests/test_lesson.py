@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ruvllm.learning.backprop import entering_states
-from ruvllm.learning.learn import REHEARSAL_STEPS, AdaptOptions, Learner, LearningStatus, Lesson
+from ruvllm.learning.learn import REHEARSAL_STEPS, AdaptOptions, Learner, Lesson
 from ruvllm.learning.lora import Adapter, AdapterSet, LoRAConfig
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, Prefilling, generate_tokens
@@ -151,41 +151,209 @@ def test_an_adapter_below_the_tap_empties_the_cache(engine):
     assert first.cached_tokens == 0
 
 
-def test_the_learner_takes_steps_within_a_budget_and_can_be_cancelled(engine):
+class UnitClock:
+    """A clock that moves `ms` per unit of work done (Lesson.work, BasesJob.step), for a Learner: a budget
+    then buys a known number of units, whatever the machine."""
+
+    def __init__(self, monkeypatch, ms: float) -> None:
+        from ruvllm.learning import projection
+
+        self.units, self.ms = 0, ms
+        for cls, name in ((Lesson, "work"), (projection.BasesJob, "step")):
+            original = getattr(cls, name)
+            monkeypatch.setattr(cls, name, self.counted(original))
+
+    def counted(self, original):
+        def unit(*args):
+            self.units += 1
+            return original(*args)
+
+        return unit
+
+    def __call__(self) -> float:
+        return self.units * self.ms / 1000
+
+
+def test_the_learner_does_units_of_work_within_a_budget_and_can_be_cancelled(engine, monkeypatch):
+    clock = UnitClock(monkeypatch, ms=40)
     adapter = top_adapter(engine)
     learner = Learner(engine.wrappers)
+    learner.clock = clock
     options = plain(steps=4, lr=0.01)
     first = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, options)
     first.step()  # the instant step, taken by whoever adds the lesson
     learner.add("a", first)
     second = Lesson(engine, adapter, PROMPT[:10], [8, 9], 1.0, options)
     learner.add("a", second)
-    assert learner.status() == LearningStatus(2, 1, 4, "a", 1, 0, 0)
-    status = learner.run(budget_ms=0)  # a budget of nothing still takes one step
-    assert (status.step, status.version) == (2, 2) and first.steps == 2
+    status = learner.status()
+    assert (status.lessons, status.step, status.steps, status.adapter, status.version) == (2, 1, 4, "a", 1)
+    assert (status.phase, status.prepared, status.finished, status.cancelled) == ("learning", None, 0, 0)
+    for budget, units in ((0, 1), (100, 2), (120, 3)):  # at least one; none that would end past the budget
+        before = clock.units
+        learner.run(budget_ms=budget)
+        assert clock.units - before == units, budget
+    while first.steps == 1:
+        learner.run(budget_ms=0)
+    assert (learner.status().step, adapter.version) == (2, 2)  # a step is a few units
     status = learner.run(budget_ms=None)  # until every lesson is done
-    assert first.done and second.done and status == LearningStatus(0, 0, 0, None, 0, 2, 0)
+    assert first.done and second.done and status.lessons == 0 and status.finished == 2 and status.phase == "idle"
     assert (
         adapter.version == 8 and first.report.steps == 4 and first.report.log_prob_after > first.report.log_prob_before
     )
+    assert first.phase == "done" and first.report.outcome == "most_steps" and first.report.wall_ms > 0
 
     third = Lesson(engine, adapter, PROMPT, [3], 1.0, options)
     learner.add("a", third)
     learner.run(budget_ms=0)
     kept = {k: v.copy() for k, v in adapter.parameters()}
-    assert learner.cancel(third).lessons == 0 and learner.cancelled == 1 and not third.done
+    status = learner.cancel(third)
+    assert status.lessons == 0 and status.cancelled == 1 and not third.done and third.phase == "cancelled"
     learner.run(budget_ms=None)
     for key, value in adapter.parameters():  # what the cancelled lesson taught stays; nothing more was taught
         np.testing.assert_array_equal(value, kept[key])
 
 
-def test_a_lesson_whose_adapter_was_replaced_is_dropped(engine):
+def test_a_lesson_whose_adapter_was_replaced_is_dropped_not_cancelled(engine):
     adapter = top_adapter(engine)
     learner = Learner(engine.wrappers)
-    learner.add("a", Lesson(engine, adapter, PROMPT, [5], 1.0, plain(steps=3)))
+    lesson = Lesson(engine, adapter, PROMPT, [5], 1.0, plain(steps=3))
+    learner.add("a", lesson)
     top_adapter(engine)  # a new adapter under the same name
     status = learner.run(budget_ms=None)
-    assert status.cancelled == 1 and status.finished == 0 and adapter.version == 0
+    assert (status.dropped, status.cancelled, status.finished, adapter.version) == (1, 0, 0, 0)
+    assert lesson.phase == "dropped" and not lesson.done
+
+
+class Work:
+    """The work each unit does, recorded: token-layers of forward (through run_layers) and rows of the
+    output projection's softmax."""
+
+    def __init__(self, monkeypatch) -> None:
+        from ruvllm.learning import backprop, projection
+        from ruvllm.model import forward
+
+        self.units: list[dict] = [{"token_layers": 0, "rows": 0}]
+        run_layers, softmax = forward.run_layers, backprop._softmax64
+
+        def counted_layers(weights, config, inv_freq, x, batch, layers, tape=None):
+            self.units[-1]["token_layers"] += len(x) * len(layers)
+            return run_layers(weights, config, inv_freq, x, batch, layers, tape)
+
+        def counted_rows(logits):
+            self.units[-1]["rows"] += len(logits)
+            return softmax(logits)
+
+        for module in (backprop, projection):
+            monkeypatch.setattr(module, "run_layers", counted_layers)
+        monkeypatch.setattr(backprop, "_softmax64", counted_rows)
+
+    def unit(self, work) -> object:
+        """Run one unit (`work()`), its work recorded apart."""
+        self.units.append({"token_layers": 0, "rows": 0})
+        return work()
+
+    def most(self, key: str) -> int:
+        return max(u[key] for u in self.units[1:])
+
+
+def test_each_unit_of_a_lesson_does_a_bounded_share_of_its_work(engine, monkeypatch):
+    """A long lesson's work is cut into units: no unit runs more than one layer over the lesson's tokens
+    (or LESSON_WORK token-layers below the adapter) or more than LOGIT_ROWS rows of the output
+    projection, and its steps are the same as those of a lesson stepped whole."""
+    from ruvllm.learning import backprop, learn
+
+    options = AdaptOptions(steps=2, lr=0.01, until_greedy=False, rehearse=1, keep=10.0, project=0.0)
+    completion = [int(t) for t in np.random.default_rng(8).integers(3, 128, 30)]  # 20 + 30 tokens
+    twin = copy.deepcopy(top_adapter(engine, "twin"))
+    monkeypatch.setattr(backprop, "LOGIT_ROWS", 10**6)
+    monkeypatch.setattr(learn, "LESSON_WORK", 10**6)
+    whole = Lesson(engine, twin, PROMPT, completion, 1.0, options)
+    engine.wrappers.add("twin", twin)
+    engine.wrappers.activate("twin")
+    whole.run()  # the reference: all rows in one product, all layers below the adapter in one unit
+
+    monkeypatch.setattr(backprop, "LOGIT_ROWS", 8)  # (as many as the kept predictions, made in a unit)
+    monkeypatch.setattr(learn, "LESSON_WORK", 60)
+    work = Work(monkeypatch)
+    adapter = top_adapter(engine)
+    lesson = Lesson(engine, adapter, PROMPT, completion, 1.0, options)
+    while not lesson.done:
+        work.unit(lesson.work)
+    T = len(lesson.tokens) - 1  # (the last token is never fed)
+    assert work.most("token_layers") <= max(60, T) and work.most("rows") <= 8 < 30 + 8  # (38 rows a pass)
+    assert len(work.units) > 4 * (lesson.steps + lesson.rehearsed + 1)  # several units a pass
+    assert sum(u["token_layers"] for u in work.units) >= 3 * T  # the forward below the adapter is in them
+    assert lesson.report.steps == whole.report.steps == 2
+    for (key, a), (_, b) in zip(adapter.parameters(), twin.parameters(), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6, err_msg=key)
+
+
+def test_a_projection_job_advances_in_units_of_bounded_work_and_reports_its_progress(engine, monkeypatch):
+    from ruvllm.learning import projection
+
+    monkeypatch.setattr(projection, "CALIBRATION_PIECE", 40)
+    monkeypatch.setattr(projection, "PROJECTION_WORK", 14)  # chunks of 7 tokens: 2 layers a unit
+    monkeypatch.setattr(projection, "GRAM_COLUMNS", 16)
+    monkeypatch.setattr(projection, "BASIS_BLOCK", 8)
+    work = Work(monkeypatch)
+    ids = [int(t) for t in np.random.default_rng(3).integers(3, 128, 70)]
+    modules = ["model.layers.2.mlp.down_proj", "model.layers.3.self_attn.q_proj"]
+    job = projection.BasesJob(engine, modules, ids, 0.9, chunk=7)
+    progress = [job.progress]
+    while not work.unit(job.step):
+        progress.append(job.progress)
+    assert work.most("token_layers") <= 14 and job.progress == (job.total, job.total)
+    assert [done for done, _ in progress] == list(range(job.total)) and {t for _, t in progress} == {job.total}
+    # the Gram matrices made; 40 tokens in chunks of 7 and 30 more, each through 4 layers 2 at a time: 2
+    # units; each module's Gram block of 16 columns a unit; an eigendecomposition a module, the basis of
+    # the T x T one a unit per 8 of its 70 possible columns; the last unit hands the bases over
+    chunks = [(at, min(at + 7, 40 if at < 40 else 70)) for at in [*range(0, 40, 7), *range(40, 70, 7)]]
+    gram = sum(-(-stop // 16) + -(-64 // 16) for _, stop in chunks)
+    assert job.total == 1 + 2 * len(chunks) + gram + 2 + -(-70 // 8) + 1
+
+
+def test_the_status_says_what_a_lesson_waits_for_and_how_far_it_got(engine, monkeypatch):
+    """A fresh adapter's lesson: its instant step runs unprojected ("learning", step 1), then it waits for
+    the projection job ("preparing", with the job's units), then learns and rehearses ("learning" step
+    2, "rehearsing") and is done; elapsed wall time and phase all along."""
+    engine.calibration_ids = PROMPT * 3
+    adapter = top_adapter(engine)
+    learner = Learner(engine.wrappers, engine)
+    lesson = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, plain(steps=3, project=0.99, rehearse=1))
+    lesson.defer_projection = True
+    assert lesson.phase == "learning" and not lesson.applied
+    lesson.step()
+    assert lesson.applied and lesson.steps == 1 and lesson.phase == "preparing"
+    learner.add("a", lesson)
+    seen = []
+    while not lesson.done:
+        status = learner.run(budget_ms=0)
+        seen.append((status.phase, status.step, status.prepared and status.prepared[1]))
+        assert status.elapsed_ms >= 0 and (status.phase == "preparing") == (status.prepared is not None)
+    total = lesson.job.total
+    phases = [phase for phase, *_ in seen]
+    assert phases[0] == "preparing" and phases[-1] == "idle" and "rehearsing" in phases
+    assert [p for i, p in enumerate(phases) if i == 0 or phases[i - 1] != p] == [
+        "preparing",
+        "learning",
+        "rehearsing",
+        "idle",
+    ]
+    assert {t for phase, _, t in seen if phase == "preparing"} == {total}
+    assert max(step for phase, step, _ in seen if phase == "preparing") == 1  # no step taken while preparing
+    assert lesson.report.outcome == "most_steps" and lesson.report.wall_ms >= lesson.report.step_ms
+
+
+def test_a_lesson_on_what_greedy_decoding_already_gives_says_there_was_nothing_to_learn(engine):
+    adapter = top_adapter(engine)
+    answer, _ = run(engine, PROMPT, engine.new_cache())
+    options = AdaptOptions(keep=0.0, project=0.0)  # until greedy decoding reproduces it (the default)
+    lesson = Lesson(engine, adapter, PROMPT, answer, 1.0, options)
+    lesson.step()  # the instant step: the check finds nothing to learn
+    assert lesson.applied and lesson.steps == 0 and lesson.outcome == "already" and lesson.phase == "rehearsing"
+    lesson.run()
+    assert lesson.report.steps == 0 and lesson.report.outcome == "already" and adapter.version == 0
+    assert lesson.report.log_prob_after == lesson.report.log_prob_before
 
 
 def test_a_lesson_rehearses_the_earlier_ones_and_the_adapter_remembers_them(engine, tmp_path):
@@ -209,13 +377,13 @@ def test_a_lesson_rehearses_the_earlier_ones_and_the_adapter_remembers_them(engi
 def test_every_step_keeps_the_base_model_s_predictions_on_the_prompt(engine, monkeypatch):
     from ruvllm.learning import learn
 
-    seen, original = [], learn.adapter_gradients
+    seen, original = [], learn.adapter_gradient_units
 
     def recording(engine, adapter, tokens, scored, reward, start=None, keep=None):
         seen.append(None if keep is None else list(keep.positions))
         return original(engine, adapter, tokens, scored, reward, start, keep)
 
-    monkeypatch.setattr(learn, "adapter_gradients", recording)
+    monkeypatch.setattr(learn, "adapter_gradient_units", recording)
     adapter = top_adapter(engine)
     Lesson(engine, adapter, PROMPT, [5, 6], 1.0, plain(steps=2, lr=0.01, keep=10.0)).run()
     spread = [int(p) for p in np.linspace(0, len(PROMPT) - 2, 8).astype(int)]  # 8 of the prompt's positions
@@ -312,9 +480,7 @@ def test_the_bases_made_a_chunk_at_a_time_equal_those_of_whole_pieces(engine, mo
     steps = 1
     while not job.step():
         steps += 1
-    # 40 tokens in 6 chunks of at most 7, 30 in 5; an eigendecomposition per module, and for the one
-    # with more inputs than the text has tokens a block of its basis; then the step that ends the job
-    assert steps == 6 + 5 + 2 + 1 + 1
+    assert steps == job.total == job.units
     inputs = {name: [] for name in modules}
     for begin in (0, 40):
         entering = entering_states(engine.weights, engine.config, engine.inv_freq, ids[begin : begin + 40], 2)

@@ -251,7 +251,7 @@ function addMessage(role, text) {
   item.className = role;
   const label = document.createElement('span');
   label.className = 'role';
-  label.textContent = role === 'user' ? 'You' : role === 'assistant' ? 'Model' : 'Model, asked again after learning';
+  label.textContent = role === 'user' ? 'You' : role === 'assistant' ? 'Model' : regeneratedLabel();
   const body = document.createElement('div');
   body.className = 'text';
   body.textContent = text;
@@ -432,53 +432,114 @@ function copyButton(text) {
   return button;
 }
 
-/** Lessons under way: each one's AbortController (Cancel aborts them all). */
+/**
+ * Lessons under way, oldest first: { kind, started (performance.now()), progress (the last one, or null),
+ * controller (Cancel aborts them all), cancelled (Cancel was pressed) }. The panel shows the oldest.
+ */
 const lessons = new Set();
+let learnedSteps = 0; // optimizer steps of the lessons finished (or cancelled) so far
+let ticking = null; // the timer that keeps the elapsed time current
+const adapters = new WeakMap(); // per loaded model: the promise of its feedback adapter (made once)
 
 /**
  * Teach the adapter that `reply` to `messages` was good (reward 1) or bad (-1). The first step lands at
  * once; the rest runs in the worker's idle time, so the page stays usable: a new message goes first and
- * learning resumes after it. The indicator shows the steps and offers Cancel.
+ * learning resumes after it. The panel says what the lesson is doing and for how long, and offers Cancel.
  */
 async function learn(messages, reply, reward, button) {
-  const kind = reward > 0 ? 'good' : 'bad';
-  const lesson = new AbortController();
+  const lesson = { kind: reward > 0 ? 'good' : 'bad', started: performance.now(), progress: null };
+  lesson.controller = new AbortController();
+  lesson.cancelled = false;
   lessons.add(lesson);
   button.setAttribute('aria-pressed', 'true');
-  showLearning(`Learning from a ${kind} answer…`);
+  showLessons();
   try {
-    if (!adapterReady) await llm.newAdapter(ADAPTER_CONFIG);
+    if (!adapters.has(llm)) adapters.set(llm, llm.newAdapter(ADAPTER_CONFIG)); // once, however fast the clicks
+    await adapters.get(llm);
     adapterReady = true;
     ui.useAdapter.checked = true;
     setStatus(ui.status.dataset.state, ui.status.textContent); // the adapter's controls are usable now
     const onProgress = (p) => {
-      const waiting = lessons.size > 1 ? ` (${lessons.size - 1} more waiting)` : '';
-      showLearning(`Learning from a ${kind} answer… step ${p.step}/${p.steps}${waiting}`);
+      lesson.progress = p;
+      showLessons();
     };
     const report = await llm.adapt(
       { messages, completion: reply, reward, adapter: ADAPTER },
-      { signal: lesson.signal, onProgress },
+      { signal: lesson.controller.signal, onProgress },
     );
-    const seconds = ((report.stepMs * report.steps) / 1000).toFixed(1);
-    ui.learningText.textContent = `Learned (${kind} answer): log-probability of that answer ${report.logProbBefore.toFixed(2)} → ${report.logProbAfter.toFixed(2)} in ${report.steps} steps, ${seconds} s. Regenerate shows the difference.`;
+    learnedSteps += report.steps;
+    ui.learningText.textContent = reportText(lesson.kind, report);
   } catch (error) {
-    if (error.name === 'AbortError') ui.learningText.textContent = 'Learning cancelled (the steps taken are kept).';
+    if (error.name === 'AbortError' && lesson.cancelled) {
+      learnedSteps += lesson.progress?.step ?? 0;
+      ui.learningText.textContent = 'Learning cancelled (the steps taken are kept).';
+    } else if (/^learning stopped: /.test(error.message ?? ''))
+      ui.learningText.textContent = `Learning stopped: ${error.message.slice('learning stopped: '.length)}.`;
     else setStatus('error', describe(error, 'while learning'));
   } finally {
     lessons.delete(lesson);
-    ui.learning.dataset.state = lessons.size ? 'learning' : 'idle';
-    ui.cancelLearning.hidden = lessons.size === 0;
+    if (lessons.size) showLessons();
+    else {
+      clearInterval(ticking);
+      ticking = null;
+      ui.learning.dataset.state = 'idle';
+      ui.cancelLearning.hidden = true;
+    }
   }
 }
 
-function showLearning(text) {
+const seconds = (ms) => `${(ms / 1000).toFixed(1)} s`;
+
+/** What a lesson under way is doing (LearningProgress), and for how long: `elapsedMs` since it was given. */
+function lessonText({ kind, progress: p }, elapsedMs) {
+  const doing = `Learning from a ${kind} answer`;
+  const time = seconds(elapsedMs);
+  if (p === null) return `${doing}: starting · ${time}`;
+  if (p.phase === 'waiting')
+    return `${doing}: waiting for ${p.ahead} earlier lesson${p.ahead === 1 ? '' : 's'} · ${time}`;
+  if (p.phase === 'preparing')
+    return `${doing}: preparing (projection bases ${p.prepared.done}/${p.prepared.total}), step ${p.step}/${p.steps} taken · ${time}`;
+  if (p.outcome === 'already')
+    return `Nothing to learn from this ${kind} answer: the model already gives it (greedy decoding); checking earlier lessons · ${time}`;
+  if (p.phase === 'rehearsing')
+    return `${doing}: rehearsing after step ${p.step}/${p.steps} (checking that the lessons so far hold; ${p.rehearsed} rehearsal steps) · ${time}`;
+  if (p.phase === 'done') return `${doing}: done after step ${p.step}/${p.steps} · ${time}`; // (its report follows)
+  return `${doing}: learning, step ${p.step}/${p.steps} · ${time}`;
+}
+
+/** A finished lesson's report (AdaptReport), in words. */
+function reportText(kind, report) {
+  const before = report.logProbBefore.toFixed(2);
+  if (report.outcome === 'already')
+    return `Nothing to learn (${kind} answer): the model already gives this answer (greedy decoding); log-probability ${before}, checked in ${seconds(report.wallMs)}.`;
+  const after = report.logProbAfter.toFixed(2);
+  return `Learned (${kind} answer): log-probability of that answer ${before} → ${after} in ${report.steps} steps, ${seconds(report.wallMs)}. Regenerate shows the difference.`;
+}
+
+/** The oldest lesson under way in the panel, with the time since it was given (kept current). */
+function showLessons() {
+  const [oldest] = lessons;
+  if (!oldest) return;
+  const more = lessons.size > 1 ? ` (${lessons.size - 1} more waiting)` : '';
   ui.learning.dataset.state = 'learning';
-  ui.learningText.textContent = text;
+  ui.learningText.textContent = lessonText(oldest, performance.now() - oldest.started) + more;
   ui.cancelLearning.hidden = false;
+  ticking ??= setInterval(showLessons, 1000);
+}
+
+/** The label of an answer asked again: after learning only when no lesson is under way. */
+function regeneratedLabel() {
+  const [oldest] = lessons;
+  const p = oldest?.progress;
+  if (oldest) return `Model, asked again while learning${p ? ` (step ${p.step}/${p.steps} so far)` : ''}`;
+  return learnedSteps ? 'Model, asked again after learning' : 'Model, asked again';
 }
 
 ui.cancelLearning.addEventListener('click', () => {
-  for (const lesson of lessons) lesson.abort();
+  for (const lesson of lessons) {
+    lesson.cancelled = true;
+    lesson.controller.abort();
+  }
 });
 
 ui.download.addEventListener('click', async () => {

@@ -37,7 +37,7 @@ export async function learningScenario(llm, config, lesson = {}) {
   let firstUpdateMs;
   const report = await llm.adapt(
     { messages, completion: answer.text, reward: 1, adapter: 'bench', ...lesson },
-    { onProgress: () => (firstUpdateMs ??= performance.now() - started) },
+    { onProgress: (p) => p.applied && (firstUpdateMs ??= performance.now() - started) },
   );
   const lessonMs = performance.now() - started;
   const after = await turn(llm, next);
@@ -45,7 +45,7 @@ export async function learningScenario(llm, config, lesson = {}) {
   let secondUpdateMs;
   await llm.adapt(
     { messages: next, completion: after.text, reward: 1, adapter: 'bench', ...lesson },
-    { onProgress: () => (secondUpdateMs ??= performance.now() - again) },
+    { onProgress: (p) => p.applied && (secondUpdateMs ??= performance.now() - again) },
   );
   return {
     second_lesson_first_update_ms: secondUpdateMs,

@@ -253,9 +253,11 @@ export class RuvLLM {
    *
    * The first step is taken at once (the next answer already differs); the others run in the worker's
    * idle time, a slice at a time, so generation requests made meanwhile start within one slice and
-   * learning resumes after them. `onProgress({ step, steps, version, done })` follows every slice; the
-   * promise resolves with the report when the lesson is done. Aborting `signal` cancels the rest of
-   * the lesson (the steps taken stay) and rejects with an AbortError.
+   * learning resumes after them. `onProgress({ phase, step, steps, elapsedMs, prepared, outcome, ... })`
+   * follows every slice (LearningProgress says what each means); the promise resolves with the report
+   * when the lesson is done. Aborting `signal` cancels the rest of the lesson (the steps taken stay)
+   * and rejects with an AbortError; a lesson whose adapter is replaced meanwhile rejects with a
+   * RuvLLMError saying so.
    * @param {import('../types/index.d.ts').Feedback} feedback
    * @param {import('../types/index.d.ts').AdaptOptions} [options]
    * @returns {Promise<import('../types/index.d.ts').AdaptReport>}
@@ -274,7 +276,7 @@ export class RuvLLM {
     let report = null;
     for await (const event of this.#request({ type: 'adapt', feedback }, signal, 'learning cancelled')) {
       if (event.type === 'learning') {
-        const { key: _, report: __, cancelled: ___, ...progress } = event.progress;
+        const { key: _, report: __, cancelled: ___, note: ____, ...progress } = event.progress;
         onProgress?.(progress);
       } else if (event.type === 'result') report = event.result;
     }

@@ -41,8 +41,10 @@
  *   { type: 'result',   id, result }                      the answer to 'tokenize', 'cache_stats' or an adapter
  *                                                         request; for 'completion' the whole OpenAI answer
  *                                                         (chat.completion or text_completion), streamed or not
- *   { type: 'learning', id, progress }                    adapt: { key, step, steps, version, done, cancelled,
- *                                                         report } after the first step and each slice
+ *   { type: 'learning', id, progress }                    adapt: { key, phase, step, steps, rehearsed, version,
+ *                                                         done, applied, cancelled, outcome, elapsedMs,
+ *                                                         prepared, ahead, note, report } after each slice
+ *                                                         (py_src/ruvllm/bridge.py says what each means)
  *   { type: 'done',     id }                              a request finished (after its last chunk)
  *   { type: 'error',    id, error: { type, message } }    a request failed; type 'abort' for aborts
  */
@@ -122,6 +124,8 @@ export const PYTHON_NAMES = Object.freeze({
   rehearsalSteps: 'rehearsal_steps',
   untilGreedy: 'until_greedy',
   budgetMs: 'budget_ms',
+  elapsedMs: 'elapsed_ms',
+  wallMs: 'wall_ms',
 });
 
 const JS_NAMES = Object.freeze(Object.fromEntries(Object.entries(PYTHON_NAMES).map(([js, py]) => [py, js])));

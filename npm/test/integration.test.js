@@ -350,6 +350,7 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
     try {
       await llm.newAdapter({ name: 'bg' });
       const events = [];
+      const progress = [];
       let stepped;
       const firstStep = new Promise((resolve) => (stepped = resolve));
       const feedback = {
@@ -361,12 +362,18 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
       };
       const lesson = llm.adapt(feedback, {
         onProgress: (p) => {
+          progress.push(p);
           events.push({ learning: p.step, version: p.version });
-          stepped();
+          if (p.applied) stepped();
         },
       });
       await firstStep; // applied: the next answer already uses it
-      assert.deepEqual(events, [{ learning: 1, version: 1 }]);
+      // the instant loop: its first step a slice at a time, each slice's progress told, then the step
+      assert.deepEqual(events.at(-1), { learning: 1, version: 1 });
+      assert.ok(
+        progress.slice(0, -1).every((p) => p.phase === 'learning' && p.step === 0 && !p.applied),
+        JSON.stringify(progress),
+      );
       const asked = events.length;
       for await (const chunk of llm.generate('Hello', { maxTokens: 3, temperature: 0 }))
         events.push({ chunk: chunk.text });
@@ -380,6 +387,27 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
       );
       assert.equal(report.steps, 8);
       assert.ok(report.logProbAfter > report.logProbBefore, JSON.stringify(report));
+      // what it did, in order: its first step (the instant loop); the fresh adapter's projection made
+      // (its job started at load), counted in units; its other steps; the rehearsal; done. Never
+      // cancelled; the wall time grows.
+      const applied = progress.slice(progress.findIndex((p) => p.applied));
+      const phases = applied.map((p) => p.phase).filter((phase, i, all) => i === 0 || all[i - 1] !== phase);
+      assert.deepEqual(phases, ['preparing', 'learning', 'rehearsing', 'done']);
+      const preparing = applied.filter((p) => p.phase === 'preparing');
+      assert.ok(
+        preparing.every(
+          (p, i) =>
+            p.step === 1 &&
+            p.prepared.done < p.prepared.total &&
+            (i === 0 || p.prepared.done > preparing[i - 1].prepared.done),
+        ),
+        JSON.stringify(preparing.map((p) => p.prepared)),
+      );
+      const steps = applied.map((p) => p.step);
+      assert.ok(steps.every((step, i) => i === 0 || step >= steps[i - 1]) && steps.at(-1) === 8, `${steps}`);
+      assert.ok(new Set(applied.filter((p) => p.phase === 'learning').map((p) => p.step)).size > 1, `${steps}`);
+      assert.ok(progress.every((p, i) => i === 0 || p.elapsedMs >= progress[i - 1].elapsedMs));
+      assert.ok(report.wallMs >= progress.at(-2).elapsedMs && report.outcome === 'most_steps', JSON.stringify(report));
       const versions = { bg: 8 + report.rehearsalSteps }; // every optimizer step, rehearsal ones included
       const { adapters: described, ...listed } = await llm.adapters();
       assert.deepEqual(listed, { names: ['bg'], active: 'bg', versions, learning: 0 });
@@ -392,7 +420,7 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
       const controller = new AbortController();
       const long = llm.adapt(
         { ...feedback, completion: ' GREEN-7.', steps: 500 },
-        { signal: controller.signal, onProgress: () => controller.abort() },
+        { signal: controller.signal, onProgress: (p) => p.applied && controller.abort() },
       );
       await assert.rejects(long, (e) => e instanceof AbortError && e.message === 'learning cancelled');
       const after = await llm.adapters();
@@ -400,6 +428,31 @@ describe('MicroLoRA in Pyodide under Node', { skip: SKIP }, () => {
       assert.ok(after.versions.bg > versions.bg && after.versions.bg < versions.bg + 12, JSON.stringify(after));
       await new Promise((resolve) => setTimeout(resolve, 300));
       assert.deepEqual(await llm.adapters(), after); // nothing learned since
+    } finally {
+      await llm.dispose();
+    }
+  });
+
+  test('a lesson on what greedy decoding already gives takes no step and says why, at once', async () => {
+    const llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE });
+    try {
+      const prompt = 'The capital of France is';
+      // one token: a longer answer may hold a near tie that the lesson's products (many rows at once)
+      // round the other way than decoding's (a row at a time)
+      const answer = (await collect(llm.generate(prompt, { temperature: 0, maxTokens: 1 }))).map((c) => c.text);
+      const progress = [];
+      const report = await llm.adapt(
+        { prompt, completion: answer.join(''), adapter: 'fresh' },
+        { onProgress: (p) => progress.push(p) },
+      );
+      assert.equal(report.steps, 0);
+      assert.equal(report.outcome, 'already');
+      assert.ok(Math.abs(report.logProbAfter - report.logProbBefore) < 1e-3, JSON.stringify(report)); // (rounding)
+      const applied = progress.find((p) => p.applied);
+      // told as soon as the first check is done, and it does not wait for the fresh adapter's projection
+      assert.deepEqual([applied.phase, applied.step, applied.outcome], ['rehearsing', 0, 'already']);
+      assert.ok(!progress.some((p) => p.phase === 'preparing' || p.phase === 'cancelled'), JSON.stringify(progress));
+      assert.deepEqual((await llm.adapters()).versions, { fresh: 0 });
     } finally {
       await llm.dispose();
     }

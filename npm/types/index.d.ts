@@ -658,13 +658,49 @@ export interface AdaptOptions {
   onProgress?: (progress: LearningProgress) => void;
 }
 
+/**
+ * What a lesson is doing:
+ * - 'waiting': behind `ahead` other lessons;
+ * - 'preparing': its next step waits for a fresh adapter's projection bases (made once per model from a
+ *   calibration text), `prepared.done` of `prepared.total` units of work made;
+ * - 'learning': optimizer steps on it, `step` of at most `steps`;
+ * - 'rehearsing': its steps are over (`outcome` says why); earlier lessons are checked, and stepped
+ *   (`rehearsed`) where they no longer hold;
+ * - 'done': its report follows.
+ */
+export type LearningPhase = 'waiting' | 'preparing' | 'learning' | 'rehearsing' | 'done';
+
+/**
+ * Why a lesson's steps ended: 'already' (a good answer greedy decoding already gives: nothing to learn),
+ * 'learned' (greedy decoding gives a good answer now), 'unlearned' (no longer gives a bad one),
+ * 'most_steps' (it took the most steps it may).
+ */
+export type LearningOutcome = 'already' | 'learned' | 'unlearned' | 'most_steps';
+
+/**
+ * @example onProgress: (p) => (label.textContent = p.phase === 'preparing'
+ *   ? `preparing ${p.prepared.done}/${p.prepared.total}` : `${p.phase} step ${p.step}/${p.steps}`)
+ */
 export interface LearningProgress {
+  phase: LearningPhase;
   /** Steps taken so far, and the most the lesson takes. */
   step: number;
   steps: number;
+  /** Steps taken on earlier lessons while rehearsing them. */
+  rehearsed: number;
   /** The adapter's version (bumped by every step): answers from now on use it. */
   version: number;
   done: boolean;
+  /** Whether the first step is taken (or was found not to be needed): the next answer uses it. */
+  applied: boolean;
+  /** Why its steps ended, once known (from the first check on, for 'already'). */
+  outcome: LearningOutcome | null;
+  /** Wall time since the lesson was given (waiting and preparing included), in ms. */
+  elapsedMs: number;
+  /** While 'preparing': the projection bases' units of work made, and in all. */
+  prepared: { done: number; total: number } | null;
+  /** While 'waiting': lessons before it. */
+  ahead: number;
 }
 
 export interface AdaptReport {
@@ -676,6 +712,9 @@ export interface AdaptReport {
   stepMs: number;
   /** Steps on earlier lessons, rehearsed after this one so that they stay learned. */
   rehearsalSteps: number;
+  /** Wall time from the lesson's start to its end (waiting and preparing included), in ms. */
+  wallMs: number;
+  outcome: LearningOutcome;
 }
 
 export interface AdapterList {

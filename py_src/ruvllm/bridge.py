@@ -39,9 +39,12 @@ over Python objects instead: `take_engine()` and `take_files()`.
     EngineHandle.cache_stats()                     -> {hot_positions, hot_bytes, cold_positions, ...}
     EngineHandle.new_adapter({name, rank, alpha, targets, layers}), adapt({adapter, prompt_ids,
                              completion_ids, reward, steps, lr}), set_adapter({name}), adapter_names()
-    EngineHandle.feedback({key, adapter, prompt_ids, ...})  -> a lesson's progress after its first step
-    EngineHandle.learn({budget_ms})                -> {lessons: [progress], waiting, preparing}: the background
-                                                      loop (a projection being made comes first)
+    EngineHandle.feedback({key, adapter, prompt_ids, ..., budget_ms})  -> a lesson's progress, its first step
+                                                      (the instant loop) taken for about budget_ms (null: all)
+    EngineHandle.first_step({key, budget_ms})      -> its progress, the first step taken further
+    EngineHandle.learn({budget_ms})                -> {lessons: [progress], waiting, preparing, prepared}: the
+                                                      background loop (a lesson's projection job before its
+                                                      next step; with no lesson, the default adapter's)
     EngineHandle.prepare_learning()                -> {preparing}: the default adapter's projection, queued
     EngineHandle.cancel_learning({key})            -> the same, the lesson `key` (null: all) dropped
     EngineHandle.calibration_text(), set_calibration({ids})  the calibration text, tokenized in JavaScript
@@ -49,6 +52,13 @@ over Python objects instead: `take_engine()` and `take_files()`.
     EngineHandle.load_mixture({name}, adapter_config.json, router bytes, *each expert's config and weights)
     EngineHandle.mix_adapters({name, experts, top_k, depth, size, layerwise, temperature}): X-LoRA
     EngineHandle.adapter_files({name})             -> {files: [file names]}; take_files() -> {name: bytes}
+
+A lesson's progress: {key, phase, step, steps, rehearsed, version, done, applied, cancelled, outcome,
+elapsed_ms, prepared, ahead, note, report}. phase: "waiting" (behind `ahead` other lessons), "preparing"
+(its next step waits for the projection job: `prepared` {done, total} units), "learning", "rehearsing",
+"done", "cancelled" (cancel_learning) or "dropped" (its adapter was replaced: `note` says so); applied:
+its first step is taken (or was found not to be needed); outcome: why its steps ended (AdaptReport.outcome:
+"already" is a good answer greedy decoding already gives, nothing to learn), once known.
 
 Weight files arrive chunk by chunk: each chunk is copied once, straight into a NumPy buffer the engine
 then reads without copying (`PieceBuffer`). A JS typed array arrives as a Pyodide JsProxy whose
@@ -324,7 +334,8 @@ class EngineHandle:
         self.response: Response | None = None  # with start_completion: the OpenAI answer being built
         self._outgoing: dict[str, bytes] = {}  # adapter_files, until take_files()
         self.learner = Learner(self.adapters, engine)  # lessons learned in the worker's idle time
-        self.lessons: dict[object, Lesson | RouteLesson] = {}  # under way, by the key JavaScript gave (its request id)
+        # under way, by the key JavaScript gave (its request id): (the adapter's name, the lesson)
+        self.lessons: dict[object, tuple[str, Lesson | RouteLesson]] = {}
 
     @_json_result
     def start(self, request_json: str) -> dict:
@@ -452,27 +463,46 @@ class EngineHandle:
 
     @_json_result
     def feedback(self, request_json: str) -> dict:
-        """request: {key, adapter, prompt_ids, completion_ids, reward, steps, lr}: a lesson whose first step
-        is taken now (the instant loop); `learn` calls take the others. Returns its progress."""
+        """request: {key, adapter, prompt_ids, completion_ids, reward, steps, lr, ..., budget_ms}: a lesson
+        whose first step is taken now (the instant loop), for about budget_ms (null: the whole of it);
+        `first_step` calls take the rest of it, `learn` calls the other steps. Returns its progress."""
         r = _request(request_json)
-        key = r.get("key")
+        key, name = r.get("key"), r.get("adapter") or "default"
         if key in self.lessons:
             raise InvalidArgumentError(f"a lesson with key {key!r} is already under way")
         lesson = self._lesson(r)
         lesson.defer_projection = True  # a fresh adapter's projection is made in idle time, not now
-        with self.engine.lock:
-            lesson.step()
-        if not lesson.done:
-            self.learner.add(r.get("adapter") or "default", lesson)
-            self.lessons[key] = lesson
-        return self._progress(key, lesson)
+        self.learner.add(name, lesson)
+        self.lessons[key] = (name, lesson)
+        return self._first_step(key, r.get("budget_ms"))
+
+    @_json_result
+    def first_step(self, request_json: str) -> dict:
+        """request: {key, budget_ms}: more of lesson `key`'s first step (the instant loop). Returns its progress."""
+        r = _request(request_json)
+        if r.get("key") not in self.lessons:
+            raise InvalidArgumentError(f"no lesson with key {r.get('key')!r} is under way")
+        return self._first_step(r.get("key"), r.get("budget_ms"))
+
+    def _first_step(self, key: object, budget_ms: float | None) -> dict:
+        _, lesson = self.lessons[key]
+        if lesson.ended is None:
+            self.learner.first_step(lesson, budget_ms)
+        progress = self._progress(key)
+        if lesson.done or lesson.ended is not None:
+            del self.lessons[key]
+        return progress
 
     @_json_result
     def learn(self, request_json: str) -> dict:
-        """request: {budget_ms}: steps of the waiting lessons for about that long (at least one). Returns
-        {"lessons": the progress of each lesson under way, finished or cancelled since, "waiting"}."""
+        """request: {budget_ms}: units of work of the waiting lessons for about that long (at least one).
+        Returns {"lessons": the progress of each lesson under way, finished, cancelled or dropped since,
+        "waiting", "preparing", "prepared": the job's units done and in all, or null}."""
         status = self.learner.run(_request(request_json).get("budget_ms"))
-        return {"lessons": self._report_lessons(), "waiting": status.lessons, "preparing": status.preparing}
+        job = self.learner.preparing
+        prepared = None if job is None else dict(zip(("done", "total"), job.progress, strict=True))
+        lessons = self._report_lessons()
+        return {"lessons": lessons, "waiting": status.lessons, "preparing": status.preparing, "prepared": prepared}
 
     @_json_result
     def prepare_learning(self) -> dict:
@@ -485,7 +515,7 @@ class EngineHandle:
     def cancel_learning(self, request_json: str) -> dict:
         """request: {key}: drop that lesson (null: all of them). Returns the progress of those dropped."""
         key = _request(request_json).get("key")
-        for each, lesson in self.lessons.items():
+        for each, (_, lesson) in self.lessons.items():
             if key is None or each == key:
                 self.learner.cancel(lesson)
         return {"lessons": self._report_lessons(), "waiting": self.learner.status().lessons}
@@ -515,26 +545,39 @@ class EngineHandle:
             return lesson_for(self.engine, held, prompt_ids, completion_ids, r.get("reward", 1.0), options, self.cache)
 
     def _report_lessons(self) -> list[dict]:
-        """The progress of every lesson held; the finished and cancelled ones are let go."""
-        waiting = {id(lesson) for _, lesson in self.learner.queue}
+        """The progress of every lesson held; the finished, cancelled and dropped ones are let go."""
         out = []
-        for key, lesson in list(self.lessons.items()):
-            out.append(self._progress(key, lesson, cancelled=not lesson.done and id(lesson) not in waiting))
-            if lesson.done or id(lesson) not in waiting:
+        for key, (_, lesson) in list(self.lessons.items()):
+            out.append(self._progress(key))
+            if lesson.done or lesson.ended is not None:
                 del self.lessons[key]
         return out
 
-    @staticmethod
-    def _progress(key: object, lesson: Lesson | RouteLesson, cancelled: bool = False) -> dict:
+    def _progress(self, key: object) -> dict:
+        name, lesson = self.lessons[key]
         report = dataclasses.asdict(lesson.report) if lesson.report else None
+        queue = [held for _, held in self.learner.queue]
+        ahead = queue.index(lesson) if lesson in queue else 0
+        phase = "waiting" if ahead and lesson.phase in ("preparing", "learning", "rehearsing") else lesson.phase
+        job = lesson.waiting_for if phase == "preparing" else None
+        note = None
+        if phase == "dropped":
+            note = f"its adapter {name!r} was replaced before the lesson finished (what it taught went with it)"
         return {
             "key": key,
+            "phase": phase,
             "step": lesson.steps,
             "steps": lesson.options.steps,
             "rehearsed": lesson.rehearsed,
             "version": lesson.adapter.version,
             "done": lesson.done,
-            "cancelled": cancelled,
+            "applied": lesson.applied,
+            "cancelled": phase == "cancelled",
+            "outcome": lesson.outcome,
+            "elapsed_ms": round(lesson.elapsed_ms, 1),
+            "prepared": None if job is None else dict(zip(("done", "total"), job.progress, strict=True)),
+            "ahead": ahead,
+            "note": note,
             "report": report,
         }
 

@@ -269,9 +269,12 @@ async function* steps(id) {
 
 /**
  * Learning from feedback. The lesson's first step is taken at once (the instant loop: the next answer
- * already differs); its other steps run in the worker's idle time, a slice at a time (learnWhileIdle),
- * so a request that comes in waits at most one slice. The request stays open until the lesson is done
- * ('learning' events on the way, then its report) or cancelled (an abort).
+ * already differs), a slice at a time with the event loop turned in between, so its progress goes out
+ * and a cancel gets in; requests made meanwhile wait for it, as they would for any request before
+ * them. Its other steps run in the worker's idle time, a slice at a time (learnWhileIdle), so a request
+ * that comes in then waits at most one slice. The request stays open until the lesson is done
+ * ('learning' events on the way, then its report), cancelled (an abort) or dropped (its adapter was
+ * replaced: an error that says so).
  */
 async function adapt({ id, feedback }) {
   const { prompt, messages, completion, reward = 1, adapter = 'default', ...options } = feedback;
@@ -279,32 +282,49 @@ async function adapt({ id, feedback }) {
   if (prompt !== undefined) requireFit(prompt, 'the prompt', state.contextLength, 'invalid_argument');
   requireFit(completion, 'the completion', state.contextLength, 'invalid_argument');
   const [promptIds, completionIds] = state.text.feedbackIds({ prompt, messages, completion });
-  const request = { key: id, adapter, promptIds, completionIds, reward, ...options };
-  const progress = callBridge(state.engine, 'feedback', request);
-  reportLesson(progress, false);
-  if (progress.done) return undefined;
+  const request = { key: id, adapter, promptIds, completionIds, reward, ...options, budgetMs: LEARNING_SLICE_MS };
+  let progress = callBridge(state.engine, 'feedback', request);
   learning.lessons.add(id);
-  return KEEP_OPEN;
+  try {
+    while (!progress.applied && !progress.done) {
+      reportLesson(progress, false);
+      await yieldToEventLoop();
+      if (!learning.lessons.has(id)) return KEEP_OPEN; // cancelled meanwhile: its request has ended
+      progress = callBridge(state.engine, 'first_step', { key: id, budgetMs: LEARNING_SLICE_MS });
+    }
+  } catch (error) {
+    // this request fails with the error; the lesson must not go on in the background
+    learning.lessons.delete(id);
+    endLessons(id, null);
+    throw error;
+  }
+  reportLesson(progress, false);
+  if (!progress.done) return KEEP_OPEN;
+  learning.lessons.delete(id);
+  return undefined;
 }
 
-/** How long one slice of background learning may run before pending requests are looked at (ms). */
+/** How long one slice of learning may run before pending requests are looked at (ms). */
 const LEARNING_SLICE_MS = 100;
 const KEEP_OPEN = Symbol('the request stays open: its answer comes later');
 const learning = { lessons: new Set(), running: false, preparing: false };
 
 /**
  * A lesson's progress as a 'learning' event, its report as the 'result' once done. For a lesson that
- * went on in the background (`background`), also the end of its request: 'done', or an abort error
- * when it was cancelled.
+ * went on in the background (`background`), also the end of its request: 'done'; an abort error when
+ * it was cancelled; an error saying why when it was dropped (its adapter was replaced meanwhile).
  */
 function reportLesson(progress, background) {
   const id = progress.key;
   send({ type: 'learning', id, progress });
   if (progress.done) send({ type: 'result', id, result: progress.report });
-  if (!background || (!progress.done && !progress.cancelled)) return;
+  const ended = progress.done || progress.phase === 'cancelled' || progress.phase === 'dropped';
+  if (!background || !ended) return;
   learning.lessons.delete(id);
   if (progress.done) send({ type: 'done', id });
-  else send({ type: 'error', id, error: serializeError(new AbortError('learning cancelled')) });
+  else if (progress.phase === 'cancelled')
+    send({ type: 'error', id, error: serializeError(new AbortError('learning cancelled')) });
+  else send({ type: 'error', id, error: { type: 'inference', message: `learning stopped: ${progress.note}` } });
 }
 
 /** Stop lesson `id` (an abort of its adapt request) now: the worker may be between two tokens. */
@@ -312,9 +332,35 @@ function cancelLesson(id) {
   for (const progress of callBridge(state.engine, 'cancel_learning', { key: id }).lessons) reportLesson(progress, true);
 }
 
+/** End every lesson under way, each request with `error`. */
+function stopLessons(error) {
+  if (state.engine) endLessons(null, error);
+  for (const id of learning.lessons) send({ type: 'error', id, error: serializeError(error) });
+  learning.lessons.clear();
+}
+
 /**
- * The background loop: while no request is waiting, slices of learning (each at least one step, about
- * LEARNING_SLICE_MS), with the event loop turned between two so a new request is seen at once. A slice
+ * End lesson `id` (null: all) in Python without reporting it as cancelled: its request ends otherwise
+ * (`error`, sent to each lesson ended here, or none when the caller answers it). Others are reported.
+ */
+function endLessons(id, error) {
+  let others = [];
+  try {
+    others = callBridge(state.engine, 'cancel_learning', { key: id }).lessons;
+  } catch {
+    // the lessons end below either way
+  }
+  for (const progress of others) {
+    if (id === null || progress.key === id) {
+      learning.lessons.delete(progress.key);
+      if (error) send({ type: 'error', id: progress.key, error: serializeError(error) });
+    } else reportLesson(progress, true);
+  }
+}
+
+/**
+ * The background loop: while no request is waiting, slices of learning (units of work, each bounded,
+ * for about LEARNING_SLICE_MS), with the event loop turned between two so a new request is seen at once. A slice
  * that fails ends the lessons under way with its error (their requests reject); the worker stays.
  */
 async function learnWhileIdle() {
@@ -329,13 +375,7 @@ async function learnWhileIdle() {
     }
   } catch (error) {
     learning.preparing = false;
-    try {
-      if (state.engine) callBridge(state.engine, 'cancel_learning', { key: null });
-    } catch {
-      // the lessons end below either way
-    }
-    for (const id of learning.lessons) send({ type: 'error', id, error: serializeError(error) });
-    learning.lessons.clear();
+    stopLessons(error);
   } finally {
     learning.running = false;
   }
@@ -408,7 +448,7 @@ const answer =
 const HANDLERS = {
   load,
   dispose: async () => {
-    if (state.engine) cancelLesson(null);
+    if (state.engine) stopLessons(new RuvLLMError('inference', 'learning stopped: the model was disposed'));
     state.engine?.destroy();
     state.engine = state.text = state.model = null;
   },

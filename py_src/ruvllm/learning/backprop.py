@@ -61,6 +61,20 @@ class Gradients:
 
 
 TRANSPOSED_BLOCK = 4096  # rows of W expanded at a time for a kernel provider's transposed product
+# Rows of the output projection (and their softmax) computed per unit of a gradient pass in units
+# (gradient_units). Measured in Pyodide under Node (SmolLM2, 49152 x 576, q4): ~35 ms a call plus ~3 ms a
+# row, and the softmax ~2 ms a row: 16 rows are ~120 ms, where a 160-token answer's 168 rows at once
+# took 2.4 s, a single step far over the worker's 100 ms slice.
+LOGIT_ROWS = 16
+
+
+def drained(units):
+    """What a generator of units of work returns, all of its units run."""
+    while True:
+        try:
+            next(units)
+        except StopIteration as end:
+            return end.value
 
 
 def _transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
@@ -69,6 +83,11 @@ def _transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
     TRANSPOSED_BLOCK rows at a time, each block transposed into a float32 matrix the provider multiplies
     (it computes x @ M.T): measured, NumPy alone made the output projection's backward the largest part
     of a learning step in Pyodide."""
+    return drained(_transposed_units(dy, matrix))
+
+
+def _transposed_units(dy: np.ndarray, matrix):
+    """_transposed_product in units of work: with a kernel provider, a unit per block of rows."""
     provider = getattr(matrix, "provider", None)
     if provider is None:
         return dense_product(dy, matrix.dequantize().T, matrix.kernel)
@@ -79,6 +98,8 @@ def _transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
         block = DenseMatrix(matrix.rows(np.arange(start, stop)).T, matrix.kernel)  # (K, b)
         block.use_provider(provider)
         out += block(np.ascontiguousarray(dy[:, start:stop]))
+        if stop < N:
+            yield
     return out
 
 
@@ -92,11 +113,15 @@ class _Grads:
     def linear_backward(self, lin: Linear, dy: np.ndarray, x: np.ndarray, need_input: bool = True):
         """dx for y = lin(x), given dy (T, N) (None unless `need_input`); records the adapter's dA, dB
         (or, for a projection mixed by X-LoRA, the gradient of its mix)."""
+        return drained(self.linear_units(lin, dy, x, need_input))
+
+    def linear_units(self, lin: Linear, dy: np.ndarray, x: np.ndarray, need_input: bool = True):
+        """linear_backward in units of work (the transposed product's blocks)."""
         matrix = lin.matrix
         if isinstance(matrix, MixedMatrix):
             d_mix, dx = matrix.backward(dy, x)
             self.mixes[matrix.index] = self.mixes.get(matrix.index, 0) + d_mix
-            return _transposed_product(dy, matrix.base) + dx if need_input else None
+            return (yield from _transposed_units(dy, matrix.base)) + dx if need_input else None
         if isinstance(matrix, LoRAMatrix):
             z = x @ matrix.A.T  # (T, r)
             dz = (dy @ matrix.B) * matrix.scale  # (T, r)
@@ -106,8 +131,8 @@ class _Grads:
                 _, old_a, old_b = self.by_matrix[id(matrix)]
                 dA, dB = dA + old_a, dB + old_b
             self.by_matrix[id(matrix)] = (matrix, dA, dB)
-            return _transposed_product(dy, matrix.base) + dz @ matrix.A if need_input else None  # (T, K)
-        return _transposed_product(dy, matrix) if need_input else None  # (T, K)
+            return (yield from _transposed_units(dy, matrix.base)) + dz @ matrix.A if need_input else None  # (T, K)
+        return (yield from _transposed_units(dy, matrix)) if need_input else None  # (T, K)
 
 
 def _adapted(*linears: Linear) -> bool:
@@ -161,8 +186,23 @@ def _softmax64(logits: np.ndarray) -> np.ndarray:
 def base_probs(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, positions):
     """The base model's next-token distributions (K, V) at `positions` (K,), from `start`: the passes
     with every adapter matrix bypassed (the caller holds the lock that guards the weights)."""
+    return drained(base_prob_units(weights, config, inv_freq, start, positions))
+
+
+def base_prob_units(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, positions):
+    """base_probs in units of work, a layer each, then the output projection, each with the adapters
+    bypassed while it runs only (generations may run in between)."""
+    passes = _run_from_units(weights, config, inv_freq, start)
+    while True:
+        with bypassed(weights):
+            try:
+                next(passes)
+            except StopIteration as end:
+                x, _ = end.value  # (T, D)
+                break
+        yield
+    yield
     with bypassed(weights):
-        x, _ = run_from(weights, config, inv_freq, start)
         return _softmax64(logits(weights, config, x[positions])).astype(np.float32)
 
 
@@ -226,6 +266,24 @@ def run_from(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], 
     return run_layers(weights, config, inv_freq, x, batch, layers, tape), tape.layers
 
 
+def _run_from_units(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start):
+    """run_from (to the top) in units of work, a layer each; returns the same."""
+    tape = Tape()
+    first, x = start.first, start.entering
+    if start.frozen is not None:
+        x = start.frozen.h + linear(start.frozen.s, weights.layers[first].mlp.down_proj)  # (T, D)
+        tape.layers.append(start.frozen)
+        first += 1
+    T = len(x)
+    positions = np.arange(T)
+    cache = KVCache(config, T, KVOptions())
+    batch = [Sequence(slice(None), positions, cache, Masks(positions))]
+    for layer in range(first, config.num_hidden_layers):
+        yield
+        x = run_layers(weights, config, inv_freq, x, batch, range(layer, layer + 1), tape)  # (T, D)
+    return x, tape.layers
+
+
 def logits_for(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], tokens: list[int]) -> np.ndarray:
     """All logits (T, V) of the forward the backward pass runs on."""
     x, _ = run_from(weights, config, inv_freq, Start(0, entering_states(weights, config, inv_freq, tokens, 0)))
@@ -250,26 +308,60 @@ def loss_and_grads(
 
     The forward and backward run through layers `first`.. (no adapter may sit below it), from `start`
     (start_at: the hidden states entering there at positions 0..max(scored); default: computed)."""
+    return drained(gradient_units(weights, config, inv_freq, tokens, scored, reward, keep, first, start))
+
+
+def gradient_units(
+    weights: Weights,
+    config: ModelConfig,
+    inv_freq: list[np.ndarray],
+    tokens: list[int],
+    scored: np.ndarray,
+    reward: float = 1.0,
+    keep: Keep | None = None,
+    first: int = 0,
+    start: Start | None = None,
+):
+    """loss_and_grads in units of work, for a caller that answers requests in between (the worker's idle
+    loop): a generator that yields between units and returns the Gradients. A unit is a decoder layer's
+    pass (forward or back) over the tokens, LOGIT_ROWS rows of the output projection with their softmax,
+    or a block of the output projection's backward product (with a kernel provider); the numbers are
+    loss_and_grads' own, row for row. The weights must stay as they are until it returns."""
     tokens = np.asarray(tokens)
     T = int(scored.max()) + 1  # positions fed: the last one scored is the last one needed
     if start is None:
         start = start_at(
             weights, config, inv_freq, entering_states(weights, config, inv_freq, tokens[:T], first), first
         )
+        yield
     assert start.first == first and len(start.entering) == T, "a start for other positions or another layer"
-    x_last, tapes = run_from(weights, config, inv_freq, start)
+    x_last, tapes = yield from _run_from_units(weights, config, inv_freq, start)
     P = len(scored)
     rows = scored if keep is None else np.concatenate([scored, keep.positions])  # (R,)
     xs = x_last[rows]  # (R, D)
     final = rms_norm(xs, weights.norm, config.rms_norm_eps)  # (R, D)
-    probs = _softmax64(weights.lm_head(final))  # (R, V)
     targets = tokens[scored + 1]  # (P,)
+    R = len(rows)
+    probs = None  # (R, V)
+    likeliest = np.empty(P, np.int64)  # (P,) the likeliest token at each scored position
+    runner_up = np.empty(P)  # (P,) the probability of the likeliest token other than the target
+    for b in range(0, R, LOGIT_ROWS):
+        yield
+        block = slice(b, min(b + LOGIT_ROWS, R))
+        part = _softmax64(weights.lm_head(final[block]))  # (b, V)
+        probs = np.empty((R, part.shape[1])) if probs is None else probs
+        probs[block] = part
+        scored_rows = slice(b, min(b + LOGIT_ROWS, P))
+        if scored_rows.start < scored_rows.stop:
+            mine = probs[scored_rows]  # (b, V)
+            likeliest[scored_rows] = mine.argmax(axis=-1)
+            others = mine.copy()
+            others[np.arange(len(others)), targets[scored_rows]] = 0.0
+            runner_up[scored_rows] = others.max(axis=-1)
     p_target = probs[np.arange(P), targets].copy()  # (P,)
     log_likelihood = float(np.mean(np.log(p_target)))
-    greedy = bool(np.all(probs[:P].argmax(axis=-1) == targets))  # every target is the likeliest token
-    others = probs[:P].copy()
-    others[np.arange(P), targets] = 0.0
-    margins = np.log(p_target) - np.log(others.max(axis=-1) + 1e-300)  # (P,)
+    greedy = bool(np.all(likeliest == targets))  # every target is the likeliest token
+    margins = np.log(p_target) - np.log(runner_up + 1e-300)  # (P,)
     dlogits = probs  # (R, V), made the gradient of the loss with respect to the logits in place
     if reward > 0:
         loss = -reward * log_likelihood
@@ -288,27 +380,30 @@ def loss_and_grads(
         loss += keep.weight * float(np.mean(np.sum(ref * (np.log(ref + 1e-30) - np.log(kept + 1e-30)), axis=-1)))
         dlogits[P:] = (kept - ref) * (keep.weight / len(ref))
     dlogits = dlogits.astype(np.float32)
+    yield
     if keep is None:
-        grads = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
+        grads = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
         return Gradients(loss, log_likelihood, greedy, float(margins.min()), grads.by_matrix, None, grads.mixes)
     only = np.zeros_like(dlogits)
     only[P:], dlogits[P:] = dlogits[P:], 0  # the two terms apart: a caller may clip the first alone
-    grads = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
-    kept = _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, only)
+    grads = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
+    yield
+    kept = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, only)
     return Gradients(loss, log_likelihood, greedy, float(margins.min()), grads.by_matrix, kept.by_matrix, grads.mixes)
 
 
 def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes, x_last, rows, final, dlogits):
     """The gradients (_Grads: by_matrix {id(matrix): (matrix, dA, dB)}, mixes) for dlogits (R, V), the
     gradient of the logits at `rows` (R,), from the forward whose last layer gave x_last (T, D) and
-    whose layers from `first` left `tapes`."""
+    whose layers from `first` left `tapes`. A generator of units of work (the output projection's blocks,
+    then a layer each) that returns them."""
     grads = _Grads()
     T = len(x_last)
     H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim
     if first == config.num_hidden_layers:  # only the output projection is adapted: nothing below needs dx
-        grads.linear_backward(weights.lm_head, dlogits, final, need_input=False)
+        yield from grads.linear_units(weights.lm_head, dlogits, final, need_input=False)
         return grads
-    dfinal = grads.linear_backward(weights.lm_head, dlogits, final)  # (R, D)
+    dfinal = yield from grads.linear_units(weights.lm_head, dlogits, final)  # (R, D)
     dx = np.zeros_like(x_last)  # (T, D)
     xs = x_last[rows]  # (R, D)
     np.add.at(dx, rows, _rms_backward(dfinal, xs, weights.norm, config.rms_norm_eps))  # a row may be in both
@@ -316,6 +411,7 @@ def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes
 
     layers = zip(weights.layers[first:], tapes, inv_freq[first:], strict=True)
     for depth, (layer, tape, frequencies) in enumerate(reversed(list(layers))):
+        yield
         eps = config.rms_norm_eps
         cos, sin = rope_tables(frequencies, 0, T)
         w = layer.self_attn
@@ -333,6 +429,7 @@ def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes
         )  # (T, D)
         if lowest and not attention_adapted:
             break
+        yield  # (the layer's attention is a unit of its own)
         dh = dx + _rms_backward(db, tape.h, layer.post_attention_layernorm, eps)  # (T, D)
         # attention: h = x + o_proj(softmax(q k^T * scale + mask) v)
         do = grads.linear_backward(w.o_proj, dh, tape.o)  # (T, H*E)

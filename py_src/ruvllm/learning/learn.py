@@ -21,12 +21,22 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..model.cache import KVCache, KVOptions
-from ..model.forward import hidden, rms_norm
+from ..model.forward import embed, hidden, rms_norm
 from ..runtime.engine import Engine
-from .backprop import Gradients, Keep, Start, advance, base_probs, entering_states, loss_and_grads, start_at
+from .backprop import (
+    Gradients,
+    Keep,
+    Start,
+    advance,
+    base_prob_units,
+    drained,
+    gradient_units,
+    loss_and_grads,
+    start_at,
+)
 from .lora import Adapter
+from .projection import BasesJob, bases_job, pending_job, project, ready_bases, shared_bases
 from .projection import advance as advance_job
-from .projection import bases_job, pending_job, project, ready_bases, shared_bases
 from .state import Memory, sgd
 from .xlora import Mixture
 
@@ -34,6 +44,10 @@ MEMORY_LESSONS = 64  # lessons an adapter remembers for rehearsal (the oldest go
 REHEARSAL_STEPS = 5  # steps a rehearsed lesson gets at most per round
 KEPT_POSITIONS = 8  # prompt positions whose predictions a lesson keeps (AdaptOptions.keep)
 TAP_TAIL = 16  # tokens a lesson feeds a generation's cache to take its hidden states (tapped_states)
+# Token-layers of the forward below the adapter per unit of a lesson's work (its first unit computes the
+# hidden states entering the adapter's lowest layer when no generation's cache holds them: a 200-token
+# lesson through 28 layers was 4 s in one piece in Pyodide); a unit is at least one layer.
+LESSON_WORK = 64
 # A router's step size (RouteLesson). Measured on SmolLM2 (two experts, one fact each, mixed densely, a
 # lesson on each fact three times): 0.1 reproduced both facts in 7 steps, 0.3 in 12; 0.02 and 1 (an
 # adapter's) only one of them (benchmarks/RESULTS.md, "X-LoRA").
@@ -82,8 +96,14 @@ class AdaptReport:
     log_prob_before: float  # mean log-probability of the completion's tokens, before the first step
     log_prob_after: float  # ... after the last step
     steps: int  # optimizer steps on this lesson
-    step_ms: float  # mean time of one pass (forward + backward through the adapted layers, update)
+    step_ms: float  # mean compute time of one pass (forward + backward through the adapted layers, update)
     rehearsal_steps: int = 0  # optimizer steps on earlier lessons, rehearsed after this one
+    wall_ms: float = 0.0  # wall time from the lesson's making to its end (waiting and preparing included)
+    # Why its steps ended (a lesson's `outcome`, known once they have): "already" (a good completion
+    # greedy decoding gave before any step: nothing to learn), "learned" (it gives a good one now),
+    # "unlearned" (it no longer gives a bad one), "most_steps" (options.steps taken, done_with not met or
+    # not asked for).
+    outcome: str = ""
 
 
 def adapter_gradients(
@@ -98,9 +118,22 @@ def adapter_gradients(
     """(backprop.Gradients, {key: gradient}) with `adapter` active in the engine's weights; the passes
     run from the adapter's lowest layer up, from `start` (backprop.start_at; default: computed). With
     `keep`, the gradient of its term (the predictions kept) is in `keyed(adapter, result.kept)`."""
+    return drained(adapter_gradient_units(engine, adapter, tokens, scored, reward, start, keep))
+
+
+def adapter_gradient_units(
+    engine: Engine,
+    adapter: Adapter,
+    tokens: list[int],
+    scored: np.ndarray,
+    reward: float,
+    start: Start | None = None,
+    keep: Keep | None = None,
+):
+    """adapter_gradients in units of work (backprop.gradient_units): a generator that returns the same."""
     first = first_layer(engine, adapter)
     weights, config = engine.weights, engine.config
-    result = loss_and_grads(weights, config, engine.inv_freq, tokens, scored, reward, keep, first, start)
+    result = yield from gradient_units(weights, config, engine.inv_freq, tokens, scored, reward, keep, first, start)
     return result, keyed(adapter, result.by_matrix)
 
 
@@ -190,33 +223,72 @@ def done_with(reward: float, result: Gradients, log_prob_before: float, scored: 
 
 
 class _Stepwise:
-    """What the background loop needs of a lesson: `step()` until `done` (then `report` is set)."""
+    """What the background loop needs of a lesson: units of work (`work()`, each bounded) until `done`
+    (then `report` is set); `step()` runs the units of one whole step."""
 
     report: AdaptReport | None = None
     defer_projection = False  # (Lesson: its instant step does not wait for a fresh adapter's bases)
+    ended: str | None = None  # set when it leaves the background loop unfinished: "cancelled" or "dropped"
+    outcome: str | None = None  # why its steps ended (AdaptReport.outcome), once known
+    given: float = 0.0  # time.perf_counter() when it was made
+    steps = rehearsed = 0
 
     def step(self) -> None:
         raise NotImplementedError
+
+    def work(self) -> bool:
+        """One unit of work; True when it ended a step. (A lesson whose steps are not cut: a whole step.)"""
+        self.step()
+        return True
 
     @property
     def done(self) -> bool:
         return self.report is not None
 
+    @property
+    def applied(self) -> bool:
+        """Whether its first step is taken (or was found not to be needed): what the instant loop waits for."""
+        return self.steps > 0 or self.outcome is not None or self.done
+
+    @property
+    def waiting_for(self) -> BasesJob | None:
+        """The projection job its next step needs made first, if any."""
+        return None
+
+    @property
+    def phase(self) -> str:
+        """ "preparing" (its next step waits for a projection job), "learning", "rehearsing" (earlier
+        lessons, after this one), "done", or how it left unfinished: "cancelled", "dropped"."""
+        if self.ended is not None:
+            return self.ended
+        if self.done:
+            return "done"
+        if self.waiting_for is not None:
+            return "preparing"
+        return "rehearsing" if self.outcome is not None else "learning"
+
+    @property
+    def elapsed_ms(self) -> float:
+        """Wall time since it was made (until its end, once done)."""
+        return self.report.wall_ms if self.report is not None else (time.perf_counter() - self.given) * 1000
+
     def run(self, budget_ms: float | None = None) -> bool:
-        """Steps until the lesson is done or `budget_ms` is spent (at least one step); True when done."""
+        """Units of work until the lesson is done or `budget_ms` is spent (at least one); True when done."""
         started = time.perf_counter()
         while not self.done:
-            self.step()
+            self.work()
             if budget_ms is not None and (time.perf_counter() - started) * 1000 >= budget_ms:
                 break
         return self.done
 
 
 class Lesson(_Stepwise):
-    """One piece of feedback being learned, a step at a time: `step()` until `done`, then `finish()`
-    (which the last step does). The hidden states entering the adapter's lowest layer are computed once
-    (or taken from the cache of the generation that produced the text, `cache.tap`), so each step is a
-    forward and backward through the adapted layers only."""
+    """One piece of feedback being learned, in units of work (`work()`: a few layers' forward below the
+    adapter, a layer's pass, LOGIT_ROWS rows of the output projection, a block of its backward, an
+    update) or a step at a time (`step()`) until `done`; the last step consolidates (`finish`). The
+    hidden states entering the adapter's lowest layer are computed once (or taken from the cache of the
+    generation that produced the text, `cache.tap`), so each step is a forward and backward through the
+    adapted layers only."""
 
     def __init__(
         self,
@@ -228,6 +300,7 @@ class Lesson(_Stepwise):
         options: AdaptOptions | None = None,
         cache: KVCache | None = None,
     ) -> None:
+        self.given = time.perf_counter()
         self.options = options or AdaptOptions()
         self.tokens, self.scored = lesson_tokens(engine, prompt_ids, completion_ids, reward)
         self.engine, self.adapter, self.reward, self.cache = engine, adapter, float(reward), cache
@@ -242,46 +315,90 @@ class Lesson(_Stepwise):
         self.reused_states = False  # whether the entering states came from the cache's tap
         self.defer_projection = False  # the instant step does not wait for a fresh adapter's bases
         self.unprojected = False  # steps were taken before the bases were made
+        self.job: BasesJob | None = None  # the job making the bases, when the projection was deferred
+        self._units = None  # the generator of this lesson's units (_all_units), once started
 
-    def step(self) -> None:
-        """One unit of work, a forward and backward pass: an optimizer step on this lesson or, once it
-        is learned, a check (and step) of a lesson learned before, rehearsed so that it stays. The last
-        one consolidates (`finish`)."""
+    def work(self) -> bool:
+        """One unit of work; True when it ended a step (an optimizer step, a check of a rehearsed lesson,
+        the consolidation with the last one)."""
         if self.done:
-            return
+            return True
+        if self._units is None:
+            self._units = self._all_units()
         started = time.perf_counter()
         with self.engine.threads.limit(len(self.tokens)):  # products over the whole sequence: prompt-sized
-            if self.rehearsal is None:
-                self._learn()
-            else:
-                self._rehearse()
+            ended = next(self._units, True)
         self.compute_ms += (time.perf_counter() - started) * 1000
-        if self.rehearsal is not None and self.rehearsal.finished:
-            self.finish()
+        return bool(ended)
 
-    def _learn(self) -> None:
+    def step(self) -> None:
+        """One step, all of its units: an optimizer step on this lesson or, once it is learned, a check
+        (and step) of a lesson learned before, rehearsed so that it stays. The last one consolidates
+        (`finish`)."""
+        while not self.work():
+            pass
+
+    @property
+    def waiting_for(self) -> BasesJob | None:
+        job = self.job
+        if job is None or job.done or not self.unprojected or not self.steps or self.outcome is not None:
+            return None  # (the instant step does not wait; a lesson in rehearsal takes no step of its own)
+        return job if job in self.engine.memo.get("jobs", []) else None  # (one that failed is gone)
+
+    def _all_units(self):
+        """Every unit of the lesson, in order: a generator that yields True where a step ends."""
+        while True:
+            if self.rehearsal is None:
+                yield from self._learn()
+            else:
+                yield from self._rehearse()
+            if self.rehearsal is not None and self.rehearsal.finished:
+                yield from self._finish()
+                return
+            yield True
+
+    def _learn(self):
         options = self.options
-        start, keep = self._start(), self._keep()
+        if self.start is None:
+            yield from self._begin()
+        start, keep = self.start, self._keep()
         if self.unprojected:
             self._project()
-        result, grads = adapter_gradients(self.engine, self.adapter, self.tokens, self.scored, self.reward, start, keep)
+        while True:  # (again if the adapter changed between the units: another lesson stepped it)
+            version = self.adapter.version
+            result, grads = yield from self._gradients(self.tokens, self.scored, self.reward, start, keep)
+            if self.adapter.version == version:
+                break
         self.log_prob_before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
         learned = options.until_greedy and done_with(self.reward, result, self.log_prob_before, len(self.scored))
         if not learned:
             self._update(grads, result.kept)
             self.steps += 1
         if learned or self.steps == options.steps:
+            if learned:
+                self.outcome = "unlearned" if self.reward < 0 else "learned" if self.steps else "already"
+            else:
+                self.outcome = "most_steps"
             memory = self.adapter.state.memory if options.rehearse else []
             earlier = [m for m in memory if m.reward > 0]
             # this lesson too: one that its steps did not teach gets more, with the earlier ones beside it
             items = [*earlier, self.memory] if self.reward > 0 else earlier
             self.rehearsal = _Rehearsal(items, options.rehearse if items else 0, REHEARSAL_STEPS)
 
-    def _rehearse(self) -> None:
+    def _gradients(self, tokens, scored, reward, start, keep):
+        """adapter_gradients in units of work (a generator)."""
+        engine, adapter = self.engine, self.adapter
+        return (yield from adapter_gradient_units(engine, adapter, tokens, scored, reward, start, keep))
+
+    def _rehearse(self):
         r = self.rehearsal
         item = r.items[r.index]
-        tokens, scored, start, keep = self._recall(item)
-        result, grads = adapter_gradients(self.engine, self.adapter, tokens, scored, item.reward, start, keep)
+        tokens, scored, start, keep = yield from self._recall(item)
+        while True:
+            version = self.adapter.version
+            result, grads = yield from self._gradients(tokens, scored, item.reward, start, keep)
+            if self.adapter.version == version:
+                break
         if result.greedy or r.taken == r.cap:
             r.next(again=r.taken > 0)
         else:
@@ -317,28 +434,38 @@ class Lesson(_Stepwise):
         memory of lessons) and report."""
         if self.report is None:
             with self.engine.threads.limit(len(self.tokens)):
-                result, grads = adapter_gradients(
-                    self.engine, self.adapter, self.tokens, self.scored, 1.0, self._start()
-                )
-            params = dict(self.adapter.parameters())
-            self.adapter.state.ewc.consolidate(params, grads, self.options.fisher_decay)
-            memory = self.adapter.state.memory
-            if self.memory in memory:  # the same lesson again: it moves to the end
-                memory.remove(self.memory)
-            memory.append(self.memory)
-            del memory[: max(0, len(memory) - MEMORY_LESSONS)]
-            step_ms = self.compute_ms / max(self.steps + self.rehearsed, 1)
-            before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
-            self.report = AdaptReport(before, result.log_likelihood, self.steps, step_ms, self.rehearsed)
+                drained(self._finish())
         return self.report
+
+    def _finish(self):
+        """finish() in units of work."""
+        if self.report is not None:
+            return
+        while True:
+            version = self.adapter.version
+            result, grads = yield from self._gradients(self.tokens, self.scored, 1.0, self._start(), None)
+            if self.adapter.version == version:
+                break
+        params = dict(self.adapter.parameters())
+        self.adapter.state.ewc.consolidate(params, grads, self.options.fisher_decay)
+        memory = self.adapter.state.memory
+        if self.memory in memory:  # the same lesson again: it moves to the end
+            memory.remove(self.memory)
+        memory.append(self.memory)
+        del memory[: max(0, len(memory) - MEMORY_LESSONS)]
+        step_ms = self.compute_ms / max(self.steps + self.rehearsed, 1)
+        before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
+        wall_ms = (time.perf_counter() - self.given) * 1000
+        outcome = self.outcome or "most_steps"
+        self.report = AdaptReport(before, result.log_likelihood, self.steps, step_ms, self.rehearsed, wall_ms, outcome)
 
     @property
     def memory(self) -> Memory:
         return Memory(tuple(self.tokens), int(self.scored[0]) + 1, self.reward)
 
-    def _recall(self, item: Memory) -> tuple[list[int], np.ndarray, Start, Keep | None]:
+    def _recall(self, item: Memory):
         """A remembered lesson's tokens, scored positions, Start and Keep (kept with the adapter once
-        made: `Adapter.starts`)."""
+        made: `Adapter.starts`), in units of work (a generator that returns them)."""
         if item == self.memory:
             return self.tokens, self.scored, self._start(), self._keep()
         scored = np.arange(item.prompt_length - 1, len(item.tokens) - 1)
@@ -346,11 +473,41 @@ class Lesson(_Stepwise):
         if item not in starts:
             engine, first = self.engine, first_layer(self.engine, self.adapter)
             fed = list(item.tokens[: len(item.tokens) - 1])
-            entering = entering_states(engine.weights, engine.config, engine.inv_freq, fed, first)
+            entering = yield from self._entering(embed(engine.weights, engine.config, np.asarray(fed)), 0, first)
             start = start_at(engine.weights, engine.config, engine.inv_freq, entering, first)
-            starts[item] = start, self._kept(start, item.prompt_length)
+            yield
+            starts[item] = start, (yield from self._kept_units(start, item.prompt_length))
+            yield
         start, keep = starts[item]
         return list(item.tokens), scored, start, keep or None
+
+    def _entering(self, x: np.ndarray, layer: int, first: int):
+        """The hidden states entering layer `first`, from x (T, D) entering `layer`: LESSON_WORK token-layers
+        a unit (a generator that returns them)."""
+        engine = self.engine
+        per_unit = max(1, LESSON_WORK // len(x))
+        for at in range(layer, first, per_unit):
+            x = advance(engine.weights, engine.config, engine.inv_freq, x, range(at, min(at + per_unit, first)))
+            yield
+        return x
+
+    def _begin(self):
+        """The lesson's start in units of work: the hidden states entering the adapter's lowest layer (from
+        the generation's cache, or a few layers a unit), what that layer computes the same at every step
+        (backprop.start_at), the projection (or its job), the base model's predictions kept."""
+        engine, first = self.engine, first_layer(self.engine, self.adapter)
+        weights, config, inv_freq = engine.weights, engine.config, engine.inv_freq
+        fed = self.tokens[: int(self.scored.max()) + 1]
+        tapped = tapped_states(engine, self.cache, fed, first)
+        self.reused_states = tapped is not None
+        layer, x = tapped if tapped is not None else (0, embed(weights, config, np.asarray(fed)))
+        yield
+        entering = yield from self._entering(x, layer, first)
+        self.start = start_at(weights, config, inv_freq, entering, first)
+        self._project()
+        yield
+        self.keep = yield from self._kept_units(self.start, int(self.scored[0]) + 1)
+        yield
 
     def _keep(self) -> Keep | None:
         if self.keep is None:
@@ -360,29 +517,22 @@ class Lesson(_Stepwise):
     def _kept(self, start: Start, prompt_length: int) -> Keep | bool:
         """The base model's predictions at up to KEPT_POSITIONS prompt positions, spread over the
         prompt (the last one predicts the completion: not kept); False when none or options.keep is 0."""
+        return drained(self._kept_units(start, prompt_length))
+
+    def _kept_units(self, start: Start, prompt_length: int):
+        """_kept in units of work (a generator that returns the same)."""
         if not self.options.keep or prompt_length < 2:
             return False
         positions = np.unique(np.linspace(0, prompt_length - 2, min(KEPT_POSITIONS, prompt_length - 1)).astype(int))
         engine = self.engine
-        probs = base_probs(engine.weights, engine.config, engine.inv_freq, start, positions)
+        probs = yield from base_prob_units(engine.weights, engine.config, engine.inv_freq, start, positions)
         return Keep(positions, probs, self.options.keep)
 
     def _start(self) -> Start:
         """Where the passes start: the hidden states entering the adapter's lowest layer at every
         position fed, and what that layer computes the same at every step (backprop.start_at)."""
         if self.start is None:
-            engine, first = self.engine, first_layer(self.engine, self.adapter)
-            weights, config, inv_freq = engine.weights, engine.config, engine.inv_freq
-            fed = self.tokens[: int(self.scored.max()) + 1]
-            tapped = tapped_states(engine, self.cache, fed, first)
-            self.reused_states = tapped is not None
-            if tapped is not None:
-                tap_layer, x = tapped
-                entering = advance(weights, config, inv_freq, x, range(tap_layer, first))
-            else:
-                entering = entering_states(weights, config, inv_freq, fed, first)
-            self.start = start_at(weights, config, inv_freq, entering, first)
-            self._project()
+            drained(self._begin())
         return self.start
 
     def _project(self) -> None:
@@ -399,7 +549,7 @@ class Lesson(_Stepwise):
         modules, ids, energy = list(adapter.A), list(ids), self.options.project
         bases = ready_bases(engine, modules, ids, energy)
         if bases is None and self.defer_projection and not self.steps:
-            bases_job(engine, modules, ids, energy)
+            self.job = bases_job(engine, modules, ids, energy)
             self.unprojected = True
             return
         adapter.state.bases = bases if bases is not None else shared_bases(engine, modules, ids, energy)
@@ -459,62 +609,101 @@ class LearningStatus:
     adapter: str | None  # the adapter it teaches
     version: int  # that adapter's version (bumped by every step)
     finished: int  # lessons finished so far
-    cancelled: int  # lessons cancelled so far
-    preparing: bool = False  # a fresh adapter's projection is being made (before the next lesson step)
+    cancelled: int  # lessons cancelled so far (Learner.cancel)
+    preparing: bool = False  # a projection job is under way (a fresh adapter's bases)
+    phase: str = "idle"  # the current lesson's (_Stepwise.phase), "preparing" (a job, no lesson), or "idle"
+    prepared: tuple[int, int] | None = None  # the units of the job under way done, and in all
+    elapsed_ms: float = 0.0  # wall time since the current lesson was made
+    dropped: int = 0  # lessons dropped because their adapter was replaced meanwhile
 
 
 class Learner:
-    """The background loop: lessons waiting to be learned, in order, a step at a time. `run(budget_ms)`
-    takes steps until the budget is spent; callers run it between generations (the worker in its idle
-    time, Python code whenever it likes), so learning never holds a generation up by more than a step.
-    A lesson's first step is taken at once by whoever adds it (the instant loop)."""
+    """The background loop: lessons waiting to be learned, in order, a unit of work at a time (a unit
+    is bounded: Lesson.work, BasesJob.step). `run(budget_ms)` does units until the budget is spent;
+    callers run it between generations (the worker in its idle time, Python code whenever it likes), so
+    learning never holds a generation up by more than about a unit. A lesson's first step is taken at
+    once by whoever adds it (the instant loop). A projection job comes first when the lesson at the
+    front needs it for its next step, and runs when no lesson waits."""
 
     def __init__(self, adapters, engine: Engine | None = None) -> None:
         self.adapters = adapters  # lora.AdapterSet: the lessons' adapters by name
-        self.engine = engine  # whose projection jobs (projection.bases_job) come before the lessons
+        self.engine = engine  # whose projection jobs (projection.bases_job) the lessons may wait for
         self.queue: deque[tuple[str, Lesson]] = deque()
         self.finished = 0
         self.cancelled = 0
+        self.dropped = 0
+        self.clock = time.perf_counter  # (seconds; tests count units with a clock of their own)
 
     def add(self, name: str, lesson: Lesson) -> None:
         self.queue.append((name, lesson))
 
     def run(self, budget_ms: float | None = None) -> LearningStatus:
-        """Steps of the waiting lessons until none is left or `budget_ms` is spent (at least one step)."""
-        started = time.perf_counter()
+        """Units of work of the waiting lessons (and projection jobs) until none is left or `budget_ms`
+        is spent: at least one, and no more once the next one, taking as long as the last, would end
+        past the budget."""
+        started = last = self.clock()
         while self.queue or self.preparing:
-            job = self.preparing
-            if job is not None:  # the bases the lessons project with come first
-                with self.adapters.lock:
-                    advance_job(self.engine, job)
-                if budget_ms is not None and (time.perf_counter() - started) * 1000 >= budget_ms:
-                    break
-                continue
-            name, lesson = self.queue[0]
-            held = self.adapters.adapters.get(name) or self.adapters.mixtures.get(name)
-            if held is not lesson.adapter:  # replaced or removed meanwhile
-                self.queue.popleft()
-                self.cancelled += 1
-                continue
-            with self.adapters.lock:
-                self.adapters.apply(name)
-                lesson.step()
-            if lesson.done:
-                self.queue.popleft()
-                self.finished += 1
-            if budget_ms is not None and (time.perf_counter() - started) * 1000 >= budget_ms:
+            self._unit()
+            now = self.clock()
+            spent, unit, last = now - started, now - last, now
+            if budget_ms is not None and (spent + unit) * 1000 > budget_ms:
                 break
         return self.status()
 
+    def first_step(self, lesson: _Stepwise, budget_ms: float | None = None) -> bool:
+        """The instant loop: units of `lesson` (added) until its first step is applied (or found not to be
+        needed) or `budget_ms` is spent, at least one, as `run` budgets them; True once applied."""
+        name = next(each for each, held in self.queue if held is lesson)
+        started = last = self.clock()
+        while not lesson.applied:
+            with self.adapters.lock:
+                self.adapters.apply(name)
+                lesson.work()
+            now = self.clock()
+            spent, unit, last = now - started, now - last, now
+            if budget_ms is not None and (spent + unit) * 1000 > budget_ms:
+                break
+        if lesson.done:
+            self.queue = deque(entry for entry in self.queue if entry[1] is not lesson)
+            self.finished += 1
+        return lesson.applied
+
+    def _unit(self) -> None:
+        """One unit of work: of the lesson at the front, or of the job it (or, with no lesson, the loop)
+        waits for."""
+        job = self.preparing
+        if self.queue:
+            name, lesson = self.queue[0]
+            held = self.adapters.adapters.get(name) or self.adapters.mixtures.get(name)
+            if held is not lesson.adapter:  # replaced meanwhile: what it taught went with the old one
+                self.queue.popleft()
+                lesson.ended = "dropped"
+                self.dropped += 1
+                return
+            job = lesson.waiting_for
+            if job is None:
+                with self.adapters.lock:
+                    self.adapters.apply(name)
+                    lesson.work()
+                if lesson.done:
+                    self.queue.popleft()
+                    self.finished += 1
+                return
+        with self.adapters.lock:
+            advance_job(self.engine, job)
+
     def cancel(self, lesson: Lesson | None = None) -> LearningStatus:
         """Drop `lesson` (None: every waiting lesson); what their steps taught so far stays."""
+        for entry in self.queue:
+            if lesson is None or entry[1] is lesson:
+                entry[1].ended = "cancelled"
         kept = deque(entry for entry in self.queue if lesson is not None and entry[1] is not lesson)
         self.cancelled += len(self.queue) - len(kept)
         self.queue = kept
         return self.status()
 
     @property
-    def preparing(self):
+    def preparing(self) -> BasesJob | None:
         """A projection job under way (its bases are made before the next lesson step), or None."""
         return None if self.engine is None else pending_job(self.engine)
 
@@ -529,13 +718,24 @@ class Learner:
             return bases_job(self.engine, modules, list(ids), energy) is not None
 
     def status(self) -> LearningStatus:
-        preparing = self.preparing is not None
+        job = self.preparing
+        counts = {"finished": self.finished, "cancelled": self.cancelled, "dropped": self.dropped}
         if not self.queue:
-            return LearningStatus(0, 0, 0, None, 0, self.finished, self.cancelled, preparing)
+            phase, prepared = ("idle", None) if job is None else ("preparing", job.progress)
+            return LearningStatus(0, 0, 0, None, 0, preparing=job is not None, phase=phase, prepared=prepared, **counts)
         name, lesson = self.queue[0]
-        version = lesson.adapter.version
+        waiting = lesson.waiting_for
         return LearningStatus(
-            len(self.queue), lesson.steps, lesson.options.steps, name, version, self.finished, self.cancelled, preparing
+            len(self.queue),
+            lesson.steps,
+            lesson.options.steps,
+            name,
+            lesson.adapter.version,
+            preparing=job is not None,
+            phase=lesson.phase,
+            prepared=None if waiting is None else waiting.progress,
+            elapsed_ms=lesson.elapsed_ms,
+            **counts,
         )
 
 
@@ -561,6 +761,7 @@ class RouteLesson(_Stepwise):
         reward: float = 1.0,
         options: AdaptOptions | None = None,
     ) -> None:
+        self.given = time.perf_counter()
         self.options = options or AdaptOptions()
         self.tokens, self.scored = lesson_tokens(engine, prompt_ids, completion_ids, reward)
         self.engine, self.adapter, self.reward = engine, mixture, float(reward)
@@ -589,6 +790,8 @@ class RouteLesson(_Stepwise):
             self.steps += 1
         self.compute_ms += (time.perf_counter() - started) * 1000
         if learned or self.steps == self.options.steps:
+            self.outcome = "most_steps" if not learned else "unlearned" if self.reward < 0 else "learned"
+            self.outcome = "already" if learned and self.reward > 0 and not self.steps else self.outcome
             self.finish(result if learned else None)
 
     def finish(self, last: Gradients | None = None) -> AdaptReport:
@@ -603,5 +806,7 @@ class RouteLesson(_Stepwise):
                 self.adapter.version += 1
                 last = result
             before = last.log_likelihood if self.log_prob_before is None else self.log_prob_before
-            self.report = AdaptReport(before, last.log_likelihood, self.steps, self.compute_ms / max(self.steps, 1))
+            step_ms, wall_ms = self.compute_ms / max(self.steps, 1), (time.perf_counter() - self.given) * 1000
+            outcome = self.outcome or "most_steps"
+            self.report = AdaptReport(before, last.log_likelihood, self.steps, step_ms, 0, wall_ms, outcome)
         return self.report

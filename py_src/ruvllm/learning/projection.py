@@ -26,7 +26,15 @@ from .lora import linear_of
 
 CALIBRATION_TOKENS = 2048  # of the calibration text (all of the built-in one), where the bases come from
 CALIBRATION_PIECE = 512  # tokens per sequence the calibration text is cut into
-BASIS_BLOCK = 64  # basis columns made per step of a BasesJob
+# The units of work of a BasesJob, each far below the worker's 100 ms slice in Pyodide. Measured under
+# Node on a busy 2-core machine (SmolLM2, 1082 calibration tokens, down_proj of the top 2 layers), where
+# a unit used to be a chunk through all 30 layers with its Gram products (0.6-2.1 s) or a basis block of
+# 64 columns (1.1-2.5 s): 32 tokens through 2 layers 53-128 ms (attending to more positions further
+# into a piece), a Gram block of 256 columns 27 ms, 16 basis columns 51 ms from the rows laid out
+# transposed (418 ms from the rows as they are).
+PROJECTION_WORK = 64  # token-layers of the calibration text's forward per unit (chunks of 32: 2 layers)
+GRAM_COLUMNS = 256  # columns of a Gram matrix's block per unit
+BASIS_BLOCK = 16  # basis columns made per unit
 
 
 def calibration_text() -> str:
@@ -49,42 +57,73 @@ _INPUT = {
 class BasesJob:
     """For each module (HF name; lm_head is left out), an orthonormal basis (K, k) of the subspace
     holding `energy` of its inputs' energy over the calibration token ids `ids` (base weights), made in
-    small pieces of work, for a worker that answers requests in between: each
-    CALIBRATION_PIECE-token piece of the calibration text runs from position 0 (as lessons do), `chunk`
-    tokens per `step()` through the layers up to the highest adapted one (its own KV cache across the
-    piece), adding each module's inputs to the smaller of its Gram matrices; then each module's
-    eigendecomposition is a step, and its basis a step per block of BASIS_BLOCK columns (in Pyodide,
-    without BLAS, the whole of it took seconds: measured 1.1 s for an eigendecomposition of 1082, 1.6 s
-    for a basis, 5.7 s for a Gram matrix at once). The caller holds the lock that guards the weights."""
+    small units of work, for a worker that answers requests in between: each CALIBRATION_PIECE-token
+    piece of the calibration text runs from position 0 (as lessons do), `chunk` tokens at a time
+    through the layers up to the highest adapted one (its own KV cache across the piece), a few layers
+    per unit (PROJECTION_WORK); each module's inputs then join the smaller of its Gram matrices, a
+    block of GRAM_COLUMNS columns per unit; then each module's eigendecomposition is a unit (one LAPACK
+    call: it cannot be cut; 1.1-3.5 s in Pyodide for 1082 tokens), and its basis a unit per
+    BASIS_BLOCK columns. `progress` counts the units. The caller holds the lock that guards the
+    weights."""
 
     def __init__(self, engine: Engine, modules: list[str], ids: list[int], energy: float, chunk: int = 32) -> None:
         self.engine, self.ids, self.energy, self.chunk = engine, list(ids), energy, chunk
         self.modules = [name for name in modules if name != "lm_head"]
         self.bases: dict[str, np.ndarray] | None = None if self.modules else {}
         self.key: tuple | None = None  # where the engine keeps them (bases_job)
-        self._work = self._steps()
+        self.units = 0  # units of work done
+        self.total = self._count() if self.modules else 0  # ... and in all
+        self._work = self._units()
 
     @property
     def done(self) -> bool:
         return self.bases is not None
 
+    @property
+    def progress(self) -> tuple[int, int]:
+        """(units of work done, units in all)."""
+        return self.units, self.total
+
     def step(self) -> bool:
-        """One unit of work (a chunk of the calibration text, a decomposition, a block of a basis);
-        True when done."""
+        """One unit of work (a chunk through a few layers, a block of a Gram matrix, a decomposition, a
+        block of a basis); True when done."""
         if not self.done:
             next(self._work, None)
+            self.units += 1
         return self.done
 
-    def _steps(self):
+    def _layers(self) -> tuple[list[int], list[range]]:
+        """The adapted layers, and the layers each unit of a chunk's forward runs."""
+        adapted = [int(name.split(".")[2]) for name in self.modules]
+        per_unit = max(1, PROJECTION_WORK // self.chunk)
+        top = max(adapted) + 1
+        return adapted, [range(a, min(a + per_unit, top)) for a in range(0, top, per_unit)]
+
+    def _count(self) -> int:
+        """The units _units() takes, counted the same way."""
+        T, (_, groups) = len(self.ids), self._layers()
+        K = {name: linear_of(self.engine.weights, name).matrix.shape[1] for name in self.modules}
+        units = 1  # the Gram matrices made
+        for begin in range(0, T, CALIBRATION_PIECE):
+            for at in range(begin, min(begin + CALIBRATION_PIECE, T), self.chunk):
+                stop = min(at + self.chunk, begin + CALIBRATION_PIECE, T)
+                units += len(groups)
+                units += sum(-(-(K[name] if K[name] <= T else stop) // GRAM_COLUMNS) for name in self.modules)
+        for name in self.modules:  # an eigendecomposition, then with the rows a unit per block of the basis
+            units += 1 + (0 if K[name] <= T else -(-min(T, K[name]) // BASIS_BLOCK))
+        return units + 1  # the last one hands the bases over
+
+    def _units(self):
         engine, T = self.engine, len(self.ids)
         weights, config, inv_freq = engine.weights, engine.config, engine.inv_freq
-        layers = [int(name.split(".")[2]) for name in self.modules]
-        first, last = min(layers), max(layers)
+        adapted, groups = self._layers()
+        first = min(adapted)
         K = {name: linear_of(weights, name).matrix.shape[1] for name in self.modules}
         # the smaller Gram matrix: the inputs' K x K, summed as they come; or, for a matrix with more
         # inputs than the text has tokens, the T x T one of the rows (kept), block by block
         gram = {name: np.zeros((K[name], K[name]) if K[name] <= T else (T, T)) for name in self.modules}
         rows = {name: np.zeros((T, K[name])) for name in self.modules if K[name] > T}
+        yield  # (tens of megabytes: a unit of its own)
         for begin in range(0, T, CALIBRATION_PIECE):
             cache = KVCache(config, CALIBRATION_PIECE, KVOptions())
             for at in range(begin, min(begin + CALIBRATION_PIECE, T), self.chunk):
@@ -92,20 +131,29 @@ class BasesJob:
                 positions = np.arange(at - begin, stop - begin)
                 batch = [Sequence(slice(None), positions, cache, Masks(positions))]
                 tape = Tape()
-                with bypassed(weights):
-                    x = embed(weights, config, np.asarray(self.ids[at:stop]))
-                    x = run_layers(weights, config, inv_freq, x, batch, range(first))
-                    run_layers(weights, config, inv_freq, x, batch, range(first, last + 1), tape)
+                x = None
+                for layers in groups:
+                    with bypassed(weights):  # (only while the unit runs: generations run in between)
+                        x = embed(weights, config, np.asarray(self.ids[at:stop])) if x is None else x
+                        split = min(max(layers.start, first), layers.stop)  # taped from the lowest adapted layer on
+                        x = run_layers(weights, config, inv_freq, x, batch, range(layers.start, split))
+                        x = run_layers(weights, config, inv_freq, x, batch, range(split, layers.stop), tape)
+                    yield
                 for name in self.modules:
                     _, _, index, _, target = name.split(".")
                     x = getattr(tape.layers[int(index) - first], _INPUT[target]).astype(np.float64)  # (t, K)
                     if name not in rows:
-                        gram[name] += x.T @ x
+                        for c in range(0, K[name], GRAM_COLUMNS):
+                            block = slice(c, c + GRAM_COLUMNS)
+                            gram[name][:, block] += x.T @ x[:, block]  # (K, c)
+                            yield
                         continue
                     rows[name][at:stop] = x
-                    gram[name][at:stop, :stop] = x @ rows[name][:stop].T
+                    for c in range(0, stop, GRAM_COLUMNS):
+                        block = slice(c, min(c + GRAM_COLUMNS, stop))
+                        gram[name][at:stop, block] = x @ rows[name][block].T  # (t, c)
+                        yield
                     gram[name][:at, at:stop] = gram[name][at:stop, :at].T
-                yield
         bases = {}
         for name in self.modules:
             bases[name] = yield from decomposition(gram.pop(name), rows.pop(name, None), self.energy)
@@ -178,20 +226,25 @@ def _key(engine: Engine, ids: list[int], energy: float) -> tuple:
 
 
 def decomposition(gram: np.ndarray, rows: np.ndarray | None, energy: float):
-    """A generator of steps making the basis (K, k) that holds `energy` of the inputs, from their Gram
-    matrix X^T X (K, K), or from X X^T (T, T) and the rows X (T, K) themselves (its eigenvectors V and
-    eigenvalues s give U = X^T V / sqrt(s)); it returns the basis. A step after the eigendecomposition
-    and after each block of BASIS_BLOCK columns."""
+    """A generator of units of work making the basis (K, k) that holds `energy` of the inputs, from their
+    Gram matrix X^T X (K, K), or from X X^T (T, T) and the rows X (T, K) themselves (its eigenvectors V
+    and eigenvalues s give U = X^T V / sqrt(s)); it returns the basis. A unit is the eigendecomposition,
+    then each block of BASIS_BLOCK columns; with the rows, as many block units as min(T, K) columns
+    would take (the job counted them before k was known): those past k are empty."""
     values, vectors = np.linalg.eigh(gram)  # ascending
     values, vectors = np.maximum(values[::-1], 0), vectors[:, ::-1]
     k = int(np.searchsorted(np.cumsum(values) / values.sum(), energy)) + 1
-    yield
     if rows is None:
-        return vectors[:, :k].astype(np.float32)  # (K, k)
-    basis = np.empty((rows.shape[1], k), np.float32)
-    for j in range(0, k, BASIS_BLOCK):
-        block = slice(j, min(j + BASIS_BLOCK, k))
-        basis[:, block] = rows.T @ vectors[:, block] / np.sqrt(values[block])
+        basis = vectors[:, :k].astype(np.float32)  # (K, k)
+        yield
+        return basis
+    columns = np.ascontiguousarray(rows.T)  # (K, T): the products below read it row by row, 8x faster in Pyodide
+    basis = np.empty((rows.shape[1], k), np.float32)  # (K, k)
+    yield
+    for j in range(0, -(-min(rows.shape) // BASIS_BLOCK) * BASIS_BLOCK, BASIS_BLOCK):
+        if j < k:
+            block = slice(j, min(j + BASIS_BLOCK, k))
+            basis[:, block] = columns @ vectors[:, block] / np.sqrt(values[block])  # (K, b)
         yield
     return basis
 
