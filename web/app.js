@@ -145,7 +145,7 @@ function showStep(phase, label, percent, details) {
 function progressOf(checked, name) {
   return (p) => {
     if (p.phase === 'runtime') {
-      const details = 'Python and NumPy start in this tab: 10–20 s the first time';
+      const details = 'Python and NumPy start in this tab: 10–20 s on a first visit, a few seconds on later ones';
       showStep('runtime', 'Starting the engine…', null, details);
     } else if (p.phase === 'plan') {
       showStep('plan', 'Checking memory…', null, '');
