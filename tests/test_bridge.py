@@ -192,7 +192,7 @@ def test_lessons_take_their_first_step_at_once_then_learn_in_slices(folder):
     ok(loader.build())
     handle = loader.take_engine()
     made = ok(handle.new_adapter(json.dumps({"name": "a", "targets": ["down_proj"], "layers": [-1]})))
-    assert made == {"name": "a", "rank": 2, "targets": ["down_proj"], "layers": [1]}
+    assert made == {"name": "a", "rank": 32, "targets": ["down_proj"], "layers": [1]}
     request = {"key": 7, "adapter": "a", "prompt_ids": [1, 2, 3], "completion_ids": [4, 5], "steps": 3}
     request |= {"until_greedy": False, "rehearse": 0, "keep": 0}  # three plain steps
     first = ok(handle.feedback(json.dumps(request)))
@@ -223,7 +223,7 @@ def test_lessons_take_their_first_step_at_once_then_learn_in_slices(folder):
     assert last == {"lessons": [done], "waiting": 0, "preparing": False, "prepared": None}
     names = ok(handle.adapter_names())
     assert names.pop("adapters") == [
-        {"name": "a", "kind": "lora", "version": 3, "rank": 2, "alpha": 4.0, "targets": ["down_proj"], "layers": [1]}
+        {"name": "a", "kind": "lora", "version": 3, "rank": 32, "alpha": 64.0, "targets": ["down_proj"], "layers": [1]}
         | {"active": True}
     ]
     assert names == {"names": ["a"], "active": "a", "versions": {"a": 3}, "learning": 0}

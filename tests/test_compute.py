@@ -28,7 +28,7 @@ def test_quantized_matrices_compute_their_exact_values(fmt, form, kernel, monkey
     w = np.random.default_rng(0).normal(0, 0.1, (96, 160)).astype(np.float32)
     parts = get_format(fmt).quantize(w)
     exact = get_format(fmt).dequantize(parts, w.shape)
-    matrix = prepare_matrix(fmt, parts, w.shape, ComputeOptions(form=form, kernel=kernel))
+    matrix = prepare_matrix(fmt, parts, w.shape, ComputeOptions(form=form, numpy_kernel=kernel))
     expected_type = Int8Matrix if form == "q8" or fmt == "q8" else Int4Matrix
     assert type(matrix) is expected_type
     np.testing.assert_array_equal(matrix.dequantize(), exact)
@@ -62,9 +62,9 @@ def run(engine, ids=IDS) -> np.ndarray:
 
 def test_kernels_agree(tmp_path):
     tiny_model("qwen2", tmp_path)
-    blas = run(load_engine(str(tmp_path), compute=ComputeOptions(kernel="blas")))
+    blas = run(load_engine(str(tmp_path), compute=ComputeOptions(numpy_kernel="blas")))
     np.testing.assert_allclose(
-        run(load_engine(str(tmp_path), compute=ComputeOptions(kernel="einsum"))), blas, atol=1e-5
+        run(load_engine(str(tmp_path), compute=ComputeOptions(numpy_kernel="einsum"))), blas, atol=1e-5
     )
 
 
@@ -104,5 +104,5 @@ def test_smollm2_in_every_form_gives_the_same_tokens(smollm2_dir, smollm2):
 def test_bad_compute_options_are_refused():
     with pytest.raises(InvalidArgumentError, match="compute must be one of f32, q8, q4, got 'q2'"):
         ComputeOptions(form="q2")
-    with pytest.raises(InvalidArgumentError, match="kernel must be one of blas, einsum, got 'gpu'"):
-        ComputeOptions(kernel="gpu")
+    with pytest.raises(InvalidArgumentError, match="numpy_kernel must be one of blas, einsum, got 'gpu'"):
+        ComputeOptions(numpy_kernel="gpu")

@@ -766,7 +766,7 @@ export interface MixOptions {
 
 export interface AdapterConfig {
   name?: string;
-  /** Default 2. */
+  /** Default 32 (as on CPython: LoRAConfig). */
   rank?: number;
   /** Default 2 x rank. */
   alpha?: number;

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 import time
 from collections.abc import Iterator, Sequence
 
@@ -23,15 +22,16 @@ from .files import jsonfields as fields
 from .files.store import TensorStore
 from .learning import learn
 from .learning.learn import AdaptReport
-from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig
-from .learning.projection import CALIBRATION_TOKENS, calibration_text
-from .learning.xlora import Mixture, RouterConfig, is_xlora
-from .model.cache import KVCache, KVOptions
+from .learning.lora import DEFAULT_LAYERS, Adapter
+from .learning.projection import calibration_text
+from .learning.xlora import Mixture, is_xlora
+from .model.cache import KVOptions
 from .model.config import ModelConfig
 from .runtime.constrain import Vocabulary
 from .runtime.engine import Engine, LoadOptions, is_gguf, open_gguf, open_model
-from .runtime.generate import Constraint, GenerationOptions, generate_tokens
-from .text.stream import Chunk, generate_text
+from .runtime.generate import Constraint, GenerationOptions
+from .session import KEEP, Session
+from .text.stream import Chunk
 from .text.tokenizer import Tokenizer
 from .tools.perplexity import token_nll
 
@@ -49,14 +49,11 @@ class Model:
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids)
         self.name = name  # the model's name in OpenAI answers (the file or folder name)
-        self._vocabulary: Vocabulary | None = None
-        self.adapters = AdapterSet.attached(engine)  # MicroLoRA: held, selected, learning
-        self.learner = learn.Learner(self.adapters, engine)  # lessons learned in the background (feedback, learn)
+        self.session = Session(engine, tokenizer.token_bytes, tokenizer.special_ids)  # what the bridge shares
+        self.adapters = self.session.adapters  # MicroLoRA: held, selected, learning
         if engine.calibration_ids is None:  # what learning keeps its adapters' inputs away from
-            engine.calibration_ids = tokenizer.encode(calibration_text())[:CALIBRATION_TOKENS]
-        self._idle_cache: KVCache | None = engine.new_cache()  # no generation holds it
+            self.session.set_calibration(tokenizer.encode(calibration_text()))
         self._read_folders: list[str] = []  # the model and the adapters loaded: never written over
-        self._cache_lock = threading.Lock()
 
     @property
     def config(self):
@@ -97,12 +94,7 @@ class Model:
     @property
     def vocabulary(self) -> Vocabulary:
         """The tokens as bytes, prepared for constrained decoding (built on first use)."""
-        if self._vocabulary is None:
-            tokenizer = self.tokenizer
-            self._vocabulary = Vocabulary(
-                tokenizer.token_bytes, self.config.vocab_size, tokenizer.special_ids, self.eos_token_ids
-            )
-        return self._vocabulary
+        return self.session.vocabulary(self.eos_token_ids)
 
     def _complete(self, body: dict, kind: str) -> dict | Iterator[dict]:
         started = time.perf_counter()
@@ -110,7 +102,7 @@ class Model:
         constraint = (
             prepared.constraint(self.vocabulary) if prepared.tool_choice != "none" or prepared.grammar else None
         )
-        chunks = self._stream(prepared.prompt_ids, prepared.options, started, self._KEEP, constraint)
+        chunks = self._stream(prepared.prompt_ids, prepared.options, started, KEEP, constraint)
         response = Response(prepared, self.tokenizer.token_bytes)
         if prepared.stream:
             return (event for chunk in chunks for event in response.add(chunk))
@@ -123,15 +115,15 @@ class Model:
     def new_adapter(
         self,
         name: str = "default",
-        rank: int = 2,
+        rank: int | None = None,
         alpha: float | None = None,
-        targets: Sequence[str] = DEFAULT_TARGETS,
+        targets: Sequence[str] | None = None,
         layers: Sequence[int] | None = DEFAULT_LAYERS,
     ) -> Adapter:
         """A fresh adapter (it changes nothing until it learns), held under `name` and made active.
+        rank, alpha, targets: LoRAConfig's defaults when None (rank 32, alpha 2 x rank, down_proj);
         layers: the decoder layers it adapts (negative counts from the top; None: all)."""
-        layers = None if layers is None else tuple(layers)
-        return self.adapters.create(name, LoRAConfig(rank=rank, alpha=alpha, targets=tuple(targets), layers=layers))
+        return self.session.new_adapter(name, rank, alpha, targets, layers)
 
     def load_adapter(self, path: str, name: str | None = None) -> str:
         """Load an adapter folder (ours, a Hugging Face PEFT LoRA, or a PEFT X-LoRA mixture with its
@@ -165,7 +157,9 @@ class Model:
         """An X-LoRA mixture of held adapters (copies of them as they are now), routed per token by a new
         router that starts out giving every expert the same weight; held under `name` and made active.
         Feedback on it (`adapt`, `feedback` with adapter=name) teaches its router."""
-        config = RouterConfig(
+        return self.session.mix_adapters(
+            name,
+            experts,
             depth=depth,
             size=size,
             layerwise=layerwise,
@@ -173,7 +167,6 @@ class Model:
             top_k=top_k,
             global_scaling_weight=global_scaling_weight,
         )
-        return self.adapters.mix(name, experts, config)
 
     def list_adapters(self) -> list[dict]:
         """Every adapter and mixture held: name, kind ("lora" or "xlora"), version, whether active, and
@@ -202,10 +195,8 @@ class Model:
         none is held yet. When the text is what the last generation produced, the hidden states it
         computed are reused (no forward through the layers below the adapter).
         """
-        lesson = self._lesson(prompt, completion, reward, adapter, chat, options)
-        with self.engine.lock:  # no generation step in between may wrap the weights with another adapter
-            lesson.run()
-        return lesson.report
+        prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
+        return self.session.adapt(prompt_ids, completion_ids, reward, adapter, options)
 
     def feedback(
         self,
@@ -215,31 +206,26 @@ class Model:
         adapter: str = "default",
         chat: bool = False,
         **options: object,
-    ) -> learn.Lesson:
+    ) -> learn.Lesson | learn.RouteLesson:
         """Learn from feedback in the background (arguments as `adapt`): the first step is taken now, so
         the next answer already differs; the other steps and the consolidation wait for `learn()` calls
         (between generations, each as long as you allow). Returns the lesson (`done`, `steps`, `report`)."""
-        lesson = self._lesson(prompt, completion, reward, adapter, chat, options)
-        lesson.defer_projection = True  # a fresh adapter's projection is made by learn(), not now
-        with self.engine.lock:
-            lesson.step()
-        if not lesson.done:
-            self.learner.add(adapter, lesson)
-        return lesson
+        prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
+        return self.session.feedback(prompt_ids, completion_ids, reward, adapter, options)
 
     def learn(self, budget_ms: float | None = 100.0) -> learn.LearningStatus:
         """Steps of the waiting lessons (`feedback`) for about `budget_ms` (at least one step; None: until
         all are done). Each step is a forward and backward through the adapted layers only."""
-        return self.learner.run(budget_ms)
+        return self.session.learn(budget_ms)
 
     def cancel_learning(self) -> learn.LearningStatus:
         """Drop the lessons still waiting; what their steps taught so far stays."""
-        return self.learner.cancel()
+        return self.session.cancel_learning()
 
     @property
     def learning(self) -> learn.LearningStatus:
         """Lessons waiting, the current one's step, its adapter and that adapter's version."""
-        return self.learner.status()
+        return self.session.learner.status()
 
     def completion_log_prob(self, prompt_ids: Sequence[int], completion_ids: Sequence[int]) -> float:
         """Mean log-probability of `completion_ids` after `prompt_ids`, with the active adapter."""
@@ -252,13 +238,6 @@ class Model:
         prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
         chunks = self.generate(prompt_ids, max_tokens=len(completion_ids), temperature=0)
         return "".join(c.text for c in chunks).startswith(completion)
-
-    def _lesson(self, prompt, completion, reward, adapter, chat, options) -> learn.Lesson:
-        prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
-        learn.AdaptOptions(**options)  # bad options are refused before an adapter is made for them
-        with self.engine.lock:
-            held = self.adapters.learner(adapter)
-            return learn.lesson_for(self.engine, held, prompt_ids, completion_ids, reward, options, self._idle_cache)
 
     def feedback_ids(self, prompt: str | list[dict], completion: str, chat: bool) -> tuple[list[int], list[int]]:
         """Token ids of a prompt and its completion, tokenized as they would be generated."""
@@ -273,10 +252,8 @@ class Model:
             return prompt_ids, whole[len(prompt_ids) :]
         return prompt_ids, self.tokenizer.encode(completion, add_special_tokens=False)
 
-    _KEEP = object()  # no adapter option: the active adapter stays
-
     def _adapter_option(self, options: dict) -> object:
-        return options.pop("adapter") if "adapter" in options else self._KEEP
+        return options.pop("adapter") if "adapter" in options else KEEP
 
     def _stream(
         self,
@@ -286,33 +263,8 @@ class Model:
         adapter: object,
         constraint: Constraint | None = None,
     ) -> Iterator[Chunk]:
-        cache = self._borrow_cache()
-        try:
-            with self.engine.lock:  # the adapter chosen here is the one the generation pins
-                if adapter is not self._KEEP:
-                    self.adapters.activate(adapter)  # and later calls too, as set_adapter would
-                steps = generate_tokens(self.engine, ids, options, self.eos_token_ids, cache, constraint=constraint)
-        except BaseException:
-            self._return_cache(cache)
-            raise
-        chunks = generate_text(steps, self.tokenizer.detokenizer(), len(ids), options.stop, self.eos_token_ids, started)
-        return self._returning_cache(chunks, cache)
-
-    def _borrow_cache(self) -> KVCache:
-        """The idle cache (it may hold a prefix of the next prompt), or a new one if a generation has it."""
-        with self._cache_lock:
-            cache, self._idle_cache = self._idle_cache, None
-        return cache if cache is not None else self.engine.new_cache()
-
-    def _return_cache(self, cache: KVCache) -> None:
-        with self._cache_lock:
-            self._idle_cache = cache  # the newest finished conversation: the likeliest to continue
-
-    def _returning_cache(self, chunks: Iterator[Chunk], cache: KVCache) -> Iterator[Chunk]:
-        try:
-            yield from chunks
-        finally:  # finished, failed, closed, or collected after being abandoned
-            self._return_cache(cache)
+        detokenizer = self.tokenizer.detokenizer()
+        return self.session.stream(ids, options, self.eos_token_ids, detokenizer, started, adapter, constraint)
 
 
 def load(
@@ -362,16 +314,15 @@ def load(
         tokenizer.set_chat_template(chat_template)
     calibration = tokenizer.encode(calibration_text()) if isq == "awq" else None
     options = LoadOptions(
-        context_length,
-        compute,
-        memory_budget,
-        None,
-        kv or KVOptions(),
-        isq,
-        isq_format,
-        tuple(calibration) if calibration else None,
-        threads,
-        kernels,
+        context_length=context_length,
+        compute=compute,
+        memory_budget=memory_budget,
+        kv=kv or KVOptions(),
+        isq=isq,
+        isq_format=isq_format,
+        calibration_ids=tuple(calibration) if calibration else None,
+        threads=threads,
+        kernels=kernels,
     )
     engine = Engine.from_store(config, store, options)
     model = Model(engine, tokenizer, eos_token_ids(generation_config, engine, tokenizer), name)

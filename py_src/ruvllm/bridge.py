@@ -1,4 +1,5 @@
 """The bridge between the JavaScript worker (Pyodide) and the engine: the only module the worker calls.
+A thin JSON layer over session.Session, which api.Model shares: the verbs mean the same in both.
 
 The protocol. Requests cross as JSON strings with Python's names (npm/src/protocol.js renames them,
 and JSON turns JS null into None), except the bytes of files, which cross as typed arrays. Every call
@@ -37,8 +38,7 @@ over Python objects instead: `take_engine()` and `take_files()`.
                                                       and the last one "result" (the whole answer)
     EngineHandle.stop()                            -> true (an abort)
     EngineHandle.cache_stats()                     -> {hot_positions, hot_bytes, cold_positions, ...}
-    EngineHandle.new_adapter({name, rank, alpha, targets, layers}), adapt({adapter, prompt_ids,
-                             completion_ids, reward, steps, lr}), set_adapter({name}), adapter_names()
+    EngineHandle.new_adapter({name, rank, alpha, targets, layers}), set_adapter({name}), adapter_names()
     EngineHandle.feedback({key, adapter, prompt_ids, ..., budget_ms})  -> a lesson's progress, its first step
                                                       (the instant loop) taken for about budget_ms (null: all)
     EngineHandle.first_step({key, budget_ms})      -> its progress, the first step taken further
@@ -81,19 +81,19 @@ from .files.gguf import GGUFFile, header_size
 from .files.gguf_model import GGUFModel
 from .files.store import TensorStore, count_parameters
 from .files.tensorfile import PieceBuffer, SafetensorsFile
-from .learning.learn import AdaptOptions, Learner, Lesson, RouteLesson, lesson_for
-from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig, module_names
-from .learning.projection import CALIBRATION_TOKENS, calibration_text
-from .learning.xlora import Mixture, RouterConfig
+from .learning.learn import Lesson, RouteLesson
+from .learning.lora import DEFAULT_LAYERS, Adapter
+from .learning.projection import calibration_text
+from .learning.xlora import Mixture
 from .model.cache import KVOptions
 from .model.config import ModelConfig
 from .quant.provider import ARITHMETIC, DEFAULT_ARITHMETIC
 from .quant.wasm import WasmKernels
-from .runtime.constrain import Vocabulary
 from .runtime.engine import Engine, LoadOptions, plan_for
-from .runtime.generate import GenerationOptions, Prefilling, generate_tokens
+from .runtime.generate import GenerationOptions, Prefilling
+from .session import Session
 from .text.detokenizer import StreamingDetokenizer, special_token_ids, token_byte_table
-from .text.stream import Chunk, generate_text
+from .text.stream import Chunk
 
 
 def _json_result(fn: Callable) -> Callable[..., str]:
@@ -324,16 +324,12 @@ class EngineHandle:
         strip_leading_space: bool,
         special_ids: frozenset[int] = frozenset(),
     ) -> None:
-        self.engine = engine
-        self.adapters = AdapterSet.attached(engine)
-        self.cache = engine.new_cache()
+        self.session = Session(engine, token_bytes, special_ids)  # what api.Model shares
+        self.engine, self.adapters, self.learner = engine, self.session.adapters, self.session.learner
         self.token_bytes, self.strip_leading_space = token_bytes, strip_leading_space
-        self.special_ids = special_ids
-        self.vocabularies: dict[tuple[int, ...], Vocabulary] = {}  # for constrained output, by EOS ids
         self.chunks = None
         self.response: Response | None = None  # with start_completion: the OpenAI answer being built
         self._outgoing: dict[str, bytes] = {}  # adapter_files, until take_files()
-        self.learner = Learner(self.adapters, engine)  # lessons learned in the worker's idle time
         # under way, by the key JavaScript gave (its request id): (the adapter's name, the lesson)
         self.lessons: dict[object, tuple[str, Lesson | RouteLesson]] = {}
 
@@ -349,11 +345,9 @@ class EngineHandle:
         ids = request.get("prompt_ids")
         if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
             raise InvalidArgumentError("prompt_ids must be a list of integers")
-        eos = request.get("eos_ids", [])
-        steps = generate_tokens(self.engine, ids, options, eos, self.cache, report_prefill=True)
-        detokenizer = StreamingDetokenizer(self.token_bytes, self.strip_leading_space)
-        self.chunks = generate_text(steps, detokenizer, len(ids), options.stop, eos, started)
-        self.response = None
+        eos = _ids(request.get("eos_ids", []), "eos_ids")
+        self._end()
+        self.chunks = self.session.stream(ids, options, eos, self._detokenizer(), started, report_prefill=True)
         return {"prompt_tokens": len(ids)}
 
     @_json_result
@@ -374,18 +368,11 @@ class EngineHandle:
         ids = _ids(request.get("prompt_ids"), "prompt_ids")
         eos = _ids(request.get("eos_ids", []), "eos_ids")
         prepared = finish(checked, ids, self.engine.context_length, request.get("model") or "ruvllm")
-        constraint = None
-        if prepared.constrained:
-            key = tuple(sorted(eos))
-            if key not in self.vocabularies:  # built once per set of EOS ids (about a second for 50k tokens)
-                size = self.engine.config.vocab_size
-                self.vocabularies[key] = Vocabulary(self.token_bytes, size, self.special_ids, eos)
-            constraint = prepared.constraint(self.vocabularies[key])
-        steps = generate_tokens(
-            self.engine, ids, prepared.options, eos, self.cache, report_prefill=True, constraint=constraint
+        constraint = prepared.constraint(self.session.vocabulary(eos)) if prepared.constrained else None
+        self._end()
+        self.chunks = self.session.stream(
+            ids, prepared.options, eos, self._detokenizer(), started, constraint=constraint, report_prefill=True
         )
-        detokenizer = StreamingDetokenizer(self.token_bytes, self.strip_leading_space)
-        self.chunks = generate_text(steps, detokenizer, len(ids), prepared.options.stop, eos, started)
         self.response = Response(prepared, self.token_bytes)
         return {"prompt_tokens": len(ids)}
 
@@ -431,13 +418,16 @@ class EngineHandle:
 
     def _end(self) -> None:
         if self.chunks is not None:
-            self.chunks.close()
+            self.chunks.close()  # (the cache goes back to the session)
         self.chunks = self.response = None
+
+    def _detokenizer(self) -> StreamingDetokenizer:
+        return StreamingDetokenizer(self.token_bytes, self.strip_leading_space)
 
     @_json_result
     def cache_stats(self) -> dict:
         """Positions and bytes of the KV cache per tier."""
-        return self.cache.stats()
+        return self.session.last_cache.stats()
 
     # --- MicroLoRA ------------------------------------------------------------------------------
 
@@ -445,21 +435,12 @@ class EngineHandle:
     def new_adapter(self, request_json: str) -> dict:
         """request: {name, rank, alpha, targets, layers}; the new adapter becomes the active one."""
         r = _request(request_json)
-        targets = tuple(r.get("targets") or DEFAULT_TARGETS)
-        layers = r.get("layers", DEFAULT_LAYERS)
-        layers = None if layers is None else tuple(layers)
-        config = LoRAConfig(rank=r.get("rank", 2), alpha=r.get("alpha"), targets=targets, layers=layers)
         name = r.get("name") or "default"
-        adapter = self.adapters.create(name, config)
-        return {"name": name, "rank": config.rank, "targets": list(config.targets), "layers": adapter.config.layers}
-
-    @_json_result
-    def adapt(self, request_json: str) -> dict:
-        """request: {adapter, prompt_ids, completion_ids, reward, steps, lr}: every step now."""
-        lesson = self._lesson(_request(request_json))
-        with self.engine.lock:
-            lesson.run()
-        return dataclasses.asdict(lesson.report)
+        adapter = self.session.new_adapter(
+            name, r.get("rank"), r.get("alpha"), r.get("targets") or None, r.get("layers", DEFAULT_LAYERS)
+        )
+        config = adapter.config
+        return {"name": name, "rank": config.rank, "targets": list(config.targets), "layers": config.layers}
 
     @_json_result
     def feedback(self, request_json: str) -> dict:
@@ -470,11 +451,9 @@ class EngineHandle:
         key, name = r.get("key"), r.get("adapter") or "default"
         if key in self.lessons:
             raise InvalidArgumentError(f"a lesson with key {key!r} is already under way")
-        lesson = self._lesson(r)
-        lesson.defer_projection = True  # a fresh adapter's projection is made in idle time, not now
-        self.learner.add(name, lesson)
+        lesson = self.session.feedback(*self._lesson(r), budget_ms=r.get("budget_ms"))
         self.lessons[key] = (name, lesson)
-        return self._first_step(key, r.get("budget_ms"))
+        return self._progress_of(key)
 
     @_json_result
     def first_step(self, request_json: str) -> dict:
@@ -482,12 +461,13 @@ class EngineHandle:
         r = _request(request_json)
         if r.get("key") not in self.lessons:
             raise InvalidArgumentError(f"no lesson with key {r.get('key')!r} is under way")
-        return self._first_step(r.get("key"), r.get("budget_ms"))
+        key = r.get("key")
+        self.session.first_step(self.lessons[key][1], r.get("budget_ms"))
+        return self._progress_of(key)
 
-    def _first_step(self, key: object, budget_ms: float | None) -> dict:
+    def _progress_of(self, key: object) -> dict:
+        """Lesson `key`'s progress; one that is done or left the loop is let go."""
         _, lesson = self.lessons[key]
-        if lesson.ended is None:
-            self.learner.first_step(lesson, budget_ms)
         progress = self._progress(key)
         if lesson.done or lesson.ended is not None:
             del self.lessons[key]
@@ -508,8 +488,7 @@ class EngineHandle:
     def prepare_learning(self) -> dict:
         """Have the default adapter's projection made in idle time (`learn` calls), so that its first
         lesson starts projected. Returns {"preparing"}: whether there is work to do."""
-        layers = LoRAConfig().layer_indexes(len(self.engine.weights.layers))
-        return {"preparing": self.learner.prepare(module_names(self.engine.weights, DEFAULT_TARGETS, layers))}
+        return {"preparing": self.session.prepare_learning()}
 
     @_json_result
     def cancel_learning(self, request_json: str) -> dict:
@@ -517,7 +496,7 @@ class EngineHandle:
         key = _request(request_json).get("key")
         for each, (_, lesson) in self.lessons.items():
             if key is None or each == key:
-                self.learner.cancel(lesson)
+                self.session.cancel_learning(lesson)
         return {"lessons": self._report_lessons(), "waiting": self.learner.status().lessons}
 
     @_json_result
@@ -528,21 +507,17 @@ class EngineHandle:
     @_json_result
     def set_calibration(self, request_json: str) -> int:
         """request: {ids}: the calibration text's token ids (what learning's projection starts from)."""
-        ids = _ids(_request(request_json).get("ids"), "ids")
-        self.engine.calibration_ids = ids[:CALIBRATION_TOKENS]
-        return len(self.engine.calibration_ids)
+        return self.session.set_calibration(_ids(_request(request_json).get("ids"), "ids"))
 
-    def _lesson(self, r: dict) -> Lesson | RouteLesson:
+    def _lesson(self, r: dict) -> tuple[list[int], list[int], float, str, dict]:
+        """A lesson request's arguments for Session.feedback."""
         names = ("steps", "lr", "optimizer", "ewc", "until_greedy", "rehearse", "keep", "project")
         options = {k: r[k] for k in names if r.get(k) is not None}
-        AdaptOptions(**options)  # bad options are refused before an adapter is made for them
         prompt_ids, completion_ids = (
             _ids(r.get("prompt_ids"), "prompt_ids"),
             _ids(r.get("completion_ids"), "completion_ids"),
         )
-        with self.engine.lock:
-            held = self.adapters.learner(r.get("adapter") or "default")
-            return lesson_for(self.engine, held, prompt_ids, completion_ids, r.get("reward", 1.0), options, self.cache)
+        return prompt_ids, completion_ids, r.get("reward", 1.0), r.get("adapter") or "default", options
 
     def _report_lessons(self) -> list[dict]:
         """The progress of every lesson held; the finished, cancelled and dropped ones are let go."""
@@ -614,10 +589,9 @@ class EngineHandle:
         adapters with an even router, made active."""
         r = _request(request_json)
         names = ("depth", "size", "layerwise", "temperature", "top_k")
-        config = RouterConfig(**{k: r[k] for k in names if r.get(k) is not None})
         name = r.get("name") or "mixture"
-        mixture = self.adapters.mix(name, r.get("experts"), config)
-        return {"name": name, "experts": mixture.names, "top_k": config.top_k}
+        mixture = self.session.mix_adapters(name, r.get("experts"), **{k: r[k] for k in names if r.get(k) is not None})
+        return {"name": name, "experts": mixture.names, "top_k": mixture.config.top_k}
 
     @_json_result
     def set_adapter(self, request_json: str) -> str | None:

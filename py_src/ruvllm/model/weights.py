@@ -109,7 +109,7 @@ class Weights:
         return sum(m.nbytes for m in self.matrices()) + sum(v.nbytes for v in vectors)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ComputeOptions:
     """How weights live in memory while computing.
 
@@ -117,20 +117,21 @@ class ComputeOptions:
       ~0.6). Quantized tensors keep their exact values in any form that can hold them (a q8 tensor
       stays int8 under "q4"); float tensors are quantized at load (runtime quantization, round to
       nearest) to q8, or to `isq_format` under "q4".
-    kernel: "blas" (best on CPython) or "einsum" (best in Pyodide); see matrices.py.
+    numpy_kernel: how NumPy multiplies, "blas" (best on CPython) or "einsum" (best in Pyodide); see
+      matrices.py. (LoadOptions.kernels chooses between NumPy and a kernel provider.)
     provider: a kernel provider (quant/provider.py) that computes the products instead of NumPy.
     """
 
     form: str = "f32"
-    kernel: str = "blas"
+    numpy_kernel: str = "blas"
     isq_format: str = "q4_1"
     provider: KernelProvider | None = None
 
     def __post_init__(self) -> None:
         if self.form not in COMPUTE_FORMS:
             raise InvalidArgumentError(f"compute must be one of {', '.join(COMPUTE_FORMS)}, got {self.form!r}")
-        if self.kernel not in KERNELS:
-            raise InvalidArgumentError(f"kernel must be one of {', '.join(KERNELS)}, got {self.kernel!r}")
+        if self.numpy_kernel not in KERNELS:
+            raise InvalidArgumentError(f"numpy_kernel must be one of {', '.join(KERNELS)}, got {self.numpy_kernel!r}")
         if self.isq_format not in ("q4_0", "q4_1"):
             raise InvalidArgumentError(f"isq_format must be q4_0 or q4_1, got {self.isq_format!r}")
 
@@ -152,11 +153,11 @@ def prepare_matrix(fmt: str, parts: dict[str, np.ndarray], shape: tuple[int, ...
     """A stored matrix in the compute form `options` asks for, never losing precision it has."""
     cls, values = compute_form(fmt, shape, options)
     if cls is DenseMatrix:
-        matrix = DenseMatrix(get_format(fmt).dequantize(parts, shape), options.kernel)
+        matrix = DenseMatrix(get_format(fmt).dequantize(parts, shape), options.numpy_kernel)
     else:
         if values != fmt:
             parts = get_format(values).quantize(get_format(fmt).dequantize(parts, shape))
-        matrix = cls.from_parts(values, parts, options.kernel)
+        matrix = cls.from_parts(values, parts, options.numpy_kernel)
     matrix.use_provider(options.provider)
     return matrix
 

@@ -84,18 +84,18 @@ def resolve_context(config: ModelConfig, context_length: int | None) -> int:
     return context_length
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class LoadOptions:
-    """How to load a model. compute: "auto" (the fastest form within `memory_budget` and the machine's
-    memory: planner.py), "f32", "q8", "q4", or ComputeOptions (refused if it does not fit them); kernel:
-    None picks NumPy's for this runtime. kernels: "auto", "wasm" or "numpy" (quant/provider.py), choosing
-    between NumPy and `provider`, the kernel provider the runtime offers (the Pyodide bridge passes the
-    WebAssembly one)."""
+    """How to load a model (keywords only). compute: "auto" (the fastest form within `memory_budget` and
+    the machine's memory: planner.py), "f32", "q8", "q4", or ComputeOptions (refused if it does not fit
+    them). kernels: "auto", "wasm" or "numpy" (quant/provider.py), choosing between NumPy and
+    `provider`, the kernel provider the runtime offers (the Pyodide bridge passes the WebAssembly one);
+    numpy_kernel: how NumPy multiplies when it does ("blas" or "einsum"; None: the better one here)."""
 
     context_length: int | None = None
     compute: str | ComputeOptions = "auto"
     memory_budget: int | None = None
-    kernel: str | None = None
+    numpy_kernel: str | None = None
     kv: KVOptions = field(default_factory=KVOptions)
     isq: str = "rtn"  # how float models are quantized at load: "rtn" or "awq" (activation-aware)
     isq_format: str = "q4_1"  # the 4-bit format float matrices get under compute "q4"
@@ -142,7 +142,8 @@ def _activation_aware(config: ModelConfig, store: TensorStore, compute: ComputeO
         )
     if not ids:
         raise InvalidArgumentError("isq='awq' needs calibration token ids")
-    dense = load_weights(config, store, ComputeOptions(form="f32", kernel=compute.kernel, provider=compute.provider))
+    as_f32 = ComputeOptions(form="f32", numpy_kernel=compute.numpy_kernel, provider=compute.provider)
+    dense = load_weights(config, store, as_f32)
     return quantize_activation_aware(dense, config, compute, list(ids))
 
 
@@ -176,8 +177,10 @@ class Engine:
         plan = plan_for(config, store, options)
         compute = options.compute
         if not isinstance(compute, ComputeOptions):
-            kernel = options.kernel or default_kernel()
-            compute = ComputeOptions(plan.compute, kernel, options.isq_format, options.chosen_provider)
+            kernel = options.numpy_kernel or default_kernel()
+            compute = ComputeOptions(
+                form=plan.compute, numpy_kernel=kernel, isq_format=options.isq_format, provider=options.chosen_provider
+            )
         report = None
         if options.isq == "awq" and compute.form != "f32":
             weights, report = _activation_aware(config, store, compute, options.calibration_ids)
@@ -340,7 +343,7 @@ def load_engine(
     compute: str | ComputeOptions = "auto",
     kv: KVOptions | None = None,
     memory_budget: int | None = None,
-    kernel: str | None = None,
+    numpy_kernel: str | None = None,
     isq: str = "rtn",
     calibration_ids: list[int] | None = None,
     isq_format: str = "q4_1",
@@ -350,15 +353,15 @@ def load_engine(
     """Load a model folder or a GGUF file. See LoadOptions for the arguments."""
     calibration = tuple(calibration_ids) if calibration_ids else None
     options = LoadOptions(
-        context_length,
-        compute,
-        memory_budget,
-        kernel,
-        kv or KVOptions(),
-        isq,
-        isq_format,
-        calibration,
-        threads,
-        kernels,
+        context_length=context_length,
+        compute=compute,
+        memory_budget=memory_budget,
+        numpy_kernel=numpy_kernel,
+        kv=kv or KVOptions(),
+        isq=isq,
+        isq_format=isq_format,
+        calibration_ids=calibration,
+        threads=threads,
+        kernels=kernels,
     )
     return Engine.from_store(*open_model(folder), options)

@@ -123,7 +123,7 @@ def plan_memory(
     if compute not in COMPUTE_FORMS:
         raise InvalidArgumentError(f"compute must be one of auto, {', '.join(COMPUTE_FORMS)}, got {compute!r}")
     kv = kv or KVOptions()
-    options = ComputeOptions(compute, isq_format=isq_format)
+    options = ComputeOptions(form=compute, isq_format=isq_format)
     weight, by_form, largest = 0, {}, 0
     for name, (fmt, shape) in tensors.items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
