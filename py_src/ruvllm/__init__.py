@@ -13,7 +13,8 @@ The package is built in layers; a module imports only from its own layer and the
                 generation | MicroLoRA adapters and their backward pass | offline conversion of HF
                 folders and GGUF files
     tools/      perplexity and benchmarks over an engine
-    entry points: api (Python API), bridge (the Pyodide worker's), cli (the command), __main__
+    entry points: api (Python API), bridge (the Pyodide worker's), cli/ (the command, a module per
+                command), __main__
 
 Adapters reach the engine as what wraps its weights (`Engine.attach`), so the runtime never imports
 learning.
