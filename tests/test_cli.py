@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import re
@@ -175,6 +176,38 @@ def test_ctrl_c_stops_an_answer_and_the_chat_goes_on(smollm2_dir, monkeypatch, c
 def test_version():
     result = ruvllm("--version")
     assert result.returncode == 0 and result.stdout.strip() == f"ruvllm {ruvllm_version}"
+
+
+def help_of(main, argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as exit:
+        main(argv)
+    assert exit.value.code == 0
+    return capsys.readouterr().out
+
+
+def test_every_command_is_a_module_whose_main_is_that_command(capsys):
+    """Each command `python -m ruvllm --help` lists is ruvllm.cli.NAME, and its main(argv) is
+    `ruvllm NAME ARGV...`: the same help, the same one-line errors and exit codes."""
+    listed = ruvllm("--help")
+    assert listed.returncode == 0, listed.stderr
+    names = re.search(r"^usage: ruvllm .*?\{([a-z,]+)\}", listed.stdout, re.S).group(1).split(",")
+    assert names == list(cli.COMMANDS) and len(names) == 13
+    for name in names:
+        module = importlib.import_module(f"ruvllm.cli.{name}")
+        assert module.__file__.endswith(f"cli/{name}.py")
+        assert f" {name} {module.HELP} " in " ".join(listed.stdout.split())  # its help line is its module's
+        text = help_of(cli.main, [name, "--help"], capsys)
+        assert text.startswith(f"usage: ruvllm {name} [-h]")
+        assert help_of(module.main, ["--help"], capsys) == text
+
+    bench = importlib.import_module("ruvllm.cli.bench")
+    assert bench.main(["no-such-model", "--prompt-length", "0"]) == 1
+    assert capsys.readouterr().err == "ruvllm bench: error: --prompt-length and --gen-length must be >= 1\n"
+    with pytest.raises(SystemExit) as exit:
+        importlib.import_module("ruvllm.cli.info").main([])
+    assert exit.value.code == 2
+    expected = "ruvllm info: error: the following arguments are required: model (see --help)\n"
+    assert capsys.readouterr().err == expected
 
 
 # --- bad input: exit code 1 (2 for a malformed command line), one line on stderr, no traceback

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 import ruvllm
-from ruvllm.cli import build_parser, cmd_info
+from ruvllm.cli import build_parser, info
 from ruvllm.errors import LoadError, RuvLLMError
 from ruvllm.files.gguf_vocab import GGUFWarning
 
@@ -436,7 +436,7 @@ def mutant(original: Header, index: int, path: Path) -> Header:
 
 
 def run_info(path: Path) -> None:
-    cmd_info(build_parser().parse_args(["info", str(path), "--compute", "q8"]))
+    info.run(build_parser().parse_args(["info", str(path), "--compute", "q8"]))
 
 
 def run_generate(path: Path) -> None:
@@ -761,7 +761,7 @@ def test_a_file_claiming_more_memory_than_the_machine_has_is_refused_before_allo
         r"the model does not fit this machine's memory \(8\.0 GiB\): in its smallest form \(q4\) it needs "
         r"\d+\.\d GiB: weights .* MiB; try a smaller model \(its weights alone do not fit\)"
     )
-    for run in (lambda p: cmd_info(build_parser().parse_args(["info", str(p)])), lambda p: ruvllm.load(str(p))):
+    for run in (lambda p: info.run(build_parser().parse_args(["info", str(p)])), lambda p: ruvllm.load(str(p))):
         with pytest.raises(LoadError, match=message):
             run(path)
     with pytest.raises(

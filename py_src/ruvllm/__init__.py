@@ -14,7 +14,8 @@ The package is built in layers; a module imports only from its own layer and the
                 folders and GGUF files
     tools/      perplexity and benchmarks over an engine
     session     what every front end shares: an engine, its adapters, learning, the cache it lends
-    entry points: api (Python API), bridge (the Pyodide worker's), cli (the command), server, __main__
+    entry points: api (Python API), bridge (the Pyodide worker's), cli/ (the command, a module per
+                command), server, __main__
 
 Adapters reach the engine as what wraps its weights (`Engine.attach`), so the runtime never imports
 learning.
