@@ -9,9 +9,10 @@ import copy
 import numpy as np
 import pytest
 
+from ruvllm.learning.adapters import AdapterSet
 from ruvllm.learning.backprop import entering_states
 from ruvllm.learning.learn import REHEARSAL_STEPS, AdaptOptions, Learner, Lesson
-from ruvllm.learning.lora import Adapter, AdapterSet, LoRAConfig
+from ruvllm.learning.lora import Adapter, LoRAConfig
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, Prefilling, generate_tokens
 

@@ -10,9 +10,10 @@ import pytest
 import torch
 
 from ruvllm.errors import InvalidArgumentError, LoadError
+from ruvllm.learning.adapters import AdapterSet
 from ruvllm.learning.backprop import logits_for
 from ruvllm.learning.learn import adapter_gradients
-from ruvllm.learning.lora import TARGETS, Adapter, AdapterSet, LoRAConfig
+from ruvllm.learning.lora import TARGETS, Adapter, LoRAConfig
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 

@@ -12,8 +12,9 @@ import pytest
 import torch
 
 from ruvllm.errors import InvalidArgumentError, LoadError
+from ruvllm.learning.adapters import AdapterSet
 from ruvllm.learning.learn import AdaptOptions, RouteLesson, route_gradients
-from ruvllm.learning.lora import Adapter, AdapterSet
+from ruvllm.learning.lora import Adapter
 from ruvllm.learning.xlora import Mixture, RouterConfig
 from ruvllm.runtime.engine import load_engine
 

@@ -294,11 +294,11 @@ def load(
     SIMD kernels, only inside the npm package's Pyodide worker) or "numpy".
     chat_template: a Jinja chat template to use instead of the model's own (or for a model without one).
     """
+    from .files.hub import ensure_local, is_hub_name  # (here: the Pyodide worker never imports it)
+
     path = os.fspath(path)
     name = model_name(path)
-    if path.startswith("hf:"):
-        from .files.hub import ensure_local
-
+    if is_hub_name(path):
         path = ensure_local(path)
     if is_gguf(path):
         gguf = open_gguf(path)  # an unsupported architecture is the first thing to report
@@ -333,9 +333,9 @@ def load(
 def model_name(path: str) -> str:
     """The model's name in OpenAI answers, as the npm package gives it (hub.js modelName): the file or
     folder name without `.gguf`; for a hub name, its GGUF file's name or else the repo's."""
-    if path.startswith("hf:"):
-        from .files.hub import parse
+    from .files.hub import is_hub_name, parse
 
+    if is_hub_name(path):
         hub = parse(path)
         path = hub.file or hub.repo
     last = os.path.basename(os.path.normpath(path))

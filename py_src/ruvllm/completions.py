@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -582,10 +581,3 @@ def _text_logprobs(entries: list[dict]) -> dict:
         "top_logprobs": [{t["token"]: t["logprob"] for t in e["top_logprobs"]} for e in entries],
         "text_offset": offsets,
     }
-
-
-def sse(events: Iterator[dict]) -> Iterator[str]:
-    """Server-sent events as OpenAI streams them: one `data: {json}` per chunk, then `data: [DONE]`."""
-    for event in events:
-        yield f"data: {json.dumps(event, ensure_ascii=False, allow_nan=False)}\n\n"  # strict JSON, as clients parse it
-    yield "data: [DONE]\n\n"

@@ -22,8 +22,9 @@ import time
 from collections.abc import Iterator, Sequence
 
 from .learning import learn
+from .learning.adapters import AdapterSet
 from .learning.learn import AdaptOptions, AdaptReport, Learner, Lesson, RouteLesson, lesson_for
-from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, AdapterSet, LoRAConfig, module_names
+from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, LoRAConfig, module_names
 from .learning.projection import CALIBRATION_TOKENS
 from .learning.xlora import Mixture, RouterConfig
 from .model.cache import KVCache

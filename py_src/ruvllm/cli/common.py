@@ -138,9 +138,9 @@ def load_model(args: argparse.Namespace):
 
 def local_model(args: argparse.Namespace) -> None:
     """An hf:NAME model is fetched into the cache (if it is not there) and args.model becomes its path."""
-    if args.model.startswith("hf:"):
-        from ..files.hub import ensure_local
+    from ..files.hub import ensure_local, is_hub_name
 
+    if is_hub_name(args.model):
         args.model = ensure_local(args.model)
 
 

@@ -29,7 +29,7 @@ import numpy as np
 from ..errors import LoadError
 from . import ggml
 from .gguf import GGUFFile, GGUFTensor
-from .gguf_vocab import Vocabulary
+from .gguf_vocab import GGUFVocabulary
 
 # GGUF architecture -> (Hugging Face architecture, model_type)
 ARCHITECTURES = {
@@ -123,7 +123,7 @@ class GGUFModel:
             if hf is not None:
                 self.names[hf] = name
         self.formats = {hf: self._format(gguf) for hf, gguf in self.names.items()}
-        self.vocabulary = Vocabulary.read(self.metadata, self.source)
+        self.vocabulary = GGUFVocabulary.read(self.metadata, self.source)
         self.config = gguf_config(self.metadata, set(file.tensors), self.source, self.vocabulary)
         check_tensors(self.config, file.tensors, self.metadata, self.source)
 
@@ -188,7 +188,7 @@ def _architecture(meta: dict, src: str) -> str:
     return arch
 
 
-def gguf_config(meta: dict, tensor_names: set[str], src: str, vocabulary: Vocabulary) -> dict:
+def gguf_config(meta: dict, tensor_names: set[str], src: str, vocabulary: GGUFVocabulary) -> dict:
     """A Hugging Face config.json document from GGUF metadata, each value checked and a wrong one named by
     its key: sizes and counts are integers in range, floats finite and positive, the head counts and head
     size agree, the vocabulary size is the tokenizer's and the block count that of the blk.N tensors."""
@@ -294,7 +294,7 @@ def gguf_config(meta: dict, tensor_names: set[str], src: str, vocabulary: Vocabu
     elif arch == "phi3" and window:
         config["sliding_window"] = key("attention.sliding_window")
     for name, field in (("bos", "bos_token_id"), ("eos", "eos_token_id"), ("padding", "pad_token_id")):
-        if vocabulary.special_ids[name] is not None:  # inside the vocabulary (Vocabulary.read)
+        if vocabulary.special_ids[name] is not None:  # inside the vocabulary (GGUFVocabulary.read)
             config[field] = vocabulary.special_ids[name]
     return config
 

@@ -110,7 +110,7 @@ UNUSED_SPECIAL_IDS = ("padding", "seperator", "cls", "mask")  # "seperator": lla
 
 
 @dataclass(frozen=True)
-class Vocabulary:
+class GGUFVocabulary:
     """The `tokenizer.ggml.*` metadata, checked: one entry per token id in `tokens`, `types`, `scores`;
     special ids inside the vocabulary; a tokenizer kind, pre-tokenizer and merges `tokenizer_files` can
     build a tokenizer from. Reading it is cheap (no merges recovered, no tokenizer.json built), so a file
@@ -129,7 +129,7 @@ class Vocabulary:
     chat_template: str | None
 
     @classmethod
-    def read(cls, metadata: dict[str, object], source: str) -> Vocabulary:
+    def read(cls, metadata: dict[str, object], source: str) -> GGUFVocabulary:
         def get(name: str) -> object:
             return metadata.get(f"tokenizer.ggml.{name}")
 
@@ -256,13 +256,13 @@ class Vocabulary:
 
 
 def tokenizer_files(
-    metadata: dict[str, object], source: str, vocabulary: Vocabulary | None = None
+    metadata: dict[str, object], source: str, vocabulary: GGUFVocabulary | None = None
 ) -> tuple[dict, dict, dict]:
     """(tokenizer.json, tokenizer_config.json, generation_config.json) contents for a GGUF's tokenizer.
 
     `metadata` maps each GGUF key to its value (arrays as lists), as `GGUFReader` fields' `contents()`
     give them; `source` names the file in errors; `vocabulary`, if the caller has read it already, is
-    `Vocabulary.read(metadata, source)`. Raises LoadError naming the file and the key for a tokenizer
+    `GGUFVocabulary.read(metadata, source)`. Raises LoadError naming the file and the key for a tokenizer
     kind that is not supported or metadata that cannot describe one.
 
     >>> tokenizer_json, tokenizer_config, generation_config = tokenizer_files(metadata, "gemma-3-270m.gguf")
@@ -270,7 +270,7 @@ def tokenizer_files(
     [2, 9259]
     """
     architecture = metadata.get("general.architecture")
-    vocabulary = vocabulary or Vocabulary.read(metadata, source)
+    vocabulary = vocabulary or GGUFVocabulary.read(metadata, source)
     if vocabulary.model == "gpt2":
         tokenizer, add_bos, add_eos = _byte_level(vocabulary)
     else:
@@ -306,7 +306,7 @@ def tokenizer_files(
 # --- byte-level BPE ("gpt2") ---------------------------------------------------------------------------
 
 
-def _byte_level(vocabulary: Vocabulary) -> tuple[dict, bool, bool]:
+def _byte_level(vocabulary: GGUFVocabulary) -> tuple[dict, bool, bool]:
     pre = vocabulary.pre or "default"
     vocab: dict[str, int] = {}
     for index, token in enumerate(vocabulary.tokens):
@@ -343,7 +343,7 @@ def _byte_level(vocabulary: Vocabulary) -> tuple[dict, bool, bool]:
 # --- SentencePiece BPE ("llama") ------------------------------------------------------------------------
 
 
-def _sentencepiece(vocabulary: Vocabulary, architecture: object) -> tuple[dict, bool, bool]:
+def _sentencepiece(vocabulary: GGUFVocabulary, architecture: object) -> tuple[dict, bool, bool]:
     gemma = architecture in GEMMA_ARCHITECTURES
     tokens = vocabulary.spelled(architecture)
     vocab = {token: index for index, token in enumerate(tokens)}  # a repeated spelling keeps its last id
@@ -351,7 +351,7 @@ def _sentencepiece(vocabulary: Vocabulary, architecture: object) -> tuple[dict, 
         merges = vocabulary.pairs
     elif gemma:
         merges = merges_by_position(tokens, vocab)
-    else:  # Vocabulary.read made sure there are scores
+    else:  # GGUFVocabulary.read made sure there are scores
         merges = merges_by_score(tokens, vocabulary.scores, vocab)
 
     # The special tokens transformers adds, in its order (a later addition of the same text sets its flag):
@@ -475,7 +475,7 @@ class _AddedTokens:
         ]
 
 
-def _typed(vocabulary: Vocabulary, kind: int) -> list[str]:
+def _typed(vocabulary: GGUFVocabulary, kind: int) -> list[str]:
     return [token for token, t in zip(vocabulary.tokens, vocabulary.types, strict=True) if t == kind]
 
 

@@ -4,10 +4,12 @@ Each step follows the true gradient (backprop.py) of
 
     -reward * mean log p(completion | prompt)  +  ewc / 2 * sum_i F_i (theta_i - anchor_i)^2
 
-so reward +1 makes the completion likelier, -1 less likely. The second term is elastic weight
+for reward > 0, so +1 makes the completion likelier; for reward < 0 the first term is unlikelihood at
+one position, -|reward| * log(1 - p) (backprop.loss_and_grads says which), so the answer stops being
+the greedy one without the rest of the model being pushed around. The second term is elastic weight
 consolidation: F is the Fisher information (squared log-likelihood gradients) accumulated over past
 lessons and `anchor` the adapter after the last one, so a new lesson moves most freely where earlier
-ones did not care, and does not erase them. Updates are Adam (default) or SGD, in place, so the
+ones did not care, and does not erase them. Updates are SGD (default) or Adam, in place, so the
 adapter's arrays stay the ones the model reads.
 """
 
@@ -626,7 +628,7 @@ class Learner:
     front needs it for its next step, and runs when no lesson waits."""
 
     def __init__(self, adapters, engine: Engine | None = None) -> None:
-        self.adapters = adapters  # lora.AdapterSet: the lessons' adapters by name
+        self.adapters = adapters  # adapters.AdapterSet: the lessons' adapters by name
         self.engine = engine  # whose projection jobs (projection.bases_job) the lessons may wait for
         self.queue: deque[tuple[str, Lesson]] = deque()
         self.finished = 0

@@ -6,9 +6,8 @@ A LoRA adapter on a projection W (N, K) adds scale * B @ A, with A (r, K), B (N,
 
 B starts at zero, so a new adapter changes nothing until it learns. The adapter wraps the weight
 (`LoRAMatrix`), so the model code is the same with or without one. Several adapters can be held at
-once (`AdapterSet`); `activate` swaps the wrappers in and out of the weights without reloading them.
-An adapter on weights computing in float32 can be merged into them exactly, and unmerged
-(`AdapterSet.merge`).
+once (adapters.AdapterSet, which swaps the wrappers in and out of the weights without reloading them,
+and merges an adapter on float32 weights into them exactly, and out again).
 
 Files: an adapter folder holds `adapter_config.json` and `adapter_model.safetensors` in the layout of
 Hugging Face PEFT (so PEFT LoRA adapters load here and ours load in PEFT), plus, for adapters that
@@ -23,17 +22,15 @@ import itertools
 import json
 import math
 import os
-import threading
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..errors import InferenceError, InvalidArgumentError, LoadError
+from ..errors import InvalidArgumentError, LoadError
 from ..files import jsonfields as fields
 from ..files.outputs import write_files
 from ..files.tensorfile import SafetensorsFile, bf16_to_f32, serialize
 from ..model.weights import Linear, Weights
-from ..quant.matrices import DenseMatrix
 from .state import LearningState
 
 _UIDS = itertools.count(1)
@@ -307,207 +304,3 @@ def read_folder(folder: str, what: str) -> tuple[str, str]:
         raise LoadError(f"{folder}: {what} needs adapter_config.json and adapter_model.safetensors")
     with open(config_path, encoding="utf-8") as f:
         return f.read(), model_path
-
-
-class AdapterSet:
-    """Adapters held by one loaded model.
-
-    `active` is the selected adapter (None: the base model): what a computation uses unless it names
-    another. `apply` wraps the weights with one adapter; a generation re-applies the adapter it started
-    with before each step, so interleaved generations with different adapters each compute with their
-    own. Everything that changes the weights (wrapping, merging) holds `lock`, the lock a forward holds.
-    """
-
-    def __init__(self, weights: Weights, lock: threading.RLock | None = None) -> None:
-        self.weights = weights
-        self.lock = lock or threading.RLock()
-        self.adapters: dict[str, Adapter] = {}
-        self.mixtures: dict = {}  # X-LoRA mixtures of adapters (learning.xlora.Mixture), by name
-        self.active: str | None = None
-        self.merges = 0  # how many times an adapter was merged into (or out of) the base weights
-        self._applied: str | None = None  # the adapter the weights are wrapped with now
-        self._lowest: dict[int, int] = {}  # by adapter uid: the lowest layer it changes (shared_layers)
-        self._originals: dict[str, object] = {}
-
-    @classmethod
-    def attached(cls, engine) -> AdapterSet:
-        """The adapters of `engine` (a runtime.engine.Engine), attached to it on first use, sharing its lock."""
-        if engine.wrappers is None:
-            engine.attach(cls(engine.weights, engine.lock))
-            if engine.tap_layer is None:  # caches keep what a lesson on the default adapter starts from
-                lowest = LoRAConfig().layer_indexes(len(engine.weights.layers))[0]
-                engine.tap_layer = lowest or None
-        return engine.wrappers
-
-    def add(self, name: str, adapter) -> None:
-        """Hold `adapter` (an Adapter, or an X-LoRA Mixture) under `name`, replacing what was held there."""
-        with self.lock:
-            if self.active == name:
-                self.activate(None)
-            if self._applied == name:
-                self.apply(None)
-            self.adapters.pop(name, None)
-            self.mixtures.pop(name, None)
-            if isinstance(adapter, Adapter):
-                self.adapters[name] = adapter
-                lowest = adapter.lowest_layer
-                self._lowest[adapter.uid] = len(self.weights.layers) if lowest is None else lowest
-            else:  # a mixture's scalings depend on every position: a cache computed otherwise starts over
-                self.mixtures[name] = adapter
-                self._lowest[adapter.uid] = 0
-
-    def create(self, name: str, config: LoRAConfig | None = None) -> Adapter:
-        """A fresh adapter (it changes nothing until it learns), held under `name` and made active."""
-        adapter = Adapter.new(self.weights, config or LoRAConfig())
-        with self.lock:
-            self.add(name, adapter)
-            self.activate(name)
-        return adapter
-
-    def learner(self, name: str):
-        """Adapter (or X-LoRA mixture) `name`, an adapter made with the default config if none is held,
-        and active: the one to adapt."""
-        with self.lock:
-            if name in self.mixtures:
-                self.activate(name)
-                return self.mixtures[name]
-            if name not in self.adapters:
-                return self.create(name)
-            self.activate(name)
-            return self.adapters[name]
-
-    def get(self, name: str | None = None) -> Adapter:
-        """A held adapter (default: the active one)."""
-        name = name or self.active
-        if name in self.mixtures:
-            raise InvalidArgumentError(f"{name!r} is an X-LoRA mixture, not a LoRA adapter")
-        if name not in self.adapters:
-            known = ", ".join(self.adapters) or "none loaded"
-            raise InvalidArgumentError(f"no adapter named {name!r} (adapters: {known})")
-        return self.adapters[name]
-
-    def mix(self, name: str, experts, config=None):
-        """An X-LoRA mixture (xlora.Mixture) of held adapters, copied as they are now (one that learns
-        later does not change it), with a new router that weighs them evenly (xlora.RouterConfig
-        `config`); held under `name` and made active."""
-        from .xlora import Mixture
-
-        if not isinstance(experts, (list, tuple)) or not experts or len(set(experts)) != len(experts):
-            raise InvalidArgumentError(f"experts must be a list of distinct adapter names, got {experts!r}")
-        copies = {}
-        for e in experts:
-            held = self.get(e)
-            A, B = {k: a.copy() for k, a in held.A.items()}, {k: b.copy() for k, b in held.B.items()}
-            copies[e] = Adapter(held.config, A, B)
-        mixture = Mixture.new(copies, self.weights.embed_tokens.shape[1], config)
-        with self.lock:
-            self.add(name, mixture)
-            self.activate(name)
-        return mixture
-
-    def held(self, name: str | None = None):
-        """A held adapter or X-LoRA mixture (default: the active one)."""
-        name = name or self.active
-        return self.mixtures[name] if name in self.mixtures else self.get(name)
-
-    def describe(self) -> list[dict]:
-        """Every adapter and mixture held: name, kind, version, whether active, and its shape."""
-        out = []
-        for name, adapter in self.adapters.items():
-            c = adapter.config
-            layers = None if c.layers is None else list(c.layers)
-            shape = {"rank": c.rank, "alpha": c.alpha, "targets": list(c.targets), "layers": layers}
-            out.append({"name": name, "kind": "lora", "version": adapter.version, **shape})
-        for name, mixture in self.mixtures.items():
-            c = mixture.config
-            shape = {"experts": list(mixture.names), "top_k": c.top_k, "depth": c.depth, "layerwise": c.layerwise}
-            out.append({"name": name, "kind": "xlora", "version": mixture.version, **shape})
-        return [{**entry, "active": entry["name"] == self.active} for entry in out]
-
-    def activate(self, name: str | None) -> None:
-        """Select adapter or mixture `name` (None: the base model) and wrap the weights with it."""
-        if name is not None and name not in self.mixtures:
-            self.get(name)  # known, or an error listing the held ones
-        with self.lock:
-            self.active = name
-            self.apply(name)
-
-    def apply(self, name: str | None) -> None:
-        """Wrap the weights with adapter `name` (None: none), leaving the selection as it is."""
-        with self.lock:
-            if name == self._applied:
-                return
-            for module, original in self._originals.items():
-                linear_of(self.weights, module).matrix = original
-            self._originals.clear()
-            self._applied = name
-            if name is None:
-                return
-            if name in self.mixtures:
-                from .xlora import mixed
-
-                for module, matrix in mixed(self.weights, self.mixtures[name]).items():
-                    lin = linear_of(self.weights, module)
-                    self._originals[module] = lin.matrix
-                    lin.matrix = matrix
-                return
-            adapter = self.get(name)
-            for module in adapter.A:
-                lin = linear_of(self.weights, module)
-                self._originals[module] = lin.matrix
-                lin.matrix = LoRAMatrix(lin.matrix, adapter.A[module], adapter.B[module], adapter.config.scale)
-
-    def identity(self) -> tuple[int, str | None, int, int]:
-        """What the weights compute with the active adapter: (merges, its name, uid and version).
-        Cached keys and values are tagged with it; a generation pins it (`use`)."""
-        return self._identity_of(self.active)
-
-    def use(self, identity: tuple[int, str | None, int, int]) -> None:
-        """Wrap the weights with the adapter `identity` names, refusing if it changed since (it learned,
-        was replaced, or an adapter was merged into the base weights): keys cached with it are stale."""
-        with self.lock:
-            name = identity[1]
-            if self._identity_of(name) != identity:
-                what = "the base weights" if name is None else f"adapter {name!r}"
-                raise InferenceError(
-                    f"{what} changed while this generation was running (an adapter learned, was replaced or "
-                    "merged); start a new generation"
-                )
-            self.apply(name)
-
-    def routing(self):
-        """The mixture the weights are wrapped with now (it routes each forward's tokens), or None."""
-        return self.mixtures.get(self._applied) if self._applied is not None else None
-
-    def shared_layers(self, a: tuple, b: tuple) -> int:
-        """How many decoder layers, from the bottom, compute the same under identities a and b: those
-        below the lowest layer either adapter changes (none after a merge in between)."""
-        count = len(self.weights.layers)
-        if a == b:
-            return count
-        if a[0] != b[0]:
-            return 0
-        return min(self._lowest.get(a[2], count), self._lowest.get(b[2], count))
-
-    def _identity_of(self, name: str | None) -> tuple[int, str | None, int, int]:
-        adapter = (self.adapters.get(name) or self.mixtures.get(name)) if name is not None else None
-        return (self.merges, name, adapter.uid, adapter.version) if adapter else (self.merges, name, 0, 0)
-
-    def merge(self, name: str, sign: float = 1.0) -> None:
-        """Add (sign=+1) or subtract (-1) adapter `name`'s scale * B @ A into the float32 base weights, in
-        place. No adapter stays active: a merged one would count twice."""
-        adapter = self.get(name)
-        with self.lock:
-            self.activate(None)
-            for module in adapter.A:
-                lin = linear_of(self.weights, module)
-                if not isinstance(lin.matrix, DenseMatrix):
-                    raise InvalidArgumentError(f"merging needs float32 weights; {module} computes as {lin.matrix.form}")
-            for module in adapter.A:
-                lin = linear_of(self.weights, module)
-                if lin.matrix is self.weights.embed_tokens:  # a tied output projection gets its own copy first
-                    copy = DenseMatrix(lin.matrix.weight.copy(), lin.matrix.kernel)
-                    copy.use_provider(lin.matrix.provider)  # its products run where the original's did
-                    lin.matrix = copy
-                lin.matrix.weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])
-            self.merges += 1

@@ -222,7 +222,7 @@ def advance(engine: Engine, job: BasesJob) -> bool:
 
 
 def _key(engine: Engine, ids: list[int], energy: float) -> tuple:
-    return ("input_bases", engine.weights_identity()[0], hash(tuple(ids)), energy)
+    return ("input_bases", engine.weights_identity().merges, hash(tuple(ids)), energy)
 
 
 def decomposition(gram: np.ndarray, rows: np.ndarray | None, energy: float):

@@ -9,7 +9,7 @@ import os
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 import numpy as np
 
@@ -29,22 +29,34 @@ from .planner import FORM_ORDER, PREFILL_CHUNK, MemoryPlan, choose_compute, prov
 from .threads import BlasThreads
 
 DEFAULT_MAX_CONTEXT = 4096  # cache positions reserved at most by default (memory grows with it)
-BASE_WEIGHTS = (0, None, 0, 0)  # weights_identity() of a model no adapter has touched
+
+
+class WeightsIdentity(NamedTuple):
+    """What the weights compute with (Engine.weights_identity): cached keys and values are tagged with
+    it, and a generation pins it for all its steps."""
+
+    merges: int  # adapters merged into the base weights so far (each merge changes every layer)
+    adapter: str | None  # the active adapter's (or X-LoRA mixture's) name; None: the base weights
+    uid: int  # that adapter object's id (a replaced adapter of the same name has another)
+    version: int  # its version: every learning step bumps it
+
+
+BASE_WEIGHTS = WeightsIdentity(0, None, 0, 0)  # a model no adapter has touched
 
 
 class Wrappers(Protocol):
-    """What may wrap an engine's weights (learning.lora.AdapterSet): the engine asks it which weights a
+    """What may wrap an engine's weights (learning.adapters.AdapterSet): the engine asks it which weights a
     computation uses and has it put them in place. The runtime layer never imports the learning layer."""
 
-    def identity(self) -> tuple:
+    def identity(self) -> WeightsIdentity:
         """The weights computations use now, as a value that changes whenever what they compute does."""
         ...
 
-    def use(self, identity: tuple) -> None:
+    def use(self, identity: WeightsIdentity) -> None:
         """Put the weights `identity` names in place, or raise if they changed since it was taken."""
         ...
 
-    def shared_layers(self, a: tuple, b: tuple) -> int:
+    def shared_layers(self, a: WeightsIdentity, b: WeightsIdentity) -> int:
         """How many decoder layers, from the bottom, compute the same under identities a and b."""
         ...
 
@@ -198,13 +210,13 @@ class Engine:
     arithmetic: str = "exact"  # the provider's arithmetic (NumPy's is exact)
 
     def attach(self, wrappers: Wrappers) -> None:
-        """Let `wrappers` (the LoRA adapters of learning.lora.AdapterSet) wrap the weights; they must hold
+        """Let `wrappers` (the LoRA adapters of learning.adapters.AdapterSet) wrap the weights; they must hold
         this engine's `lock` while they change them."""
         if self.wrappers is not None and self.wrappers is not wrappers:
             raise InvalidArgumentError("this engine's weights already have wrappers attached")
         self.wrappers = wrappers
 
-    def weights_identity(self) -> tuple:
+    def weights_identity(self) -> WeightsIdentity:
         """What the weights compute with now (the active adapter, its version): the tag of cached keys and
         values, and what a generation pins for all its steps."""
         return BASE_WEIGHTS if self.wrappers is None else self.wrappers.identity()
