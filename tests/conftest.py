@@ -13,6 +13,19 @@ ROOT = Path(__file__).resolve().parent.parent
 MODEL_DIR = ROOT / "models" / "smollm2-135m-instruct"
 GGUF_PATH = ROOT / "build" / "downloads" / "SmolLM2-135M-Instruct.Q4_1.gguf"
 GEMMA_GGUF = ROOT / "build" / "downloads" / "gemma-3-270m-q4_k_m.gguf"
+MODEL_FIXTURES = {"smollm2_dir", "smollm2_gguf", "smollm2", "gemma_gguf"}  # the demo models (a download)
+NOT_UNIT = ("parity", "model", "e2e", "pyodide")  # the markers of pyproject.toml other than `unit`
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`model` on every test that uses a demo model, `unit` on every test marked nothing else: a new
+    test is a unit test unless its file says otherwise (pytestmark) or it takes a model."""
+    for item in items:
+        if MODEL_FIXTURES & set(item.fixturenames):
+            item.add_marker(pytest.mark.model)
+        if not any(item.get_closest_marker(name) for name in NOT_UNIT):
+            item.add_marker(pytest.mark.unit)
 
 
 @pytest.fixture(scope="session")
@@ -48,7 +61,7 @@ def smollm2(smollm2_dir: Path):
 
 def randomize(model) -> None:
     """Give every parameter a visible random value (HF inits biases to 0 and norms to 1)."""
-    import torch
+    torch = pytest.importorskip("torch")
 
     with torch.no_grad():
         for name, p in model.named_parameters():
@@ -60,6 +73,7 @@ def randomize(model) -> None:
 
 def tiny_config(kind: str, **overrides):
     """A small config of `kind` (llama, qwen2, mistral, qwen3, phi3, gemma3) for parity tests."""
+    pytest.importorskip("transformers")
     from transformers import Gemma3TextConfig, LlamaConfig, MistralConfig, Phi3Config, Qwen2Config, Qwen3Config
 
     base = dict(
@@ -92,9 +106,10 @@ def tiny_config(kind: str, **overrides):
 
 
 def tiny_model(kind: str, folder: Path | None = None, seed: int = 0, **overrides):
-    """A seeded random HF model (eval mode), saved as safetensors to `folder` when given."""
-    import torch
-    import transformers
+    """A seeded random HF model (eval mode), saved as safetensors to `folder` when given (torch and
+    transformers: the test is skipped without them)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
 
     torch.manual_seed(seed)
     classes = {

@@ -30,8 +30,8 @@ NOT_A_MODEL_REPO = "acme/only-gguf"
 
 
 def write_gguf(path: Path, rows: int = 256) -> None:
-    """A small but real GGUF file (one f32 tensor)."""
-    import gguf
+    """A small but real GGUF file (one f32 tensor), written with gguf-py."""
+    gguf = pytest.importorskip("gguf")
 
     path.parent.mkdir(parents=True, exist_ok=True)
     writer = gguf.GGUFWriter(str(path), "llama")
