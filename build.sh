@@ -203,7 +203,7 @@ case "${1:-all}" in
     lint_tools
     node_modules/.bin/eslint
     node_modules/.bin/prettier --check .
-    "$PY" -m pytest -q
+    "$PY" -m pytest -q --durations=25
     log "node tests (the Pyodide ones skip, saying how to get a distribution, when none is on disk)"
     py_abs=$(realpath -s "$PY")
     (cd npm && RUVLLM_PYTHON="$py_abs" node --test test/*.test.js)

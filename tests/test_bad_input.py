@@ -18,7 +18,7 @@ from ruvllm.files.tensorfile import SafetensorsFile, serialize
 from ruvllm.model.config import ModelConfig
 from ruvllm.runtime.engine import load_engine
 
-from conftest import tiny_model
+from conftest import numpy_model
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -78,7 +78,7 @@ def test_a_config_that_is_not_an_object_is_refused():
 def tiny_folder(tmp_path, smollm2_dir):
     """A tiny random Llama with SmolLM2's tokenizer files (its ids fit the tiny vocabulary only for
     short ASCII prompts, enough here)."""
-    tiny_model("llama", tmp_path, vocab_size=49152)
+    numpy_model("llama", tmp_path, vocab_size=49152)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(smollm2_dir / name, tmp_path / name)
     return tmp_path
@@ -188,7 +188,7 @@ def test_a_damaged_gguf_is_a_one_line_error(damage, smollm2_gguf, tmp_path):
 
 
 def test_convert_refuses_a_folder_that_is_not_empty_unless_forced(tmp_path):
-    tiny_model("llama", tmp_path / "hf")
+    numpy_model("llama", tmp_path / "hf")
     out = tmp_path / "out"
     out.mkdir()
     (out / "model-00002-of-00002.safetensors").write_bytes(b"a stale shard of another model")
@@ -204,7 +204,7 @@ def test_convert_refuses_a_folder_that_is_not_empty_unless_forced(tmp_path):
 
 
 def test_convert_makes_the_folders_above_its_target(tmp_path):
-    tiny_model("llama", tmp_path / "hf")
+    numpy_model("llama", tmp_path / "hf")
     result = ruvllm_cli("convert", str(tmp_path / "hf"), str(tmp_path / "models" / "tiny"))
     assert result.returncode == 0, result.stderr
     assert sorted(p.name for p in (tmp_path / "models").iterdir()) == ["tiny"]

@@ -12,7 +12,7 @@ from ruvllm.bridge import ModelLoader
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
-from conftest import byte_tokenizer_json, tiny_model
+from conftest import byte_tokenizer_json, numpy_model
 
 
 def ok(answer: str):
@@ -27,7 +27,7 @@ def error(answer: str) -> dict:
 
 @pytest.fixture()
 def folder(tmp_path):
-    tiny_model("llama", tmp_path)
+    numpy_model("llama", tmp_path)
     return tmp_path
 
 

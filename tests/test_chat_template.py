@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+pytest.importorskip("jinja2")  # the `text` extra: every test here renders a template
+
 from ruvllm.errors import InvalidArgumentError, LoadError
 from ruvllm.text.chat_template import ChatTemplate
 

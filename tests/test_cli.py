@@ -15,7 +15,7 @@ import pytest
 from ruvllm import __version__ as ruvllm_version
 from ruvllm import cli
 
-from conftest import byte_tokenizer_json, tiny_model
+from conftest import byte_tokenizer_json, numpy_model
 
 
 def ruvllm(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
@@ -229,7 +229,7 @@ def test_unknown_architecture(tmp_path):
 
 
 def test_truncated_weight_file(tmp_path, smollm2_dir):
-    tiny_model("llama", tmp_path)
+    numpy_model("llama", tmp_path)
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(smollm2_dir / name, tmp_path / name)
     weights = tmp_path / "model.safetensors"
@@ -272,7 +272,7 @@ def test_verbose_shows_the_traceback(tmp_path):
 
 
 def test_convert_prints_quantization_errors(tmp_path):
-    tiny_model("llama", tmp_path / "hf")
+    numpy_model("llama", tmp_path / "hf")
     result = ruvllm("convert", str(tmp_path / "hf"), str(tmp_path / "out"), "--weights", "q4_0")
     assert result.returncode == 0, result.stderr
     assert "model.layers.0.mlp.up_proj.weight" in result.stdout and "q4_0 max |error|" in result.stdout
@@ -316,7 +316,7 @@ def test_info_states_the_memory_plan(smollm2_dir):
     ],
 )
 def test_a_bad_feedback_file_is_refused_naming_the_line(tmp_path, line, message):
-    tiny_model("llama", tmp_path / "m")
+    numpy_model("llama", tmp_path / "m")
     (tmp_path / "m" / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json()))
     feedback = tmp_path / "feedback.jsonl"
     feedback.write_text('{"prompt": "a", "completion": "b"}\n' + line + "\n")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import jsonschema
 import numpy as np
 import pytest
 
@@ -105,6 +104,7 @@ def test_text_completion_logprobs_use_the_legacy_layout(smollm2):
 
 
 def test_twenty_schema_constrained_generations_at_temperature_one_all_validate(smollm2):
+    jsonschema = pytest.importorskip("jsonschema")
     fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": ORDER}}
     messages = user("Write a grocery order as JSON.")
     for seed in range(20):
@@ -164,6 +164,7 @@ def qwen_templated(smollm2_dir):
 
 
 def test_a_required_tool_call_is_parsed_into_openai_tool_calls_with_valid_arguments(qwen_templated):
+    jsonschema = pytest.importorskip("jsonschema")
     messages = user("What is the weather in Paris?")
     for seed in range(5):
         answer = qwen_templated.create_chat_completion(
@@ -199,6 +200,7 @@ def test_the_prompt_lists_the_tools_through_the_template(qwen_templated):
 def test_auto_tool_choice_constrains_a_call_once_the_model_opens_one(qwen_templated):
     """With tool_choice auto the model writes freely; after `<tool_call>` only a valid call may follow,
     then writing is free again. Random logits stand in for a model that chose to call."""
+    jsonschema = pytest.importorskip("jsonschema")
     tokenizer = qwen_templated.tokenizer
     grammar = json_grammar({"anyOf": [_call_schema(WEATHER)]}, "\n", "\n</tool_call>")
     trigger = ToolCallTrigger(grammar, qwen_templated.vocabulary)

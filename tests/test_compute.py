@@ -13,7 +13,7 @@ from ruvllm.quant import matrices
 from ruvllm.quant.matrices import DenseMatrix, Int4Matrix, Int8Matrix
 from ruvllm.runtime.engine import load_engine, open_store
 
-from conftest import tiny_model
+from conftest import numpy_model
 
 IDS = np.random.default_rng(5).integers(0, 128, 24)
 
@@ -40,7 +40,7 @@ def test_quantized_matrices_compute_their_exact_values(fmt, form, kernel, monkey
 
 
 def test_float_tensors_are_quantized_at_load(tmp_path):
-    tiny_model("llama", tmp_path)
+    numpy_model("llama", tmp_path)
     store = open_store(str(tmp_path))
     name = "model.layers.0.mlp.up_proj.weight"
     w = store.load_f32(name)
@@ -61,7 +61,7 @@ def run(engine, ids=IDS) -> np.ndarray:
 
 
 def test_kernels_agree(tmp_path):
-    tiny_model("qwen2", tmp_path)
+    numpy_model("qwen2", tmp_path)
     blas = run(load_engine(str(tmp_path), compute=ComputeOptions(numpy_kernel="blas")))
     np.testing.assert_allclose(
         run(load_engine(str(tmp_path), compute=ComputeOptions(numpy_kernel="einsum"))), blas, atol=1e-5
@@ -71,7 +71,7 @@ def test_kernels_agree(tmp_path):
 @pytest.mark.parametrize("form", ["q8", "q4"])
 def test_a_quantized_form_computes_the_model_it_holds(tmp_path, form):
     """Logits of the q8/q4 engine equal a float32 engine holding the same (quantized) values."""
-    tiny_model("qwen2", tmp_path)
+    numpy_model("qwen2", tmp_path)
     quantized = load_engine(str(tmp_path), compute=ComputeOptions(form=form))
     dense = load_engine(str(tmp_path))
     for q_layer, d_layer in zip(quantized.weights.layers, dense.weights.layers, strict=True):

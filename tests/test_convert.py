@@ -9,9 +9,14 @@ from __future__ import annotations
 
 import json
 
-import gguf
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+import gguf
 import torch
 from gguf import GGMLQuantizationType as Q
 from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -22,6 +27,8 @@ from ruvllm.runtime.engine import load_engine, open_store
 from ruvllm.text.tokenizer import Tokenizer
 
 from conftest import tiny_model
+
+pytestmark = pytest.mark.parity
 
 TOLERANCE = 1e-4
 IDS = np.random.default_rng(3).integers(0, 128, 24)

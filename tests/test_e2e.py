@@ -32,11 +32,15 @@ serve = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(serve)
 
 DIST = serve.local_pyodide()
-pytestmark = pytest.mark.skipif(
-    DIST is None,
-    reason="no local Pyodide distribution: set RUVLLM_PYODIDE_DIST to a Pyodide 314.0.1 folder with NumPy "
-    "(docs/pyodide.md says how to make one)",
-)
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.pyodide,
+    pytest.mark.skipif(
+        DIST is None,
+        reason="no local Pyodide distribution: set RUVLLM_PYODIDE_DIST to a Pyodide 314.0.1 folder with NumPy "
+        "(docs/pyodide.md says how to make one)",
+    ),
+]
 
 
 @pytest.fixture(scope="module")

@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("gguf")
+
 import torch
 from gguf import GGMLQuantizationType, quants
 
 from ruvllm.errors import LoadError
 from ruvllm.files.formats import FORMATS, get_format
+
+pytestmark = pytest.mark.parity
 
 GGML = {"q8": GGMLQuantizationType.Q8_0, "q4_0": GGMLQuantizationType.Q4_0, "q4_1": GGMLQuantizationType.Q4_1}
 # Bytes of each part inside one ggml block of 32 weights: suffix -> (start, end, dtype)

@@ -10,9 +10,14 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 import ruvllm
+
+pytestmark = pytest.mark.parity
 
 PROMPTS = ["The capital of France is", "def fibonacci(n):\n", "Once upon a time, in a small village,"]
 CHATS = [

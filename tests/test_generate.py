@@ -10,7 +10,7 @@ from ruvllm.runtime.generate import GenerationOptions, Step, generate_tokens
 from ruvllm.text.detokenizer import StreamingDetokenizer
 from ruvllm.text.stream import generate_text
 
-from conftest import tiny_model
+from conftest import numpy_model
 
 TABLE = [b"Hel", b"lo", b" wor", b"ld", b"!", b"\xf0\x9f", b"\xa4\x96", b"<eos>"]
 EOS = 7
@@ -61,7 +61,7 @@ def test_a_character_split_over_tokens_arrives_whole():
 @pytest.fixture(scope="module")
 def engine(tmp_path_factory):
     folder = tmp_path_factory.mktemp("tiny")
-    tiny_model("llama", folder, max_position_embeddings=64)
+    numpy_model("llama", folder, max_position_embeddings=64)
     return load_engine(str(folder), context_length=32)
 
 

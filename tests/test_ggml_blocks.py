@@ -5,9 +5,12 @@ Dimension letters: R rows, C columns, G groups per row, g weights per group.
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
+
+pytest.importorskip("gguf")
+
+import gguf
 from gguf.quants import dequantize as gguf_dequantize
 
 from ruvllm.files.formats import pack_nibbles
@@ -30,6 +33,8 @@ from ruvllm.files.ggml_iq_tables import (
     IQ3_S_GRID,
     IQ3_XXS_GRID,
 )
+
+pytestmark = pytest.mark.parity
 
 # Byte offsets of every f16 field inside one block (scales and mins); random bytes there could be NaN/inf.
 F16_FIELDS = {

@@ -7,9 +7,14 @@ norms), with random blocks of every GGUF type we decode, so each type goes throu
 
 from __future__ import annotations
 
-import gguf
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+import gguf
 import torch
 from transformers import AutoModelForCausalLM
 
@@ -17,6 +22,8 @@ from ruvllm.errors import LoadError
 from ruvllm.files.ggml import GGML_TYPE_NAMES
 from ruvllm.runtime.engine import load_engine
 from test_ggml_blocks import F16_FIELDS, GRID_F16_FIELDS  # where each block type keeps its f16 scales
+
+pytestmark = pytest.mark.parity
 
 D, F, LAYERS = 256, 512, 2  # K-quants need rows of 256
 # Heads (query, key/value) of size D / query heads: 128, which transformers takes for Qwen3 from its

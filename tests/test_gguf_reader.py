@@ -5,14 +5,19 @@ from __future__ import annotations
 import struct
 import time
 
-import gguf
 import numpy as np
 import pytest
+
+pytest.importorskip("gguf")
+
+import gguf
 
 from ruvllm.errors import LoadError
 from ruvllm.files import gguf as gguf_module
 from ruvllm.files.gguf import GGUFFile, header_size, pieces_header
 from ruvllm.files.tensorfile import PieceBuffer
+
+pytestmark = pytest.mark.parity
 
 # --- the two real files, each read once by the reference (GGUFReader takes ~8 s on Gemma's header).
 

@@ -16,15 +16,21 @@ import subprocess
 import time
 from pathlib import Path
 
-import gguf
 import numpy as np
 import pytest
+
+pytest.importorskip("transformers")
+pytest.importorskip("gguf")
+
+import gguf
 from transformers import AutoTokenizer
 
 from ruvllm.errors import InvalidArgumentError, LoadError
 from ruvllm.files.gguf_vocab import GEMMA_CHAT_TEMPLATE, merges_by_position, tokenizer_files
 from ruvllm.text.chat_template import ChatTemplate
 from ruvllm.text.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.parity
 
 NPM = Path(__file__).resolve().parent.parent / "npm"
 _DATA = json.loads((Path(__file__).parent / "data" / "text_corpus.json").read_text(encoding="utf-8"))

@@ -7,6 +7,7 @@ import hashlib
 import json
 import shutil
 import socket
+import struct
 import sys
 import threading
 import urllib.parse
@@ -21,7 +22,7 @@ from ruvllm import cli
 from ruvllm.errors import DownloadError, InvalidArgumentError
 from ruvllm.files import hub
 
-from conftest import byte_tokenizer_json, tiny_model
+from conftest import byte_tokenizer_json, numpy_model
 
 GGUF_REPO = "acme/tiny-gguf"
 FOLDER_REPO = "acme/tiny-llama"
@@ -30,23 +31,23 @@ NOT_A_MODEL_REPO = "acme/only-gguf"
 
 
 def write_gguf(path: Path, rows: int = 256) -> None:
-    """A small but real GGUF file (one f32 tensor)."""
-    import gguf
+    """A small but real GGUF file (version 3; llama with one block; one f32 tensor of (rows, 16)), as
+    gguf-py's GGUFWriter writes it."""
 
+    def string(text: str) -> bytes:
+        return struct.pack("<Q", len(text)) + text.encode()
+
+    kvs = string("general.architecture") + struct.pack("<I", 8) + string("llama")  # 8: a string
+    kvs += string("llama.block_count") + struct.pack("<II", 4, 1)  # 4: a uint32
+    tensor = string("token_embd.weight") + struct.pack("<I2QIQ", 2, 16, rows, 0, 0)  # dims in ggml order, F32
+    header = b"GGUF" + struct.pack("<IQQ", 3, 1, 2) + kvs + tensor
     path.parent.mkdir(parents=True, exist_ok=True)
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_block_count(1)
-    writer.add_tensor("token_embd.weight", np.arange(rows * 16, dtype=np.float32).reshape(rows, 16))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
+    path.write_bytes(header + bytes(-len(header) % 32) + np.arange(rows * 16, dtype="<f4").tobytes())
 
 
-def write_model_folder(folder: Path, shard_size: str | None = None) -> None:
-    """A tiny random Llama in safetensors (in shards of `shard_size`), with a byte-level tokenizer.json."""
-    model = tiny_model("llama")
-    model.save_pretrained(folder, **({"max_shard_size": shard_size} if shard_size else {}))
+def write_model_folder(folder: Path, shard_bytes: int | None = None) -> None:
+    """A tiny random Llama in safetensors (in shards of `shard_bytes`), with a byte-level tokenizer.json."""
+    numpy_model("llama", folder, shard_bytes=shard_bytes)
     (folder / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json()), encoding="utf-8")
 
 
@@ -286,7 +287,7 @@ def local_hub(tmp_path_factory):
     write_gguf(server.source(GGUF_REPO, "tiny-f32.gguf", revision="v1.0"), rows=32)
     write_gguf(server.source(NOT_A_MODEL_REPO, "model.gguf"))
     write_model_folder(server.source(FOLDER_REPO))
-    write_model_folder(server.source(SHARDED_REPO), shard_size="100KB")
+    write_model_folder(server.source(SHARDED_REPO), shard_bytes=100_000)
     yield server
     server.close()
 
@@ -434,6 +435,7 @@ def test_a_sharded_model_folder_brings_its_index_and_every_shard(local):
 
 
 def test_a_downloaded_folder_loads(local):
+    pytest.importorskip("tokenizers")  # the text extra: the folder loads with its tokenizer
     import ruvllm
 
     model = ruvllm.load(hub.ensure_local(f"hf:{FOLDER_REPO}"))

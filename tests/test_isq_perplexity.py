@@ -9,6 +9,9 @@ import sys
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 import ruvllm
@@ -19,6 +22,8 @@ from ruvllm.runtime.engine import load_engine
 from ruvllm.tools.perplexity import perplexity
 
 from conftest import tiny_model
+
+pytestmark = pytest.mark.parity
 
 CALIBRATION = list(np.random.default_rng(7).integers(0, 128, 200))
 

@@ -13,6 +13,8 @@ import pytest
 
 from ruvllm.text.tokenizer import Tokenizer
 
+pytestmark = pytest.mark.parity
+
 NPM = Path(__file__).resolve().parent.parent / "npm"
 CORPUS = json.loads((Path(__file__).parent / "data" / "text_corpus.json").read_text(encoding="utf-8"))
 

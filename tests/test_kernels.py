@@ -27,10 +27,13 @@ from conftest import ROOT
 
 WASM = ROOT / "npm" / "wasm" / "kernels.wasm"
 HARNESS = ROOT / "npm" / "test" / "support" / "kernels-harness.js"
-pytestmark = pytest.mark.skipif(
-    not WASM.exists() or shutil.which("node") is None,
-    reason="the WebAssembly kernels are not built (./build.sh kernels) or node is missing",
-)
+pytestmark = [
+    pytest.mark.parity,
+    pytest.mark.skipif(
+        not WASM.exists() or shutil.which("node") is None,
+        reason="the WebAssembly kernels are not built (./build.sh kernels) or node is missing",
+    ),
+]
 
 QUANT_SHAPES = [(1, 32), (7, 96), (37, 160), (64, 576)]  # (N, K); 37 rows: 2 tiles of 16 and one of 5
 DENSE_SHAPES = [*QUANT_SHAPES, (5, 30), (3, 7)]  # float32 K need not be a multiple of 4

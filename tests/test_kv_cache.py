@@ -12,7 +12,7 @@ from ruvllm.model.cache import COLD_FORMATS, KVCache, KVOptions, LayerCache, pac
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
-from conftest import tiny_model
+from conftest import numpy_model
 
 IDS = np.random.default_rng(2).integers(0, 128, 60)
 
@@ -20,7 +20,7 @@ IDS = np.random.default_rng(2).integers(0, 128, 60)
 @pytest.fixture(scope="module")
 def folder(tmp_path_factory):
     path = tmp_path_factory.mktemp("tiny")
-    tiny_model("llama", path, max_position_embeddings=512)
+    numpy_model("llama", path, max_position_embeddings=512)
     return path
 
 
@@ -42,7 +42,7 @@ def test_all_hot_is_exactly_the_plain_cache(folder):
 
 
 def test_sliding_window_model_all_hot_is_exact(tmp_path):
-    tiny_model("mistral", tmp_path, sliding_window=7)
+    numpy_model("mistral", tmp_path, sliding_window=7)
     engine = load_engine(str(tmp_path))
     np.testing.assert_array_equal(run(engine, KVOptions(hot_tokens=100))[0], run(engine, None)[0])
 

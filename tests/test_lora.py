@@ -7,6 +7,9 @@ import json
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 from ruvllm.errors import InvalidArgumentError, LoadError
@@ -18,6 +21,8 @@ from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
 from conftest import tiny_model
+
+pytestmark = pytest.mark.parity
 
 TOKENS = list(np.random.default_rng(4).integers(0, 128, 24))
 SCORED = np.arange(9, 23)  # predict tokens 10..23 from what precedes them

@@ -18,13 +18,13 @@ from ruvllm.learning.lora import Adapter, LoRAConfig
 from ruvllm.learning.xlora import RouterConfig
 from ruvllm.runtime.engine import load_engine
 
-from conftest import byte_tokenizer_json, tiny_model
+from conftest import byte_tokenizer_json, numpy_model
 
 
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory) -> Path:
     folder = tmp_path_factory.mktemp("tiny") / "m"
-    tiny_model("llama", folder)
+    numpy_model("llama", folder)
     (folder / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json()))
     return folder
 
@@ -62,6 +62,7 @@ def test_plain_names_pass():
 def test_an_x_lora_config_naming_an_expert_outside_its_folder_is_refused(tiny, tmp_path, capsys, expert):
     """A crafted adapter_config.json whose expert names are paths: `adapt --adapter EVIL --out O` used
     to write the experts' files outside O (exit 0)."""
+    pytest.importorskip("tokenizers")  # the model is loaded, text and all
     good = adapter_folder(tiny, tmp_path / "good")
     evil = tmp_path / "deep" / "evil"
     evil.mkdir(parents=True)
@@ -83,6 +84,7 @@ def test_saving_never_writes_outside_the_folder(tmp_path):
 
 
 def test_outputs_that_exist_are_refused_unless_forced_and_inputs_never_replaced(tiny, tmp_path, capsys):
+    pytest.importorskip("tokenizers")  # the model is loaded, text and all
     a, b = adapter_folder(tiny, tmp_path / "a"), adapter_folder(tiny, tmp_path / "b", seed=1)
     before = {p.name: p.read_bytes() for p in a.iterdir()}
 
@@ -126,6 +128,7 @@ def test_convert_never_deletes_its_own_input(smollm2_gguf, tmp_path, capsys):
 
 
 def test_the_python_api_refuses_to_save_over_what_exists(tiny, tmp_path):
+    pytest.importorskip("tokenizers")  # the model is loaded, text and all
     import ruvllm
 
     model = ruvllm.load(str(tiny))
@@ -162,6 +165,7 @@ def test_absurd_numbers_never_become_adapters(tiny, tmp_path, capsys, args, mess
 
 
 def test_a_rank_past_the_matrices_is_refused_before_anything_is_allocated(tiny, tmp_path, capsys):
+    pytest.importorskip("tokenizers")  # the model is loaded, text and all
     code, err = run(
         capsys, "adapt", tiny, "--prompt", "a", "--completion", "b", "--rank", "4096", "--out", tmp_path / "o"
     )
@@ -170,6 +174,7 @@ def test_a_rank_past_the_matrices_is_refused_before_anything_is_allocated(tiny, 
 
 
 def test_a_router_too_large_to_hold_is_refused(tiny, tmp_path, capsys):
+    pytest.importorskip("tokenizers")  # the model is loaded, text and all
     a, b = adapter_folder(tiny, tmp_path / "a"), adapter_folder(tiny, tmp_path / "b", seed=1)
     code, err = run(capsys, "mix", tiny, a, b, "--depth", "3", "--size", "65536", "--out", tmp_path / "m")
     assert code == 1 and "would hold 4,299,423,746 parameters (16.0 GiB)" in one_line(err)

@@ -8,11 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 from ruvllm.runtime.engine import load_engine
 
 from conftest import tiny_model
+
+pytestmark = pytest.mark.parity
 
 PREFILL, DECODE = 20, 20
 TOLERANCE = 1e-4

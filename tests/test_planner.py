@@ -11,12 +11,12 @@ from ruvllm.model.cache import KVOptions
 from ruvllm.runtime.engine import Engine, LoadOptions, load_engine, open_store, plan_for, read_config
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
-from conftest import tiny_model
+from conftest import numpy_model
 
 
 @pytest.mark.parametrize("form", ["f32", "q8", "q4", "q4 as q4_0"])
 def test_planned_weight_bytes_are_what_loading_takes(smollm2_dir, tmp_path, form):
-    tiny_model("qwen2", tmp_path)  # float storage: q8/q4 mean quantizing at load
+    numpy_model("qwen2", tmp_path)  # float storage: q8/q4 mean quantizing at load
     form, _, isq_format = form.partition(" as ")
     for folder in (smollm2_dir, tmp_path):
         engine = load_engine(str(folder), compute=form, isq_format=isq_format or "q4_1")
@@ -25,7 +25,7 @@ def test_planned_weight_bytes_are_what_loading_takes(smollm2_dir, tmp_path, form
 
 
 def test_planned_kv_bytes_are_what_a_full_cache_takes(tmp_path):
-    tiny_model("llama", tmp_path, max_position_embeddings=1024)
+    numpy_model("llama", tmp_path, max_position_embeddings=1024)
     engine = load_engine(str(tmp_path), context_length=600)
     cache = engine.new_cache()
     cache.reserve(600)
@@ -58,7 +58,7 @@ def test_a_plan_that_cannot_fit_is_refused_before_loading(smollm2_dir):
 def test_a_two_tier_cache_stays_within_its_planned_bytes(tmp_path):
     """Prefill in several chunks, then decoding to the end of the context: the hot tier never grows
     past hot_tokens + migrate_batch + one chunk, so the cache holds to the plan."""
-    tiny_model("llama", tmp_path, max_position_embeddings=1024)
+    numpy_model("llama", tmp_path, max_position_embeddings=1024)
     kv = KVOptions(hot_tokens=32, cold="int8")
     engine = load_engine(str(tmp_path), context_length=600, kv=kv)
     cache = engine.new_cache()
@@ -93,13 +93,13 @@ def test_with_a_kernel_provider_auto_keeps_a_quantized_model_in_its_own_form(smo
     provider = CountingProvider()
     assert plan_for(config, store, LoadOptions(provider=provider)).compute == "q4"  # q4_1 layers, q8 embedding
     assert plan_for(config, store, LoadOptions(provider=provider, kernels="numpy")).compute == "f32"
-    tiny_model("llama", tmp_path)  # float32 weights: not quantized unless asked
+    numpy_model("llama", tmp_path)  # float32 weights: not quantized unless asked
     tiny_config, tiny_store = read_config(str(tmp_path)), open_store(str(tmp_path), header_only=True)
     assert plan_for(tiny_config, tiny_store, LoadOptions(provider=provider)).compute == "f32"
 
 
 def test_the_engine_computes_every_product_through_the_provider(tmp_path):
-    tiny_model("llama", tmp_path)
+    numpy_model("llama", tmp_path)
     provider = CountingProvider()
     engine = Engine.from_store(read_config(str(tmp_path)), open_store(str(tmp_path)), LoadOptions(provider=provider))
     reference = load_engine(str(tmp_path), kernels="numpy")
@@ -112,7 +112,7 @@ def test_the_engine_computes_every_product_through_the_provider(tmp_path):
 
 
 def test_kernels_must_be_a_known_choice_and_wasm_needs_a_runtime_that_offers_it(tmp_path):
-    tiny_model("llama", tmp_path)
+    numpy_model("llama", tmp_path)
     with pytest.raises(InvalidArgumentError, match=r"kernels must be one of auto, wasm, numpy, got 'simd'"):
         load_engine(str(tmp_path), kernels="simd")
     with pytest.raises(InvalidArgumentError, match=r"kernels='wasm' needs the WebAssembly SIMD kernels, which run"):

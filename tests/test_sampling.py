@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
 import torch
 from transformers.generation.logits_process import (
     MinPLogitsWarper,
@@ -16,6 +20,8 @@ from transformers.generation.logits_process import (
 from ruvllm.errors import InvalidArgumentError
 from ruvllm.runtime.generate import GenerationOptions
 from ruvllm.runtime.sampling import SamplingOptions, apply_repetition_penalty, filter_candidates, make_sampler
+
+pytestmark = pytest.mark.parity
 
 V = 1000
 

@@ -12,9 +12,14 @@ import urllib.error
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
+import pytest
+
+pytest.importorskip("jsonschema")
+pytest.importorskip("openai")
+pytest.importorskip("uvicorn")
+
 import jsonschema
 import openai
-import pytest
 import uvicorn
 
 from ruvllm.server import Service, create_app

@@ -15,7 +15,6 @@ import urllib.request
 
 import numpy as np
 import pytest
-import uvicorn
 
 from ruvllm.cli import main
 from ruvllm.files.json_body import MAX_DEPTH, FieldError, check_values, nesting_depth, parse
@@ -30,6 +29,7 @@ CHAT, TEXT = "/v1/chat/completions", "/v1/completions"
 @pytest.fixture(scope="module")
 def base(smollm2):
     """The server on a free port of 127.0.0.1, in a thread, with a short context (answers stay short)."""
+    uvicorn = pytest.importorskip("uvicorn")
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -347,11 +347,15 @@ def test_nesting_is_measured_without_parsing():
     ],
 )
 def test_serve_options_are_checked_before_the_model_loads(options, message, capsys):
+    pytest.importorskip("starlette")  # without the serve extra, that is the first error
+    pytest.importorskip("uvicorn")
     assert main(["serve", "no-such-model-folder", *options]) == 1  # the folder would be the next error
     assert capsys.readouterr().err == f"ruvllm serve: error: {message}\n"
 
 
 def test_a_port_in_use_is_reported_before_the_model_loads(capsys):
+    pytest.importorskip("starlette")  # without the serve extra, that is the first error
+    pytest.importorskip("uvicorn")
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

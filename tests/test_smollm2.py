@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("transformers")
+
 import torch
 from transformers import AutoModelForCausalLM
 
 from ruvllm.runtime.engine import open_store
+
+pytestmark = pytest.mark.parity
 
 NEW_TOKENS = 40
 RAW_PROMPTS = ["Once upon a time", "The three primary colors are", "def fibonacci(n):\n"]

@@ -7,6 +7,10 @@ import struct
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+pytest.importorskip("safetensors")
+
 import safetensors
 import safetensors.numpy
 import torch
@@ -14,6 +18,8 @@ from safetensors.torch import save as torch_save
 
 from ruvllm.errors import LoadError
 from ruvllm.files.tensorfile import PieceBuffer, SafetensorsFile, bf16_to_f32
+
+pytestmark = pytest.mark.parity
 
 
 def sample_tensors() -> dict[str, np.ndarray]:

@@ -10,7 +10,7 @@ from ruvllm.errors import InvalidArgumentError
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.threads import Adaptive, BlasThreads, _blas_libraries
 
-from conftest import tiny_model
+from conftest import numpy_model
 
 BLAS = _blas_libraries()
 pytestmark = pytest.mark.skipif(not BLAS, reason="no BLAS library that threadpoolctl can steer")
@@ -35,7 +35,7 @@ class Spy:
 
 
 def test_a_forward_decodes_on_one_thread_and_reads_a_prompt_on_the_policys_count(tmp_path):
-    tiny_model("llama", tmp_path)
+    numpy_model("llama", tmp_path)
     engine = load_engine(str(tmp_path), threads=3)
     spy = Spy(engine.weights.layers[0].mlp.down_proj.matrix)
     engine.weights.layers[0].mlp.down_proj.matrix = spy
@@ -96,7 +96,7 @@ def test_sizes_are_measured_apart_and_decoding_stays_on_one_thread():
 
 
 def test_a_forward_is_timed_and_recorded_by_the_default(tmp_path):
-    tiny_model("llama", tmp_path)
+    numpy_model("llama", tmp_path)
     ticks = iter(range(0, 10_000, 10))
     engine = load_engine(str(tmp_path))
     if engine.threads.adaptive is None:

@@ -13,9 +13,14 @@ import unicodedata
 from pathlib import Path
 
 import pytest
+
+pytest.importorskip("transformers")
+
 from transformers import AutoTokenizer
 
 from ruvllm.text.tokenizer import Tokenizer
+
+pytestmark = pytest.mark.parity
 
 # Shared with the JavaScript parity test (test_js_text.py): accents, CJK, Arabic, emoji with ZWJ, code,
 # runs of spaces/tabs/newlines, digits and other numerals, special tokens written in text.

@@ -10,7 +10,6 @@ import json
 import re
 from pathlib import Path
 
-import jsonschema
 import pytest
 
 from ruvllm.errors import InvalidArgumentError
@@ -149,6 +148,7 @@ def test_template_messages_decode_arguments_without_touching_the_callers_message
 
 
 def test_a_template_sees_tools_as_none_when_there_are_none():
+    pytest.importorskip("jinja2")
     template = ChatTemplate("{{ tools is none }}|{{ tools | tojson }}", {})
     assert template.render(ASK) == "True|null"
     assert template.render(ASK, tools=[WEATHER]) == "False|" + json.dumps([WEATHER], ensure_ascii=False)
@@ -330,6 +330,7 @@ def parsed_call(text: str) -> dict:
 
 
 def test_the_call_schema_accepts_real_calls_and_rejects_wrong_names():
+    jsonschema = pytest.importorskip("jsonschema")
     tools = check_tools(TOOLS)
     schema = tool_call_schema(tools, check_tool_choice("required", tools))
     jsonschema.Draft202012Validator.check_schema(schema)
@@ -349,6 +350,7 @@ def test_the_call_schema_accepts_real_calls_and_rejects_wrong_names():
 
 
 def test_a_named_choice_allows_only_that_tool():
+    jsonschema = pytest.importorskip("jsonschema")
     tools = check_tools(TOOLS)
     schema = tool_call_schema(tools, check_tool_choice({"type": "function", "function": {"name": "get-time"}}, tools))
     assert list(schema["properties"]) == ["name", "arguments"] and schema["required"] == ["name", "arguments"]
@@ -360,6 +362,7 @@ def test_a_named_choice_allows_only_that_tool():
 
 
 def test_the_schema_describes_the_text_between_the_tags():
+    jsonschema = pytest.importorskip("jsonschema")
     assert (TOOL_CALL_OPEN, TOOL_CALL_CLOSE) == ("<tool_call>", "</tool_call>")
     tools = check_tools([WEATHER])
     call = {"name": "get_weather", "arguments": {"city": "Oslo"}}

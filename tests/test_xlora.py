@@ -9,6 +9,9 @@ import shutil
 
 import numpy as np
 import pytest
+
+pytest.importorskip("torch")
+
 import torch
 
 from ruvllm.errors import InvalidArgumentError, LoadError
@@ -19,6 +22,8 @@ from ruvllm.learning.xlora import Mixture, RouterConfig
 from ruvllm.runtime.engine import load_engine
 
 from conftest import tiny_model
+
+pytestmark = pytest.mark.parity
 
 TOKENS = list(np.random.default_rng(5).integers(0, 128, 20))
 EXPERT_TARGETS = (["q_proj", "down_proj"], ["v_proj", "down_proj"], ["up_proj", "o_proj"])

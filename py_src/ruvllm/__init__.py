@@ -4,18 +4,19 @@ The package is built in layers; a module imports only from its own layer and the
 (tests/test_layers.py checks it):
 
     errors      the error types every layer raises
-    files/      safetensors and JSON files, storage formats, a model folder's tensors
+    files/      safetensors, GGUF and JSON files, storage formats, a model folder's tensors, hub downloads
     quant/      compute forms of matrices and their products
-    model/      config, weights, RoPE, KV cache, the forward
-    runtime/    engine, memory plan, runtime quantization, token generation, sampling, BLAS threads
+    model/      config, weights, RoPE, KV caches (one sequence's, the paged one of batching), the forward
+    runtime/    engine, memory plan, runtime quantization, token generation, sampling, BLAS threads,
+                continuous batching, JSON-schema constraints
     text/ | learning/ | convert/
                 three branches, none imports another: tokenizer and chat templates and the text layer of
                 generation | MicroLoRA adapters and their backward pass | offline conversion of HF
                 folders and GGUF files
-    tools/      perplexity and benchmarks over an engine
+    tools/      perplexity, benchmarks, lessons from a feedback file, adapters merged into weights
     session     what every front end shares: an engine, its adapters, learning, the cache it lends
-    entry points: api (Python API), bridge (the Pyodide worker's), cli/ (the command, a module per
-                command), server, __main__
+    entry points: api (Python API), completions (OpenAI bodies and answers), server (ruvllm serve),
+                bridge (the Pyodide worker's), cli/ (the command, a module per command), __main__
 
 Adapters reach the engine as what wraps its weights (`Engine.attach`), so the runtime never imports
 learning.

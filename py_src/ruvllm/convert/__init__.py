@@ -1,7 +1,12 @@
 """`ruvllm convert`: Hugging Face folders and GGUF files into ruvllm model folders.
 
-The converter is offline tooling: it needs the `convert` extra (gguf, safetensors, tokenizers). The
-engine itself reads the result with NumPy alone.
+The converter is offline tooling and, like the engine, needs NumPy alone: safetensors and GGUF files
+are read, and the folder written, with NumPy (files/); tokenizer files are copied from the HF folder or written from
+the GGUF's metadata (files/gguf_vocab.py). The `convert` extra is what its tests check the result with.
+
+- `hf.py`: a Hugging Face model folder (safetensors in f32/f16/bf16).
+- `gguf.py`: a GGUF file, its Q8_0/Q4_0/Q4_1 blocks copied, every other type dequantized.
+- `writer.py`: the model folder written: config and tokenizer JSON files plus one `model.safetensors`.
 """
 
 from __future__ import annotations

@@ -5,4 +5,5 @@
 - `rope.py`: rotary position embeddings.
 - `cache.py`: the KV cache (hot float32 tier, cold int8/int4 tier, byte budget).
 - `forward.py`: attention, MLP, block, forward.
+- `paged.py`: the paged KV cache of continuous batching, with prefix sharing.
 """

@@ -2,4 +2,6 @@
 codes, packed int4) and how it is multiplied, on CPython (BLAS) and in Pyodide (einsum).
 
 - `matrices.py`: DenseMatrix, Int8Matrix, Int4Matrix, one interface.
+- `provider.py`: kernel providers, a faster home for the products where the runtime has one.
+- `wasm.py`: the WebAssembly SIMD provider (kernels/kernels.c), driven from Python inside Pyodide.
 """

@@ -4,4 +4,5 @@
 - `chat_template.py`: the model's Jinja template, sandboxed and bounded.
 - `detokenizer.py`: streaming detokenization, O(1) per token.
 - `stream.py`: the text layer of generation (stop strings, chunks, stats).
+- `tool_calls.py`: OpenAI tools: checked, shown to the template, and calls parsed out of the text.
 """
