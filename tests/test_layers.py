@@ -78,3 +78,34 @@ def test_every_module_has_a_layer():
     # A new subpackage is given its layer here, not taken for an entry point unseen.
     subpackages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")}
     assert subpackages == (set(LAYERS) - {"errors", "entry"}) | ENTRY_PACKAGES
+
+
+def module_of(path: Path) -> str:
+    return "ruvllm." + ".".join(path.relative_to(PACKAGE).with_suffix("").parts).removesuffix(".__init__")
+
+
+def test_no_import_cycle_inside_a_package():
+    """Modules of one package (its __init__ aside, which gathers them) import each other one way only:
+    a cycle means the two belong in one module, or what both need in a third below them. Lazy imports
+    count too (a cycle hidden in a function is still one)."""
+    paths = {module_of(p): p for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    edges = {}
+    for module, path in paths.items():
+        package = module.rsplit(".", 1)[0]
+        targets = {target for _, target in imports_of(path)}
+        edges[module] = {t for t in targets if t in paths and t.rsplit(".", 1)[0] == package and t != module}
+    cycles, done = [], set()
+
+    def visit(module: str, trail: list[str]) -> None:
+        if module in trail:
+            cycles.append(" -> ".join([*trail[trail.index(module) :], module]))
+            return
+        if module in done:
+            return
+        for target in sorted(edges[module]):
+            visit(target, [*trail, module])
+        done.add(module)
+
+    for module in sorted(edges):
+        visit(module, [])
+    assert cycles == []
