@@ -13,6 +13,7 @@ from ruvllm.learning.adapters import AdapterSet
 from ruvllm.learning.backprop import entering_states
 from ruvllm.learning.learn import REHEARSAL_STEPS, AdaptOptions, Learner, Lesson
 from ruvllm.learning.lora import Adapter, LoRAConfig
+from ruvllm.learning.per_model import per_model
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, Prefilling, generate_tokens
 
@@ -317,7 +318,7 @@ def test_the_status_says_what_a_lesson_waits_for_and_how_far_it_got(engine, monk
     """A fresh adapter's lesson: its instant step runs unprojected ("learning", step 1), then it waits for
     the projection job ("preparing", with the job's units), then learns and rehearses ("learning" step
     2, "rehearsing") and is done; elapsed wall time and phase all along."""
-    engine.calibration_ids = PROMPT * 3
+    per_model(engine).calibration_ids = PROMPT * 3
     adapter = top_adapter(engine)
     learner = Learner(engine.wrappers, engine)
     lesson = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, plain(steps=3, project=0.99, rehearse=1))
@@ -449,7 +450,7 @@ def test_the_input_basis_is_the_smallest_holding_the_energy_asked(T):
 def test_a_fresh_adapter_reuses_the_bases_an_earlier_one_computed(engine, monkeypatch):
     from ruvllm.learning import projection
 
-    engine.calibration_ids = PROMPT * 3
+    per_model(engine).calibration_ids = PROMPT * 3
     calls = []
 
     class Counted(projection.BasesJob):
@@ -498,7 +499,7 @@ def test_the_bases_made_a_chunk_at_a_time_equal_those_of_whole_pieces(engine, mo
 def test_an_instant_step_does_not_wait_for_a_fresh_adapter_s_projection(engine):
     """feedback's first step on a fresh adapter runs unprojected; the background loop makes the bases a
     chunk of calibration text at a time, before any further step, and the next step projects A."""
-    engine.calibration_ids = PROMPT * 3
+    per_model(engine).calibration_ids = PROMPT * 3
     adapter = top_adapter(engine)
     learner = Learner(engine.wrappers, engine)
     lesson = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, plain(steps=3, project=0.99))
@@ -526,7 +527,7 @@ def test_no_projection_is_prepared_for_a_model_learning_does_not_run_on(tmp_path
 
     tiny_model("gemma3", tmp_path)
     engine = load_engine(str(tmp_path))
-    engine.calibration_ids = PROMPT
+    per_model(engine).calibration_ids = PROMPT
     learner = Learner(AdapterSet.attached(engine), engine)
     assert not learner.prepare(module_names(engine.weights, ("down_proj",), [0]))
     assert not learner.status().preparing and learner.run(None).lessons == 0
@@ -535,7 +536,7 @@ def test_no_projection_is_prepared_for_a_model_learning_does_not_run_on(tmp_path
 def test_a_projection_job_that_fails_is_dropped_and_its_error_reported(engine, monkeypatch):
     from ruvllm.learning import projection
 
-    engine.calibration_ids = PROMPT
+    per_model(engine).calibration_ids = PROMPT
     learner = Learner(engine.wrappers, engine)
     assert learner.prepare(["model.layers.3.mlp.down_proj"])
     monkeypatch.setattr(projection.BasesJob, "step", lambda self: 1 / 0)

@@ -23,6 +23,7 @@ from .files.store import TensorStore
 from .learning import learn
 from .learning.learn import AdaptReport
 from .learning.lora import DEFAULT_LAYERS, Adapter
+from .learning.per_model import per_model
 from .learning.projection import calibration_text
 from .learning.xlora import Mixture, is_xlora
 from .model.cache import KVOptions
@@ -51,7 +52,7 @@ class Model:
         self.name = name  # the model's name in OpenAI answers (the file or folder name)
         self.session = Session(engine, tokenizer.token_bytes, tokenizer.special_ids)  # what the bridge shares
         self.adapters = self.session.adapters  # MicroLoRA: held, selected, learning
-        if engine.calibration_ids is None:  # what learning keeps its adapters' inputs away from
+        if per_model(engine).calibration_ids is None:  # what learning keeps its adapters' inputs away from
             self.session.set_calibration(tokenizer.encode(calibration_text()))
         self._read_folders: list[str] = []  # the model and the adapters loaded: never written over
 

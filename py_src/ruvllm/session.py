@@ -25,6 +25,7 @@ from .learning import learn
 from .learning.adapters import AdapterSet
 from .learning.learn import AdaptOptions, AdaptReport, Learner, Lesson, RouteLesson, lesson_for
 from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, LoRAConfig, module_names
+from .learning.per_model import per_model
 from .learning.projection import CALIBRATION_TOKENS
 from .learning.xlora import Mixture, RouterConfig
 from .model.cache import KVCache
@@ -136,8 +137,9 @@ class Session:
 
     def set_calibration(self, ids: Sequence[int]) -> int:
         """The calibration text's token ids: what learning keeps its adapters' inputs away from."""
-        self.engine.calibration_ids = list(ids)[:CALIBRATION_TOKENS]
-        return len(self.engine.calibration_ids)
+        held = per_model(self.engine)
+        held.calibration_ids = list(ids)[:CALIBRATION_TOKENS]
+        return len(held.calibration_ids)
 
     def lesson(
         self, prompt_ids: list[int], completion_ids: list[int], reward: float, adapter: str, options: dict

@@ -37,6 +37,7 @@ from .backprop import (
     start_at,
 )
 from .lora import Adapter
+from .per_model import per_model
 from .projection import BasesJob, bases_job, pending_job, project, ready_bases, shared_bases
 from .projection import advance as advance_job
 from .state import Memory, sgd
@@ -345,7 +346,7 @@ class Lesson(_Stepwise):
         job = self.job
         if job is None or job.done or not self.unprojected or not self.steps or self.outcome is not None:
             return None  # (the instant step does not wait; a lesson in rehearsal takes no step of its own)
-        return job if job in self.engine.memo.get("jobs", []) else None  # (one that failed is gone)
+        return job if job in per_model(self.engine).jobs else None  # (one that failed is gone)
 
     def _all_units(self):
         """Every unit of the lesson, in order: a generator that yields True where a step ends."""
@@ -543,7 +544,7 @@ class Lesson(_Stepwise):
         instant step (`defer_projection`) does not wait for bases still to be made: the background loop
         makes them (a job of small steps), and the next step projects A then."""
         adapter, engine = self.adapter, self.engine
-        ids = getattr(engine, "calibration_ids", None)
+        ids = per_model(engine).calibration_ids
         if not self.options.project or adapter.state.bases or not ids:
             return
         if adapter.version and not self.unprojected:  # it learned before, without (a loaded adapter)
@@ -713,7 +714,7 @@ class Learner:
         """Have the bases of `modules` (a fresh adapter's projection) made in the background; True when
         there is work to do (none without a calibration text, for a model learning does not run on, or
         once they are made)."""
-        ids = None if self.engine is None else self.engine.calibration_ids
+        ids = None if self.engine is None else per_model(self.engine).calibration_ids
         if not ids or not energy or not self.engine.config.llama_block:  # (learning runs on Llama blocks)
             return False
         with self.adapters.lock:

@@ -23,6 +23,7 @@ from ..model.forward import Masks, Sequence, Tape, embed, run_layers
 from ..runtime.engine import Engine
 from .backprop import bypassed
 from .lora import linear_of
+from .per_model import per_model
 
 CALIBRATION_TOKENS = 2048  # of the calibration text (all of the built-in one), where the bases come from
 CALIBRATION_PIECE = 512  # tokens per sequence the calibration text is cut into
@@ -161,7 +162,7 @@ class BasesJob:
 
 
 def shared_bases(engine: Engine, modules: list[str], ids: list[int], energy: float) -> dict[str, np.ndarray]:
-    """The bases (BasesJob), computed once per loaded model (kept in `engine.memo`, for the weights as they are:
+    """The bases (BasesJob), computed once per loaded model (kept per model: per_model.py, for the weights as they are:
     a merge into them makes new ones): every fresh adapter on the same matrices reuses them. A job
     making them in the background (`bases_job`) is finished here; otherwise each calibration piece
     runs as one forward (small chunks round differently, and measured, a lesson at the edge of being
@@ -174,7 +175,7 @@ def shared_bases(engine: Engine, modules: list[str], ids: list[int], energy: flo
 
 def ready_bases(engine: Engine, modules: list[str], ids: list[int], energy: float) -> dict[str, np.ndarray] | None:
     """The bases of `modules` if all are made, else None."""
-    held = engine.memo.get(_key(engine, ids, energy), {})
+    held = per_model(engine).bases.get(_key(engine, ids, energy), {})
     wanted = [name for name in modules if name != "lm_head"]
     return {name: held[name] for name in wanted} if all(name in held for name in wanted) else None
 
@@ -184,11 +185,11 @@ def bases_job(engine: Engine, modules: list[str], ids: list[int], energy: float,
     with the engine so the background loop advances it (`pending_job`, `advance`); None when all are
     made. A job already under way for them is returned as it is."""
     key = _key(engine, ids, energy)
-    held = engine.memo.setdefault(key, {})
+    held = per_model(engine).bases.setdefault(key, {})
     missing = [name for name in modules if name != "lm_head" and name not in held]
     if not missing:
         return None
-    jobs = engine.memo.setdefault("jobs", [])
+    jobs = per_model(engine).jobs
     for job in jobs:
         if job.key == key and set(missing) <= set(job.modules):
             return job
@@ -200,14 +201,14 @@ def bases_job(engine: Engine, modules: list[str], ids: list[int], energy: float,
 
 def pending_job(engine: Engine) -> BasesJob | None:
     """The first job waiting to be advanced, if any."""
-    jobs = engine.memo.get("jobs")
+    jobs = per_model(engine).jobs
     return jobs[0] if jobs else None
 
 
 def advance(engine: Engine, job: BasesJob) -> bool:
     """One step of `job`; once done, its bases join the engine's and the job leaves (as it does when a
     step fails: the error goes to the caller, not to every later call). True when done."""
-    jobs = engine.memo.get("jobs", [])
+    jobs = per_model(engine).jobs
     try:
         done = job.step()
     except Exception:
@@ -215,7 +216,7 @@ def advance(engine: Engine, job: BasesJob) -> bool:
             jobs.remove(job)
         raise
     if done:
-        engine.memo.setdefault(job.key, {}).update(job.bases)
+        per_model(engine).bases.setdefault(job.key, {}).update(job.bases)
         if job in jobs:
             jobs.remove(job)
     return done

@@ -179,8 +179,6 @@ class Engine:
         self.prefill_chunk = default_prefill_chunk()
         self.wrappers: Wrappers | None = None  # what wraps the weights (attach), if anything
         self.tap_layer: int | None = None  # new caches keep the hidden states entering this layer (KVCache.tap)
-        self.calibration_ids: list[int] | None = None  # token ids of a calibration text (learning's projection)
-        self.memo: dict = {}  # what the layers above derive once per loaded model (learning's projection bases)
 
     @classmethod
     def from_store(cls, config: ModelConfig, store: TensorStore, options: LoadOptions | None = None) -> Engine:
