@@ -256,7 +256,12 @@ async function openLocal(path, name, optional) {
     throw new RuvLLMError('download', `${name}: cannot read ${path}: ${reason}`);
   }
   const stream = fs.createReadStream(path, { highWaterMark: 1 << 20 });
-  return opened({ size: stat.size, chunks: plainBytes(stream), fromCache: false, dropUnread: () => stream.destroy() });
+  return opened({
+    size: stat.size,
+    chunks: plainBytes(stream),
+    fromCache: false,
+    dropUnread: async () => stream.destroy(),
+  });
 }
 
 /** Node Buffers as plain Uint8Array views (Pyodide copies only plain typed arrays into Python). */
