@@ -203,6 +203,7 @@ case "${1:-all}" in
     lint_tools
     node_modules/.bin/eslint
     node_modules/.bin/prettier --check .
+    node_modules/.bin/tsc -p tsconfig.json # the JS type-checked against its JSDoc and types/index.d.ts
     "$PY" -m pytest -q --durations=25
     log "node tests (the Pyodide ones skip, saying how to get a distribution, when none is on disk)"
     py_abs=$(realpath -s "$PY")

@@ -14,6 +14,7 @@ export class RuvLLMError extends Error {
    */
   constructor(type, message) {
     super(message);
+    /** @type {'RuvLLMError'} */
     this.name = 'RuvLLMError';
     this.type = ERROR_TYPES.includes(type) ? type : 'inference';
   }
@@ -22,6 +23,7 @@ export class RuvLLMError extends Error {
 export class AbortError extends Error {
   constructor(message = 'The operation was aborted') {
     super(message);
+    /** @type {'AbortError'} */
     this.name = 'AbortError';
   }
 }

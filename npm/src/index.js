@@ -53,7 +53,7 @@ async function spawnWorker() {
       post: (m) => worker.postMessage(m),
       onEvent: (fn) => worker.on('message', fn),
       onFailure: (fn) => {
-        worker.on('error', (e) => fn(e.message));
+        worker.on('error', (/** @type {Error} */ e) => fn(e.message));
         worker.on('exit', (code) => fn(`exited with code ${code}`));
       },
       setActive: (active) => (active ? worker.ref() : worker.unref()),
@@ -130,7 +130,10 @@ export class RuvLLM {
     completions: { create: (body, options) => this.#complete('chat', body, options) },
   });
 
-  /** OpenAI (text) completions of raw text: `llm.completions.create({ prompt, ... }, { signal })`. */
+  /**
+   * OpenAI (text) completions of raw text: `llm.completions.create({ prompt, ... }, { signal })`.
+   * @type {import('../types/index.d.ts').Completions}
+   */
   completions = { create: (body, options) => this.#complete('text', body, options) };
 
   constructor(worker) {
@@ -171,7 +174,10 @@ export class RuvLLM {
     return llm;
   }
 
-  /** Resolves once the worker has answered request `id` (its error or done), or after `ms`. */
+  /**
+   * Resolves once the worker has answered request `id` (its error or done), or after `ms`.
+   * @returns {Promise<void>}
+   */
   #settled(id, ms) {
     return new Promise((resolve) => {
       const timer = setTimeout(resolve, ms);
@@ -292,7 +298,11 @@ export class RuvLLM {
     return this.#answer({ type: 'adapters' });
   }
 
-  /** A fresh adapter ({ name, rank, alpha, targets, layers }), made active. */
+  /**
+   * A fresh adapter ({ name, rank, alpha, targets, layers }), made active.
+   * @param {import('../types/index.d.ts').AdapterConfig} [config]
+   * @returns {Promise<{ name: string, rank: number, targets: string[], layers: number[] | null }>}
+   */
   newAdapter(config = {}) {
     return this.#answer({ type: 'new_adapter', config: checkTable(ADAPTER_CONFIG, config, 'config', 'newAdapter') });
   }
@@ -316,6 +326,8 @@ export class RuvLLM {
   /**
    * Load an adapter folder by URL (in Node also a path): adapter_config.json + adapter_model.safetensors;
    * an X-LoRA mixture (PEFT's layout) with its experts in subfolders named after them.
+   * @param {string} url
+   * @param {{ name?: string }} [options]
    * @returns {Promise<string>} the name it is held under
    */
   loadAdapter(url, options = {}) {
@@ -329,7 +341,11 @@ export class RuvLLM {
     });
   }
 
-  /** Compute with adapter `name` from now on; null for the base model. */
+  /**
+   * Compute with adapter `name` from now on; null for the base model.
+   * @param {string | null} name
+   * @returns {Promise<string | null>}
+   */
   setAdapter(name) {
     check(NULLABLE_ADAPTER_NAME, name, 'name');
     return this.#answer({ type: 'set_adapter', name: name ?? null });
@@ -337,6 +353,7 @@ export class RuvLLM {
 
   /**
    * The files of an adapter (default: the active one), to download or store.
+   * @param {string} [name]
    * @returns {Promise<Record<string, Uint8Array>>}
    */
   saveAdapter(name) {

@@ -30,6 +30,7 @@
  *                                                         the load to stop (its downloads end, their partial
  *                                                         copies are removed, then it answers an abort error)
  *   { type: 'dispose',  id }
+ * (bridge-schema.js WORKER_REQUESTS lists them and their fields: the worker refuses any other type.)
  *
  * Events (worker -> caller):
  *   { type: 'progress', id, progress }                    download/load progress of a 'load' request
@@ -49,84 +50,20 @@
  *   { type: 'error',    id, error: { type, message } }    a request failed; type 'abort' for aborts
  */
 
-export const REQUESTS = Object.freeze([
-  'load',
-  'generate',
-  'chat',
-  'completion',
-  'tokenize',
-  'cache_stats',
-  'abort',
-  'dispose',
-  'adapt',
-  'adapters',
-  'new_adapter',
-  'mix_adapters',
-  'load_adapter',
-  'set_adapter',
-  'save_adapter',
-]);
+import { WORKER_REQUESTS, pythonNames } from './bridge-schema.js';
+
+/** The request types the worker answers (bridge-schema.js lists them with their fields). */
+export const REQUESTS = Object.freeze(Object.keys(WORKER_REQUESTS));
 
 /**
  * The worker speaks to Python (py_src/ruvllm/bridge.py) in JSON with Python's names; callers use
- * JavaScript's. Every name that differs is here, once: toPython / fromPython rename an object's keys
- * (nested objects too) on each crossing. JSON is also what turns JS null into Python None.
+ * JavaScript's. Every name that differs is in this table, made from the shapes of bridge-schema.js (each
+ * field with an underscore, as camelCase): toPython / fromPython rename an object's keys (nested objects
+ * too) on each crossing. JSON is also what turns JS null into Python None.
  * OpenAI's bodies and answers ('completion') never go through this table: they have the same (OpenAI's)
  * names on both sides, and a user's JSON schema may name a property anything, `maxTokens` included.
  */
-export const PYTHON_NAMES = Object.freeze({
-  // generation options
-  maxTokens: 'max_tokens',
-  topK: 'top_k',
-  topP: 'top_p',
-  minP: 'min_p',
-  repetitionPenalty: 'repetition_penalty',
-  ignoreEos: 'ignore_eos',
-  // load options
-  contextLength: 'context_length',
-  memoryBudget: 'memory_budget',
-  hotTokens: 'hot_tokens',
-  budgetBytes: 'budget_bytes',
-  // requests
-  promptIds: 'prompt_ids',
-  completionIds: 'completion_ids',
-  eosIds: 'eos_ids',
-  wantSha256: 'want_sha256',
-  // chunks and their stats
-  tokenId: 'token_id',
-  tokenIds: 'token_ids',
-  promptTokenIds: 'prompt_token_ids',
-  finishReason: 'finish_reason',
-  promptTokens: 'prompt_tokens',
-  completionTokens: 'completion_tokens',
-  prefillMs: 'prefill_ms',
-  ttftMs: 'ttft_ms',
-  decodeTokS: 'decode_tok_s',
-  cachedTokens: 'cached_tokens',
-  // the model, its memory plan, its cache
-  vocabSize: 'vocab_size',
-  weightBytes: 'weight_bytes',
-  kvBytes: 'kv_bytes',
-  workspaceBytes: 'workspace_bytes',
-  totalBytes: 'total_bytes',
-  weightBytesByForm: 'weight_bytes_by_form',
-  hotPositions: 'hot_positions',
-  hotBytes: 'hot_bytes',
-  coldPositions: 'cold_positions',
-  coldBytes: 'cold_bytes',
-  coldFormat: 'cold_format',
-  evictedPositions: 'evicted_positions',
-  seenPositions: 'seen_positions',
-  // learning
-  logProbBefore: 'log_prob_before',
-  logProbAfter: 'log_prob_after',
-  stepMs: 'step_ms',
-  rehearsalSteps: 'rehearsal_steps',
-  untilGreedy: 'until_greedy',
-  budgetMs: 'budget_ms',
-  elapsedMs: 'elapsed_ms',
-  wallMs: 'wall_ms',
-});
+export const PYTHON_NAMES = Object.freeze(pythonNames());
 
 const JS_NAMES = Object.freeze(Object.fromEntries(Object.entries(PYTHON_NAMES).map(([js, py]) => [py, js])));
 

@@ -136,6 +136,25 @@ test('a local folder is read from disk (Node)', async () => {
   });
 });
 
+test('a load that fails before a local file is read closes that file cleanly and fails with its own error', async () => {
+  const dir = await mkdtemp(join(tmpdir(), 'ruvllm-'));
+  const shards = ['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors'];
+  await writeFile(
+    join(dir, 'model.safetensors.index.json'),
+    JSON.stringify({ weight_map: { a: shards[0], b: shards[1] } }),
+  );
+  for (const shard of shards) await writeFile(join(dir, shard), BODY.subarray(0, 1000));
+  const loader = fakeLoader();
+  const message = `${shards[0]}: not a safetensors file`;
+  loader.add_header = () => JSON.stringify({ error: { type: 'load', message } }); // the second is never read
+  await assert.rejects(loadWeights(loader, dir, {}), (e) => {
+    assert.ok(e instanceof RuvLLMError, `expected a RuvLLMError, got ${e}`);
+    assert.equal(e.type, 'load');
+    assert.equal(e.message, message);
+    return true;
+  });
+});
+
 async function downloadError(url) {
   try {
     await loadWeights(fakeLoader(), url, { cache: false });

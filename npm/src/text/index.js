@@ -173,7 +173,8 @@ export function tokenSpan(tokenizerJson) {
 }
 
 /**
- * @param {{tokenizerJson: object, tokenizerConfig: object, generationConfig: object, config: object,
+ * @param {{tokenizerJson: Record<string, any>, tokenizerConfig: Record<string, any>,
+ *   generationConfig: Record<string, any>, config: Record<string, any>,
  *   chatTemplate?: string | null}} files chatTemplate: the user's template, used instead of the model's
  */
 export function createText({

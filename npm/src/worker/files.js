@@ -33,6 +33,10 @@ export function fileLocation(base, name) {
  * Network reads wait at most `stallTimeoutMs` for the server's next byte (the headers, then each piece
  * of the body), then fail with a `download` error naming the URL; aborting `signal` stops them with an
  * AbortError.
+ * @param {string} base
+ * @param {string} name
+ * @param {{ cache?: boolean, optional?: boolean, stallTimeoutMs?: number, signal?: AbortSignal,
+ *   hub?: { hfEndpoint?: string, hfToken?: string } }} [options]
  */
 export async function openFile(base, name, { cache = true, optional = false, ...network } = {}) {
   const where = fileLocation(base, name);
@@ -49,6 +53,8 @@ export async function openFile(base, name, { cache = true, optional = false, ...
 /**
  * An opened file: `chunks` with a close() that works whether or not reading began. A generator that
  * never started runs no `finally` when it is returned, so `dropUnread` does its cleanup then.
+ * @param {{ size: number | null, chunks: AsyncIterable<Uint8Array>, fromCache: boolean, stored?: Promise<boolean>,
+ *   dropUnread?: () => Promise<unknown> }} file
  */
 function opened({ size, chunks, fromCache, stored = Promise.resolve(false), dropUnread = async () => {} }) {
   const iterator = chunks[Symbol.asyncIterator]();
@@ -256,7 +262,12 @@ async function openLocal(path, name, optional) {
     throw new RuvLLMError('download', `${name}: cannot read ${path}: ${reason}`);
   }
   const stream = fs.createReadStream(path, { highWaterMark: 1 << 20 });
-  return opened({ size: stat.size, chunks: plainBytes(stream), fromCache: false, dropUnread: () => stream.destroy() });
+  return opened({
+    size: stat.size,
+    chunks: plainBytes(stream),
+    fromCache: false,
+    dropUnread: async () => stream.destroy(),
+  });
 }
 
 /** Node Buffers as plain Uint8Array views (Pyodide copies only plain typed arrays into Python). */

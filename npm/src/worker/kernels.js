@@ -19,7 +19,9 @@ import { readPackageFile } from './python.js';
  */
 function selfTest(module) {
   const memory = new WebAssembly.Memory({ initial: 2 }); // the module declares a minimum of 2 pages
-  const { exports } = new WebAssembly.Instance(module, { env: { memory } });
+  const exports = /** @type {Record<string, (...args: number[]) => number>} */ (
+    new WebAssembly.Instance(module, { env: { memory } }).exports
+  );
   const f32 = new Float32Array(memory.buffer);
   const u8 = new Uint8Array(memory.buffer);
   const at = { x: 0, packed: 1024, scales: 2048, mins: 2064, y: 2080, scratch: 4096, dense: 8192 }; // bytes

@@ -19,7 +19,15 @@ import { callBridge, heapBytes, startPython } from './python.js';
 import { loadGguf, loadWeights } from './weights.js';
 import { modelName, resolveModel } from '../hub.js';
 
-const port = IS_NODE ? (await import('node:worker_threads')).parentPort : globalThis;
+/**
+ * The worker's end of its channel: Node's parentPort, or in browsers the worker's global scope (which
+ * the DOM library types as a Window: hence `any`).
+ * @type {{ postMessage(message: unknown, transfer?: Transferable[]): void,
+ *   on?: (type: 'message', listener: (data: unknown) => void) => void,
+ *   addEventListener?: (type: 'message', listener: (event: MessageEvent) => void) => void }}
+ */
+const port = IS_NODE ? (await import('node:worker_threads')).parentPort : /** @type {any} */ (globalThis);
+/** @type {(message: object, transfer?: Transferable[]) => void} */
 const send = (message, transfer = []) => port.postMessage(message, transfer);
 
 const state = {
@@ -170,7 +178,7 @@ function splitLocation(location) {
  */
 function loadOptions(options) {
   const kv = options.kv ?? {};
-  const deviceMemory = globalThis.navigator?.deviceMemory;
+  const deviceMemory = /** @type {Navigator & { deviceMemory?: number }} */ (globalThis.navigator)?.deviceMemory;
   const budget =
     options.memoryBudget ?? (IS_NODE || !deviceMemory ? undefined : Math.floor((deviceMemory * 2 ** 30) / 4));
   return {
@@ -183,7 +191,10 @@ function loadOptions(options) {
   };
 }
 
-/** Token ids of a request: a chat (messages), raw text, or ids given as they are. */
+/**
+ * Token ids of a request: a chat (messages), raw text, or ids given as they are.
+ * @param {{ messages?: object[], prompt?: string | number[] }} request
+ */
 function promptIds({ messages, prompt }) {
   if (messages !== undefined) return state.text.encodeChat(messages);
   if (Array.isArray(prompt)) return prompt;
@@ -209,7 +220,13 @@ function fittingIds({ messages, prompt, tools }, positions = state.positions) {
   return state.text.encodeRendered(rendered);
 }
 
-/** An error (context_full by default) if `text` has more tokens than `positions` (null: no bound), by its length. */
+/**
+ * An error (context_full by default) if `text` has more tokens than `positions` (null: no bound), by its length.
+ * @param {string} text
+ * @param {string} what
+ * @param {number | null} positions
+ * @param {import('../errors.js').RuvLLMErrorType} [type]
+ */
 function requireFit(text, what, positions, type = 'context_full') {
   if (positions === null) return;
   const least = state.text.moreTokensThan(text, positions);
@@ -438,7 +455,11 @@ async function saveAdapter({ id, name }) {
   );
 }
 
-/** A handler that answers with one bridge call: `args(message)` are its arguments. */
+/**
+ * A handler that answers with one bridge call: `args(message)` are its arguments.
+ * @param {string} method
+ * @param {(message: any) => unknown[]} [args]
+ */
 const answer =
   (method, args = () => []) =>
   async (message) =>

@@ -1,7 +1,7 @@
 /**
  * Python in the worker: starting Pyodide, NumPy and our own wheel (shipped inside this package and
  * unpacked from the package's files, never fetched from PyPI), from a boot snapshot when there is one
- * (snapshot.js), and calling the bridge (py_src/ruvllm/bridge.py, whose docstring lists the calls).
+ * (snapshot.js), and calling the bridge (py_src/ruvllm/bridge.py; ../bridge-schema.js lists the calls).
  */
 
 import { IS_NODE } from '../env.js';
@@ -23,6 +23,7 @@ function withSlash(url) {
  * indexURL: a Pyodide distribution (URL, or a folder in Node). Default: in browsers the official CDN;
  * in Node the `pyodide` npm package, which fetches NumPy from the CDN on first use and caches it.
  * bootCache: restore Python from a boot snapshot (snapshot.js), saving one on a boot without.
+ * @param {{ indexURL?: string, bootCache?: boolean }} [options]
  */
 export async function startPython({ indexURL, bootCache = true } = {}) {
   const started = performance.now();

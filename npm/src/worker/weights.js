@@ -25,6 +25,10 @@ export async function weightFiles(base, options) {
  * { phase: 'download', file, fileLoaded, fileTotal, loaded, total, fromCache }. The other options
  * (cache, stallTimeoutMs, signal) are openFile's. Whatever fails, every file opened is closed: no
  * download goes on and no partial copy stays.
+ * @param {import('pyodide/ffi').PyProxy} loader
+ * @param {string} base
+ * @param {{ sha256?: Record<string, string>, onProgress?: (progress: object) => void,
+ *   onPlan?: (plan: object) => void } & Parameters<typeof openFile>[2]} [options]
  */
 export async function loadWeights(
   loader,
@@ -114,7 +118,13 @@ function requireSize(f) {
     );
 }
 
-/** Copy each file, chunk by chunk, into Python-owned memory, with progress and optional sha256 checks. */
+/**
+ * Copy each file, chunk by chunk, into Python-owned memory, with progress and optional sha256 checks.
+ * @param {import('pyodide/ffi').PyProxy} loader
+ * @param {{ name: string, size: number, fromCache: boolean, stored: Promise<boolean>, buffered: Uint8Array[],
+ *   chunks: AsyncIterable<Uint8Array> }[]} files (openFile's, with what readHeader read)
+ * @param {{ sha256?: Record<string, string>, onProgress?: (progress: object) => void, plan: object }} options
+ */
 async function streamFiles(loader, files, { sha256 = {}, onProgress = () => {}, plan }) {
   const total = files.reduce((n, f) => n + f.size, 0);
   let loaded = 0;

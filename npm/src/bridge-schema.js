@@ -1,0 +1,333 @@
+/**
+ * The one description of what crosses between the worker and Python (py_src/ruvllm/bridge.py), and
+ * between the caller's thread and the worker: every bridge call with its arguments (Python's parameter
+ * names) and what it answers, every object shape with its fields (Python's names), and every worker
+ * request with its fields. What is made from it:
+ *   - protocol.js's name table (PYTHON_NAMES): every field with an underscore, in every shape that is
+ *     renamed, becomes its camelCase twin, so a new field has its JavaScript name the moment it is here;
+ *   - protocol.js's REQUESTS (the worker requests the worker accepts);
+ *   - test/bridge-schema.test.js: every bridge call the worker makes names a call here, every call here
+ *     is made, the calls are exactly the public methods of ModelLoader and EngineHandle with these
+ *     parameters, and the dataclass-shaped answers have exactly these fields.
+ * A JavaScript module rather than JSON: the worker imports it as it is, in Node and in the browser
+ * bundle, without JSON modules, and it carries the comments and JSDoc types tsc checks.
+ *
+ * Argument types: 'json' (a JSON text the caller makes: crosses without renaming), 'text', 'int',
+ * 'bytes' (a typed array), 'proxy' (a JS object Python keeps), '*bytes' (any number of them), or a shape
+ * name (a plain object: callBridge renames it to Python's names and sends it as JSON). A call answers
+ * JSON ({ok} or {error}, unwrapped by callBridge) unless `hands` says it hands over a Python object.
+ */
+
+/**
+ * @typedef {{ fields: Record<string, string>, verbatim?: boolean, dataclass?: string, note?: string }} Shape
+ *   fields: name -> type (a shape name, or a description); verbatim: its fields keep Python's names in
+ *   JavaScript (not in the name table); dataclass: the Python dataclass it is `asdict` of (checked)
+ * @typedef {{ args: Record<string, string>, returns: string, hands?: boolean }} BridgeCall
+ *   args: Python parameter name -> argument type, in order; hands: answers a Python object (a PyProxy)
+ */
+
+/** @type {Readonly<Record<string, Shape>>} */
+export const SHAPES = Object.freeze({
+  // --- loading -------------------------------------------------------------------------------
+  LoadOptions: {
+    fields: {
+      context_length: 'int | null',
+      compute: 'string',
+      memory_budget: 'int | null',
+      kernels: 'string',
+      arithmetic: 'string | null',
+      kv: 'KVOptions',
+    },
+  },
+  KVOptions: { fields: { hot_tokens: 'int | null', cold: 'string', budget_bytes: 'int | null', keep: 'int' } },
+  ConfigSummary: {
+    verbatim: true,
+    note: "config.json's own names (the worker does not read them)",
+    fields: { architecture: 'string', max_position_embeddings: 'int' },
+  },
+  GgufHeader: {
+    verbatim: true,
+    note: "the model folder's JSON files as a GGUF's metadata gives them: read by JavaScript as they are",
+    fields: { config: 'object', tokenizer: 'object', tokenizer_config: 'object', generation_config: 'object' },
+  },
+  FileStart: { fields: { name: 'string', size: 'int', want_sha256: 'boolean' } },
+  FileEnd: { fields: { name: 'string', sha256: 'string | null' } },
+  FileDone: { fields: { bytes: 'int' } },
+  MemoryPlan: {
+    fields: {
+      compute: 'string',
+      weight_bytes: 'int',
+      kv_bytes: 'int',
+      workspace_bytes: 'int',
+      total_bytes: 'int',
+      weight_bytes_by_form: 'Record<string, int>',
+    },
+  },
+  Built: {
+    fields: {
+      architecture: 'string',
+      vocab_size: 'int',
+      context_length: 'int',
+      parameters: 'int',
+      weight_bytes: 'int',
+      plan: 'MemoryPlan',
+      kernels: 'string',
+      arithmetic: 'string',
+    },
+  },
+  // --- generation ----------------------------------------------------------------------------
+  GenerationOptions: {
+    fields: {
+      max_tokens: 'int',
+      stop: 'string | string[]',
+      ignore_eos: 'boolean',
+      logprobs: 'int | null',
+      temperature: 'number',
+      top_k: 'int',
+      top_p: 'number',
+      min_p: 'number',
+      repetition_penalty: 'number',
+      seed: 'int | null',
+    },
+  },
+  Start: { fields: { prompt_ids: 'int[]', eos_ids: 'int[]', options: 'GenerationOptions' } },
+  Started: { fields: { prompt_tokens: 'int' } },
+  Step: {
+    note: 'a chunk, or {prefilling} between the forward calls of a long prompt, or null when done',
+    fields: {
+      text: 'string',
+      token_id: 'int',
+      finish_reason: 'string | null',
+      stats: 'Stats',
+      prefilling: 'Prefilling',
+      events: 'json (start_completion: the OpenAI stream chunks)',
+      result: 'json (start_completion, the last step: the whole OpenAI answer)',
+    },
+  },
+  Prefilling: { fields: { done: 'int', total: 'int' } },
+  Stats: {
+    dataclass: 'ruvllm.text.stream.Stats',
+    fields: {
+      prompt_tokens: 'int',
+      completion_tokens: 'int',
+      prefill_ms: 'number',
+      ttft_ms: 'number',
+      decode_tok_s: 'number',
+      cached_tokens: 'int',
+    },
+  },
+  CompletionCheck: {
+    verbatim: true,
+    note: 'made as JSON by the worker: an OpenAI body keeps its names (its schemas may hold any key)',
+    fields: { kind: "'chat' | 'text'", body: 'object (an OpenAI request body)' },
+  },
+  CompletionSource: { fields: { source: 'json: {messages, tools} or {prompt}' } },
+  CompletionStart: {
+    verbatim: true,
+    note: 'made as JSON by the worker, like CompletionCheck',
+    fields: {
+      kind: "'chat' | 'text'",
+      body: 'object (an OpenAI request body)',
+      prompt_ids: 'int[]',
+      eos_ids: 'int[]',
+      model: 'string',
+    },
+  },
+  CacheStats: {
+    fields: {
+      hot_positions: 'int',
+      hot_bytes: 'int',
+      cold_positions: 'int',
+      cold_bytes: 'int',
+      cold_format: 'string',
+      evicted_positions: 'int',
+      seen_positions: 'int',
+    },
+  },
+  // --- adapters and learning -----------------------------------------------------------------
+  AdapterConfig: {
+    fields: { name: 'string', rank: 'int', alpha: 'number | null', targets: 'string[]', layers: 'int[] | null' },
+  },
+  AdapterMade: { fields: { name: 'string', rank: 'int', targets: 'string[]', layers: 'int[]' } },
+  MixConfig: {
+    fields: {
+      name: 'string',
+      experts: 'string[]',
+      top_k: 'int | null',
+      depth: 'int',
+      size: 'int',
+      layerwise: 'boolean',
+      temperature: 'number',
+    },
+  },
+  Mixed: { fields: { name: 'string', experts: 'string[]', top_k: 'int | null' } },
+  AdapterName: { fields: { name: 'string | null' } },
+  AdapterFiles: { fields: { files: 'string[]' } },
+  AdapterList: {
+    fields: {
+      names: 'string[]',
+      active: 'string | null',
+      versions: 'Record<string, int>',
+      learning: 'int',
+      adapters: 'object[] (AdapterSet.describe)',
+    },
+  },
+  Lesson: {
+    fields: {
+      key: 'int (the adapt request id)',
+      adapter: 'string',
+      prompt_ids: 'int[]',
+      completion_ids: 'int[]',
+      reward: 'number',
+      steps: 'int',
+      lr: 'number',
+      optimizer: 'string',
+      ewc: 'number',
+      until_greedy: 'boolean',
+      rehearse: 'int',
+      keep: 'number',
+      project: 'number',
+      budget_ms: 'number | null',
+    },
+  },
+  LessonKey: { fields: { key: 'int | null', budget_ms: 'number | null' } },
+  Budget: { fields: { budget_ms: 'number | null' } },
+  LessonProgress: {
+    fields: {
+      key: 'int',
+      phase: 'string',
+      step: 'int',
+      steps: 'int',
+      rehearsed: 'int',
+      version: 'int',
+      done: 'boolean',
+      applied: 'boolean',
+      cancelled: 'boolean',
+      outcome: 'string | null',
+      elapsed_ms: 'number',
+      prepared: 'Prefilling | null',
+      ahead: 'int',
+      note: 'string | null',
+      report: 'AdaptReport | null',
+    },
+  },
+  AdaptReport: {
+    dataclass: 'ruvllm.learning.learn.AdaptReport',
+    fields: {
+      log_prob_before: 'number',
+      log_prob_after: 'number',
+      steps: 'int',
+      step_ms: 'number',
+      rehearsal_steps: 'int',
+      wall_ms: 'number',
+      outcome: 'string',
+    },
+  },
+  Learned: {
+    fields: { lessons: 'LessonProgress[]', waiting: 'int', preparing: 'boolean', prepared: 'Prefilling | null' },
+  },
+  Preparing: { fields: { preparing: 'boolean' } },
+  Calibration: { fields: { ids: 'int[]' } },
+  // --- not a bridge call: the JSON `ruvllm-js generate --json` prints, as `ruvllm generate --json` ----
+  GenerateJson: {
+    fields: {
+      text: 'string',
+      token_ids: 'int[]',
+      prompt_token_ids: 'int[]',
+      finish_reason: 'string | null',
+      stats: 'Stats',
+    },
+  },
+});
+
+/** @type {Readonly<Record<string, Readonly<Record<string, BridgeCall>>>>} */
+export const BRIDGE = Object.freeze({
+  'ruvllm.bridge': {
+    new_loader: { args: {}, returns: 'ModelLoader', hands: true },
+  },
+  ModelLoader: {
+    offer_kernels: { args: { exports: 'proxy' }, returns: 'true' },
+    set_config: { args: { config_json: 'json' }, returns: 'ConfigSummary' },
+    set_tokenizer: { args: { tokenizer_json: 'json' }, returns: 'int (the vocabulary size)' },
+    set_options: { args: { options_json: 'LoadOptions' }, returns: 'true' },
+    add_header: { args: { name: 'text', size: 'int', head: 'bytes' }, returns: 'true' },
+    gguf_header_size: { args: { size: 'int', head: 'bytes' }, returns: 'int | null (null: read on)' },
+    add_gguf_header: { args: { name: 'text', size: 'int', head: 'bytes' }, returns: 'GgufHeader' },
+    plan: { args: {}, returns: 'MemoryPlan' },
+    begin_file: { args: { request_json: 'FileStart' }, returns: 'int (the size)' },
+    write: { args: { name: 'text', chunk: 'bytes' }, returns: 'int (bytes received so far)' },
+    finish_file: { args: { request_json: 'FileEnd' }, returns: 'FileDone' },
+    build: { args: {}, returns: 'Built' },
+    take_engine: { args: {}, returns: 'EngineHandle', hands: true },
+  },
+  EngineHandle: {
+    start: { args: { request_json: 'Start' }, returns: 'Started' },
+    check_completion: { args: { request_json: 'CompletionCheck' }, returns: 'CompletionSource' },
+    start_completion: { args: { request_json: 'CompletionStart' }, returns: 'Started' },
+    step: { args: {}, returns: 'Step' },
+    stop: { args: {}, returns: 'true' },
+    cache_stats: { args: {}, returns: 'CacheStats' },
+    new_adapter: { args: { request_json: 'AdapterConfig' }, returns: 'AdapterMade' },
+    feedback: { args: { request_json: 'Lesson' }, returns: 'LessonProgress' },
+    first_step: { args: { request_json: 'LessonKey' }, returns: 'LessonProgress' },
+    learn: { args: { request_json: 'Budget' }, returns: 'Learned' },
+    prepare_learning: { args: {}, returns: 'Preparing' },
+    cancel_learning: { args: { request_json: 'LessonKey' }, returns: 'Learned' },
+    calibration_text: { args: {}, returns: 'string' },
+    set_calibration: { args: { request_json: 'Calibration' }, returns: 'int (the ids kept)' },
+    load_adapter: {
+      args: { request_json: 'AdapterName', config_json: 'json', weights: 'bytes', state: 'bytes | null' },
+      returns: 'string (its name)',
+    },
+    load_mixture: {
+      args: { request_json: 'AdapterName', config_json: 'json', router: 'bytes', experts: '*bytes' },
+      returns: "string (its name); experts: each expert's adapter_config.json and weights, in the config's order",
+    },
+    mix_adapters: { args: { request_json: 'MixConfig' }, returns: 'Mixed' },
+    set_adapter: { args: { request_json: 'AdapterName' }, returns: 'string | null' },
+    adapter_files: { args: { request_json: 'AdapterName' }, returns: 'AdapterFiles' },
+    take_files: { args: {}, returns: 'Record<string, bytes> (a PyProxy of a dict)', hands: true },
+    adapter_names: { args: {}, returns: 'AdapterList' },
+  },
+});
+
+/**
+ * The requests the worker answers (caller -> worker; protocol.js says what each does), each with its
+ * fields besides `type` and `id`. Their events: progress, loaded, chunk, result, learning, done, error.
+ * @type {Readonly<Record<string, readonly string[]>>}
+ */
+export const WORKER_REQUESTS = Object.freeze({
+  load: ['options'],
+  generate: ['prompt', 'options'],
+  chat: ['messages', 'options'],
+  completion: ['kind', 'body'],
+  tokenize: ['prompt', 'messages'],
+  cache_stats: [],
+  abort: [],
+  dispose: [],
+  adapt: ['feedback'],
+  adapters: [],
+  new_adapter: ['config'],
+  mix_adapters: ['config'],
+  load_adapter: ['url', 'name'],
+  set_adapter: ['name'],
+  save_adapter: ['name'],
+});
+
+/** A Python name's JavaScript twin: snake_case -> camelCase. */
+export const camelCase = (name) => name.replace(/_([a-z0-9])/g, (_, c) => c.toUpperCase());
+
+/**
+ * JavaScript name -> Python name, for every field with an underscore in a renamed shape (protocol.js's
+ * table). A field of two shapes is one entry; a name used in a verbatim shape and a renamed one would
+ * be renamed everywhere (renaming is by name, not by place), so the test refuses that.
+ * @returns {Record<string, string>}
+ */
+export function pythonNames() {
+  const names = {};
+  for (const shape of Object.values(SHAPES)) {
+    if (shape.verbatim) continue;
+    for (const field of Object.keys(shape.fields)) if (field.includes('_')) names[camelCase(field)] = field;
+  }
+  return names;
+}
