@@ -5,7 +5,10 @@ The protocol. Requests cross as JSON strings with Python's names (npm/src/protoc
 and JSON turns JS null into None), except the bytes of files, which cross as typed arrays. Every call
 returns a JSON string, `{"ok": value}` or `{"error": {"type", "message"}}` with `type` one of the
 `RuvLLMError` types, so JavaScript raises the right error without parsing tracebacks; two calls hand
-over Python objects instead: `take_engine()` and `take_files()`.
+over Python objects instead: `take_engine()` and `take_files()`. The calls, their arguments and the
+fields of each request and answer are defined once, in npm/src/bridge-schema.js (the worker's name
+table is made from it, and npm/test/bridge-schema.test.js holds this module and the worker to it); in
+short:
 
     new_loader()                                   -> ModelLoader
     ModelLoader.offer_kernels(exports)             -> true (the WebAssembly SIMD kernels' exports, a JsProxy:
