@@ -8,7 +8,8 @@ import pytest
 
 from ruvllm.errors import InvalidArgumentError
 from ruvllm.files.formats import quantize_symmetric
-from ruvllm.model.cache import COLD_FORMATS, KVCache, KVOptions, LayerCache, pack_int4, unpack_int4
+from ruvllm.model.cache import COLD_FORMATS, KVCache, KVOptions, LayerCache
+from ruvllm.quant.kvcodes import pack_int4, unpack_int4
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 

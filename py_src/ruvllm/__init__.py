@@ -5,7 +5,7 @@ The package is built in layers; a module imports only from its own layer and the
 
     errors      the error types every layer raises
     files/      safetensors and JSON files, storage formats, a model folder's tensors
-    quant/      compute forms of matrices and their products
+    quant/      compute forms of matrices and their products, the KV cache's int8/int4 codes
     model/      config, weights, RoPE, KV cache, the forward
     runtime/    engine, memory plan, runtime quantization, token generation, sampling, BLAS threads
     text/ | learning/ | convert/

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ContextFullError, InvalidArgumentError
-from ..files.formats import pack_nibbles, quantize_symmetric, unpack_nibbles
+from ..quant.kvcodes import KVCodes
 from .config import ModelConfig
 
 STEP = 256  # buffers grow in blocks of this many positions
@@ -90,16 +90,6 @@ class QuantSegment:
 
     def mix(self, probs: np.ndarray) -> np.ndarray:
         return np.einsum("kqs,kse->kqe", probs * self.v_scales[:, None, :], self.v_codes)  # (K, Q, E)
-
-
-def pack_int4(codes: np.ndarray) -> np.ndarray:
-    """(K, S, E) codes in [-8, 7] -> (K, S, E/2) bytes: stored + 8, in the weights' nibble order."""
-    return pack_nibbles((codes + np.int8(8)).view(np.uint8))
-
-
-def unpack_int4(packed: np.ndarray) -> np.ndarray:
-    """Inverse of pack_int4: int8 codes (K, S, E)."""
-    return unpack_nibbles(packed).view(np.int8) - np.int8(8)
 
 
 def _grow(array: np.ndarray, needed: int, limit: int | None, axis: int) -> np.ndarray:
@@ -169,10 +159,10 @@ class ColdTier:
     order; the first `length` positions are in use."""
 
     def __init__(self, kv_heads: int, head_dim: int, bits: int) -> None:
-        self.bits = bits
-        width, dtype = (head_dim, np.int8) if bits == 8 else (head_dim // 2, np.uint8)
-        self.k_codes = np.empty((kv_heads, 0, width), dtype)
-        self.v_codes = np.empty((kv_heads, 0, width), dtype)
+        self.codes = KVCodes(bits)
+        width = self.codes.width(head_dim)
+        self.k_codes = np.empty((kv_heads, 0, width), self.codes.dtype)
+        self.v_codes = np.empty((kv_heads, 0, width), self.codes.dtype)
         self.k_scales = np.empty((kv_heads, 0), np.float32)
         self.v_scales = np.empty((kv_heads, 0), np.float32)
         self.positions = np.empty(0, np.int64)
@@ -181,10 +171,8 @@ class ColdTier:
 
     def append(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
         """Quantize k, v (K, T, E) and store them at `positions` (T,) after the positions held."""
-        k_codes, k_scales = quantize_symmetric(k, self.bits)  # per (head, position)
-        v_codes, v_scales = quantize_symmetric(v, self.bits)
-        if self.bits == 4:
-            k_codes, v_codes = pack_int4(k_codes), pack_int4(v_codes)
+        k_codes, k_scales = self.codes.quantize(k)  # (K, T, width), (K, T): per (head, position)
+        v_codes, v_scales = self.codes.quantize(v)
         start, end = self.length, self.length + k.shape[1]
         self.k_codes, self.v_codes = _grow(self.k_codes, end, None, 1), _grow(self.v_codes, end, None, 1)
         self.k_scales, self.v_scales = _grow(self.k_scales, end, None, 1), _grow(self.v_scales, end, None, 1)
@@ -215,9 +203,7 @@ class ColdTier:
 
     def segment(self) -> QuantSegment:
         n = self.length
-        k, v = self.k_codes[:, :n], self.v_codes[:, :n]
-        if self.bits == 4:
-            k, v = unpack_int4(k), unpack_int4(v)
+        k, v = self.codes.unpack(self.k_codes[:, :n]), self.codes.unpack(self.v_codes[:, :n])  # (K, S, E)
         return QuantSegment(k, self.k_scales[:, :n], v, self.v_scales[:, :n], self.positions[:n])
 
     @property

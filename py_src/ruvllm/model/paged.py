@@ -15,9 +15,9 @@ PagedAttention). A sequence holds a block table: its position p is at block `tab
 
 With a cold format (the engine's `KVOptions`: `hot_tokens` and `cold`), blocks wholly older than a
 sequence's newest `hot_tokens` positions are quantized, as the solo cache's cold tier does per position
-(int8 or int4 codes with one float32 scale per head and position): a block's float32 slot goes back to
-be reused (most recently freed first, so the memory the process touches stays near the hot working
-set), and attention reads the block through its codes. Shared and registered blocks move too: every
+(int8 or int4 codes with one float32 scale per head and position, quant/kvcodes.py): a block's float32
+slot goes back to be reused (most recently freed first, so the memory the process touches stays near
+the hot working set), and attention reads the block through its codes. Shared and registered blocks move too: every
 holder reads the same codes.
 
 A `PagedSequence` has the interface the forward expects of a cache (`layers[i].update_and_fetch`,
@@ -34,8 +34,8 @@ from collections import OrderedDict
 import numpy as np
 
 from ..errors import ContextFullError
-from ..files.formats import quantize_symmetric
-from .cache import COLD_FORMATS, DenseSegment, QuantSegment, pack_int4, unpack_int4
+from ..quant.kvcodes import KVCodes
+from .cache import COLD_FORMATS, DenseSegment, QuantSegment
 from .config import ModelConfig
 from .forward import softmax
 
@@ -55,12 +55,12 @@ class BlockPool:
         self.v = [np.zeros((K, count, size, E), np.float32) for _ in range(L)]
         self.slot = np.full(count, -1, np.int64)  # block -> its float32 slot; -1: none (free, or cold)
         self.free_slots = list(range(count - 1, -1, -1))  # taken from the end: the most recently freed
-        self.bits = COLD_FORMATS[cold] if cold else None
+        self.codes = KVCodes(COLD_FORMATS[cold]) if cold else None
         self.is_cold = np.zeros(count, bool)  # the block's keys and values are codes in the cold arrays
-        if self.bits:
-            width, dtype = (E, np.int8) if self.bits == 8 else (E // 2, np.uint8)
-            self.k_codes = [np.zeros((K, count, size, width), dtype) for _ in range(L)]  # by block id
-            self.v_codes = [np.zeros((K, count, size, width), dtype) for _ in range(L)]
+        if self.codes is not None:
+            width = self.codes.width(E)
+            self.k_codes = [np.zeros((K, count, size, width), self.codes.dtype) for _ in range(L)]  # by block id
+            self.v_codes = [np.zeros((K, count, size, width), self.codes.dtype) for _ in range(L)]
             self.k_scales = [np.zeros((K, count, size), np.float32) for _ in range(L)]
             self.v_scales = [np.zeros((K, count, size), np.float32) for _ in range(L)]
         self.refs = [0] * count
@@ -125,9 +125,7 @@ class BlockPool:
                 (self.k[layer], self.k_codes[layer], self.k_scales[layer]),
                 (self.v[layer], self.v_codes[layer], self.v_scales[layer]),
             ):
-                quantized, scale = quantize_symmetric(hot[:, slot], self.bits)  # (K, B, E), (K, B)
-                codes[:, block] = pack_int4(quantized) if self.bits == 4 else quantized
-                scales[:, block] = scale
+                codes[:, block], scales[:, block] = self.codes.quantize(hot[:, slot])  # (K, B, width), (K, B)
         self.free_slots.append(int(slot))
         self.slot[block] = -1
         self.is_cold[block] = True
@@ -144,10 +142,7 @@ class BlockPool:
         return keys, values
 
     def _dequantize(self, codes: np.ndarray, scales: np.ndarray, blocks: np.ndarray) -> np.ndarray:
-        picked = codes[:, blocks]  # (K, ..., B, E or E/2)
-        if self.bits == 4:
-            picked = unpack_int4(picked)
-        return picked * scales[:, blocks][..., None]  # (K, ..., B, E)
+        return self.codes.dequantize(codes[:, blocks], scales[:, blocks])  # (K, ..., B, E)
 
     def share(self, block: int) -> None:
         """Hold a registered block (a prefix another sequence computed). A block nobody held was counted
@@ -232,9 +227,8 @@ class PagedLayer:
         segments = []
         if cold:
             frozen, at = used[:cold], cold * size
-            k_codes, v_codes = pool.k_codes[self.layer][:, frozen], pool.v_codes[self.layer][:, frozen]
-            if pool.bits == 4:
-                k_codes, v_codes = unpack_int4(k_codes), unpack_int4(v_codes)
+            k_codes = pool.codes.unpack(pool.k_codes[self.layer][:, frozen])  # (K, cold, B, E)
+            v_codes = pool.codes.unpack(pool.v_codes[self.layer][:, frozen])  # (K, cold, B, E)
             segments.append(
                 QuantSegment(
                     k_codes.reshape(K, at, E),
@@ -260,7 +254,7 @@ class PagedSequence:
         self, pool: BlockPool, config: ModelConfig, max_positions: int, reserved: int, hot_tokens: int | None = None
     ) -> None:
         self.pool, self.config, self.max_positions = pool, config, max_positions
-        self.hot_tokens = hot_tokens if pool.bits else None  # newest positions kept float32 (None: all)
+        self.hot_tokens = hot_tokens if pool.codes is not None else None  # newest positions kept float32 (None: all)
         self.frozen = 0  # blocks at the start of the table known to be cold
         self.table: list[int] = []
         self.tokens: list[int] = []
