@@ -10,8 +10,9 @@
 
 With `hot_tokens` unset (the default) everything stays hot and the cache is a plain KV cache.
 
-Attention reads a layer's cache as segments (cold, then hot), each with its absolute positions,
-`scores` and `mix`.
+Attention reads a layer's cache as segments (cold, then hot; kv.py), each with its absolute positions,
+`scores` and `mix`. `KVCache` is a `kv.Cache` (the interface the forward uses), each `LayerCache` a
+`kv.LayerKV`.
 
 Dimension letters: K key/value heads, S cached positions, T new positions, E head size, Q = G*T rows
 of queries per key/value head.
@@ -26,6 +27,7 @@ import numpy as np
 from ..errors import ContextFullError, InvalidArgumentError
 from ..quant.kvcodes import KVCodes
 from .config import ModelConfig
+from .kv import Cache, DenseSegment, LayerKV, QuantSegment
 
 STEP = 256  # buffers grow in blocks of this many positions
 COLD_FORMATS = {"int8": 8, "int4": 4}
@@ -61,35 +63,6 @@ class KVOptions:
     def cold_bytes_per_position(self, config: ModelConfig) -> int:
         code_bytes = config.head_dim * COLD_FORMATS[self.cold] // 8
         return config.num_hidden_layers * config.num_key_value_heads * (code_bytes + 4) * 2
-
-
-class DenseSegment:
-    """Float32 keys and values (K, S, E) at absolute `positions` (S,)."""
-
-    def __init__(self, keys: np.ndarray, values: np.ndarray, positions: np.ndarray) -> None:
-        self.keys, self.values, self.positions = keys, values, positions
-
-    def scores(self, q: np.ndarray) -> np.ndarray:
-        return q @ self.keys.transpose(0, 2, 1)  # (K, Q, E) @ (K, E, S) -> (K, Q, S)
-
-    def mix(self, probs: np.ndarray) -> np.ndarray:
-        return probs @ self.values  # (K, Q, S) @ (K, S, E) -> (K, Q, E)
-
-
-class QuantSegment:
-    """Keys and values as integer codes (K, S, E) int8 with scales (K, S): x = scale * code."""
-
-    def __init__(self, k_codes, k_scales, v_codes, v_scales, positions) -> None:
-        self.k_codes, self.k_scales = k_codes, k_scales
-        self.v_codes, self.v_scales = v_codes, v_scales
-        self.positions = positions
-
-    def scores(self, q: np.ndarray) -> np.ndarray:
-        raw = np.einsum("kqe,kse->kqs", q, self.k_codes)  # (K, Q, S)
-        return raw * self.k_scales[:, None, :]
-
-    def mix(self, probs: np.ndarray) -> np.ndarray:
-        return np.einsum("kqs,kse->kqe", probs * self.v_scales[:, None, :], self.v_codes)  # (K, Q, E)
 
 
 def _grow(array: np.ndarray, needed: int, limit: int | None, axis: int) -> np.ndarray:
@@ -240,7 +213,7 @@ class Residuals:
         self.length = min(self.length, position)
 
 
-class LayerCache:
+class LayerCache(LayerKV):
     """One layer's keys and values: a hot tier, and a cold tier when `KVOptions.hot_tokens` is set."""
 
     def __init__(self, kv_heads: int, head_dim: int, max_positions: int | None, options: KVOptions) -> None:
@@ -286,7 +259,7 @@ class LayerCache:
         return self.hot.nbytes + (self.cold.nbytes if self.cold else 0)
 
 
-class KVCache:
+class KVCache(Cache):
     """One `LayerCache` per layer, plus `tokens`: the ids of every position the cache has seen, and
     with `tap_layer` the hidden states entering that layer (`tap`, Residuals). A forward that runs a
     second pass over the same tokens first (X-LoRA's scaling pass) keeps that pass's entries in

@@ -7,7 +7,8 @@ PagedAttention). A sequence holds a block table: its position p is at block `tab
 - A block is *full* once all B of its positions are computed; a full block is registered under its
   contents (the tokens it holds and the block before it), so a later sequence whose prompt starts with
   the same tokens takes the block as it is (read-only, shared): a common system prompt is computed
-  once. Only a sequence's last, partly filled block is ever written, and it is never shared.
+  once. Only a sequence's last, partly filled block is ever written, and it is never shared; it is
+  also the only one a sequence can rewind (`truncate`).
 - A block nobody holds any more stays registered until it is reused for other contents (least
   recently freed first), so the next request with that prefix still finds it.
 - `BlockPool.reserve` counts blocks before a sequence starts: a sequence is admitted only when the
@@ -17,11 +18,11 @@ With a cold format (the engine's `KVOptions`: `hot_tokens` and `cold`), blocks w
 sequence's newest `hot_tokens` positions are quantized, as the solo cache's cold tier does per position
 (int8 or int4 codes with one float32 scale per head and position, quant/kvcodes.py): a block's float32
 slot goes back to be reused (most recently freed first, so the memory the process touches stays near
-the hot working set), and attention reads the block through its codes. Shared and registered blocks move too: every
-holder reads the same codes.
+the hot working set), and attention reads the block through its codes. Shared and registered blocks
+move too: every holder reads the same codes.
 
-A `PagedSequence` has the interface the forward expects of a cache (`layers[i].update_and_fetch`,
-`tokens`, `record`, ...), so the one forward of forward.py computes with it.
+A `PagedSequence` is a `kv.Cache` (the interface the forward uses), with the `batched_decode`
+capability: the forward hands it every paged sequence reading one token, for one batched product.
 
 Dimension letters: K key/value heads, B positions per block, E head size, T new positions, S positions
 of a sequence, P blocks in the pool.
@@ -33,11 +34,12 @@ from collections import OrderedDict
 
 import numpy as np
 
-from ..errors import ContextFullError
+from ..errors import ContextFullError, InvalidArgumentError
 from ..quant.kvcodes import KVCodes
-from .cache import COLD_FORMATS, DenseSegment, QuantSegment
+from .cache import COLD_FORMATS
 from .config import ModelConfig
 from .forward import softmax
+from .kv import Cache, DenseSegment, LayerKV, QuantSegment
 
 ROOT = (-1, 0)  # the "block before" the first block of every sequence
 
@@ -206,8 +208,8 @@ class BlockPool:
         self.key_of.clear()
 
 
-class PagedLayer:
-    """One layer's view of a sequence's blocks, with the cache interface attention uses."""
+class PagedLayer(LayerKV):
+    """One layer's view of a sequence's blocks."""
 
     def __init__(self, sequence: PagedSequence, layer: int) -> None:
         self.sequence, self.layer = sequence, layer
@@ -247,8 +249,10 @@ class PagedLayer:
         return segments
 
 
-class PagedSequence:
+class PagedSequence(Cache):
     """One sequence's block table over a `BlockPool`, at most `max_positions` positions."""
+
+    batched_decode = True
 
     def __init__(
         self, pool: BlockPool, config: ModelConfig, max_positions: int, reserved: int, hot_tokens: int | None = None
@@ -346,7 +350,16 @@ class PagedSequence:
         """Nothing to drop: admission reserved every block this sequence may need."""
 
     def truncate(self, position: int) -> None:
-        raise AssertionError("a paged sequence only grows")
+        """Forget every position >= `position`, within the last, partly filled block only: that block is
+        this sequence's alone (rewritten in place), the full ones before it are registered for sharing
+        (other sequences may hold them, or find them by their contents) and may be cold."""
+        first = self.registered * self.pool.size  # the first position of the block being filled
+        if position < first:
+            raise InvalidArgumentError(
+                f"a paged sequence cannot rewind to position {position}: its positions before {first} are in "
+                f"full blocks other sequences may share (it can forget positions {first}.. only)"
+            )
+        del self.tokens[position:]
 
     def release(self) -> None:
         """Give every block back (finished, cancelled or disconnected) and the unused reservation."""
