@@ -11,9 +11,10 @@ import pytest
 
 from ruvllm.errors import InvalidArgumentError
 from ruvllm.files.formats import quantize_symmetric
+from ruvllm.model.blocks import BlockPool
 from ruvllm.model.cache import COLD_FORMATS, KVCache, KVOptions, LayerCache
 from ruvllm.model.kv import Cache, LayerKV
-from ruvllm.model.paged import BlockPool, PagedSequence
+from ruvllm.model.paged import PagedSequence
 from ruvllm.quant.kvcodes import pack_int4, unpack_int4
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens

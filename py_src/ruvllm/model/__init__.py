@@ -5,6 +5,6 @@
 - `rope.py`: rotary position embeddings.
 - `kv.py`: the interface every KV cache implements (what the forward asks of a cache), the segments.
 - `cache.py`: the KV cache of one sequence (hot float32 tier, cold int8/int4 tier, byte budget).
-- `paged.py`: the paged KV cache of many sequences (block pool, prefix sharing).
+- `blocks.py`, `paged.py`: the paged KV cache of many sequences (block pool, prefix sharing).
 - `forward.py`: attention, MLP, block, forward.
 """

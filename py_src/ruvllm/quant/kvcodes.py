@@ -1,5 +1,5 @@
 """Integer codes of the KV cache's cold positions: the one quantizer both caches use (the solo cache's
-cold tier, model/cache.py, and the paged pool's cold blocks, model/paged.py).
+cold tier, model/cache.py, and the paged pool's cold blocks, model/blocks.py).
 
 Each row of E values (one head at one position) gets one float32 scale: x = scale * code, the code
 symmetric (files/formats.py's `quantize_symmetric`, ggml's Q8_0 rounding, the same rule as the q8
