@@ -150,26 +150,50 @@ def test_blocks_past_the_hot_window_go_cold_and_batching_still_changes_nothing(s
 
 
 def test_a_cold_block_reads_back_within_half_a_quantization_step(smollm2):
-    from ruvllm.model.paged import BlockPool
+    from ruvllm.model.blocks import BlockPool
 
     config = smollm2.config
     pool = BlockPool(config, count=4, size=8, cold="int8")
+    store = pool.storage
     pool.reserve(2)
     first, second = pool.take(), pool.take()
     rng = np.random.default_rng(0)
     for layer in range(config.num_hidden_layers):
-        pool.k[layer][:, pool.slot[first]] = rng.standard_normal(pool.k[layer][:, 0].shape)
-        pool.v[layer][:, pool.slot[first]] = rng.standard_normal(pool.v[layer][:, 0].shape)
-    before = [(pool.k[i][:, pool.slot[first]].copy(), pool.v[i][:, pool.slot[first]].copy()) for i in range(3)]
-    slot = pool.slot[first]
-    pool.freeze(first)
-    assert pool.is_cold[first] and pool.slot[first] == -1 and pool.free_slots[-1] == slot  # the slot is reused next
+        store.k[layer][:, store.slot[first]] = rng.standard_normal(store.k[layer][:, 0].shape)
+        store.v[layer][:, store.slot[first]] = rng.standard_normal(store.v[layer][:, 0].shape)
+    before = [(store.k[i][:, store.slot[first]].copy(), store.v[i][:, store.slot[first]].copy()) for i in range(3)]
+    slot = store.slot[first]
+    store.freeze(first)
+    assert store.is_cold[first] and store.slot[first] == -1 and store.free_slots[-1] == slot  # the slot is reused next
     for layer, (k, v) in enumerate(before):
-        keys, values = pool.gather(layer, np.array([first, second]))  # (K, 2, B, E)
-        for original, read, scales in ((k, keys[:, 0], pool.k_scales[layer][:, first]),
-                                       (v, values[:, 0], pool.v_scales[layer][:, first])):  # fmt: skip
+        keys, values = store.gather(layer, np.array([first, second]))  # (K, 2, B, E)
+        for original, read, scales in ((k, keys[:, 0], store.k_scales[layer][:, first]),
+                                       (v, values[:, 0], store.v_scales[layer][:, first])):  # fmt: skip
             assert np.all(np.abs(read - original) <= scales[..., None] / 2 + 1e-6)
             assert np.abs(read - original).max() > 0  # really quantized
+
+
+def test_the_pool_takes_empty_blocks_first_then_the_least_recently_freed_registered_one(smollm2):
+    from ruvllm.model.blocks import BlockPool
+
+    pool, root, prompt = BlockPool(smollm2.config, count=3, size=2), ("weights", 0), [1, 2, 3, 4, 5]
+    registry = pool.registry
+    assert pool.reserve(3)
+    a, b, c = pool.take(), pool.take(), pool.take()
+    registry.register(a, registry.key(root, (1, 2)))
+    registry.register(b, registry.key(registry.before(a), (3, 4)))
+    for block in (b, a, c):  # b goes idle first, then a; c was never registered: it is emptied
+        pool.release(block)
+    assert pool.in_use == 0 and pool.free == 3 and pool.find_prefix(prompt, root) == [a, b]
+    assert pool.reserve(3)
+    assert [pool.take(), pool.take()] == [c, b]  # the empty block, then the oldest idle one (forgotten)
+    assert pool.find_prefix(prompt, root) == [a]
+    pool.share(a)  # an idle block held again comes out of the reservation too
+    assert pool.in_use == 3 and pool.reserved == 0 and pool.free == 0
+    for block in (a, b, c):
+        pool.release(block)
+    pool.clear_registry()  # other weights: nothing registered is valid
+    assert pool.find_prefix(prompt, root) == [] and pool.free == 3 and pool.hot_slots == 0
 
 
 def test_a_receiver_that_fails_ends_its_own_request_only(smollm2):

@@ -1,14 +1,21 @@
 """The two-tier KV cache: exact when everything is hot, quantized cold tier, byte budget with attention
-sinks, and prefix reuse across requests."""
+sinks, and prefix reuse across requests; the interface it shares with the paged cache, and what a paged
+sequence can rewind."""
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 
 from ruvllm.errors import InvalidArgumentError
 from ruvllm.files.formats import quantize_symmetric
-from ruvllm.model.cache import COLD_FORMATS, KVCache, KVOptions, LayerCache, pack_int4, unpack_int4
+from ruvllm.model.blocks import BlockPool
+from ruvllm.model.cache import COLD_FORMATS, KVCache, KVOptions, LayerCache
+from ruvllm.model.kv import Cache, LayerKV
+from ruvllm.model.paged import PagedSequence
+from ruvllm.quant.kvcodes import pack_int4, unpack_int4
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
@@ -173,3 +180,58 @@ def test_bad_kv_options_are_refused():
         KVOptions(hot_tokens=0)
     with pytest.raises(InvalidArgumentError, match="a KV budget needs hot_tokens"):
         KVOptions(budget_bytes=1000)
+
+
+def test_both_caches_are_the_one_cache_interface_with_their_capabilities_stated(folder):
+    engine = load_engine(str(folder))
+    config = engine.config
+    solo, paged = engine.new_cache(), PagedSequence(BlockPool(config, count=2, size=8), config, 16, reserved=0)
+    for cache in (solo, paged):
+        assert isinstance(cache, Cache) and len(cache.layers) == config.num_hidden_layers
+        assert all(isinstance(layer, LayerKV) for layer in cache.layers)
+        assert cache.tap is None  # no hidden states kept unless asked for (engine.tap_layer)
+    assert (solo.batched_decode, paged.batched_decode) == (False, True)
+    q, kv = np.zeros((config.num_attention_heads, 1, config.head_dim)), np.zeros((2, 1, config.head_dim))
+    with pytest.raises(NotImplementedError, match="KVCache has no batched decode attention"):
+        solo.decode_attention(q, kv, kv, [solo], 0, None)
+
+    class Incomplete(Cache):  # a cache that forgot `truncate` cannot be made
+        def reserve(self, positions: int) -> None: ...
+
+        def record(self, tokens) -> None: ...
+
+    with pytest.raises(TypeError, match="truncate"):
+        Incomplete()
+
+
+def test_a_paged_sequence_rewinds_within_its_last_block_and_refuses_to_rewind_into_full_ones(folder):
+    engine = load_engine(str(folder))
+    pool = BlockPool(engine.config, count=8, size=8)
+
+    def sequence() -> PagedSequence:
+        assert pool.reserve(3)
+        cache = PagedSequence(pool, engine.config, 24, reserved=3)
+        cache.reserve(20)
+        return cache
+
+    other = np.array([5, 6])
+    rewound = sequence()
+    engine.forward_batch([(IDS[:20], 0, rewound)], [True])  # blocks 0 and 1 full (registered), 2 holds 16..19
+    got = engine.forward_batch([(other, 18, rewound)], [True])  # positions 18 and 19 rewritten
+    assert rewound.tokens == [*IDS[:18], 5, 6]
+    fresh = sequence()
+    engine.forward_batch([(IDS[:18], 0, fresh)], [False])
+    np.testing.assert_allclose(got, engine.forward_batch([(other, 18, fresh)], [True]), rtol=1e-5, atol=1e-5)
+
+    message = (
+        "a paged sequence cannot rewind to position 10: its positions before 16 are in full blocks other "
+        "sequences may share (it can forget positions 16.. only)"
+    )
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)):
+        engine.forward_batch([(other, 10, rewound)], [True])
+    assert rewound.tokens == [*IDS[:18], 5, 6]  # refused before anything changed
+    with pytest.raises(InvalidArgumentError, match=re.escape(message)):
+        rewound.truncate(10)
+    for cache in (rewound, fresh):
+        cache.release()
+    assert pool.in_use == 0 and pool.reserved == 0

@@ -5,8 +5,9 @@ The package is built in layers; a module imports only from its own layer and the
 
     errors      the error types every layer raises
     files/      safetensors, GGUF and JSON files, storage formats, a model folder's tensors, hub downloads
-    quant/      compute forms of matrices and their products
-    model/      config, weights, RoPE, KV caches (one sequence's, the paged one of batching), the forward
+    quant/      compute forms of matrices and their products, the KV cache's int8/int4 codes
+    model/      config, weights, RoPE, KV caches (one interface: one sequence's, the paged one of
+                batching), the forward
     runtime/    engine, memory plan, runtime quantization, token generation, sampling, BLAS threads,
                 continuous batching, JSON-schema constraints
     text/ | learning/ | convert/

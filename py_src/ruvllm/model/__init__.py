@@ -3,7 +3,9 @@
 - `config.py`: ModelConfig from a Hugging Face config.json.
 - `weights.py`: containers named as the Hugging Face tensors, each matrix in its compute form; `linear`.
 - `rope.py`: rotary position embeddings.
-- `cache.py`: the KV cache (hot float32 tier, cold int8/int4 tier, byte budget).
+- `kv.py`: the interface every KV cache implements (what the forward asks of a cache), the segments.
+- `cache.py`: the KV cache of one sequence (hot float32 tier, cold int8/int4 tier, byte budget).
+- `blocks.py`: the paged cache's blocks: allocator, prefix registry (eviction order), storage.
 - `forward.py`: attention, MLP, block, forward.
 - `paged.py`: the paged KV cache of continuous batching, with prefix sharing.
 """

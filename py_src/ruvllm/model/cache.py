@@ -10,8 +10,9 @@
 
 With `hot_tokens` unset (the default) everything stays hot and the cache is a plain KV cache.
 
-Attention reads a layer's cache as segments (cold, then hot), each with its absolute positions,
-`scores` and `mix`.
+Attention reads a layer's cache as segments (cold, then hot; kv.py), each with its absolute positions,
+`scores` and `mix`. `KVCache` is a `kv.Cache` (the interface the forward uses), each `LayerCache` a
+`kv.LayerKV`.
 
 Dimension letters: K key/value heads, S cached positions, T new positions, E head size, Q = G*T rows
 of queries per key/value head.
@@ -24,10 +25,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import ContextFullError, InvalidArgumentError
-from ..files.formats import pack_nibbles, quantize_symmetric, unpack_nibbles
+from ..quant.kvcodes import KVCodes
 from .config import ModelConfig
+from .kv import Cache, DenseSegment, LayerKV, QuantSegment, Residuals, grow
 
-STEP = 256  # buffers grow in blocks of this many positions
 COLD_FORMATS = {"int8": 8, "int4": 4}
 
 
@@ -63,61 +64,6 @@ class KVOptions:
         return config.num_hidden_layers * config.num_key_value_heads * (code_bytes + 4) * 2
 
 
-class DenseSegment:
-    """Float32 keys and values (K, S, E) at absolute `positions` (S,)."""
-
-    def __init__(self, keys: np.ndarray, values: np.ndarray, positions: np.ndarray) -> None:
-        self.keys, self.values, self.positions = keys, values, positions
-
-    def scores(self, q: np.ndarray) -> np.ndarray:
-        return q @ self.keys.transpose(0, 2, 1)  # (K, Q, E) @ (K, E, S) -> (K, Q, S)
-
-    def mix(self, probs: np.ndarray) -> np.ndarray:
-        return probs @ self.values  # (K, Q, S) @ (K, S, E) -> (K, Q, E)
-
-
-class QuantSegment:
-    """Keys and values as integer codes (K, S, E) int8 with scales (K, S): x = scale * code."""
-
-    def __init__(self, k_codes, k_scales, v_codes, v_scales, positions) -> None:
-        self.k_codes, self.k_scales = k_codes, k_scales
-        self.v_codes, self.v_scales = v_codes, v_scales
-        self.positions = positions
-
-    def scores(self, q: np.ndarray) -> np.ndarray:
-        raw = np.einsum("kqe,kse->kqs", q, self.k_codes)  # (K, Q, S)
-        return raw * self.k_scales[:, None, :]
-
-    def mix(self, probs: np.ndarray) -> np.ndarray:
-        return np.einsum("kqs,kse->kqe", probs * self.v_scales[:, None, :], self.v_codes)  # (K, Q, E)
-
-
-def pack_int4(codes: np.ndarray) -> np.ndarray:
-    """(K, S, E) codes in [-8, 7] -> (K, S, E/2) bytes: stored + 8, in the weights' nibble order."""
-    return pack_nibbles((codes + np.int8(8)).view(np.uint8))
-
-
-def unpack_int4(packed: np.ndarray) -> np.ndarray:
-    """Inverse of pack_int4: int8 codes (K, S, E)."""
-    return unpack_nibbles(packed).view(np.int8) - np.int8(8)
-
-
-def _grow(array: np.ndarray, needed: int, limit: int | None, axis: int) -> np.ndarray:
-    """`array` with room for `needed` entries along `axis` (blocks of STEP), its contents kept."""
-    if needed <= array.shape[axis]:
-        return array
-    capacity = -(-needed // STEP) * STEP
-    if limit is not None:
-        capacity = min(capacity, max(limit, needed))
-    shape = list(array.shape)
-    shape[axis] = capacity
-    new = np.empty(shape, dtype=array.dtype)
-    index = [slice(None)] * array.ndim
-    index[axis] = slice(0, array.shape[axis])
-    new[tuple(index)] = array
-    return new
-
-
 class HotTier:
     """The newest positions, float32 as computed: keys and values (K, capacity, E) and their absolute
     positions (capacity,); the first `length` are in use."""
@@ -131,8 +77,8 @@ class HotTier:
     def reserve(self, count: int, limit: int | None) -> None:
         """Room for `count` more positions (the buffers grow in blocks of STEP, at most to `limit`)."""
         needed = self.length + count
-        self.k, self.v = _grow(self.k, needed, limit, 1), _grow(self.v, needed, limit, 1)
-        self.positions = _grow(self.positions, needed, limit, 0)
+        self.k, self.v = grow(self.k, needed, limit, 1), grow(self.v, needed, limit, 1)
+        self.positions = grow(self.positions, needed, limit, 0)
 
     def append(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
         """Store k, v (K, T, E) at `positions` (T,) after the positions held (room must be reserved)."""
@@ -169,10 +115,10 @@ class ColdTier:
     order; the first `length` positions are in use."""
 
     def __init__(self, kv_heads: int, head_dim: int, bits: int) -> None:
-        self.bits = bits
-        width, dtype = (head_dim, np.int8) if bits == 8 else (head_dim // 2, np.uint8)
-        self.k_codes = np.empty((kv_heads, 0, width), dtype)
-        self.v_codes = np.empty((kv_heads, 0, width), dtype)
+        self.codes = KVCodes(bits)
+        width = self.codes.width(head_dim)
+        self.k_codes = np.empty((kv_heads, 0, width), self.codes.dtype)
+        self.v_codes = np.empty((kv_heads, 0, width), self.codes.dtype)
         self.k_scales = np.empty((kv_heads, 0), np.float32)
         self.v_scales = np.empty((kv_heads, 0), np.float32)
         self.positions = np.empty(0, np.int64)
@@ -181,14 +127,12 @@ class ColdTier:
 
     def append(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
         """Quantize k, v (K, T, E) and store them at `positions` (T,) after the positions held."""
-        k_codes, k_scales = quantize_symmetric(k, self.bits)  # per (head, position)
-        v_codes, v_scales = quantize_symmetric(v, self.bits)
-        if self.bits == 4:
-            k_codes, v_codes = pack_int4(k_codes), pack_int4(v_codes)
+        k_codes, k_scales = self.codes.quantize(k)  # (K, T, width), (K, T): per (head, position)
+        v_codes, v_scales = self.codes.quantize(v)
         start, end = self.length, self.length + k.shape[1]
-        self.k_codes, self.v_codes = _grow(self.k_codes, end, None, 1), _grow(self.v_codes, end, None, 1)
-        self.k_scales, self.v_scales = _grow(self.k_scales, end, None, 1), _grow(self.v_scales, end, None, 1)
-        self.positions = _grow(self.positions, end, None, 0)
+        self.k_codes, self.v_codes = grow(self.k_codes, end, None, 1), grow(self.v_codes, end, None, 1)
+        self.k_scales, self.v_scales = grow(self.k_scales, end, None, 1), grow(self.v_scales, end, None, 1)
+        self.positions = grow(self.positions, end, None, 0)
         self.k_codes[:, start:end], self.k_scales[:, start:end] = k_codes, k_scales
         self.v_codes[:, start:end], self.v_scales[:, start:end] = v_codes, v_scales
         self.positions[start:end] = positions
@@ -215,9 +159,7 @@ class ColdTier:
 
     def segment(self) -> QuantSegment:
         n = self.length
-        k, v = self.k_codes[:, :n], self.v_codes[:, :n]
-        if self.bits == 4:
-            k, v = unpack_int4(k), unpack_int4(v)
+        k, v = self.codes.unpack(self.k_codes[:, :n]), self.codes.unpack(self.v_codes[:, :n])  # (K, S, E)
         return QuantSegment(k, self.k_scales[:, :n], v, self.v_scales[:, :n], self.positions[:n])
 
     @property
@@ -225,36 +167,7 @@ class ColdTier:
         return self.k_codes.nbytes + self.v_codes.nbytes + self.k_scales.nbytes + self.v_scales.nbytes
 
 
-class Residuals:
-    """The hidden state entering decoder layer `layer` (the residual stream there), float32 (S, D), at
-    every position 0..S-1 the cache has computed. Learning starts from it when its adapter sits at or
-    above that layer (no forward through the layers below per step), and after such an adapter
-    changed, only the layers from there up are recomputed from it (the keys and values below stay)."""
-
-    def __init__(self, layer: int, hidden_size: int, max_positions: int | None) -> None:
-        self.layer = layer
-        self.values = np.empty((0, hidden_size), np.float32)  # (capacity, D)
-        self.length = 0
-        self.max_positions = max_positions
-
-    def write(self, positions: np.ndarray, x: np.ndarray) -> None:
-        """x (T, D) entering the layer at consecutive `positions` (T,) starting at or before `length`."""
-        start, end = int(positions[0]), int(positions[-1]) + 1
-        assert start <= self.length, f"position {start} would leave a gap after {self.length}"
-        self.values = _grow(self.values, end, self.max_positions, 0)
-        self.values[start:end] = x
-        self.length = max(self.length, end)  # rewriting held positions (a recompute) keeps the later ones
-
-    def read(self, stop: int) -> np.ndarray:
-        """Positions 0..stop-1 (S, D)."""
-        assert stop <= self.length
-        return self.values[:stop]
-
-    def truncate(self, position: int) -> None:
-        self.length = min(self.length, position)
-
-
-class LayerCache:
+class LayerCache(LayerKV):
     """One layer's keys and values: a hot tier, and a cold tier when `KVOptions.hot_tokens` is set."""
 
     def __init__(self, kv_heads: int, head_dim: int, max_positions: int | None, options: KVOptions) -> None:
@@ -300,7 +213,7 @@ class LayerCache:
         return self.hot.nbytes + (self.cold.nbytes if self.cold else 0)
 
 
-class KVCache:
+class KVCache(Cache):
     """One `LayerCache` per layer, plus `tokens`: the ids of every position the cache has seen, and
     with `tap_layer` the hidden states entering that layer (`tap`, Residuals). A forward that runs a
     second pass over the same tokens first (X-LoRA's scaling pass) keeps that pass's entries in

@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .cache import KVCache, LayerCache
 from .config import ModelConfig
+from .kv import Cache, LayerKV
 from .rope import apply_rope, rope_tables_at
 from .weights import MLP, Attention, DecoderLayer, Weights, linear
 
@@ -109,7 +109,7 @@ class Sequence:
 
     rows: slice
     positions: np.ndarray  # (T,)
-    cache: KVCache  # or anything with the same interface (paged.PagedSequence)
+    cache: Cache  # cache.KVCache or paged.PagedSequence
     masks: Masks
 
 
@@ -124,8 +124,8 @@ def attention(
     tape: LayerTape | None = None,
 ) -> np.ndarray:
     """x (N, D): the new rows of every sequence in `batch`. The projections run once for all rows (one
-    matrix product each); each sequence attends over its own cache, those of a paged pool that read one
-    token each all at once (paged.decode_attention)."""
+    matrix product each); each sequence attends over its own cache, those whose cache has the
+    `batched_decode` capability (a paged pool's) and read one token each all at once (`decode_attention`)."""
     N = x.shape[0]
     H, K, E = config.num_attention_heads, config.num_key_value_heads, config.head_dim
     q = linear(x, w.q_proj).reshape(N, H, E).transpose(1, 0, 2)  # (H, N, E)
@@ -139,8 +139,8 @@ def attention(
         out = attend(q, k, v, config, s.positions, s.cache.layers[layer], window, s.masks, tape)  # (N, H*E)
         return linear(out, w.o_proj)  # (N, D)
     out = np.empty((N, H * E), np.float32)  # (N, H*E)
-    decoding = [s for s in batch if len(s.positions) == 1 and hasattr(s.cache, "decode_attention")]
-    if len(decoding) > 1:  # paged sequences reading one token each: one batched product for all of them
+    decoding = [s for s in batch if len(s.positions) == 1 and s.cache.batched_decode]
+    if len(decoding) > 1:  # sequences of one pool reading one token each: one batched product for all of them
         rows = np.array([s.rows.start for s in decoding])  # (B,)
         caches = [s.cache for s in decoding]
         out[rows] = caches[0].decode_attention(q[:, rows], k[:, rows], v[:, rows], caches, layer, window)
@@ -160,7 +160,7 @@ def attend(
     v: np.ndarray,
     config: ModelConfig,
     positions: np.ndarray,
-    cache: LayerCache,
+    cache: LayerKV,
     window: int | None,
     masks: Masks,
     tape: LayerTape | None = None,
@@ -234,7 +234,7 @@ def forward(
     inv_freq: list[np.ndarray],
     tokens: np.ndarray,
     start: int,
-    cache: KVCache,
+    cache: Cache,
     last_only: bool = False,
 ) -> np.ndarray:
     """Logits for `tokens` placed at positions start, start+1, ...; appends their keys/values to `cache`.
@@ -251,7 +251,7 @@ def hidden(
     inv_freq: list[np.ndarray],
     tokens: np.ndarray,
     start: int,
-    cache: KVCache,
+    cache: Cache,
     tape: Tape | None = None,
 ) -> np.ndarray:
     """The last decoder layer's output (T, D) for `tokens` at positions start..; fills `tape` if given.
@@ -263,7 +263,7 @@ def hidden_batch(
     weights: Weights,
     config: ModelConfig,
     inv_freq: list[np.ndarray],
-    entries: list[tuple[np.ndarray, int, KVCache]],
+    entries: list[tuple[np.ndarray, int, Cache]],
     tape: Tape | None = None,
 ) -> np.ndarray:
     """The last decoder layer's output (N, D) for several sequences at once, each entry (tokens (T_i,),
@@ -313,7 +313,7 @@ def run_layers(
     tables = {key: rope_tables_at(f, positions) for key, f in bases.items()}  # (N, E/2) cos, sin
     for i in layers:
         for s in batch:
-            tap = getattr(s.cache, "tap", None)
+            tap = s.cache.tap
             if tap is not None and tap.layer == i:
                 tap.write(s.positions, x[s.rows])
         layer_tape = None if tape is None else LayerTape()
@@ -325,7 +325,7 @@ def run_layers(
 
 
 def recompute_layers(
-    weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], cache: KVCache, positions: np.ndarray
+    weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], cache: Cache, positions: np.ndarray
 ) -> None:
     """The keys and values at consecutive `positions` (T,) of the layers from `cache.tap.layer` up,
     recomputed from the hidden states the tap kept there and appended to those layers (which must

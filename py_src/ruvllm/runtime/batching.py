@@ -13,7 +13,7 @@ Each `Scheduler.step`:
    the same code a solo generation uses) and hands the `Step` to the request's callback; finished
    sequences leave and free their blocks.
 
-Prompts that start alike share KV blocks (paged.BlockPool): a system prompt common to many requests is
+Prompts that start alike share KV blocks (blocks.BlockPool): a system prompt common to many requests is
 computed once. With the engine's KVOptions `hot_tokens` and `cold`, blocks older than each sequence's
 newest `hot_tokens` positions are kept as int8/int4 codes (the byte budget and attention sinks of the
 solo cache do not apply: admission reserves every block a request may need). A sequence decodes the
@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import ContextFullError, InvalidArgumentError
-from ..model.paged import BlockPool, PagedSequence
+from ..model.blocks import BlockPool
+from ..model.paged import PagedSequence
 from .engine import Engine
 from .generate import Constraint, Decoder, GenerationOptions, Step
 
