@@ -144,12 +144,9 @@ class Scheduler:
 
     def check(self, prompt: list[int]) -> None:
         """Refuse a prompt that can never run: empty, with ids outside the vocabulary, or too long."""
-        vocab = self.engine.config.vocab_size
         if not prompt:
             raise InvalidArgumentError("the prompt is empty: give at least one token")
-        bad = [t for t in prompt if not 0 <= t < vocab]
-        if bad:
-            raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})")
+        self.engine.check_ids(prompt)
         if len(prompt) >= self.max_context:
             self.metrics.refused += 1
             raise ContextFullError(

@@ -214,6 +214,13 @@ class Engine:
             raise InvalidArgumentError("this engine's weights already have wrappers attached")
         self.wrappers = wrappers
 
+    def check_ids(self, ids) -> None:
+        """Refuse token ids outside the vocabulary (the one check every way in makes), naming the first."""
+        vocab = self.config.vocab_size
+        bad = next((int(t) for t in ids if not 0 <= t < vocab), None)  # (Python ints of any size too)
+        if bad is not None:
+            raise InvalidArgumentError(f"token id {bad} is outside the vocabulary [0, {vocab})")
+
     def weights_identity(self) -> WeightsIdentity:
         """What the weights compute with now (the active adapter, its version): the tag of cached keys and
         values, and what a generation pins for all its steps."""
@@ -260,9 +267,7 @@ class Engine:
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.ndim != 1 or tokens.size == 0:
             raise InvalidArgumentError("tokens must be a non-empty 1-D sequence of ids")
-        if tokens.min() < 0 or tokens.max() >= self.config.vocab_size:
-            bad = int(tokens[(tokens < 0) | (tokens >= self.config.vocab_size)][0])
-            raise InvalidArgumentError(f"token id {bad} is outside the vocabulary [0, {self.config.vocab_size})")
+        self.check_ids(tokens)
         with self.lock, self.threads.limit(len(tokens)):
             if self.wrappers is not None:
                 self.wrappers.use(weights or self.wrappers.identity())

@@ -182,9 +182,7 @@ def generate_tokens(
         raise InvalidArgumentError("the prompt is empty: give at least one token")
     if limit is not None and len(prompt) > limit:
         raise ContextFullError(f"the prompt has {len(prompt)} tokens but the context window is {limit}")
-    bad = [t for t in prompt if not 0 <= t < engine.config.vocab_size]
-    if bad:
-        raise InvalidArgumentError(f"token id {bad[0]} is outside the vocabulary [0, {engine.config.vocab_size})")
+    engine.check_ids(prompt)
     identity = engine.weights_identity()  # every step computes with these weights (the adapter active now)
     refresh = stale_layers(engine, cache, identity)
     if refresh == 0:  # other weights from the first layer (an adapter switched): nothing can be reused
