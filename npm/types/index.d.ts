@@ -813,7 +813,8 @@ export class RuvLLM {
   tokenize(input: string | ChatMessage[]): Promise<number[]>;
 
   /**
-   * Learn from feedback (true gradient steps on a LoRA adapter, in the worker): the first step at once,
+   * Learn from feedback (true gradient steps on a LoRA adapter, in the worker): the whole lesson, its
+   * report when it ends, as `model.adapt` in Python. The first step lands at once (Python's `feedback`),
    * the others in the worker's idle time (a generation requested meanwhile starts within one slice).
    * @example await llm.adapt({ messages, completion: answer, reward: thumbsUp ? 1 : -1 }, { onProgress, signal });
    */
