@@ -187,8 +187,9 @@ class Model:
         chat: bool = False,
         **options: object,
     ) -> AdaptReport:
-        """Learn from feedback, every step now: make `completion` likelier after `prompt` (reward > 0)
-        or less likely (< 0).
+        """Learn from feedback, the whole lesson in this call (the npm package's `llm.adapt` is the same
+        lesson, its steps run between the worker's requests): make `completion` likelier after `prompt`
+        (reward > 0) or less likely (< 0). Returns its report.
 
         chat: `prompt` is a user message (or a list of messages), rendered with the chat template, and
         the completion is the assistant's answer, ending with the end-of-turn token. Options: steps,
