@@ -43,7 +43,8 @@ def server(smollm2):
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     service = Service(smollm2, max_concurrent=4, max_context=512)
-    config = uvicorn.Config(create_app(service), host="127.0.0.1", port=port, log_level="warning")
+    app = create_app(service, log=lambda line: None)  # (the access log is tested in test_serve_bad_input)
+    config = uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning")
     uv = uvicorn.Server(config)
     thread = threading.Thread(target=uv.run, daemon=True)
     thread.start()
