@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, LoadError
 from ..files.formats import DEQUANTIZED_FORMATS, GROUP, get_format, packs_nibbles
 from ..files.store import TensorStore, sanitize
-from ..quant.matrices import KERNELS, DenseMatrix, Int4Matrix, Int8Matrix
+from ..quant.matrices import KERNELS, DenseMatrix, Int4Matrix, Int8Matrix, MatrixLike
 from ..quant.provider import KernelProvider
 from .config import ModelConfig
 
@@ -27,7 +27,7 @@ FLOAT_FORMATS = ("f32", "f16", "bf16")
 class Linear:
     """y = x @ W.T + bias, W in any compute form. The one place a projection happens."""
 
-    matrix: Matrix  # (out, in)
+    matrix: MatrixLike  # (out, in): a compute form, or an adapter's wrapper of one
     bias: np.ndarray | None = None  # (out,)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:

@@ -27,6 +27,8 @@ bounds decoding on a CPU, so q8 decodes faster than f32 on CPython.
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from ..files import ggml
@@ -38,6 +40,26 @@ KERNELS = ("blas", "einsum")
 _EXPAND_ABOVE_ROWS = 4
 # Float32 elements of one tile in the tiled "blas" product: 1 MiB, inside a core's L2 cache.
 TILE_ELEMENTS = 1 << 18
+
+
+class MatrixLike(Protocol):
+    """The one interface: what the model asks of a matrix, met by the three forms here and by the
+    wrappers that behave like their base matrix (a LoRA or X-LoRA adapter's)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...  # (N, K)
+
+    @property
+    def kernel(self) -> str: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def __call__(self, x: np.ndarray) -> np.ndarray: ...  # (T, K) -> (T, N)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray: ...  # (T,) -> (T, K)
+
+    def dequantize(self) -> np.ndarray: ...  # (N, K) float32
 
 
 class ProviderSlot:
