@@ -21,6 +21,7 @@ B sequences, Q = G*T rows of queries per key/value head.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -73,7 +74,7 @@ class Cache(ABC):
     layer's `update_and_fetch`, then `record` the ids and `keep_within_budget`. A forward starting before
     `len(tokens)` first `truncate`s there."""
 
-    layers: list[LayerKV]  # one per decoder layer
+    layers: Sequence[LayerKV]  # one per decoder layer
     tokens: list[int]  # the ids of every position computed
     tap: Residuals | None = None  # the hidden states entering one layer, kept for learning; None: none kept
     batched_decode: bool = False  # whether `decode_attention` serves many sequences at once
