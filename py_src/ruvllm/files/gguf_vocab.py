@@ -27,8 +27,8 @@ from __future__ import annotations
 import copy
 import dataclasses
 import warnings
-from dataclasses import dataclass
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import TypeVar
 
 from ..errors import LoadError
