@@ -27,6 +27,7 @@ from .learning.projection import calibration_text
 from .learning.xlora import Mixture, is_xlora
 from .model.cache import KVOptions
 from .model.config import ModelConfig
+from .model.weights import ComputeOptions
 from .runtime.constrain import Vocabulary
 from .runtime.engine import Engine, LoadOptions, is_gguf, open_gguf, open_model
 from .runtime.generate import Constraint, GenerationOptions
@@ -273,7 +274,7 @@ class Model:
 def load(
     path: str | os.PathLike,
     context_length: int | None = None,
-    compute: str = "auto",
+    compute: str | ComputeOptions = "auto",
     memory_budget: int | None = None,
     kv: KVOptions | None = None,
     isq: str = "rtn",

@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import ContextFullError, InvalidArgumentError
 from ..quant.kvcodes import KVCodes
 from .config import ModelConfig
-from .kv import Cache, DenseSegment, LayerKV, QuantSegment, Residuals, grow
+from .kv import Cache, DenseSegment, LayerKV, QuantSegment, Residuals, WeightsIdentity, grow
 
 COLD_FORMATS = {"int8": 8, "int4": 4}
 
@@ -236,7 +236,7 @@ class KVCache(Cache):
             for _ in range(config.num_hidden_layers)
         ]
         self.tokens: list[int] = []
-        self.owner: tuple | None = None  # the weights_identity() the entries were computed with
+        self.owner: WeightsIdentity | None = None  # the weights_identity() the entries were computed with
         self.tap = None if tap_layer is None else Residuals(tap_layer, config.hidden_size, self.max_positions)
         self.side: KVCache | None = None
 

@@ -15,6 +15,7 @@ gradients are always those of this one forward.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -266,7 +267,7 @@ def hidden_batch(
     weights: Weights,
     config: ModelConfig,
     inv_freq: list[np.ndarray],
-    entries: list[tuple[np.ndarray, int, Cache]],
+    entries: Collection[tuple[np.ndarray, int, Cache]],
     tape: Tape | None = None,
 ) -> np.ndarray:
     """The last decoder layer's output (N, D) for several sequences at once, each entry (tokens (T_i,),

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -58,6 +59,16 @@ class QuantSegment:
 
 
 Segment = DenseSegment | QuantSegment
+
+
+class WeightsIdentity(NamedTuple):
+    """What the weights compute with (Engine.weights_identity): cached keys and values are tagged with
+    it, and a generation pins it for all its steps."""
+
+    merges: int  # adapters merged into the base weights so far (each merge changes every layer)
+    adapter: str | None  # the active adapter's (or X-LoRA mixture's) name; None: the base weights
+    uid: int  # that adapter object's id (a replaced adapter of the same name has another)
+    version: int  # its version: every learning step bumps it
 
 
 class LayerKV(ABC):
