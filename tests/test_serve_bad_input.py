@@ -203,6 +203,8 @@ REFUSED = [
      "the request body is nested 100001 levels deep (the limit is 64)"),
     (CHAT, chat(messages=[DEEP_CALL, *HI]), "messages",
      "messages[0].tool_calls[0].function.arguments is nested 5000 levels deep (the limit is 64)"),
+    (CHAT, chat(messages=[{**DEEP_CALL, "tool_calls": [{"function": {"name": "f", "arguments": "5"}}]}, *HI]),
+     "messages", "messages[0].tool_calls[0].function.arguments must be a JSON object (or its text), got 5"),
     (CHAT, chat(response_format=DEEP_FORMAT), "response_format",
      "response_format.json_schema.schema.items.items.items.items.items.items.items.items.items.items.it... "
      "is nested deeper than 64 levels (the limit)"),
@@ -324,6 +326,12 @@ def test_the_access_log_has_a_line_per_request_with_its_tokens(base, capsys):
     assert client.startswith("127.0.0.1:") and (method, path, status) == ("POST", TEXT, "200")
     assert (prompt, completion, unit) == ("prompt_tokens=4", "completion_tokens=2", "ms") and int(ms) >= 0
     assert lines[1].split(" ")[1:4] == ["POST", TEXT, "400"] and "tokens" not in lines[1]
+
+
+def test_a_number_alone_is_checked_as_a_value_not_walked_as_a_container():
+    check_values(5, "arguments")  # (it was walked for children: a TypeError)
+    with pytest.raises(FieldError, match=r"^arguments must be a finite number \(at most ±1.8e308\), got NaN$"):
+        check_values(float("nan"), "arguments")
 
 
 def test_nesting_is_measured_without_parsing():
