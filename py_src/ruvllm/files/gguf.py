@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import LoadError
 from .ggml import GGML_TYPES, GGMLType
-from .tensorfile import PieceBuffer
+from .tensorfile import BytesLike, PieceBuffer
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -429,7 +429,7 @@ def _check_overlaps(source: str, tensors: dict[str, GGUFTensor], data_offset: in
         previous = t
 
 
-def _as_bytes(buffer: bytes | bytearray | memoryview | np.ndarray) -> np.ndarray:
+def _as_bytes(buffer: BytesLike) -> np.ndarray:
     """Any buffer as a flat uint8 array, without a copy when it is contiguous."""
     data = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, dtype=np.uint8)
     data = np.ascontiguousarray(data).reshape(-1)
@@ -467,7 +467,7 @@ class GGUFFile:
     alignment: int
     data_offset: int
 
-    def __init__(self, buffer: bytes | bytearray | memoryview | np.ndarray, source: str = "<buffer>") -> None:
+    def __init__(self, buffer: BytesLike, source: str = "<buffer>") -> None:
         """A whole file in memory: bytes, bytearray, memoryview, a NumPy array, a finished `PieceBuffer`'s array."""
         data = _as_bytes(buffer)
         self._set(source, data, _parse(data.data, data.size, source))
