@@ -361,6 +361,18 @@ def test_serve_options_are_checked_before_the_model_loads(options, message, caps
     assert capsys.readouterr().err == f"ruvllm serve: error: {message}\n"
 
 
+def test_a_host_name_idna_cannot_encode_is_refused_by_name(capsys):
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    host = "a" * 64 + ".example"  # a label longer than IDNA allows: a UnicodeError, which has no strerror
+    assert main(["serve", "no-such-model-folder", "--host", host]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"ruvllm serve: error: --host '{host}' is not an IP address or a name this machine resolves ("
+    )
+    assert "idna" in err and err.count("\n") == 1  # (Python's own words for the label follow)
+
+
 def test_a_port_in_use_is_reported_before_the_model_loads(capsys):
     pytest.importorskip("starlette")  # without the serve extra, that is the first error
     pytest.importorskip("uvicorn")
