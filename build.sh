@@ -204,6 +204,7 @@ case "${1:-all}" in
     node_modules/.bin/eslint
     node_modules/.bin/prettier --check .
     node_modules/.bin/tsc -p tsconfig.json # the JS type-checked against its JSDoc and types/index.d.ts
+    "$PY" -m mypy # the Python package type-checked ([tool.mypy] in pyproject.toml)
     "$PY" -m pytest -q --durations=25
     log "node tests (the Pyodide ones skip, saying how to get a distribution, when none is on disk)"
     py_abs=$(realpath -s "$PY")

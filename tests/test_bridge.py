@@ -93,6 +93,15 @@ def test_more_bytes_than_announced_is_a_download_error(folder):
     }
 
 
+@pytest.mark.parametrize("name", [None, 7])
+def test_a_file_without_a_string_name_is_refused_before_any_byte(name):
+    request = {"size": 10} if name is None else {"name": name, "size": 10}
+    assert error(ModelLoader().begin_file(json.dumps(request))) == {
+        "type": "invalid_argument",
+        "message": f"the request's 'name' must be a string, got {name!r}",
+    }
+
+
 def test_corrupt_weights_and_bad_config_are_load_errors(folder):
     loader = ModelLoader()
     assert error(loader.set_config('{"architectures": ["BertModel"]}'))["message"].startswith(

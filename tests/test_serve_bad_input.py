@@ -205,6 +205,8 @@ REFUSED = [
      "the request body is nested 100001 levels deep (the limit is 64)"),
     (CHAT, chat(messages=[DEEP_CALL, *HI]), "messages",
      "messages[0].tool_calls[0].function.arguments is nested 5000 levels deep (the limit is 64)"),
+    (CHAT, chat(messages=[{**DEEP_CALL, "tool_calls": [{"function": {"name": "f", "arguments": "5"}}]}, *HI]),
+     "messages", "messages[0].tool_calls[0].function.arguments must be a JSON object (or its text), got 5"),
     (CHAT, chat(response_format=DEEP_FORMAT), "response_format",
      "response_format.json_schema.schema.items.items.items.items.items.items.items.items.items.items.it... "
      "is nested deeper than 64 levels (the limit)"),
@@ -328,6 +330,12 @@ def test_the_access_log_has_a_line_per_request_with_its_tokens(base):
     assert lines[1].split(" ")[1:4] == ["POST", TEXT, "400"] and "tokens" not in lines[1]
 
 
+def test_a_number_alone_is_checked_as_a_value_not_walked_as_a_container():
+    check_values(5, "arguments")  # (it was walked for children: a TypeError)
+    with pytest.raises(FieldError, match=r"^arguments must be a finite number \(at most ±1.8e308\), got NaN$"):
+        check_values(float("nan"), "arguments")
+
+
 def test_nesting_is_measured_without_parsing():
     assert nesting_depth(b'{"a": [1, {"b": "[[[{"}], "c": "\\"]]"}') == 3
     assert nesting_depth(b"7") == 0 and nesting_depth(b"[" * 10) == 10
@@ -353,6 +361,18 @@ def test_serve_options_are_checked_before_the_model_loads(options, message, caps
     pytest.importorskip("uvicorn")
     assert main(["serve", "no-such-model-folder", *options]) == 1  # the folder would be the next error
     assert capsys.readouterr().err == f"ruvllm serve: error: {message}\n"
+
+
+def test_a_host_name_idna_cannot_encode_is_refused_by_name(capsys):
+    pytest.importorskip("starlette")
+    pytest.importorskip("uvicorn")
+    host = "a" * 64 + ".example"  # a label longer than IDNA allows: a UnicodeError, which has no strerror
+    assert main(["serve", "no-such-model-folder", "--host", host]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith(
+        f"ruvllm serve: error: --host '{host}' is not an IP address or a name this machine resolves ("
+    )
+    assert "idna" in err and err.count("\n") == 1  # (Python's own words for the label follow)
 
 
 def test_a_port_in_use_is_reported_before_the_model_loads(capsys):

@@ -20,18 +20,18 @@ import numpy as np
 from .completions import Response, prepare
 from .files import jsonfields as fields
 from .files.store import TensorStore
-from .learning import learn
-from .learning.learn import AdaptReport
+from .learning.learn import AdaptReport, LearningStatus, Lesson, RouteLesson
 from .learning.lora import DEFAULT_LAYERS, Adapter
 from .learning.per_model import per_model
 from .learning.projection import calibration_text
 from .learning.xlora import Mixture, is_xlora
 from .model.cache import KVOptions
 from .model.config import ModelConfig
+from .model.weights import ComputeOptions
 from .runtime.constrain import Vocabulary
 from .runtime.engine import Engine, LoadOptions, is_gguf, open_gguf, open_model
 from .runtime.generate import Constraint, GenerationOptions
-from .session import KEEP, Session
+from .session import KEEP, AdapterChoice, Session
 from .text.stream import Chunk
 from .text.tokenizer import Tokenizer
 from .tools.perplexity import token_nll
@@ -208,24 +208,24 @@ class Model:
         adapter: str = "default",
         chat: bool = False,
         **options: object,
-    ) -> learn.Lesson | learn.RouteLesson:
+    ) -> Lesson | RouteLesson:
         """Learn from feedback in the background (arguments as `adapt`): the first step is taken now, so
         the next answer already differs; the other steps and the consolidation wait for `learn()` calls
         (between generations, each as long as you allow). Returns the lesson (`done`, `steps`, `report`)."""
         prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
         return self.session.feedback(prompt_ids, completion_ids, reward, adapter, options)
 
-    def learn(self, budget_ms: float | None = 100.0) -> learn.LearningStatus:
+    def learn(self, budget_ms: float | None = 100.0) -> LearningStatus:
         """Steps of the waiting lessons (`feedback`) for about `budget_ms` (at least one step; None: until
         all are done). Each step is a forward and backward through the adapted layers only."""
         return self.session.learn(budget_ms)
 
-    def cancel_learning(self) -> learn.LearningStatus:
+    def cancel_learning(self) -> LearningStatus:
         """Drop the lessons still waiting; what their steps taught so far stays."""
         return self.session.cancel_learning()
 
     @property
-    def learning(self) -> learn.LearningStatus:
+    def learning(self) -> LearningStatus:
         """Lessons waiting, the current one's step, its adapter and that adapter's version."""
         return self.session.learner.status()
 
@@ -254,7 +254,7 @@ class Model:
             return prompt_ids, whole[len(prompt_ids) :]
         return prompt_ids, self.tokenizer.encode(completion, add_special_tokens=False)
 
-    def _adapter_option(self, options: dict) -> object:
+    def _adapter_option(self, options: dict) -> str | AdapterChoice | None:
         return options.pop("adapter") if "adapter" in options else KEEP
 
     def _stream(
@@ -262,17 +262,20 @@ class Model:
         ids: list[int],
         options: GenerationOptions,
         started: float,
-        adapter: object,
+        adapter: str | AdapterChoice | None,
         constraint: Constraint | None = None,
     ) -> Iterator[Chunk]:
         detokenizer = self.tokenizer.detokenizer()
-        return self.session.stream(ids, options, self.eos_token_ids, detokenizer, started, adapter, constraint)
+        # (without report_prefill, no Prefilling marker comes)
+        return self.session.stream(  # type: ignore[return-value]
+            ids, options, self.eos_token_ids, detokenizer, started, adapter, constraint
+        )
 
 
 def load(
     path: str | os.PathLike,
     context_length: int | None = None,
-    compute: str = "auto",
+    compute: str | ComputeOptions = "auto",
     memory_budget: int | None = None,
     kv: KVOptions | None = None,
     isq: str = "rtn",
@@ -302,6 +305,7 @@ def load(
     name = model_name(path)
     if is_hub_name(path):
         path = ensure_local(path)
+    generation_config: object  # (checked by eos_token_ids)
     if is_gguf(path):
         gguf = open_gguf(path)  # an unsupported architecture is the first thing to report
         config, store = ModelConfig.from_dict(gguf.config, f"{path} (GGUF metadata)"), TensorStore([gguf])

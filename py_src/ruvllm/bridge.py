@@ -76,7 +76,8 @@ import functools
 import hashlib
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Generator
+from typing import Any
 
 from .completions import Response, check, finish
 from .errors import DownloadError, InferenceError, InvalidArgumentError, LoadError, RuvLLMError
@@ -126,7 +127,15 @@ def _request(text: str, what: str = "request") -> dict:
     return value
 
 
-def _bytes(data: object) -> bytes:
+def _text(request: dict, key: str) -> str:
+    """A string field of a worker request."""
+    value = request.get(key)
+    if not isinstance(value, str):
+        raise InvalidArgumentError(f"the request's {key!r} must be a string, got {value!r}")
+    return value
+
+
+def _bytes(data: Any) -> bytes:
     """The bytes of a JS typed array (JsProxy) or of any buffer."""
     return bytes(data.to_py()) if hasattr(data, "to_py") else bytes(data)
 
@@ -137,7 +146,7 @@ class ModelLoader:
     def __init__(self) -> None:
         self.config: ModelConfig | None = None
         self.files: dict[str, PieceBuffer] = {}
-        self.hashes: dict[str, object] = {}
+        self.hashes: dict[str, hashlib._Hash] = {}
         self.done: list = []
         self.options = LoadOptions()
         self.headers: dict[str, SafetensorsFile | GGUFModel] = {}
@@ -239,7 +248,7 @@ class ModelLoader:
     def begin_file(self, request_json: str) -> int:
         """request: {name, size, want_sha256}; the file's bytes follow through `write`."""
         r = _request(request_json)
-        name, size = r.get("name"), r.get("size")
+        name, size = _text(r, "name"), r.get("size")
         if not isinstance(size, int) or size < 0:
             raise InvalidArgumentError(f"{name}: size must be a non-negative integer, got {size!r}")
         self.files[name] = PieceBuffer(size, name)
@@ -248,7 +257,7 @@ class ModelLoader:
         return size
 
     @_json_result
-    def write(self, name: str, chunk: object) -> int:
+    def write(self, name: str, chunk: Any) -> int:
         """Append one chunk (a JsProxy of a Uint8Array, or any bytes-like object); returns bytes so far."""
         piece = self.files[name]
         is_js = hasattr(chunk, "assign_to")
@@ -261,14 +270,14 @@ class ModelLoader:
         else:
             target[:] = memoryview(chunk).cast("B")
         if name in self.hashes:
-            self.hashes[name].update(memoryview(target))
+            self.hashes[name].update(target.data)
         return piece.filled
 
     @_json_result
     def finish_file(self, request_json: str) -> dict:
         """request: {name, sha256 (or null)}: every byte arrived, and they have that digest."""
         r = _request(request_json)
-        name, sha256 = r.get("name"), r.get("sha256")
+        name, sha256 = _text(r, "name"), r.get("sha256")
         piece = self.files[name]
         if piece.filled != piece.array.size:
             raise DownloadError(f"{name}: download incomplete: received {piece.filled} of {piece.array.size} bytes")
@@ -296,6 +305,8 @@ class ModelLoader:
         self.files.clear()
         self.done.clear()  # the engine holds its own compute-form weights; the file buffers can go
         self._engine = EngineHandle(engine, *self.token_bytes, self.special_ids)
+        plan = engine.plan
+        assert plan is not None  # from_store plans every engine it builds
         c = engine.config
         return {
             "architecture": c.architecture,
@@ -303,7 +314,7 @@ class ModelLoader:
             "context_length": engine.context_length,
             "parameters": count_parameters(store),
             "weight_bytes": engine.weights.nbytes,
-            "plan": engine.plan.as_dict(),
+            "plan": plan.as_dict(),
             "kernels": engine.kernels,
             "arithmetic": engine.arithmetic,
         }
@@ -330,7 +341,7 @@ class EngineHandle:
         self.session = Session(engine, token_bytes, special_ids)  # what api.Model shares
         self.engine, self.adapters, self.learner = engine, self.session.adapters, self.session.learner
         self.token_bytes, self.strip_leading_space = token_bytes, strip_leading_space
-        self.chunks = None
+        self.chunks: Generator[Chunk | Prefilling, None, None] | None = None
         self.response: Response | None = None  # with start_completion: the OpenAI answer being built
         self._outgoing: dict[str, bytes] = {}  # adapter_files, until take_files()
         # under way, by the key JavaScript gave (its request id): (the adapter's name, the lesson)
@@ -560,16 +571,16 @@ class EngineHandle:
         }
 
     @_json_result
-    def load_adapter(self, request_json: str, config_json: str, weights: object, state: object = None) -> str:
+    def load_adapter(self, request_json: str, config_json: str, weights: Any, state: Any = None) -> str:
         """request: {name}; an adapter from its files' contents (bytes, or JS Uint8Arrays)."""
-        name = _request(request_json).get("name")
+        name = _text(_request(request_json), "name")
         state_file = SafetensorsFile(_bytes(state), "learning_state.safetensors") if state is not None else None
         weights_file = SafetensorsFile(_bytes(weights), "adapter_model.safetensors")
         self.adapters.add(name, Adapter.from_files(config_json, weights_file, self.engine.weights, state_file))
         return name
 
     @_json_result
-    def load_mixture(self, request_json: str, config_json: str, router: object, *experts: object) -> str:
+    def load_mixture(self, request_json: str, config_json: str, router: Any, *experts: Any) -> str:
         """request: {name}; an X-LoRA mixture from its files' contents: adapter_config.json, the router's
         adapter_model.safetensors, then each expert's adapter_config.json and adapter_model.safetensors,
         in the order of the config's `adapters`."""
@@ -582,7 +593,7 @@ class EngineHandle:
             weights_file = SafetensorsFile(_bytes(experts[2 * i + 1]), f"{expert}/adapter_model.safetensors")
             held[expert] = Adapter.from_files(experts[2 * i], weights_file, self.engine.weights)
         router_file = SafetensorsFile(_bytes(router), "adapter_model.safetensors")
-        name = _request(request_json).get("name")
+        name = _text(_request(request_json), "name")
         self.adapters.add(name, Mixture.from_files(config_json, router_file, held, self.engine.config.hidden_size))
         return name
 

@@ -149,10 +149,10 @@ def finish(checked: Checked, prompt_ids: list[int], context: int, model_name: st
     )
 
 
-def check(body: object, kind: str, unknown_fields: str = "refuse") -> Checked:
+def check(body: object, kind: object, unknown_fields: str = "refuse") -> Checked:
     """Every field of a request body but its prompt's tokens, checked. unknown_fields: "refuse" names
     OpenAI does not define (the library API: a misspelt keyword), or "ignore" them (the HTTP server)."""
-    if kind not in ENDPOINTS:
+    if not isinstance(kind, str) or kind not in ENDPOINTS:
         raise InvalidArgumentError(f"kind must be chat or text, got {kind!r}")
     if unknown_fields not in UNKNOWN_FIELDS:
         raise InvalidArgumentError(f"unknown_fields must be refuse or ignore, got {unknown_fields!r}")
@@ -379,13 +379,13 @@ def _logprobs(body: dict, kind: str) -> tuple[bool, int]:
 def _response_grammar(response_format: object) -> Grammar | None:
     if response_format is None:
         return None
-    kind = response_format.get("type") if isinstance(response_format, dict) else None
-    if not isinstance(kind, str):
+    if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
         raise FieldError(
             'response_format must be {"type": "text" | "json_object" | "json_schema", ...}, '
             f"got {shown(response_format)}",
             "response_format",
         )
+    kind = response_format["type"]
     if kind == "text":
         return None
     if kind == "json_object":

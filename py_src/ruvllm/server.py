@@ -283,9 +283,10 @@ def bind(host: str, port: int) -> socket.socket:
     try:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET  # as uvicorn chooses
         family, kind, proto, _, address = socket.getaddrinfo(host, port, family, socket.SOCK_STREAM)[0]
-    except (socket.gaierror, UnicodeError) as e:
+    except (socket.gaierror, UnicodeError) as e:  # (UnicodeError: a label IDNA cannot encode; no strerror)
+        why = (e.strerror if isinstance(e, socket.gaierror) else None) or e
         raise InvalidArgumentError(
-            f"--host {host!r} is not an IP address or a name this machine resolves ({e.strerror or e})"
+            f"--host {host!r} is not an IP address or a name this machine resolves ({why})"
         ) from None
     sock = socket.socket(family, kind, proto)
     try:

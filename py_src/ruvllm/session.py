@@ -17,13 +17,14 @@ the same in both and an option has one default:
 
 from __future__ import annotations
 
+import enum
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
+from typing import Any, Final
 
-from .learning import learn
 from .learning.adapters import AdapterSet
-from .learning.learn import AdaptOptions, AdaptReport, Learner, Lesson, RouteLesson, lesson_for
+from .learning.learn import AdaptOptions, AdaptReport, Learner, LearningStatus, Lesson, RouteLesson, lesson_for
 from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, LoRAConfig, module_names
 from .learning.per_model import per_model
 from .learning.projection import CALIBRATION_TOKENS
@@ -35,7 +36,12 @@ from .runtime.generate import Constraint, GenerationOptions, Prefilling, generat
 from .text.detokenizer import StreamingDetokenizer
 from .text.stream import Chunk, generate_text
 
-KEEP = object()  # a generation's adapter option when none is given: the active adapter stays
+
+class AdapterChoice(enum.Enum):
+    KEEP = "keep"  # a generation's adapter option when none is given: the active adapter stays
+
+
+KEEP: Final = AdapterChoice.KEEP
 
 
 class Session:
@@ -61,10 +67,10 @@ class Session:
         eos_ids: Sequence[int],
         detokenizer: StreamingDetokenizer,
         started: float | None = None,
-        adapter: object = KEEP,
+        adapter: str | AdapterChoice | None = KEEP,
         constraint: Constraint | None = None,
         report_prefill: bool = False,
-    ) -> Iterator[Chunk | Prefilling]:
+    ) -> Generator[Chunk | Prefilling, None, None]:
         """The chunks of a generation after `ids` (with report_prefill, Prefilling markers between a long
         prompt's forward calls). `adapter`: a held adapter's name, None (the base model) or KEEP; it is
         also active for later calls. The idle cache is lent to it until it ends (finished, failed,
@@ -104,7 +110,9 @@ class Session:
         with self._cache_lock:
             self.idle_cache = cache  # the newest finished conversation: the likeliest to continue
 
-    def _returning_cache(self, chunks: Iterator, cache: KVCache) -> Iterator:
+    def _returning_cache(
+        self, chunks: Iterator[Chunk | Prefilling], cache: KVCache
+    ) -> Generator[Chunk | Prefilling, None, None]:
         try:
             yield from chunks
         finally:
@@ -123,11 +131,11 @@ class Session:
         """A fresh adapter (it changes nothing until it learns), held under `name` and made active.
         rank and targets: LoRAConfig's defaults when None; layers: the decoder layers it adapts
         (negative counts from the top; None: all)."""
-        given = {"rank": rank, "alpha": alpha, "targets": None if targets is None else tuple(targets)}
+        given: dict[str, Any] = {"rank": rank, "alpha": alpha, "targets": None if targets is None else tuple(targets)}
         config = LoRAConfig(**{k: v for k, v in given.items() if v is not None}, layers=_layers(layers))
         return self.adapters.create(name, config)
 
-    def mix_adapters(self, name: str, experts: Sequence[str], **router: object) -> Mixture:
+    def mix_adapters(self, name: str, experts: object, **router: Any) -> Mixture:
         """An X-LoRA mixture of held adapters (copies of them as they are now) with a new router that
         starts out giving every expert the same weight (RouterConfig's fields: top_k, depth, size,
         layerwise, temperature, global_scaling_weight); held under `name` and made active."""
@@ -158,6 +166,7 @@ class Session:
         lesson = self.lesson(prompt_ids, completion_ids, reward, adapter, options)
         with self.engine.lock:  # no generation step in between may wrap the weights with another adapter
             lesson.run()
+        assert lesson.report is not None  # (run without a budget ends when the lesson is done)
         return lesson.report
 
     def feedback(
@@ -184,12 +193,12 @@ class Session:
             return lesson.applied
         return self.learner.first_step(lesson, budget_ms)
 
-    def learn(self, budget_ms: float | None = 100.0) -> learn.LearningStatus:
+    def learn(self, budget_ms: float | None = 100.0) -> LearningStatus:
         """Units of work of the waiting lessons for about `budget_ms` (at least one; None: until all are
         done)."""
         return self.learner.run(budget_ms)
 
-    def cancel_learning(self, lesson: Lesson | RouteLesson | None = None) -> learn.LearningStatus:
+    def cancel_learning(self, lesson: Lesson | RouteLesson | None = None) -> LearningStatus:
         """Drop `lesson` (None: every waiting lesson); what their steps taught so far stays."""
         return self.learner.cancel(lesson)
 

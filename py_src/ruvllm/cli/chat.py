@@ -26,7 +26,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     model = load_for_generation(args)
     options = generation_options(args)
-    system, history, stats = args.system, [], False
+    history: list[dict[str, str]] = []  # the chat so far: {"role", "content"} messages
+    system, stats = args.system, False
     interactive = sys.stdin.isatty()
     if interactive:
         try:

@@ -93,6 +93,7 @@ def run(args: argparse.Namespace) -> int:
             ]
             piece = token[last.token_id].decode("utf-8", "replace")
             logprobs.append({"token": piece, "id": last.token_id, "logprob": last.logprob, "top_logprobs": top})
+    assert last is not None  # (a generation ends with a chunk that says why)
     result = {
         "text": "".join(text),
         "token_ids": ids,

@@ -27,7 +27,8 @@ def run(args: argparse.Namespace) -> int:
         warnings.simplefilter("always")
         config, store = open_model(args.model, header_only=True)
         plan = plan_for(config, store, load_options(args))
-    params, nbytes = Counter(), Counter()
+    params: Counter[str] = Counter()  # by storage format
+    nbytes: Counter[str] = Counter()
     for t in store.tensors.values():
         params[t.format] += _numel(t.shape)
         nbytes[t.format] += get_format(t.format).nbytes(t.shape)

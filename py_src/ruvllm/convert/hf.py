@@ -30,7 +30,7 @@ def companion_files(folder: str) -> dict[str, bytes]:
 
 def convert_hf(src: str, out: str, weights: str | None, log: Callable[[str], None]) -> None:
     config_path = os.path.join(src, "config.json")
-    config = fields.read_json(config_path)
+    config = fields.obj(fields.read_json(config_path), config_path)
     ModelConfig.from_dict(config, config_path)  # refuse unsupported models (and damaged configs) before any work
     files = sorted(glob.glob(os.path.join(src, "*.safetensors")))
     if not files:

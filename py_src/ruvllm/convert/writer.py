@@ -58,7 +58,7 @@ def write_safetensors(path: str, tensors: list[ConvertedTensor]) -> None:
     table, parts, dtypes = {}, {}, {}
     for t in tensors:
         fmt = get_format(t.format)
-        entry = {"format": fmt.name, "shape": list(t.shape)}
+        entry: dict[str, object] = {"format": fmt.name, "shape": list(t.shape)}
         if fmt.quantized:
             entry["group_size"] = GROUP
         table[t.name] = entry

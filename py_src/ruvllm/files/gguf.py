@@ -25,12 +25,13 @@ import math
 import os
 import struct
 from dataclasses import dataclass
+from typing import Literal, overload
 
 import numpy as np
 
 from ..errors import LoadError
 from .ggml import GGML_TYPES, GGMLType
-from .tensorfile import PieceBuffer
+from .tensorfile import BytesLike, PieceBuffer
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -173,6 +174,12 @@ class _Cursor:
 
     def u64(self, what: str) -> int:
         return _U64.unpack_from(self.view, self.take(8, what))[0]
+
+    @overload
+    def string(self, what: str, decode: Literal[True] = True) -> str: ...
+
+    @overload
+    def string(self, what: str, decode: bool) -> str | None: ...
 
     def string(self, what: str, decode: bool = True) -> str | None:
         n = self.u64(f"the length of {what}")
@@ -422,7 +429,7 @@ def _check_overlaps(source: str, tensors: dict[str, GGUFTensor], data_offset: in
         previous = t
 
 
-def _as_bytes(buffer: object) -> np.ndarray:
+def _as_bytes(buffer: BytesLike) -> np.ndarray:
     """Any buffer as a flat uint8 array, without a copy when it is contiguous."""
     data = buffer if isinstance(buffer, np.ndarray) else np.frombuffer(buffer, dtype=np.uint8)
     data = np.ascontiguousarray(data).reshape(-1)
@@ -439,7 +446,7 @@ def header_size(prefix: bytes | memoryview | np.ndarray, total_size: int, source
     only when they are decoded, by `from_header`).
     """
     try:
-        return _parse(memoryview(_as_bytes(prefix)), total_size, source, decode=False).data_offset
+        return _parse(_as_bytes(prefix).data, total_size, source, decode=False).data_offset
     except _IncompleteError:
         return None
 
@@ -460,10 +467,10 @@ class GGUFFile:
     alignment: int
     data_offset: int
 
-    def __init__(self, buffer: object, source: str = "<buffer>") -> None:
+    def __init__(self, buffer: BytesLike, source: str = "<buffer>") -> None:
         """A whole file in memory: bytes, bytearray, memoryview, a NumPy array, a finished `PieceBuffer`'s array."""
         data = _as_bytes(buffer)
-        self._set(source, data, _parse(memoryview(data), data.size, source))
+        self._set(source, data, _parse(data.data, data.size, source))
 
     @classmethod
     def from_path(cls, path: str | os.PathLike) -> GGUFFile:
@@ -476,13 +483,13 @@ class GGUFFile:
         except OSError as e:
             raise LoadError(f"cannot read {path}: {e.strerror or e}") from None
         file = cls.__new__(cls)
-        file._set(source, data, _parse(memoryview(data), size, source))
+        file._set(source, data, _parse(data.data, size, source))
         return file
 
     @classmethod
     def from_header(cls, prefix: bytes | memoryview | np.ndarray, total_size: int, source: str) -> GGUFFile:
         """The layout of a file of `total_size` bytes from its first bytes (see `header_size`)."""
-        view = memoryview(_as_bytes(prefix))
+        view = _as_bytes(prefix).data
         try:
             header = _parse(view, total_size, source)
         except _IncompleteError:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import numpy as np
 
@@ -30,6 +31,8 @@ from ..errors import LoadError
 from . import ggml
 from .gguf import GGUFFile, GGUFTensor
 from .gguf_vocab import GGUFVocabulary
+
+_Dims = tuple[tuple[int, str], ...]  # a tensor's expected shape: each dimension, with the metadata that implies it
 
 # GGUF architecture -> (Hugging Face architecture, model_type)
 ARCHITECTURES = {
@@ -251,7 +254,7 @@ def gguf_config(meta: dict, tensor_names: set[str], src: str, vocabulary: GGUFVo
     _check_blocks(layers, tensor_names, f"{arch}.block_count", src)
     hf_arch, model_type = ARCHITECTURES[arch]
     theta = number("rope.freq_base", 10000.0)
-    config = {
+    config: dict[str, Any] = {  # config.json's fields, as transformers names them
         "architectures": [hf_arch],
         "model_type": model_type,
         "vocab_size": tokens,
@@ -337,13 +340,13 @@ def check_tensors(config: dict, tensors: dict[str, GGUFTensor], meta: dict, src:
     F = (config["intermediate_size"], f"{arch}.feed_forward_length {config['intermediate_size']}")
     Q = (H * E, f"{arch}.attention.head_count {H} x head size {E}, the head size being {head}")
     KV = (K * E, f"{arch}.attention.head_count_kv {K} x head size {E}, the head size being {head}")
-    expected = {
+    expected: dict[str, _Dims] = {
         "token_embd.weight": (D, (V, f"the {V} tokens of tokenizer.ggml.tokens")),
         "output_norm.weight": (D,),
     }
     if not config["tie_word_embeddings"]:
         expected["output.weight"] = expected["token_embd.weight"]
-    layer = {"attn_norm.weight": (D,)}
+    layer: dict[str, _Dims] = {"attn_norm.weight": (D,)}
     if arch == "phi3":  # q, k, v fused; gate and up fused
         layer["attn_qkv.weight"] = (D, (Q[0] + 2 * KV[0], f"{Q[1]} + 2 x {KV[1]}"))
         layer["ffn_up.weight"] = (D, (2 * F[0], f"2 x {F[1]}"))

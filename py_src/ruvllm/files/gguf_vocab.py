@@ -27,9 +27,13 @@ from __future__ import annotations
 import copy
 import dataclasses
 import warnings
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 from ..errors import LoadError
+
+_T = TypeVar("_T")  # the type of one metadata value, as checked
 
 SUPPORTED_MODELS = {"gpt2": "byte-level BPE", "llama": "SentencePiece BPE"}  # tokenizer.ggml.model
 GEMMA_ARCHITECTURES = ("gemma", "gemma2", "gemma3")
@@ -145,7 +149,7 @@ class GGUFVocabulary:
                 raise fail(name, expected)
             return value
 
-        def one(name: str, kind: type, expected: str) -> object:
+        def one(name: str, kind: type[_T], expected: str) -> _T | None:
             value = get(name)
             if value is not None and (not isinstance(value, kind) or isinstance(value, bool) != (kind is bool)):
                 raise fail(name, expected)
@@ -162,7 +166,7 @@ class GGUFVocabulary:
                     f"{source}: GGUF metadata tokenizer.ggml.{name} has {len(values)} entries, "
                     f"tokenizer.ggml.tokens has {len(tokens)}"
                 )
-        special_ids = {}
+        special_ids: dict[str, int | None] = {}
         expected = f"a token id (an integer from 0 to {len(tokens) - 1})"
         for name in (*USED_SPECIAL_IDS, *UNUSED_SPECIAL_IDS):
             key = f"{name}_token_id"
@@ -293,7 +297,7 @@ def tokenizer_files(
         tokenizer_config["chat_template_source"] = "built-in gemma"
 
     ids = vocabulary.special_ids
-    end_ids = {ids[name] for name in ("eos", "eot", "eom") if ids[name] is not None}
+    end_ids = {i for name in ("eos", "eot", "eom") if (i := ids[name]) is not None}
     if architecture in GEMMA_ARCHITECTURES and "<end_of_turn>" in vocabulary.tokens:
         end_ids.add(vocabulary.tokens.index("<end_of_turn>"))  # Gemma 3's generation_config: [1, 106]
     eos = sorted(end_ids)
@@ -312,6 +316,7 @@ def _byte_level(vocabulary: GGUFVocabulary) -> tuple[dict, bool, bool]:
     for index, token in enumerate(vocabulary.tokens):
         vocab.setdefault(token, index)  # a repeated spelling keeps its first id
     merges = vocabulary.pairs
+    assert merges is not None  # (read refuses byte-level BPE without merges)
 
     added = _AddedTokens(vocab)
     added.add(_typed(vocabulary, CONTROL), special=True)
@@ -352,6 +357,7 @@ def _sentencepiece(vocabulary: GGUFVocabulary, architecture: object) -> tuple[di
     elif gemma:
         merges = merges_by_position(tokens, vocab)
     else:  # GGUFVocabulary.read made sure there are scores
+        assert vocabulary.scores is not None
         merges = merges_by_score(tokens, vocabulary.scores, vocab)
 
     # The special tokens transformers adds, in its order (a later addition of the same text sets its flag):
@@ -370,12 +376,13 @@ def _sentencepiece(vocabulary: GGUFVocabulary, architecture: object) -> tuple[di
     add_bos, add_eos = add_bos and added.id_of(bos) is not None, add_eos and added.id_of(eos) is not None
     post_processor = _bos_eos_template(bos if add_bos else None, eos if add_eos else None, added)
 
-    spaces = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
-    decoders = [
+    spaces: dict[str, object] = {"type": "Replace", "pattern": {"String": " "}, "content": "\u2581"}
+    decoders: list[dict[str, object]] = [
         {"type": "Replace", "pattern": {"String": "\u2581"}, "content": " "},
         {"type": "ByteFallback"},
         {"type": "Fuse"},
     ]
+    normalizer: dict[str, object] | None
     if gemma:
         normalizer = spaces
         pre_tokenizer = {"type": "Split", "pattern": {"String": " "}, "behavior": "MergedWithPrevious", "invert": False}
@@ -449,7 +456,7 @@ class _AddedTokens:
         self.ids: dict[str, int] = {}
         self.by_id: dict[int, tuple[str, bool]] = {}  # id -> (text, special)
 
-    def add(self, texts: list[str], special: bool) -> None:
+    def add(self, texts: Sequence[str], special: bool) -> None:
         for text in texts:
             index = self.id_of(text)
             if not text or index is None:
@@ -458,6 +465,8 @@ class _AddedTokens:
             self.by_id[index] = (text, special)
 
     def id_of(self, text: str | None) -> int | None:
+        if text is None:
+            return None
         return self.ids.get(text, self.vocab.get(text))
 
     def document(self) -> list[dict]:
@@ -498,7 +507,7 @@ def _sequence_piece(name: str, type_id: int) -> dict:
     return {"Sequence": {"id": name, "type_id": type_id}}
 
 
-def _special_entry(text: str, index: int) -> dict:
+def _special_entry(text: str, index: int | None) -> dict:
     return {"id": text, "ids": [index], "tokens": [text]}
 
 

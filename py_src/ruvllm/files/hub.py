@@ -32,6 +32,7 @@ import re
 import urllib.parse
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, overload
 
 from ..errors import DownloadError, InvalidArgumentError
 from .transfer import Expected, HTTPStatusError, Progress, Stall, fetch, is_partial, read_small, write_atomically
@@ -187,6 +188,12 @@ class _Source:
 
     def url(self, path: str) -> str:
         return self.model.url(path, self.endpoint)
+
+    @overload
+    def fetch(self, path: str, folder: Path, optional: Literal[False] = False) -> Path: ...
+
+    @overload
+    def fetch(self, path: str, folder: Path, optional: bool) -> Path | None: ...
 
     def fetch(self, path: str, folder: Path, optional: bool = False) -> Path | None:
         """The local copy of `path` of the repo, downloaded if missing; None if `optional` and the hub has none."""

@@ -25,6 +25,7 @@ import sys
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from .jsonfields import is_int
 
 MAX_DEPTH = 64  # levels of objects and arrays, the body itself being the first; OpenAI bodies need ~10
 # Deeper than this, text is refused before it is parsed, without naming a field; up to it, json.loads
@@ -97,7 +98,9 @@ def _int(text: str) -> int | Unrepresentable:
 def check_values(value: object, where: str = "") -> None:
     """Refuse nesting deeper than MAX_DEPTH (counting `value` itself as the first level) and numbers no
     double holds, anywhere inside `value`; `where` is its path in the body ("" for the body itself)."""
-    todo: list[tuple[object, str, int]] = [(value, where, 1)]  # containers still to look into
+    todo: list[tuple[dict | list | tuple, str, int]] = []  # containers still to look into
+    if isinstance(value, (dict, list, tuple)):
+        todo.append((value, where, 1))
     _check_value(value, where, None)
     while todo:
         item, path, depth = todo.pop()
@@ -173,8 +176,7 @@ def integer(value: object, where: str, default: int | None, low: int | None = No
     """An integer (not a boolean, not 2.0) within [low, high]; None gives `default`."""
     if value is None:
         return default
-    ok = isinstance(value, int) and not isinstance(value, bool)
-    if not ok or (low is not None and value < low) or (high is not None and value > high):
+    if not is_int(value) or (low is not None and value < low) or (high is not None and value > high):
         raise FieldError(f"{where} must be an integer{_range(low, high, False)}, got {shown(value)}", where)
     return value
 
@@ -190,8 +192,10 @@ def number(
     """A finite number (not a boolean) within [low, high] ((low, high] with open_low); None gives `default`."""
     if value is None:
         return default
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and _representable(value)
-    x = float(value) if ok else math.nan
+    x = math.nan  # (anything but a number a double holds)
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and _representable(value):
+        x = float(value)
+    ok = not math.isnan(x)
     if not (ok and (low is None or x > low or (x == low and not open_low)) and (high is None or x <= high)):
         raise FieldError(f"{where} must be a number{_range(low, high, open_low)}, got {shown(value)}", where)
     return x

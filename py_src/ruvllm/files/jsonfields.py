@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import TypeGuard
 
 from ..errors import LoadError
 
@@ -45,7 +46,7 @@ def _get(raw: dict, key: str, default: object, source: str, expected: str) -> ob
     return default
 
 
-def is_int(value: object) -> bool:
+def is_int(value: object) -> TypeGuard[int]:
     return isinstance(value, int) and not isinstance(value, bool)
 
 

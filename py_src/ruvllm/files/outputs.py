@@ -115,7 +115,7 @@ def _writing(out: str) -> Iterator[None]:
     try:
         import fcntl
     except ImportError:
-        fcntl = None
+        fcntl = None  # type: ignore[assignment]  # (the module, or None where it does not exist)
     if fcntl is None or sys.platform == "emscripten":
         yield
         return

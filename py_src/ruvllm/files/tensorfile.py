@@ -28,6 +28,7 @@ from ..errors import LoadError
 
 # The safetensors library refuses headers above 100 MB; so do we.
 MAX_HEADER_BYTES = 100_000_000
+BytesLike = bytes | bytearray | memoryview | np.ndarray  # a file's bytes as the readers take them (no copy)
 
 # BF16 has no NumPy dtype: its tensors are returned as raw uint16 views (see `bf16_to_f32`).
 DTYPES: dict[str, np.dtype] = {
@@ -70,7 +71,8 @@ def parse_header(
 
     Returns `(metadata, tensors)`. Raises `LoadError` naming `source` and the tensor at fault.
     """
-    prefix = memoryview(prefix).cast("B")
+    # (ndarray.data is its memoryview: NumPy declares the buffer protocol to type checkers from Python 3.12 on)
+    prefix = (prefix.data if isinstance(prefix, np.ndarray) else memoryview(prefix)).cast("B")
     if total_size < 8:
         raise LoadError(
             f"{source}: {total_size} bytes is too short for a safetensors file (need 8 for the header length)"
@@ -171,7 +173,7 @@ class SafetensorsFile:
     A file opened with `header_only` has `buffer = None`: its layout is known, its data is not.
     """
 
-    def __init__(self, buffer: object, source: str = "<buffer>") -> None:
+    def __init__(self, buffer: BytesLike, source: str = "<buffer>") -> None:
         data = np.frombuffer(buffer, dtype=np.uint8) if not isinstance(buffer, np.ndarray) else buffer.reshape(-1)
         if data.dtype != np.uint8:
             data = data.view(np.uint8)
@@ -189,7 +191,7 @@ class SafetensorsFile:
                 if header_only:
                     return cls._header_only(f, size, os.path.basename(path))
                 buffer = np.empty(size, dtype=np.uint8)
-                got = f.readinto(memoryview(buffer))
+                got = f.readinto(buffer.data)
         except OSError as e:
             raise LoadError(f"cannot read {path}: {e.strerror or e}") from None
         if got != size:
@@ -271,7 +273,7 @@ def _write_parts(f: BinaryIO, header: bytes, arrays: list[np.ndarray]) -> None:
     f.write(len(header).to_bytes(8, "little"))
     f.write(header)
     for array in arrays:
-        f.write(memoryview(array.reshape(-1)).cast("B"))
+        f.write(array.reshape(-1).data.cast("B"))
 
 
 def serialize(
@@ -298,7 +300,7 @@ class PieceBuffer:
         self.filled = 0
         self.source = source
 
-    def write(self, piece: object) -> int:
+    def write(self, piece: BytesLike) -> int:
         """Append `piece` (anything with the buffer protocol); returns the bytes written so far."""
         chunk = np.frombuffer(piece, dtype=np.uint8)
         self.next_slice(chunk.size)[:] = chunk

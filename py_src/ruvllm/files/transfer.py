@@ -44,7 +44,7 @@ from ..errors import DownloadError, InvalidArgumentError
 try:
     import fcntl  # POSIX: partial files are locked while a download writes them
 except ImportError:  # Windows: no locks; a partial spoilt by two writers fails its hash check
-    fcntl = None
+    fcntl = None  # type: ignore[assignment]  # (the module, or None where it does not exist)
 
 MAX_REDIRECTS = 10
 CHUNK = 1 << 20
@@ -193,7 +193,8 @@ class _Transfer:
         self.target.parent.mkdir(parents=True, exist_ok=True)
         self.said, self.heard = Expected(), False  # what the hub said (its answer that carries X-Repo-Commit)
         self.partial: _Partial | None = None
-        self.hop, self.receiving, self.done, self.total = self.url, False, 0, None
+        self.total: int | None = None  # the bytes the body should have, once its headers are read
+        self.hop, self.receiving, self.done = self.url, False, 0
         try:
             with contextlib.ExitStack() as stack:
                 response = self._follow()
@@ -249,7 +250,7 @@ class _Transfer:
             return self._started(response, here, offset)
         raise DownloadError(f"{self.url}: more than {MAX_REDIRECTS} redirects (a loop?), the last to {here}")
 
-    def _open(self, url: str, offset: int) -> http.client.HTTPResponse:
+    def _open(self, url: str, offset: int) -> http.client.HTTPResponse | urllib.error.HTTPError:
         self.hop = url
         headers = {"User-Agent": "ruvllm", "Accept-Encoding": "identity"}
         if self.token and _origin(url) == self.token_origin:
@@ -331,22 +332,27 @@ class _Transfer:
 
     # --- the body ---------------------------------------------------------------------------------------------
 
+    @property
+    def _partial_file(self) -> _Partial:
+        assert self.partial is not None  # (taken before the body is read)
+        return self.partial
+
     def _take_partial(self) -> bool:
         self.partial = _Partial.take(self.target, self.said.key)
         return self.partial is not None
 
     def _resume_offset(self) -> int:
         """Bytes of a resumable partial file to keep: only for a file with a hash, and short of its size."""
-        size = self.partial.size()
+        size = self._partial_file.size()
         if self.said.key is None or self.said.size is None or not 0 < size < self.said.size:
             return 0
         return size
 
     def _receive(self, response) -> None:
-        self.partial.truncate(self.offset)
+        self._partial_file.truncate(self.offset)
         hasher = self._hasher()
         if hasher is not None and self.offset:
-            self.partial.feed(hasher, self.offset)
+            self._partial_file.feed(hasher, self.offset)
         self.hasher, self.done, self.total = hasher, self.offset, self.expected.size
         self.receiving = True
         if self.progress is not None:
@@ -367,7 +373,7 @@ class _Transfer:
                 ) from None
             if not chunk:
                 break
-            self.partial.write(chunk)
+            self._partial_file.write(chunk)
             if hasher is not None:
                 hasher.update(chunk)
             self.done += len(chunk)
@@ -393,9 +399,9 @@ class _Transfer:
             name, want = ("sha256", sha256) if sha256 else ("git blob id", git_blob)
             if (got := self.hasher.hexdigest()) != want:
                 raise _RefusedError(f"its {name} is {got}, the hub says {want}: what arrived is not the file")
-        if self.check is not None and (problem := self.check(self.partial.path)):
+        if self.check is not None and (problem := self.check(self._partial_file.path)):
             raise _RefusedError(problem)
-        self.partial.commit(self.target)
+        self._partial_file.commit(self.target)
         self.partial = None
 
     def _release(self, keep: bool) -> str:
@@ -486,6 +492,7 @@ class _Partial:
 def write_atomically(path: Path, data: bytes) -> None:
     """Write `data` to `path` through a locked partial file (a killed write leaves one the next cleans up)."""
     partial = _Partial.take(path, None)
+    assert partial is not None  # (a fresh unique name: no other process holds it)
     try:
         partial.write(data)
         partial.commit(path)
@@ -562,7 +569,7 @@ class _GuardedReader(io.RawIOBase):
     def readable(self) -> bool:
         return True
 
-    def readinto(self, buffer) -> int:
+    def readinto(self, buffer) -> int | None:
         now = time.monotonic()
         if self.got >= self.stall.min_bytes:
             self.start, self.got = now, 0
@@ -597,7 +604,7 @@ class _GuardedSocket:
 
 class _GuardedResponse(http.client.HTTPResponse):
     def __init__(self, sock, *args, stall: Stall, **kwargs) -> None:
-        super().__init__(_GuardedSocket(sock, stall), *args, **kwargs)
+        super().__init__(_GuardedSocket(sock, stall), *args, **kwargs)  # type: ignore[arg-type]  # (duck-typed)
 
 
 def _guarded(connection_class, stall: Stall):

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..errors import InferenceError, InvalidArgumentError
 from ..model.weights import Weights
-from ..quant.matrices import DenseMatrix
+from ..quant.matrices import DenseMatrix, Int8Matrix, MatrixLike
 from ..runtime.engine import WeightsIdentity
 from .lora import Adapter, LoRAConfig, LoRAMatrix, linear_of
 from .xlora import Mixture, mixed
@@ -35,7 +35,7 @@ class AdapterSet:
         self.merges = 0  # how many times an adapter was merged into (or out of) the base weights
         self._applied: str | None = None  # the adapter the weights are wrapped with now
         self._lowest: dict[int, int] = {}  # by adapter uid: the lowest layer it changes (shared_layers)
-        self._originals: dict[str, object] = {}
+        self._originals: dict[str, MatrixLike] = {}
 
     @classmethod
     def attached(cls, engine) -> AdapterSet:
@@ -209,14 +209,17 @@ class AdapterSet:
         with self.lock:
             self.activate(None)
             for module in adapter.A:
-                lin = linear_of(self.weights, module)
-                if not isinstance(lin.matrix, DenseMatrix):
-                    raise InvalidArgumentError(f"merging needs float32 weights; {module} computes as {lin.matrix.form}")
+                matrix = linear_of(self.weights, module).matrix
+                if not isinstance(matrix, DenseMatrix):
+                    assert isinstance(matrix, Int8Matrix)  # (none is applied: a quantized compute form)
+                    raise InvalidArgumentError(f"merging needs float32 weights; {module} computes as {matrix.form}")
             for module in adapter.A:
                 lin = linear_of(self.weights, module)
-                if lin.matrix is self.weights.embed_tokens:  # a tied output projection gets its own copy first
-                    copy = DenseMatrix(lin.matrix.weight.copy(), lin.matrix.kernel)
-                    copy.use_provider(lin.matrix.provider)  # its products run where the original's did
-                    lin.matrix = copy
-                lin.matrix.weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])
+                dense = lin.matrix
+                assert isinstance(dense, DenseMatrix)  # (checked above)
+                if dense is self.weights.embed_tokens:  # a tied output projection gets its own copy first
+                    copy = DenseMatrix(dense.weight.copy(), dense.kernel)
+                    copy.use_provider(dense.provider)  # its products run where the original's did
+                    lin.matrix = dense = copy
+                dense.weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])
             self.merges += 1

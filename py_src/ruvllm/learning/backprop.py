@@ -210,12 +210,12 @@ def base_prob_units(weights: Weights, config: ModelConfig, inv_freq: list[np.nda
 def bypassed(weights: Weights):
     """The weights without their adapter matrices (LoRA or X-LoRA) while inside (the caller holds their
     lock)."""
-    swapped = []
+    swapped: list[tuple[Linear, LoRAMatrix | MixedMatrix]] = []
     for layer in weights.layers:
         for lin in [*layer.self_attn.projections().values(), *layer.mlp.projections().values()]:
-            if _adapted(lin):
+            if isinstance(lin.matrix, (LoRAMatrix, MixedMatrix)):
                 swapped.append((lin, lin.matrix))
-    if _adapted(weights.lm_head):
+    if isinstance(weights.lm_head.matrix, (LoRAMatrix, MixedMatrix)):
         swapped.append((weights.lm_head, weights.lm_head.matrix))
     try:
         for lin, matrix in swapped:
@@ -255,6 +255,7 @@ def run_from(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], 
     tape = Tape()
     first, x = start.first, start.entering
     if start.frozen is not None:  # the first layer from its down_proj product on
+        assert start.frozen.h is not None and start.frozen.s is not None  # (start_at taped that layer)
         x = start.frozen.h + linear(start.frozen.s, weights.layers[first].mlp.down_proj)  # (T, D)
         tape.layers.append(start.frozen)
         first += 1
@@ -271,6 +272,7 @@ def _run_from_units(weights: Weights, config: ModelConfig, inv_freq: list[np.nda
     tape = Tape()
     first, x = start.first, start.entering
     if start.frozen is not None:
+        assert start.frozen.h is not None and start.frozen.s is not None  # (start_at taped that layer)
         x = start.frozen.h + linear(start.frozen.s, weights.layers[first].mlp.down_proj)  # (T, D)
         tape.layers.append(start.frozen)
         first += 1
@@ -327,12 +329,10 @@ def gradient_units(
     pass (forward or back) over the tokens, LOGIT_ROWS rows of the output projection with their softmax,
     or a block of the output projection's backward product (with a kernel provider); the numbers are
     loss_and_grads' own, row for row. The weights must stay as they are until it returns."""
-    tokens = np.asarray(tokens)
+    ids = np.asarray(tokens)  # (T',)
     T = int(scored.max()) + 1  # positions fed: the last one scored is the last one needed
     if start is None:
-        start = start_at(
-            weights, config, inv_freq, entering_states(weights, config, inv_freq, tokens[:T], first), first
-        )
+        start = start_at(weights, config, inv_freq, entering_states(weights, config, inv_freq, ids[:T], first), first)
         yield
     assert start.first == first and len(start.entering) == T, "a start for other positions or another layer"
     x_last, tapes = yield from _run_from_units(weights, config, inv_freq, start)
@@ -340,7 +340,7 @@ def gradient_units(
     rows = scored if keep is None else np.concatenate([scored, keep.positions])  # (R,)
     xs = x_last[rows]  # (R, D)
     final = rms_norm(xs, weights.norm, config.rms_norm_eps)  # (R, D)
-    targets = tokens[scored + 1]  # (P,)
+    targets = ids[scored + 1]  # (P,)
     R = len(rows)
     probs = None  # (R, V)
     likeliest = np.empty(P, np.int64)  # (P,) the likeliest token at each scored position
@@ -358,6 +358,7 @@ def gradient_units(
             others = mine.copy()
             others[np.arange(len(others)), targets[scored_rows]] = 0.0
             runner_up[scored_rows] = others.max(axis=-1)
+    assert probs is not None  # (R >= P >= 1 rows: the loop made it)
     p_target = probs[np.arange(P), targets].copy()  # (P,)
     log_likelihood = float(np.mean(np.log(p_target)))
     greedy = bool(np.all(likeliest == targets))  # every target is the likeliest token

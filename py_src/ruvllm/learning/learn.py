@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import time
 from collections import deque
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 
@@ -179,8 +181,8 @@ def lesson_for(engine: Engine, held, prompt_ids, completion_ids, reward, options
     """The lesson that teaches `held`: a Lesson for an adapter, a RouteLesson (lr ROUTER_LR unless
     given) for an X-LoRA mixture. `options`: AdaptOptions fields."""
     if isinstance(held, Mixture):
-        options = AdaptOptions(**{"lr": ROUTER_LR, **options})
-        return RouteLesson(engine, held, prompt_ids, completion_ids, reward, options)
+        route_options = AdaptOptions(**{"lr": ROUTER_LR, **options})
+        return RouteLesson(engine, held, prompt_ids, completion_ids, reward, route_options)
     return Lesson(engine, held, prompt_ids, completion_ids, reward, AdaptOptions(**options), cache)
 
 
@@ -188,8 +190,8 @@ def check_reward(reward: object, name: str = "reward") -> float:
     """A lesson's reward: a non-zero number in [-1, 1] (+1 good: likelier; -1 bad: less likely; the
     magnitude scales the lesson's gradient before clipping, so more than 1 would only drown the kept
     predictions)."""
-    number = isinstance(reward, (int, float)) and not isinstance(reward, bool)
-    if not number or not -1 <= reward <= 1 or reward == 0:  # (NaN fails the range)
+    # (NaN fails the range)
+    if isinstance(reward, bool) or not isinstance(reward, (int, float)) or not -1 <= reward <= 1 or reward == 0:
         raise InvalidArgumentError(f"{name} must be a non-zero number in [-1, 1] (+1 good, -1 bad), got {reward!r}")
     return float(reward)
 
@@ -229,6 +231,8 @@ class _Stepwise:
     """What the background loop needs of a lesson: units of work (`work()`, each bounded) until `done`
     (then `report` is set); `step()` runs the units of one whole step."""
 
+    adapter: Adapter | Mixture  # what it teaches
+    options: AdaptOptions
     report: AdaptReport | None = None
     defer_projection = False  # (Lesson: its instant step does not wait for a fresh adapter's bases)
     ended: str | None = None  # set when it leaves the background loop unfinished: "cancelled" or "dropped"
@@ -293,6 +297,8 @@ class Lesson(_Stepwise):
     generation that produced the text, `cache.tap`), so each step is a forward and backward through the
     adapted layers only."""
 
+    adapter: Adapter
+
     def __init__(
         self,
         engine: Engine,
@@ -308,7 +314,7 @@ class Lesson(_Stepwise):
         self.tokens, self.scored = lesson_tokens(engine, prompt_ids, completion_ids, reward)
         self.engine, self.adapter, self.reward, self.cache = engine, adapter, float(reward), cache
         self.start: Start | None = None  # where each step's passes start, made by the first step
-        self.keep: Keep | bool | None = None  # the predictions kept (False: none), made by the first step
+        self.keep: Keep | Literal[False] | None = None  # the predictions kept (False: none), made by the first step
         self.steps = 0  # optimizer steps on this lesson so far
         self.rehearsed = 0  # optimizer steps on earlier lessons, rehearsed after this one was learned
         self.rehearsal: _Rehearsal | None = None  # once this lesson is learned
@@ -319,7 +325,9 @@ class Lesson(_Stepwise):
         self.defer_projection = False  # the instant step does not wait for a fresh adapter's bases
         self.unprojected = False  # steps were taken before the bases were made
         self.job: BasesJob | None = None  # the job making the bases, when the projection was deferred
-        self._units = None  # the generator of this lesson's units (_all_units), once started
+        self._units: Iterator[bool | None] | None = (
+            None  # the generator of this lesson's units (_all_units), once started
+        )
 
     def work(self) -> bool:
         """One unit of work; True when it ended a step (an optimizer step, a check of a rehearsed lesson,
@@ -438,6 +446,7 @@ class Lesson(_Stepwise):
         if self.report is None:
             with self.engine.threads.limit(len(self.tokens)):
                 drained(self._finish())
+        assert self.report is not None  # (_finish reports)
         return self.report
 
     def _finish(self):
@@ -517,7 +526,7 @@ class Lesson(_Stepwise):
             self.keep = self._kept(self._start(), int(self.scored[0]) + 1)
         return self.keep or None
 
-    def _kept(self, start: Start, prompt_length: int) -> Keep | bool:
+    def _kept(self, start: Start, prompt_length: int) -> Keep | Literal[False]:
         """The base model's predictions at up to KEPT_POSITIONS prompt positions, spread over the
         prompt (the last one predicts the completion: not kept); False when none or options.keep is 0."""
         return drained(self._kept_units(start, prompt_length))
@@ -536,6 +545,7 @@ class Lesson(_Stepwise):
         position fed, and what that layer computes the same at every step (backprop.start_at)."""
         if self.start is None:
             drained(self._begin())
+        assert self.start is not None  # (_begin makes it)
         return self.start
 
     def _project(self) -> None:
@@ -631,13 +641,13 @@ class Learner:
     def __init__(self, adapters, engine: Engine | None = None) -> None:
         self.adapters = adapters  # adapters.AdapterSet: the lessons' adapters by name
         self.engine = engine  # whose projection jobs (projection.bases_job) the lessons may wait for
-        self.queue: deque[tuple[str, Lesson]] = deque()
+        self.queue: deque[tuple[str, _Stepwise]] = deque()
         self.finished = 0
         self.cancelled = 0
         self.dropped = 0
         self.clock = time.perf_counter  # (seconds; tests count units with a clock of their own)
 
-    def add(self, name: str, lesson: Lesson) -> None:
+    def add(self, name: str, lesson: _Stepwise) -> None:
         self.queue.append((name, lesson))
 
     def run(self, budget_ms: float | None = None) -> LearningStatus:
@@ -692,10 +702,11 @@ class Learner:
                     self.queue.popleft()
                     self.finished += 1
                 return
+        assert job is not None and self.engine is not None  # (run calls this only with a lesson or a job to work on)
         with self.adapters.lock:
             advance_job(self.engine, job)
 
-    def cancel(self, lesson: Lesson | None = None) -> LearningStatus:
+    def cancel(self, lesson: _Stepwise | None = None) -> LearningStatus:
         """Drop `lesson` (None: every waiting lesson); what their steps taught so far stays."""
         for entry in self.queue:
             if lesson is None or entry[1] is lesson:
@@ -714,7 +725,9 @@ class Learner:
         """Have the bases of `modules` (a fresh adapter's projection) made in the background; True when
         there is work to do (none without a calibration text, for a model learning does not run on, or
         once they are made)."""
-        ids = None if self.engine is None else per_model(self.engine).calibration_ids
+        if self.engine is None:
+            return False
+        ids = per_model(self.engine).calibration_ids
         if not ids or not energy or not self.engine.config.llama_block:  # (learning runs on Llama blocks)
             return False
         with self.adapters.lock:
@@ -754,6 +767,8 @@ class RouteLesson(_Stepwise):
     """A piece of feedback for an X-LoRA mixture: its router learns which experts to use for such text
     (the experts stay as they are), a step at a time like a Lesson: plain gradient steps (clipped)
     until greedy decoding reproduces a good completion, at most `steps` (lr: ROUTER_LR suits it)."""
+
+    adapter: Mixture
 
     def __init__(
         self,

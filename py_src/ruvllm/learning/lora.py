@@ -31,6 +31,7 @@ from ..files import jsonfields as fields
 from ..files.outputs import write_files
 from ..files.tensorfile import SafetensorsFile, bf16_to_f32, serialize
 from ..model.weights import Linear, Weights
+from ..quant.matrices import MatrixLike
 from .state import LearningState
 
 _UIDS = itertools.count(1)
@@ -103,6 +104,7 @@ class LoRAConfig:
 
     @property
     def scale(self) -> float:
+        assert self.alpha is not None  # (__post_init__ sets the default)
         return self.alpha / self.rank
 
 
@@ -131,7 +133,7 @@ def linear_of(weights: Weights, name: str) -> Linear:
 class LoRAMatrix:
     """A base matrix plus scale * B @ A; behaves like the base matrix everywhere."""
 
-    def __init__(self, base, A: np.ndarray, B: np.ndarray, scale: float) -> None:
+    def __init__(self, base: MatrixLike, A: np.ndarray, B: np.ndarray, scale: float) -> None:
         self.base, self.A, self.B, self.scale = base, A, B, np.float32(scale)
         self.shape = base.shape
         self.kernel = getattr(base, "kernel", "blas")
@@ -261,7 +263,8 @@ class Adapter:
             raise LoadError(f"{source}: {e.message}") from None
         if fields.boolean(raw, "use_rslora", source):
             config.alpha = alpha * rank / np.sqrt(rank)  # alpha/sqrt(r) as alpha/r
-        A, B = {}, {}
+        A: dict[str, np.ndarray] = {}  # (rank, K) by module name
+        B: dict[str, np.ndarray] = {}  # (N, rank)
         for name in module_names(weights, config.targets, config.layer_indexes(len(weights.layers))):
             N, K = linear_of(weights, name).matrix.shape
             for part, store, shape in (("lora_A", A, (rank, K)), ("lora_B", B, (N, rank))):

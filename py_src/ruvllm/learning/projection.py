@@ -170,7 +170,9 @@ def shared_bases(engine: Engine, modules: list[str], ids: list[int], energy: flo
     job = bases_job(engine, modules, ids, energy, chunk=CALIBRATION_PIECE)
     while job is not None and not advance(engine, job):
         pass
-    return ready_bases(engine, modules, ids, energy)
+    bases = ready_bases(engine, modules, ids, energy)
+    assert bases is not None  # (the job made every missing one)
+    return bases
 
 
 def ready_bases(engine: Engine, modules: list[str], ids: list[int], energy: float) -> dict[str, np.ndarray] | None:
@@ -216,6 +218,7 @@ def advance(engine: Engine, job: BasesJob) -> bool:
             jobs.remove(job)
         raise
     if done:
+        assert job.key is not None and job.bases is not None  # (registered by bases_job; made, being done)
         per_model(engine).bases.setdefault(job.key, {}).update(job.bases)
         if job in jobs:
             jobs.remove(job)

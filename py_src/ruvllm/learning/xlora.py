@@ -43,6 +43,7 @@ from ..files import jsonfields as fields
 from ..files.outputs import plain_name, write_files
 from ..files.tensorfile import SafetensorsFile, serialize
 from ..model.weights import Weights
+from ..quant.matrices import MatrixLike
 from .lora import TARGETS, Adapter, float_tensor, linear_of, read_folder
 
 _UIDS = itertools.count(1_000_000)  # apart from adapters' uids: identities of both kinds never collide
@@ -205,6 +206,7 @@ class Mixture:
     def route_backward(self, d_mixes: dict[int, np.ndarray]) -> list[tuple[np.ndarray, np.ndarray]]:
         """Gradients [(dW, db)] of the router's layers, given the loss's gradient with respect to each
         projection's mix {l: (T, E)} of the last `route`."""
+        assert self._trace is not None, "route_backward before route"
         inputs, scalings = self._trace
         T, L, E = scalings.shape
         config = self.config
@@ -382,7 +384,7 @@ class MixedMatrix:
     """A base matrix plus the experts' updates on it, weighted per token by the mixture's scalings for
     projection `index`: behaves like the base matrix everywhere."""
 
-    base: object
+    base: MatrixLike
     mixture: Mixture
     index: int
     experts: list = field(default_factory=list)  # (expert number, A (r, K), B (N, r), scale)

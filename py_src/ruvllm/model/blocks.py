@@ -190,6 +190,7 @@ class BlockStorage:
         if self.is_cold[block]:
             return
         slot = self.slot[block]
+        assert self.codes is not None  # (blocks go cold only in a pool with codes)
         for layer in range(len(self.k)):
             for hot, codes, scales in (
                 (self.k[layer], self.k_codes[layer], self.k_scales[layer]),
@@ -212,6 +213,7 @@ class BlockStorage:
         return keys, values
 
     def _dequantize(self, codes: np.ndarray, scales: np.ndarray, blocks: np.ndarray) -> np.ndarray:
+        assert self.codes is not None  # (blocks go cold only in a pool with codes)
         return self.codes.dequantize(codes[:, blocks], scales[:, blocks])  # (K, ..., B, E)
 
 

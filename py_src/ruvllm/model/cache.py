@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import ContextFullError, InvalidArgumentError
 from ..quant.kvcodes import KVCodes
 from .config import ModelConfig
-from .kv import Cache, DenseSegment, LayerKV, QuantSegment, Residuals, grow
+from .kv import Cache, DenseSegment, LayerKV, QuantSegment, Residuals, WeightsIdentity, grow
 
 COLD_FORMATS = {"int8": 8, "int4": 4}
 
@@ -194,7 +194,7 @@ class LayerCache(LayerKV):
         """Store k, v (K, T, E) at absolute `positions` (T,), then return the segments attention reads:
         cold (quantized) then hot, in position order."""
         hot = self.options.hot_tokens
-        if hot is not None and self.hot.length >= hot + self.options.migrate_batch:
+        if hot is not None and self.cold is not None and self.hot.length >= hot + self.options.migrate_batch:
             self.cold.append(*self.hot.take_oldest(self.hot.length - hot))  # before writing: hot stays bounded
         self.reserve(k.shape[1])
         self.hot.append(k, v, positions)
@@ -219,6 +219,8 @@ class KVCache(Cache):
     second pass over the same tokens first (X-LoRA's scaling pass) keeps that pass's entries in
     `side`, a cache that follows this one's truncations."""
 
+    layers: list[LayerCache]
+
     def __init__(
         self,
         config: ModelConfig,
@@ -234,7 +236,7 @@ class KVCache(Cache):
             for _ in range(config.num_hidden_layers)
         ]
         self.tokens: list[int] = []
-        self.owner: tuple | None = None  # the weights_identity() the entries were computed with
+        self.owner: WeightsIdentity | None = None  # the weights_identity() the entries were computed with
         self.tap = None if tap_layer is None else Residuals(tap_layer, config.hidden_size, self.max_positions)
         self.side: KVCache | None = None
 
@@ -275,12 +277,14 @@ class KVCache(Cache):
         if budget is None:
             return
         layer = self.layers[0]
+        assert layer.cold is not None  # (a budget needs hot_tokens, so every layer has a cold tier)
         per_position = self.options.cold_bytes_per_position(self.config)
         hot = layer.hot.length * self.options.hot_bytes_per_position(self.config)
         over = hot + layer.cold.length * per_position - budget
         if over > 0:
             count = max(-(-over // per_position), self.options.migrate_batch)
             for each in self.layers:
+                assert each.cold is not None
                 each.cold.drop_oldest(count, self.options.keep)
 
     @property

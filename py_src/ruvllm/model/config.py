@@ -94,10 +94,10 @@ class ModelConfig:
         return self.num_attention_heads // self.num_key_value_heads
 
     @classmethod
-    def from_dict(cls, raw: dict, source: str = "config.json") -> ModelConfig:
+    def from_dict(cls, document: object, source: str = "config.json") -> ModelConfig:
         """The config of a `config.json` document; a LoadError naming `source` and the field for any value
         of the wrong type or outside what a model can have."""
-        raw = fields.obj(raw, source)
+        raw = fields.obj(document, source)
         architecture = _architecture(raw, source)
         hidden, heads = fields.integer(raw, "hidden_size", source), fields.integer(raw, "num_attention_heads", source)
         kv_heads = fields.integer(raw, "num_key_value_heads", source, default=heads)

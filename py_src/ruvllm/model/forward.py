@@ -15,12 +15,13 @@ gradients are always those of this one forward.
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from .config import ModelConfig
-from .kv import Cache, LayerKV
+from .kv import Cache, DenseSegment, LayerKV
 from .rope import apply_rope, rope_tables_at
 from .weights import MLP, Attention, DecoderLayer, Weights, linear
 
@@ -132,6 +133,7 @@ def attention(
     k = linear(x, w.k_proj).reshape(N, K, E).transpose(1, 0, 2)  # (K, N, E)
     v = linear(x, w.v_proj).reshape(N, K, E).transpose(1, 0, 2)  # (K, N, E)
     if w.q_norm is not None:  # config.qk_norm: each head normalized over E
+        assert w.k_norm is not None  # (qk_norm: both)
         q, k = rms_norm(q, w.q_norm, config.rms_norm_eps), rms_norm(k, w.k_norm, config.rms_norm_eps)
     q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     if len(batch) == 1:
@@ -186,10 +188,11 @@ def attend(
         out = segments[0].mix(probs)  # (K, G*T, E)
     else:
         bounds = np.cumsum([len(s.positions) for s in segments])[:-1]
-        out = sum(s.mix(p) for s, p in zip(segments, np.split(probs, bounds, axis=-1), strict=True))
+        parts = np.split(probs, bounds, axis=-1)
+        out = sum(s.mix(p) for s, p in zip(segments, parts, strict=True))  # type: ignore[assignment]  # (arrays)
     out = out.reshape(H, T, E).transpose(1, 0, 2).reshape(T, H * E)  # (T, H*E)
     if tape is not None:
-        assert len(segments) == 1, "the backward pass reads one float32 segment"
+        assert len(segments) == 1 and isinstance(segments[0], DenseSegment), "the backward reads one float32 segment"
         tape.q, tape.k, tape.v, tape.probs, tape.o = q, segments[0].keys, segments[0].values, probs, out
     return out
 
@@ -218,6 +221,7 @@ def block(
     attended = attention(a, w.self_attn, config, rope, batch, layer, window, tape)  # (N, D)
     if config.sandwich_norms:  # Gemma 3: each sublayer's output normalized before its residual add
         assert tape is None, "the backward pass knows the Llama block only (config.llama_block)"
+        assert w.pre_feedforward_layernorm is not None and w.post_feedforward_layernorm is not None
         h = x + rms_norm(attended, w.post_attention_layernorm, eps)  # (N, D)
         b = rms_norm(h, w.pre_feedforward_layernorm, eps)  # (N, D)
         return h + rms_norm(mlp(b, w.mlp, config), w.post_feedforward_layernorm, eps)  # (N, D)
@@ -263,7 +267,7 @@ def hidden_batch(
     weights: Weights,
     config: ModelConfig,
     inv_freq: list[np.ndarray],
-    entries: list[tuple[np.ndarray, int, Cache]],
+    entries: Collection[tuple[np.ndarray, int, Cache]],
     tape: Tape | None = None,
 ) -> np.ndarray:
     """The last decoder layer's output (N, D) for several sequences at once, each entry (tokens (T_i,),
@@ -316,8 +320,9 @@ def run_layers(
             tap = s.cache.tap
             if tap is not None and tap.layer == i:
                 tap.write(s.positions, x[s.rows])
-        layer_tape = None if tape is None else LayerTape()
+        layer_tape = None
         if tape is not None:
+            layer_tape = LayerTape()
             tape.layers.append(layer_tape)
         window, frequencies = config.sliding_windows[i], inv_freq[i]
         x = block(x, weights.layers[i], config, tables[id(frequencies)], batch, i, window, layer_tape)  # (N, D)
@@ -331,6 +336,7 @@ def recompute_layers(
     recomputed from the hidden states the tap kept there and appended to those layers (which must
     hold exactly the positions before them: KVCache.forget_layers first). What an adapter on those
     layers changed (after it learned) costs a prefill of those layers only."""
+    assert cache.tap is not None, "recompute_layers needs a cache that taps a layer"
     first = cache.tap.layer
     s = Sequence(slice(0, len(positions)), positions, cache, Masks(positions))
     entering = cache.tap.read(int(positions[-1]) + 1)[positions]  # (T, D)

@@ -21,6 +21,8 @@ B sequences, Q = G*T rows of queries per key/value head.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 
@@ -59,6 +61,16 @@ class QuantSegment:
 Segment = DenseSegment | QuantSegment
 
 
+class WeightsIdentity(NamedTuple):
+    """What the weights compute with (Engine.weights_identity): cached keys and values are tagged with
+    it, and a generation pins it for all its steps."""
+
+    merges: int  # adapters merged into the base weights so far (each merge changes every layer)
+    adapter: str | None  # the active adapter's (or X-LoRA mixture's) name; None: the base weights
+    uid: int  # that adapter object's id (a replaced adapter of the same name has another)
+    version: int  # its version: every learning step bumps it
+
+
 class LayerKV(ABC):
     """One decoder layer's keys and values in a cache."""
 
@@ -73,7 +85,7 @@ class Cache(ABC):
     layer's `update_and_fetch`, then `record` the ids and `keep_within_budget`. A forward starting before
     `len(tokens)` first `truncate`s there."""
 
-    layers: list[LayerKV]  # one per decoder layer
+    layers: Sequence[LayerKV]  # one per decoder layer
     tokens: list[int]  # the ids of every position computed
     tap: Residuals | None = None  # the hidden states entering one layer, kept for learning; None: none kept
     batched_decode: bool = False  # whether `decode_attention` serves many sequences at once

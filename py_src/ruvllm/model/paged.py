@@ -36,7 +36,7 @@ from ..errors import ContextFullError, InvalidArgumentError
 from .blocks import BlockPool
 from .config import ModelConfig
 from .forward import softmax
-from .kv import Cache, DenseSegment, LayerKV, QuantSegment
+from .kv import Cache, DenseSegment, LayerKV, QuantSegment, Segment
 
 ROOT = (-1, 0)  # the "block before" the first block of every sequence
 
@@ -60,8 +60,9 @@ class PagedLayer(LayerKV):
         used = table[: -(-end // size)]
         K, E = k.shape[0], k.shape[2]
         cold = int(store.is_cold[used].sum())  # cold blocks come first: the oldest positions
-        segments = []
+        segments: list[Segment] = []
         if cold:
+            assert store.codes is not None  # (blocks go cold only in a pool with codes)
             frozen, at = used[:cold], cold * size
             k_codes = store.codes.unpack(store.k_codes[self.layer][:, frozen])  # (K, cold, B, E)
             v_codes = store.codes.unpack(store.v_codes[self.layer][:, frozen])  # (K, cold, B, E)
@@ -145,7 +146,7 @@ class PagedSequence(Cache):
         q: np.ndarray,
         k: np.ndarray,
         v: np.ndarray,
-        sequences: list[PagedSequence],
+        sequences: list[PagedSequence],  # type: ignore[override]  # (batched_decode: caches of its own kind)
         layer: int,
         window: int | None,
     ) -> np.ndarray:

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import InvalidArgumentError, LoadError
 from ..files.formats import DEQUANTIZED_FORMATS, GROUP, get_format, packs_nibbles
 from ..files.store import TensorStore, sanitize
-from ..quant.matrices import KERNELS, DenseMatrix, Int4Matrix, Int8Matrix
+from ..quant.matrices import KERNELS, DenseMatrix, Int4Matrix, Int8Matrix, MatrixLike
 from ..quant.provider import KernelProvider
 from .config import ModelConfig
 
@@ -27,7 +27,7 @@ FLOAT_FORMATS = ("f32", "f16", "bf16")
 class Linear:
     """y = x @ W.T + bias, W in any compute form. The one place a projection happens."""
 
-    matrix: Matrix  # (out, in)
+    matrix: MatrixLike  # (out, in): a compute form, or an adapter's wrapper of one
     bias: np.ndarray | None = None  # (out,)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
@@ -82,7 +82,11 @@ class DecoderLayer:
 
     def vectors(self) -> list[np.ndarray]:
         """Norm weights and biases."""
-        norms = (self.input_layernorm, self.post_attention_layernorm, self.pre_feedforward_layernorm)
+        norms: tuple[np.ndarray | None, ...] = (
+            self.input_layernorm,
+            self.post_attention_layernorm,
+            self.pre_feedforward_layernorm,
+        )
         norms += (self.post_feedforward_layernorm, self.self_attn.q_norm, self.self_attn.k_norm)
         biases = [lin.bias for lin in self.projections()]
         return [v for v in (*norms, *biases) if v is not None]
@@ -95,9 +99,12 @@ class Weights:
     norm: np.ndarray  # (D,)
     lm_head: Linear  # (V, D); shares the embed_tokens matrix when the embeddings are tied
 
-    def matrices(self) -> list[Matrix]:
+    def matrices(self) -> list[MatrixLike]:
         """Every distinct matrix, once (a tied lm_head is the embedding matrix)."""
-        found = {id(self.embed_tokens): self.embed_tokens, id(self.lm_head.matrix): self.lm_head.matrix}
+        found: dict[int, MatrixLike] = {
+            id(self.embed_tokens): self.embed_tokens,
+            id(self.lm_head.matrix): self.lm_head.matrix,
+        }
         for layer in self.layers:
             for lin in layer.projections():
                 found[id(lin.matrix)] = lin.matrix
@@ -152,7 +159,8 @@ def compute_form(stored: str, shape: tuple[int, ...], options: ComputeOptions) -
 def prepare_matrix(fmt: str, parts: dict[str, np.ndarray], shape: tuple[int, ...], options: ComputeOptions) -> Matrix:
     """A stored matrix in the compute form `options` asks for, never losing precision it has."""
     cls, values = compute_form(fmt, shape, options)
-    if cls is DenseMatrix:
+    matrix: Matrix
+    if issubclass(cls, DenseMatrix):
         matrix = DenseMatrix(get_format(fmt).dequantize(parts, shape), options.numpy_kernel)
     else:
         if values != fmt:

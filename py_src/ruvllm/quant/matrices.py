@@ -27,10 +27,14 @@ bounds decoding on a CPU, so q8 decodes faster than f32 on CPython.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Protocol
+
 import numpy as np
 
 from ..files import ggml
-from ..files.formats import GROUP, code_layout, get_format, packs_nibbles
+from ..files.formats import GROUP, GGMLBlocks, code_layout, get_format, packs_nibbles
+from .provider import KernelProvider
 
 KERNELS = ("blas", "einsum")
 # Above this many rows of x, a quantized matrix is expanded to float32 for the product (one
@@ -40,13 +44,33 @@ _EXPAND_ABOVE_ROWS = 4
 TILE_ELEMENTS = 1 << 18
 
 
+class MatrixLike(Protocol):
+    """The one interface: what the model asks of a matrix, met by the three forms here and by the
+    wrappers that behave like their base matrix (a LoRA or X-LoRA adapter's)."""
+
+    @property
+    def shape(self) -> tuple[int, ...]: ...  # (N, K)
+
+    @property
+    def kernel(self) -> str: ...
+
+    @property
+    def nbytes(self) -> int: ...
+
+    def __call__(self, x: np.ndarray) -> np.ndarray: ...  # (T, K) -> (T, N)
+
+    def rows(self, ids: np.ndarray) -> np.ndarray: ...  # (T,) -> (T, K)
+
+    def dequantize(self) -> np.ndarray: ...  # (N, K) float32
+
+
 class ProviderSlot:
     """Where a kernel provider (provider.py) puts a matrix's product; None: NumPy computes it."""
 
-    provider: object | None = None
-    _product = None
+    provider: KernelProvider | None = None
+    _product: Callable[[np.ndarray], np.ndarray] | None = None
 
-    def use_provider(self, provider: object | None) -> None:
+    def use_provider(self, provider: KernelProvider | None) -> None:
         self.provider = provider
         self._product = None if provider is None else provider.prepare(self)
 
@@ -81,7 +105,7 @@ class DenseMatrix(ProviderSlot):
         return self.weight.nbytes
 
     @staticmethod
-    def planned_nbytes(shape: tuple[int, int], fmt: str) -> int:
+    def planned_nbytes(shape: tuple[int, ...], fmt: str) -> int:
         return shape[0] * shape[1] * 4
 
 
@@ -90,7 +114,7 @@ class Int8Matrix(ProviderSlot):
 
     form = "q8"
     PARTS = 1  # a decoding tile holds each group's codes in this many contiguous parts (see Int4Matrix)
-    offset = 0  # subtracted from every code (Int4Matrix: 8 for q4_0)
+    offset: int | np.int8 = 0  # subtracted from every code (Int4Matrix: 8 for q4_0)
     group = GROUP
 
     def __init__(
@@ -123,7 +147,7 @@ class Int8Matrix(ProviderSlot):
         return cls(code.codes, code.scales, code.mins, kernel, code.group)
 
     @staticmethod
-    def planned_nbytes(shape: tuple[int, int], fmt: str) -> int:
+    def planned_nbytes(shape: tuple[int, ...], fmt: str) -> int:
         """Bytes of an (N, K) matrix of storage format `fmt` in this form: codes, scales (and mins)."""
         return shape[0] * shape[1] + group_bytes(shape, fmt)
 
@@ -257,7 +281,7 @@ class Int4Matrix(Int8Matrix):
         return cls(parts[""], parts[".scales"].astype(np.float32), mins, offset=offset, kernel=kernel)
 
     @staticmethod
-    def planned_nbytes(shape: tuple[int, int], fmt: str) -> int:
+    def planned_nbytes(shape: tuple[int, ...], fmt: str) -> int:
         return shape[0] * shape[1] // 2 + group_bytes(shape, fmt)
 
     @property
@@ -267,12 +291,14 @@ class Int4Matrix(Int8Matrix):
 
 def _ggml_codes(fmt: str, parts: dict[str, np.ndarray]):
     """The codes, scales and mins of a GGUF tensor's blocks (files/ggml.py)."""
-    t = get_format(fmt).type
+    f = get_format(fmt)
+    assert isinstance(f, GGMLBlocks), f"{fmt} is not a format of GGUF blocks"
+    t = f.type
     blocks = parts[""]  # (N, bytes per row)
     return ggml.compute_parts(t.name, blocks, blocks.shape[1] // t.type_size * t.block_size)
 
 
-def group_bytes(shape: tuple[int, int], fmt: str) -> int:
+def group_bytes(shape: tuple[int, ...], fmt: str) -> int:
     """float32 scales, and mins for the formats that have them, one per group."""
     group, has_mins = code_layout(fmt)
     return shape[0] * (shape[1] // group) * 4 * (2 if has_mins else 1)

@@ -15,6 +15,7 @@ Dimension letters: T rows of x, N output features, K input features, G = K / 32 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -46,7 +47,7 @@ class WasmKernels:
 
     name = "wasm"
 
-    def __init__(self, exports: object, arithmetic: str = DEFAULT_ARITHMETIC) -> None:
+    def __init__(self, exports: Any, arithmetic: str = DEFAULT_ARITHMETIC) -> None:  # (a JsProxy: dynamic)
         if arithmetic not in ARITHMETIC:
             raise InvalidArgumentError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
         self.exports = exports

@@ -42,7 +42,7 @@ from .generate import Constraint, Decoder, GenerationOptions, Step
 BLOCK_SIZE = 16  # positions per KV block
 PREFILL_TOKENS = 64  # prompt positions per step, over every sequence still reading its prompt
 
-OnStep = Callable[[Step | BaseException], None]
+OnStep = Callable[[Step | BaseException], object]  # (what it returns is ignored)
 
 
 @dataclass(eq=False)

@@ -8,8 +8,9 @@ import glob
 import os
 import sys
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from ..files.tensorfile import SafetensorsFile
 from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
 from ..model.forward import forward, hidden, hidden_batch, logits, recompute_layers, rms_norm
+from ..model.kv import Cache, WeightsIdentity
 from ..model.rope import inverse_frequencies
 from ..model.weights import ComputeOptions, Weights, load_weights
 from ..quant.provider import KernelProvider, resolve_kernels
@@ -29,16 +31,6 @@ from .planner import FORM_ORDER, PREFILL_CHUNK, MemoryPlan, choose_compute, prov
 from .threads import BlasThreads
 
 DEFAULT_MAX_CONTEXT = 4096  # cache positions reserved at most by default (memory grows with it)
-
-
-class WeightsIdentity(NamedTuple):
-    """What the weights compute with (Engine.weights_identity): cached keys and values are tagged with
-    it, and a generation pins it for all its steps."""
-
-    merges: int  # adapters merged into the base weights so far (each merge changes every layer)
-    adapter: str | None  # the active adapter's (or X-LoRA mixture's) name; None: the base weights
-    uid: int  # that adapter object's id (a replaced adapter of the same name has another)
-    version: int  # its version: every learning step bumps it
 
 
 BASE_WEIGHTS = WeightsIdentity(0, None, 0, 0)  # a model no adapter has touched
@@ -232,7 +224,7 @@ class Engine:
         tap = self.tap_layer if self.kv.budget_bytes is None else None
         return KVCache(self.config, self.context_length, self.kv, tap)
 
-    def kept_layers(self, owner: tuple | None, identity: tuple) -> int:
+    def kept_layers(self, owner: WeightsIdentity | None, identity: WeightsIdentity) -> int:
         """How many decoder layers, from the bottom, of a cache computed with weights `owner` hold what
         the weights `identity` compute (all when they are the same; those below an adapter that
         learned or was switched when not)."""
@@ -242,7 +234,7 @@ class Engine:
             return 0
         return self.wrappers.shared_layers(owner, identity)
 
-    def recompute(self, cache: KVCache, start: int, stop: int, weights: tuple) -> None:
+    def recompute(self, cache: KVCache, start: int, stop: int, weights: WeightsIdentity) -> None:
         """Positions start..stop-1 of the layers from cache.tap.layer up, from the tap's hidden states,
         with the weights `weights` (forward.recompute_layers)."""
         with self.lock, self.threads.limit(stop - start):
@@ -256,7 +248,7 @@ class Engine:
         start: int,
         cache: KVCache,
         last_only: bool = False,
-        weights: tuple | None = None,
+        weights: WeightsIdentity | None = None,
     ) -> np.ndarray:
         """Logits (T, V) for tokens at positions start.. (or (1, V) for the last one).
 
@@ -277,9 +269,11 @@ class Engine:
                     return logits(self.weights, self.config, x[-1:] if last_only else x)
             return forward(self.weights, self.config, self.inv_freq, tokens, start, cache, last_only)
 
-    def _routed_hidden(self, routing: Routing, tokens: np.ndarray, start: int, cache: KVCache) -> np.ndarray:
+    def _routed_hidden(self, routing: Routing, tokens: np.ndarray, start: int, cache: Cache) -> np.ndarray:
         """The last layer's output (T, D) with weights mixed per token: the scaling pass (its entries
         in `cache.side`), the routing from its final hidden states, then the pass that counts."""
+        if not isinstance(cache, KVCache):  # (a paged sequence has no side cache for the scaling pass)
+            raise InvalidArgumentError("an X-LoRA mixture computes one sequence at a time, not in a batch")
         if start < len(cache.tokens):
             cache.truncate(start)  # rewinding, both caches (after the scaling pass it would undo it)
         side = cache.side
@@ -296,9 +290,9 @@ class Engine:
 
     def forward_batch(
         self,
-        entries: list[tuple[np.ndarray, int, KVCache]],
+        entries: Sequence[tuple[np.ndarray, int, Cache]],
         sampled: list[bool],
-        weights: tuple | None = None,
+        weights: WeightsIdentity | None = None,
     ) -> np.ndarray:
         """Logits (R, V) of the last row of each entry (tokens, start, cache) whose `sampled` is true,
         all entries computed as one batch (forward.hidden_batch); R = the number of true values."""

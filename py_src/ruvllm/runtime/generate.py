@@ -14,13 +14,13 @@ from __future__ import annotations
 import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, fields
-from typing import Protocol
+from typing import Any, Protocol
 
 import numpy as np
 
 from ..errors import ContextFullError, InferenceError, InvalidArgumentError
 from ..model.cache import KVCache
-from .engine import Engine
+from .engine import Engine, WeightsIdentity
 from .sampling import SamplingOptions, apply_repetition_penalty, make_sampler, shifted_logits
 
 DEFAULT_MAX_TOKENS = 256
@@ -47,7 +47,7 @@ class GenerationOptions:
             raise InvalidArgumentError(f"stop must be a list of non-empty strings, got {self.stop!r}")
 
     @classmethod
-    def from_kwargs(cls, **kwargs: object) -> GenerationOptions:
+    def from_kwargs(cls, **kwargs: Any) -> GenerationOptions:
         """Flat keyword options (max_tokens=..., temperature=..., ...), unknown names refused."""
         own = {f.name for f in fields(cls)} - {"sampling"}
         sampling = {f.name for f in fields(SamplingOptions)}
@@ -194,7 +194,7 @@ def generate_tokens(
     return _token_loop(engine, prompt, reused, refresh, options, eos, cache, identity, report_prefill, constraint)
 
 
-def stale_layers(engine: Engine, cache: KVCache, identity: tuple) -> int | None:
+def stale_layers(engine: Engine, cache: KVCache, identity: WeightsIdentity) -> int | None:
     """Where the entries of `cache` stop holding what the weights `identity` compute: None when they all
     do; the tap's layer when only layers from there up differ (an adapter there learned: they are
     recomputed from the tap); 0 when the cache must start over."""
@@ -224,7 +224,7 @@ def _token_loop(
     options: GenerationOptions,
     eos: set[int],
     cache: KVCache,
-    weights: tuple,
+    weights: WeightsIdentity,
     report_prefill: bool,
     constraint: Constraint | None,
 ) -> Iterator[Step | Prefilling]:
@@ -252,7 +252,7 @@ def _token_loop(
         logits = next_logits(prompt[start : start + chunk], start)
         if report_prefill and start + chunk < len(prompt):
             yield Prefilling(start + chunk, len(prompt))
-    first = {"prefill_ms": (time.perf_counter() - started) * 1000, "cached_tokens": reused}
+    first: dict[str, float] | None = {"prefill_ms": (time.perf_counter() - started) * 1000, "cached_tokens": reused}
     while True:
         step = decoder.choose(logits, first)
         first = None

@@ -24,7 +24,7 @@ from ..model.cache import KVOptions
 from ..model.config import ModelConfig
 from ..model.forward import forward
 from ..model.rope import inverse_frequencies
-from ..model.weights import ComputeOptions, Linear, Weights, prepare_matrix
+from ..model.weights import ComputeOptions, Linear, Matrix, Weights, prepare_matrix
 from ..quant.matrices import DenseMatrix
 
 ALPHAS = np.linspace(0.0, 0.5, 6)  # wider exponents overfit a short calibration text (measured)
@@ -35,7 +35,8 @@ class _Recorder:
     """Stands in for a matrix during calibration: passes x through and keeps a copy of it."""
 
     def __init__(self, inner: DenseMatrix) -> None:
-        self.inner, self.rows = inner, []
+        self.inner = inner
+        self.rows: list[np.ndarray] = []  # each x seen (T, K)
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         self.rows.append(x.copy())
@@ -110,7 +111,7 @@ def quantize_activation_aware(
     fmt = "q8" if options.form == "q8" else options.isq_format
     report: list[dict] = []
 
-    def quantized(w: np.ndarray) -> object:
+    def quantized(w: np.ndarray) -> Matrix:
         return prepare_matrix("f32", {"": w}, w.shape, options)  # round to nearest, as at any load
 
     seen = calibrate(weights, config, calibration_ids)

@@ -124,7 +124,8 @@ def plan_memory(
         raise InvalidArgumentError(f"compute must be one of auto, {', '.join(COMPUTE_FORMS)}, got {compute!r}")
     kv = kv or KVOptions()
     options = ComputeOptions(form=compute, isq_format=isq_format)
-    weight, by_form, largest = 0, {}, 0
+    by_form: dict[str, int] = {}  # weight bytes by compute form
+    weight, largest = 0, 0
     for name, (fmt, shape) in tensors.items():
         if name == "lm_head.weight" and config.tie_word_embeddings:
             continue
@@ -169,6 +170,7 @@ def choose_compute(
     for plan in plans:
         if limit is None or plan.total_bytes <= limit:
             return plan
+    assert limit is not None  # (without one, the first plan was returned)
     smallest = min(plans, key=lambda p: p.total_bytes)
     needs = smallest.describe()
     if smallest.total_bytes >= GiB:

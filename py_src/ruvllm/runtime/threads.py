@@ -158,4 +158,4 @@ class _Size:
         self.next_probe = 0
 
     def best(self) -> int:
-        return min(self.per_row, key=self.per_row.get)
+        return min(self.per_row, key=lambda threads: self.per_row[threads])

@@ -179,7 +179,7 @@ class ChatTemplate:
         None when there are none, as transformers' apply_chat_template passes them."""
         check_messages(messages)
         _check_tools(tools)
-        variables = dict(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
+        variables: dict[str, object] = dict(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
         variables.update(self.special_tokens, **extra)
         parts, size = [], 0
         try:

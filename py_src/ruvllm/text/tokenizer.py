@@ -20,7 +20,7 @@ class Tokenizer:
     def __init__(
         self,
         tokenizer_json: str,
-        tokenizer_config: dict,
+        tokenizer_config: object,
         source: str = "tokenizer.json",
         config_source: str = "tokenizer_config.json",
     ) -> None:
@@ -37,10 +37,10 @@ class Tokenizer:
         self.token_bytes, self._strip_space = token_byte_table(data)
         self.special_ids = special_token_ids(data)  # control tokens, never text (constrained output)
         self.special_tokens = {
-            name: _token_text(tokenizer_config, name, config_source)
+            name: _token_text(self.config, name, config_source)
             for name in ("bos_token", "eos_token", "unk_token", "pad_token")
         }
-        template = _chat_template(tokenizer_config, config_source)
+        template = _chat_template(self.config, config_source)
         self.chat_template = ChatTemplate(template, self.special_tokens, config_source) if template else None
 
     def set_chat_template(self, source: str, where: str = "chat_template") -> None:

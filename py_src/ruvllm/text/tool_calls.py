@@ -41,7 +41,8 @@ def check_tools(tools: object) -> list[dict]:
         return []
     if not isinstance(tools, list):
         raise InvalidArgumentError(f"tools must be a list of tool objects, got {type(tools).__name__}")
-    checked, seen = [], {}
+    checked: list[dict] = []
+    seen: dict[str, int] = {}  # tool name -> its index
     for i, tool in enumerate(tools):
         where = f"tools[{i}]"
         if not isinstance(tool, dict):
@@ -59,7 +60,7 @@ def check_tools(tools: object) -> list[dict]:
         if name in seen:
             raise InvalidArgumentError(f"{where}.function.name {name!r} is already the name of tools[{seen[name]}]")
         seen[name] = i
-        out = {"name": name}
+        out: dict[str, object] = {"name": name}
         description = function.get("description")
         if description is not None:
             if not isinstance(description, str):
@@ -218,7 +219,7 @@ def template_messages(messages: list[dict]) -> list[dict]:
         for j, call in enumerate(calls):
             function = call.get("function") if isinstance(call, dict) else None
             arguments = function.get("arguments") if isinstance(function, dict) else None
-            if isinstance(arguments, str):
+            if isinstance(function, dict) and isinstance(arguments, str):
                 try:
                     arguments = json.loads(arguments)
                 except json.JSONDecodeError as e:

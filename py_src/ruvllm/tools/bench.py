@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 
 from ..runtime.engine import Engine
-from ..runtime.generate import GenerationOptions, generate_tokens
+from ..runtime.generate import GenerationOptions, Step, generate_tokens
 
 
 def peak_rss_bytes() -> int | None:
@@ -30,6 +30,7 @@ def run_bench(engine: Engine, prompt_ids: list[int], gen_length: int) -> dict:
     prefill_ms = 0.0
     count = 0
     for step in generate_tokens(engine, prompt_ids, options, cache=cache, reuse_prefix=False):
+        assert isinstance(step, Step)  # (no report_prefill: no Prefilling marker comes)
         last_at = time.perf_counter()
         count += 1
         if step.prefill_ms is not None:

@@ -62,6 +62,7 @@ def read_lessons(text: str, source: str) -> list[LessonLine]:
         if not isinstance(completion, str) or not completion:
             raise InvalidArgumentError(f"{where}: completion must be a non-empty string")
         reward = check_reward(reward, f"{where}: reward")
+        assert isinstance(prompt, (str, list))  # (checked above, by the way it was given)
         lessons.append(LessonLine(prompt, completion, reward, bool(item.get("chat", False)), number))
     if not lessons:
         raise InvalidArgumentError(f"{source}: no lessons")

@@ -38,7 +38,7 @@ def merge_adapter(
     del engine
     config_path = os.path.join(model, "config.json")
     _, store = open_model(model)
-    raw_config = fields.read_json(config_path)
+    raw_config = fields.obj(fields.read_json(config_path), config_path)  # (open_model checked it)
     deltas = {f"{name}.weight": adapter.config.scale * (adapter.B[name] @ adapter.A[name]) for name in adapter.A}
     names = sanitize(store.names())
     if "lm_head.weight" in deltas and "lm_head.weight" not in names:  # tied to the embedding: untie

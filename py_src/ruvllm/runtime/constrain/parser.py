@@ -118,7 +118,8 @@ def _readable(g: _Rules, config: tuple) -> int:
 
 def _start_frames(nodes: Sequence, node: int) -> tuple[tuple, ...]:
     """The first frame of each alternative of a node (unions flattened, cycles ignored)."""
-    frames, seen, todo = [], set(), [node]
+    frames: list[tuple] = []  # (kind, node, state, ...): a literal's frame holds the bytes matched so far
+    seen, todo = set(), [node]
     while todo:
         n = todo.pop(0)
         if n in seen:

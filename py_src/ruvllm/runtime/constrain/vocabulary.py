@@ -42,7 +42,10 @@ class Vocabulary:
         self.eos_mask[list(self.eos_ids)] = True
         self.eligible = np.zeros(size, bool)  # (V,) tokens that may appear inside the output
         self.plain_chars = np.full(size, _NOT_PLAIN, np.int32)  # (V,) characters of plain-text tokens
-        tokens, rests = [], []  # rests[k]: (what follows, id) of tokens with k plain characters first
+        tokens: list[tuple[bytes, int]] = []  # (bytes, id) of every eligible token
+        rests: list[
+            list[tuple[bytes, int]]
+        ] = []  # rests[k]: (what follows, id) of tokens with k plain characters first
         for i, data in enumerate(self.token_bytes):
             if not data or i in special or self.eos_mask[i]:
                 continue
