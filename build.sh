@@ -11,7 +11,7 @@
 #   ./build.sh npm        the npm package in npm/: its dependencies, the wheel and the kernels
 #   ./build.sh serve [--port PORT]  build, then serve the demo chat page on 127.0.0.1 (the main job)
 #   ./build.sh demo       build, then stream a chat reply from the demo model on CPython
-#   ./build.sh test       build, then run every test and the linters (ruff; ESLint and Prettier for JS)
+#   ./build.sh test       build, then run every test and the linters (ruff and mypy; ESLint, Prettier and tsc for JS)
 #   ./build.sh bench      build, then the Pyodide-vs-CPython benchmark (needs a local Pyodide distribution)
 set -euo pipefail
 cd "$(dirname "$0")"
