@@ -27,7 +27,7 @@ import numpy as np
 from ..errors import ContextFullError, InvalidArgumentError
 from ..quant.kvcodes import KVCodes
 from .config import ModelConfig
-from .kv import Cache, DenseSegment, LayerKV, QuantSegment, Residuals, WeightsIdentity, grow
+from .kv import Cache, DenseSegment, LayerKV, QuantSegment, ResidualTap, WeightsIdentity, grow
 
 COLD_FORMATS = {"int8": 8, "int4": 4}
 
@@ -215,7 +215,7 @@ class LayerCache(LayerKV):
 
 class KVCache(Cache):
     """One `LayerCache` per layer, plus `tokens`: the ids of every position the cache has seen, and
-    with `tap_layer` the hidden states entering that layer (`tap`, Residuals). A forward that runs a
+    with `tap_layer` the hidden states entering that layer (`tap`, ResidualTap). A forward that runs a
     second pass over the same tokens first (X-LoRA's scaling pass) keeps that pass's entries in
     `side`, a cache that follows this one's truncations."""
 
@@ -237,7 +237,7 @@ class KVCache(Cache):
         ]
         self.tokens: list[int] = []
         self.owner: WeightsIdentity | None = None  # the weights_identity() the entries were computed with
-        self.tap = None if tap_layer is None else Residuals(tap_layer, config.hidden_size, self.max_positions)
+        self.tap = None if tap_layer is None else ResidualTap(tap_layer, config.hidden_size, self.max_positions)
         self.side: KVCache | None = None
 
     @property

@@ -9,7 +9,8 @@ reads (as mlx-lm's `_BaseCache`: the forward never asks which cache it holds).
 - `LayerKV`: one layer's share of a cache.
 - `DenseSegment`, `QuantSegment`: a run of cached positions, float32 or integer codes, each with its
   `scores` and `mix`.
-- `Residuals`: what `tap` holds; `grow`: a buffer made longer in blocks of STEP.
+- `ResidualTap`: what `tap` holds (the residual stream tapped entering `tap_layer`); `grow`: a buffer made
+  longer in blocks of STEP.
 
 The caches: cache.KVCache (one sequence, hot and cold tiers) and paged.PagedSequence (a block table in
 a pool shared by many sequences).
@@ -87,7 +88,7 @@ class Cache(ABC):
 
     layers: Sequence[LayerKV]  # one per decoder layer
     tokens: list[int]  # the ids of every position computed
-    tap: Residuals | None = None  # the hidden states entering one layer, kept for learning; None: none kept
+    tap: ResidualTap | None = None  # the hidden states entering one layer, kept for learning; None: none kept
     batched_decode: bool = False  # whether `decode_attention` serves many sequences at once
 
     @abstractmethod
@@ -130,7 +131,7 @@ def grow(array: np.ndarray, needed: int, limit: int | None, axis: int) -> np.nda
     return new
 
 
-class Residuals:
+class ResidualTap:
     """The hidden state entering decoder layer `layer` (the residual stream there), float32 (S, D), at
     every position 0..S-1 the cache has computed. Learning starts from it when its adapter sits at or
     above that layer (no forward through the layers below per step), and after such an adapter
