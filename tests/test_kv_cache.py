@@ -189,7 +189,7 @@ def test_both_caches_are_the_one_cache_interface_with_their_capabilities_stated(
     for cache in (solo, paged):
         assert isinstance(cache, Cache) and len(cache.layers) == config.num_hidden_layers
         assert all(isinstance(layer, LayerKV) for layer in cache.layers)
-        assert cache.tap is None  # no hidden states kept unless asked for (engine.tap_layer)
+        assert cache.tap is None  # no hidden states kept unless asked for (the adapters' tap_layer)
     assert (solo.batched_decode, paged.batched_decode) == (False, True)
     q, kv = np.zeros((config.num_attention_heads, 1, config.head_dim)), np.zeros((2, 1, config.head_dim))
     with pytest.raises(NotImplementedError, match="KVCache has no batched decode attention"):

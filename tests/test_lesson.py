@@ -47,8 +47,7 @@ class Counting:
 def engine(tmp_path):
     numpy_model("llama", tmp_path, num_hidden_layers=4)
     engine = load_engine(str(tmp_path))
-    AdapterSet.attached(engine)
-    engine.tap_layer = 2
+    AdapterSet.attached(engine).tap_layer = 2
     return engine
 
 

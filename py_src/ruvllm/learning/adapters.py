@@ -6,13 +6,17 @@ Above lora.py and xlora.py, which do not import it.
 from __future__ import annotations
 
 import threading
+import weakref
 
 import numpy as np
 
 from ..errors import InferenceError, InvalidArgumentError
+from ..model.cache import KVCache
+from ..model.forward import hidden, rms_norm
+from ..model.kv import Cache
 from ..model.weights import Weights
 from ..quant.matrices import DenseMatrix, Int8Matrix, MatrixLike
-from ..runtime.engine import WeightsIdentity
+from ..runtime.engine import Engine, WeightsIdentity
 from .lora import Adapter, LoRAConfig, LoRAMatrix, linear_of
 from .xlora import Mixture, mixed
 
@@ -36,15 +40,19 @@ class AdapterSet:
         self._applied: str | None = None  # the adapter the weights are wrapped with now
         self._lowest: dict[int, int] = {}  # by adapter uid: the lowest layer it changes (shared_layers)
         self._originals: dict[str, MatrixLike] = {}
+        # new caches keep the hidden states entering this layer: what a lesson on the default adapter starts from
+        self.tap_layer: int | None = LoRAConfig().layer_indexes(len(weights.layers))[0] or None
+        # by cache: the entries of X-LoRA's scaling pass over its tokens, and the identity that computed them
+        self.scaling_caches: weakref.WeakKeyDictionary[KVCache, tuple[WeightsIdentity, KVCache]] = (
+            weakref.WeakKeyDictionary()
+        )
 
     @classmethod
-    def attached(cls, engine) -> AdapterSet:
-        """The adapters of `engine` (a runtime.engine.Engine), attached to it on first use, sharing its lock."""
+    def attached(cls, engine: Engine) -> AdapterSet:
+        """The adapters of `engine`, attached to it on first use, sharing its lock."""
         if engine.wrappers is None:
             engine.attach(cls(engine.weights, engine.lock))
-            if engine.tap_layer is None:  # caches keep what a lesson on the default adapter starts from
-                lowest = LoRAConfig().layer_indexes(len(engine.weights.layers))[0]
-                engine.tap_layer = lowest or None
+        assert isinstance(engine.wrappers, AdapterSet)  # (the only wrappers there are)
         return engine.wrappers
 
     def add(self, name: str, adapter) -> None:
@@ -180,9 +188,12 @@ class AdapterSet:
                 )
             self.apply(name)
 
-    def routing(self):
-        """The mixture the weights are wrapped with now (it routes each forward's tokens), or None."""
-        return self.mixtures.get(self._applied) if self._applied is not None else None
+    def routing(self) -> MixedForward | None:
+        """How a forward runs when the weights are wrapped with a mixture now (it routes each forward's
+        tokens), or None."""
+        if self._applied is None or self._applied not in self.mixtures:
+            return None
+        return MixedForward(self, self.mixtures[self._applied], self._identity_of(self._applied))
 
     def shared_layers(self, a: WeightsIdentity, b: WeightsIdentity) -> int:
         """How many decoder layers, from the bottom, compute the same under identities a and b: those
@@ -223,3 +234,40 @@ class AdapterSet:
                     lin.matrix = dense = copy
                 dense.weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])
             self.merges += 1
+
+
+class MixedForward:
+    """A forward through weights an X-LoRA mixture mixes per token: a scaling pass with constant scalings,
+    the routing from that pass's final hidden states, then the pass that counts. The scaling pass keeps
+    its own cache entries per main cache (`AdapterSet.scaling_caches`), reused while the tokens before
+    them and the mixture are the same."""
+
+    def __init__(self, adapters: AdapterSet, mixture: Mixture, identity: WeightsIdentity) -> None:
+        self.adapters, self.mixture, self.identity = adapters, mixture, identity
+
+    def hidden(self, engine: Engine, tokens: np.ndarray, start: int, cache: Cache) -> np.ndarray:
+        """The last layer's output (T, D) for tokens at positions start.., entries added to `cache`."""
+        if not isinstance(cache, KVCache):  # (a paged sequence has no side cache for the scaling pass)
+            raise InvalidArgumentError("an X-LoRA mixture computes one sequence at a time, not in a batch")
+        if start < len(cache.tokens):
+            cache.truncate(start)  # rewinding
+        side = self._side_cache(engine, cache)
+        fed, at = tokens, start
+        if side.tokens[:start] != cache.tokens[:start]:  # it missed positions: it catches up
+            side.reset()
+            fed, at = np.concatenate([np.asarray(cache.tokens[:start], np.int64), tokens]), 0
+        elif len(side.tokens) > start:
+            side.truncate(start)
+        self.mixture.constant(len(fed))
+        h = hidden(engine.weights, engine.config, engine.inv_freq, fed, at, side)[-len(tokens) :]  # (T, D)
+        self.mixture.route(rms_norm(h, engine.weights.norm, engine.config.rms_norm_eps))
+        return hidden(engine.weights, engine.config, engine.inv_freq, tokens, start, cache)
+
+    def _side_cache(self, engine: Engine, cache: KVCache) -> KVCache:
+        """The scaling pass's cache beside `cache`, empty when it was computed with other weights."""
+        held = self.adapters.scaling_caches.get(cache)
+        if held is not None and held[0] == self.identity:
+            return held[1]
+        side = KVCache(engine.config, cache.max_positions, cache.options)
+        self.adapters.scaling_caches[cache] = (self.identity, side)
+        return side

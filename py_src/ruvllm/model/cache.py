@@ -215,9 +215,7 @@ class LayerCache(LayerKV):
 
 class KVCache(Cache):
     """One `LayerCache` per layer, plus `tokens`: the ids of every position the cache has seen, and
-    with `tap_layer` the hidden states entering that layer (`tap`, ResidualTap). A forward that runs a
-    second pass over the same tokens first (X-LoRA's scaling pass) keeps that pass's entries in
-    `side`, a cache that follows this one's truncations."""
+    with `tap_layer` the hidden states entering that layer (`tap`, ResidualTap)."""
 
     layers: list[LayerCache]
 
@@ -238,7 +236,6 @@ class KVCache(Cache):
         self.tokens: list[int] = []
         self.owner: WeightsIdentity | None = None  # the weights_identity() the entries were computed with
         self.tap = None if tap_layer is None else ResidualTap(tap_layer, config.hidden_size, self.max_positions)
-        self.side: KVCache | None = None
 
     @property
     def length(self) -> int:
@@ -257,8 +254,6 @@ class KVCache(Cache):
             layer.truncate(position)
         if self.tap is not None:
             self.tap.truncate(position)
-        if self.side is not None and len(self.side.tokens) > position:
-            self.side.truncate(position)
         del self.tokens[position:]
 
     def forget_layers(self, first: int) -> None:

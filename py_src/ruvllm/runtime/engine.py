@@ -22,7 +22,7 @@ from ..files.store import TensorStore, sanitize
 from ..files.tensorfile import SafetensorsFile
 from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
-from ..model.forward import forward, hidden, hidden_batch, logits, recompute_layers, rms_norm
+from ..model.forward import forward, hidden_batch, logits, recompute_layers
 from ..model.kv import Cache, WeightsIdentity
 from ..model.rope import inverse_frequencies
 from ..model.weights import ComputeOptions, Weights, load_weights
@@ -56,14 +56,19 @@ class Wrappers(Protocol):
         """What mixes the weights per token in place now (an X-LoRA mixture), if anything."""
         ...
 
+    @property
+    def tap_layer(self) -> int | None:
+        """The layer whose entering hidden states new caches keep (what a lesson starts from), if any."""
+        ...
+
 
 class Routing(Protocol):
-    """Weights mixed per token (learning.xlora.Mixture): a forward first runs a scaling pass with
-    `constant` scalings, then `route`s from that pass's final hidden states."""
+    """Weights mixed per token (learning.adapters.MixedForward over an xlora.Mixture): the forward's hidden
+    states come from passes the mixture runs itself (a scaling pass, then the one that counts)."""
 
-    def constant(self, T: int) -> None: ...
-
-    def route(self, final: np.ndarray) -> np.ndarray: ...
+    def hidden(self, engine: Engine, tokens: np.ndarray, start: int, cache: Cache) -> np.ndarray:
+        """The last layer's output (T, D) for tokens at positions start.., entries added to `cache`."""
+        ...
 
 
 def default_kernel() -> str:
@@ -170,7 +175,6 @@ class Engine:
         self.threads = BlasThreads(threads)
         self.prefill_chunk = default_prefill_chunk()
         self.wrappers: Wrappers | None = None  # what wraps the weights (attach), if anything
-        self.tap_layer: int | None = None  # new caches keep the hidden states entering this layer (KVCache.tap)
 
     @classmethod
     def from_store(cls, config: ModelConfig, store: TensorStore, options: LoadOptions | None = None) -> Engine:
@@ -220,8 +224,9 @@ class Engine:
 
     def new_cache(self) -> KVCache:
         """An empty cache: at most `context_length` positions, or a byte budget (KVOptions); it keeps
-        the hidden states entering `tap_layer` unless it has a budget (it could grow without end)."""
-        tap = self.tap_layer if self.kv.budget_bytes is None else None
+        the hidden states entering the wrappers' `tap_layer` unless it has a budget (it could grow
+        without end)."""
+        tap = None if self.wrappers is None or self.kv.budget_bytes is not None else self.wrappers.tap_layer
         return KVCache(self.config, self.context_length, self.kv, tap)
 
     def kept_layers(self, owner: WeightsIdentity | None, identity: WeightsIdentity) -> int:
@@ -265,28 +270,9 @@ class Engine:
                 self.wrappers.use(weights or self.wrappers.identity())
                 routing = self.wrappers.routing()
                 if routing is not None:
-                    x = self._routed_hidden(routing, tokens, start, cache)
+                    x = routing.hidden(self, tokens, start, cache)
                     return logits(self.weights, self.config, x[-1:] if last_only else x)
             return forward(self.weights, self.config, self.inv_freq, tokens, start, cache, last_only)
-
-    def _routed_hidden(self, routing: Routing, tokens: np.ndarray, start: int, cache: Cache) -> np.ndarray:
-        """The last layer's output (T, D) with weights mixed per token: the scaling pass (its entries
-        in `cache.side`), the routing from its final hidden states, then the pass that counts."""
-        if not isinstance(cache, KVCache):  # (a paged sequence has no side cache for the scaling pass)
-            raise InvalidArgumentError("an X-LoRA mixture computes one sequence at a time, not in a batch")
-        if start < len(cache.tokens):
-            cache.truncate(start)  # rewinding, both caches (after the scaling pass it would undo it)
-        side = cache.side
-        if side is None:
-            side = cache.side = KVCache(self.config, cache.max_positions, cache.options)
-        fed, at = tokens, start
-        if side.tokens[:start] != cache.tokens[:start]:  # it missed positions: it catches up
-            side.reset()
-            fed, at = np.concatenate([np.asarray(cache.tokens[:start], np.int64), tokens]), 0
-        routing.constant(len(fed))
-        h = hidden(self.weights, self.config, self.inv_freq, fed, at, side)[-len(tokens) :]  # (T, D)
-        routing.route(rms_norm(h, self.weights.norm, self.config.rms_norm_eps))
-        return hidden(self.weights, self.config, self.inv_freq, tokens, start, cache)
 
     def forward_batch(
         self,
@@ -304,7 +290,7 @@ class Engine:
             if routing is None:
                 x = hidden_batch(self.weights, self.config, self.inv_freq, entries)  # (N, D)
             else:  # each sequence routes its own tokens: one at a time
-                x = np.concatenate([self._routed_hidden(routing, np.asarray(t), s, c) for t, s, c in entries])
+                x = np.concatenate([routing.hidden(self, np.asarray(t), s, c) for t, s, c in entries])
             rows = (np.cumsum(lengths) - 1)[np.asarray(sampled, dtype=bool)]  # (R,)
             if not len(rows):
                 return np.empty((0, self.config.vocab_size), np.float32)
