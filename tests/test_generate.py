@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 from ruvllm.errors import ContextFullError, InvalidArgumentError
@@ -96,6 +97,9 @@ def test_bad_token_ids_and_empty_prompts_are_refused(engine):
         list(generate_tokens(engine, [1, 500], GenerationOptions()))
     with pytest.raises(InvalidArgumentError, match="the prompt is empty"):
         generate_tokens(engine, [], GenerationOptions())
+    for ids in ([3, -1, 7], np.array([3, 128, -2]), np.array([5, 2**40], np.uint64)):  # the first bad one named
+        with pytest.raises(InvalidArgumentError, match=rf"token id {ids[1]} is outside the vocabulary \[0, 128\)"):
+            engine.forward(ids, 0, engine.new_cache())
 
 
 # --- on the real model

@@ -85,7 +85,8 @@ from .files.gguf import GGUFFile, header_size
 from .files.gguf_model import GGUFModel
 from .files.store import TensorStore, count_parameters
 from .files.tensorfile import PieceBuffer, SafetensorsFile
-from .learning.learn import Lesson, RouteLesson
+from .learning.adapters import AdapterSet
+from .learning.learn import Learner, Lesson, RouteLesson
 from .learning.lora import DEFAULT_LAYERS, Adapter
 from .learning.projection import calibration_text
 from .learning.xlora import Mixture
@@ -339,13 +340,24 @@ class EngineHandle:
         special_ids: frozenset[int] = frozenset(),
     ) -> None:
         self.session = Session(engine, token_bytes, special_ids)  # what api.Model shares
-        self.engine, self.adapters, self.learner = engine, self.session.adapters, self.session.learner
         self.token_bytes, self.strip_leading_space = token_bytes, strip_leading_space
         self.chunks: Generator[Chunk | Prefilling, None, None] | None = None
         self.response: Response | None = None  # with start_completion: the OpenAI answer being built
         self._outgoing: dict[str, bytes] = {}  # adapter_files, until take_files()
         # under way, by the key JavaScript gave (its request id): (the adapter's name, the lesson)
         self.lessons: dict[object, tuple[str, Lesson | RouteLesson]] = {}
+
+    @property
+    def engine(self) -> Engine:
+        return self.session.engine
+
+    @property
+    def adapters(self) -> AdapterSet:
+        return self.session.adapters
+
+    @property
+    def learner(self) -> Learner:
+        return self.session.learner
 
     @_json_result
     def start(self, request_json: str) -> dict:

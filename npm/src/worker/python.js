@@ -149,14 +149,7 @@ async function loadNumpy(py, from) {
 
 /** A file of this package, by its path relative to this module (src/worker/ and browser/worker/ alike). */
 export async function readPackageFile(relative) {
-  const url = new URL(relative, import.meta.url);
-  if (IS_NODE && url.protocol === 'file:') {
-    const [{ readFile }, { fileURLToPath }] = await Promise.all([import('node:fs/promises'), import('node:url')]);
-    return new Uint8Array(await readFile(fileURLToPath(url)));
-  }
-  const response = await fetch(url);
-  if (!response.ok) throw new Error(`HTTP ${response.status} for ${url}`);
-  return new Uint8Array(await response.arrayBuffer());
+  return readFrom(new URL(relative, import.meta.url));
 }
 
 /** Our wheel's bytes (shipped in this package: wheel/manifest.json names it). */

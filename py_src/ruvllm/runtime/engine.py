@@ -213,6 +213,10 @@ class Engine:
     def check_ids(self, ids) -> None:
         """Refuse token ids outside the vocabulary (the one check every way in makes), naming the first."""
         vocab = self.config.vocab_size
+        if isinstance(ids, np.ndarray) and ids.dtype.kind in "iu":  # a prompt's ids: checked in NumPy
+            if not ids.size or (ids.min() >= 0 and ids.max() < vocab):
+                return
+            ids = ids.tolist()
         bad = next((int(t) for t in ids if not 0 <= t < vocab), None)  # (Python ints of any size too)
         if bad is not None:
             raise InvalidArgumentError(f"token id {bad} is outside the vocabulary [0, {vocab})")
