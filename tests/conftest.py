@@ -250,3 +250,17 @@ def byte_tokenizer_json() -> dict:
         "decoder": byte_level,
         "model": model,
     }
+
+
+@pytest.fixture(scope="module")
+def browser():
+    """Debian's Chromium (never Playwright's own), with web/serve.py's flags."""
+    from playwright.sync_api import sync_playwright
+
+    from e2e_support import CHROMIUM, serve
+
+    assert Path(CHROMIUM).exists(), "Debian's chromium is missing: ./build.sh test installs it (apt-get chromium)"
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=serve.CHROMIUM_ARGS)
+        yield launched
+        launched.close()

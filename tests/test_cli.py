@@ -192,10 +192,20 @@ def test_every_command_is_a_module_whose_main_is_that_command(capsys):
     assert listed.returncode == 0, listed.stderr
     names = re.search(r"^usage: ruvllm .*?\{([a-z,]+)\}", listed.stdout, re.S).group(1).split(",")
     assert names == list(cli.COMMANDS) and len(names) == 13
+    # the listing under "positional arguments": a command's line, then its help's wrapped continuation lines
+    listing = listed.stdout.split("positional arguments:")[1].split("\n\n")[0].splitlines()[2:]
+    helps: dict[str, str] = {}
+    for line in listing:
+        if re.match(r"^ {4}[a-z]", line):
+            name, _, text = line.strip().partition(" ")
+            helps[name] = text.strip()
+        else:
+            helps[name] += " " + line.strip()
+    assert list(helps) == names
     for name in names:
         module = importlib.import_module(f"ruvllm.cli.{name}")
         assert module.__file__.endswith(f"cli/{name}.py")
-        assert f" {name} {module.HELP} " in " ".join(listed.stdout.split())  # its help line is its module's
+        assert helps[name] == module.HELP  # its help line is its module's
         text = help_of(cli.main, [name, "--help"], capsys)
         assert text.startswith(f"usage: ruvllm {name} [-h]")
         assert help_of(module.main, ["--help"], capsys) == text

@@ -6,19 +6,18 @@ docs/pyodide.md) and skips, saying so, without one. Screenshots go to test-artif
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
 
+from e2e_support import PYODIDE_MARKS, demo_server, url_of
+
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts" / "e2e"
-CHROMIUM = "/usr/bin/chromium"
 WEIGHTS = "/models/smollm2-135m-instruct/model.safetensors"
 GEMMA = "/gguf/gemma-3-270m-q4_k_m.gguf"
 LOAD_TIMEOUT_MS = 180_000
@@ -27,47 +26,18 @@ LOAD_TIMEOUT_MS = 180_000
 PAGE_DEFAULTS = {"temperature": "0.5", "top-p": "0.9", "repetition-penalty": "1.1"}
 REPETITION_PENALTY = float(PAGE_DEFAULTS["repetition-penalty"])
 
-_spec = importlib.util.spec_from_file_location("demo_serve", ROOT / "web" / "serve.py")
-serve = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(serve)
-
-DIST = serve.local_pyodide()
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.pyodide,
-    pytest.mark.skipif(
-        DIST is None,
-        reason="no local Pyodide distribution: set RUVLLM_PYODIDE_DIST to a Pyodide 314.0.1 folder with NumPy "
-        "(docs/pyodide.md says how to make one)",
-    ),
-]
+pytestmark = PYODIDE_MARKS
 
 
 @pytest.fixture(scope="module")
 def server(smollm2_dir, gemma_gguf):
-    httpd = serve.DemoServer(0, DIST)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield httpd
-    httpd.shutdown()
+    with demo_server() as httpd:
+        yield httpd
 
 
 @pytest.fixture(scope="module")
 def base_url(server) -> str:
-    return f"http://127.0.0.1:{server.server_address[1]}/"
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), (
-        "Debian's chromium is missing: ./build.sh test installs it (apt-get install chromium)"
-    )
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=serve.CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+    return url_of(server)
 
 
 def shot(page, name: str, *, full_page: bool = True) -> None:

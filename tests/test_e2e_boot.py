@@ -9,29 +9,11 @@ docs/pyodide.md) and skips, saying so, without one.
 
 from __future__ import annotations
 
-import importlib.util
-import threading
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
+from e2e_support import PYODIDE_MARKS, demo_server, url_of
 
-_spec = importlib.util.spec_from_file_location("demo_serve", ROOT / "web" / "serve.py")
-serve = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(serve)
-
-DIST = serve.local_pyodide()
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.pyodide,
-    pytest.mark.skipif(
-        DIST is None,
-        reason="no local Pyodide distribution: set RUVLLM_PYODIDE_DIST to a Pyodide 314.0.1 folder with NumPy "
-        "(docs/pyodide.md says how to make one)",
-    ),
-]
+pytestmark = PYODIDE_MARKS
 
 # ?bootCache=false turns the snapshot off; window.__result = { boot, text } or { error }.
 PAGE = """<!doctype html>
@@ -59,24 +41,8 @@ try {
 
 @pytest.fixture(scope="module")
 def base_url(smollm2_dir):
-    httpd = serve.DemoServer(0, DIST)
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}/"
-    httpd.shutdown()
-
-
-@pytest.fixture(scope="module")
-def browser():
-    from playwright.sync_api import sync_playwright
-
-    assert Path(CHROMIUM).exists(), (
-        "Debian's chromium is missing: ./build.sh test installs it (apt-get install chromium)"
-    )
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=serve.CHROMIUM_ARGS)
-        yield browser
-        browser.close()
+    with demo_server() as httpd:
+        yield url_of(httpd)
 
 
 def visit(page, url: str) -> dict:
