@@ -159,7 +159,7 @@ def test_cached_decode_equals_the_full_forward(tmp_path):
     engine.forward([5, 6, 7], 14, cache)  # a branch, then rewound
     rows += [engine.forward(TOKENS[14:], 14, cache)]
     np.testing.assert_allclose(np.concatenate(rows), expected, atol=2e-4)
-    side = engine.wrappers.scaling_caches[cache][1]  # the scaling pass's entries, kept beside the cache
+    side = engine.wrappers.scaling_caches[cache]  # the scaling pass's entries, kept beside the cache
     assert side.tokens == TOKENS
     cache.truncate(3)  # a rewind: the next forward rewinds the scaling pass's entries too
     engine.forward(TOKENS[3:5], 3, cache)
@@ -395,7 +395,7 @@ def test_a_batch_of_sequences_routes_each_on_its_own(tmp_path):
     got = engine.forward_batch([(np.array(a), 0, caches[0]), (np.array(b), 0, caches[1])], [True, True])
     alone = [engine.forward(t, 0, engine.new_cache(), last_only=True)[0] for t in (a, b)]
     np.testing.assert_allclose(got, np.stack(alone), atol=1e-5)
-    assert [engine.wrappers.scaling_caches[c][1].tokens for c in caches] == [a, b]
+    assert [engine.wrappers.scaling_caches[c].tokens for c in caches] == [a, b]
 
 
 def test_a_projection_made_while_a_mixture_is_active_is_the_base_model_s(tmp_path):

@@ -42,10 +42,9 @@ class AdapterSet:
         self._originals: dict[str, MatrixLike] = {}
         # new caches keep the hidden states entering this layer: what a lesson on the default adapter starts from
         self.tap_layer: int | None = LoRAConfig().layer_indexes(len(weights.layers))[0] or None
-        # by cache: the entries of X-LoRA's scaling pass over its tokens, and the identity that computed them
-        self.scaling_caches: weakref.WeakKeyDictionary[KVCache, tuple[WeightsIdentity, KVCache]] = (
-            weakref.WeakKeyDictionary()
-        )
+        # by cache: the entries of X-LoRA's scaling pass over its tokens (valid while the cache's are: a
+        # mixture changes every layer, so whatever changes it rewinds the cache to 0 and the pass with it)
+        self.scaling_caches: weakref.WeakKeyDictionary[KVCache, KVCache] = weakref.WeakKeyDictionary()
 
     @classmethod
     def attached(cls, engine: Engine) -> AdapterSet:
@@ -193,7 +192,7 @@ class AdapterSet:
         tokens), or None."""
         if self._applied is None or self._applied not in self.mixtures:
             return None
-        return MixedForward(self, self.mixtures[self._applied], self._identity_of(self._applied))
+        return MixedForward(self, self.mixtures[self._applied])
 
     def shared_layers(self, a: WeightsIdentity, b: WeightsIdentity) -> int:
         """How many decoder layers, from the bottom, compute the same under identities a and b: those
@@ -239,11 +238,10 @@ class AdapterSet:
 class MixedForward:
     """A forward through weights an X-LoRA mixture mixes per token: a scaling pass with constant scalings,
     the routing from that pass's final hidden states, then the pass that counts. The scaling pass keeps
-    its own cache entries per main cache (`AdapterSet.scaling_caches`), reused while the tokens before
-    them and the mixture are the same."""
+    its own cache entries per main cache (`AdapterSet.scaling_caches`), rewound with it."""
 
-    def __init__(self, adapters: AdapterSet, mixture: Mixture, identity: WeightsIdentity) -> None:
-        self.adapters, self.mixture, self.identity = adapters, mixture, identity
+    def __init__(self, adapters: AdapterSet, mixture: Mixture) -> None:
+        self.adapters, self.mixture = adapters, mixture
 
     def hidden(self, engine: Engine, tokens: np.ndarray, start: int, cache: Cache) -> np.ndarray:
         """The last layer's output (T, D) for tokens at positions start.., entries added to `cache`."""
@@ -251,7 +249,9 @@ class MixedForward:
             raise InvalidArgumentError("an X-LoRA mixture computes one sequence at a time, not in a batch")
         if start < len(cache.tokens):
             cache.truncate(start)  # rewinding
-        side = self._side_cache(engine, cache)
+        side = self.adapters.scaling_caches.get(cache)
+        if side is None:
+            side = self.adapters.scaling_caches[cache] = KVCache(engine.config, cache.max_positions, cache.options)
         fed, at = tokens, start
         if side.tokens[:start] != cache.tokens[:start]:  # it missed positions: it catches up
             side.reset()
@@ -262,12 +262,3 @@ class MixedForward:
         h = hidden(engine.weights, engine.config, engine.inv_freq, fed, at, side)[-len(tokens) :]  # (T, D)
         self.mixture.route(rms_norm(h, engine.weights.norm, engine.config.rms_norm_eps))
         return hidden(engine.weights, engine.config, engine.inv_freq, tokens, start, cache)
-
-    def _side_cache(self, engine: Engine, cache: KVCache) -> KVCache:
-        """The scaling pass's cache beside `cache`, empty when it was computed with other weights."""
-        held = self.adapters.scaling_caches.get(cache)
-        if held is not None and held[0] == self.identity:
-            return held[1]
-        side = KVCache(engine.config, cache.max_positions, cache.options)
-        self.adapters.scaling_caches[cache] = (self.identity, side)
-        return side
