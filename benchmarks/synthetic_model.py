@@ -1,12 +1,14 @@
-"""A synthetic Llama with the layer shapes of a 1B model (Llama 3.2 1B: 16 layers, hidden 2048, MLP 8192,
-32 query and 8 key/value heads of 64), random weights stored as q4_1, for the browser benchmark:
+"""A synthetic Llama with the layer shapes of a 1B or a 3B model, random weights stored as q4_1, for the
+browser benchmark:
 
-    .venv/bin/python benchmarks/synthetic_model.py [--out models/synthetic-1b-q4]
+    .venv/bin/python benchmarks/synthetic_model.py [--shape 1b|3b] [--out models/synthetic-1b-q4]
     .venv/bin/python benchmarks/browser_bench.py --model /models/synthetic-1b-q4/ --configs q4:wasm:fast --no-peer
 
+1b: Llama 3.2 1B's layers (16 layers, hidden 2048, MLP 8192, 32 query and 8 key/value heads of 64);
+3b: Llama 3.2 3B's (28 layers, hidden 3072, MLP 8192, 24 query and 8 key/value heads of 128).
 The vocabulary and tokenizer are SmolLM2's (49152 tokens, so the text tools work): the embedding is
-49152 x 2048 instead of Llama's 128256 x 2048, 1.07B parameters in all. The text it writes is noise;
-speed and memory are what it measures.
+49152 x hidden instead of Llama's 128256 x hidden (1.07B and 2.97B parameters in all). The text it
+writes is noise; speed and memory are what it measures.
 """
 
 from __future__ import annotations
@@ -26,14 +28,20 @@ from ruvllm.files.formats import get_format  # noqa: E402
 from ruvllm.files.tensorfile import write  # noqa: E402
 
 SMOLLM2 = ROOT / "models" / "smollm2-135m-instruct"
-D, F, LAYERS, HEADS, KV_HEADS, HEAD_DIM, VOCAB = 2048, 8192, 16, 32, 8, 64, 49152
+VOCAB = 49152
+SHAPES = {  # hidden D, MLP F, layers, query heads, key/value heads, head size
+    "1b": (2048, 8192, 16, 32, 8, 64),
+    "3b": (3072, 8192, 28, 24, 8, 128),
+}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default=str(ROOT / "models" / "synthetic-1b-q4"))
+    parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
+    parser.add_argument("--out", help="the model folder to write (default: models/synthetic-SHAPE-q4)")
     args = parser.parse_args()
-    out = Path(args.out)
+    D, F, LAYERS, HEADS, KV_HEADS, HEAD_DIM = SHAPES[args.shape]
+    out = Path(args.out or ROOT / "models" / f"synthetic-{args.shape}-q4")
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     q4 = get_format("q4_1")
