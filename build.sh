@@ -100,7 +100,10 @@ PY
 }
 
 wheel() {
+  kernels
   log "building the ruvllm wheel into npm/wheel/"
+  # the wheel carries the kernels (host.py starts them in any Pyodide); the copy in py_src is not in git
+  cp npm/wasm/kernels.wasm py_src/ruvllm/quant/kernels.wasm
   # build/lib too: setuptools reuses it, and a module removed from py_src would otherwise stay in the wheel
   rm -rf npm/wheel build/wheel build/lib
   mkdir -p npm/wheel
@@ -159,6 +162,21 @@ lint_tools() {
   fi
 }
 
+pyodide_wheels() {
+  # What micropip needs beside our wheel in a plain Pyodide (tests/test_pyodide_package.py), offline: the
+  # chat templates' jinja2 (pure) and MarkupSafe built from its sdist without its C speedups (CC=false
+  # makes it fall back to plain Python), as Pyodide's lock file would otherwise fetch them from its CDN.
+  local out=build/pyodide-wheels
+  if ls "$out"/jinja2-*.whl "$out"/markupsafe-*-py3-none-any.whl >/dev/null 2>&1; then
+    return
+  fi
+  log "making pure-Python wheels of jinja2 and MarkupSafe for the plain-Pyodide tests ($out)"
+  mkdir -p "$out"
+  "$PY" -m pip download --quiet --no-deps --only-binary :all: -d "$out" "jinja2==3.1.6"
+  "$PY" -m pip download --quiet --no-deps --no-binary :all: -d build/sdists "markupsafe==3.0.3"
+  CC=false "$PY" -m pip wheel --quiet --no-deps -w "$out" build/sdists/markupsafe-3.0.3.tar.gz
+}
+
 browser() {
   # Debian's chromium for the Playwright tests (Playwright's own browser download cannot work here).
   if command -v chromium >/dev/null 2>&1; then
@@ -198,6 +216,7 @@ case "${1:-all}" in
   test)
     build_all test
     browser
+    pyodide_wheels
     "$VENV/bin/ruff" check py_src tests benchmarks web kernels
     "$VENV/bin/ruff" format --check py_src tests benchmarks web kernels
     lint_tools

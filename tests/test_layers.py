@@ -18,7 +18,7 @@ LAYERS = {
     "learning": 5,
     "convert": 5,
     "tools": 6,
-    "entry": 7,  # the modules at the top (api, bridge, completions, server, session, __init__, __main__) and cli/
+    "entry": 7,  # the modules at the top (api, bridge, completions, host, server, session, __init__, __main__), cli/
 }
 ENTRY_PACKAGES = {"cli"}  # subpackages of the entry layer: the `ruvllm` command, a module per command
 
@@ -70,6 +70,7 @@ def test_every_module_has_a_layer():
         "bridge.py",
         "completions.py",
         "errors.py",
+        "host.py",
         "__init__.py",
         "__main__.py",
         "server.py",
@@ -109,3 +110,15 @@ def test_no_import_cycle_inside_a_package():
     for module in sorted(edges):
         visit(module, [])
     assert cycles == []
+
+
+def test_only_the_bridge_and_the_host_import_javascript():
+    """`js`, `pyodide` and `pyodide_js` exist only inside Pyodide: the rest of the package runs anywhere."""
+    found = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) and not node.level else []
+            if any(name.split(".")[0] in ("js", "pyodide", "pyodide_js") for name in names):
+                found.append(path.name)
+    assert set(found) <= {"bridge.py", "host.py"} and "host.py" in found

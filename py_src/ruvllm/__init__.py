@@ -17,7 +17,8 @@ The package is built in layers; a module imports only from its own layer and the
     tools/      perplexity, benchmarks, lessons from a feedback file, adapters merged into weights
     session     what every front end shares: an engine, its adapters, learning, the cache it lends
     entry points: api (Python API), completions (OpenAI bodies and answers), server (ruvllm serve),
-                bridge (the Pyodide worker's), cli/ (the command, a module per command), __main__
+                bridge (the Pyodide worker's), host (the WebAssembly kernels in any Pyodide), cli/ (the
+                command, a module per command), __main__
 
 Adapters reach the engine as what wraps its weights (`Engine.attach`), so the runtime never imports
 learning.

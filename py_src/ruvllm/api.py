@@ -17,7 +17,9 @@ from collections.abc import Iterator, Sequence
 
 import numpy as np
 
+from . import host
 from .completions import Response, prepare
+from .errors import InvalidArgumentError
 from .files import jsonfields as fields
 from .files.store import TensorStore
 from .learning.learn import AdaptReport, LearningStatus, Lesson, RouteLesson
@@ -28,6 +30,7 @@ from .learning.xlora import Mixture, is_xlora
 from .model.cache import KVOptions
 from .model.config import ModelConfig
 from .model.weights import ComputeOptions
+from .quant.provider import ARITHMETIC, DEFAULT_ARITHMETIC, KernelProvider
 from .runtime.constrain import Vocabulary
 from .runtime.engine import Engine, LoadOptions, is_gguf, open_gguf, open_model
 from .runtime.generate import Constraint, GenerationOptions
@@ -283,6 +286,7 @@ def load(
     threads: int | None = None,
     kernels: str = "auto",
     chat_template: str | None = None,
+    arithmetic: str = DEFAULT_ARITHMETIC,
 ) -> Model:
     """Load a model: a GGUF file (`x.gguf`), a ruvllm or plain Hugging Face safetensors model folder, or
     a hub name (`hf:OWNER/REPO/FILE.gguf`, `hf:OWNER/REPO`: downloaded into the cache folder once).
@@ -296,8 +300,10 @@ def load(
     always uses one; see runtime/threads.py).
     kernels: what computes the matrix products: "auto" (a faster kernel provider where the runtime
     offers one, NumPy otherwise; CPython offers none, its NumPy has a BLAS), "wasm" (the WebAssembly
-    SIMD kernels, only inside the npm package's Pyodide worker) or "numpy".
+    SIMD kernels, in any Pyodide on a runtime with SIMD128: host.py) or "numpy".
     chat_template: a Jinja chat template to use instead of the model's own (or for a model without one).
+    arithmetic: the WebAssembly kernels' ("fast": int16 products when decoding; "exact": NumPy's values
+    summed in another order; docs/kernels.md). NumPy's is exact.
     """
     from .files.hub import ensure_local, is_hub_name  # (here: the Pyodide worker never imports it)
 
@@ -319,6 +325,7 @@ def load(
     if chat_template is not None:
         tokenizer.set_chat_template(chat_template)
     calibration = tokenizer.encode(calibration_text()) if isq == "awq" else None
+    provider = host_kernels(kernels, arithmetic)
     options = LoadOptions(
         context_length=context_length,
         compute=compute,
@@ -329,11 +336,25 @@ def load(
         calibration_ids=tuple(calibration) if calibration else None,
         threads=threads,
         kernels=kernels,
+        provider=provider,
     )
     engine = Engine.from_store(config, store, options)
     model = Model(engine, tokenizer, eos_token_ids(generation_config, engine, tokenizer), name)
     model._read_folders.append(path)
     return model
+
+
+def host_kernels(kernels: str, arithmetic: str) -> KernelProvider | None:
+    """The kernel provider this runtime offers for `kernels` (host.py: the WebAssembly kernels in
+    Pyodide, nothing on CPython); with kernels="wasm", an error saying why when they cannot run."""
+    if arithmetic not in ARITHMETIC:
+        raise InvalidArgumentError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
+    if kernels == "numpy" or not host.IN_PYODIDE:
+        return None  # (kernels="wasm" on CPython: LoadOptions refuses it, saying where they run)
+    provider, reason = host.wasm_kernels(arithmetic)
+    if provider is None and kernels == "wasm":
+        raise InvalidArgumentError(f"kernels='wasm' cannot run here: {reason}")
+    return provider
 
 
 def model_name(path: str) -> str:

@@ -1,0 +1,94 @@
+"""ruvllm as a Pyodide package (issue: the wheel alone in any Pyodide): a plain Pyodide under Node, as a
+notebook has one (no npm package, no worker), installs the built wheel with micropip (NumPy from the
+distribution's lock file, jinja2 and MarkupSafe from pure-Python wheels built offline) and runs the
+engine there, its WebAssembly kernels started from Python (host.py).
+
+Needs a local Pyodide distribution (RUVLLM_PYODIDE_DIST or ~/.cache/ruvllm/pyodide/314.0.1; see
+docs/pyodide.md) and the wheels `./build.sh wheel` and `./build.sh test` make; skips, saying so, without.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from e2e_support import DIST
+
+ROOT = Path(__file__).resolve().parent.parent
+WHEELS = sorted((ROOT / "build" / "pyodide-wheels").glob("*.whl"))
+OURS = sorted((ROOT / "build" / "wheel").glob("ruvllm-*.whl"))
+
+pytestmark = [
+    pytest.mark.pyodide,
+    pytest.mark.skipif(
+        DIST is None,
+        reason="no local Pyodide distribution: set RUVLLM_PYODIDE_DIST to a Pyodide 314.0.1 folder with NumPy "
+        "(docs/pyodide.md says how to make one)",
+    ),
+    pytest.mark.skipif(
+        not WHEELS or not OURS, reason="no wheels to install: ./build.sh wheel and ./build.sh test make them"
+    ),
+]
+
+
+def in_pyodide(code: str, mounts: dict[str, str] | None = None) -> object:
+    """Run `code` in a fresh plain Pyodide with our wheel installed; its `result`, as JSON."""
+    request = {"dist": str(DIST), "wheels": [str(w) for w in WHEELS + OURS], "mounts": mounts or {}, "code": code}
+    done = subprocess.run(
+        ["node", str(ROOT / "tests" / "plain_pyodide.mjs")],
+        input=json.dumps(request),
+        capture_output=True,
+        text=True,
+        timeout=600,  # a hang guard: a run takes seconds
+    )
+    answer = json.loads(done.stdout.strip().splitlines()[-1])
+    assert "error" not in answer, answer["error"] + "\n" + done.stderr[-3000:]
+    return answer["ok"]
+
+
+def test_micropip_installs_the_wheel_and_its_kernels_start_from_python():
+    """host.wasm_kernels compiles the wheel's kernels.wasm, passes the known answer, and its products
+    on Pyodide's memory equal NumPy's float32 products (exact arithmetic: the same values, summed in
+    another order)."""
+    result = in_pyodide(
+        """
+import sys, numpy as np
+from ruvllm import host
+from ruvllm.quant.matrices import DenseMatrix
+kernels, reason = host.wasm_kernels("exact")
+rng = np.random.default_rng(0)
+W = rng.standard_normal((67, 96), dtype=np.float32)
+x = rng.standard_normal((3, 96), dtype=np.float32)
+product = kernels.prepare(DenseMatrix(W, "einsum"))
+result = {"platform": sys.platform, "reason": reason, "name": kernels.name,
+          "error": float(np.abs(product(x) - x @ W.T).max()), "scale": float(np.abs(x @ W.T).max())}
+"""
+    )
+    assert (result["platform"], result["reason"], result["name"]) == ("emscripten", None, "wasm")
+    assert result["error"] <= 1e-5 * result["scale"]
+
+
+# A prompt's ids (SmolLM2's tokens for a short story opening): ids, so that this needs no tokenizer.
+PROMPT = [19556, 2056, 253, 655, 28, 665, 60, 253, 1345, 11127, 2631, 260]
+GREEDY = """
+from ruvllm import host
+from ruvllm.runtime.engine import Engine, LoadOptions, open_model
+from ruvllm.runtime.generate import GenerationOptions, generate_tokens
+provider, reason = host.wasm_kernels("exact") if KERNELS == "wasm" else (None, None)
+options = LoadOptions(compute="q8", kernels=KERNELS, provider=provider)
+engine = Engine.from_store(*open_model(MODEL), options)
+steps = generate_tokens(engine, PROMPT, GenerationOptions.from_kwargs(max_tokens=16, temperature=0, ignore_eos=True))
+result = {"ids": [s.token_id for s in steps], "kernels": engine.kernels, "arithmetic": engine.arithmetic}
+"""
+
+
+def test_greedy_ids_with_the_kernels_in_a_plain_pyodide_equal_cpython(smollm2_dir):
+    code = f"MODEL, PROMPT, KERNELS = '/models/m', {PROMPT!r}, 'wasm'\n" + GREEDY
+    got = in_pyodide(code, {"/models/m": str(smollm2_dir)})
+    scope = {}
+    exec(f"MODEL, PROMPT, KERNELS = {str(smollm2_dir)!r}, {PROMPT!r}, 'numpy'\n" + GREEDY, scope)
+    assert (got["kernels"], got["arithmetic"]) == ("wasm", "exact")
+    assert got["ids"] == scope["result"]["ids"]
