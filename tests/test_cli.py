@@ -67,6 +67,17 @@ def test_generate_streams_the_same_text(smollm2_dir):
     assert streamed.stdout == as_json["text"] + "\n"
 
 
+def test_kernels_and_arithmetic_choose_what_computes(smollm2_dir):
+    """--kernels wasm on CPython is a one-line error saying where the kernels run; numpy with either
+    arithmetic computes NumPy's exact products (the same text)."""
+    args = ["generate", str(smollm2_dir), "--prompt", "Once upon a time", "--temperature", "0", "--max-tokens", "6"]
+    assert_one_line_error(ruvllm(*args, "--kernels", "wasm"), "kernels='wasm' needs the WebAssembly SIMD kernels")
+    texts = {ruvllm(*args, "--kernels", "numpy", "--arithmetic", a).stdout for a in ("exact", "fast")}
+    assert texts == {ruvllm(*args).stdout}
+    bad = ruvllm(*args, "--kernels", "gpu")
+    assert bad.returncode == 2 and "argument --kernels: invalid choice: 'gpu'" in bad.stderr
+
+
 def test_generate_with_system_prompt_and_sampling_options(smollm2_dir, smollm2):
     args = ["generate", str(smollm2_dir), "--prompt", "Hi", "--chat", "--system", "You are a pirate.", "--json"]
     sampled = [

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from ..errors import InvalidArgumentError, RuvLLMError
 from ..model.cache import COLD_FORMATS, KVOptions
 from ..model.weights import COMPUTE_FORMS
+from ..quant.provider import ARITHMETIC, DEFAULT_ARITHMETIC, KERNEL_CHOICES
 from ..runtime.engine import LoadOptions
 
 EXIT_ERROR, EXIT_USAGE = 1, 2
@@ -97,6 +98,19 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
         help="BLAS threads for prompt processing (default: one or every CPU, whichever measures faster as it "
         "runs; decoding uses one)",
     )
+    p.add_argument(
+        "--kernels",
+        choices=KERNEL_CHOICES,
+        default=LoadOptions.kernels,
+        help="what computes the matrix products: auto (the WebAssembly kernels in Pyodide, NumPy on CPython), "
+        "wasm (an error where they cannot run) or numpy",
+    )
+    p.add_argument(
+        "--arithmetic",
+        choices=ARITHMETIC,
+        default=DEFAULT_ARITHMETIC,
+        help="the WebAssembly kernels' arithmetic (docs/kernels.md); NumPy's is exact",
+    )
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
@@ -109,6 +123,7 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
         isq=args.isq,
         isq_format=args.isq_format,
         threads=args.threads,
+        kernels=args.kernels,
     )
 
 
@@ -129,7 +144,9 @@ def load_model(args: argparse.Namespace):
         o.isq,
         o.isq_format,
         o.threads,
+        o.kernels,
         chat_template=template,
+        arithmetic=args.arithmetic,
     )
     if getattr(args, "adapter", None):
         model.set_adapter(model.load_adapter(args.adapter))
