@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from e2e_support import DIST
+from e2e_support import DIST, demo_server, url_of
 
 ROOT = Path(__file__).resolve().parent.parent
 WHEELS = sorted((ROOT / "build" / "pyodide-wheels").glob("*.whl"))
@@ -92,3 +92,62 @@ def test_greedy_ids_with_the_kernels_in_a_plain_pyodide_equal_cpython(smollm2_di
     exec(f"MODEL, PROMPT, KERNELS = {str(smollm2_dir)!r}, {PROMPT!r}, 'numpy'\n" + GREEDY, scope)
     assert (got["kernels"], got["arithmetic"]) == ("wasm", "exact")
     assert got["ids"] == scope["result"]["ids"]
+
+
+@pytest.fixture(scope="module")
+def base_url(smollm2_dir, smollm2_gguf):
+    with demo_server() as httpd:  # web/serve.py: /models/ (model folders) and /gguf/ (build/downloads)
+        yield url_of(httpd)
+
+
+FETCHED = """
+from ruvllm import host
+from ruvllm.runtime.engine import Engine, LoadOptions, plan_for
+from ruvllm.runtime.generate import GenerationOptions, generate_tokens
+provider, _ = host.wasm_kernels("exact")
+options = LoadOptions(compute="q8", kernels="wasm", provider=provider)
+seen = []
+fetched = await host.fetch_model(URL, lambda config, store: plan_for(config, store, options), seen.append)
+engine = Engine.from_store(fetched.config, fetched.store, options)
+steps = generate_tokens(engine, PROMPT, GenerationOptions.from_kwargs(max_tokens=16, temperature=0, ignore_eos=True))
+result = {"ids": [s.token_id for s in steps], "files": sorted({p["file"] for p in seen}),
+          "complete": all(p["loaded"] <= p["total"] for p in seen) and seen[-1]["loaded"] == seen[-1]["total"],
+          "vocab": len(fetched.tokenizer["model"]["vocab"])}
+"""
+
+
+@pytest.mark.parametrize("where", ["gguf/SmolLM2-135M-Instruct.Q4_1.gguf", "models/smollm2-135m-instruct"])
+def test_a_model_fetched_by_url_computes_cpython_s_greedy_ids(where, base_url, smollm2_dir, smollm2_gguf):
+    """host.fetch_model reads a GGUF file or a model folder (no trailing slash needed) over fetch, with
+    progress per piece, and the engine built from it gives CPython's greedy ids for the same file."""
+    got = in_pyodide(f"URL, PROMPT = {base_url + where!r}, {PROMPT!r}\n" + FETCHED)
+    local = smollm2_gguf if where.endswith(".gguf") else smollm2_dir
+    scope: dict = {}
+    exec(f"MODEL, PROMPT, KERNELS = {str(local)!r}, {PROMPT!r}, 'numpy'\n" + GREEDY, scope)
+    assert got["ids"] == scope["result"]["ids"]
+    assert got["files"] == [where.rsplit("/", 1)[-1] if where.endswith(".gguf") else "model.safetensors"]
+    assert got["complete"] and got["vocab"] == 49152
+
+
+def test_fetching_refuses_a_model_that_cannot_fit_before_its_weights_and_names_missing_files(base_url):
+    """The GGUF header is enough to refuse: the download stops after a few pieces; a missing file is a
+    DownloadError with the URL and the HTTP status."""
+    result = in_pyodide(
+        f"""
+from ruvllm import load_async, LoadError, DownloadError
+seen, errors = [], []
+try:
+    await load_async({base_url + "gguf/SmolLM2-135M-Instruct.Q4_1.gguf"!r}, seen.append, memory_budget=10_000_000)
+except LoadError as e:
+    errors.append(str(e))
+try:
+    await load_async({base_url + "gguf/missing.gguf"!r})
+except DownloadError as e:
+    errors.append(str(e))
+result = {{"errors": errors, "loaded": seen[-1]["loaded"], "total": seen[-1]["total"]}}
+"""
+    )
+    refused, missing = result["errors"]
+    assert "does not fit" in refused or "memory budget" in refused, refused
+    assert result["loaded"] < result["total"] / 4  # stopped with the header, far from the end
+    assert missing == f"{base_url}gguf/missing.gguf: HTTP 404 File not found"

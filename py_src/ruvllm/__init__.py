@@ -24,7 +24,7 @@ Adapters reach the engine as what wraps its weights (`Engine.attach`), so the ru
 learning.
 """
 
-from .api import Model, load
+from .api import Model, load, load_async
 from .errors import (
     ContextFullError,
     DownloadError,
@@ -52,4 +52,5 @@ __all__ = [
     "SamplingOptions",
     "Stats",
     "load",
+    "load_async",
 ]

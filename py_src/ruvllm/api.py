@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -32,7 +32,7 @@ from .model.config import ModelConfig
 from .model.weights import ComputeOptions
 from .quant.provider import ARITHMETIC, DEFAULT_ARITHMETIC, KernelProvider
 from .runtime.constrain import Vocabulary
-from .runtime.engine import Engine, LoadOptions, is_gguf, open_gguf, open_model
+from .runtime.engine import Engine, LoadOptions, is_gguf, open_gguf, open_model, plan_for
 from .runtime.generate import Constraint, GenerationOptions
 from .session import KEEP, AdapterChoice, Session
 from .text.stream import Chunk
@@ -342,6 +342,46 @@ def load(
     model = Model(engine, tokenizer, eos_token_ids(generation_config, engine, tokenizer), name)
     model._read_folders.append(path)
     return model
+
+
+async def load_async(
+    source: str,
+    on_progress: Callable[[dict], None] | None = None,
+    *,
+    context_length: int | None = None,
+    compute: str | ComputeOptions = "auto",
+    memory_budget: int | None = None,
+    kv: KVOptions | None = None,
+    kernels: str = "auto",
+    arithmetic: str = DEFAULT_ARITHMETIC,
+    chat_template: str | None = None,
+) -> Model:
+    """Load a model over fetch, inside Pyodide (a notebook, a PyScript page, a console; browsers and
+    Node): a GGUF file's URL, a model folder's URL (config.json, tokenizer.json, model.safetensors or
+    its shards), or a hub name as `load` takes (from $RUVLLM_HF_ENDPOINT or the hub).
+
+        model = await ruvllm.load_async("hf:OWNER/REPO/FILE.gguf", on_progress=print)
+
+    A GGUF's header arrives first: a model the memory plan refuses fails before its weights download.
+    Each piece is copied once into memory Python owns; where the page has the Cache API, files read to
+    their end are kept there (the npm package's store) and read from it next time. on_progress gets
+    {"file", "loaded", "total"} (bytes) after each piece. The options are `load`'s.
+    """
+    provider = host_kernels(kernels, arithmetic)
+    options = LoadOptions(
+        context_length=context_length,
+        compute=compute,
+        memory_budget=memory_budget,
+        kv=kv or KVOptions(),
+        kernels=kernels,
+        provider=provider,
+    )
+    fetched = await host.fetch_model(source, lambda config, store: plan_for(config, store, options), on_progress)
+    tokenizer = Tokenizer(json.dumps(fetched.tokenizer), fetched.tokenizer_config, f"{fetched.where} (tokenizer)")
+    if chat_template is not None:
+        tokenizer.set_chat_template(chat_template)
+    engine = Engine.from_store(fetched.config, fetched.store, options)
+    return Model(engine, tokenizer, eos_token_ids(fetched.generation_config, engine, tokenizer), model_name(source))
 
 
 def host_kernels(kernels: str, arithmetic: str) -> KernelProvider | None:

@@ -1,8 +1,12 @@
 """What the runtime hosting Python offers the engine beyond NumPy. In Pyodide (any Pyodide: a notebook,
-PyScript, a console, the npm package's worker) that is the WebAssembly SIMD kernels: this module
-compiles the wheel's own kernels.wasm, checks a known answer on a memory of its own, then instantiates
-it on Pyodide's memory, so the kernels read and write NumPy's arrays in place (quant/wasm.py). CPython
-offers nothing: its NumPy has a BLAS.
+PyScript, a console, the npm package's worker):
+- the WebAssembly SIMD kernels: this module compiles the wheel's own kernels.wasm, checks a known answer
+  on a memory of its own, then instantiates it on Pyodide's memory, so the kernels read and write
+  NumPy's arrays in place (quant/wasm.py);
+- fetch: a model's files by URL (`fetch_model`, for `api.load_async`), the GGUF header first so a model
+  that cannot fit is refused before its weights download, each piece copied once into memory Python
+  owns, kept in the page's Cache API where it has one.
+CPython offers neither: its NumPy has a BLAS, and `api.load` reads files and downloads from the hub.
 
 With the bridge, the only module that imports `js`/`pyodide`; it does so only inside Pyodide.
 """
@@ -10,12 +14,24 @@ With the bridge, the only module that imports `js`/`pyodide`; it does so only in
 from __future__ import annotations
 
 import functools
+import json
 import sys
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import numpy as np
 
+from .errors import DownloadError, InvalidArgumentError, LoadError
+from .files import jsonfields as fields
+from .files.gguf import GGUFFile, header_size
+from .files.gguf_model import GGUFModel
+from .files.hub import is_hub_name, parse
+from .files.store import TensorStore
+from .files.tensorfile import PieceBuffer, SafetensorsFile
+from .model.config import ModelConfig
 from .quant.provider import DEFAULT_ARITHMETIC
 from .quant.wasm import WasmKernels
 
@@ -103,3 +119,175 @@ def _kernel_exports() -> tuple[Any, str | None]:
         return None, "this runtime's SIMD128 gave a wrong answer on the kernels' self-test"
     imports = to_js({"env": {"memory": memory}}, dict_converter=js.Object.fromEntries)
     return js.WebAssembly.Instance.new(module, imports).exports, None
+
+
+# --- fetch: a model by URL ----------------------------------------------------------------------------
+
+MODELS_CACHE = "ruvllm-models-v1"  # the Cache API store the npm package's worker keeps models in too
+
+
+@dataclass
+class Fetched:
+    """A model's files, read over fetch: what `api.load_async` builds the model from."""
+
+    config: ModelConfig
+    store: TensorStore
+    tokenizer: dict  # tokenizer.json's document (for a GGUF: made from its metadata)
+    tokenizer_config: dict
+    generation_config: dict
+    where: str  # the URL, for messages
+
+
+Progress = Callable[[dict], None]  # {"file", "loaded", "total"} after each piece of a file
+PlanCheck = Callable[[ModelConfig, TensorStore], object]  # raises when the model cannot be loaded
+
+
+async def fetch_model(source: str, check: PlanCheck, on_progress: Progress | None = None) -> Fetched:
+    """The files of the model at `source`: a GGUF file's URL, a model folder's URL (config.json,
+    tokenizer.json, model.safetensors or its shards), or a hub name (`hf:OWNER/REPO[/FILE.gguf]`, from
+    $RUVLLM_HF_ENDPOINT or the hub). `check` sees the config and the weights' headers before their data:
+    a model it refuses is not downloaded (a sharded folder's earlier shards are, before the last one's
+    header completes the picture)."""
+    if not IN_PYODIDE:
+        raise InvalidArgumentError("load_async fetches over JavaScript's fetch, inside Pyodide; on CPython use load()")
+    if is_hub_name(source):
+        hub = parse(source)
+        url_of: Callable[[str], str] = hub.url
+        gguf = hub.file
+    else:
+        base = source if source.endswith("/") or source.lower().endswith(".gguf") else source + "/"
+        url_of, gguf = (lambda path: urllib.parse.urljoin(base, path)), (None if base.endswith("/") else "")
+    if gguf is not None:
+        return await _fetch_gguf(url_of(gguf) if gguf else source, check, on_progress)
+    return await _fetch_folder(url_of, check, on_progress)
+
+
+async def _fetch_gguf(url: str, check: PlanCheck, on_progress: Progress | None) -> Fetched:
+    name = urllib.parse.unquote(url.rsplit("/", 1)[-1].split("?")[0]) or url
+    header: list[GGUFModel] = []
+
+    def on_piece(piece: PieceBuffer) -> None:
+        if header:
+            return
+        at = header_size(piece.array[: piece.filled], piece.array.size, url)
+        if at is not None and piece.filled >= at:
+            model = GGUFModel(GGUFFile.from_header(piece.array[:at], piece.array.size, url))
+            check(ModelConfig.from_dict(model.config, f"{url} (GGUF metadata)"), TensorStore([model]))
+            header.append(model)
+
+    piece = await _download(url, name, on_progress, on_piece)
+    piece.check_complete()
+    model = GGUFModel(GGUFFile(piece.array, url))
+    config = ModelConfig.from_dict(model.config, f"{url} (GGUF metadata)")
+    tokenizer, tokenizer_config, generation_config = model.tokenizer_files()
+    return Fetched(config, TensorStore([model]), tokenizer, tokenizer_config, generation_config, url)
+
+
+async def _fetch_folder(url_of: Callable[[str], str], check: PlanCheck, on_progress: Progress | None) -> Fetched:
+    where = url_of("")
+
+    async def document(path: str, optional: bool = False) -> dict:
+        piece = await _download(url_of(path), path, None, optional=optional)
+        if piece is None:
+            return {}
+        try:
+            raw = json.loads(piece.array.tobytes())
+        except (UnicodeDecodeError, json.JSONDecodeError) as e:
+            raise LoadError(f"{url_of(path)}: not valid JSON ({e})") from None
+        return fields.obj(raw, url_of(path))
+
+    config = ModelConfig.from_dict(await document("config.json"), url_of("config.json"))
+    tokenizer = await document("tokenizer.json")
+    tokenizer_config = await document("tokenizer_config.json", optional=True)
+    generation_config = await document("generation_config.json", optional=True)
+    index = await document("model.safetensors.index.json", optional=True)
+    weight_map = fields.obj(index.get("weight_map", {}), url_of("model.safetensors.index.json"))
+    shards = sorted(set(map(str, weight_map.values()))) or ["model.safetensors"]
+    for shard in shards:
+        if not _is_plain_path(shard):
+            raise LoadError(f"{url_of('model.safetensors.index.json')}: shard name {shard!r} is not a file name")
+    files: list[SafetensorsFile | GGUFModel] = []
+    for i, shard in enumerate(shards):
+        last = i == len(shards) - 1  # once its header is in, every weight file's is: the plan can be checked
+        on_piece = _check_on_header(config, files, shard, check) if last else None
+        piece = await _download(url_of(shard), shard, on_progress, on_piece)
+        files.append(piece.finish())
+    return Fetched(config, TensorStore(files), tokenizer, tokenizer_config, generation_config, where)
+
+
+def _check_on_header(
+    config: ModelConfig, files: list[SafetensorsFile | GGUFModel], name: str, check: PlanCheck
+) -> Callable[[PieceBuffer], None]:
+    """What checks the plan as soon as the header of the weight file `name` is in (`files`: the others)."""
+    checked = False
+
+    def on_piece(piece: PieceBuffer) -> None:
+        nonlocal checked
+        if not checked and piece.header() is not None:
+            checked = True
+            head = SafetensorsFile.from_header(piece.array[: piece.filled].data, piece.array.size, name)
+            check(config, TensorStore([*files, head]))
+
+    return on_piece
+
+
+def _is_plain_path(path: str) -> bool:
+    return all(part not in ("", ".", "..") and "\\" not in part for part in path.split("/"))
+
+
+async def _download(
+    url: str,
+    name: str,
+    on_progress: Progress | None,
+    on_piece: Callable[[PieceBuffer], None] | None = None,
+    optional: bool = False,
+) -> Any:
+    """The bytes at `url` in a buffer Python owns (each piece copied once, straight into it), from the
+    Cache API when the page has one and it holds them (stored there after a complete download); None
+    for an optional file the server does not have (404)."""
+    import js
+    from pyodide.ffi import JsException, to_js
+
+    store = None
+    if hasattr(js, "caches"):
+        try:
+            store = await js.caches.open(MODELS_CACHE)
+        except JsException:
+            store = None  # (an opaque origin, a private window): no caching
+    response: Any = await store.match(url) if store is not None else None
+    cached = bool(response)
+    if not cached:
+        try:
+            response = await js.fetch(url)
+        except JsException as e:
+            raise DownloadError(f"{url}: cannot fetch it ({e.message})") from None
+        if response.status == 404 and optional:
+            return None
+        if not response.ok:
+            raise DownloadError(f"{url}: HTTP {response.status} {response.statusText}".rstrip())
+    length = response.headers.get("content-length")
+    if length is None or not str(length).isdigit():
+        raise DownloadError(f"{url}: the server gave no Content-Length, so the file's size is unknown")
+    piece = PieceBuffer(int(length), url)
+    reader = response.body.getReader()
+    try:
+        while True:
+            part = await reader.read()
+            if part.done:
+                break
+            chunk = part.value
+            chunk.assign_to(piece.next_slice(int(chunk.length)))
+            if on_progress is not None:
+                on_progress({"file": name, "loaded": piece.filled, "total": piece.array.size})
+            if on_piece is not None:
+                on_piece(piece)
+    except BaseException:
+        await reader.cancel()
+        raise
+    if store is not None and not cached and piece.filled == piece.array.size:
+        try:  # (a failed write only costs the caching)
+            headers = to_js({"content-length": str(piece.filled)}, dict_converter=js.Object.fromEntries)
+            await store.put(url, js.Response.new(to_js(piece.array), to_js({"headers": headers})))
+        except JsException:
+            pass
+    return piece
