@@ -217,8 +217,8 @@ case "${1:-all}" in
     build_all test
     browser
     pyodide_wheels
-    "$VENV/bin/ruff" check py_src tests benchmarks web kernels
-    "$VENV/bin/ruff" format --check py_src tests benchmarks web kernels
+    "$VENV/bin/ruff" check py_src tests benchmarks web kernels examples
+    "$VENV/bin/ruff" format --check py_src tests benchmarks web kernels examples
     lint_tools
     node_modules/.bin/eslint
     node_modules/.bin/prettier --check .

@@ -1,6 +1,7 @@
 """Serve the demo on 127.0.0.1: the page (web/), the npm package (npm/), the converted models (models/),
-the GGUF files of build/downloads/ (under /gguf/) and, when one is on disk, a local Pyodide distribution
-(else the page uses the official CDN).
+the GGUF files of build/downloads/ (under /gguf/), the examples (examples/: /examples/pyscript/ is ruvllm
+from Python in a PyScript page) and, when one is on disk, a local Pyodide distribution (else the page uses
+the official CDN).
 
     python web/serve.py [--port 8000]
 
@@ -67,6 +68,10 @@ class DemoServer(ThreadingHTTPServer):
             "/npm/": ROOT / "npm",
             "/models/": ROOT / "models",
             "/gguf/": ROOT / "build" / "downloads",
+            # examples/pyscript: PyScript from npm (the top package.json) and the wheels micropip installs
+            "/examples/": ROOT / "examples",
+            "/pyscript/": ROOT / "node_modules" / "@pyscript" / "core" / "dist",
+            "/pyodide-wheels/": ROOT / "build" / "pyodide-wheels",
             "/": ROOT / "web",
         }
         if pyodide is not None:

@@ -1,0 +1,38 @@
+"""A chat answer streamed into the page, from Python: what a PyScript user writes to use ruvllm.
+
+?model=URL picks the GGUF (default: the demo's SmolLM2); ?q=TEXT the question; ?arithmetic=exact|fast the
+kernels' arithmetic. When the answer is done, window.__result holds it (the browser test reads it).
+"""
+
+import asyncio
+import json
+
+from pyscript import document, window
+
+import ruvllm
+
+params = window.URLSearchParams.new(window.location.search)
+model_url = params.get("model") or "/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
+question = params.get("q") or "What is the capital of France?"
+options = {"arithmetic": params.get("arithmetic")} if params.get("arithmetic") else {}
+status, answer = document.getElementById("status"), document.getElementById("answer")
+document.getElementById("question").textContent = question
+
+
+def progress(p: dict) -> None:
+    status.textContent = f"Loading {p['file']}: {100 * p['loaded'] // p['total']}%"
+
+
+try:
+    model = await ruvllm.load_async(model_url, progress, **options)  # noqa: F704 (PyScript runs this at the top level)
+    status.textContent = f"Answering with {model.name} ({model.engine.kernels} kernels)…"
+    ids = []
+    for chunk in model.chat([{"role": "user", "content": question}], temperature=0, max_tokens=48):
+        answer.textContent += chunk.text
+        ids.append(chunk.token_id)
+        await asyncio.sleep(0)  # noqa: F704 (let the page paint each piece)
+    status.textContent = "Done."
+    window.__result = json.dumps({"text": answer.textContent, "ids": ids, "kernels": model.engine.kernels})
+except ruvllm.RuvLLMError as error:
+    status.textContent = f"Error: {error}"
+    window.__result = json.dumps({"error": str(error)})

@@ -1,0 +1,45 @@
+"""End-to-end: examples/pyscript (ruvllm from Python in a PyScript page) in Debian's Chromium. PyScript
+(from npm) starts the local Pyodide, micropip installs the wheels of pyscript.json, and chat.py loads the
+demo GGUF by URL with ruvllm.load_async and streams a chat answer into the page: its ids are CPython's.
+
+Needs a local Pyodide distribution (docs/pyodide.md) and skips, saying so, without one.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from e2e_support import PYODIDE_MARKS, ROOT, demo_server, url_of
+
+pytestmark = PYODIDE_MARKS
+QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture(scope="module")
+def base_url(smollm2_gguf):
+    if not (ROOT / "node_modules" / "@pyscript" / "core" / "dist" / "core.js").exists():
+        pytest.fail("PyScript is missing: npm ci at the top of the repository installs it (./build.sh test does)")
+    with demo_server() as httpd:
+        yield url_of(httpd)
+
+
+def test_a_pyscript_page_loads_a_gguf_by_url_and_streams_cpython_s_answer(browser, base_url, smollm2_gguf):
+    from ruvllm import load
+
+    context = browser.new_context()
+    page = context.new_page()
+    query = f"?q={QUESTION.replace(' ', '+')}&arithmetic=exact"
+    page.goto(f"{base_url}examples/pyscript/{query}")
+    page.wait_for_function("window.__result !== undefined", timeout=300_000)
+    result = json.loads(page.evaluate("window.__result"))
+    assert "error" not in result, result["error"]
+    shown = page.locator("#answer").inner_text()
+    context.close()
+    model = load(str(smollm2_gguf), kernels="numpy")
+    expected = list(model.chat([{"role": "user", "content": QUESTION}], temperature=0, max_tokens=48))
+    assert result["kernels"] == "wasm"
+    assert result["ids"] == [c.token_id for c in expected]
+    assert result["text"] == "".join(c.text for c in expected) and "Paris" in result["text"]
+    assert shown.strip() == result["text"].strip()
