@@ -25,21 +25,33 @@ def base_url(smollm2_gguf):
         yield url_of(httpd)
 
 
-def test_a_pyscript_page_loads_a_gguf_by_url_and_streams_cpython_s_answer(browser, base_url, smollm2_gguf):
-    from ruvllm import load
-
+def answer_of(browser, url: str) -> tuple[dict, str]:
     context = browser.new_context()
     page = context.new_page()
-    query = f"?q={QUESTION.replace(' ', '+')}&arithmetic=exact"
-    page.goto(f"{base_url}examples/pyscript/{query}")
+    page.goto(url)
     page.wait_for_function("window.__result !== undefined", timeout=300_000)
     result = json.loads(page.evaluate("window.__result"))
-    assert "error" not in result, result["error"]
     shown = page.locator("#answer").inner_text()
     context.close()
+    assert "error" not in result, result["error"]
+    return result, shown
+
+
+@pytest.mark.parametrize("kind", ["chat", "text"])
+def test_a_pyscript_page_loads_a_gguf_by_url_and_streams_cpython_s_answer(kind, browser, base_url, smollm2_gguf):
+    """A chat answer (the chat template in jinja2, the text in plain Python) and a raw continuation."""
+    from ruvllm import load
+
+    query = f"q={QUESTION.replace(' ', '+')}" if kind == "chat" else "text=Once+upon+a+time"
+    result, shown = answer_of(browser, f"{base_url}examples/pyscript/?{query}&arithmetic=exact")
     model = load(str(smollm2_gguf), kernels="numpy")
-    expected = list(model.chat([{"role": "user", "content": QUESTION}], temperature=0, max_tokens=48))
+    if kind == "chat":
+        expected = list(model.chat([{"role": "user", "content": QUESTION}], temperature=0, max_tokens=48))
+    else:
+        expected = list(model.generate("Once upon a time", temperature=0, max_tokens=24))
     assert result["kernels"] == "wasm"
     assert result["ids"] == [c.token_id for c in expected]
-    assert result["text"] == "".join(c.text for c in expected) and "Paris" in result["text"]
+    assert result["text"] == "".join(c.text for c in expected)
     assert shown.strip() == result["text"].strip()
+    if kind == "chat":
+        assert "Paris" in result["text"]

@@ -1,7 +1,8 @@
 """A chat answer streamed into the page, from Python: what a PyScript user writes to use ruvllm.
 
-?model=URL picks the GGUF (default: the demo's SmolLM2); ?q=TEXT the question; ?arithmetic=exact|fast the
-kernels' arithmetic. When the answer is done, window.__result holds it (the browser test reads it).
+?model=URL picks the GGUF (default: the demo's SmolLM2); ?q=TEXT the question; ?text=TEXT continues raw
+text instead of chatting; ?arithmetic=exact|fast the kernels' arithmetic. When the answer is done,
+window.__result holds it (the browser test reads it).
 """
 
 import asyncio
@@ -14,9 +15,10 @@ import ruvllm
 params = window.URLSearchParams.new(window.location.search)
 model_url = params.get("model") or "/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
 question = params.get("q") or "What is the capital of France?"
+raw_text = params.get("text")  # (None: chat)
 options = {"arithmetic": params.get("arithmetic")} if params.get("arithmetic") else {}
 status, answer = document.getElementById("status"), document.getElementById("answer")
-document.getElementById("question").textContent = question
+document.getElementById("question").textContent = raw_text or question
 
 
 def progress(p: dict) -> None:
@@ -27,7 +29,11 @@ try:
     model = await ruvllm.load_async(model_url, progress, **options)  # noqa: F704 (PyScript runs this at the top level)
     status.textContent = f"Answering with {model.name} ({model.engine.kernels} kernels)…"
     ids = []
-    for chunk in model.chat([{"role": "user", "content": question}], temperature=0, max_tokens=48):
+    if raw_text is not None:
+        chunks = model.generate(raw_text, temperature=0, max_tokens=24)
+    else:
+        chunks = model.chat([{"role": "user", "content": question}], temperature=0, max_tokens=48)
+    for chunk in chunks:
         answer.textContent += chunk.text
         ids.append(chunk.token_id)
         await asyncio.sleep(0)  # noqa: F704 (let the page paint each piece)
