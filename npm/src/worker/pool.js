@@ -1,0 +1,349 @@
+/**
+ * The kernel thread pool (issue 25): the WebAssembly SIMD kernels on several threads at once.
+ *
+ * One shared WebAssembly.Memory belongs to the pool. It holds a control block, each thread's scratch,
+ * the inputs and outputs of the product under way, and the matrices placed in it (codes, scales, mins;
+ * float32 weights). Each extra thread is a worker (worker_threads in Node, a module Web Worker in
+ * browsers: pool-worker.js) running its own instance of kernels-shared.wasm on that memory; the thread
+ * that calls `run` (the Pyodide worker's) takes part as thread 0.
+ *
+ * A dispatch: the caller writes the job (the matrices of one product, or of several sharing an input:
+ * q/k/v) into the control block, copies x in (and quantizes it once for fast arithmetic), bumps the
+ * generation word and notifies; every thread computes its slice of the output features of every
+ * matrix in the job (slices start at multiples of 16 rows, so each output is summed in the one order
+ * the single-thread kernels use: the same bits at every thread count), counts itself done, and the last
+ * one notifies the caller, which then copies y out. Waiting is a bounded spin on the word, then
+ * Atomics.wait: no message per product.
+ */
+
+import { IS_NODE } from '../env.js';
+import { RuvLLMError } from '../errors.js';
+
+/** Words of the control block (an Int32Array over the first bytes of the pool memory). */
+export const CTL = Object.freeze({
+  GEN: 0, // bumped by the caller for each dispatch (and for stop)
+  DONE: 1, // workers done with the current dispatch
+  STOP: 2, // 1: workers leave their loop
+  FAILED: 3, // 1: a worker's slice threw (the caller throws after the dispatch)
+  THREADS: 4, // threads taking part, the caller included
+  JOBS: 5, // matrices in the current dispatch
+  FAST: 6, // 1: decoding products of quantized matrices take x quantized (xq, d, xs)
+  T: 7, // rows of x
+  X: 8, // where x is (float32, T * K)
+  XQ: 9, // quantize_x's outputs: xq int16 (T, K), d (T, G), xs (T, G)
+  D: 10,
+  XS: 11,
+  SCRATCH: 16, // SCRATCH + i: thread i's scratch (TILE_ROWS * K float32)
+  JOB: 96, // JOB + JOB_WORDS * j: matrix j of the dispatch (JOB_FIELDS)
+});
+export const MAX_THREADS = 64;
+export const MAX_JOBS = 8;
+const JOB_WORDS = 12;
+const JOB_FIELDS = Object.freeze({ FORM: 0, W: 1, SCALES: 2, MINS: 3, OFFSET: 4, Y: 5, N: 6, K: 7 });
+const CONTROL_BYTES = 4096;
+/** Matrix forms: float32 weights, int8 codes (scale per 32), int8 codes (scale per 16, no mins), q4 nibbles. */
+export const FORMS = Object.freeze(['dense', 'q8', 'q8h', 'q4']);
+const GROUP = 32;
+const TILE_ROWS = 16; // kernels.c: weight rows per tile, and the slices' granularity
+const GROUPED_MAX_ROWS = 4; // kernels.c: the most rows of x contracted group by group (decoding)
+const PAGE = 65536;
+/** Iterations of the bounded spin (a few tens of microseconds) before a thread sleeps in Atomics.wait. */
+export const DEFAULT_SPIN = 20000;
+
+/** Output features [n0, n1) of N that thread `i` of `threads` computes: whole tiles, spread evenly. */
+export function slice(N, i, threads) {
+  const tiles = Math.ceil(N / TILE_ROWS);
+  const lo = Math.floor((tiles * i) / threads) * TILE_ROWS;
+  const hi = Math.min(N, Math.floor((tiles * (i + 1)) / threads) * TILE_ROWS);
+  return [Math.min(lo, N), hi];
+}
+
+/**
+ * Thread `i`'s part of the dispatch described in the control block: its slice of every matrix. The
+ * same code runs in the caller (i = 0) and in each worker.
+ * @param {Record<string, Function>} k the instance's exports
+ * @param {Int32Array} ctl
+ * @param {number} i
+ */
+export function runSlice(k, ctl, i) {
+  const threads = ctl[CTL.THREADS];
+  const T = ctl[CTL.T];
+  const fast = ctl[CTL.FAST] === 1 && T <= GROUPED_MAX_ROWS;
+  const x = ctl[CTL.X];
+  const scratch = ctl[CTL.SCRATCH + i];
+  for (let j = 0; j < ctl[CTL.JOBS]; j++) {
+    const at = CTL.JOB + JOB_WORDS * j;
+    const form = FORMS[ctl[at + JOB_FIELDS.FORM]];
+    const [w, scales, mins, offset, y, N, K] = [
+      ctl[at + JOB_FIELDS.W],
+      ctl[at + JOB_FIELDS.SCALES],
+      ctl[at + JOB_FIELDS.MINS],
+      ctl[at + JOB_FIELDS.OFFSET],
+      ctl[at + JOB_FIELDS.Y],
+      ctl[at + JOB_FIELDS.N],
+      ctl[at + JOB_FIELDS.K],
+    ];
+    const [n0, n1] = slice(N, i, threads);
+    if (n1 <= n0) continue;
+    if (form === 'dense') k.dense_rows(x, w, y, T, N, K, n0, n1);
+    else if (fast)
+      k[`${form}_fast_rows`](ctl[CTL.XQ], ctl[CTL.D], ctl[CTL.XS], w, scales, mins, offset, y, T, N, K, n0, n1);
+    else k[`${form}_exact_rows`](x, w, scales, mins, offset, y, scratch, T, N, K, n0, n1);
+  }
+}
+
+/**
+ * Wait until `ctl[word]` is no longer `value`: spin `spin` iterations, then sleep in Atomics.wait.
+ * @param {Int32Array} ctl
+ */
+export function waitWhile(ctl, word, value, spin) {
+  for (let n = 0; n < spin; n++) if (Atomics.load(ctl, word) !== value) return;
+  while (Atomics.load(ctl, word) === value) Atomics.wait(ctl, word, value);
+}
+
+/** A shared memory of at least `pages` pages, with the largest maximum this runtime lets us reserve. */
+function sharedMemory(pages, maxPages) {
+  for (let maximum = maxPages; maximum >= pages; maximum = Math.floor(maximum / 2)) {
+    try {
+      return new WebAssembly.Memory({ initial: pages, maximum, shared: true });
+    } catch (error) {
+      if (!(error instanceof RangeError)) throw error;
+    }
+  }
+  throw new RuvLLMError('load', `cannot reserve a shared WebAssembly memory of ${pages} pages for the kernel threads`);
+}
+
+/** Start one worker on the pool memory; resolves once its instance is ready. */
+async function startWorker(module, memory, id, spin) {
+  const url = new URL('./pool-worker.js', import.meta.url);
+  const init = { module, memory, id, spin };
+  if (IS_NODE) {
+    const { Worker } = await import('node:worker_threads');
+    const worker = new Worker(url);
+    const ready = new Promise((resolve, reject) => {
+      worker.once('message', (m) => (m?.ready ? resolve(null) : reject(new Error(m?.error ?? 'no answer'))));
+      worker.once('error', reject);
+      worker.once('exit', (code) => reject(new Error(`exited with code ${code}`)));
+    });
+    worker.postMessage(init);
+    try {
+      await ready;
+    } catch (error) {
+      await worker.terminate();
+      throw error;
+    }
+    return { terminate: () => worker.terminate() };
+  }
+  const worker = new Worker(url, { type: 'module' });
+  const ready = new Promise((resolve, reject) => {
+    worker.addEventListener('message', (e) => (e.data?.ready ? resolve(null) : reject(new Error(e.data?.error))), {
+      once: true,
+    });
+    worker.addEventListener('error', (e) => reject(new Error(e.message || 'worker error')), { once: true });
+  });
+  worker.postMessage(init);
+  try {
+    await ready;
+  } catch (error) {
+    worker.terminate();
+    throw error;
+  }
+  return { terminate: async () => worker.terminate() };
+}
+
+/**
+ * Start a pool of `threads` threads (the caller and threads - 1 workers) running `module`, a compiled
+ * kernels-shared.wasm. A worker that cannot start ends the others and fails the whole start.
+ * @param {WebAssembly.Module} module
+ * @param {{ threads: number, spin?: number, maxBytes?: number }} options
+ */
+export async function startPool(module, { threads, spin = DEFAULT_SPIN, maxBytes = 2 ** 32 }) {
+  if (!Number.isInteger(threads) || threads < 1 || threads > MAX_THREADS)
+    throw new RuvLLMError('invalid_argument', `threads must be an integer from 1 to ${MAX_THREADS}, got ${threads}`);
+  const memory = sharedMemory(2, Math.min(65536, Math.floor(maxBytes / PAGE))); // the module declares 2 pages
+  const instance = await WebAssembly.instantiate(module, { env: { memory } });
+  const pool = new KernelPool(memory, /** @type {any} */ (instance.exports), threads, spin);
+  try {
+    for (let id = 1; id < threads; id++) pool.workers.push(await startWorker(module, memory, id, spin));
+  } catch (error) {
+    await pool.dispose();
+    throw new RuvLLMError('load', `cannot start the kernel threads: ${error.message}`);
+  }
+  return pool;
+}
+
+export class KernelPool {
+  /** @type {{ terminate(): Promise<unknown> }[]} */
+  workers = [];
+  #top = CONTROL_BYTES; // the bump allocator: first free byte
+  #io = { at: 0, bytes: 0 }; // x, quantize_x's outputs and the outputs of a dispatch
+  #scratchFloats = 0; // each thread's scratch, in float32
+  #matrices = []; // handle -> { form, w, scales, mins, offset, N, K }
+  #disposed = false;
+
+  /**
+   * @param {WebAssembly.Memory} memory
+   * @param {Record<string, Function>} exports the caller's instance
+   */
+  constructor(memory, exports, threads, spin) {
+    this.memory = memory;
+    this.exports = exports;
+    this.threads = threads;
+    this.spin = spin;
+    this.ctl = new Int32Array(memory.buffer, 0, CONTROL_BYTES / 4);
+    this.ctl[CTL.THREADS] = threads;
+  }
+
+  /** Bytes reserved in the pool memory so far. */
+  get bytes() {
+    return this.#top;
+  }
+
+  /** `bytes` bytes of the pool memory, aligned to 16, growing the memory when needed: their address. */
+  alloc(bytes) {
+    const at = (this.#top + 15) & ~15;
+    const end = at + bytes;
+    const have = this.memory.buffer.byteLength;
+    if (end > have) {
+      try {
+        this.memory.grow(Math.ceil((end - have) / PAGE));
+      } catch (error) {
+        throw new RuvLLMError('load', `the kernel threads' memory cannot grow to ${end} bytes: ${error.message}`);
+      }
+    }
+    this.#top = end;
+    return at;
+  }
+
+  /** A copy of `bytes` (any typed array) in the pool memory: its address. */
+  place(bytes) {
+    const source = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    const at = this.alloc(source.byteLength);
+    new Uint8Array(this.memory.buffer, at, source.byteLength).set(source);
+    return at;
+  }
+
+  /**
+   * Register a matrix whose parts are already in the pool memory (addresses from `place`); the handle
+   * names it in `run`. form: 'dense' (w: float32 (N, K)), 'q8', 'q8h' or 'q4' (w: the codes; scales,
+   * mins (0: none) and the code offset as matrices.py keeps them).
+   */
+  matrix({ form, w, scales = 0, mins = 0, offset = 0, N, K }) {
+    if (!FORMS.includes(form)) throw new RuvLLMError('invalid_argument', `unknown matrix form ${form}`);
+    if (K % GROUP !== 0 && form !== 'dense')
+      throw new RuvLLMError('invalid_argument', `a quantized matrix needs K a multiple of ${GROUP}, got ${K}`);
+    if (TILE_ROWS * K > this.#scratchFloats) this.#scratch(TILE_ROWS * K);
+    this.#matrices.push({ form: FORMS.indexOf(form), w, scales, mins, offset, N, K });
+    return this.#matrices.length - 1;
+  }
+
+  /** Give every thread `floats` float32 of scratch (the old scratch stays unused: growth is rare). */
+  #scratch(floats) {
+    for (let i = 0; i < this.threads; i++) this.ctl[CTL.SCRATCH + i] = this.alloc(4 * floats);
+    this.#scratchFloats = floats;
+  }
+
+  /** `bytes` bytes of input/output space for one dispatch (kept and grown, never shrunk). */
+  #ioSpace(bytes) {
+    if (bytes > this.#io.bytes) {
+      const size = Math.max(bytes, 2 * this.#io.bytes);
+      this.#io = { at: this.alloc(size), bytes: size };
+    }
+    return this.#io.at;
+  }
+
+  /**
+   * y_j = x @ W_j.T for the matrices `handles` (all with the same K), on every thread. x: float32 (T, K);
+   * ys: one float32 (T, N_j) array per matrix, written. fast: decoding products (T <= 4) of quantized
+   * matrices take x quantized to int16 per group (kernels.c quantize_x), as WasmKernels does.
+   * @param {number[]} handles
+   * @param {Float32Array} x
+   * @param {number} T
+   * @param {Float32Array[]} ys
+   */
+  run(handles, x, T, ys, fast = false) {
+    if (this.#disposed) throw new RuvLLMError('inference', 'the kernel threads were stopped');
+    if (handles.length < 1 || handles.length > MAX_JOBS)
+      throw new RuvLLMError('invalid_argument', `a dispatch takes 1 to ${MAX_JOBS} matrices, got ${handles.length}`);
+    const jobs = handles.map((h) => this.#matrices[h]);
+    const K = jobs[0].K;
+    if (jobs.some((m) => m.K !== K)) throw new RuvLLMError('invalid_argument', 'matrices of one dispatch share K');
+    const G = K / GROUP;
+    const xBytes = 4 * T * K;
+    const quantize = fast && T <= GROUPED_MAX_ROWS && jobs.some((m) => FORMS[m.form] !== 'dense');
+    const qBytes = quantize ? 2 * T * K + 8 * T * G : 0;
+    const yBytes = jobs.map((m) => (4 * T * m.N + 15) & ~15);
+    const at = this.#ioSpace(((xBytes + 15) & ~15) + ((qBytes + 15) & ~15) + yBytes.reduce((a, b) => a + b, 0));
+    const xAt = at;
+    const qAt = at + ((xBytes + 15) & ~15);
+    let yAt = qAt + ((qBytes + 15) & ~15);
+    const buffer = this.memory.buffer;
+    new Float32Array(buffer, xAt, T * K).set(x.subarray(0, T * K));
+    const ctl = this.ctl;
+    ctl[CTL.T] = T;
+    ctl[CTL.X] = xAt;
+    ctl[CTL.FAST] = quantize ? 1 : 0;
+    if (quantize) {
+      ctl[CTL.XQ] = qAt;
+      ctl[CTL.D] = qAt + 2 * T * K;
+      ctl[CTL.XS] = qAt + 2 * T * K + 4 * T * G;
+      this.exports.quantize_x(xAt, ctl[CTL.XQ], ctl[CTL.D], ctl[CTL.XS], T, K);
+    }
+    const outputs = [];
+    jobs.forEach((m, j) => {
+      const base = CTL.JOB + JOB_WORDS * j;
+      ctl[base + JOB_FIELDS.FORM] = m.form;
+      ctl[base + JOB_FIELDS.W] = m.w;
+      ctl[base + JOB_FIELDS.SCALES] = m.scales;
+      ctl[base + JOB_FIELDS.MINS] = m.mins;
+      ctl[base + JOB_FIELDS.OFFSET] = m.offset;
+      ctl[base + JOB_FIELDS.Y] = yAt;
+      ctl[base + JOB_FIELDS.N] = m.N;
+      ctl[base + JOB_FIELDS.K] = m.K;
+      outputs.push(yAt);
+      yAt += yBytes[j];
+    });
+    ctl[CTL.JOBS] = jobs.length;
+    this.#dispatch();
+    outputs.forEach((y, j) => ys[j].set(new Float32Array(buffer, y, T * jobs[j].N)));
+  }
+
+  /** Every thread runs its slice of the job in the control block; returns when all are done. */
+  #dispatch() {
+    const ctl = this.ctl;
+    const workers = this.threads - 1;
+    if (workers > 0) {
+      Atomics.store(ctl, CTL.DONE, 0);
+      Atomics.add(ctl, CTL.GEN, 1);
+      Atomics.notify(ctl, CTL.GEN);
+    }
+    runSlice(this.exports, ctl, 0);
+    if (workers === 0) return;
+    for (;;) {
+      const done = Atomics.load(ctl, CTL.DONE);
+      if (done === workers) break;
+      waitWhile(ctl, CTL.DONE, done, this.spin);
+    }
+    if (Atomics.load(ctl, CTL.FAILED)) {
+      Atomics.store(ctl, CTL.FAILED, 0);
+      throw new RuvLLMError('inference', 'a kernel thread failed on a product');
+    }
+  }
+
+  /** One empty dispatch (no matrices): what a synchronisation costs. */
+  sync() {
+    this.ctl[CTL.JOBS] = 0;
+    this.#dispatch();
+  }
+
+  /** Stop the workers (they leave their loop) and end them. Safe to call twice. */
+  async dispose() {
+    if (this.#disposed) return;
+    this.#disposed = true;
+    Atomics.store(this.ctl, CTL.STOP, 1);
+    Atomics.add(this.ctl, CTL.GEN, 1);
+    Atomics.notify(this.ctl, CTL.GEN);
+    await Promise.all(this.workers.map((w) => w.terminate()));
+    this.workers = [];
+  }
+}

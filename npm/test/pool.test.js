@@ -1,0 +1,226 @@
+// The kernel thread pool (src/worker/pool.js): products on 1, 2 and 3 threads are the single-thread
+// kernels' products bit for bit, for every matrix form, exact and fast arithmetic, awkward shapes (N not
+// a multiple of the thread count or of the tile height, K of one group, many and few rows), also after
+// the pool memory grows between products; and dispose() ends every thread, so a program exits by itself.
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+
+import { RuvLLMError } from '../src/errors.js';
+import { startPool, slice } from '../src/worker/pool.js';
+
+const WASM = new URL('../wasm/kernels.wasm', import.meta.url);
+const SHARED = new URL('../wasm/kernels-shared.wasm', import.meta.url);
+const SKIP = existsSync(WASM) && existsSync(SHARED) ? false : 'the kernels are not built: ./build.sh kernels';
+const GROUP = 32;
+
+/** A deterministic generator (xorshift32), so a failure can be re-run. */
+function random(seed) {
+  let s = seed >>> 0 || 1;
+  return () => {
+    s ^= s << 13;
+    s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    s >>>= 0;
+    return s / 2 ** 32;
+  };
+}
+
+/** A random matrix of `form` (N, K): its parts as typed arrays, as matrices.py keeps them. */
+function matrix(form, N, K, rand) {
+  const G = K / GROUP;
+  const floats = (n, lo, hi) => Float32Array.from({ length: n }, () => lo + (hi - lo) * rand());
+  if (form === 'dense') return { form, N, K, w: floats(N * K, -1, 1) };
+  if (form === 'q4') {
+    const withMins = rand() < 0.5;
+    return {
+      form,
+      N,
+      K,
+      w: Uint8Array.from({ length: (N * K) / 2 }, () => Math.floor(256 * rand())),
+      scales: floats(N * G, 0.001, 0.05),
+      mins: withMins ? floats(N * G, -0.3, 0) : null,
+      offset: withMins ? 0 : 8,
+    };
+  }
+  const scaleCount = form === 'q8h' ? 2 * N * G : N * G;
+  return {
+    form,
+    N,
+    K,
+    w: Int8Array.from({ length: N * K }, () => Math.floor(256 * rand()) - 128),
+    scales: floats(scaleCount, 0.0005, 0.01),
+    mins: form === 'q8' ? floats(N * G, -0.2, 0.2) : null,
+    offset: 0,
+  };
+}
+
+/** The single-thread product (kernels.wasm's whole-product exports, as WasmKernels calls them). */
+function reference(m, x, T, fast) {
+  const memory = new WebAssembly.Memory({ initial: 2 });
+  const k = /** @type {any} */ (
+    new WebAssembly.Instance(new WebAssembly.Module(readFileSync(WASM)), { env: { memory } })
+  ).exports;
+  let top = 1024;
+  const put = (a) => {
+    const bytes = new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+    const at = alloc(bytes.length);
+    new Uint8Array(memory.buffer, at, bytes.length).set(bytes);
+    return at;
+  };
+  const alloc = (bytes) => {
+    const at = top;
+    top += Math.ceil(bytes / 16) * 16 + 16;
+    const pages = Math.ceil(top / 65536) - memory.buffer.byteLength / 65536;
+    if (pages > 0) memory.grow(pages);
+    return at;
+  };
+  const { N, K } = m;
+  const G = K / GROUP;
+  const xAt = put(x);
+  const y = alloc(4 * T * N);
+  if (m.form === 'dense') {
+    k.dense(xAt, put(m.w), y, T, N, K);
+  } else {
+    const w = put(m.w);
+    const scales = put(m.scales);
+    const mins = m.mins ? put(m.mins) : 0;
+    if (fast && T <= 4) {
+      const xq = alloc(2 * T * K);
+      const d = alloc(4 * T * G);
+      const xs = alloc(4 * T * G);
+      k.quantize_x(xAt, xq, d, xs, T, K);
+      k[`${m.form}_fast`](xq, d, xs, w, scales, mins, m.offset, y, T, N, K);
+    } else {
+      k[`${m.form}_exact`](xAt, w, scales, mins, m.offset, y, alloc(4 * 16 * K), T, N, K);
+    }
+  }
+  return new Float32Array(memory.buffer.slice(y, y + 4 * T * N));
+}
+
+/** The matrix placed in the pool: its handle. */
+function place(pool, m) {
+  const parts = { form: m.form, N: m.N, K: m.K, w: pool.place(m.w), offset: m.offset ?? 0 };
+  if (m.scales) parts.scales = pool.place(m.scales);
+  if (m.mins) parts.mins = pool.place(m.mins);
+  return pool.matrix(parts);
+}
+
+const bits = (a) => Buffer.from(a.buffer, a.byteOffset, a.byteLength);
+const module = SKIP ? null : new WebAssembly.Module(readFileSync(SHARED));
+
+// [form, N, K]: N of one row, below a tile, not a multiple of 16 or of 2 or 3, several tiles
+const SHAPES = [
+  ['q4', 1, 32],
+  ['q4', 37, 64],
+  ['q4', 130, 96],
+  ['q8', 5, 32],
+  ['q8', 49, 64],
+  ['q8h', 17, 64],
+  ['q8h', 100, 32],
+  ['dense', 3, 40],
+  ['dense', 50, 64],
+  ['dense', 161, 36],
+];
+const ROWS = [1, 2, 4, 5, 21];
+
+describe('the kernel thread pool', { skip: SKIP }, () => {
+  test('slices cover the output features once, in whole tiles', () => {
+    for (const N of [1, 15, 16, 17, 100, 1000])
+      for (const threads of [1, 2, 3, 5, 8]) {
+        let next = 0;
+        for (let i = 0; i < threads; i++) {
+          const [n0, n1] = slice(N, i, threads);
+          if (n1 <= n0) continue;
+          assert.equal(n0, next);
+          assert.equal(n0 % 16, 0);
+          next = n1;
+        }
+        assert.equal(next, N);
+      }
+  });
+
+  for (const threads of [1, 2, 3]) {
+    test(`products on ${threads} thread(s) equal the single-thread kernels bit for bit`, async () => {
+      const pool = await startPool(module, { threads });
+      try {
+        const rand = random(threads * 7919);
+        for (const [form, N, K] of SHAPES) {
+          const m = matrix(form, N, K, rand);
+          const handle = place(pool, m);
+          for (const T of ROWS) {
+            const x = Float32Array.from({ length: T * K }, () => 4 * rand() - 2);
+            for (const fast of [false, true]) {
+              const y = new Float32Array(T * N);
+              pool.run([handle], x, T, [y], fast);
+              const want = reference(m, x, T, fast);
+              assert.ok(bits(y).equals(bits(want)), `${form} N=${N} K=${K} T=${T} fast=${fast}`);
+            }
+          }
+          pool.alloc(3 * 65536 + 5); // the memory grows between products
+        }
+      } finally {
+        await pool.dispose();
+      }
+    });
+  }
+
+  test('a fused dispatch (matrices sharing x) gives each product, and survives the memory growing', async () => {
+    const pool = await startPool(module, { threads: 3 });
+    try {
+      const rand = random(42);
+      const ms = [matrix('q4', 70, 64, rand), matrix('q8', 33, 64, rand), matrix('dense', 18, 64, rand)];
+      const handles = ms.map((m) => place(pool, m));
+      for (const T of [1, 3, 9]) {
+        for (const fast of [false, true]) {
+          const x = Float32Array.from({ length: T * 64 }, () => rand() - 0.5);
+          const ys = ms.map((m) => new Float32Array(T * m.N));
+          pool.run(handles, x, T, ys, fast);
+          ms.forEach((m, j) => assert.ok(bits(ys[j]).equals(bits(reference(m, x, T, fast))), `${m.form} T=${T}`));
+          pool.alloc(40 * 2 ** 20); // 40 MiB more between dispatches
+        }
+      }
+    } finally {
+      await pool.dispose();
+    }
+  });
+
+  test('a wrong thread count is an invalid_argument error', async () => {
+    for (const threads of [0, 1.5, 65, NaN])
+      await assert.rejects(
+        startPool(module, { threads }),
+        (e) =>
+          e instanceof RuvLLMError && e.type === 'invalid_argument' && /threads must be an integer/.test(e.message),
+      );
+  });
+
+  test('dispose() ends every thread: a program exits by itself, and the pool refuses products after', () => {
+    const pool = fileURLToPath(new URL('../src/worker/pool.js', import.meta.url));
+    const script = `
+      import { readFileSync } from 'node:fs';
+      import { startPool } from ${JSON.stringify(pool)};
+      const module = new WebAssembly.Module(readFileSync(${JSON.stringify(fileURLToPath(SHARED))}));
+      const p = await startPool(module, { threads: 3 });
+      const w = p.place(new Float32Array(64 * 32).fill(0.5));
+      const h = p.matrix({ form: 'dense', w, N: 64, K: 32 });
+      const y = new Float32Array(64);
+      p.run([h], new Float32Array(32).fill(1), 1, [y]);
+      await p.dispose();
+      try { p.run([h], new Float32Array(32), 1, [y]); } catch (e) { console.log(e.type, e.message); }
+      console.log('sum', y.reduce((a, b) => a + b, 0));
+    `;
+    // a hang guard only: a pool thread left running keeps the process alive
+    const file = join(mkdtempSync(join(tmpdir(), 'ruvllm-pool-')), 'dispose.mjs');
+    writeFileSync(file, script);
+    const run = spawnSync(process.execPath, [file], { encoding: 'utf8', timeout: 60000 });
+    rmSync(dirname(file), { recursive: true });
+    assert.equal(run.signal, null, 'the program did not exit by itself');
+    assert.equal(run.status, 0, run.stderr);
+    assert.match(run.stdout, /^inference the kernel threads were stopped\nsum 1024\n$/);
+  });
+});
