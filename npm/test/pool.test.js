@@ -11,7 +11,11 @@ import { describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 import { RuvLLMError } from '../src/errors.js';
+import { startKernels } from '../src/worker/kernels.js';
 import { startPool, slice } from '../src/worker/pool.js';
+import { startPython } from '../src/worker/python.js';
+import { startThreads } from '../src/worker/threads.js';
+import { DIST, HAVE_DIST } from './support/dist.js';
 
 const WASM = new URL('../wasm/kernels.wasm', import.meta.url);
 const SHARED = new URL('../wasm/kernels-shared.wasm', import.meta.url);
@@ -224,3 +228,69 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
     assert.match(run.stdout, /^inference the kernel threads were stopped\nsum 1024\n$/);
   });
 });
+
+// Inside Pyodide: the provider the engine uses with threads (py_src/ruvllm/quant/pool.py) against the
+// single-thread one (quant/wasm.py), bit for bit, before and after Pyodide's heap grows.
+const PROVIDERS = `
+import numpy as np
+from ruvllm.files.formats import get_format
+from ruvllm.quant.matrices import DenseMatrix, Int4Matrix, Int8Matrix
+from ruvllm.quant.pool import PoolKernels
+from ruvllm.quant.wasm import WasmKernels
+
+rng = np.random.default_rng(1)
+w = rng.standard_normal((200, 576)).astype(np.float32)
+matrices = [DenseMatrix(w, "einsum")]
+for fmt in ("q8", "q4_0", "q4_1"):
+    parts = get_format(fmt).quantize(w)
+    matrices.append(Int8Matrix.from_parts(fmt, parts, "einsum"))
+    if fmt != "q8":
+        matrices.append(Int4Matrix.from_parts(fmt, parts, "einsum"))
+
+def products(provider):
+    return [provider.prepare(m) for m in matrices]
+
+def differing(threads_api):
+    """Products (of every form, 1, 3 and 40 rows, exact and fast) whose bits differ between the pool and one thread."""
+    differ = 0
+    for arithmetic in ("exact", "fast"):
+        pairs = zip(products(WasmKernels(kernel_exports, arithmetic)), products(PoolKernels(threads_api, arithmetic)))
+        for one, pool in pairs:
+            for T in (1, 3, 40):
+                x = rng.standard_normal((T, 576)).astype(np.float32)
+                differ += int(one(x).tobytes() != pool(x).tobytes())
+    return differ
+`;
+
+describe(
+  'the thread pool inside Pyodide',
+  { skip: SKIP || (HAVE_DIST ? false : `no local Pyodide at ${DIST}`) },
+  () => {
+    test('PoolKernels products are WasmKernels products bit for bit at 2 and 3 threads', async () => {
+      const { py } = await startPython({ indexURL: DIST });
+      const kernels = await startKernels(py, 'wasm');
+      py.globals.set('kernel_exports', kernels.exports);
+      py.runPython(PROVIDERS);
+      for (const count of [2, 3]) {
+        const threads = await startThreads(py, kernels, count);
+        try {
+          assert.equal(threads.count, count);
+          assert.equal(threads.reason, null);
+          py.globals.set('threads_api', threads.api);
+          assert.equal(py.runPython('differing(threads_api)'), 0);
+          py.runPython('ballast = np.ones(2**27, dtype=np.float32)'); // 512 MiB: Pyodide's memory grows
+          assert.equal(py.runPython('differing(threads_api)'), 0);
+          py.runPython('del ballast');
+        } finally {
+          await threads.pool.dispose();
+        }
+      }
+      const one = await startThreads(py, kernels, 1);
+      assert.deepEqual([one.pool, one.count], [null, 1]);
+      assert.match(one.reason, /threads: 1/);
+      const numpy = await startThreads(py, { exports: null, reason: null }, 2);
+      assert.deepEqual([numpy.pool, numpy.count], [null, 1]);
+      assert.match(numpy.reason, /WebAssembly kernels do not run here/);
+    });
+  },
+);

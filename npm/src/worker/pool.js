@@ -18,6 +18,7 @@
 
 import { IS_NODE } from '../env.js';
 import { RuvLLMError } from '../errors.js';
+import { MAX_THREADS } from '../protocol.js';
 
 /** Words of the control block (an Int32Array over the first bytes of the pool memory). */
 export const CTL = Object.freeze({
@@ -36,7 +37,6 @@ export const CTL = Object.freeze({
   SCRATCH: 16, // SCRATCH + i: thread i's scratch (TILE_ROWS * K float32)
   JOB: 96, // JOB + JOB_WORDS * j: matrix j of the dispatch (JOB_FIELDS)
 });
-export const MAX_THREADS = 64;
 export const MAX_JOBS = 8;
 const JOB_WORDS = 12;
 const JOB_FIELDS = Object.freeze({ FORM: 0, W: 1, SCALES: 2, MINS: 3, OFFSET: 4, Y: 5, N: 6, K: 7 });

@@ -1,0 +1,80 @@
+"""The WebAssembly SIMD kernels on several threads (the kernel thread pool, npm/src/worker/pool.js).
+
+The pool has a shared WebAssembly memory of its own, separate from Pyodide's: each matrix's parts
+(codes, scales, mins; float32 weights) are copied there once, when the matrix is prepared, and each
+product then copies x in and y out, one call from Python through JavaScript per product. The pool's
+threads each compute a slice of the output features in whole 16-row tiles, so every product has the
+bits of the single-thread kernels (wasm.py) at every thread count.
+
+`api` is the worker's object for this (npm/src/worker/threads.js: place, matrix, product, threads), a
+JsProxy in Pyodide; nothing here imports `js`. Addresses are NumPy data pointers in Pyodide's memory.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from ..files.formats import GROUP
+from .matrices import DenseMatrix, Int4Matrix, Int8Matrix
+from .provider import ARITHMETIC, DEFAULT_ARITHMETIC
+from .wasm import GROUPED_MAX_ROWS, address
+
+
+class PoolKernels:
+    """Matrix products on the kernel thread pool; the same arithmetic, and the same bits, as WasmKernels.
+
+    The matrices' NumPy arrays stay where they are (the NumPy paths still read them); the pool holds a
+    copy of each prepared matrix.
+    """
+
+    name = "wasm"
+
+    def __init__(self, api: Any, arithmetic: str = DEFAULT_ARITHMETIC) -> None:  # (a JsProxy: dynamic)
+        if arithmetic not in ARITHMETIC:
+            raise InvalidArgumentError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
+        self.api = api
+        self.arithmetic = arithmetic
+        self.threads = int(api.threads)
+
+    def place(self, a: np.ndarray) -> int:
+        """A copy of the array in the pool's memory: its address there."""
+        a = np.ascontiguousarray(a)
+        return int(self.api.place(address(a), a.nbytes))
+
+    def prepare(self, matrix: object) -> Callable[[np.ndarray], np.ndarray] | None:
+        if isinstance(matrix, DenseMatrix):
+            weight = np.ascontiguousarray(matrix.weight, dtype=np.float32)
+            return self._product("dense", matrix.shape, self.place(weight), 0, 0, 0)
+        if isinstance(matrix, Int4Matrix):  # before Int8Matrix: it is a subclass
+            return self._quantized(matrix, matrix.packed, "q4")
+        if isinstance(matrix, Int8Matrix) and matrix.group == GROUP:
+            return self._quantized(matrix, matrix.codes, "q8")
+        if isinstance(matrix, Int8Matrix) and matrix.group == GROUP // 2 and matrix.mins is None:  # Q6_K, Q3_K
+            return self._quantized(matrix, matrix.codes, "q8h")
+        return None  # other groups: NumPy computes them (as with WasmKernels)
+
+    def _quantized(self, m: Int8Matrix, codes: np.ndarray, form: str) -> Callable[[np.ndarray], np.ndarray]:
+        scales = self.place(np.asarray(m.scales, dtype=np.float32))
+        mins = 0 if m.mins is None else self.place(np.asarray(m.mins, dtype=np.float32))
+        return self._product(form, m.shape, self.place(codes), scales, mins, int(m.offset))
+
+    def _product(
+        self, form: str, shape: tuple[int, int], w: int, scales: int, mins: int, offset: int
+    ) -> Callable[[np.ndarray], np.ndarray]:
+        N, K = shape
+        handle = int(self.api.matrix(form, w, scales, mins, offset, N, K))
+        run = self.api.product
+        fast = self.arithmetic == "fast" and form != "dense"
+
+        def product(x: np.ndarray) -> np.ndarray:
+            x = np.ascontiguousarray(x, dtype=np.float32)  # (T, K)
+            T = x.shape[0]
+            y = np.empty((T, N), dtype=np.float32)  # (T, N)
+            run(handle, address(x), T, address(y), fast and T <= GROUPED_MAX_ROWS)
+            return y
+
+        return product
