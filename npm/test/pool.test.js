@@ -194,6 +194,28 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
     }
   });
 
+  test('a released matrix is refused and its space is handed out again', async () => {
+    const pool = await startPool(module, { threads: 2 });
+    try {
+      const m = matrix('q4', 40, 64, random(3));
+      const handle = place(pool, m);
+      const top = pool.bytes;
+      pool.release(handle);
+      assert.throws(
+        () => pool.run([handle], new Float32Array(64), 1, [new Float32Array(40)]),
+        (e) => e instanceof RuvLLMError && /was released/.test(e.message),
+      );
+      for (let i = 0; i < 20; i++) pool.release(place(pool, m)); // the same space each time
+      const again = place(pool, m);
+      assert.equal(pool.bytes, top);
+      const y = new Float32Array(40);
+      pool.run([again], new Float32Array(64).fill(1), 1, [y]);
+      assert.ok(bits(y).equals(bits(reference(m, new Float32Array(64).fill(1), 1, false))));
+    } finally {
+      await pool.dispose();
+    }
+  });
+
   test('a wrong thread count is an invalid_argument error', async () => {
     for (const threads of [0, 1.5, 65, NaN])
       await assert.rejects(
@@ -250,6 +272,26 @@ for fmt in ("q8", "q4_0", "q4_1"):
 def products(provider):
     return [provider.prepare(m) for m in matrices]
 
+def merged_differs(threads_api):
+    """A float32 matrix changed in place and prepared again (as merging an adapter does): do the pool's
+    products differ from the single-thread ones, which read the NumPy array itself?"""
+    m = DenseMatrix(w.copy(), "einsum")
+    m.use_provider(PoolKernels(threads_api, "exact"))
+    one = WasmKernels(kernel_exports, "exact").prepare(m)
+    x = rng.standard_normal((3, 576)).astype(np.float32)
+    before = m(x)
+    m.weight += np.float32(0.5) * rng.standard_normal(m.weight.shape).astype(np.float32)
+    m.use_provider(m.provider)
+    return before.tobytes() == m(x).tobytes() or m(x).tobytes() != one(x).tobytes()
+
+def transient_blocks(threads_api):
+    """Short-lived matrices prepared one after another (a learning step's blocks)."""
+    provider = PoolKernels(threads_api, "exact")
+    for _ in range(30):
+        block = DenseMatrix(rng.standard_normal((64, 576)).astype(np.float32), "einsum")
+        block.use_provider(provider)
+        block(np.ones((1, 576), np.float32))
+
 def differing(threads_api):
     """Products (of every form, 1, 3 and 40 rows, exact and fast) whose bits differ between the pool and one thread."""
     differ = 0
@@ -281,6 +323,11 @@ describe(
           py.runPython('ballast = np.ones(2**27, dtype=np.float32)'); // 512 MiB: Pyodide's memory grows
           assert.equal(py.runPython('differing(threads_api)'), 0);
           py.runPython('del ballast');
+          assert.equal(py.runPython('merged_differs(threads_api)'), false);
+          py.runPython('transient_blocks(threads_api)');
+          const bytes = threads.pool.bytes;
+          py.runPython('transient_blocks(threads_api)'); // the space of collected products is reused
+          assert.equal(threads.pool.bytes, bytes);
         } finally {
           await threads.pool.dispose();
         }

@@ -175,7 +175,9 @@ export async function startPool(module, { threads, spin = DEFAULT_SPIN, maxBytes
 export class KernelPool {
   /** @type {{ terminate(): Promise<unknown> }[]} */
   workers = [];
-  #top = CONTROL_BYTES; // the bump allocator: first free byte
+  #top = CONTROL_BYTES; // first byte never handed out
+  #free = []; // released regions, { at, bytes }, handed out again before the memory grows
+  #sizes = new Map(); // address -> bytes of each region `place` made (released with its matrix)
   #io = { at: 0, bytes: 0 }; // x, quantize_x's outputs and the outputs of a dispatch
   #scratchFloats = 0; // each thread's scratch, in float32
   #matrices = []; // handle -> { form, w, scales, mins, offset, N, K }
@@ -199,8 +201,22 @@ export class KernelPool {
     return this.#top;
   }
 
-  /** `bytes` bytes of the pool memory, aligned to 16, growing the memory when needed: their address. */
+  /**
+   * `bytes` bytes of the pool memory, aligned to 16: a released region they fit in (the smallest), else
+   * new space at the end, growing the memory when needed. Their address.
+   */
   alloc(bytes) {
+    bytes = (bytes + 15) & ~15;
+    let best = -1;
+    this.#free.forEach((r, i) => {
+      if (r.bytes >= bytes && (best < 0 || r.bytes < this.#free[best].bytes)) best = i;
+    });
+    if (best >= 0) {
+      const region = this.#free[best];
+      if (region.bytes - bytes >= 256) this.#free[best] = { at: region.at + bytes, bytes: region.bytes - bytes };
+      else this.#free.splice(best, 1);
+      return region.at;
+    }
     const at = (this.#top + 15) & ~15;
     const end = at + bytes;
     const have = this.memory.buffer.byteLength;
@@ -220,7 +236,21 @@ export class KernelPool {
     const source = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
     const at = this.alloc(source.byteLength);
     new Uint8Array(this.memory.buffer, at, source.byteLength).set(source);
+    this.#sizes.set(at, source.byteLength);
     return at;
+  }
+
+  /** Forget matrix `handle` and hand its placed parts out again. */
+  release(handle) {
+    const m = this.#matrices[handle];
+    if (!m) return;
+    this.#matrices[handle] = null;
+    for (const at of [m.w, m.scales, m.mins]) {
+      const bytes = this.#sizes.get(at);
+      if (!at || bytes === undefined) continue;
+      this.#sizes.delete(at);
+      this.#free.push({ at, bytes: (bytes + 15) & ~15 });
+    }
   }
 
   /**
@@ -266,6 +296,7 @@ export class KernelPool {
     if (handles.length < 1 || handles.length > MAX_JOBS)
       throw new RuvLLMError('invalid_argument', `a dispatch takes 1 to ${MAX_JOBS} matrices, got ${handles.length}`);
     const jobs = handles.map((h) => this.#matrices[h]);
+    if (jobs.some((m) => !m)) throw new RuvLLMError('invalid_argument', 'a matrix of this dispatch was released');
     const K = jobs[0].K;
     if (jobs.some((m) => m.K !== K)) throw new RuvLLMError('invalid_argument', 'matrices of one dispatch share K');
     const G = K / GROUP;

@@ -85,6 +85,8 @@ function pythonApi(py, pool) {
       shapes[handle] = { N, K };
       return handle;
     },
+    /** Forget a matrix: its parts' space is handed out again (Python: when its product is collected). */
+    release: (handle) => pool.release(handle),
     /** y (T, N) at `y` = x (T, K) at `x` @ W.T, both in Pyodide's memory. */
     product: (handle, x, T, y, fast) => {
       const { N, K } = shapes[handle];

@@ -2,7 +2,10 @@
 
 The pool has a shared WebAssembly memory of its own, separate from Pyodide's: each matrix's parts
 (codes, scales, mins; float32 weights) are copied there once, when the matrix is prepared, and each
-product then copies x in and y out, one call from Python through JavaScript per product. The pool's
+product then copies x in and y out, one call from Python through JavaScript per product. The copy is
+what the products read: a matrix whose values change in place (an adapter merged into float32 weights)
+is prepared again (use_provider), and the space of a product that is no longer referenced (the old one,
+or the short-lived blocks of a learning step) is handed out again. The pool's
 threads each compute a slice of the output features in whole 16-row tiles, so every product has the
 bits of the single-thread kernels (wasm.py) at every thread count.
 
@@ -12,6 +15,7 @@ JsProxy in Pyodide; nothing here imports `js`. Addresses are NumPy data pointers
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -77,4 +81,5 @@ class PoolKernels:
             run(handle, address(x), T, address(y), fast and T <= GROUPED_MAX_ROWS)
             return y
 
+        weakref.finalize(product, self.api.release, handle).atexit = False
         return product
