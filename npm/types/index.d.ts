@@ -178,7 +178,8 @@ export interface LoadOptions {
    * How many threads compute the matrix products with the WebAssembly kernels: an integer from 1 to 64,
    * or 'auto' (the logical cores, at most 8). Default 1. More than one needs SharedArrayBuffer: in
    * browsers a cross-origin isolated page (COOP/COEP headers); elsewhere one thread runs and
-   * `info.threads.reason` says why. The products, and so the tokens, are the same at every count.
+   * `info.threads.reason` says why. The products, and so the tokens, are the same at every count. With
+   * more than one thread the threads' memory holds a second copy of the weights (for now).
    * @example
    * await RuvLLM.load({ model: url, threads: 'auto' });
    */
