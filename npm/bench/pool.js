@@ -2,14 +2,15 @@
 // empty dispatch), and a SmolLM2-shaped q4 decode product set (q, k, v, o, gate, up, down of one layer,
 // times 30 layers) on 1 and 2+ threads, interleaved. The machine's load changes these a lot: run
 // `uptime` beside it and repeat.
-//   node bench/pool.js [THREADS=2] [ROUNDS=5]
+//   node bench/pool.js [THREADS=2] [ROUNDS=5] [SPIN=DEFAULT_SPIN iterations before a thread sleeps]
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 
-import { startPool } from '../src/worker/pool.js';
+import { DEFAULT_SPIN, startPool } from '../src/worker/pool.js';
 
 const threads = Number(process.argv[2] ?? 2);
 const rounds = Number(process.argv[3] ?? 5);
+const spin = Number(process.argv[4] ?? DEFAULT_SPIN);
 const module = new WebAssembly.Module(readFileSync(new URL('../wasm/kernels-shared.wasm', import.meta.url)));
 const median = (a) => [...a].sort((p, q) => p - q)[Math.floor(a.length / 2)];
 
@@ -24,7 +25,7 @@ const LAYER = [
   [576, 1536],
 ];
 async function setUp(n) {
-  const pool = await startPool(module, { threads: n });
+  const pool = await startPool(module, { threads: n, spin });
   const layers = [];
   for (let l = 0; l < 30; l++)
     layers.push(

@@ -47,8 +47,14 @@ const GROUP = 32;
 const TILE_ROWS = 16; // kernels.c: weight rows per tile, and the slices' granularity
 const GROUPED_MAX_ROWS = 4; // kernels.c: the most rows of x contracted group by group (decoding)
 const PAGE = 65536;
-/** Iterations of the bounded spin (a few tens of microseconds) before a thread sleeps in Atomics.wait. */
-export const DEFAULT_SPIN = 20000;
+/**
+ * Iterations of the bounded spin before a thread sleeps in Atomics.wait. 0: sleep at once. A spin makes a
+ * synchronisation ~1 µs instead of ~13 µs, but only while every thread has a core of its own: on a busy
+ * machine a spinning thread takes the core another one needs, and a decode token measured 7-40x slower
+ * with 20000 iterations (2 cores, load 5; bench/pool.js). Until the thread count and the spin adapt to
+ * the machine, no spin.
+ */
+export const DEFAULT_SPIN = 0;
 
 /** Output features [n0, n1) of N that thread `i` of `threads` computes: whole tiles, spread evenly. */
 export function slice(N, i, threads) {
