@@ -292,6 +292,41 @@ def transient_blocks(threads_api):
         block.use_provider(provider)
         block(np.ones((1, 576), np.float32))
 
+def fused_problems(threads_api, arithmetic):
+    """Matrices sharing x fused into one dispatch: what differs from the single-thread products."""
+    problems = []
+    pool, one = PoolKernels(threads_api, arithmetic), WasmKernels(kernel_exports, arithmetic)
+    members = []
+    for m in matrices[:3]:
+        twin = type(m).__new__(type(m))
+        twin.__dict__.update(m.__dict__)
+        twin.use_provider(pool)
+        members.append(twin)
+    if not pool.fuse(members):
+        return ["not fused"]
+    singles = [one.prepare(m) for m in matrices[:3]]
+    for T in (1, 3, 40):
+        x = rng.standard_normal((T, 576)).astype(np.float32)
+        first = members[0](x)
+        if len(pool.fused[members[0]._product.pool[1]].kept) != 2:
+            problems.append(f"T={T}: the siblings' products were not kept")
+        got = [first, members[1](x), members[2](x.copy())]  # (a copy: the same bits)
+        other = x + np.float32(1)
+        got_other = members[1](other)  # x changed: its own dispatch
+        for i, (g, single) in enumerate(zip(got, singles)):
+            if g.tobytes() != single(x).tobytes():
+                problems.append(f"T={T}: member {i} differs")
+        if got_other.tobytes() != singles[1](other).tobytes():
+            problems.append(f"T={T}: another x took a kept product")
+    members[1].use_provider(pool)  # prepared again (an adapter merge): the group ends
+    if pool.fused:
+        problems.append("the group outlived a member prepared again")
+    x = rng.standard_normal((1, 576)).astype(np.float32)
+    for i, (m, single) in enumerate(zip(members, singles)):
+        if m(x).tobytes() != single(x).tobytes():
+            problems.append(f"after the group ended: member {i} differs")
+    return problems
+
 def differing(threads_api):
     """Products (of every form, 1, 3 and 40 rows, exact and fast) whose bits differ between the pool and one thread."""
     differ = 0
@@ -324,6 +359,8 @@ describe(
           assert.equal(py.runPython('differing(threads_api)'), 0);
           py.runPython('del ballast');
           assert.equal(py.runPython('merged_differs(threads_api)'), false);
+          for (const arithmetic of ['exact', 'fast'])
+            assert.deepEqual(py.runPython(`fused_problems(threads_api, "${arithmetic}")`).toJs(), []);
           py.runPython('transient_blocks(threads_api)');
           const bytes = threads.pool.bytes;
           py.runPython('transient_blocks(threads_api)'); // the space of collected products is reused

@@ -75,6 +75,7 @@ export async function startThreads(py, kernels, threads = DEFAULT_THREADS) {
 function pythonApi(py, pool) {
   const heap = () => py._module.memory.buffer;
   const shapes = [];
+  const groups = []; // fuse's groups of handles (null: ended)
   return {
     threads: pool.threads,
     /** `bytes` bytes at `address` of Pyodide's memory, copied into the pool: their address there. */
@@ -84,6 +85,21 @@ function pythonApi(py, pool) {
       const handle = pool.matrix({ form, w, scales, mins, offset, N, K });
       shapes[handle] = { N, K };
       return handle;
+    },
+    /** Matrices multiplied by the same x (q, k, v): one dispatch for all of them (`fused`). Its number. */
+    fuse: (...handles) => {
+      groups.push(handles);
+      return groups.length - 1;
+    },
+    unfuse: (group) => {
+      groups[group] = null;
+    },
+    /** Each y_i (T, N_i) at ys[i] = x (T, K) at `x` @ W_i.T for the matrices of `group`, in one dispatch. */
+    fused: (group, x, T, fast, ...ys) => {
+      const handles = groups[group];
+      const buffer = heap();
+      const outputs = handles.map((h, i) => new Float32Array(buffer, ys[i], T * shapes[h].N));
+      pool.run(handles, new Float32Array(buffer, x, T * shapes[handles[0]].K), T, outputs, fast === true);
     },
     /** Forget a matrix: its parts' space is handed out again (Python: when its product is collected). */
     release: (handle) => pool.release(handle),

@@ -28,6 +28,36 @@ from .provider import ARITHMETIC, DEFAULT_ARITHMETIC
 from .wasm import GROUPED_MAX_ROWS, address
 
 
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    """Whether two float32 arrays hold the same bits (so every product of them has the same bits too)."""
+    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+class Fused:
+    """Matrices multiplied by the same x one after another (q, k, v; gate, up): the first product asked
+    for runs all of them in one dispatch, and keeps the others' outputs with a copy of x; a sibling asked
+    next with an x of the same bits gets its kept output (the bits its own dispatch would give), any
+    other x its own dispatch."""
+
+    def __init__(self, kernels: PoolKernels, handles: list[int], rows: list[int], group: int) -> None:
+        self.kernels, self.handles, self.rows, self.group = kernels, handles, rows, group
+        self.x: np.ndarray | None = None
+        self.kept: dict[int, np.ndarray] = {}
+
+    def product(self, handle: int, x: np.ndarray) -> np.ndarray:
+        """x @ W.T for member `handle` (x float32, contiguous)."""
+        kept = self.kept.pop(handle, None)
+        if kept is not None and self.x is not None and same_bits(x, self.x):
+            return kept
+        T = x.shape[0]
+        ys = [np.empty((T, n), dtype=np.float32) for n in self.rows]  # (T, N_i) each
+        fast = self.kernels.arithmetic == "fast" and T <= GROUPED_MAX_ROWS
+        self.kernels.api.fused(self.group, address(x), T, fast, *[address(y) for y in ys])
+        self.x = x.copy()
+        self.kept = {h: y for h, y in zip(self.handles, ys, strict=True) if h != handle}
+        return ys[self.handles.index(handle)]
+
+
 class PoolKernels:
     """Matrix products on the kernel thread pool; the same arithmetic, and the same bits, as WasmKernels.
 
@@ -43,6 +73,7 @@ class PoolKernels:
         self.api = api
         self.arithmetic = arithmetic
         self.threads = int(api.threads)
+        self.fused: dict[int, Fused] = {}  # handle -> its group
 
     def place(self, a: np.ndarray) -> int:
         """A copy of the array in the pool's memory: its address there."""
@@ -61,6 +92,35 @@ class PoolKernels:
             return self._quantized(matrix, matrix.codes, "q8h")
         return None  # other groups: NumPy computes them (as with WasmKernels)
 
+    def fuse(self, matrices: list[object]) -> bool:
+        """Declare that these matrices multiply the same x one after another (Fused). Only matrices whose
+        products this provider runs, all with the same K, and in no other group; False (nothing changes)
+        otherwise."""
+        found = [getattr(getattr(m, "_product", None), "pool", None) for m in matrices]
+        products = [p for p in found if p is not None and p[0] is self]
+        if len(products) < 2 or len(products) < len(found):
+            return False
+        handles, shapes = [p[1] for p in products], [p[2] for p in products]
+        if (
+            len({K for _, K in shapes}) != 1
+            or any(h in self.fused for h in handles)
+            or len(set(handles)) < len(handles)
+        ):
+            return False
+        group = Fused(self, handles, [N for N, _ in shapes], int(self.api.fuse(*handles)))
+        for h in handles:
+            self.fused[h] = group
+        return True
+
+    def _release(self, handle: int) -> None:
+        """A product is no longer referenced: its group (if any) ends, and its matrix leaves the pool."""
+        group = self.fused.get(handle)
+        if group is not None:
+            for h in group.handles:
+                self.fused.pop(h, None)
+            self.api.unfuse(group.group)
+        self.api.release(handle)
+
     def _quantized(self, m: Int8Matrix, codes: np.ndarray, form: str) -> Callable[[np.ndarray], np.ndarray]:
         scales = self.place(np.asarray(m.scales, dtype=np.float32))
         mins = 0 if m.mins is None else self.place(np.asarray(m.mins, dtype=np.float32))
@@ -74,12 +134,18 @@ class PoolKernels:
         run = self.api.product
         fast = self.arithmetic == "fast" and form != "dense"
 
+        fused = self.fused
+
         def product(x: np.ndarray) -> np.ndarray:
             x = np.ascontiguousarray(x, dtype=np.float32)  # (T, K)
+            group = fused.get(handle)
+            if group is not None:
+                return group.product(handle, x)
             T = x.shape[0]
             y = np.empty((T, N), dtype=np.float32)  # (T, N)
             run(handle, address(x), T, address(y), fast and T <= GROUPED_MAX_ROWS)
             return y
 
-        weakref.finalize(product, self.api.release, handle).atexit = False
+        product.pool = (self, handle, (N, K))  # type: ignore[attr-defined]  # (what fuse reads)
+        weakref.finalize(product, self._release, handle).atexit = False
         return product
