@@ -1,5 +1,5 @@
-// A quick figure for the kernel thread pool (src/worker/pool.js): what one synchronisation costs (an
-// empty dispatch), and a SmolLM2-shaped q4 decode product set (q, k, v, o, gate, up, down of one layer,
+// A quick figure for the kernel thread pool (src/worker/pool.js): what one dispatch costs (a tiny
+// product), and a SmolLM2-shaped q4 decode product set (q, k, v, o, gate, up, down of one layer,
 // times 30 layers) on 1 and 2+ threads, interleaved. The machine's load changes these a lot: run
 // `uptime` beside it and repeat.
 //   node bench/pool.js [THREADS=2] [ROUNDS=5] [SPIN=DEFAULT_SPIN iterations before a thread sleeps]
@@ -40,13 +40,22 @@ async function setUp(n) {
 }
 const setups = { 1: await setUp(1), [threads]: await setUp(threads) };
 
-const syncs = [];
-for (let i = 0; i < 3000; i++) {
-  const t0 = performance.now();
-  setups[threads].pool.sync();
-  syncs.push(performance.now() - t0);
+// what a dispatch costs: a tiny product (16 x 32 float32, one row), on 1 thread and on `threads`
+async function tiny(n) {
+  const pool = await startPool(module, { threads: n, spin });
+  const h = pool.matrix({ form: 'dense', w: pool.place(new Float32Array(16 * 32).fill(0.5)), N: 16, K: 32 });
+  const [x1, y1] = [new Float32Array(32).fill(1), new Float32Array(16)];
+  const times = [];
+  for (let i = 0; i < 3000; i++) {
+    const t0 = performance.now();
+    pool.run([h], x1, 1, [y1]);
+    times.push(performance.now() - t0);
+  }
+  await pool.dispose();
+  return median(times) * 1000;
 }
-console.log(`sync (empty dispatch) on ${threads} threads: median ${(1000 * median(syncs)).toFixed(1)} µs`);
+const [one, many] = [await tiny(1), await tiny(threads)];
+console.log(`tiny product: ${one.toFixed(1)} µs on 1 thread, ${many.toFixed(1)} µs on ${threads} (a dispatch)`);
 
 const x = new Float32Array(1536).map((_, i) => Math.sin(i));
 const ys = new Float32Array(1536);

@@ -1,12 +1,12 @@
 /**
  * One extra thread of the kernel thread pool (pool.js): instantiates kernels-shared.wasm on the pool's
  * shared memory, says it is ready, then loops: wait for the next dispatch (bounded spin, then
- * Atomics.wait), compute its slice, count itself done (the last one wakes the caller). It leaves the
- * loop when the pool sets STOP, and is then terminated. No message per product.
+ * Atomics.wait), take units of it until none is left (pool.js `work`). It leaves the loop when the pool
+ * sets STOP, and is then terminated. No message per product.
  */
 
 import { IS_NODE } from '../env.js';
-import { CTL, runSlice, waitWhile } from './pool.js';
+import { CTL, waitWhile, work } from './pool.js';
 
 /** @type {any} the worker's channel: Node's parentPort, or the worker's global scope in browsers */
 const port = IS_NODE ? (await import('node:worker_threads')).parentPort : globalThis;
@@ -26,12 +26,7 @@ function serve({ module, memory, id, spin }) {
     waitWhile(ctl, CTL.GEN, seen, spin);
     seen = Atomics.load(ctl, CTL.GEN);
     if (Atomics.load(ctl, CTL.STOP)) break;
-    try {
-      runSlice(exports, ctl, id);
-    } catch {
-      Atomics.store(ctl, CTL.FAILED, 1);
-    }
-    if (Atomics.add(ctl, CTL.DONE, 1) + 1 === ctl[CTL.THREADS] - 1) Atomics.notify(ctl, CTL.DONE);
+    work(exports, ctl, seen, id);
   }
   if (IS_NODE) port.close();
   else globalThis.close();

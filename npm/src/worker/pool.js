@@ -9,11 +9,14 @@
  *
  * A dispatch: the caller writes the job (the matrices of one product, or of several sharing an input:
  * q/k/v) into the control block, copies x in (and quantizes it once for fast arithmetic), bumps the
- * generation word and notifies; every thread computes its slice of the output features of every
- * matrix in the job (slices start at multiples of 16 rows, so each output is summed in the one order
- * the single-thread kernels use: the same bits at every thread count), counts itself done, and the last
- * one notifies the caller, which then copies y out. Waiting is a bounded spin on the word, then
- * Atomics.wait: no message per product.
+ * generation word and notifies. The work is cut into units, one per (matrix, slice): each matrix's
+ * output features in 4 slices per thread that start at multiples of 16 rows, so each output is summed in
+ * the one order the single-thread kernels use (the same bits at every thread count, whoever computes
+ * it). Every thread, the caller included, claims units one at a time (a compare-and-swap on a word
+ * tagged with the generation) until none is left, and counts each one done; the caller then waits for
+ * the units others are still computing and copies y out. A thread that wakes late, or not at all (a
+ * busy machine), only leaves more units to the others: nobody waits for a thread that has not started.
+ * Waiting is a bounded spin on the word, then Atomics.wait: no message per product.
  */
 
 import { IS_NODE } from '../env.js';
@@ -23,10 +26,11 @@ import { MAX_THREADS } from '../protocol.js';
 /** Words of the control block (an Int32Array over the first bytes of the pool memory). */
 export const CTL = Object.freeze({
   GEN: 0, // bumped by the caller for each dispatch (and for stop)
-  DONE: 1, // workers done with the current dispatch
+  DONE: 1, // units of the current dispatch done
   STOP: 2, // 1: workers leave their loop
-  FAILED: 3, // 1: a worker's slice threw (the caller throws after the dispatch)
-  THREADS: 4, // threads taking part, the caller included
+  FAILED: 3, // 1: a worker's unit threw (the caller throws after the dispatch)
+  THREADS: 4, // threads of the pool, the caller included
+  SLICES: 14, // slices of each matrix in the current dispatch (units: JOBS * SLICES)
   JOBS: 5, // matrices in the current dispatch
   FAST: 6, // 1: decoding products of quantized matrices take x quantized (xq, d, xs)
   T: 7, // rows of x
@@ -34,10 +38,17 @@ export const CTL = Object.freeze({
   XQ: 9, // quantize_x's outputs: xq int16 (T, K), d (T, G), xs (T, G)
   D: 10,
   XS: 11,
+  NEXT: 12, // the next unit to claim, in the low 16 bits; the generation's low 15 bits above them
+  UNITS: 13, // units of the current dispatch: JOBS * SLICES
   SCRATCH: 16, // SCRATCH + i: thread i's scratch (TILE_ROWS * K float32)
   JOB: 96, // JOB + JOB_WORDS * j: matrix j of the dispatch (JOB_FIELDS)
 });
 export const MAX_JOBS = 8;
+/**
+ * Slices of each matrix per thread: more units than threads, so a thread that starts late (woken after
+ * the others, or preempted) still finds work, and one that is not scheduled holds back only a small one.
+ */
+const SLICES_PER_THREAD = 4;
 const JOB_WORDS = 12;
 const JOB_FIELDS = Object.freeze({ FORM: 0, W: 1, SCALES: 2, MINS: 3, OFFSET: 4, Y: 5, N: 6, K: 7 });
 const CONTROL_BYTES = 4096;
@@ -50,9 +61,9 @@ const PAGE = 65536;
 /**
  * Iterations of the bounded spin before a thread sleeps in Atomics.wait. 0: sleep at once. A spin makes a
  * synchronisation ~1 µs instead of ~13 µs, but only while every thread has a core of its own: on a busy
- * machine a spinning thread takes the core another one needs, and a decode token measured 7-40x slower
- * with 20000 iterations (2 cores, load 5; bench/pool.js). Until the thread count and the spin adapt to
- * the machine, no spin.
+ * machine a spinning thread takes the core another one needs (2 cores, load 5, 20000 iterations: a
+ * decode token 7-40x slower than one thread with fixed slices, 1.5x slower with claimed units;
+ * bench/pool.js). Until the thread count and the spin adapt to the machine, no spin.
  */
 export const DEFAULT_SPIN = 0;
 
@@ -64,37 +75,60 @@ export function slice(N, i, threads) {
   return [Math.min(lo, N), hi];
 }
 
+/** The tag of generation `gen` in the NEXT word. */
+const tagOf = (gen) => (gen & 0x7fff) << 16;
+
 /**
- * Thread `i`'s part of the dispatch described in the control block: its slice of every matrix. The
- * same code runs in the caller (i = 0) and in each worker.
+ * Unit `unit` of the dispatch described in the control block: one slice of one matrix, computed with
+ * thread `i`'s scratch.
  * @param {Record<string, Function>} k the instance's exports
  * @param {Int32Array} ctl
- * @param {number} i
  */
-export function runSlice(k, ctl, i) {
-  const threads = ctl[CTL.THREADS];
+function runUnit(k, ctl, unit, i) {
+  const slices = ctl[CTL.SLICES];
   const T = ctl[CTL.T];
   const fast = ctl[CTL.FAST] === 1 && T <= GROUPED_MAX_ROWS;
   const x = ctl[CTL.X];
-  const scratch = ctl[CTL.SCRATCH + i];
-  for (let j = 0; j < ctl[CTL.JOBS]; j++) {
-    const at = CTL.JOB + JOB_WORDS * j;
-    const form = FORMS[ctl[at + JOB_FIELDS.FORM]];
-    const [w, scales, mins, offset, y, N, K] = [
-      ctl[at + JOB_FIELDS.W],
-      ctl[at + JOB_FIELDS.SCALES],
-      ctl[at + JOB_FIELDS.MINS],
-      ctl[at + JOB_FIELDS.OFFSET],
-      ctl[at + JOB_FIELDS.Y],
-      ctl[at + JOB_FIELDS.N],
-      ctl[at + JOB_FIELDS.K],
-    ];
-    const [n0, n1] = slice(N, i, threads);
-    if (n1 <= n0) continue;
-    if (form === 'dense') k.dense_rows(x, w, y, T, N, K, n0, n1);
-    else if (fast)
-      k[`${form}_fast_rows`](ctl[CTL.XQ], ctl[CTL.D], ctl[CTL.XS], w, scales, mins, offset, y, T, N, K, n0, n1);
-    else k[`${form}_exact_rows`](x, w, scales, mins, offset, y, scratch, T, N, K, n0, n1);
+  const at = CTL.JOB + JOB_WORDS * Math.floor(unit / slices);
+  const form = FORMS[ctl[at + JOB_FIELDS.FORM]];
+  const [w, scales, mins, offset, y, N, K] = [
+    ctl[at + JOB_FIELDS.W],
+    ctl[at + JOB_FIELDS.SCALES],
+    ctl[at + JOB_FIELDS.MINS],
+    ctl[at + JOB_FIELDS.OFFSET],
+    ctl[at + JOB_FIELDS.Y],
+    ctl[at + JOB_FIELDS.N],
+    ctl[at + JOB_FIELDS.K],
+  ];
+  const [n0, n1] = slice(N, unit % slices, slices);
+  if (n1 <= n0) return;
+  if (form === 'dense') k.dense_rows(x, w, y, T, N, K, n0, n1);
+  else if (fast)
+    k[`${form}_fast_rows`](ctl[CTL.XQ], ctl[CTL.D], ctl[CTL.XS], w, scales, mins, offset, y, T, N, K, n0, n1);
+  else k[`${form}_exact_rows`](x, w, scales, mins, offset, y, ctl[CTL.SCRATCH + i], T, N, K, n0, n1);
+}
+
+/**
+ * Thread `i`'s share of dispatch `gen`: claim units until none is left (or the dispatch is over), run
+ * each and count it done; the thread that counts the last one wakes the caller. Runs in the caller
+ * (i = 0) and in each worker.
+ * @param {Record<string, Function>} k the instance's exports
+ * @param {Int32Array} ctl
+ */
+export function work(k, ctl, gen, i) {
+  const tag = tagOf(gen);
+  for (;;) {
+    const next = Atomics.load(ctl, CTL.NEXT);
+    if ((next & ~0xffff) !== tag || (next & 0xffff) >= Atomics.load(ctl, CTL.UNITS)) return;
+    if (Atomics.compareExchange(ctl, CTL.NEXT, next, next + 1) !== next) continue;
+    // claimed: the dispatch cannot end before this unit is counted, so the job stays as read here
+    const units = ctl[CTL.UNITS];
+    try {
+      runUnit(k, ctl, next & 0xffff, i);
+    } catch {
+      Atomics.store(ctl, CTL.FAILED, 1);
+    }
+    if (Atomics.add(ctl, CTL.DONE, 1) + 1 === units) Atomics.notify(ctl, CTL.DONE);
   }
 }
 
@@ -345,32 +379,28 @@ export class KernelPool {
     outputs.forEach((y, j) => ys[j].set(new Float32Array(buffer, y, T * jobs[j].N)));
   }
 
-  /** Every thread runs its slice of the job in the control block; returns when all are done. */
+  /** Every thread takes units of the job in the control block; returns when all are done. */
   #dispatch() {
     const ctl = this.ctl;
-    const workers = this.threads - 1;
-    if (workers > 0) {
-      Atomics.store(ctl, CTL.DONE, 0);
-      Atomics.add(ctl, CTL.GEN, 1);
-      Atomics.notify(ctl, CTL.GEN);
-    }
-    runSlice(this.exports, ctl, 0);
-    if (workers === 0) return;
+    const slices = this.threads === 1 ? 1 : SLICES_PER_THREAD * this.threads;
+    const units = ctl[CTL.JOBS] * slices;
+    const gen = (ctl[CTL.GEN] + 1) | 0;
+    ctl[CTL.SLICES] = slices;
+    ctl[CTL.UNITS] = units;
+    Atomics.store(ctl, CTL.DONE, 0);
+    Atomics.store(ctl, CTL.NEXT, tagOf(gen));
+    Atomics.store(ctl, CTL.GEN, gen);
+    if (this.threads > 1) Atomics.notify(ctl, CTL.GEN);
+    work(this.exports, ctl, gen, 0);
     for (;;) {
       const done = Atomics.load(ctl, CTL.DONE);
-      if (done === workers) break;
+      if (done === units) break;
       waitWhile(ctl, CTL.DONE, done, this.spin);
     }
     if (Atomics.load(ctl, CTL.FAILED)) {
       Atomics.store(ctl, CTL.FAILED, 0);
       throw new RuvLLMError('inference', 'a kernel thread failed on a product');
     }
-  }
-
-  /** One empty dispatch (no matrices): what a synchronisation costs. */
-  sync() {
-    this.ctl[CTL.JOBS] = 0;
-    this.#dispatch();
   }
 
   /** Stop the workers (they leave their loop) and end them. Safe to call twice. */
