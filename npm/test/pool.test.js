@@ -216,6 +216,24 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
     }
   });
 
+  test('a product that traps in any thread is an inference error, and the pool keeps working', async () => {
+    const pool = await startPool(module, { threads: 3 });
+    try {
+      const outside = pool.matrix({ form: 'dense', w: 2 ** 31 - 4096, N: 256, K: 32 }); // past the memory
+      assert.throws(
+        () => pool.run([outside], new Float32Array(32), 1, [new Float32Array(256)]),
+        (e) => e instanceof RuvLLMError && e.type === 'inference' && /a kernel thread failed/.test(e.message),
+      );
+      const m = matrix('q8', 64, 32, random(5));
+      const x = new Float32Array(32).fill(0.25);
+      const y = new Float32Array(64);
+      pool.run([place(pool, m)], x, 1, [y]);
+      assert.ok(bits(y).equals(bits(reference(m, x, 1, false))));
+    } finally {
+      await pool.dispose();
+    }
+  });
+
   test('a wrong thread count is an invalid_argument error', async () => {
     for (const threads of [0, 1.5, 65, NaN])
       await assert.rejects(
