@@ -92,7 +92,7 @@ def test_an_isolated_page_runs_two_threads_with_cpythons_tokens(page, smollm2_di
     finally:
         httpd.shutdown()
     assert got["isolated"] is True
-    assert got["threads"] == {"count": 2, "reason": None}
+    assert got["threads"] == {"count": 2, "reason": None, "adaptive": False}
     assert got["ids"] == cpython_ids()
 
 

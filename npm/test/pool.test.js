@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url';
 
 import { RuvLLMError } from '../src/errors.js';
 import { startKernels } from '../src/worker/kernels.js';
-import { startPool, slice } from '../src/worker/pool.js';
+import { Adaptive, startPool, slice } from '../src/worker/pool.js';
 import { startPython } from '../src/worker/python.js';
 import { startThreads } from '../src/worker/threads.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
@@ -173,6 +173,45 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
       }
     });
   }
+
+  test('Adaptive tries one thread, then all, keeps the faster and tries the other again later', () => {
+    const a = new Adaptive(4);
+    const run = (count, msPerWork) => a.record('k', count, msPerWork * 1000, 1000);
+    assert.equal(a.choose('k'), 1);
+    run(1, 2);
+    assert.equal(a.choose('k'), 4);
+    run(4, 1); // all threads faster
+    const chosen = [];
+    for (let i = 0; i < 12; i++) {
+      const count = a.choose('k');
+      chosen.push(count);
+      run(count, count === 4 ? 1 : 2);
+    }
+    assert.deepEqual(chosen.slice(0, 4), [4, 4, 4, 4]);
+    assert.ok(chosen.includes(1), `one thread is tried again: ${chosen}`);
+    for (let i = 0; i < 40; i++) run(a.choose('k'), a.choose('k') === 4 ? 5 : 2); // the machine got busy
+    assert.equal(a.choose('k'), 1);
+    assert.equal(a.choose('other'), 1); // each size class on its own
+  });
+
+  test('an adaptive pool switches between one thread and all, with the same bits', async () => {
+    const pool = await startPool(module, { threads: 3, adaptive: true });
+    try {
+      const rand = random(11);
+      const m = matrix('q4', 100, 64, rand);
+      const handle = place(pool, m);
+      for (let i = 0; i < 30; i++) {
+        const T = i % 2 ? 1 : 7;
+        const x = Float32Array.from({ length: T * 64 }, () => rand() - 0.5);
+        const y = new Float32Array(T * 100);
+        pool.run([handle], x, T, [y], true);
+        assert.ok(bits(y).equals(bits(reference(m, x, T, true))), `product ${i}`);
+      }
+      assert.ok(pool.dispatches.get(1) > 0 && pool.dispatches.get(3) > 0, `${[...pool.dispatches]}`);
+    } finally {
+      await pool.dispose();
+    }
+  });
 
   test('a fused dispatch (matrices sharing x) gives each product, and survives the memory growing', async () => {
     const pool = await startPool(module, { threads: 3 });

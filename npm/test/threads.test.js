@@ -67,6 +67,7 @@ describe('threads', { skip: SKIP }, () => {
       const llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE, threads, arithmetic });
       try {
         assert.deepEqual(llm.info.threads.count, threads);
+        assert.equal(llm.info.threads.adaptive, false);
         if (threads === 1) assert.match(llm.info.threads.reason, /threads: 1/);
         else assert.equal(llm.info.threads.reason, null);
         const got = { short: await greedyIds(llm, PROMPT), long: await greedyIds(llm, long) };
@@ -79,12 +80,15 @@ describe('threads', { skip: SKIP }, () => {
     }
   });
 
-  test("'auto' runs the cores of this machine, at most 8, and says why when that is one", async () => {
-    const llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE, threads: 'auto' });
+  test("'auto' runs the cores of this machine (at most 8) adaptively, with CPython's tokens", async () => {
+    const llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE, threads: 'auto', arithmetic: 'exact' });
     try {
       const cores = (await import('node:os')).availableParallelism();
       assert.equal(llm.info.threads.count, Math.min(cores, 8));
+      assert.equal(llm.info.threads.adaptive, cores > 1);
       if (cores === 1) assert.match(llm.info.threads.reason, /reports 1 core/);
+      // each kind of product switches between one thread and all as it measures them: the same tokens
+      assert.deepEqual(await greedyIds(llm, PROMPT), await cpythonIds(PROMPT));
     } finally {
       await llm.dispose();
     }

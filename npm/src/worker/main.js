@@ -162,7 +162,7 @@ async function withLoader(id, options, progress, signal, fill) {
       heapBytes: heapBytes(state.py),
       boot: python.boot, // how Python started: from the boot snapshot or afresh, and why
       kernelsNote: kernels.reason, // why 'auto' runs NumPy's kernels, if it does
-      threads: { count: threads.count, reason: threads.reason }, // threads computing products; why one
+      threads: { count: threads.count, reason: threads.reason, adaptive: threads.adaptive }, // why one; 'auto'
       chatTemplate: state.text.chatTemplateSource, // 'model', 'built-in gemma', 'option' or null (none)
     };
     send({ type: 'loaded', id, info });

@@ -192,17 +192,80 @@ async function startWorker(module, memory, id, spin) {
 }
 
 /**
+ * One thread or all of them for a dispatch, whichever measured faster for dispatches of its size class
+ * (decoding or prompt rows, and the work rounded to a power of two), as runtime/threads.py's Adaptive
+ * does for BLAS threads: each count is tried once, one thread first; then the faster is kept and the
+ * slower tried again after `interval` dispatches (4, doubling to 256 while the choice holds, 4 again when
+ * it changes). Times are kept per unit of work (milliseconds / (T * N * K)). Any count gives the same
+ * bits, so switching is always safe.
+ */
+export class Adaptive {
+  static FIRST_INTERVAL = 4;
+  static MOST_INTERVAL = 256;
+
+  /** @param {number} most */
+  constructor(most) {
+    this.most = most;
+    /** @type {Map<string, { per: Map<number, number>, calls: number, interval: number, nextProbe: number }>} */
+    this.sizes = new Map();
+  }
+
+  #size(key) {
+    let size = this.sizes.get(key);
+    if (!size) {
+      size = { per: new Map(), calls: 0, interval: Adaptive.FIRST_INTERVAL, nextProbe: 0 };
+      this.sizes.set(key, size);
+    }
+    return size;
+  }
+
+  #best(size) {
+    return size.per.get(1) <= size.per.get(this.most) ? 1 : this.most;
+  }
+
+  /** The thread count for the next dispatch of size class `key`. */
+  choose(key) {
+    const size = this.#size(key);
+    for (const count of [1, this.most]) if (!size.per.has(count)) return count;
+    const best = this.#best(size);
+    if (size.calls >= size.nextProbe) return best === 1 ? this.most : 1;
+    return best;
+  }
+
+  /** A dispatch of size class `key` on `count` threads took `ms` for `work` (T * N * K). */
+  record(key, count, ms, work) {
+    const size = this.#size(key);
+    const before = size.per.size === 2 ? this.#best(size) : null;
+    const probe = before !== null && count !== before;
+    const old = size.per.get(count);
+    const per = ms / work;
+    size.per.set(count, old === undefined || probe ? per : 0.5 * (old + per));
+    size.calls += 1;
+    if (probe) {
+      const held = this.#best(size) === before;
+      size.interval = held ? Math.min(2 * size.interval, Adaptive.MOST_INTERVAL) : Adaptive.FIRST_INTERVAL;
+      size.nextProbe = size.calls + size.interval;
+    } else if (before === null && size.per.size === 2) {
+      size.nextProbe = size.calls + size.interval;
+    }
+  }
+}
+
+/**
  * Start a pool of `threads` threads (the caller and threads - 1 workers) running `module`, a compiled
  * kernels-shared.wasm. A worker that cannot start ends the others and fails the whole start.
+ * adaptive: each dispatch runs on one thread or all of them, whichever measured faster (Adaptive);
+ * else always on all of them.
  * @param {WebAssembly.Module} module
- * @param {{ threads: number, spin?: number, maxBytes?: number }} options
+ * @param {{ threads: number, spin?: number, maxBytes?: number, adaptive?: boolean }} options
  */
-export async function startPool(module, { threads, spin = DEFAULT_SPIN, maxBytes = 2 ** 32 }) {
+export async function startPool(module, { threads, spin = DEFAULT_SPIN, maxBytes = 2 ** 32, adaptive = false }) {
   if (!Number.isInteger(threads) || threads < 1 || threads > MAX_THREADS)
     throw new RuvLLMError('invalid_argument', `threads must be an integer from 1 to ${MAX_THREADS}, got ${threads}`);
   const memory = sharedMemory(2, Math.min(65536, Math.floor(maxBytes / PAGE))); // the module declares 2 pages
   const instance = await WebAssembly.instantiate(module, { env: { memory } });
   const pool = new KernelPool(memory, /** @type {any} */ (instance.exports), threads, spin);
+  if (adaptive && threads > 1) pool.adaptive = new Adaptive(threads);
   try {
     for (let id = 1; id < threads; id++) pool.workers.push(await startWorker(module, memory, id, spin));
   } catch (error) {
@@ -222,6 +285,10 @@ export class KernelPool {
   #scratchFloats = 0; // each thread's scratch, in float32
   #matrices = []; // handle -> { form, w, scales, mins, offset, N, K }
   #disposed = false;
+  /** @type {Adaptive | null} how many threads each dispatch runs on (null: all) */
+  adaptive = null;
+  /** Dispatches so far by the thread count they ran on. */
+  dispatches = new Map();
 
   /**
    * @param {WebAssembly.Memory} memory
@@ -375,14 +442,24 @@ export class KernelPool {
       yAt += yBytes[j];
     });
     ctl[CTL.JOBS] = jobs.length;
-    this.#dispatch();
+    if (this.adaptive) {
+      const work = T * K * jobs.reduce((sum, m) => sum + m.N, 0);
+      const key = `${T <= GROUPED_MAX_ROWS ? 'decode' : 'prompt'}:${Math.round(Math.log2(work))}`;
+      const count = this.adaptive.choose(key);
+      const start = performance.now();
+      this.#dispatch(count);
+      this.adaptive.record(key, count, performance.now() - start, work);
+    } else {
+      this.#dispatch(this.threads);
+    }
     outputs.forEach((y, j) => ys[j].set(new Float32Array(buffer, y, T * jobs[j].N)));
   }
 
-  /** Every thread takes units of the job in the control block; returns when all are done. */
-  #dispatch() {
+  /** `count` threads take units of the job in the control block; returns when all are done. */
+  #dispatch(count) {
     const ctl = this.ctl;
-    const slices = this.threads === 1 ? 1 : SLICES_PER_THREAD * this.threads;
+    this.dispatches.set(count, (this.dispatches.get(count) ?? 0) + 1);
+    const slices = count === 1 ? 1 : SLICES_PER_THREAD * count;
     const units = ctl[CTL.JOBS] * slices;
     const gen = (ctl[CTL.GEN] + 1) | 0;
     ctl[CTL.SLICES] = slices;
@@ -390,7 +467,7 @@ export class KernelPool {
     Atomics.store(ctl, CTL.DONE, 0);
     Atomics.store(ctl, CTL.NEXT, tagOf(gen));
     Atomics.store(ctl, CTL.GEN, gen);
-    if (this.threads > 1) Atomics.notify(ctl, CTL.GEN);
+    if (count > 1) Atomics.notify(ctl, CTL.GEN, count - 1);
     work(this.exports, ctl, gen, 0);
     for (;;) {
       const done = Atomics.load(ctl, CTL.DONE);

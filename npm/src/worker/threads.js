@@ -4,8 +4,9 @@
  * (py_src/ruvllm/quant/pool.py) places each matrix in the pool's memory and runs its products there,
  * through the small API made here (addresses in Pyodide's memory in, one call per product).
  *
- * The thread count: an integer from 1 to MAX_THREADS, or 'auto': the logical cores
- * (navigator.hardwareConcurrency, os.availableParallelism()), at most AUTO_MAX. One thread runs when
+ * The thread count: an integer from 1 to MAX_THREADS (every product on all of them), or 'auto': the
+ * logical cores (navigator.hardwareConcurrency, os.availableParallelism()), at most AUTO_MAX, each
+ * product on one thread or all, whichever measures faster (pool.js Adaptive). One thread runs when
  * the WebAssembly kernels do not (kernels: 'numpy', or no SIMD128), when this page is not cross-origin
  * isolated (no SharedArrayBuffer to share with workers), or when 1 is asked; `reason` says which.
  */
@@ -41,7 +42,7 @@ function noSharing() {
  * @param {'auto' | number | undefined} threads
  */
 export async function startThreads(py, kernels, threads = DEFAULT_THREADS) {
-  const one = (reason) => ({ pool: null, api: null, count: 1, reason });
+  const one = (reason) => ({ pool: null, api: null, count: 1, reason, adaptive: false });
   const wanted = threads === 'auto' ? Math.min(await cores(), AUTO_MAX, MAX_THREADS) : threads;
   if (wanted === 1)
     return one(threads === 'auto' ? 'threads: this runtime reports 1 core' : 'threads: 1 (the default: ask for more)');
@@ -58,12 +59,12 @@ export async function startThreads(py, kernels, threads = DEFAULT_THREADS) {
   }
   let pool;
   try {
-    pool = await startPool(module, { threads: wanted });
+    pool = await startPool(module, { threads: wanted, adaptive: threads === 'auto' });
   } catch (error) {
     if (threads === 'auto') return one(error.message);
     throw error;
   }
-  return { pool, api: pythonApi(py, pool), count: wanted, reason: null };
+  return { pool, api: pythonApi(py, pool), count: wanted, reason: null, adaptive: threads === 'auto' };
 }
 
 /**
