@@ -123,24 +123,32 @@ apt_install() {
 
 # The kernel provider for Pyodide (docs/kernels.md): freestanding C compiled by Debian's clang and lld to a
 # WebAssembly module with SIMD128. kernels/check.py refuses a module with a data section or a stack in
-# linear memory: it shares Pyodide's memory and must not write into CPython's heap.
+# linear memory: it shares Pyodide's memory and must not write into CPython's heap. A second build of the
+# same source, on a shared memory (atomics, bulk memory), is what the kernel thread pool's threads run
+# (npm/src/worker/pool.js): npm/wasm/kernels-shared.wasm.
 kernels() {
   if ! command -v clang >/dev/null 2>&1 || ! command -v wasm-ld >/dev/null 2>&1; then
     log "installing Debian's clang and lld (the WebAssembly kernels are compiled with them)"
     apt_install clang lld
   fi
-  local out=npm/wasm/kernels.wasm obj=build/kernels/kernels.o
-  if [ -f "$out" ] && [ "$out" -nt kernels/kernels.c ] && [ "$out" -nt kernels/check.py ]; then
+  local out=npm/wasm/kernels.wasm shared=npm/wasm/kernels-shared.wasm obj=build/kernels/kernels.o
+  if [ -f "$out" ] && [ "$out" -nt kernels/kernels.c ] && [ "$out" -nt kernels/check.py ] &&
+    [ -f "$shared" ] && [ "$shared" -nt kernels/kernels.c ] && [ "$shared" -nt kernels/check.py ]; then
     return
   fi
-  log "compiling the WebAssembly SIMD kernels into $out"
+  log "compiling the WebAssembly SIMD kernels into $out and $shared"
   mkdir -p build/kernels npm/wasm
-  clang --target=wasm32 -O3 -msimd128 -nostdlib -ffreestanding -fno-builtin -Wall -Wextra -Werror \
-    -c -o "$obj" kernels/kernels.c
+  local cflags=(--target=wasm32 -O3 -msimd128 -nostdlib -ffreestanding -fno-builtin -Wall -Wextra -Werror)
+  clang "${cflags[@]}" -c -o "$obj" kernels/kernels.c
   clang --target=wasm32 -nostdlib -Wl,--no-entry -Wl,--import-memory -Wl,--strip-all \
     -o "build/kernels/kernels.wasm" "$obj"
   python3 kernels/check.py "$obj" build/kernels/kernels.wasm
+  clang "${cflags[@]}" -matomics -mbulk-memory -c -o build/kernels/kernels-shared.o kernels/kernels.c
+  clang --target=wasm32 -nostdlib -Wl,--no-entry -Wl,--import-memory -Wl,--shared-memory \
+    -Wl,--max-memory=4294967296 -Wl,--strip-all -o build/kernels/kernels-shared.wasm build/kernels/kernels-shared.o
+  python3 kernels/check.py build/kernels/kernels-shared.o build/kernels/kernels-shared.wasm --shared
   cp build/kernels/kernels.wasm "$out"
+  cp build/kernels/kernels-shared.wasm "$shared"
 }
 
 npm_package() {

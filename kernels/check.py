@@ -1,6 +1,6 @@
 """Refuse a kernel build that could write into CPython's heap when it is instantiated on Pyodide's memory.
 
-    python kernels/check.py OBJECT.o MODULE.wasm
+    python kernels/check.py OBJECT.o MODULE.wasm [--shared]
 
 The module shares Pyodide's WebAssembly.Memory, so it must bring nothing of its own into it:
 - no data section (an instance copies its data segments into memory at instantiation), in the object
@@ -8,7 +8,8 @@ The module shares Pyodide's WebAssembly.Memory, so it must bring nothing of its 
 - no stack in linear memory: clang's code reaches its stack through the global `__stack_pointer`, which
   an object file imports as soon as one function needs a stack frame (the linker then points it at
   address 66560, inside CPython's heap). So the object must import no global at all;
-- the linked module imports exactly one thing, the memory `env.memory`.
+- the linked module imports exactly one thing, the memory `env.memory`: unshared, or with --shared (the
+  build for the kernel thread pool, npm/src/worker/pool.js) shared.
 
 Only the section headers and the import section are read (the WebAssembly binary format, section 5.5).
 """
@@ -18,7 +19,7 @@ from __future__ import annotations
 import sys
 
 DATA, DATACOUNT, IMPORT = 11, 12, 2
-KINDS = {0: "function", 1: "table", 2: "memory", 3: "global", 4: "tag"}
+KINDS = {0: "function", 1: "table", 2: "memory", -2: "shared memory", 3: "global", 4: "tag"}
 
 
 def leb(data: bytes, at: int) -> tuple[int, int]:
@@ -46,7 +47,7 @@ def sections(data: bytes) -> list[tuple[int, bytes]]:
 
 
 def imports(section: bytes) -> list[tuple[str, str, str]]:
-    """(module, name, kind) of every import."""
+    """(module, name, kind) of every import; a memory's kind says whether it is shared ("shared memory")."""
     count, at = leb(section, 0)
     out = []
     for _ in range(count):
@@ -65,8 +66,10 @@ def imports(section: bytes) -> list[tuple[str, str, str]]:
             _, at = leb(section, at)
             if flags & 1:
                 _, at = leb(section, at)
-        elif kind == 2:  # memory: limits
+        elif kind == 2:  # memory: limits (flag 1: a maximum follows; flag 2: shared)
             flags, at = leb(section, at)
+            if flags & 2:
+                kind = -2
             _, at = leb(section, at)
             if flags & 1:
                 _, at = leb(section, at)
@@ -78,7 +81,7 @@ def imports(section: bytes) -> list[tuple[str, str, str]]:
     return out
 
 
-def problems(obj: bytes, module: bytes) -> list[str]:
+def problems(obj: bytes, module: bytes, shared: bool = False) -> list[str]:
     found = []
     for what, data in (("object", obj), ("module", module)):
         ids = {sid for sid, _ in sections(data)}
@@ -92,16 +95,21 @@ def problems(obj: bytes, module: bytes) -> list[str]:
                 "memory (an array, or a local whose address is taken); keep every local in registers"
             )
     mod_imports = [i for sid, body in sections(module) if sid == IMPORT for i in imports(body)]
-    if mod_imports != [("env", "memory", "memory")]:
-        found.append(f"the module must import only env.memory, it imports {mod_imports}")
+    memory = ("env", "memory", "shared memory" if shared else "memory")
+    if mod_imports != [memory]:
+        found.append(f"the module must import only env.memory ({memory[2]}), it imports {mod_imports}")
     return found
 
 
 def main() -> None:
-    if len(sys.argv) != 3:
+    args = sys.argv[1:]
+    shared = "--shared" in args
+    if shared:
+        args.remove("--shared")
+    if len(args) != 2:
         sys.exit(__doc__)
-    with open(sys.argv[1], "rb") as f, open(sys.argv[2], "rb") as g:
-        found = problems(f.read(), g.read())
+    with open(args[0], "rb") as f, open(args[1], "rb") as g:
+        found = problems(f.read(), g.read(), shared)
     if found:
         sys.exit("kernels/check.py: " + "\n  ".join(["refusing the build:", *found]))
 

@@ -238,7 +238,7 @@ static inline void expand_group(v128_t a, v128_t b, float s0, float s1, float mi
 // each instantiation keeps only its own loads.
 __attribute__((always_inline)) static inline void quant_exact(i32 bits, i32 halves, const float *x, const void *weights,
                                                              const float *scales, const float *mins, i32 offset,
-                                                             float *y, float *scratch, i32 T, i32 N, i32 K) {
+                                                             float *y, float *scratch, i32 T, i32 N, i32 K, i32 ldy) {
   const i32 G = K / GROUP, row_bytes = bits == 8 ? K : K / 2, SG = halves ? 2 * G : G;
   const v128_t off = wasm_i8x16_splat((i8)offset);
   if (T <= GROUPED_MAX_ROWS) {
@@ -264,7 +264,7 @@ __attribute__((always_inline)) static inline void quant_exact(i32 bits, i32 halv
         }
         float s = hsum(acc);
         if (mins) s += mins_dot(mins + (long)n * G, xs + t * G, G);
-        y[(long)t * N + n] = s;
+        y[(long)t * ldy + n] = s;
       }
     }
     return;
@@ -281,14 +281,14 @@ __attribute__((always_inline)) static inline void quant_exact(i32 bits, i32 halv
         expand_group(a, b, s0, s1, mn ? mn[g] : 0.0f, mn != 0, scratch + (long)r * K + g * GROUP);
       }
     }
-    dense_block(x, T, scratch, n, K, y + r0, N);
+    dense_block(x, T, scratch, n, K, y + r0, ldy);
   }
 }
 
 EXPORT(q8_exact)
 void q8_exact(const float *x, const i8 *codes, const float *scales, const float *mins, i32 offset, float *y,
               float *scratch, i32 T, i32 N, i32 K) {
-  quant_exact(8, 0, x, codes, scales, mins, offset, y, scratch, T, N, K);
+  quant_exact(8, 0, x, codes, scales, mins, offset, y, scratch, T, N, K, N);
 }
 
 // int8 codes with a scale per 16 weights (scales (N, K / 16)); no mins (the argument is ignored).
@@ -296,13 +296,13 @@ EXPORT(q8h_exact)
 void q8h_exact(const float *x, const i8 *codes, const float *scales, const float *mins, i32 offset, float *y,
                float *scratch, i32 T, i32 N, i32 K) {
   (void)mins;
-  quant_exact(8, 1, x, codes, scales, 0, offset, y, scratch, T, N, K);
+  quant_exact(8, 1, x, codes, scales, 0, offset, y, scratch, T, N, K, N);
 }
 
 EXPORT(q4_exact)
 void q4_exact(const float *x, const u8 *packed, const float *scales, const float *mins, i32 offset, float *y,
               float *scratch, i32 T, i32 N, i32 K) {
-  quant_exact(4, 0, x, packed, scales, mins, offset, y, scratch, T, N, K);
+  quant_exact(4, 0, x, packed, scales, mins, offset, y, scratch, T, N, K, N);
 }
 
 // ---- quantized, fast (activations as int16) ---------------------------------------------------------------
@@ -360,7 +360,7 @@ static inline v128_t group_dot_i16(v128_t a, v128_t b, const short *xq) {
 __attribute__((always_inline)) static inline void quant_fast(i32 bits, i32 halves, const short *xq, const float *d,
                                                             const float *xs, const void *weights,
                                                             const float *scales, const float *mins, i32 offset,
-                                                            float *y, i32 T, i32 N, i32 K) {
+                                                            float *y, i32 T, i32 N, i32 K, i32 ldy) {
   const i32 G = K / GROUP, row_bytes = bits == 8 ? K : K / 2, SG = halves ? 2 * G : G;
   const v128_t off = wasm_i8x16_splat((i8)offset);
   for (i32 n = 0; n < N; n++) {
@@ -385,7 +385,7 @@ __attribute__((always_inline)) static inline void quant_fast(i32 bits, i32 halve
       }
       float s = hsum(acc);
       if (mins) s += mins_dot(mins + (long)n * G, xs + t * G, G);
-      y[(long)t * N + n] = s;
+      y[(long)t * ldy + n] = s;
     }
   }
 }
@@ -393,18 +393,58 @@ __attribute__((always_inline)) static inline void quant_fast(i32 bits, i32 halve
 EXPORT(q8_fast)
 void q8_fast(const short *xq, const float *d, const float *xs, const i8 *codes, const float *scales,
              const float *mins, i32 offset, float *y, i32 T, i32 N, i32 K) {
-  quant_fast(8, 0, xq, d, xs, codes, scales, mins, offset, y, T, N, K);
+  quant_fast(8, 0, xq, d, xs, codes, scales, mins, offset, y, T, N, K, N);
 }
 
 EXPORT(q8h_fast)
 void q8h_fast(const short *xq, const float *d, const float *xs, const i8 *codes, const float *scales,
               const float *mins, i32 offset, float *y, i32 T, i32 N, i32 K) {
   (void)mins;
-  quant_fast(8, 1, xq, d, xs, codes, scales, 0, offset, y, T, N, K);
+  quant_fast(8, 1, xq, d, xs, codes, scales, 0, offset, y, T, N, K, N);
 }
 
 EXPORT(q4_fast)
 void q4_fast(const short *xq, const float *d, const float *xs, const u8 *packed, const float *scales,
              const float *mins, i32 offset, float *y, i32 T, i32 N, i32 K) {
-  quant_fast(4, 0, xq, d, xs, packed, scales, mins, offset, y, T, N, K);
+  quant_fast(4, 0, xq, d, xs, packed, scales, mins, offset, y, T, N, K, N);
 }
+
+// ---- row slices (the kernel thread pool: npm/src/worker/pool.js) ------------------------------------------
+//
+// Output features n0 <= n < n1 of the product above, written into the whole y (T, N): each thread of the
+// pool computes one slice of each matrix. Every y[t, n] is summed in one order wherever its row lands,
+// provided n0 is a multiple of 4 (dense and the tiled exact path group weight rows by 4 from the slice's
+// start; the pool uses multiples of 16, the tile height), so the slices together equal the whole
+// product bit for bit. Arguments as in the whole-product exports, then n0 and n1.
+
+EXPORT(dense_rows)
+void dense_rows(const float *x, const float *w, float *y, i32 T, i32 N, i32 K, i32 n0, i32 n1) {
+  dense_block(x, T, w + (long)n0 * K, n1 - n0, K, y + n0, N);
+}
+
+#define ROWS_EXACT(name, bits, halves, has_mins)                                                                  \
+  EXPORT(name)                                                                                                    \
+  void name(const float *x, const u8 *weights, const float *scales, const float *mins, i32 offset, float *y,      \
+            float *scratch, i32 T, i32 N, i32 K, i32 n0, i32 n1) {                                                \
+    const i32 G = K / GROUP, row_bytes = bits == 8 ? K : K / 2, SG = halves ? 2 * G : G;                         \
+    const float *mn = has_mins && mins ? mins + (long)n0 * G : 0;                                                 \
+    quant_exact(bits, halves, x, weights + (long)n0 * row_bytes, scales + (long)n0 * SG, mn, offset, y + n0,     \
+                scratch, T, n1 - n0, K, N);                                                                       \
+  }
+
+#define ROWS_FAST(name, bits, halves, has_mins)                                                                   \
+  EXPORT(name)                                                                                                    \
+  void name(const short *xq, const float *d, const float *xs, const u8 *weights, const float *scales,            \
+            const float *mins, i32 offset, float *y, i32 T, i32 N, i32 K, i32 n0, i32 n1) {                       \
+    const i32 G = K / GROUP, row_bytes = bits == 8 ? K : K / 2, SG = halves ? 2 * G : G;                         \
+    const float *mn = has_mins && mins ? mins + (long)n0 * G : 0;                                                 \
+    quant_fast(bits, halves, xq, d, xs, weights + (long)n0 * row_bytes, scales + (long)n0 * SG, mn, offset,      \
+               y + n0, T, n1 - n0, K, N);                                                                         \
+  }
+
+ROWS_EXACT(q8_exact_rows, 8, 0, 1)
+ROWS_EXACT(q8h_exact_rows, 8, 1, 0)
+ROWS_EXACT(q4_exact_rows, 4, 0, 1)
+ROWS_FAST(q8_fast_rows, 8, 0, 1)
+ROWS_FAST(q8h_fast_rows, 8, 1, 0)
+ROWS_FAST(q4_fast_rows, 4, 0, 1)

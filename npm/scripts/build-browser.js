@@ -8,7 +8,11 @@ import { build } from 'esbuild';
 rmSync('browser', { recursive: true, force: true }); // no file of an older layout stays behind
 
 await build({
-  entryPoints: { index: 'src/index.js', 'worker/main': 'src/worker/main.js' },
+  entryPoints: {
+    index: 'src/index.js',
+    'worker/main': 'src/worker/main.js',
+    'worker/pool-worker': 'src/worker/pool-worker.js', // the kernel thread pool's threads (pool.js)
+  },
   outdir: 'browser',
   bundle: true,
   format: 'esm',

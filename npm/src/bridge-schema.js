@@ -247,6 +247,7 @@ export const BRIDGE = Object.freeze({
   },
   ModelLoader: {
     offer_kernels: { args: { exports: 'proxy' }, returns: 'true' },
+    offer_kernel_threads: { args: { api: 'proxy' }, returns: 'true' },
     set_config: { args: { config_json: 'json' }, returns: 'ConfigSummary' },
     set_tokenizer: { args: { tokenizer_json: 'json' }, returns: 'int (the vocabulary size)' },
     set_options: { args: { options_json: 'LoadOptions' }, returns: 'true' },

@@ -4,6 +4,7 @@
  *   ruvllm-js generate MODEL --prompt TEXT [--chat] [--system TEXT] [--max-tokens N] [--temperature T]
  *                     [--seed S] [--ignore-eos] [--json] [--pyodide DIR] [--context-length N]
  *                     [--compute auto|f32|q8|q4] [--kernels auto|wasm|numpy] [--arithmetic exact|fast]
+ *                     [--threads auto|N]
  *
  * With --json it prints exactly the object `ruvllm generate --json` prints on CPython. The Pyodide
  * distribution comes from --pyodide, else RUVLLM_PYODIDE_DIST, else the `pyodide` package (NumPy from
@@ -17,7 +18,8 @@ import { toPython } from './protocol.js';
 
 const USAGE = `usage: ruvllm-js generate MODEL --prompt TEXT [--chat] [--system TEXT] [--max-tokens N]
                  [--temperature T] [--seed S] [--ignore-eos] [--json] [--pyodide DIR] [--context-length N]
-                 [--compute auto|f32|q8|q4] [--kernels auto|wasm|numpy] [--arithmetic exact|fast]`;
+                 [--compute auto|f32|q8|q4] [--kernels auto|wasm|numpy] [--arithmetic exact|fast]
+                 [--threads auto|N]`;
 
 class UsageError extends Error {}
 
@@ -50,6 +52,7 @@ export function parse(argv) {
         compute: { type: 'string' }, // checked, with the other load options, by RuvLLM.load
         kernels: { type: 'string' },
         arithmetic: { type: 'string' },
+        threads: { type: 'string' },
         help: { type: 'boolean', default: false },
       },
     });
@@ -71,7 +74,12 @@ export function parse(argv) {
     json: values.json,
     pyodide: values.pyodide ?? process.env.RUVLLM_PYODIDE_DIST,
     contextLength: number(values['context-length'], 'context-length', true),
-    load: { compute: values.compute, kernels: values.kernels, arithmetic: values.arithmetic },
+    load: {
+      compute: values.compute,
+      kernels: values.kernels,
+      arithmetic: values.arithmetic,
+      threads: values.threads === 'auto' ? 'auto' : number(values.threads, 'threads', true),
+    },
     options: {
       maxTokens: number(values['max-tokens'], 'max-tokens', true),
       temperature: number(values.temperature, 'temperature', false),

@@ -15,7 +15,7 @@
  */
 
 import { RuvLLMError } from './errors.js';
-import { ARITHMETIC, KERNEL_CHOICES } from './protocol.js';
+import { ARITHMETIC, KERNEL_CHOICES, MAX_THREADS } from './protocol.js';
 
 const invalid = (message) => new RuvLLMError('invalid_argument', message);
 
@@ -204,6 +204,7 @@ export const LOAD_OPTIONS = {
   compute: oneOf(COMPUTE_FORMS),
   kernels: oneOf(KERNEL_CHOICES),
   arithmetic: oneOf(ARITHMETIC),
+  threads: rule(`'auto' or an integer in [1, ${MAX_THREADS}]`, (v) => v === 'auto' || integer(1, MAX_THREADS).test(v)),
   memoryBudget: integer(1),
   kv: options(KV_OPTIONS, 'kv'),
   stallTimeoutMs: integer(1, 2 ** 31 - 1), // setTimeout fires at once past 2^31 - 1 ms

@@ -35,6 +35,8 @@ test('arguments map onto load and generate options', () => {
     'wasm',
     '--arithmetic',
     'fast',
+    '--threads',
+    '2',
   ]);
   assert.deepEqual(args, {
     model: 'm/',
@@ -44,7 +46,7 @@ test('arguments map onto load and generate options', () => {
     json: true,
     pyodide: '/p',
     contextLength: undefined,
-    load: { compute: 'q4', kernels: 'wasm', arithmetic: 'fast' },
+    load: { compute: 'q4', kernels: 'wasm', arithmetic: 'fast', threads: 2 },
     options: { maxTokens: 12, temperature: 0, seed: 3, ignoreEos: true },
   });
 });
@@ -69,6 +71,10 @@ test('a malformed command line is exit code 2 and one line on stderr', async () 
   assert.equal(
     await usageError(['generate', 'm', '--prompt', 'x', '--max-tokens', 'many']),
     "ruvllm-js: error: argument --max-tokens: invalid int value: 'many' (see --help)",
+  );
+  assert.equal(
+    await usageError(['generate', 'm', '--prompt', 'x', '--threads', 'all']),
+    "ruvllm-js: error: argument --threads: invalid int value: 'all' (see --help)",
   );
   assert.equal(await usageError(['explain', 'm']), "ruvllm-js: error: unknown command 'explain' (see --help)");
   assert.match(

@@ -38,6 +38,7 @@ test('the installed package exports the API, its types, the wheel and the kernel
     'types/index.d.ts',
     'wheel/manifest.json',
     'wasm/kernels.wasm',
+    'wasm/kernels-shared.wasm',
     'bin/ruvllm-js.js',
     'browser/index.js',
     'browser/worker/main.js',

@@ -174,6 +174,17 @@ export interface LoadOptions {
    * cost is in docs/performance.md). Prompt processing is exact either way.
    */
   arithmetic?: 'exact' | 'fast';
+  /**
+   * How many threads compute the matrix products with the WebAssembly kernels: an integer from 1 to 64,
+   * or 'auto' (the logical cores, at most 8; each kind of product then runs on one thread or all of them,
+   * whichever measures faster, since a busy machine can make more threads slower). Default 1. More than one needs SharedArrayBuffer: in
+   * browsers a cross-origin isolated page (COOP/COEP headers); elsewhere one thread runs and
+   * `info.threads.reason` says why. The products, and so the tokens, are the same at every count. With
+   * more than one thread the threads' memory holds a second copy of the weights (for now).
+   * @example
+   * await RuvLLM.load({ model: url, threads: 'auto' });
+   */
+  threads?: 'auto' | number;
   /** Bytes for weights + KV cache + workspace, a positive integer. Default in browsers: a quarter of navigator.deviceMemory. */
   memoryBudget?: number;
   /** The two-tier KV cache. */
@@ -614,6 +625,11 @@ export interface ModelInfo {
   arithmetic: 'exact' | 'fast';
   /** With kernels 'auto': why the WebAssembly kernels are not used, or null. */
   kernelsNote: string | null;
+  /**
+   * Threads computing the matrix products, why only one runs (null when more do), and whether each
+   * product picks one thread or all by measurement (threads: 'auto').
+   */
+  threads: { count: number; reason: string | null; adaptive: boolean };
   /** Where chat()'s template comes from: the model's files, the built-in Gemma turn format, the chatTemplate option, or none. */
   chatTemplate: 'model' | 'built-in gemma' | 'option' | null;
   /** How Python started: from the boot snapshot or afresh (see `LoadOptions.bootCache`). */

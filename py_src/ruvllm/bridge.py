@@ -13,6 +13,8 @@ short:
     new_loader()                                   -> ModelLoader
     ModelLoader.offer_kernels(exports)             -> true (the WebAssembly SIMD kernels' exports, a JsProxy:
                                                       before set_options, when the worker could start them)
+    ModelLoader.offer_kernel_threads(api)          -> true (the kernel thread pool, a JsProxy: before
+                                                      set_options, when the worker started one; quant/pool.py)
     ModelLoader.set_config(config.json)            -> {architecture, max_position_embeddings}
     ModelLoader.set_tokenizer(tokenizer.json)      -> vocabulary size (the text of each chunk is made here)
     ModelLoader.set_options({context_length, compute, memory_budget, kernels, arithmetic,
@@ -92,6 +94,7 @@ from .learning.projection import calibration_text
 from .learning.xlora import Mixture
 from .model.cache import KVOptions
 from .model.config import ModelConfig
+from .quant.pool import PoolKernels
 from .quant.provider import ARITHMETIC, DEFAULT_ARITHMETIC
 from .quant.wasm import WasmKernels
 from .runtime.engine import Engine, LoadOptions, plan_for
@@ -154,6 +157,7 @@ class ModelLoader:
         self.token_bytes: tuple[list[bytes], bool] | None = None  # set_tokenizer: the detokenizer's table
         self.special_ids: frozenset[int] = frozenset()  # added tokens marked special (never constrained text)
         self.kernel_exports: object | None = None  # offer_kernels: the wasm module's exports
+        self.kernel_threads: object | None = None  # offer_kernel_threads: the kernel thread pool's API
         self._engine: EngineHandle | None = None  # built, until take_engine()
 
     @_json_result
@@ -170,6 +174,12 @@ class ModelLoader:
     def offer_kernels(self, exports: object) -> bool:
         """The exports of the WebAssembly SIMD kernels, instantiated on Pyodide's memory (quant/wasm.py)."""
         self.kernel_exports = exports
+        return True
+
+    @_json_result
+    def offer_kernel_threads(self, api: object) -> bool:
+        """The kernel thread pool (quant/pool.py): the WebAssembly kernels' products run on its threads."""
+        self.kernel_threads = api
         return True
 
     @_json_result
@@ -201,7 +211,11 @@ class ModelLoader:
         arithmetic = raw.get("arithmetic") or DEFAULT_ARITHMETIC
         if arithmetic not in ARITHMETIC:
             raise InvalidArgumentError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
-        offered = None if self.kernel_exports is None else WasmKernels(self.kernel_exports, arithmetic)
+        offered: WasmKernels | PoolKernels | None = None
+        if self.kernel_threads is not None and self.kernel_exports is not None:
+            offered = PoolKernels(self.kernel_threads, arithmetic)
+        elif self.kernel_exports is not None:
+            offered = WasmKernels(self.kernel_exports, arithmetic)
         self.options = LoadOptions(
             context_length=raw.get("context_length"),
             compute=raw.get("compute") or "auto",

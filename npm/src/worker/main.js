@@ -15,6 +15,7 @@ import { createText } from '../text/index.js';
 import { MAX_CHARS } from '../text/chat-template.js';
 import { readBytes, readJson, readText } from './files.js';
 import { startKernels } from './kernels.js';
+import { startThreads } from './threads.js';
 import { callBridge, heapBytes, startPython } from './python.js';
 import { loadGguf, loadWeights } from './weights.js';
 import { modelName, resolveModel } from '../hub.js';
@@ -37,6 +38,7 @@ const state = {
   model: null, // the model's name in OpenAI answers
   aborted: new Set(), // ids of generate/chat/completion requests asked to stop
   loading: null, // the load under way: { id, controller } (an abort of `id` aborts `controller`)
+  pool: null, // the kernel thread pool (threads.js), when more than one thread computes
   positions: null, // positions a generated sequence may have (the context length); null: no bound (KV budget)
   contextLength: null, // positions a lesson (prompt and completion) may have
 };
@@ -131,11 +133,15 @@ async function withLoader(id, options, progress, signal, fill) {
   progress({ phase: 'runtime', loaded: 0, total: 0, boot: python.boot });
   stopIfAborted(signal);
   const kernels = await startKernels(state.py, options.kernels);
+  const threads = await startThreads(state.py, kernels, options.threads);
+  state.pool = threads.pool;
   const bridge = state.py.pyimport('ruvllm.bridge');
   const loader = bridge.new_loader();
   bridge.destroy();
+  let loaded = false;
   try {
     if (kernels.exports) unwrap(loader.offer_kernels(kernels.exports));
+    if (threads.api) unwrap(loader.offer_kernel_threads(threads.api));
     const onPlan = (plan) => progress({ phase: 'plan', plan, loaded: 0, total: 0 });
     const download = await fill(loader, onPlan);
     progress({ phase: 'load', loaded: download.total, total: download.total });
@@ -156,12 +162,22 @@ async function withLoader(id, options, progress, signal, fill) {
       heapBytes: heapBytes(state.py),
       boot: python.boot, // how Python started: from the boot snapshot or afresh, and why
       kernelsNote: kernels.reason, // why 'auto' runs NumPy's kernels, if it does
+      threads: { count: threads.count, reason: threads.reason, adaptive: threads.adaptive }, // why one; 'auto'
       chatTemplate: state.text.chatTemplateSource, // 'model', 'built-in gemma', 'option' or null (none)
     };
     send({ type: 'loaded', id, info });
+    loaded = true;
   } finally {
     loader.destroy();
+    if (!loaded) await stopThreads(); // a failed load leaves no thread running
   }
+}
+
+/** End the kernel thread pool's threads, if any. */
+async function stopThreads() {
+  const pool = state.pool;
+  state.pool = null;
+  await pool?.dispose();
 }
 
 /** A file URL or path as (the folder it is in, its name): files.js opens files by folder and name. */
@@ -472,6 +488,7 @@ const HANDLERS = {
     if (state.engine) stopLessons(new RuvLLMError('inference', 'learning stopped: the model was disposed'));
     state.engine?.destroy();
     state.engine = state.text = state.model = null;
+    await stopThreads();
   },
   generate,
   chat: generate,

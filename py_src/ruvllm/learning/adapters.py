@@ -232,6 +232,7 @@ class AdapterSet:
                     copy.use_provider(dense.provider)  # its products run where the original's did
                     lin.matrix = dense = copy
                 dense.weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])
+                dense.use_provider(dense.provider)  # a provider may compute from a copy (the kernel thread pool)
             self.merges += 1
 
 

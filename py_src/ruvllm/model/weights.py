@@ -243,6 +243,11 @@ def load_weights(config: ModelConfig, store: TensorStore, options: ComputeOption
         if config.sandwich_norms:
             layer.pre_feedforward_layernorm = norm(f"{p}.pre_feedforward_layernorm.weight", D)
             layer.post_feedforward_layernorm = norm(f"{p}.post_feedforward_layernorm.weight", D)
+        fuse = getattr(options.provider, "fuse", None)  # a provider that runs products sharing x at once
+        if fuse is not None:
+            a, m = layer.self_attn, layer.mlp
+            fuse([a.q_proj.matrix, a.k_proj.matrix, a.v_proj.matrix])
+            fuse([m.gate_proj.matrix, m.up_proj.matrix])
         layers.append(layer)
     embed = matrix("model.embed_tokens.weight", (V, D))
     lm_head = Linear(embed) if config.tie_word_embeddings else proj("lm_head", V, D, False)

@@ -1,0 +1,72 @@
+// A quick figure for the kernel thread pool (src/worker/pool.js): what one dispatch costs (a tiny
+// product), and a SmolLM2-shaped q4 decode product set (q, k, v, o, gate, up, down of one layer,
+// times 30 layers) on 1 and 2+ threads, interleaved. The machine's load changes these a lot: run
+// `uptime` beside it and repeat.
+//   node bench/pool.js [THREADS=2] [ROUNDS=5] [SPIN=DEFAULT_SPIN iterations before a thread sleeps]
+import { readFileSync } from 'node:fs';
+import { performance } from 'node:perf_hooks';
+
+import { DEFAULT_SPIN, startPool } from '../src/worker/pool.js';
+
+const threads = Number(process.argv[2] ?? 2);
+const rounds = Number(process.argv[3] ?? 5);
+const spin = Number(process.argv[4] ?? DEFAULT_SPIN);
+const module = new WebAssembly.Module(readFileSync(new URL('../wasm/kernels-shared.wasm', import.meta.url)));
+const median = (a) => [...a].sort((p, q) => p - q)[Math.floor(a.length / 2)];
+
+// one layer of SmolLM2-135M: [N, K]
+const LAYER = [
+  [576, 576],
+  [192, 576],
+  [192, 576],
+  [576, 576],
+  [1536, 576],
+  [1536, 576],
+  [576, 1536],
+];
+async function setUp(n) {
+  const pool = await startPool(module, { threads: n, spin });
+  const layers = [];
+  for (let l = 0; l < 30; l++)
+    layers.push(
+      LAYER.map(([N, K]) => {
+        const w = pool.place(new Uint8Array((N * K) / 2).map((_, i) => (i * 2654435761) >>> 24));
+        const scales = pool.place(new Float32Array((N * K) / 32).fill(0.01));
+        const mins = pool.place(new Float32Array((N * K) / 32).fill(-0.05));
+        return { handle: pool.matrix({ form: 'q4', w, scales, mins, N, K }), N, K };
+      }),
+    );
+  return { pool, layers };
+}
+const setups = { 1: await setUp(1), [threads]: await setUp(threads) };
+
+// what a dispatch costs: a tiny product (16 x 32 float32, one row), on 1 thread and on `threads`
+async function tiny(n) {
+  const pool = await startPool(module, { threads: n, spin });
+  const h = pool.matrix({ form: 'dense', w: pool.place(new Float32Array(16 * 32).fill(0.5)), N: 16, K: 32 });
+  const [x1, y1] = [new Float32Array(32).fill(1), new Float32Array(16)];
+  const times = [];
+  for (let i = 0; i < 3000; i++) {
+    const t0 = performance.now();
+    pool.run([h], x1, 1, [y1]);
+    times.push(performance.now() - t0);
+  }
+  await pool.dispose();
+  return median(times) * 1000;
+}
+const [one, many] = [await tiny(1), await tiny(threads)];
+console.log(`tiny product: ${one.toFixed(1)} µs on 1 thread, ${many.toFixed(1)} µs on ${threads} (a dispatch)`);
+
+const x = new Float32Array(1536).map((_, i) => Math.sin(i));
+const ys = new Float32Array(1536);
+function token({ pool, layers }) {
+  const t0 = performance.now();
+  for (const layer of layers) for (const m of layer) pool.run([m.handle], x, 1, [ys], true);
+  return performance.now() - t0;
+}
+const times = { 1: [], [threads]: [] };
+for (let r = 0; r < rounds; r++)
+  for (const n of [1, threads]) for (let i = 0; i < 10; i++) times[n].push(token(setups[n]));
+for (const n of [1, threads])
+  console.log(`q4 decode token (210 products) on ${n} thread(s): median ${median(times[n]).toFixed(2)} ms`);
+for (const n of [1, threads]) await setups[n].pool.dispose();

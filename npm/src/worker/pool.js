@@ -1,0 +1,493 @@
+/**
+ * The kernel thread pool (issue 25): the WebAssembly SIMD kernels on several threads at once.
+ *
+ * One shared WebAssembly.Memory belongs to the pool. It holds a control block, each thread's scratch,
+ * the inputs and outputs of the product under way, and the matrices placed in it (codes, scales, mins;
+ * float32 weights). Each extra thread is a worker (worker_threads in Node, a module Web Worker in
+ * browsers: pool-worker.js) running its own instance of kernels-shared.wasm on that memory; the thread
+ * that calls `run` (the Pyodide worker's) takes part as thread 0.
+ *
+ * A dispatch: the caller writes the job (the matrices of one product, or of several sharing an input:
+ * q/k/v) into the control block, copies x in (and quantizes it once for fast arithmetic), bumps the
+ * generation word and notifies. The work is cut into units, one per (matrix, slice): each matrix's
+ * output features in 4 slices per thread that start at multiples of 16 rows, so each output is summed in
+ * the one order the single-thread kernels use (the same bits at every thread count, whoever computes
+ * it). Every thread, the caller included, claims units one at a time (a compare-and-swap on a word
+ * tagged with the generation) until none is left, and counts each one done; the caller then waits for
+ * the units others are still computing and copies y out. A thread that wakes late, or not at all (a
+ * busy machine), only leaves more units to the others: nobody waits for a thread that has not started.
+ * Waiting is a bounded spin on the word, then Atomics.wait: no message per product.
+ */
+
+import { IS_NODE } from '../env.js';
+import { RuvLLMError } from '../errors.js';
+import { MAX_THREADS } from '../protocol.js';
+
+/** Words of the control block (an Int32Array over the first bytes of the pool memory). */
+export const CTL = Object.freeze({
+  GEN: 0, // bumped by the caller for each dispatch (and for stop)
+  DONE: 1, // units of the current dispatch done
+  STOP: 2, // 1: workers leave their loop
+  FAILED: 3, // 1: a worker's unit threw (the caller throws after the dispatch)
+  THREADS: 4, // threads of the pool, the caller included
+  SLICES: 14, // slices of each matrix in the current dispatch (units: JOBS * SLICES)
+  JOBS: 5, // matrices in the current dispatch
+  FAST: 6, // 1: decoding products of quantized matrices take x quantized (xq, d, xs)
+  T: 7, // rows of x
+  X: 8, // where x is (float32, T * K)
+  XQ: 9, // quantize_x's outputs: xq int16 (T, K), d (T, G), xs (T, G)
+  D: 10,
+  XS: 11,
+  NEXT: 12, // the next unit to claim, in the low 16 bits; the generation's low 15 bits above them
+  UNITS: 13, // units of the current dispatch: JOBS * SLICES
+  SCRATCH: 16, // SCRATCH + i: thread i's scratch (TILE_ROWS * K float32)
+  JOB: 96, // JOB + JOB_WORDS * j: matrix j of the dispatch (JOB_FIELDS)
+});
+export const MAX_JOBS = 8;
+/**
+ * Slices of each matrix per thread: more units than threads, so a thread that starts late (woken after
+ * the others, or preempted) still finds work, and one that is not scheduled holds back only a small one.
+ */
+const SLICES_PER_THREAD = 4;
+const JOB_WORDS = 12;
+const JOB_FIELDS = Object.freeze({ FORM: 0, W: 1, SCALES: 2, MINS: 3, OFFSET: 4, Y: 5, N: 6, K: 7 });
+const CONTROL_BYTES = 4096;
+/** Matrix forms: float32 weights, int8 codes (scale per 32), int8 codes (scale per 16, no mins), q4 nibbles. */
+export const FORMS = Object.freeze(['dense', 'q8', 'q8h', 'q4']);
+const GROUP = 32;
+const TILE_ROWS = 16; // kernels.c: weight rows per tile, and the slices' granularity
+const GROUPED_MAX_ROWS = 4; // kernels.c: the most rows of x contracted group by group (decoding)
+const PAGE = 65536;
+/**
+ * Iterations of the bounded spin before a thread sleeps in Atomics.wait. 0: sleep at once. A spin makes a
+ * synchronisation ~1 µs instead of ~13 µs, but only while every thread has a core of its own: on a busy
+ * machine a spinning thread takes the core another one needs (2 cores, load 5, 20000 iterations: a
+ * decode token 7-40x slower than one thread with fixed slices, 1.5x slower with claimed units;
+ * bench/pool.js). Until the thread count and the spin adapt to the machine, no spin.
+ */
+export const DEFAULT_SPIN = 0;
+
+/** Output features [n0, n1) of N that thread `i` of `threads` computes: whole tiles, spread evenly. */
+export function slice(N, i, threads) {
+  const tiles = Math.ceil(N / TILE_ROWS);
+  const lo = Math.floor((tiles * i) / threads) * TILE_ROWS;
+  const hi = Math.min(N, Math.floor((tiles * (i + 1)) / threads) * TILE_ROWS);
+  return [Math.min(lo, N), hi];
+}
+
+/** The tag of generation `gen` in the NEXT word. */
+const tagOf = (gen) => (gen & 0x7fff) << 16;
+
+/**
+ * Unit `unit` of the dispatch described in the control block: one slice of one matrix, computed with
+ * thread `i`'s scratch.
+ * @param {Record<string, Function>} k the instance's exports
+ * @param {Int32Array} ctl
+ */
+function runUnit(k, ctl, unit, i) {
+  const slices = ctl[CTL.SLICES];
+  const T = ctl[CTL.T];
+  const fast = ctl[CTL.FAST] === 1 && T <= GROUPED_MAX_ROWS;
+  const x = ctl[CTL.X];
+  const at = CTL.JOB + JOB_WORDS * Math.floor(unit / slices);
+  const form = FORMS[ctl[at + JOB_FIELDS.FORM]];
+  const [w, scales, mins, offset, y, N, K] = [
+    ctl[at + JOB_FIELDS.W],
+    ctl[at + JOB_FIELDS.SCALES],
+    ctl[at + JOB_FIELDS.MINS],
+    ctl[at + JOB_FIELDS.OFFSET],
+    ctl[at + JOB_FIELDS.Y],
+    ctl[at + JOB_FIELDS.N],
+    ctl[at + JOB_FIELDS.K],
+  ];
+  const [n0, n1] = slice(N, unit % slices, slices);
+  if (n1 <= n0) return;
+  if (form === 'dense') k.dense_rows(x, w, y, T, N, K, n0, n1);
+  else if (fast)
+    k[`${form}_fast_rows`](ctl[CTL.XQ], ctl[CTL.D], ctl[CTL.XS], w, scales, mins, offset, y, T, N, K, n0, n1);
+  else k[`${form}_exact_rows`](x, w, scales, mins, offset, y, ctl[CTL.SCRATCH + i], T, N, K, n0, n1);
+}
+
+/**
+ * Thread `i`'s share of dispatch `gen`: claim units until none is left (or the dispatch is over), run
+ * each and count it done; the thread that counts the last one wakes the caller. Runs in the caller
+ * (i = 0) and in each worker.
+ * @param {Record<string, Function>} k the instance's exports
+ * @param {Int32Array} ctl
+ */
+export function work(k, ctl, gen, i) {
+  const tag = tagOf(gen);
+  for (;;) {
+    const next = Atomics.load(ctl, CTL.NEXT);
+    if ((next & ~0xffff) !== tag || (next & 0xffff) >= Atomics.load(ctl, CTL.UNITS)) return;
+    if (Atomics.compareExchange(ctl, CTL.NEXT, next, next + 1) !== next) continue;
+    // claimed: the dispatch cannot end before this unit is counted, so the job stays as read here
+    const units = ctl[CTL.UNITS];
+    try {
+      runUnit(k, ctl, next & 0xffff, i);
+    } catch {
+      Atomics.store(ctl, CTL.FAILED, 1);
+    }
+    if (Atomics.add(ctl, CTL.DONE, 1) + 1 === units) Atomics.notify(ctl, CTL.DONE);
+  }
+}
+
+/**
+ * Wait until `ctl[word]` is no longer `value`: spin `spin` iterations, then sleep in Atomics.wait.
+ * @param {Int32Array} ctl
+ */
+export function waitWhile(ctl, word, value, spin) {
+  for (let n = 0; n < spin; n++) if (Atomics.load(ctl, word) !== value) return;
+  while (Atomics.load(ctl, word) === value) Atomics.wait(ctl, word, value);
+}
+
+/** A shared memory of at least `pages` pages, with the largest maximum this runtime lets us reserve. */
+function sharedMemory(pages, maxPages) {
+  for (let maximum = maxPages; maximum >= pages; maximum = Math.floor(maximum / 2)) {
+    try {
+      return new WebAssembly.Memory({ initial: pages, maximum, shared: true });
+    } catch (error) {
+      if (!(error instanceof RangeError)) throw error;
+    }
+  }
+  throw new RuvLLMError('load', `cannot reserve a shared WebAssembly memory of ${pages} pages for the kernel threads`);
+}
+
+/** Start one worker on the pool memory; resolves once its instance is ready. */
+async function startWorker(module, memory, id, spin) {
+  const url = new URL('./pool-worker.js', import.meta.url);
+  const init = { module, memory, id, spin };
+  if (IS_NODE) {
+    const { Worker } = await import('node:worker_threads');
+    const worker = new Worker(url);
+    const ready = new Promise((resolve, reject) => {
+      worker.once('message', (m) => (m?.ready ? resolve(null) : reject(new Error(m?.error ?? 'no answer'))));
+      worker.once('error', reject);
+      worker.once('exit', (code) => reject(new Error(`exited with code ${code}`)));
+    });
+    worker.postMessage(init);
+    try {
+      await ready;
+    } catch (error) {
+      await worker.terminate();
+      throw error;
+    }
+    return { terminate: () => worker.terminate() };
+  }
+  const worker = new Worker(url, { type: 'module' });
+  const ready = new Promise((resolve, reject) => {
+    worker.addEventListener('message', (e) => (e.data?.ready ? resolve(null) : reject(new Error(e.data?.error))), {
+      once: true,
+    });
+    worker.addEventListener('error', (e) => reject(new Error(e.message || 'worker error')), { once: true });
+  });
+  worker.postMessage(init);
+  try {
+    await ready;
+  } catch (error) {
+    worker.terminate();
+    throw error;
+  }
+  return { terminate: async () => worker.terminate() };
+}
+
+/**
+ * One thread or all of them for a dispatch, whichever measured faster for dispatches of its size class
+ * (decoding or prompt rows, and the work rounded to a power of two), as runtime/threads.py's Adaptive
+ * does for BLAS threads: each count is tried once, one thread first; then the faster is kept and the
+ * slower tried again after `interval` dispatches (4, doubling to 256 while the choice holds, 4 again when
+ * it changes). Times are kept per unit of work (milliseconds / (T * N * K)). Any count gives the same
+ * bits, so switching is always safe.
+ */
+export class Adaptive {
+  static FIRST_INTERVAL = 4;
+  static MOST_INTERVAL = 256;
+
+  /** @param {number} most */
+  constructor(most) {
+    this.most = most;
+    /** @type {Map<string, { per: Map<number, number>, calls: number, interval: number, nextProbe: number }>} */
+    this.sizes = new Map();
+  }
+
+  #size(key) {
+    let size = this.sizes.get(key);
+    if (!size) {
+      size = { per: new Map(), calls: 0, interval: Adaptive.FIRST_INTERVAL, nextProbe: 0 };
+      this.sizes.set(key, size);
+    }
+    return size;
+  }
+
+  #best(size) {
+    return size.per.get(1) <= size.per.get(this.most) ? 1 : this.most;
+  }
+
+  /** The thread count for the next dispatch of size class `key`. */
+  choose(key) {
+    const size = this.#size(key);
+    for (const count of [1, this.most]) if (!size.per.has(count)) return count;
+    const best = this.#best(size);
+    if (size.calls >= size.nextProbe) return best === 1 ? this.most : 1;
+    return best;
+  }
+
+  /** A dispatch of size class `key` on `count` threads took `ms` for `work` (T * N * K). */
+  record(key, count, ms, work) {
+    const size = this.#size(key);
+    const before = size.per.size === 2 ? this.#best(size) : null;
+    const probe = before !== null && count !== before;
+    const old = size.per.get(count);
+    const per = ms / work;
+    size.per.set(count, old === undefined || probe ? per : 0.5 * (old + per));
+    size.calls += 1;
+    if (probe) {
+      const held = this.#best(size) === before;
+      size.interval = held ? Math.min(2 * size.interval, Adaptive.MOST_INTERVAL) : Adaptive.FIRST_INTERVAL;
+      size.nextProbe = size.calls + size.interval;
+    } else if (before === null && size.per.size === 2) {
+      size.nextProbe = size.calls + size.interval;
+    }
+  }
+}
+
+/**
+ * Start a pool of `threads` threads (the caller and threads - 1 workers) running `module`, a compiled
+ * kernels-shared.wasm. A worker that cannot start ends the others and fails the whole start.
+ * adaptive: each dispatch runs on one thread or all of them, whichever measured faster (Adaptive);
+ * else always on all of them.
+ * @param {WebAssembly.Module} module
+ * @param {{ threads: number, spin?: number, maxBytes?: number, adaptive?: boolean }} options
+ */
+export async function startPool(module, { threads, spin = DEFAULT_SPIN, maxBytes = 2 ** 32, adaptive = false }) {
+  if (!Number.isInteger(threads) || threads < 1 || threads > MAX_THREADS)
+    throw new RuvLLMError('invalid_argument', `threads must be an integer from 1 to ${MAX_THREADS}, got ${threads}`);
+  const memory = sharedMemory(2, Math.min(65536, Math.floor(maxBytes / PAGE))); // the module declares 2 pages
+  const instance = await WebAssembly.instantiate(module, { env: { memory } });
+  const pool = new KernelPool(memory, /** @type {any} */ (instance.exports), threads, spin);
+  if (adaptive && threads > 1) pool.adaptive = new Adaptive(threads);
+  try {
+    for (let id = 1; id < threads; id++) pool.workers.push(await startWorker(module, memory, id, spin));
+  } catch (error) {
+    await pool.dispose();
+    throw new RuvLLMError('load', `cannot start the kernel threads: ${error.message}`);
+  }
+  return pool;
+}
+
+export class KernelPool {
+  /** @type {{ terminate(): Promise<unknown> }[]} */
+  workers = [];
+  #top = CONTROL_BYTES; // first byte never handed out
+  #free = []; // released regions, { at, bytes }, handed out again before the memory grows
+  #sizes = new Map(); // address -> bytes of each region `place` made (released with its matrix)
+  #io = { at: 0, bytes: 0 }; // x, quantize_x's outputs and the outputs of a dispatch
+  #scratchFloats = 0; // each thread's scratch, in float32
+  #matrices = []; // handle -> { form, w, scales, mins, offset, N, K }
+  #disposed = false;
+  /** @type {Adaptive | null} how many threads each dispatch runs on (null: all) */
+  adaptive = null;
+  /** Dispatches so far by the thread count they ran on. */
+  dispatches = new Map();
+
+  /**
+   * @param {WebAssembly.Memory} memory
+   * @param {Record<string, Function>} exports the caller's instance
+   */
+  constructor(memory, exports, threads, spin) {
+    this.memory = memory;
+    this.exports = exports;
+    this.threads = threads;
+    this.spin = spin;
+    this.ctl = new Int32Array(memory.buffer, 0, CONTROL_BYTES / 4);
+    this.ctl[CTL.THREADS] = threads;
+  }
+
+  /** Bytes reserved in the pool memory so far. */
+  get bytes() {
+    return this.#top;
+  }
+
+  /**
+   * `bytes` bytes of the pool memory, aligned to 16: a released region they fit in (the smallest), else
+   * new space at the end, growing the memory when needed. Their address.
+   */
+  alloc(bytes) {
+    bytes = (bytes + 15) & ~15;
+    let best = -1;
+    this.#free.forEach((r, i) => {
+      if (r.bytes >= bytes && (best < 0 || r.bytes < this.#free[best].bytes)) best = i;
+    });
+    if (best >= 0) {
+      const region = this.#free[best];
+      if (region.bytes - bytes >= 256) this.#free[best] = { at: region.at + bytes, bytes: region.bytes - bytes };
+      else this.#free.splice(best, 1);
+      return region.at;
+    }
+    const at = (this.#top + 15) & ~15;
+    const end = at + bytes;
+    const have = this.memory.buffer.byteLength;
+    if (end > have) {
+      try {
+        this.memory.grow(Math.ceil((end - have) / PAGE));
+      } catch (error) {
+        throw new RuvLLMError('load', `the kernel threads' memory cannot grow to ${end} bytes: ${error.message}`);
+      }
+    }
+    this.#top = end;
+    return at;
+  }
+
+  /** A copy of `bytes` (any typed array) in the pool memory: its address. */
+  place(bytes) {
+    const source = new Uint8Array(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+    const at = this.alloc(source.byteLength);
+    new Uint8Array(this.memory.buffer, at, source.byteLength).set(source);
+    this.#sizes.set(at, source.byteLength);
+    return at;
+  }
+
+  /** Forget matrix `handle` and hand its placed parts out again. */
+  release(handle) {
+    const m = this.#matrices[handle];
+    if (!m) return;
+    this.#matrices[handle] = null;
+    for (const at of [m.w, m.scales, m.mins]) {
+      const bytes = this.#sizes.get(at);
+      if (!at || bytes === undefined) continue;
+      this.#sizes.delete(at);
+      this.#free.push({ at, bytes: (bytes + 15) & ~15 });
+    }
+  }
+
+  /**
+   * Register a matrix whose parts are already in the pool memory (addresses from `place`); the handle
+   * names it in `run`. form: 'dense' (w: float32 (N, K)), 'q8', 'q8h' or 'q4' (w: the codes; scales,
+   * mins (0: none) and the code offset as matrices.py keeps them).
+   */
+  matrix({ form, w, scales = 0, mins = 0, offset = 0, N, K }) {
+    if (!FORMS.includes(form)) throw new RuvLLMError('invalid_argument', `unknown matrix form ${form}`);
+    if (K % GROUP !== 0 && form !== 'dense')
+      throw new RuvLLMError('invalid_argument', `a quantized matrix needs K a multiple of ${GROUP}, got ${K}`);
+    if (TILE_ROWS * K > this.#scratchFloats) this.#scratch(TILE_ROWS * K);
+    this.#matrices.push({ form: FORMS.indexOf(form), w, scales, mins, offset, N, K });
+    return this.#matrices.length - 1;
+  }
+
+  /** Give every thread `floats` float32 of scratch (the old scratch stays unused: growth is rare). */
+  #scratch(floats) {
+    for (let i = 0; i < this.threads; i++) this.ctl[CTL.SCRATCH + i] = this.alloc(4 * floats);
+    this.#scratchFloats = floats;
+  }
+
+  /** `bytes` bytes of input/output space for one dispatch (kept and grown, never shrunk). */
+  #ioSpace(bytes) {
+    if (bytes > this.#io.bytes) {
+      const size = Math.max(bytes, 2 * this.#io.bytes);
+      this.#io = { at: this.alloc(size), bytes: size };
+    }
+    return this.#io.at;
+  }
+
+  /**
+   * y_j = x @ W_j.T for the matrices `handles` (all with the same K), on every thread. x: float32 (T, K);
+   * ys: one float32 (T, N_j) array per matrix, written. fast: decoding products (T <= 4) of quantized
+   * matrices take x quantized to int16 per group (kernels.c quantize_x), as WasmKernels does.
+   * @param {number[]} handles
+   * @param {Float32Array} x
+   * @param {number} T
+   * @param {Float32Array[]} ys
+   */
+  run(handles, x, T, ys, fast = false) {
+    if (this.#disposed) throw new RuvLLMError('inference', 'the kernel threads were stopped');
+    if (handles.length < 1 || handles.length > MAX_JOBS)
+      throw new RuvLLMError('invalid_argument', `a dispatch takes 1 to ${MAX_JOBS} matrices, got ${handles.length}`);
+    const jobs = handles.map((h) => this.#matrices[h]);
+    if (jobs.some((m) => !m)) throw new RuvLLMError('invalid_argument', 'a matrix of this dispatch was released');
+    const K = jobs[0].K;
+    if (jobs.some((m) => m.K !== K)) throw new RuvLLMError('invalid_argument', 'matrices of one dispatch share K');
+    const G = K / GROUP;
+    const xBytes = 4 * T * K;
+    const quantize = fast && T <= GROUPED_MAX_ROWS && jobs.some((m) => FORMS[m.form] !== 'dense');
+    const qBytes = quantize ? 2 * T * K + 8 * T * G : 0;
+    const yBytes = jobs.map((m) => (4 * T * m.N + 15) & ~15);
+    const at = this.#ioSpace(((xBytes + 15) & ~15) + ((qBytes + 15) & ~15) + yBytes.reduce((a, b) => a + b, 0));
+    const xAt = at;
+    const qAt = at + ((xBytes + 15) & ~15);
+    let yAt = qAt + ((qBytes + 15) & ~15);
+    const buffer = this.memory.buffer;
+    new Float32Array(buffer, xAt, T * K).set(x.subarray(0, T * K));
+    const ctl = this.ctl;
+    ctl[CTL.T] = T;
+    ctl[CTL.X] = xAt;
+    ctl[CTL.FAST] = quantize ? 1 : 0;
+    if (quantize) {
+      ctl[CTL.XQ] = qAt;
+      ctl[CTL.D] = qAt + 2 * T * K;
+      ctl[CTL.XS] = qAt + 2 * T * K + 4 * T * G;
+      this.exports.quantize_x(xAt, ctl[CTL.XQ], ctl[CTL.D], ctl[CTL.XS], T, K);
+    }
+    const outputs = [];
+    jobs.forEach((m, j) => {
+      const base = CTL.JOB + JOB_WORDS * j;
+      ctl[base + JOB_FIELDS.FORM] = m.form;
+      ctl[base + JOB_FIELDS.W] = m.w;
+      ctl[base + JOB_FIELDS.SCALES] = m.scales;
+      ctl[base + JOB_FIELDS.MINS] = m.mins;
+      ctl[base + JOB_FIELDS.OFFSET] = m.offset;
+      ctl[base + JOB_FIELDS.Y] = yAt;
+      ctl[base + JOB_FIELDS.N] = m.N;
+      ctl[base + JOB_FIELDS.K] = m.K;
+      outputs.push(yAt);
+      yAt += yBytes[j];
+    });
+    ctl[CTL.JOBS] = jobs.length;
+    if (this.adaptive) {
+      const work = T * K * jobs.reduce((sum, m) => sum + m.N, 0);
+      const key = `${T <= GROUPED_MAX_ROWS ? 'decode' : 'prompt'}:${Math.round(Math.log2(work))}`;
+      const count = this.adaptive.choose(key);
+      const start = performance.now();
+      this.#dispatch(count);
+      this.adaptive.record(key, count, performance.now() - start, work);
+    } else {
+      this.#dispatch(this.threads);
+    }
+    outputs.forEach((y, j) => ys[j].set(new Float32Array(buffer, y, T * jobs[j].N)));
+  }
+
+  /** `count` threads take units of the job in the control block; returns when all are done. */
+  #dispatch(count) {
+    const ctl = this.ctl;
+    this.dispatches.set(count, (this.dispatches.get(count) ?? 0) + 1);
+    const slices = count === 1 ? 1 : SLICES_PER_THREAD * count;
+    const units = ctl[CTL.JOBS] * slices;
+    const gen = (ctl[CTL.GEN] + 1) | 0;
+    ctl[CTL.SLICES] = slices;
+    ctl[CTL.UNITS] = units;
+    Atomics.store(ctl, CTL.DONE, 0);
+    Atomics.store(ctl, CTL.NEXT, tagOf(gen));
+    Atomics.store(ctl, CTL.GEN, gen);
+    if (count > 1) Atomics.notify(ctl, CTL.GEN, count - 1);
+    work(this.exports, ctl, gen, 0);
+    for (;;) {
+      const done = Atomics.load(ctl, CTL.DONE);
+      if (done === units) break;
+      waitWhile(ctl, CTL.DONE, done, this.spin);
+    }
+    if (Atomics.load(ctl, CTL.FAILED)) {
+      Atomics.store(ctl, CTL.FAILED, 0);
+      throw new RuvLLMError('inference', 'a kernel thread failed on a product');
+    }
+  }
+
+  /** Stop the workers (they leave their loop) and end them. Safe to call twice. */
+  async dispose() {
+    if (this.#disposed) return;
+    this.#disposed = true;
+    Atomics.store(this.ctl, CTL.STOP, 1);
+    Atomics.add(this.ctl, CTL.GEN, 1);
+    Atomics.notify(this.ctl, CTL.GEN);
+    await Promise.all(this.workers.map((w) => w.terminate()));
+    this.workers = [];
+  }
+}

@@ -1,0 +1,114 @@
+/**
+ * `threads` in RuvLLM.load: how many threads compute the matrix products. Above 1, the worker starts
+ * the kernel thread pool (pool.js) beside the single-thread kernels, and Python's provider
+ * (py_src/ruvllm/quant/pool.py) places each matrix in the pool's memory and runs its products there,
+ * through the small API made here (addresses in Pyodide's memory in, one call per product).
+ *
+ * The thread count: an integer from 1 to MAX_THREADS (every product on all of them), or 'auto': the
+ * logical cores (navigator.hardwareConcurrency, os.availableParallelism()), at most AUTO_MAX, each
+ * product on one thread or all, whichever measures faster (pool.js Adaptive). One thread runs when
+ * the WebAssembly kernels do not (kernels: 'numpy', or no SIMD128), when this page is not cross-origin
+ * isolated (no SharedArrayBuffer to share with workers), or when 1 is asked; `reason` says which.
+ */
+
+import { IS_NODE } from '../env.js';
+import { RuvLLMError } from '../errors.js';
+import { MAX_THREADS } from '../protocol.js';
+import { readPackageFile } from './python.js';
+import { startPool } from './pool.js';
+
+/** 'auto' takes at most this many threads (decoding is bound by memory bandwidth beyond a few). */
+export const AUTO_MAX = 8;
+/** The default: one thread, until an adaptive count (issue 25) makes more safe on a busy machine. */
+export const DEFAULT_THREADS = 1;
+
+/** The logical cores this runtime reports (at least 1). */
+async function cores() {
+  if (IS_NODE) return (await import('node:os')).availableParallelism();
+  return globalThis.navigator?.hardwareConcurrency || 1;
+}
+
+/** Why this runtime cannot share memory with workers, or null when it can. */
+function noSharing() {
+  if (typeof SharedArrayBuffer !== 'function' || (!IS_NODE && globalThis.crossOriginIsolated !== true))
+    return 'this page is not cross-origin isolated (no SharedArrayBuffer): serve it with COOP/COEP headers to use more';
+  return null;
+}
+
+/**
+ * The pool for `threads` (the option as given), or `pool: null` and why one thread runs.
+ * @param {any} py Pyodide
+ * @param {{ exports: object | null, reason: string | null }} kernels what startKernels gave
+ * @param {'auto' | number | undefined} threads
+ */
+export async function startThreads(py, kernels, threads = DEFAULT_THREADS) {
+  const one = (reason) => ({ pool: null, api: null, count: 1, reason, adaptive: false });
+  const wanted = threads === 'auto' ? Math.min(await cores(), AUTO_MAX, MAX_THREADS) : threads;
+  if (wanted === 1)
+    return one(threads === 'auto' ? 'threads: this runtime reports 1 core' : 'threads: 1 (the default: ask for more)');
+  if (!kernels.exports) return one('the WebAssembly kernels do not run here (info.kernelsNote, or kernels: numpy)');
+  const why = noSharing();
+  if (why) return one(why);
+  let module;
+  try {
+    module = await WebAssembly.compile(await readPackageFile('../../wasm/kernels-shared.wasm'));
+  } catch (error) {
+    const reason = `this package has no usable wasm/kernels-shared.wasm (${error.message}); ./build.sh kernels makes it`;
+    if (threads === 'auto') return one(reason);
+    throw new RuvLLMError('load', `cannot start ${threads} threads: ${reason}`);
+  }
+  let pool;
+  try {
+    pool = await startPool(module, { threads: wanted, adaptive: threads === 'auto' });
+  } catch (error) {
+    if (threads === 'auto') return one(error.message);
+    throw error;
+  }
+  return { pool, api: pythonApi(py, pool), count: wanted, reason: null, adaptive: threads === 'auto' };
+}
+
+/**
+ * What Python's PoolKernels calls: integers in (addresses in Pyodide's memory), so each call crosses
+ * cheaply. Pyodide's memory is looked up on every call: its buffer changes when it grows.
+ * @param {any} py
+ * @param {import('./pool.js').KernelPool} pool
+ */
+function pythonApi(py, pool) {
+  const heap = () => py._module.memory.buffer;
+  const shapes = [];
+  const groups = []; // fuse's groups of handles (null: ended)
+  return {
+    threads: pool.threads,
+    /** `bytes` bytes at `address` of Pyodide's memory, copied into the pool: their address there. */
+    place: (address, bytes) => pool.place(new Uint8Array(heap(), address, bytes)),
+    /** A matrix whose parts were placed: its handle (see KernelPool.matrix). */
+    matrix: (form, w, scales, mins, offset, N, K) => {
+      const handle = pool.matrix({ form, w, scales, mins, offset, N, K });
+      shapes[handle] = { N, K };
+      return handle;
+    },
+    /** Matrices multiplied by the same x (q, k, v): one dispatch for all of them (`fused`). Its number. */
+    fuse: (...handles) => {
+      groups.push(handles);
+      return groups.length - 1;
+    },
+    unfuse: (group) => {
+      groups[group] = null;
+    },
+    /** Each y_i (T, N_i) at ys[i] = x (T, K) at `x` @ W_i.T for the matrices of `group`, in one dispatch. */
+    fused: (group, x, T, fast, ...ys) => {
+      const handles = groups[group];
+      const buffer = heap();
+      const outputs = handles.map((h, i) => new Float32Array(buffer, ys[i], T * shapes[h].N));
+      pool.run(handles, new Float32Array(buffer, x, T * shapes[handles[0]].K), T, outputs, fast === true);
+    },
+    /** Forget a matrix: its parts' space is handed out again (Python: when its product is collected). */
+    release: (handle) => pool.release(handle),
+    /** y (T, N) at `y` = x (T, K) at `x` @ W.T, both in Pyodide's memory. */
+    product: (handle, x, T, y, fast) => {
+      const { N, K } = shapes[handle];
+      const buffer = heap();
+      pool.run([handle], new Float32Array(buffer, x, T * K), T, [new Float32Array(buffer, y, T * N)], fast === true);
+    },
+  };
+}

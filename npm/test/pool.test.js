@@ -1,0 +1,437 @@
+// The kernel thread pool (src/worker/pool.js): products on 1, 2 and 3 threads are the single-thread
+// kernels' products bit for bit, for every matrix form, exact and fast arithmetic, awkward shapes (N not
+// a multiple of the thread count or of the tile height, K of one group, many and few rows), also after
+// the pool memory grows between products; and dispose() ends every thread, so a program exits by itself.
+import assert from 'node:assert/strict';
+import { spawnSync } from 'node:child_process';
+import { existsSync, mkdtempSync, readFileSync, rmSync, writeFileSync } from 'node:fs';
+import { tmpdir } from 'node:os';
+import { dirname, join } from 'node:path';
+import { describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+
+import { RuvLLMError } from '../src/errors.js';
+import { startKernels } from '../src/worker/kernels.js';
+import { Adaptive, startPool, slice } from '../src/worker/pool.js';
+import { startPython } from '../src/worker/python.js';
+import { startThreads } from '../src/worker/threads.js';
+import { DIST, HAVE_DIST } from './support/dist.js';
+
+const WASM = new URL('../wasm/kernels.wasm', import.meta.url);
+const SHARED = new URL('../wasm/kernels-shared.wasm', import.meta.url);
+const SKIP = existsSync(WASM) && existsSync(SHARED) ? false : 'the kernels are not built: ./build.sh kernels';
+const GROUP = 32;
+
+/** A deterministic generator (xorshift32), so a failure can be re-run. */
+function random(seed) {
+  let s = seed >>> 0 || 1;
+  return () => {
+    s ^= s << 13;
+    s >>>= 0;
+    s ^= s >>> 17;
+    s ^= s << 5;
+    s >>>= 0;
+    return s / 2 ** 32;
+  };
+}
+
+/** A random matrix of `form` (N, K): its parts as typed arrays, as matrices.py keeps them. */
+function matrix(form, N, K, rand) {
+  const G = K / GROUP;
+  const floats = (n, lo, hi) => Float32Array.from({ length: n }, () => lo + (hi - lo) * rand());
+  if (form === 'dense') return { form, N, K, w: floats(N * K, -1, 1) };
+  if (form === 'q4') {
+    const withMins = rand() < 0.5;
+    return {
+      form,
+      N,
+      K,
+      w: Uint8Array.from({ length: (N * K) / 2 }, () => Math.floor(256 * rand())),
+      scales: floats(N * G, 0.001, 0.05),
+      mins: withMins ? floats(N * G, -0.3, 0) : null,
+      offset: withMins ? 0 : 8,
+    };
+  }
+  const scaleCount = form === 'q8h' ? 2 * N * G : N * G;
+  return {
+    form,
+    N,
+    K,
+    w: Int8Array.from({ length: N * K }, () => Math.floor(256 * rand()) - 128),
+    scales: floats(scaleCount, 0.0005, 0.01),
+    mins: form === 'q8' ? floats(N * G, -0.2, 0.2) : null,
+    offset: 0,
+  };
+}
+
+/** The single-thread product (kernels.wasm's whole-product exports, as WasmKernels calls them). */
+function reference(m, x, T, fast) {
+  const memory = new WebAssembly.Memory({ initial: 2 });
+  const k = /** @type {any} */ (
+    new WebAssembly.Instance(new WebAssembly.Module(readFileSync(WASM)), { env: { memory } })
+  ).exports;
+  let top = 1024;
+  const put = (a) => {
+    const bytes = new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
+    const at = alloc(bytes.length);
+    new Uint8Array(memory.buffer, at, bytes.length).set(bytes);
+    return at;
+  };
+  const alloc = (bytes) => {
+    const at = top;
+    top += Math.ceil(bytes / 16) * 16 + 16;
+    const pages = Math.ceil(top / 65536) - memory.buffer.byteLength / 65536;
+    if (pages > 0) memory.grow(pages);
+    return at;
+  };
+  const { N, K } = m;
+  const G = K / GROUP;
+  const xAt = put(x);
+  const y = alloc(4 * T * N);
+  if (m.form === 'dense') {
+    k.dense(xAt, put(m.w), y, T, N, K);
+  } else {
+    const w = put(m.w);
+    const scales = put(m.scales);
+    const mins = m.mins ? put(m.mins) : 0;
+    if (fast && T <= 4) {
+      const xq = alloc(2 * T * K);
+      const d = alloc(4 * T * G);
+      const xs = alloc(4 * T * G);
+      k.quantize_x(xAt, xq, d, xs, T, K);
+      k[`${m.form}_fast`](xq, d, xs, w, scales, mins, m.offset, y, T, N, K);
+    } else {
+      k[`${m.form}_exact`](xAt, w, scales, mins, m.offset, y, alloc(4 * 16 * K), T, N, K);
+    }
+  }
+  return new Float32Array(memory.buffer.slice(y, y + 4 * T * N));
+}
+
+/** The matrix placed in the pool: its handle. */
+function place(pool, m) {
+  const parts = { form: m.form, N: m.N, K: m.K, w: pool.place(m.w), offset: m.offset ?? 0 };
+  if (m.scales) parts.scales = pool.place(m.scales);
+  if (m.mins) parts.mins = pool.place(m.mins);
+  return pool.matrix(parts);
+}
+
+const bits = (a) => Buffer.from(a.buffer, a.byteOffset, a.byteLength);
+const module = SKIP ? null : new WebAssembly.Module(readFileSync(SHARED));
+
+// [form, N, K]: N of one row, below a tile, not a multiple of 16 or of 2 or 3, several tiles
+const SHAPES = [
+  ['q4', 1, 32],
+  ['q4', 37, 64],
+  ['q4', 130, 96],
+  ['q8', 5, 32],
+  ['q8', 49, 64],
+  ['q8h', 17, 64],
+  ['q8h', 100, 32],
+  ['dense', 3, 40],
+  ['dense', 50, 64],
+  ['dense', 161, 36],
+];
+const ROWS = [1, 2, 4, 5, 21];
+
+describe('the kernel thread pool', { skip: SKIP }, () => {
+  test('slices cover the output features once, in whole tiles', () => {
+    for (const N of [1, 15, 16, 17, 100, 1000])
+      for (const threads of [1, 2, 3, 5, 8]) {
+        let next = 0;
+        for (let i = 0; i < threads; i++) {
+          const [n0, n1] = slice(N, i, threads);
+          if (n1 <= n0) continue;
+          assert.equal(n0, next);
+          assert.equal(n0 % 16, 0);
+          next = n1;
+        }
+        assert.equal(next, N);
+      }
+  });
+
+  for (const threads of [1, 2, 3]) {
+    test(`products on ${threads} thread(s) equal the single-thread kernels bit for bit`, async () => {
+      const pool = await startPool(module, { threads });
+      try {
+        const rand = random(threads * 7919);
+        for (const [form, N, K] of SHAPES) {
+          const m = matrix(form, N, K, rand);
+          const handle = place(pool, m);
+          for (const T of ROWS) {
+            const x = Float32Array.from({ length: T * K }, () => 4 * rand() - 2);
+            for (const fast of [false, true]) {
+              const y = new Float32Array(T * N);
+              pool.run([handle], x, T, [y], fast);
+              const want = reference(m, x, T, fast);
+              assert.ok(bits(y).equals(bits(want)), `${form} N=${N} K=${K} T=${T} fast=${fast}`);
+            }
+          }
+          pool.alloc(3 * 65536 + 5); // the memory grows between products
+        }
+      } finally {
+        await pool.dispose();
+      }
+    });
+  }
+
+  test('Adaptive tries one thread, then all, keeps the faster and tries the other again later', () => {
+    const a = new Adaptive(4);
+    const run = (count, msPerWork) => a.record('k', count, msPerWork * 1000, 1000);
+    assert.equal(a.choose('k'), 1);
+    run(1, 2);
+    assert.equal(a.choose('k'), 4);
+    run(4, 1); // all threads faster
+    const chosen = [];
+    for (let i = 0; i < 12; i++) {
+      const count = a.choose('k');
+      chosen.push(count);
+      run(count, count === 4 ? 1 : 2);
+    }
+    assert.deepEqual(chosen.slice(0, 4), [4, 4, 4, 4]);
+    assert.ok(chosen.includes(1), `one thread is tried again: ${chosen}`);
+    for (let i = 0; i < 40; i++) run(a.choose('k'), a.choose('k') === 4 ? 5 : 2); // the machine got busy
+    assert.equal(a.choose('k'), 1);
+    assert.equal(a.choose('other'), 1); // each size class on its own
+  });
+
+  test('an adaptive pool switches between one thread and all, with the same bits', async () => {
+    const pool = await startPool(module, { threads: 3, adaptive: true });
+    try {
+      const rand = random(11);
+      const m = matrix('q4', 100, 64, rand);
+      const handle = place(pool, m);
+      for (let i = 0; i < 30; i++) {
+        const T = i % 2 ? 1 : 7;
+        const x = Float32Array.from({ length: T * 64 }, () => rand() - 0.5);
+        const y = new Float32Array(T * 100);
+        pool.run([handle], x, T, [y], true);
+        assert.ok(bits(y).equals(bits(reference(m, x, T, true))), `product ${i}`);
+      }
+      assert.ok(pool.dispatches.get(1) > 0 && pool.dispatches.get(3) > 0, `${[...pool.dispatches]}`);
+    } finally {
+      await pool.dispose();
+    }
+  });
+
+  test('a fused dispatch (matrices sharing x) gives each product, and survives the memory growing', async () => {
+    const pool = await startPool(module, { threads: 3 });
+    try {
+      const rand = random(42);
+      const ms = [matrix('q4', 70, 64, rand), matrix('q8', 33, 64, rand), matrix('dense', 18, 64, rand)];
+      const handles = ms.map((m) => place(pool, m));
+      for (const T of [1, 3, 9]) {
+        for (const fast of [false, true]) {
+          const x = Float32Array.from({ length: T * 64 }, () => rand() - 0.5);
+          const ys = ms.map((m) => new Float32Array(T * m.N));
+          pool.run(handles, x, T, ys, fast);
+          ms.forEach((m, j) => assert.ok(bits(ys[j]).equals(bits(reference(m, x, T, fast))), `${m.form} T=${T}`));
+          pool.alloc(40 * 2 ** 20); // 40 MiB more between dispatches
+        }
+      }
+    } finally {
+      await pool.dispose();
+    }
+  });
+
+  test('a released matrix is refused and its space is handed out again', async () => {
+    const pool = await startPool(module, { threads: 2 });
+    try {
+      const m = matrix('q4', 40, 64, random(3));
+      const handle = place(pool, m);
+      const top = pool.bytes;
+      pool.release(handle);
+      assert.throws(
+        () => pool.run([handle], new Float32Array(64), 1, [new Float32Array(40)]),
+        (e) => e instanceof RuvLLMError && /was released/.test(e.message),
+      );
+      for (let i = 0; i < 20; i++) pool.release(place(pool, m)); // the same space each time
+      const again = place(pool, m);
+      assert.equal(pool.bytes, top);
+      const y = new Float32Array(40);
+      pool.run([again], new Float32Array(64).fill(1), 1, [y]);
+      assert.ok(bits(y).equals(bits(reference(m, new Float32Array(64).fill(1), 1, false))));
+    } finally {
+      await pool.dispose();
+    }
+  });
+
+  test('a product that traps in any thread is an inference error, and the pool keeps working', async () => {
+    const pool = await startPool(module, { threads: 3 });
+    try {
+      const outside = pool.matrix({ form: 'dense', w: 2 ** 31 - 4096, N: 256, K: 32 }); // past the memory
+      assert.throws(
+        () => pool.run([outside], new Float32Array(32), 1, [new Float32Array(256)]),
+        (e) => e instanceof RuvLLMError && e.type === 'inference' && /a kernel thread failed/.test(e.message),
+      );
+      const m = matrix('q8', 64, 32, random(5));
+      const x = new Float32Array(32).fill(0.25);
+      const y = new Float32Array(64);
+      pool.run([place(pool, m)], x, 1, [y]);
+      assert.ok(bits(y).equals(bits(reference(m, x, 1, false))));
+    } finally {
+      await pool.dispose();
+    }
+  });
+
+  test('a wrong thread count is an invalid_argument error', async () => {
+    for (const threads of [0, 1.5, 65, NaN])
+      await assert.rejects(
+        startPool(module, { threads }),
+        (e) =>
+          e instanceof RuvLLMError && e.type === 'invalid_argument' && /threads must be an integer/.test(e.message),
+      );
+  });
+
+  test('dispose() ends every thread: a program exits by itself, and the pool refuses products after', () => {
+    const pool = fileURLToPath(new URL('../src/worker/pool.js', import.meta.url));
+    const script = `
+      import { readFileSync } from 'node:fs';
+      import { startPool } from ${JSON.stringify(pool)};
+      const module = new WebAssembly.Module(readFileSync(${JSON.stringify(fileURLToPath(SHARED))}));
+      const p = await startPool(module, { threads: 3 });
+      const w = p.place(new Float32Array(64 * 32).fill(0.5));
+      const h = p.matrix({ form: 'dense', w, N: 64, K: 32 });
+      const y = new Float32Array(64);
+      p.run([h], new Float32Array(32).fill(1), 1, [y]);
+      await p.dispose();
+      try { p.run([h], new Float32Array(32), 1, [y]); } catch (e) { console.log(e.type, e.message); }
+      console.log('sum', y.reduce((a, b) => a + b, 0));
+    `;
+    // a hang guard only: a pool thread left running keeps the process alive
+    const file = join(mkdtempSync(join(tmpdir(), 'ruvllm-pool-')), 'dispose.mjs');
+    writeFileSync(file, script);
+    const run = spawnSync(process.execPath, [file], { encoding: 'utf8', timeout: 60000 });
+    rmSync(dirname(file), { recursive: true });
+    assert.equal(run.signal, null, 'the program did not exit by itself');
+    assert.equal(run.status, 0, run.stderr);
+    assert.match(run.stdout, /^inference the kernel threads were stopped\nsum 1024\n$/);
+  });
+});
+
+// Inside Pyodide: the provider the engine uses with threads (py_src/ruvllm/quant/pool.py) against the
+// single-thread one (quant/wasm.py), bit for bit, before and after Pyodide's heap grows.
+const PROVIDERS = `
+import numpy as np
+from ruvllm.files.formats import get_format
+from ruvllm.quant.matrices import DenseMatrix, Int4Matrix, Int8Matrix
+from ruvllm.quant.pool import PoolKernels
+from ruvllm.quant.wasm import WasmKernels
+
+rng = np.random.default_rng(1)
+w = rng.standard_normal((200, 576)).astype(np.float32)
+matrices = [DenseMatrix(w, "einsum")]
+for fmt in ("q8", "q4_0", "q4_1"):
+    parts = get_format(fmt).quantize(w)
+    matrices.append(Int8Matrix.from_parts(fmt, parts, "einsum"))
+    if fmt != "q8":
+        matrices.append(Int4Matrix.from_parts(fmt, parts, "einsum"))
+
+def products(provider):
+    return [provider.prepare(m) for m in matrices]
+
+def merged_differs(threads_api):
+    """A float32 matrix changed in place and prepared again (as merging an adapter does): do the pool's
+    products differ from the single-thread ones, which read the NumPy array itself?"""
+    m = DenseMatrix(w.copy(), "einsum")
+    m.use_provider(PoolKernels(threads_api, "exact"))
+    one = WasmKernels(kernel_exports, "exact").prepare(m)
+    x = rng.standard_normal((3, 576)).astype(np.float32)
+    before = m(x)
+    m.weight += np.float32(0.5) * rng.standard_normal(m.weight.shape).astype(np.float32)
+    m.use_provider(m.provider)
+    return before.tobytes() == m(x).tobytes() or m(x).tobytes() != one(x).tobytes()
+
+def transient_blocks(threads_api):
+    """Short-lived matrices prepared one after another (a learning step's blocks)."""
+    provider = PoolKernels(threads_api, "exact")
+    for _ in range(30):
+        block = DenseMatrix(rng.standard_normal((64, 576)).astype(np.float32), "einsum")
+        block.use_provider(provider)
+        block(np.ones((1, 576), np.float32))
+
+def fused_problems(threads_api, arithmetic):
+    """Matrices sharing x fused into one dispatch: what differs from the single-thread products."""
+    problems = []
+    pool, one = PoolKernels(threads_api, arithmetic), WasmKernels(kernel_exports, arithmetic)
+    members = []
+    for m in matrices[:3]:
+        twin = type(m).__new__(type(m))
+        twin.__dict__.update(m.__dict__)
+        twin.use_provider(pool)
+        members.append(twin)
+    if not pool.fuse(members):
+        return ["not fused"]
+    singles = [one.prepare(m) for m in matrices[:3]]
+    for T in (1, 3, 40):
+        x = rng.standard_normal((T, 576)).astype(np.float32)
+        first = members[0](x)
+        if len(pool.fused[members[0]._product.pool[1]].kept) != 2:
+            problems.append(f"T={T}: the siblings' products were not kept")
+        got = [first, members[1](x), members[2](x.copy())]  # (a copy: the same bits)
+        other = x + np.float32(1)
+        got_other = members[1](other)  # x changed: its own dispatch
+        for i, (g, single) in enumerate(zip(got, singles)):
+            if g.tobytes() != single(x).tobytes():
+                problems.append(f"T={T}: member {i} differs")
+        if got_other.tobytes() != singles[1](other).tobytes():
+            problems.append(f"T={T}: another x took a kept product")
+    members[1].use_provider(pool)  # prepared again (an adapter merge): the group ends
+    if pool.fused:
+        problems.append("the group outlived a member prepared again")
+    x = rng.standard_normal((1, 576)).astype(np.float32)
+    for i, (m, single) in enumerate(zip(members, singles)):
+        if m(x).tobytes() != single(x).tobytes():
+            problems.append(f"after the group ended: member {i} differs")
+    return problems
+
+def differing(threads_api):
+    """Products (of every form, 1, 3 and 40 rows, exact and fast) whose bits differ between the pool and one thread."""
+    differ = 0
+    for arithmetic in ("exact", "fast"):
+        pairs = zip(products(WasmKernels(kernel_exports, arithmetic)), products(PoolKernels(threads_api, arithmetic)))
+        for one, pool in pairs:
+            for T in (1, 3, 40):
+                x = rng.standard_normal((T, 576)).astype(np.float32)
+                differ += int(one(x).tobytes() != pool(x).tobytes())
+    return differ
+`;
+
+describe(
+  'the thread pool inside Pyodide',
+  { skip: SKIP || (HAVE_DIST ? false : `no local Pyodide at ${DIST}`) },
+  () => {
+    test('PoolKernels products are WasmKernels products bit for bit at 2 and 3 threads', async () => {
+      const { py } = await startPython({ indexURL: DIST });
+      const kernels = await startKernels(py, 'wasm');
+      py.globals.set('kernel_exports', kernels.exports);
+      py.runPython(PROVIDERS);
+      for (const count of [2, 3]) {
+        const threads = await startThreads(py, kernels, count);
+        try {
+          assert.equal(threads.count, count);
+          assert.equal(threads.reason, null);
+          py.globals.set('threads_api', threads.api);
+          assert.equal(py.runPython('differing(threads_api)'), 0);
+          py.runPython('ballast = np.ones(2**27, dtype=np.float32)'); // 512 MiB: Pyodide's memory grows
+          assert.equal(py.runPython('differing(threads_api)'), 0);
+          py.runPython('del ballast');
+          assert.equal(py.runPython('merged_differs(threads_api)'), false);
+          for (const arithmetic of ['exact', 'fast'])
+            assert.deepEqual(py.runPython(`fused_problems(threads_api, "${arithmetic}")`).toJs(), []);
+          py.runPython('transient_blocks(threads_api)');
+          const bytes = threads.pool.bytes;
+          py.runPython('transient_blocks(threads_api)'); // the space of collected products is reused
+          assert.equal(threads.pool.bytes, bytes);
+        } finally {
+          await threads.pool.dispose();
+        }
+      }
+      const one = await startThreads(py, kernels, 1);
+      assert.deepEqual([one.pool, one.count], [null, 1]);
+      assert.match(one.reason, /threads: 1/);
+      const numpy = await startThreads(py, { exports: null, reason: null }, 2);
+      assert.deepEqual([numpy.pool, numpy.count], [null, 1]);
+      assert.match(numpy.reason, /WebAssembly kernels do not run here/);
+    });
+  },
+);
