@@ -35,9 +35,12 @@ PYODIDE_MARKS = [
 
 
 @contextmanager
-def demo_server() -> Iterator:
-    """web/serve.py's server on 127.0.0.1 at a free port, serving the local Pyodide, in a thread."""
+def demo_server(handler: type | None = None) -> Iterator:
+    """web/serve.py's server on 127.0.0.1 at a free port, serving the local Pyodide, in a thread
+    (handler: another request handler class, e.g. one that leaves out the isolation headers)."""
     httpd = serve.DemoServer(0, DIST)
+    if handler is not None:
+        httpd.RequestHandlerClass = handler
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     try:

@@ -8,34 +8,24 @@ kernels and browser bundle (npm/browser, npm/wasm).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
-import threading
 from http.server import SimpleHTTPRequestHandler
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-CHROMIUM = "/usr/bin/chromium"
+from e2e_support import PYODIDE_MARKS, ROOT, demo_server, serve, url_of
+
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
 PROMPT = "The three primary colors are"
 TOKENS = 12
 
-_spec = importlib.util.spec_from_file_location("demo_serve", ROOT / "web" / "serve.py")
-serve = importlib.util.module_from_spec(_spec)
-_spec.loader.exec_module(serve)
-
-DIST = serve.local_pyodide()
 BUILT = (ROOT / "npm" / "browser" / "worker" / "pool-worker.js").exists() and (
     ROOT / "npm" / "wasm" / "kernels-shared.wasm"
 ).exists()
 pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.pyodide,
-    pytest.mark.skipif(DIST is None, reason="no local Pyodide distribution (docs/pyodide.md says how to make one)"),
+    *PYODIDE_MARKS,
     pytest.mark.skipif(not BUILT, reason="the browser bundle or the kernels are not built (./build.sh npm)"),
 ]
 
@@ -61,21 +51,9 @@ class PlainHandler(serve.DemoHandler):
         SimpleHTTPRequestHandler.end_headers(self)
 
 
-def start(handler: type) -> tuple[serve.DemoServer, str]:
-    httpd = serve.DemoServer(0, DIST)
-    httpd.RequestHandlerClass = handler
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    return httpd, f"http://127.0.0.1:{httpd.server_address[1]}/"
-
-
 @pytest.fixture(scope="module")
-def page():
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=serve.CHROMIUM_ARGS)
-        yield browser.new_page()
-        browser.close()
+def page(browser):
+    return browser.new_page()
 
 
 def cpython_ids() -> list[int]:
@@ -85,24 +63,18 @@ def cpython_ids() -> list[int]:
 
 
 def test_an_isolated_page_runs_two_threads_with_cpythons_tokens(page, smollm2_dir):
-    httpd, url = start(serve.DemoHandler)
-    try:
-        page.goto(url + "npm/README.md")
+    with demo_server() as httpd:
+        page.goto(url_of(httpd) + "npm/README.md")
         got = page.evaluate(RUN, {"options": {"threads": 2, "arithmetic": "exact"}, "prompt": PROMPT, "tokens": TOKENS})
-    finally:
-        httpd.shutdown()
     assert got["isolated"] is True
     assert got["threads"] == {"count": 2, "reason": None, "adaptive": False}
     assert got["ids"] == cpython_ids()
 
 
 def test_a_page_that_is_not_isolated_runs_one_thread_and_says_why(page, smollm2_dir):
-    httpd, url = start(PlainHandler)
-    try:
-        page.goto(url + "npm/README.md")
+    with demo_server(PlainHandler) as httpd:
+        page.goto(url_of(httpd) + "npm/README.md")
         got = page.evaluate(RUN, {"options": {"threads": 2, "arithmetic": "exact"}, "prompt": PROMPT, "tokens": TOKENS})
-    finally:
-        httpd.shutdown()
     assert got["isolated"] is False
     assert got["threads"]["count"] == 1
     assert "not cross-origin isolated" in got["threads"]["reason"]
