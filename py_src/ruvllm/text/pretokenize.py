@@ -34,6 +34,7 @@ GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s
 
 _SPACES = "\t\n\v\f\r\x85"  # White_Space controls; the rest of White_Space is categories Zs, Zl, Zp
 _RE_WORD_OR_SPACE = re.compile(r"[\w\s]")
+_QUANTIFIER = re.compile(r"\{[0-9]*(,[0-9]*)?\}")
 _BYTE_CHARS = "".join(sorted(byte_level_alphabet(), key=byte_level_alphabet().__getitem__))  # byte -> char
 
 Piece = tuple[str, bool]  # (text, whether it starts the original text: Metaspace's "first" scheme asks)
@@ -104,6 +105,10 @@ def translate_pattern(pattern: str) -> str | None:
                 return None  # letters alone inside a class
             out.append("]")
             in_class = False
+        elif not in_class and (quantifier := _QUANTIFIER.match(pattern, i)):
+            out.append(quantifier.group())  # {m,n}: its digits are not text
+            i = quantifier.end()
+            continue
         elif not in_class and char == "[":
             start = i + 2 if pattern.startswith("[^", i) else i + 1
             if start >= n or pattern[start] in "][":

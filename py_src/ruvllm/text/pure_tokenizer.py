@@ -55,10 +55,14 @@ class PureTokenizer:
             if added is not None:
                 ids.append(added)
                 continue
+            if not part:
+                continue  # `tokenizers` drops an empty part before normalizing
             normalized = self.normalize(part) if self.normalize else part
             for inner, piece, added in self._normalized.split(normalized):
                 if added is not None:
                     ids.append(added)
+                    continue
+                if not piece:
                     continue
                 for word, _ in self.pre_tokenize([(piece, start == 0 and inner == 0)]):
                     ids += tokenize(word)

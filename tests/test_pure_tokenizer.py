@@ -1,0 +1,258 @@
+"""The plain-Python tokenizer (text/pure_tokenizer.py: what runs where `tokenizers` has no build, as in
+Pyodide) against Hugging Face `tokenizers` on the same tokenizer.json, id for id, for every family we run:
+
+- SmolLM2's own tokenizer.json (byte-level BPE, its digits split first) and the one written from its GGUF;
+- the byte-level splits a GGUF may name (Llama 3's, Qwen2's, GPT-2's) over SmolLM2's vocabulary;
+- Gemma 3's (SentencePiece BPE with byte fallback, 262k tokens, ~6k added tokens) from its GGUF;
+- Llama-, Mistral- and Phi-3-style SentencePiece documents (Metaspace / Prepend) from a slice of Gemma's vocabulary.
+
+Texts: the shared corpus, Gemma's extras and adversarial ones (numerals of other scripts, combining marks,
+emoji sequences, CJK, runs of whitespace, \\r\\n, tabs, look-alikes of special tokens, long words).
+Then generation and chat end to end with `tokenizers` made unimportable.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from ruvllm.errors import LoadError
+from ruvllm.files.gguf_vocab import _BYTE_LEVEL_PRE, tokenizer_files
+from ruvllm.runtime.engine import open_gguf
+from ruvllm.text import pretokenize
+from ruvllm.text.pure_tokenizer import PureTokenizer
+from ruvllm.text.tokenizer import Tokenizer
+
+from conftest import numpy_model
+
+tokenizers = pytest.importorskip("tokenizers")
+
+pytestmark = pytest.mark.parity
+
+_DATA = json.loads((Path(__file__).parent / "data" / "text_corpus.json").read_text(encoding="utf-8"))
+ADVERSARIAL = [
+    # Gemma's own: turn markers, user-defined HTML tags and whitespace runs, control tokens, its `▁`.
+    "<start_of_turn>user\nHi there<end_of_turn>\n<start_of_turn>model\n",
+    "<table><tr><td>x</td></tr></table> <h1>Title</h1>",
+    "a\n\n\n\tb  c     d\t\t\te",
+    "<bos>text<eos><mask>[multimodal]<unused5><pad>",
+    "a ▁ b ▁▁c",
+    "▁▁▁hello▁▁world ▁",
+    ">▁</x>▁<0x41> >\u2581",
+    # numerals of other scripts, one by one and in runs
+    "१२३ ٣٤٥ ০১ 𝟙𝟚𝟛 ⅷ Ⅻ ① ² ³ ½ 〇 一二三 12३4",
+    # combining marks, precomposed and not; zero-width joiners and spaces
+    "e\u0301\u0302 ã̀ 한\u1100\u1161 Z̤͔ͧ̑̓ä͖̭̈̇lͮ̒ͫǧ̗͚̚o̙̔ͮ̇͐̇ x\u200dy\u200bz",
+    "👍🏽👩‍👩‍👧‍👦🏳️‍🌈🇫🇷🇯🇵 ✈️ ☕ 🫠",
+    "漢字かなカナ한국어 中文，标点！「引用」 ｆｕｌｌｗｉｄｔｈ",
+    "   \r\n\r\n \t\n  x  \n\n\n",
+    "tabs\t\t\tand\u3000ideographic\u2028line\u2029para\x0b\x0c\x1c\x1f\x85 end",
+    "<|im_start|><|im_start|>|im_end|><<|im_end|>> <|im_start <|endoftext|x <unused99999> <start_of_turn",
+    "don't can't WON'T y'all I'd 'ſ 'S 'LL 'Ve it's' ''s",
+    "snake_case __dunder__ a_1 _",
+    "a" * 1000 + " " + "ab" * 500,
+    "你好" * 200,
+    "x" * 300,
+    "supercalifragilisticexpialidocious-antidisestablishmentarianism_" * 8,
+    "\ufffd\U0010ffff\ue000 \u00ad soft\u00adhyphen",
+]
+TEXTS: list[str] = [*_DATA["texts"], *ADVERSARIAL]
+
+
+def assert_same_ids(document: dict, texts: list[str] = TEXTS) -> None:
+    reference = tokenizers.Tokenizer.from_str(json.dumps(document))
+    ours = PureTokenizer(document)
+    for text in texts:
+        for add_special_tokens in (True, False):
+            expected = reference.encode(text, add_special_tokens=add_special_tokens).ids
+            assert ours.encode(text, add_special_tokens) == expected, (text, add_special_tokens)
+
+
+@pytest.fixture(scope="module")
+def smollm2_document(smollm2_dir) -> dict:
+    return json.loads((smollm2_dir / "tokenizer.json").read_text(encoding="utf-8"))
+
+
+@pytest.fixture(scope="module")
+def smollm2_gguf_document(smollm2_gguf) -> dict:
+    return open_gguf(str(smollm2_gguf)).tokenizer_files()[0]
+
+
+@pytest.fixture(scope="module")
+def gemma_metadata(gemma_gguf) -> dict:
+    return open_gguf(str(gemma_gguf)).metadata
+
+
+def test_smollm2_folder_gives_the_ids_of_tokenizers(smollm2_document):
+    assert_same_ids(smollm2_document)
+
+
+def test_smollm2_gguf_gives_the_ids_of_tokenizers(smollm2_gguf_document):
+    assert_same_ids(smollm2_gguf_document)
+
+
+@pytest.mark.parametrize("pre", ["llama-bpe", "qwen2", "gpt2"])
+def test_byte_level_splits_give_the_ids_of_tokenizers(smollm2_gguf_document, pre):
+    assert_same_ids({**smollm2_gguf_document, "pre_tokenizer": _BYTE_LEVEL_PRE[pre]})
+
+
+def test_gemma_gives_the_ids_of_tokenizers(gemma_metadata):
+    assert_same_ids(tokenizer_files(gemma_metadata, "gemma.gguf")[0])
+
+
+@pytest.mark.parametrize("architecture", ["llama", "mistral", "phi3"])
+def test_sentencepiece_styles_give_the_ids_of_tokenizers(gemma_metadata, architecture):
+    """Metaspace with prepend_scheme "first" (Llama, Mistral) and the Prepend normalizer (Phi-3), on the first
+    12,000 tokens of Gemma's vocabulary with `<s>`/`</s>` at 2/1, as Llama spells them."""
+    size = 12_000
+    tokens = list(gemma_metadata["tokenizer.ggml.tokens"][:size])
+    tokens[1], tokens[2] = "</s>", "<s>"
+    metadata = {
+        "general.architecture": architecture,
+        "tokenizer.ggml.model": "llama",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.scores": list(gemma_metadata["tokenizer.ggml.scores"][:size]),
+        "tokenizer.ggml.token_type": list(gemma_metadata["tokenizer.ggml.token_type"][:size]),
+        "tokenizer.ggml.bos_token_id": 2,
+        "tokenizer.ggml.eos_token_id": 1,
+        "tokenizer.ggml.unknown_token_id": 3,
+    }
+    document = tokenizer_files(metadata, f"{architecture}.gguf")[0]
+    assert_same_ids(document, [*TEXTS, "  Hello world", "<s>two <unk> words</s>", "</s> x", "naïve\tcafé"])
+
+
+def test_the_regex_module_gives_the_same_ids(smollm2_gguf_document, monkeypatch):
+    """Where a pattern cannot run on the stand-in, the `regex` module runs it on the text: same ids."""
+    pytest.importorskip("regex")
+    monkeypatch.setattr(pretokenize, "translate_pattern", lambda pattern: None)
+    for pre in ("smollm", "llama-bpe", "qwen2"):
+        assert_same_ids({**smollm2_gguf_document, "pre_tokenizer": _BYTE_LEVEL_PRE[pre]}, _DATA["texts"][:12])
+
+
+def test_our_families_patterns_need_only_the_standard_library():
+    for pattern in (pretokenize.GPT2_PATTERN, *(p for p in _split_patterns())):
+        assert pretokenize.translate_pattern(pattern) is not None, pattern
+
+
+def _split_patterns() -> list[str]:
+    found = []
+    for spec in _BYTE_LEVEL_PRE.values():
+        for step in spec.get("pretokenizers", []):
+            if step["type"] == "Split":
+                found.append(step["pattern"]["Regex"])
+    return found
+
+
+def test_the_stand_in_keeps_letters_and_classes_the_rest():
+    assert pretokenize.stand_in("Aé 3½_\u3000\x1c,\n") == "Aé 00\x00\t\x00,\n"
+
+
+# --- documents that cannot run without `tokenizers` ----------------------------------------------------
+
+
+def small_document(**changes: object) -> dict:
+    document = {
+        "added_tokens": [],
+        "normalizer": None,
+        "pre_tokenizer": None,
+        "post_processor": None,
+        "decoder": {"type": "ByteLevel"},
+        "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]},
+    }
+    for key, value in changes.items():
+        if key in ("vocab", "merges", "type", "unk_token", "continuing_subword_prefix"):
+            document["model"][key] = value  # type: ignore[index]
+        else:
+            document[key] = value
+    return document
+
+
+def test_a_small_document_merges():
+    assert PureTokenizer(small_document()).encode("abab ba") == [2, 2, 1, 0]
+
+
+@pytest.mark.parametrize(
+    ("changes", "message"),
+    [
+        ({"type": "WordPiece"}, r"model type 'WordPiece' needs the `tokenizers` package \(only BPE"),
+        ({"type": "Unigram"}, r"model type 'Unigram' needs the `tokenizers` package"),
+        ({"vocab": ["a"]}, r"model.vocab must be an object of token -> id"),
+        ({"merges": {"a": "b"}}, r"model.merges must be a list"),
+        ({"merges": ["a b c"]}, r"model.merges: 'a b c' is not a pair of tokens"),
+        ({"merges": [3]}, r"model.merges must hold 'left right' strings or \[left, right\] pairs"),
+        ({"unk_token": "<unk>"}, r"model.unk_token '<unk>' is not in model.vocab"),
+        ({"continuing_subword_prefix": "##"}, r"model.continuing_subword_prefix is not supported without"),
+        ({"pre_tokenizer": {"type": "Whitespace"}}, r"pre_tokenizer: type 'Whitespace' is not supported without"),
+        ({"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "x"}, "behavior": "Around"}}, r"behavior must be"),
+        ({"pre_tokenizer": {"type": "Split", "pattern": "x", "behavior": "Isolated"}}, r'pattern must be \{"String"'),
+        ({"normalizer": {"type": "BertNormalizer"}}, r"normalizer: 'BertNormalizer' is not supported without"),
+        ({"normalizer": "NFC"}, r"normalizer must be an object with a type, found 'NFC'"),
+        ({"post_processor": {"type": "Custom"}}, r"post_processor: type 'Custom' is not supported without"),
+        (
+            {"post_processor": {"type": "TemplateProcessing", "single": [{"SpecialToken": {"id": "<s>"}}]}},
+            r"the template names '<s>', which special_tokens does not give ids for",
+        ),
+        ({"added_tokens": [{"id": "1", "content": "a"}]}, r"added_tokens must be a list of \{id, content, ...\}"),
+    ],
+)
+def test_a_document_it_cannot_run_is_a_load_error(changes, message):
+    with pytest.raises(LoadError, match=rf"^model.json: .*{message}"):
+        PureTokenizer(small_document(**changes), "model.json")
+
+
+def test_a_pattern_beyond_the_stand_in_needs_the_regex_module(monkeypatch):
+    monkeypatch.setitem(sys.modules, "regex", None)  # `import regex` fails
+    split = {"type": "Split", "pattern": {"Regex": r"\p{Lu}+"}, "behavior": "Isolated", "invert": False}
+    with pytest.raises(LoadError, match=r"split pattern '\\\\p\{Lu\}\+' needs the `regex` package"):
+        PureTokenizer(small_document(pre_tokenizer=split), "model.json")
+
+
+def test_a_merge_outside_the_vocabulary_is_a_load_error():
+    ours = PureTokenizer(small_document(merges=[["b", "a"]]), "model.json")
+    with pytest.raises(LoadError, match=r"model.json: a merge makes 'ba', which is not in model.vocab"):
+        ours.encode("ba")
+
+
+# --- the whole stack with `tokenizers` unimportable ----------------------------------------------------
+
+
+def test_generation_and_chat_run_without_tokenizers(tmp_path, smollm2_dir, smollm2_document):
+    """A tiny model with SmolLM2's tokenizer, loaded and chatted with in an interpreter that cannot import
+    `tokenizers`: the same prompt ids as `tokenizers` gives, text streamed back."""
+    folder = numpy_model("llama", tmp_path / "m", vocab_size=len(smollm2_document["model"]["vocab"]))
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        (folder / name).write_bytes((smollm2_dir / name).read_bytes())
+    messages = [{"role": "user", "content": "What is 2+2? Answer in 12 words, ½ a line."}]
+    reference = Tokenizer.from_folder(str(folder))
+    expected = {"chat": reference.encode_chat(messages), "text": reference.encode("Hello, world! 12345")}
+    script = f"""
+        import sys
+
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "tokenizers":
+                    raise ImportError("blocked: " + name)
+
+        sys.meta_path.insert(0, Block())
+        import json, ruvllm
+
+        model = ruvllm.load({str(folder)!r})
+        assert model.tokenizer._pure is not None
+        chunks = list(model.chat({messages!r}, max_tokens=5, seed=1))
+        assert chunks[-1].finish_reason == "length" and all(isinstance(c.text, str) for c in chunks)
+        completion = model.create_completion("Hello, world! 12345", max_tokens=3, seed=1)
+        assert completion["usage"]["completion_tokens"] == 3
+        text_ids = model.tokenizer.encode("Hello, world! 12345")
+        ids = {{"chat": model.tokenizer.encode_chat({messages!r}), "text": text_ids}}
+        assert "tokenizers" not in sys.modules
+        print(json.dumps(ids))
+        """
+    command = [sys.executable, "-c", textwrap.dedent(script)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)  # (a hang guard)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == expected
