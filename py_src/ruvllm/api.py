@@ -10,7 +10,6 @@ for chunk in model.chat([{"role": "user", "content": "Hi!"}], temperature=0.7, s
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Iterator, Sequence
@@ -310,7 +309,7 @@ def load(
         gguf = open_gguf(path)  # an unsupported architecture is the first thing to report
         config, store = ModelConfig.from_dict(gguf.config, f"{path} (GGUF metadata)"), TensorStore([gguf])
         tokenizer_json, tokenizer_config, generation_config = gguf.tokenizer_files()
-        tokenizer = Tokenizer(json.dumps(tokenizer_json), tokenizer_config, f"{path} (GGUF tokenizer)")
+        tokenizer = Tokenizer(tokenizer_json, tokenizer_config, f"{path} (GGUF tokenizer)")
     else:
         config, store = open_model(path)
         tokenizer = Tokenizer.from_folder(path)

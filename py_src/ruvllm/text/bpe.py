@@ -11,8 +11,8 @@ Results are cached per piece: text is mostly the same few thousand words.
 
 A SentencePiece vocabulary (Gemma) has no pre-tokenizer that splits words: its whole text is one piece.
 Such a piece is first cut before each `▁` that no merge can join to the character in front of it (no
-token of the vocabulary holds that character followed by `▁`): the parts merge exactly as the whole
-would, and they are short and cacheable.
+token of the vocabulary holds that character followed by `▁`; found once, at load): the parts merge
+exactly as the whole would, and they are short and cacheable.
 """
 
 from __future__ import annotations
@@ -60,8 +60,8 @@ class BPE:
         self.byte_fallback = bool(model.get("byte_fallback", False))
         self.ignore_merges = bool(model.get("ignore_merges", False))
         self._cache: dict[str, list[int]] = {}
-        self._cuts: re.Pattern[str] | bool | None = False  # False: not yet looked at
         self._outside_joins = False  # a byte or unknown token may join a `▁` after it
+        self._cuts = self._cut_pattern()
 
     def tokenize(self, piece: str) -> list[int]:
         ids = self._cache.get(piece)
@@ -69,7 +69,7 @@ class BPE:
             return ids
         if self.ignore_merges and piece in self.vocab:
             ids = [self.vocab[piece]]
-        elif _SPACE in piece[1:] and self._cutter() is not None:
+        elif self._cuts is not None and _SPACE in piece[1:]:
             ids = [i for part in self._cut(piece) for i in self._merged_ids(part)]
         else:
             ids = self._merged_ids(piece)
@@ -166,22 +166,21 @@ class BPE:
 
     # --- cutting a SentencePiece text before its spaces ---
 
-    def _cutter(self) -> re.Pattern[str] | None:
-        """The pattern of safe cuts, built on first use: a `▁` after a character that no token joins to it."""
-        if self._cuts is False:
-            if _SPACE not in self.vocab:
-                self._cuts = None
-            else:
-                spelled = [token for token in self.vocab if _SPACE in token]
-                before = {t[k - 1] for t in spelled for k in range(1, len(t)) if t[k] == _SPACE != t[k - 1]}
-                # A character outside the vocabulary turns into `<0xNN>` or the unknown token: its last character.
-                self._outside_joins = ">" in before or (self.unk is not None and self.unk[-1:] in before)
-                excluded = "".join(sorted(before | {_SPACE}))
-                self._cuts = re.compile(f"(?<=[^{re.escape(excluded)}])(?={_SPACE})")
-        return self._cuts if isinstance(self._cuts, re.Pattern) else None
+    def _cut_pattern(self) -> re.Pattern[str] | None:
+        """Where a piece may be cut: before a `▁` after a character that no token joins to it."""
+        if _SPACE not in self.vocab:
+            return None
+        # Every character that a token holds in front of a `▁`, found in one pass over all tokens (the
+        # separator NUL is never cut after, in case a token holds one).
+        joined = "\0".join(self.vocab)
+        before = {m.group(1) for m in re.finditer(f"([^\0{_SPACE}]){_SPACE}", joined)} | {"\0"}
+        # A character outside the vocabulary turns into `<0xNN>` or the unknown token: its last character.
+        self._outside_joins = ">" in before or (self.unk is not None and self.unk[-1:] in before)
+        excluded = "".join(sorted(before | {_SPACE}))
+        return re.compile(f"(?<=[^{re.escape(excluded)}])(?={_SPACE})")
 
     def _cut(self, piece: str) -> list[str]:
-        assert isinstance(self._cuts, re.Pattern)
+        assert self._cuts is not None
         parts = self._cuts.split(piece)
         if not self._outside_joins:
             return parts

@@ -23,7 +23,7 @@ from .pure_tokenizer import PureTokenizer, decode
 class Tokenizer:
     def __init__(
         self,
-        tokenizer_json: str,
+        tokenizer_json: str | dict,
         tokenizer_config: object,
         source: str = "tokenizer.json",
         config_source: str = "tokenizer_config.json",
@@ -35,8 +35,9 @@ class Tokenizer:
         except ImportError:
             from_str = None  # the same ids in plain Python
         try:
-            data = json.loads(tokenizer_json)
-            self._tokenizer: Any = from_str(tokenizer_json) if from_str else None
+            data = json.loads(tokenizer_json) if isinstance(tokenizer_json, str) else tokenizer_json
+            text = tokenizer_json if isinstance(tokenizer_json, str) else None
+            self._tokenizer: Any = None if from_str is None else from_str(text or json.dumps(data))
         except Exception as e:  # tokenizers raises a bare Exception for a malformed file
             raise LoadError(f"{source}: cannot be read ({e})") from None
         self._pure = PureTokenizer(data, source) if self._tokenizer is None else None
