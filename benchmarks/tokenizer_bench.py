@@ -48,6 +48,9 @@ def prepare(out: Path) -> None:
         ]
         prompt = tokenizer.apply_chat_template(messages)
         models[name] = {"document": document, "text": text, "chat_prompt": prompt}
+    gemma = open_gguf(str(ROOT / "build/downloads/gemma-3-270m-q4_k_m.gguf")).metadata
+    keys = [k for k in gemma if k.startswith("tokenizer.ggml.") or k == "general.architecture"]
+    models["gemma3"]["gguf_metadata"] = {k: gemma[k] for k in keys}
     out.write_text(json.dumps(models, ensure_ascii=False), encoding="utf-8")
 
 
@@ -62,6 +65,7 @@ def _cut(tokenizer, text: str, tokens: int) -> str:
 
 
 def run(path: Path) -> None:
+    from ruvllm.files.gguf_vocab import tokenizer_files
     from ruvllm.text.pure_tokenizer import PureTokenizer
 
     raw = path.read_text(encoding="utf-8")
@@ -75,6 +79,11 @@ def run(path: Path) -> None:
         tokenizer = PureTokenizer(document)
         build_ms = _ms(started)
         result: dict[str, object] = {"model": name, "json_parse_ms": parse_ms, "build_ms": build_ms}
+        if "gguf_metadata" in inputs:  # the whole load from a GGUF: the document, then the tokenizer
+            for merges in (True, False):  # merges listed (as for `tokenizers`), or ranked by position
+                started = time.perf_counter()
+                PureTokenizer(tokenizer_files(inputs["gguf_metadata"], "model.gguf", merges=merges)[0])
+                result["from_gguf_ms" if merges else "from_gguf_by_position_ms"] = _ms(started)
         for kind in ("text", "chat_prompt"):
             text = inputs[kind]
             tokenizer.model._cache.clear()  # cold: no piece seen before

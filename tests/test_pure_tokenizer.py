@@ -64,8 +64,8 @@ ADVERSARIAL = [
 TEXTS: list[str] = [*_DATA["texts"], *ADVERSARIAL]
 
 
-def assert_same_ids(document: dict, texts: list[str] = TEXTS) -> None:
-    reference = tokenizers.Tokenizer.from_str(json.dumps(document))
+def assert_same_ids(document: dict, texts: list[str] = TEXTS, reference_document: dict | None = None) -> None:
+    reference = tokenizers.Tokenizer.from_str(json.dumps(reference_document or document))
     ours = PureTokenizer(document)
     for text in texts:
         for add_special_tokens in (True, False):
@@ -101,8 +101,26 @@ def test_byte_level_splits_give_the_ids_of_tokenizers(smollm2_gguf_document, pre
     assert_same_ids({**smollm2_gguf_document, "pre_tokenizer": _BYTE_LEVEL_PRE[pre]})
 
 
-def test_gemma_gives_the_ids_of_tokenizers(gemma_metadata):
-    assert_same_ids(tokenizer_files(gemma_metadata, "gemma.gguf")[0])
+@pytest.fixture(scope="module")
+def gemma_document(gemma_metadata) -> dict:
+    return tokenizer_files(gemma_metadata, "gemma.gguf")[0]
+
+
+def test_gemma_gives_the_ids_of_tokenizers(gemma_document):
+    assert_same_ids(gemma_document)
+
+
+def test_gemma_without_its_merges_list_gives_the_same_ids(gemma_metadata, gemma_document):
+    """Gemma's merges ranked by position as BPE asks for them, never listed (the load without `tokenizers`)."""
+    document = tokenizer_files(gemma_metadata, "gemma.gguf", merges=False)[0]
+    assert document["model"]["merges"] == [] and document["model"]["merges_by_position"] is True
+    assert {k: v for k, v in document["model"].items() if k not in ("merges", "merges_by_position")} == {
+        k: v for k, v in gemma_document["model"].items() if k != "merges"
+    }
+    assert_same_ids(document, reference_document=gemma_document)
+    # `tokenizers` cannot read it (no merges): Tokenizer runs it in plain Python even where `tokenizers` is installed.
+    tokenizer = Tokenizer(document, {})
+    assert tokenizer._pure is not None and tokenizer.encode("Hello") == [2, 9259]
 
 
 @pytest.mark.parametrize("architecture", ["llama", "mistral", "phi3"])

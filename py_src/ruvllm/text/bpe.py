@@ -33,7 +33,9 @@ class BPE:
     def __init__(self, model: dict, source: str) -> None:
         where = f"{source}: model"
         vocab, merges = model.get("vocab"), model.get("merges")
-        if not isinstance(vocab, dict) or not all(isinstance(i, int) for i in vocab.values()):
+        if not isinstance(vocab, dict) or not (
+            set(map(type, vocab.values())) <= {int} or all(isinstance(i, int) for i in vocab.values())
+        ):
             raise LoadError(f"{where}.vocab must be an object of token -> id")
         if not isinstance(merges, list):
             raise LoadError(f"{where}.merges must be a list")
@@ -52,7 +54,11 @@ class BPE:
         if any(len(p) != 2 for p in pairs):
             bad = next(m for m, p in zip(merges, pairs, strict=True) if len(p) != 2)
             raise LoadError(f"{where}.merges: {bad!r} is not a pair of tokens")
-        self.ranks: dict[tuple[str, str], int] = dict(zip(pairs, range(len(pairs)), strict=True))  # a repeat: last rank
+        ranks = dict(zip(pairs, range(len(pairs)), strict=True))  # a repeated pair: its last rank
+        if model.get("merges_by_position") and not pairs:
+            self._rank = self._rank_by_position
+        else:
+            self._rank = lambda left, right: ranks.get((left, right), _NO_MERGE)
         self.unk = model.get("unk_token")
         if self.unk is not None and self.unk not in vocab:
             raise LoadError(f"{where}.unk_token {self.unk!r} is not in model.vocab")
@@ -115,9 +121,16 @@ class BPE:
             unknown = True
         return symbols
 
+    def _rank_by_position(self, left: str, right: str) -> int:
+        """Gemma's merges (files/gguf_vocab.py `merges_by_position`) without the list: every cut of a token
+        into two tokens, ranked by the token's id, then by the longer left part. Both sides are symbols,
+        so tokens already; the pair is a merge when what they make is one too."""
+        made = self.vocab.get(left + right)
+        return _NO_MERGE if made is None else (made << 16) - len(left)
+
     def _merge_short(self, symbols: list[str]) -> list[str]:
-        get = self.ranks.get
-        ranks = [get(pair, _NO_MERGE) for pair in itertools.pairwise(symbols)]
+        rank = self._rank
+        ranks = [rank(a, b) for a, b in itertools.pairwise(symbols)]
         while ranks:
             best = min(ranks)
             if best == _NO_MERGE:
@@ -126,20 +139,20 @@ class BPE:
             symbols[i : i + 2] = [symbols[i] + symbols[i + 1]]
             del ranks[i]
             if i > 0:
-                ranks[i - 1] = get((symbols[i - 1], symbols[i]), _NO_MERGE)
+                ranks[i - 1] = rank(symbols[i - 1], symbols[i])
             if i < len(ranks):
-                ranks[i] = get((symbols[i], symbols[i + 1]), _NO_MERGE)
+                ranks[i] = rank(symbols[i], symbols[i + 1])
         return symbols
 
     def _merge_long(self, symbols: list[str]) -> list[str]:
         """The same merges with a heap of (rank, position, merged text) and a linked list of symbols."""
-        get = self.ranks.get
+        rank_of = self._rank
         n = len(symbols)
         live: list[str | None] = list(symbols)
         after, before = list(range(1, n + 1)), list(range(-1, n - 1))
         after[-1] = -1
         pairs = enumerate(itertools.pairwise(symbols))
-        heap = [(r, i, a + b) for i, (a, b) in pairs if (r := get((a, b), _NO_MERGE)) != _NO_MERGE]
+        heap = [(r, i, a + b) for i, (a, b) in pairs if (r := rank_of(a, b)) != _NO_MERGE]
         heapq.heapify(heap)
         while heap:
             _, i, merged = heapq.heappop(heap)
@@ -154,14 +167,16 @@ class BPE:
             k = after[i] = after[j]
             if k >= 0:
                 before[k] = i
-                rank = get((merged, live[k]))  # type: ignore[arg-type]
-                if rank is not None:
-                    heapq.heappush(heap, (rank, i, merged + live[k]))  # type: ignore[operator]
+                following = live[k]
+                assert following is not None
+                if (rank := rank_of(merged, following)) != _NO_MERGE:
+                    heapq.heappush(heap, (rank, i, merged + following))
             p = before[i]
             if p >= 0:
-                rank = get((live[p], merged))  # type: ignore[arg-type]
-                if rank is not None:
-                    heapq.heappush(heap, (rank, p, live[p] + merged))  # type: ignore[operator]
+                previous = live[p]
+                assert previous is not None
+                if (rank := rank_of(previous, merged)) != _NO_MERGE:
+                    heapq.heappush(heap, (rank, p, previous + merged))
         return [s for s in live if s is not None]
 
     # --- cutting a SentencePiece text before its spaces ---
@@ -173,7 +188,7 @@ class BPE:
         # Every character that a token holds in front of a `▁`, found in one pass over all tokens (the
         # separator NUL is never cut after, in case a token holds one).
         joined = "\0".join(self.vocab)
-        before = {m.group(1) for m in re.finditer(f"([^\0{_SPACE}]){_SPACE}", joined)} | {"\0"}
+        before = {part[-1] for part in joined.split(_SPACE)[:-1] if part} | {"\0"}
         # A character outside the vocabulary turns into `<0xNN>` or the unknown token: its last character.
         self._outside_joins = ">" in before or (self.unk is not None and self.unk[-1:] in before)
         excluded = "".join(sorted(before | {_SPACE}))

@@ -36,6 +36,9 @@ class Tokenizer:
             from_str = None  # the same ids in plain Python
         try:
             data = json.loads(tokenizer_json) if isinstance(tokenizer_json, str) else tokenizer_json
+            model = data.get("model") if isinstance(data, dict) else None
+            if isinstance(model, dict) and model.get("merges_by_position"):
+                from_str = None  # a GGUF document without its merges list: only the plain-Python BPE reads it
             text = tokenizer_json if isinstance(tokenizer_json, str) else None
             self._tokenizer: Any = None if from_str is None else from_str(text or json.dumps(data))
         except Exception as e:  # tokenizers raises a bare Exception for a malformed file
@@ -117,6 +120,15 @@ class Tokenizer:
 
     def detokenizer(self) -> StreamingDetokenizer:
         return StreamingDetokenizer(self.token_bytes, self._strip_space)
+
+
+def tokenizers_installed() -> bool:
+    """Whether Hugging Face `tokenizers` can be imported (Tokenizer then runs it; not in Pyodide)."""
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _token_text(config: dict, name: str, source: str) -> str | None:
