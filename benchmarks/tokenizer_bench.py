@@ -3,7 +3,7 @@
 
     .venv/bin/python benchmarks/tokenizer_bench.py prepare OUT.json   # the inputs (CPython: GGUFs, templates)
     .venv/bin/python benchmarks/tokenizer_bench.py run OUT.json       # the timings, on this interpreter
-    node benchmarks/tokenizer_node.mjs PYODIDE_DIST OUT.json          # the same timings in Pyodide
+    node benchmarks/tokenizer_node.mjs PYODIDE_DIST run OUT.json      # the same timings in Pyodide
 
 `prepare` writes each model's tokenizer.json (SmolLM2's folder, Gemma 3's GGUF as ruvllm builds it), the
 text (the README, cut to ~2k tokens) and the chat prompt (rendered with the model's template: Pyodide
@@ -98,6 +98,19 @@ def run(path: Path) -> None:
         print(json.dumps(result))
 
 
+def ids(path: Path) -> None:
+    """{"documents": {name: tokenizer.json}, "texts": [...]} -> prints {name: [ids of each text, with and
+    without special tokens]} (tests/test_pure_tokenizer.py compares Pyodide's with `tokenizers`')."""
+    from ruvllm.text.pure_tokenizer import PureTokenizer
+
+    inputs = json.loads(path.read_text(encoding="utf-8"))
+    found = {}
+    for name, document in inputs["documents"].items():
+        tokenizer = PureTokenizer(document, name)
+        found[name] = [tokenizer.encode(text, add) for text in inputs["texts"] for add in (True, False)]
+    print(json.dumps(found))
+
+
 def _reference(document_json: str, text: str, ids: list[int], result: dict, kind: str) -> bool | None:
     try:
         import tokenizers
@@ -117,4 +130,4 @@ def _ms(started: float) -> float:
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT / "py_src"))
     command, file = sys.argv[1], Path(sys.argv[2])
-    prepare(file) if command == "prepare" else run(file)
+    {"prepare": prepare, "run": run, "ids": ids}[command](file)

@@ -13,7 +13,9 @@ Then generation and chat end to end with `tokenizers` made unimportable.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -34,6 +36,7 @@ tokenizers = pytest.importorskip("tokenizers")
 
 pytestmark = pytest.mark.parity
 
+ROOT = Path(__file__).resolve().parent.parent
 _DATA = json.loads((Path(__file__).parent / "data" / "text_corpus.json").read_text(encoding="utf-8"))
 ADVERSARIAL = [
     # Gemma's own: turn markers, user-defined HTML tags and whitespace runs, control tokens, its `▁`.
@@ -274,3 +277,35 @@ def test_generation_and_chat_run_without_tokenizers(tmp_path, smollm2_dir, smoll
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)  # (a hang guard)
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout) == expected
+
+
+# --- in Pyodide ------------------------------------------------------------------------------------------
+
+_spec = importlib.util.spec_from_file_location("demo_serve", ROOT / "web" / "serve.py")
+serve = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(serve)
+DIST = serve.local_pyodide()
+
+
+@pytest.mark.pyodide
+@pytest.mark.skipif(DIST is None, reason="no local Pyodide distribution (RUVLLM_PYODIDE_DIST; docs/pyodide.md)")
+def test_pyodide_gives_the_ids_of_tokenizers(tmp_path, smollm2_document, smollm2_gguf_document, gemma_metadata):
+    """Python 3.14 in WebAssembly, its own Unicode tables: the ids `tokenizers` gives on CPython."""
+    assert shutil.which("node"), "node is needed"
+    documents = {
+        "smollm2": smollm2_document,
+        "qwen2": {**smollm2_gguf_document, "pre_tokenizer": _BYTE_LEVEL_PRE["qwen2"]},
+        "llama3": {**smollm2_gguf_document, "pre_tokenizer": _BYTE_LEVEL_PRE["llama-bpe"]},
+        "gemma3": tokenizer_files(gemma_metadata, "gemma.gguf", merges=False)[0],
+    }
+    inputs = tmp_path / "inputs.json"
+    inputs.write_text(json.dumps({"documents": documents, "texts": TEXTS}), encoding="utf-8")
+    command = ["node", str(ROOT / "benchmarks" / "tokenizer_node.mjs"), str(DIST), "ids", str(inputs)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=900)  # (a hang guard)
+    assert result.returncode == 0, result.stderr
+    found = json.loads(result.stdout.strip().splitlines()[-1])
+    references = {**documents, "gemma3": tokenizer_files(gemma_metadata, "gemma.gguf")[0]}
+    for name, document in references.items():
+        reference = tokenizers.Tokenizer.from_str(json.dumps(document))
+        expected = [reference.encode(t, add_special_tokens=add).ids for t in TEXTS for add in (True, False)]
+        assert found[name] == expected, name
