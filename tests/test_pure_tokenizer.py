@@ -147,6 +147,81 @@ def test_sentencepiece_styles_give_the_ids_of_tokenizers(gemma_metadata, archite
     assert_same_ids(document, [*TEXTS, "  Hello world", "<s>two <unk> words</s>", "</s> x", "naïve\tcafé"])
 
 
+def _added(index: int, content: str, **flags: bool) -> dict:
+    token = {"id": index, "content": content, "single_word": False, "lstrip": False, "rstrip": False}
+    return {**token, "normalized": False, "special": False, **flags}
+
+
+def _byte_level(prefix: bool, regex: bool = True) -> dict:
+    return {"type": "ByteLevel", "add_prefix_space": prefix, "use_regex": regex, "trim_offsets": True}
+
+
+def _split(pattern: dict, behavior: str, invert: bool = False) -> dict:
+    split = {"type": "Split", "pattern": pattern, "behavior": behavior, "invert": invert}
+    return {"type": "Sequence", "pretokenizers": [split, _byte_level(False, regex=False)]}
+
+
+# Components our families do not use, on SmolLM2's vocabulary: (normalizer, pre-tokenizer or None for
+# SmolLM2's, added tokens beyond id 49151).
+OTHER_COMPONENTS = {
+    "lowercase, a normalized added token": (
+        {"type": "Lowercase"},
+        None,
+        [_added(49152, "Qqzhello", normalized=True), _added(49153, "WORLDQQ")],
+    ),
+    "NFKC": ({"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "NFC"}]}, None, []),
+    "lstrip, rstrip, single_word": (
+        None,
+        None,
+        [_added(49152, "<mark>", lstrip=True, rstrip=True, special=True), _added(49153, "qqz", single_word=True)],
+    ),
+    "Strip and Prepend": (
+        {
+            "type": "Sequence",
+            "normalizers": [
+                {"type": "Strip", "strip_left": True, "strip_right": False},
+                {"type": "Prepend", "prepend": "Ġ"},
+            ],
+        },
+        None,
+        [],
+    ),
+    "Replace by regex": ({"type": "Replace", "pattern": {"Regex": r"\s+"}, "content": " "}, None, []),
+    "Metaspace always, split": (None, {"type": "Metaspace", "replacement": "▁", "prepend_scheme": "always"}, []),
+    "Digits in runs, ByteLevel prefix": (
+        None,
+        {"type": "Sequence", "pretokenizers": [{"type": "Digits", "individual_digits": False}, _byte_level(True)]},
+        [],
+    ),
+    "Split removed, inverted": (None, _split({"Regex": r"\s+"}, "Removed", invert=True), []),
+    "Split contiguous": (None, _split({"String": "a"}, "Contiguous"), []),
+    "Split merged with next": (None, _split({"Regex": "[.,!?]"}, "MergedWithNext"), []),
+    "Split merged with previous": (None, _split({"Regex": r"\p{N}"}, "MergedWithPrevious"), []),
+}
+OTHER_TEXTS = [
+    *TEXTS,
+    "QqzHello qqzhello WORLDQQ worldqq",
+    "  <mark>  x <mark>y",
+    "a qqz b. qqz, qqzqqz xqqz qqz_ qqz1 (qqz)",
+    "ﬁne ﬁ ＡＢＣ ① x²",
+    "aaa baaa ab a",
+]
+
+
+@pytest.mark.parametrize("name", OTHER_COMPONENTS)
+def test_other_components_give_the_ids_of_tokenizers(smollm2_document, name):
+    normalizer, pre_tokenizer, added = OTHER_COMPONENTS[name]
+    vocab = {**smollm2_document["model"]["vocab"], **{t["content"]: t["id"] for t in added}}
+    document = {
+        **smollm2_document,
+        "normalizer": normalizer,
+        "pre_tokenizer": pre_tokenizer or smollm2_document["pre_tokenizer"],
+        "added_tokens": [*smollm2_document["added_tokens"], *added],
+        "model": {**smollm2_document["model"], "vocab": vocab},
+    }
+    assert_same_ids(document, OTHER_TEXTS)
+
+
 def test_the_regex_module_gives_the_same_ids(smollm2_gguf_document, monkeypatch):
     """Where a pattern cannot run on the stand-in, the `regex` module runs it on the text: same ids."""
     pytest.importorskip("regex")

@@ -244,9 +244,8 @@ def _split(spec: dict, where: str) -> PreTokenizer:
 
 
 def _digits(spec: dict, where: str) -> PreTokenizer:
-    # char::is_numeric is the N* categories: their stand-in is 0.
-    matcher = Matcher("0" if spec.get("individual_digits", False) else "0+", False, where)
-    matcher.on_stand_in = True
+    # char::is_numeric: the N* categories, one by one or in runs.
+    matcher = Matcher(r"\p{N}" if spec.get("individual_digits", False) else r"\p{N}+", True, where)
     return _per_piece(lambda text, first: split(text, matcher.spans(text), "Isolated"))
 
 
