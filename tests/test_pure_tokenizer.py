@@ -122,8 +122,11 @@ def test_gemma_without_its_merges_list_gives_the_same_ids(gemma_metadata, gemma_
     }
     assert_same_ids(document, reference_document=gemma_document)
     # `tokenizers` cannot read it (no merges): Tokenizer runs it in plain Python even where `tokenizers` is installed.
-    tokenizer = Tokenizer(document, {})
-    assert tokenizer._pure is not None and tokenizer.encode("Hello") == [2, 9259]
+    tokenizer, with_it = Tokenizer(document, {}), Tokenizer(gemma_document, {})
+    assert tokenizer._pure is not None and with_it._pure is None and tokenizer.encode("Hello") == [2, 9259]
+    for text in TEXTS:
+        ids = with_it.encode(text)
+        assert tokenizer.decode(ids) == with_it.decode(ids), text
 
 
 @pytest.mark.parametrize("architecture", ["llama", "mistral", "phi3"])
@@ -220,6 +223,62 @@ def test_other_components_give_the_ids_of_tokenizers(smollm2_document, name):
         "model": {**smollm2_document["model"], "vocab": vocab},
     }
     assert_same_ids(document, OTHER_TEXTS)
+
+
+PROCESSORS = {
+    "Llama 3's": {
+        "type": "Sequence",
+        "processors": [
+            {"type": "ByteLevel", "add_prefix_space": True, "trim_offsets": False, "use_regex": True},
+            {
+                "type": "TemplateProcessing",
+                "single": [
+                    {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+                    {"Sequence": {"id": "A", "type_id": 0}},
+                ],
+                "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+                "special_tokens": {"<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]}},
+            },
+        ],
+    },
+    "BOS and EOS": {
+        "type": "TemplateProcessing",
+        "single": [
+            {"SpecialToken": {"id": "<|im_start|>", "type_id": 0}},
+            {"Sequence": {"id": "A", "type_id": 0}},
+            {"SpecialToken": {"id": "<|im_end|>", "type_id": 0}},
+        ],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, {"Sequence": {"id": "B", "type_id": 1}}],
+        "special_tokens": {
+            "<|im_start|>": {"id": "<|im_start|>", "ids": [1], "tokens": ["<|im_start|>"]},
+            "<|im_end|>": {"id": "<|im_end|>", "ids": [2], "tokens": ["<|im_end|>"]},
+        },
+    },
+    "Roberta": {"type": "RobertaProcessing", "sep": ["<|im_end|>", 2], "cls": ["<|im_start|>", 1]},
+}
+
+
+@pytest.mark.parametrize("name", PROCESSORS)
+@pytest.mark.parametrize("ignore_merges", [False, True])
+def test_post_processors_and_ignore_merges_give_the_ids_of_tokenizers(smollm2_document, name, ignore_merges):
+    model = {**smollm2_document["model"], "ignore_merges": ignore_merges}
+    document = {**smollm2_document, "post_processor": PROCESSORS[name], "model": model}
+    assert_same_ids(document, _DATA["texts"])
+
+
+def test_tokenizer_without_tokenizers_is_the_tokenizer_with_it(smollm2_dir, monkeypatch):
+    """Tokenizer itself, `tokenizers` unimportable: ids, decoded text, token ids, chat ids as with it."""
+    with_it = Tokenizer.from_folder(str(smollm2_dir))
+    monkeypatch.setitem(sys.modules, "tokenizers", None)  # `import tokenizers` fails
+    without = Tokenizer.from_folder(str(smollm2_dir))
+    assert with_it._pure is None and without._pure is not None
+    for text in TEXTS:
+        ids = with_it.encode(text)
+        assert without.encode(text) == ids and without.decode(ids) == with_it.decode(ids)
+    for name in ("<|im_start|>", "<|im_end|>", "hello", "Ġworld", "not a token"):
+        assert without.token_id(name) == with_it.token_id(name)
+    for messages in _DATA["conversations"]:
+        assert without.encode_chat(messages) == with_it.encode_chat(messages)
 
 
 def test_the_regex_module_gives_the_same_ids(smollm2_gguf_document, monkeypatch):
