@@ -25,7 +25,7 @@ from ..errors import LoadError
 
 _NO_MERGE = 1 << 62  # the rank of a pair that is not a merge
 _SHORT = 48  # symbols: up to this many, the list and `min`; above, the heap
-_CACHE_SIZE = 50_000
+_CACHE_SIZE, _CACHED_LENGTH = 50_000, 256  # pieces, characters
 _SPACE = "\u2581"
 
 
@@ -70,19 +70,15 @@ class BPE:
         self._cuts = self._cut_pattern()
 
     def tokenize(self, piece: str) -> list[int]:
+        """The ids of one pre-tokenized piece."""
+        if self.ignore_merges and piece in self.vocab:
+            return [self.vocab[piece]]
         ids = self._cache.get(piece)
         if ids is not None:
             return ids
-        if self.ignore_merges and piece in self.vocab:
-            ids = [self.vocab[piece]]
-        elif self._cuts is not None and _SPACE in piece[1:]:
-            ids = [i for part in self._cut(piece) for i in self._merged_ids(part)]
-        else:
-            ids = self._merged_ids(piece)
-        if len(self._cache) >= _CACHE_SIZE:
-            self._cache.clear()
-        self._cache[piece] = ids
-        return ids
+        if self._cuts is not None and _SPACE in piece[1:]:
+            return self._remember(piece, [i for part in self._cut(piece) for i in self._merged_ids(part)])
+        return self._merged_ids(piece)
 
     def _merged_ids(self, piece: str) -> list[int]:
         ids = self._cache.get(piece)
@@ -94,7 +90,13 @@ class BPE:
             ids = [self.vocab[s] for s in merged]
         except KeyError as e:
             raise LoadError(f"{self.source}: a merge makes {e.args[0]!r}, which is not in model.vocab") from None
-        self._cache[piece] = ids
+        return self._remember(piece, ids)
+
+    def _remember(self, piece: str, ids: list[int]) -> list[int]:
+        if len(piece) <= _CACHED_LENGTH:  # (as `tokenizers`: a long piece is rarely seen twice)
+            if len(self._cache) >= _CACHE_SIZE:
+                self._cache.clear()
+            self._cache[piece] = ids
         return ids
 
     def _symbols(self, piece: str) -> list[str]:

@@ -58,6 +58,8 @@ class _StandIns(dict[int, str]):
     """code point -> its stand-in, filled as characters are first seen (`str.translate` asks per character)."""
 
     def __missing__(self, code: int) -> str:
+        if len(self) >= 1 << 16:  # (a text of every character cannot make it grow without bound)
+            self.clear()
         self[code] = value = _stand_in(code)
         return value
 
