@@ -413,6 +413,34 @@ def test_generation_and_chat_run_without_tokenizers(tmp_path, smollm2_dir, smoll
     assert json.loads(result.stdout) == expected
 
 
+def test_a_gemma_gguf_loads_and_chats_without_tokenizers(gemma_gguf):
+    """ruvllm.load of Gemma's GGUF with `tokenizers` unimportable: its merges are never listed, and the chat
+    prompt has the ids `tokenizers` gives."""
+    messages = [{"role": "user", "content": "What is the capital of France? Answer in one word, 1 2 3."}]
+    reference = Tokenizer(*open_gguf(str(gemma_gguf)).tokenizer_files()[:2])
+    script = f"""
+        import sys
+
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "tokenizers":
+                    raise ImportError("blocked: " + name)
+
+        sys.meta_path.insert(0, Block())
+        import json, ruvllm
+
+        model = ruvllm.load({str(gemma_gguf)!r})
+        assert model.tokenizer._pure is not None and model.tokenizer._pure.model._rank.__name__ == "_rank_by_position"
+        chunks = list(model.chat({messages!r}, max_tokens=2, temperature=0))
+        assert chunks[-1].finish_reason == "length"
+        print(json.dumps(model.tokenizer.encode_chat({messages!r})))
+        """
+    command = [sys.executable, "-c", textwrap.dedent(script)]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=600)  # (a hang guard)
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == reference.encode_chat(messages)
+
+
 # --- in Pyodide ------------------------------------------------------------------------------------------
 
 _spec = importlib.util.spec_from_file_location("demo_serve", ROOT / "web" / "serve.py")
