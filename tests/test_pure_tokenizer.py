@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import random
 import shutil
 import subprocess
 import sys
@@ -148,6 +149,36 @@ def test_sentencepiece_styles_give_the_ids_of_tokenizers(gemma_metadata, archite
     }
     document = tokenizer_files(metadata, f"{architecture}.gguf")[0]
     assert_same_ids(document, [*TEXTS, "  Hello world", "<s>two <unk> words</s>", "</s> x", "naïve\tcafé"])
+
+
+def random_texts(count: int, seed: int) -> list[str]:
+    """Texts made of what tokenizers trip on: apostrophes and contraction letters, whitespace of every kind,
+    numerals, marks, special-token look-alikes, and characters from many blocks (astral ones too)."""
+    rng = random.Random(seed)
+    pool = [*" \t\n\r\x0b\x0c\x85\xa0\u2028\u3000aAsStTeErRvVmMlLdD'’ſ_-.,!?0123456789½²٣१①Ⅻ▁"]
+    pool += ["<|im_start|>", "<|im_end|>", "<start_of_turn>", "<eos>", "'s", "'LL", "\r\n", "<0x41>", "<unk>", "\n\n\n"]
+    blocks = [(0x20, 0x7F), (0xA0, 0x250), (0x300, 0x370), (0x370, 0x4FF), (0x590, 0x6FF), (0x900, 0x97F)]
+    blocks += [(0x1100, 0x11FF), (0x2000, 0x206F), (0x2150, 0x24FF), (0x3000, 0x30FF), (0x4E00, 0x4FFF)]
+    blocks += [(0xAC00, 0xACFF), (0xFE00, 0xFE0F), (0xFF00, 0xFFEF), (0x1F300, 0x1F6FF), (0x1D400, 0x1D7FF)]
+
+    def one() -> str:
+        if rng.random() < 0.5:
+            return rng.choice(pool)
+        low, high = rng.choice(blocks)
+        return chr(rng.randrange(low, high))
+
+    return ["".join(one() for _ in range(rng.randint(1, 40))) for _ in range(count)]
+
+
+@pytest.mark.parametrize("family", ["smollm2", "llama-bpe", "qwen2", "gpt2", "gemma3"])
+def test_random_texts_give_the_ids_of_tokenizers(family, request):
+    if family == "smollm2":
+        document = request.getfixturevalue("smollm2_document")
+    elif family == "gemma3":
+        document = request.getfixturevalue("gemma_document")
+    else:
+        document = {**request.getfixturevalue("smollm2_gguf_document"), "pre_tokenizer": _BYTE_LEVEL_PRE[family]}
+    assert_same_ids(document, random_texts(300, seed=len(family)))
 
 
 def _added(index: int, content: str, **flags: bool) -> dict:
