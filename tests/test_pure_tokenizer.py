@@ -491,8 +491,9 @@ def test_pyodide_gives_the_ids_of_tokenizers(tmp_path, smollm2_document, smollm2
         "llama3": {**smollm2_gguf_document, "pre_tokenizer": _BYTE_LEVEL_PRE["llama-bpe"]},
         "gemma3": tokenizer_files(gemma_metadata, "gemma.gguf", merges=False)[0],
     }
+    texts = [*TEXTS, *random_texts(300, seed=1)]
     inputs = tmp_path / "inputs.json"
-    inputs.write_text(json.dumps({"documents": documents, "texts": TEXTS}), encoding="utf-8")
+    inputs.write_text(json.dumps({"documents": documents, "texts": texts}), encoding="utf-8")
     command = ["node", str(ROOT / "benchmarks" / "tokenizer_node.mjs"), str(DIST), "ids", str(inputs)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=900)  # (a hang guard)
     assert result.returncode == 0, result.stderr
@@ -500,5 +501,5 @@ def test_pyodide_gives_the_ids_of_tokenizers(tmp_path, smollm2_document, smollm2
     references = {**documents, "gemma3": tokenizer_files(gemma_metadata, "gemma.gguf")[0]}
     for name, document in references.items():
         reference = tokenizers.Tokenizer.from_str(json.dumps(document))
-        expected = [reference.encode(t, add_special_tokens=add).ids for t in TEXTS for add in (True, False)]
+        expected = [reference.encode(t, add_special_tokens=add).ids for t in texts for add in (True, False)]
         assert found[name] == expected, name
