@@ -297,6 +297,31 @@ def test_post_processors_and_ignore_merges_give_the_ids_of_tokenizers(smollm2_do
     assert_same_ids(document, _DATA["texts"])
 
 
+def _truncation(direction: str) -> dict:
+    return {"direction": direction, "max_length": 7, "strategy": "LongestFirst", "stride": 0}
+
+
+def _padding(strategy: object, direction: str, multiple: int | None) -> dict:
+    padding = {"strategy": strategy, "direction": direction, "pad_to_multiple_of": multiple, "pad_id": 0}
+    return {**padding, "pad_type_id": 0, "pad_token": "<|endoftext|>"}
+
+
+@pytest.mark.parametrize(
+    ("truncation", "padding"),
+    [
+        (_truncation("Right"), None),
+        (_truncation("Left"), None),
+        (None, _padding({"Fixed": 40}, "Right", None)),
+        (None, _padding("BatchLongest", "Left", 8)),
+        (_truncation("Left"), _padding({"Fixed": 9}, "Left", 4)),
+    ],
+)
+def test_truncation_and_padding_give_the_ids_of_tokenizers(smollm2_document, truncation, padding):
+    post_processor = PROCESSORS["BOS and EOS"]
+    document = {**smollm2_document, "truncation": truncation, "padding": padding, "post_processor": post_processor}
+    assert_same_ids(document, _DATA["texts"])
+
+
 def test_tokenizer_without_tokenizers_is_the_tokenizer_with_it(smollm2_dir, monkeypatch):
     """Tokenizer itself, `tokenizers` unimportable: ids, decoded text, token ids, chat ids as with it."""
     with_it = Tokenizer.from_folder(str(smollm2_dir))
@@ -384,6 +409,8 @@ def test_a_small_document_merges():
             r"the template names '<s>', which special_tokens does not give ids for",
         ),
         ({"added_tokens": [{"id": "1", "content": "a"}]}, r"added_tokens must be a list of \{id, content, ...\}"),
+        ({"truncation": {"max_length": -1}}, r'truncation must be null or \{"max_length": a count, "direction"'),
+        ({"padding": {"strategy": "Longest"}}, r'padding must be null or \{"strategy": "BatchLongest" or'),
     ],
 )
 def test_a_document_it_cannot_run_is_a_load_error(changes, message):

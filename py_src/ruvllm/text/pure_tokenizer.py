@@ -37,6 +37,8 @@ class PureTokenizer:
         self.normalize = normalizer(document.get("normalizer"), f"{source}: normalizer")
         self.pre_tokenize = pre_tokenizer(document.get("pre_tokenizer"), f"{source}: pre_tokenizer")
         self.post_process = _post_processor(document.get("post_processor"), f"{source}: post_processor")
+        self.truncate = _truncation(document.get("truncation"), len(self.post_process([])), f"{source}: truncation")
+        self.pad = _padding(document.get("padding"), f"{source}: padding")
         added = document.get("added_tokens") or []
         if not isinstance(added, list) or not all(_is_added_token(t) for t in added):
             raise LoadError(f"{source}: added_tokens must be a list of {{id, content, ...}} objects")
@@ -66,7 +68,12 @@ class PureTokenizer:
                     continue
                 for word, _ in self.pre_tokenize([(piece, start == 0 and inner == 0)]):
                     ids += tokenize(word)
-        return self.post_process(ids) if add_special_tokens else ids
+        # As `tokenizers` (Tokenizer::post_process): truncated leaving room for the special tokens, then
+        # those added, then padded.
+        if self.truncate:
+            ids = self.truncate(ids, add_special_tokens)
+        ids = self.post_process(ids) if add_special_tokens else ids
+        return self.pad(ids) if self.pad else ids
 
 
 def decode(token_bytes: list[bytes], strip_leading_space: bool, ids: list[int]) -> str:
@@ -131,6 +138,51 @@ class _AddedTokens:
 
 
 _WORD_END, _WORD_START = re.compile(r"\w$"), re.compile(r"\w")
+
+
+# --- truncation and padding, when the file sets them ----------------------------------------------------
+
+
+def _truncation(spec: object, added: int, where: str) -> Callable[[list[int], bool], list[int]] | None:
+    if spec is None:
+        return None
+    length = spec.get("max_length") if isinstance(spec, dict) else None
+    direction = spec.get("direction", "Right") if isinstance(spec, dict) else None
+    if not isinstance(length, int) or length < 0 or direction not in ("Right", "Left"):
+        raise LoadError(f'{where} must be null or {{"max_length": a count, "direction": "Right" or "Left"}}')
+
+    def truncate(ids: list[int], add_special_tokens: bool) -> list[int]:
+        keep = max(0, length - added) if add_special_tokens else length
+        if len(ids) <= keep:
+            return ids
+        return ids[:keep] if direction == "Right" else ids[len(ids) - keep :]
+
+    return truncate
+
+
+def _padding(spec: object, where: str) -> Callable[[list[int]], list[int]] | None:
+    if spec is None:
+        return None
+    strategy = spec.get("strategy") if isinstance(spec, dict) else None
+    fixed = strategy.get("Fixed") if isinstance(strategy, dict) else None
+    pad_id, multiple = (spec.get("pad_id", 0), spec.get("pad_to_multiple_of")) if isinstance(spec, dict) else (0, 0)
+    direction = spec.get("direction", "Right") if isinstance(spec, dict) else None
+    if (
+        not (strategy == "BatchLongest" or isinstance(fixed, int))
+        or not isinstance(pad_id, int)
+        or not (multiple is None or isinstance(multiple, int))
+        or direction not in ("Right", "Left")
+    ):
+        raise LoadError(f'{where} must be null or {{"strategy": "BatchLongest" or {{"Fixed": n}}, "pad_id", ...}}')
+
+    def pad(ids: list[int]) -> list[int]:
+        length = fixed if isinstance(fixed, int) else len(ids)  # one text is its own longest
+        if multiple and length % multiple:
+            length += multiple - length % multiple
+        padding = [pad_id] * max(0, length - len(ids))
+        return ids + padding if direction == "Right" else padding + ids
+
+    return pad
 
 
 # --- post-processors: what `add_special_tokens` adds around the ids ----------------------------------
