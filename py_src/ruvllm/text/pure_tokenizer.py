@@ -8,9 +8,11 @@ steps are those of `tokenizers` (tokenizer/mod.rs, added_vocabulary.rs), each in
 2. the rest is normalized (normalizers, `pretokenize.py`), and `normalized: true` added tokens cut out;
 3. the pre-tokenizer cuts it into pieces (`pretokenize.py`);
 4. BPE turns each piece into ids (`bpe.py`);
-5. the post-processor adds BOS/EOS when special tokens are asked for.
+5. the post-processor adds BOS/EOS when special tokens are asked for (after the file's truncation, before
+   its padding, when it sets them).
 
-Decoding uses the byte table of the streaming detokenizer (`detokenizer.py`).
+Decoding uses the byte table of the streaming detokenizer (`detokenizer.py`). Other models (WordPiece,
+Unigram) and components our families do not use are refused with a LoadError naming the field.
 """
 
 from __future__ import annotations
