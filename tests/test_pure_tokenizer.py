@@ -396,6 +396,7 @@ def test_a_small_document_merges():
         ({"merges": {"a": "b"}}, r"model.merges must be a list"),
         ({"merges": ["a b c"]}, r"model.merges: 'a b c' is not a pair of tokens"),
         ({"merges": [3]}, r"model.merges must hold 'left right' strings or \[left, right\] pairs"),
+        ({"merges": ["a b", ["a", "b"]]}, r"model.merges must hold 'left right' strings or \[left, right\] pairs"),
         ({"unk_token": "<unk>"}, r"model.unk_token '<unk>' is not in model.vocab"),
         ({"continuing_subword_prefix": "##"}, r"model.continuing_subword_prefix is not supported without"),
         ({"pre_tokenizer": {"type": "Whitespace"}}, r"pre_tokenizer: type 'Whitespace' is not supported without"),
