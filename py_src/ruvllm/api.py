@@ -10,7 +10,6 @@ for chunk in model.chat([{"role": "user", "content": "Hi!"}], temperature=0.7, s
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -36,7 +35,7 @@ from .runtime.engine import Engine, LoadOptions, is_gguf, open_gguf, open_model,
 from .runtime.generate import Constraint, GenerationOptions
 from .session import KEEP, AdapterChoice, Session
 from .text.stream import Chunk
-from .text.tokenizer import Tokenizer
+from .text.tokenizer import Tokenizer, tokenizers_installed
 from .tools.perplexity import token_nll
 
 
@@ -315,8 +314,9 @@ def load(
     if is_gguf(path):
         gguf = open_gguf(path)  # an unsupported architecture is the first thing to report
         config, store = ModelConfig.from_dict(gguf.config, f"{path} (GGUF metadata)"), TensorStore([gguf])
-        tokenizer_json, tokenizer_config, generation_config = gguf.tokenizer_files()
-        tokenizer = Tokenizer(json.dumps(tokenizer_json), tokenizer_config, f"{path} (GGUF tokenizer)")
+        # Without `tokenizers`, Gemma's half a million merges are ranked as BPE needs them, never listed.
+        tokenizer_json, tokenizer_config, generation_config = gguf.tokenizer_files(merges=tokenizers_installed())
+        tokenizer = Tokenizer(tokenizer_json, tokenizer_config, f"{path} (GGUF tokenizer)")
     else:
         config, store = open_model(path)
         tokenizer = Tokenizer.from_folder(path)

@@ -163,11 +163,12 @@ class GGUFModel:
             data = unpermute_rows(data, heads)
         return data
 
-    def tokenizer_files(self) -> tuple[dict, dict, dict]:
-        """(tokenizer.json, tokenizer_config.json, generation_config.json) contents from the metadata."""
+    def tokenizer_files(self, merges: bool = True) -> tuple[dict, dict, dict]:
+        """(tokenizer.json, tokenizer_config.json, generation_config.json) contents from the metadata
+        (`merges`: see gguf_vocab.tokenizer_files)."""
         from .gguf_vocab import tokenizer_files
 
-        tokenizer, tokenizer_config, generation = tokenizer_files(self.metadata, self.source, self.vocabulary)
+        tokenizer, tokenizer_config, generation = tokenizer_files(self.metadata, self.source, self.vocabulary, merges)
         tokenizer_config.setdefault("model_max_length", self.config["max_position_embeddings"])
         return tokenizer, tokenizer_config, generation
 

@@ -29,6 +29,8 @@ import dataclasses
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress
+from operator import itemgetter
 from typing import TypeVar
 
 from ..errors import LoadError
@@ -143,8 +145,11 @@ class GGUFVocabulary:
 
         def listed(name: str, kind: type | tuple[type, ...], expected: str) -> list | None:
             value = get(name)
-            if value is not None and not (
-                isinstance(value, list) and all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
+            if value is None:
+                return None
+            exact = set(kind) if isinstance(kind, tuple) else {kind}  # the common case, checked at C speed
+            if not isinstance(value, list) or not (
+                set(map(type, value)) <= exact or all(isinstance(v, kind) and not isinstance(v, bool) for v in value)
             ):
                 raise fail(name, expected)
             return value
@@ -260,7 +265,7 @@ class GGUFVocabulary:
 
 
 def tokenizer_files(
-    metadata: dict[str, object], source: str, vocabulary: GGUFVocabulary | None = None
+    metadata: dict[str, object], source: str, vocabulary: GGUFVocabulary | None = None, merges: bool = True
 ) -> tuple[dict, dict, dict]:
     """(tokenizer.json, tokenizer_config.json, generation_config.json) contents for a GGUF's tokenizer.
 
@@ -268,6 +273,10 @@ def tokenizer_files(
     give them; `source` names the file in errors; `vocabulary`, if the caller has read it already, is
     `GGUFVocabulary.read(metadata, source)`. Raises LoadError naming the file and the key for a tokenizer
     kind that is not supported or metadata that cannot describe one.
+
+    With `merges=False`, Gemma's merges are not listed (half a million, seconds to derive in Pyodide): the
+    document says `"merges_by_position": true` instead, which only ruvllm's plain-Python tokenizer
+    (text/bpe.py) reads, ranking each merge as `merges_by_position` would.
 
     >>> tokenizer_json, tokenizer_config, generation_config = tokenizer_files(metadata, "gemma-3-270m.gguf")
     >>> Tokenizer(json.dumps(tokenizer_json), tokenizer_config).encode("Hello")
@@ -278,7 +287,7 @@ def tokenizer_files(
     if vocabulary.model == "gpt2":
         tokenizer, add_bos, add_eos = _byte_level(vocabulary)
     else:
-        tokenizer, add_bos, add_eos = _sentencepiece(vocabulary, architecture)
+        tokenizer, add_bos, add_eos = _sentencepiece(vocabulary, architecture, merges)
 
     tokenizer_config = {
         "tokenizer_class": "PreTrainedTokenizerFast",  # tokenizer.json as written, not rebuilt by a class
@@ -348,14 +357,16 @@ def _byte_level(vocabulary: GGUFVocabulary) -> tuple[dict, bool, bool]:
 # --- SentencePiece BPE ("llama") ------------------------------------------------------------------------
 
 
-def _sentencepiece(vocabulary: GGUFVocabulary, architecture: object) -> tuple[dict, bool, bool]:
+def _sentencepiece(vocabulary: GGUFVocabulary, architecture: object, list_merges: bool) -> tuple[dict, bool, bool]:
     gemma = architecture in GEMMA_ARCHITECTURES
     tokens = vocabulary.spelled(architecture)
-    vocab = {token: index for index, token in enumerate(tokens)}  # a repeated spelling keeps its last id
+    vocab = dict(zip(tokens, range(len(tokens)), strict=True))  # a repeated spelling keeps its last id
+    by_position = False
     if vocabulary.pairs is not None:
         merges = vocabulary.pairs
     elif gemma:
-        merges = merges_by_position(tokens, vocab)
+        by_position = not list_merges
+        merges = [] if by_position else merges_by_position(tokens, vocab)
     else:  # GGUFVocabulary.read made sure there are scores
         assert vocabulary.scores is not None
         merges = merges_by_score(tokens, vocabulary.scores, vocab)
@@ -406,6 +417,8 @@ def _sentencepiece(vocabulary: GGUFVocabulary, architecture: object) -> tuple[di
         decoder={"type": "Sequence", "decoders": decoders},
         model=_bpe(vocab, merges, unk_token=unk_token, fuse_unk=True, byte_fallback=True),
     )
+    if by_position:
+        tokenizer["model"]["merges_by_position"] = True
     return tokenizer, add_bos, add_eos
 
 
@@ -485,7 +498,7 @@ class _AddedTokens:
 
 
 def _typed(vocabulary: GGUFVocabulary, kind: int) -> list[str]:
-    return [token for token, t in zip(vocabulary.tokens, vocabulary.types, strict=True) if t == kind]
+    return list(compress(vocabulary.tokens, map(kind.__eq__, vocabulary.types)))  # (read checked the lengths)
 
 
 def _check_merges(merges: list[list[str]], vocab: set[str], source: str) -> None:
@@ -539,7 +552,7 @@ def _bpe(vocab: dict[str, int], merges: list, unk_token: str | None, fuse_unk: b
         "fuse_unk": fuse_unk,
         "byte_fallback": byte_fallback,
         "ignore_merges": False,
-        "vocab": dict(sorted(vocab.items(), key=lambda item: item[1])),  # by id, as `tokenizers` writes it
+        "vocab": dict(sorted(vocab.items(), key=itemgetter(1))),  # by id, as `tokenizers` writes it
         "merges": merges,
     }
 

@@ -1,38 +1,49 @@
-"""Text on CPython: the model's own `tokenizer.json` run by Hugging Face `tokenizers`, its chat template,
-and the streaming detokenizer.
+"""Text: the model's own `tokenizer.json` run by Hugging Face `tokenizers` (or, where that package is not
+installed, as in Pyodide, by the same steps in plain Python: `pure_tokenizer.py`), its chat template, and
+the streaming detokenizer.
 
-In the browser the same files are read by HF's JavaScript libraries instead; the engine itself only
-ever sees token ids.
+In the npm package's worker the same files are read by HF's JavaScript libraries instead; the engine
+itself only ever sees token ids.
 """
 
 from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import InvalidArgumentError, LoadError
 from ..files import jsonfields as fields
 from .chat_template import ChatTemplate
 from .detokenizer import StreamingDetokenizer, special_token_ids, token_byte_table
+from .pure_tokenizer import PureTokenizer, decode
 
 
 class Tokenizer:
     def __init__(
         self,
-        tokenizer_json: str,
+        tokenizer_json: str | dict,
         tokenizer_config: object,
         source: str = "tokenizer.json",
         config_source: str = "tokenizer_config.json",
     ) -> None:
         try:
             from tokenizers import Tokenizer as HFTokenizer
+
+            from_str: Callable[[str], Any] | None = HFTokenizer.from_str
         except ImportError:
-            raise LoadError("text needs the tokenizers package: pip install 'ruvllm[text]'") from None
+            from_str = None  # the same ids in plain Python
         try:
-            self._tokenizer = HFTokenizer.from_str(tokenizer_json)
-            data = json.loads(tokenizer_json)
+            data = json.loads(tokenizer_json) if isinstance(tokenizer_json, str) else tokenizer_json
+            model = data.get("model") if isinstance(data, dict) else None
+            if isinstance(model, dict) and model.get("merges_by_position"):
+                from_str = None  # a GGUF document without its merges list: only the plain-Python BPE reads it
+            text = tokenizer_json if isinstance(tokenizer_json, str) else None
+            self._tokenizer: Any = None if from_str is None else from_str(text or json.dumps(data))
         except Exception as e:  # tokenizers raises a bare Exception for a malformed file
             raise LoadError(f"{source}: cannot be read ({e})") from None
+        self._pure = PureTokenizer(data, source) if self._tokenizer is None else None
         self.config = fields.obj(tokenizer_config, config_source)
         self.token_bytes, self._strip_space = token_byte_table(data)
         self.special_ids = special_token_ids(data)  # control tokens, never text (constrained output)
@@ -64,7 +75,9 @@ class Tokenizer:
         return len(self.token_bytes)
 
     def token_id(self, text: str | None) -> int | None:
-        return None if text is None else self._tokenizer.token_to_id(text)
+        if text is None:
+            return None
+        return self._pure.token_to_id(text) if self._pure else self._tokenizer.token_to_id(text)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of raw text, with the model's default handling (BOS if the tokenizer adds one;
@@ -78,9 +91,13 @@ class Tokenizer:
                 f"the text is not valid Unicode: character {e.start} is {text[e.start]!r} "
                 "(a byte that is not UTF-8, or a lone surrogate)"
             ) from None
+        if self._pure:
+            return self._pure.encode(text, add_special_tokens)
         return self._tokenizer.encode(text, add_special_tokens=add_special_tokens).ids
 
     def decode(self, ids: list[int]) -> str:
+        if self._pure:
+            return decode(self.token_bytes, self._strip_space, ids)
         return self._tokenizer.decode(ids, skip_special_tokens=False)
 
     def apply_chat_template(
@@ -103,6 +120,15 @@ class Tokenizer:
 
     def detokenizer(self) -> StreamingDetokenizer:
         return StreamingDetokenizer(self.token_bytes, self._strip_space)
+
+
+def tokenizers_installed() -> bool:
+    """Whether Hugging Face `tokenizers` can be imported (Tokenizer then runs it; not in Pyodide)."""
+    try:
+        import tokenizers  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _token_text(config: dict, name: str, source: str) -> str | None:
