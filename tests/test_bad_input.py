@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import ruvllm
-from ruvllm.errors import InferenceError, LoadError
+from ruvllm.errors import InferenceError, InvalidArgumentError, LoadError
 from ruvllm.files.tensorfile import SafetensorsFile, serialize
 from ruvllm.model.config import ModelConfig
 from ruvllm.runtime.engine import load_engine
@@ -101,6 +101,13 @@ def test_nan_weights_stop_generation_with_an_inference_error(tiny_folder):
 def test_a_prompt_that_is_not_utf8_is_refused(smollm2_dir):
     result = ruvllm_cli("generate", str(smollm2_dir), "--prompt", b"caf\xe9", "--max-tokens", "2")
     assert_one_line_error(result, "the text is not valid Unicode: character 3 is '\\udce9'")
+
+
+@pytest.mark.parametrize("prompt, kind", [(None, "NoneType"), (3.5, "float"), (["a"], "list"), ([True], "list")])
+def test_a_prompt_must_be_text_or_token_ids(smollm2, prompt, kind):
+    """(JavaScript's null reaching Model.generate from a PyScript page was a TypeError traceback.)"""
+    with pytest.raises(InvalidArgumentError, match=f"prompt must be a string or a list of token ids, got {kind}$"):
+        smollm2.generate(prompt)
 
 
 def test_a_memory_budget_must_be_a_finite_size(smollm2_dir):

@@ -15,8 +15,8 @@ import ruvllm
 params = window.URLSearchParams.new(window.location.search)
 model_url = params.get("model") or "/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
 question = params.get("q") or "What is the capital of France?"
-raw_text = params.get("text")  # (None: chat)
-options = {"arithmetic": params.get("arithmetic")} if params.get("arithmetic") else {}
+raw_text = params.get("text") or None  # (None: chat; a missing parameter is JavaScript's null, not None)
+options = {"arithmetic": str(params.get("arithmetic"))} if params.get("arithmetic") else {}
 status, answer = document.getElementById("status"), document.getElementById("answer")
 document.getElementById("question").textContent = raw_text or question
 
@@ -39,6 +39,6 @@ try:
         await asyncio.sleep(0)  # noqa: F704 (let the page paint each piece)
     status.textContent = "Done."
     window.__result = json.dumps({"text": answer.textContent, "ids": ids, "kernels": model.engine.kernels})
-except ruvllm.RuvLLMError as error:
+except Exception as error:  # shown in the page (a RuvLLMError says what was wrong in one line)
     status.textContent = f"Error: {error}"
     window.__result = json.dumps({"error": str(error)})

@@ -70,7 +70,14 @@ class Model:
         """
         started = time.perf_counter()
         adapter = self._adapter_option(options)
-        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if isinstance(prompt, str):
+            ids = self.tokenizer.encode(prompt)
+        elif isinstance(prompt, (Sequence, np.ndarray)) and all(
+            isinstance(t, (int, np.integer)) and not isinstance(t, bool) for t in prompt
+        ):
+            ids = [int(t) for t in prompt]
+        else:
+            raise InvalidArgumentError(f"prompt must be a string or a list of token ids, got {type(prompt).__name__}")
         return self._stream(ids, GenerationOptions.from_kwargs(**options), started, adapter)
 
     def chat(self, messages: list[dict], **options: object) -> Iterator[Chunk]:
@@ -377,7 +384,7 @@ async def load_async(
         provider=provider,
     )
     fetched = await host.fetch_model(source, lambda config, store: plan_for(config, store, options), on_progress)
-    tokenizer = Tokenizer(json.dumps(fetched.tokenizer), fetched.tokenizer_config, f"{fetched.where} (tokenizer)")
+    tokenizer = Tokenizer(fetched.tokenizer, fetched.tokenizer_config, f"{fetched.where} (tokenizer)")
     if chat_template is not None:
         tokenizer.set_chat_template(chat_template)
     engine = Engine.from_store(fetched.config, fetched.store, options)

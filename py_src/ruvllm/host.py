@@ -34,6 +34,7 @@ from .files.tensorfile import PieceBuffer, SafetensorsFile
 from .model.config import ModelConfig
 from .quant.provider import DEFAULT_ARITHMETIC
 from .quant.wasm import WasmKernels
+from .text.tokenizer import tokenizers_installed
 
 IN_PYODIDE = sys.platform == "emscripten"
 
@@ -179,7 +180,7 @@ async def _fetch_gguf(url: str, check: PlanCheck, on_progress: Progress | None) 
     piece.check_complete()
     model = GGUFModel(GGUFFile(piece.array, url))
     config = ModelConfig.from_dict(model.config, f"{url} (GGUF metadata)")
-    tokenizer, tokenizer_config, generation_config = model.tokenizer_files()
+    tokenizer, tokenizer_config, generation_config = model.tokenizer_files(merges=tokenizers_installed())
     return Fetched(config, TensorStore([model]), tokenizer, tokenizer_config, generation_config, url)
 
 
