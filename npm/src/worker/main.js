@@ -458,8 +458,9 @@ function xloraExperts(config) {
 
 /** An adapter's files, moved to the caller as ArrayBuffers (transferred, not copied). */
 async function saveAdapter({ id, name }) {
+  if (state.engine === null) throw new RuvLLMError('inference', 'the model is not loaded'); // (handle checks first)
   callBridge(state.engine, 'adapter_files', { name: name ?? null });
-  const proxy = loaded().engine.take_files();
+  const proxy = state.engine.take_files();
   const files = proxy.toJs({ dict_converter: Object.fromEntries });
   proxy.destroy();
   send(
