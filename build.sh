@@ -231,6 +231,7 @@ case "${1:-all}" in
     node_modules/.bin/eslint
     node_modules/.bin/prettier --check .
     node_modules/.bin/tsc -p tsconfig.json # the JS type-checked against its JSDoc and types/index.d.ts
+    node_modules/.bin/tsc -p web/tsconfig.json # the demo page's JS, against the DOM and the package's types
     "$PY" -m mypy # the Python package type-checked ([tool.mypy] in pyproject.toml)
     "$PY" -m pytest -q --durations=25
     log "node tests (the Pyodide ones skip, saying how to get a distribution, when none is on disk)"

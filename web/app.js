@@ -13,44 +13,76 @@ import { renderMarkdown } from './markdown.js';
 import { ModelCheckError, checkModel } from './model-check.js';
 import { zipFiles } from './zip.js';
 
-const $ = (id) => document.getElementById(id);
+/**
+ * The page's element `id` (index.html has each: a missing one is a bug of the page, said at once), of
+ * the kind given (HTMLInputElement, ...), checked.
+ * @template {HTMLElement} T
+ * @param {string} id
+ * @param {{ new (): T, name: string }} kind
+ * @returns {T}
+ */
+const $ = (id, kind) => {
+  const element = document.getElementById(id);
+  if (!(element instanceof kind)) throw new Error(`the page has no ${kind.name} #${id}`);
+  return element;
+};
+
+/**
+ * The page's first element matching `selector`, of the kind given (checked, as $ checks).
+ * @template {HTMLElement} T
+ * @param {string} selector
+ * @param {{ new (): T, name: string }} kind
+ * @returns {T}
+ */
+function $first(selector, kind) {
+  const element = document.querySelector(selector);
+  if (!(element instanceof kind)) throw new Error(`the page has no ${kind.name} ${selector}`);
+  return element;
+}
+
+/** The model in use: the controls that need one are disabled until one is loaded. */
+function model() {
+  if (llm === null) throw new Error('no model is loaded');
+  return llm;
+}
+
 const ui = {
-  status: $('status'),
-  modelName: $('model-name'),
-  loading: $('loading'),
-  progressLabel: $('progress-label'),
-  progress: $('progress'),
-  progressText: $('progress-text'),
-  loadingNote: $('loading-note'),
-  loadFailed: $('load-failed'),
-  loadError: $('load-error'),
-  picker: $('picker'),
-  modelSelect: $('model-select'),
-  modelUrl: $('model-url'),
-  plan: $('plan'),
-  details: $('details-list'),
-  retry: $('retry'),
-  modeHint: $('mode-hint'),
-  welcome: $('welcome'),
-  welcomeText: $('welcome-text'),
-  examples: $('examples'),
-  messages: $('messages'),
-  composer: $('composer'),
-  prompt: $('prompt'),
-  send: $('send'),
-  stop: $('stop'),
-  stats: $('stats'),
-  temperature: $('temperature'),
-  topP: $('top-p'),
-  repetitionPenalty: $('repetition-penalty'),
-  maxTokens: $('max-tokens'),
-  system: $('system'),
-  clear: $('clear'),
-  useAdapter: $('use-adapter'),
-  learning: $('learning'),
-  learningText: $('learning-text'),
-  cancelLearning: $('cancel-learning'),
-  download: $('download-adapter'),
+  status: $('status', HTMLElement),
+  modelName: $('model-name', HTMLElement),
+  loading: $('loading', HTMLElement),
+  progressLabel: $('progress-label', HTMLElement),
+  progress: $('progress', HTMLProgressElement),
+  progressText: $('progress-text', HTMLElement),
+  loadingNote: $('loading-note', HTMLElement),
+  loadFailed: $('load-failed', HTMLElement),
+  loadError: $('load-error', HTMLElement),
+  picker: $('picker', HTMLFormElement),
+  modelSelect: $('model-select', HTMLSelectElement),
+  modelUrl: $('model-url', HTMLInputElement),
+  plan: $('plan', HTMLElement),
+  details: $('details-list', HTMLElement),
+  retry: $('retry', HTMLButtonElement),
+  modeHint: $('mode-hint', HTMLElement),
+  welcome: $('welcome', HTMLElement),
+  welcomeText: $('welcome-text', HTMLElement),
+  examples: $('examples', HTMLElement),
+  messages: $('messages', HTMLElement),
+  composer: $('composer', HTMLFormElement),
+  prompt: $('prompt', HTMLTextAreaElement),
+  send: $('send', HTMLButtonElement),
+  stop: $('stop', HTMLButtonElement),
+  stats: $('stats', HTMLElement),
+  temperature: $('temperature', HTMLInputElement),
+  topP: $('top-p', HTMLInputElement),
+  repetitionPenalty: $('repetition-penalty', HTMLInputElement),
+  maxTokens: $('max-tokens', HTMLInputElement),
+  system: $('system', HTMLTextAreaElement),
+  clear: $('clear', HTMLButtonElement),
+  useAdapter: $('use-adapter', HTMLInputElement),
+  learning: $('learning', HTMLElement),
+  learningText: $('learning-text', HTMLElement),
+  cancelLearning: $('cancel-learning', HTMLButtonElement),
+  download: $('download-adapter', HTMLButtonElement),
 };
 
 const ADAPTER = 'feedback';
@@ -58,9 +90,12 @@ const ADAPTER = 'feedback';
 const ADAPTER_CONFIG = { name: ADAPTER };
 let adapterReady = false;
 
+/** @type {import('/npm/browser/index.js').RuvLLM | null} */
 let llm = null; // the model in use
-let current = null; // what it is: { name, mode, plan (the plan line's text) }
+/** @type {{ name: string, plan: string } | null} */
+let current = null; // what it is: { name, plan (the plan line's text) }
 let history = []; // [{ role, content }] of the conversation so far, without the system prompt
+/** @type {AbortController | null} */
 let running = null; // AbortController of the generation in progress
 let answering = Promise.resolve(); // settles when the generation in progress has ended
 
@@ -113,7 +148,10 @@ function setStatus(state, text) {
   ui.stop.disabled = state !== 'generating';
   // Learning never locks the page: it runs in the worker's idle time, and a new message goes first.
   const loaded = llm !== null && state !== 'loading';
-  for (const button of document.querySelectorAll('button.learn, button.regenerate')) button.disabled = !loaded;
+  const buttons = /** @type {NodeListOf<HTMLButtonElement>} */ (
+    document.querySelectorAll('button.learn, button.regenerate')
+  );
+  for (const button of buttons) button.disabled = !loaded;
   ui.useAdapter.disabled = !loaded || !adapterReady;
   ui.download.disabled = !loaded || !adapterReady;
 }
@@ -334,7 +372,8 @@ function answer(request, role) {
 async function streamAnswer(request, role) {
   document.querySelector('[data-testid="output"]')?.removeAttribute('data-testid');
   const output = addMessage(role, '');
-  if (request.prompt !== undefined) output.previousElementSibling.textContent = 'Model, continuing your text';
+  const label = output.previousElementSibling; // the role's label, which addMessage put before it
+  if (request.prompt !== undefined && label !== null) label.textContent = 'Model, continuing your text';
   output.dataset.testid = 'output';
   output.dataset.raw = '';
   const options = generationSettings();
@@ -346,8 +385,8 @@ async function streamAnswer(request, role) {
   try {
     const signal = running.signal;
     const chunks = request.messages
-      ? llm.chat(request.messages, { ...options, signal })
-      : llm.generate(request.prompt, { ...options, signal });
+      ? model().chat(request.messages, { ...options, signal })
+      : model().generate(request.prompt, { ...options, signal });
     for await (const chunk of chunks) {
       if (chunk.text) {
         reply += chunk.text;
@@ -389,6 +428,7 @@ function addActions(item, request, reply) {
   again.addEventListener('click', () => {
     if (!running) answer(request, 'assistant regenerated');
   });
+  /** @type {[string, number, string][]} */
   const learnable = request.messages
     ? [
         ['Good', 1, 'thumbs-up'],
@@ -438,6 +478,7 @@ function copyButton(text) {
  */
 const lessons = new Set();
 let learnedSteps = 0; // optimizer steps of the lessons finished (or cancelled) so far
+/** @type {ReturnType<typeof setInterval> | null} */
 let ticking = null; // the timer that keeps the elapsed time current
 const adapters = new WeakMap(); // per loaded model: the promise of its feedback adapter (made once)
 
@@ -447,13 +488,20 @@ const adapters = new WeakMap(); // per loaded model: the promise of its feedback
  * learning resumes after it. The panel says what the lesson is doing and for how long, and offers Cancel.
  */
 async function learn(messages, reply, reward, button) {
-  const lesson = { kind: reward > 0 ? 'good' : 'bad', started: performance.now(), progress: null };
-  lesson.controller = new AbortController();
-  lesson.cancelled = false;
+  /** @type {{ kind: string, started: number, progress: import('/npm/browser/index.js').LearningProgress | null,
+   *   controller: AbortController, cancelled: boolean }} */
+  const lesson = {
+    kind: reward > 0 ? 'good' : 'bad',
+    started: performance.now(),
+    progress: null,
+    controller: new AbortController(),
+    cancelled: false,
+  };
   lessons.add(lesson);
   button.setAttribute('aria-pressed', 'true');
   showLessons();
   try {
+    const llm = model();
     if (!adapters.has(llm)) adapters.set(llm, llm.newAdapter(ADAPTER_CONFIG)); // once, however fast the clicks
     await adapters.get(llm);
     adapterReady = true;
@@ -480,7 +528,7 @@ async function learn(messages, reply, reward, button) {
     lessons.delete(lesson);
     if (lessons.size) showLessons();
     else {
-      clearInterval(ticking);
+      clearInterval(ticking ?? undefined);
       ticking = null;
       ui.learning.dataset.state = 'idle';
       ui.cancelLearning.hidden = true;
@@ -545,7 +593,7 @@ ui.cancelLearning.addEventListener('click', () => {
 ui.download.addEventListener('click', async () => {
   let files;
   try {
-    files = await llm.saveAdapter(ADAPTER);
+    files = await model().saveAdapter(ADAPTER);
   } catch (error) {
     setStatus('error', describe(error, 'while saving the adapter'));
     return;
@@ -589,7 +637,7 @@ ui.clear.addEventListener('click', () => {
 function setMode(next) {
   if (next !== mode) clearChat();
   mode = next;
-  document.querySelector(`input[name=mode][value=${next}]`).checked = true;
+  $first(`input[name=mode][value=${next}]`, HTMLInputElement).checked = true;
   const { hint, placeholder, welcome, examples } = MODES[next];
   ui.modeHint.textContent = hint;
   ui.prompt.placeholder = touchScreen.matches
@@ -615,12 +663,13 @@ function setMode(next) {
   );
 }
 
-for (const radio of document.querySelectorAll('input[name=mode]')) {
+for (const radio of /** @type {NodeListOf<HTMLInputElement>} */ (document.querySelectorAll('input[name=mode]'))) {
   radio.addEventListener('change', () => setMode(radio.value));
 }
 touchScreen.addEventListener('change', () => setMode(mode));
 
 let pyodide; // where Pyodide comes from (config.json), for every load
+/** @type {AbortController | null} */
 let loading = null; // AbortController of the load under way
 let lastAsked = null; // the model entry the last load was for (Retry loads it again)
 
@@ -684,7 +733,7 @@ async function replaceModel(next, entry, checked) {
   ui.loadingNote.hidden = true;
   // A model without a chat template cannot chat; one whose file has none (Gemma's built-in turn format
   // stands in) is most likely a base model: text completion first, unless the server's list says.
-  document.querySelector('input[name=mode][value=chat]').disabled = chatTemplate === null;
+  $first('input[name=mode][value=chat]', HTMLInputElement).disabled = chatTemplate === null;
   setMode(entry.mode ?? (chatTemplate === 'model' || chatTemplate === 'option' ? 'chat' : 'completion'));
   clearChat();
   setStatus('ready', 'Ready');
@@ -705,7 +754,7 @@ function loadFailed(message, retryable) {
   ui.loadError.hidden = false;
   ui.loadFailed.hidden = !retryable;
   if (llm === null) setStatus('error', 'No model loaded');
-  else ui.plan.textContent = current.plan;
+  else if (current !== null) ui.plan.textContent = current.plan;
 }
 
 const OTHER = '';

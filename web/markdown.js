@@ -27,9 +27,13 @@ const INDENTED = /^\s+\S/;
  */
 export function renderMarkdown(text) {
   const root = document.createDocumentFragment();
+  /** @type {string[] | null} */
   let paragraph = null; // lines of the paragraph being read
+  /** @type {{ fence: string, lines: string[], element: HTMLElement } | null} */
   let code = null; // { fence, lines, element } of the open code block
+  /** @type {{ ordered: boolean, element: HTMLOListElement | HTMLUListElement } | null} */
   let list = null; // { ordered, element } of the open list
+  /** @type {string[] | null} */
   let item = null; // lines of the open list item
   let blankBefore = false; // a blank line came since the last line of text
 
@@ -38,7 +42,7 @@ export function renderMarkdown(text) {
     paragraph = null;
   };
   const endItem = () => {
-    if (item) list.element.append(inlineElement('li', item.join('\n')));
+    if (item && list) list.element.append(inlineElement('li', item.join('\n')));
     item = null;
   };
   const endList = () => {
@@ -83,10 +87,11 @@ export function renderMarkdown(text) {
       if (list && list.ordered !== ordered) endList();
       endItem();
       if (!list) {
-        list = { ordered, element: document.createElement(ordered ? 'ol' : 'ul') };
-        if (ordered && numbered[1] !== '1') list.element.start = Number(numbered[1]);
+        list = { ordered, element: numbered ? document.createElement('ol') : document.createElement('ul') };
+        if (numbered && numbered[1] !== '1' && list.element instanceof HTMLOListElement)
+          list.element.start = Number(numbered[1]);
       }
-      item = [ordered ? (numbered[2] ?? '') : bullet[1]];
+      item = [numbered ? (numbered[2] ?? '') : bullet ? bullet[1] : ''];
     } else if (item && (!blankBefore || INDENTED.test(line))) {
       item.push(line.trim()); // the item goes on
     } else {

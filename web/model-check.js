@@ -91,6 +91,7 @@ function locate(input) {
   const absolute = /^[a-z][a-z0-9+.-]*:/i.test(text);
   // A relative URL is a path: it has a '/' (or names a .gguf file). Words without one are not a location.
   const looksLikeOne = absolute || text.includes('/') || /\.gguf$/i.test(text);
+  /** @type {URL | null} */
   let url = null;
   if (text && !/\s/.test(text) && looksLikeOne) {
     try {

@@ -116,6 +116,7 @@ export async function main(argv = process.argv.slice(2), out = process.stdout, e
     const promptIds = await llm.tokenize(args.chat ? messages : args.prompt);
     const text = [];
     const ids = [];
+    /** @type {import('../types/index.d.ts').Chunk | null} */
     let last = null;
     for await (const chunk of llm.generate(promptIds, args.options)) {
       if (!args.json) out.write(chunk.text);
@@ -126,8 +127,8 @@ export async function main(argv = process.argv.slice(2), out = process.stdout, e
     if (!args.json) {
       out.write('\n');
     } else {
-      const stats = { ...last.stats }; // what `ruvllm generate --json` prints, in its order
-      delete stats.cachedTokens;
+      if (last === null) throw new Error('the generation ended without a chunk'); // the engine always yields one
+      const { cachedTokens: _, ...stats } = last.stats; // what `ruvllm generate --json` prints, in its order
       const result = {
         text: text.join(''),
         tokenIds: ids,

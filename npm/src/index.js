@@ -73,6 +73,7 @@ async function spawnWorker() {
 /** Events for one request, consumed in order. */
 class EventQueue {
   #items = [];
+  /** @type {((event: any) => void) | null} */
   #waiting = null;
 
   push(event) {
@@ -114,11 +115,16 @@ function checkLoadOptions(options) {
 export class RuvLLM {
   #worker;
   #queues = new Map();
+  /** @type {Error | null} */
   #failed = null;
   #unbounded = false; // a KV budget drops old positions: a sequence may then outgrow the context length
 
-  /** What the worker reported once the model was ready (architecture, contextLength, heapBytes, ...). */
-  info = null;
+  /**
+   * What the worker reported once the model was ready (architecture, contextLength, heapBytes, ...):
+   * set by load before the model is handed out.
+   * @type {import('../types/index.d.ts').ModelInfo}
+   */
+  info;
 
   /**
    * Stream the assistant's reply to a conversation, rendered with the model's chat template:
@@ -279,14 +285,15 @@ export class RuvLLM {
     }
     const { signal, onProgress } = checkTable(ADAPT_OPTIONS, options, 'options', 'adapt');
     if (signal?.aborted) throw new AbortError('learning cancelled');
-    let report = null;
+    /** @type {{ result: import('../types/index.d.ts').AdaptReport } | null} */
+    let answer = null;
     for await (const event of this.#request({ type: 'adapt', feedback }, signal, 'learning cancelled')) {
       if (event.type === 'learning') {
         const { key: _, report: __, cancelled: ___, note: ____, ...progress } = event.progress;
         onProgress?.(progress);
-      } else if (event.type === 'result') report = event.result;
+      } else if (event.type === 'result') answer = event;
     }
-    return report;
+    return resultOf(answer, 'adapt');
   }
 
   /**
@@ -361,11 +368,17 @@ export class RuvLLM {
     return this.#answer({ type: 'save_adapter', name });
   }
 
-  /** The one answer of a request that streams nothing (tokenize, cacheStats, the adapter requests). */
+  /**
+   * The one answer of a request that streams nothing (tokenize, cacheStats, the adapter requests): the
+   * shape its caller declares (types/index.d.ts), which the worker answers.
+   * @template T
+   * @returns {Promise<T>}
+   */
   async #answer(request) {
-    let result = null;
-    for await (const event of this.#request(request)) if (event.type === 'result') result = event.result;
-    return result;
+    /** @type {{ result: T } | null} */
+    let answer = null;
+    for await (const event of this.#request(request)) if (event.type === 'result') answer = event;
+    return resultOf(answer, request.type);
   }
 
   /** Free the model and stop the worker. */
@@ -384,7 +397,9 @@ export class RuvLLM {
   /**
    * An OpenAI completion (kind 'chat': a chat completion; 'text': a completion of raw text). Resolves to
    * the answer object, or with `body.stream` to an AsyncIterable of OpenAI stream chunks; that promise
-   * settles with the first chunk, so a refused body or an abort before it rejects it.
+   * settles with the first chunk, so a refused body or an abort before it rejects it. (Its shape depends
+   * on kind and body.stream: the create overloads of types/index.d.ts say which.)
+   * @returns {Promise<any>}
    */
   async #complete(kind, body, options = {}) {
     const request = { type: 'completion', kind, body: checkBody(kind, body) };
@@ -392,9 +407,9 @@ export class RuvLLM {
     if (signal?.aborted) throw new AbortError('generation aborted');
     const events = this.#request(request, signal);
     if (request.body.stream !== true) {
-      let result = null;
-      for await (const event of events) if (event.type === 'result') result = event.result;
-      return result;
+      let answer = null;
+      for await (const event of events) if (event.type === 'result') answer = event;
+      return resultOf(answer, 'completion');
     }
     const chunks = (async function* () {
       for await (const event of events) if (event.type === 'chunk') yield event.chunk;
@@ -464,6 +479,19 @@ export class RuvLLM {
       if (this.#queues.size === 0) this.#worker.setActive(false);
     }
   }
+}
+
+/**
+ * The result of a request the worker finished: one it finished without answering is a bug in the
+ * worker, said as such rather than handed on as null.
+ * @template T
+ * @param {{ result: T } | null} answer
+ * @param {string} type the request's type
+ * @returns {T}
+ */
+function resultOf(answer, type) {
+  if (answer === null) throw new RuvLLMError('inference', `the worker finished a ${type} request without its result`);
+  return answer.result;
 }
 
 /** In browsers, relative URLs mean relative to the page; the worker lives elsewhere, so resolve them here. */

@@ -45,6 +45,10 @@ export function describe(value) {
 /**
  * A rule: `expects` is what a message says the value must be; `test(value)` says whether it is;
  * `inside(value, path)` checks its members (objects and arrays), throwing for the first bad one.
+ * (The values are whatever a caller passed: `test` is what narrows them.)
+ * @param {string} expects
+ * @param {(value: any) => boolean} test
+ * @param {((value: any, path: string) => unknown) | null} [inside]
  */
 const rule = (expects, test, inside = null) => ({ expects, test, inside });
 

@@ -31,7 +31,10 @@ before(async () => {
   server = createServer((req, res) => {
     hits.set(req.url, (hits.get(req.url) ?? 0) + 1);
     const path = req.url.replace(/^\/[a-z]+\//, '/'); // /m/, /slow/, /cut/ ... serve the same files
-    if (req.url.startsWith('/cut/') && path === '/model.safetensors') {
+    if (req.url.startsWith('/nobody/')) {
+      res.writeHead(204); // "no content": a response without a body
+      res.end();
+    } else if (req.url.startsWith('/cut/') && path === '/model.safetensors') {
       res.writeHead(200, { 'Content-Length': SIZE });
       res.write(BODY.subarray(0, SIZE >> 1), () => res.destroy()); // the connection drops midway
     } else if (path === '/model.safetensors') {
@@ -225,6 +228,21 @@ test('a download the reader stops midway leaves no cache entry', async () => {
   assert.equal(await file.stored, false);
   assert.deepEqual(await entries(), []);
   assert.deepEqual(await partials(), []);
+});
+
+test('a cached file closed before it is read is let go without an error', async () => {
+  // a load that fails on a later file closes the files it opened before reading them
+  const url = `${base}/m/model.safetensors`;
+  await read(url);
+  const file = await openFile(`${base}/m/`, 'model.safetensors');
+  assert.equal(file.fromCache, true);
+  await file.close();
+  assert.equal(hits.get('/m/model.safetensors'), 1);
+});
+
+test('a file the server answers without a body (204) reads as no bytes', async () => {
+  const { bytes, fromCache } = await read(`${base}/nobody/config.json`, { cache: false });
+  assert.deepEqual([bytes.length, fromCache], [0, false]);
 });
 
 test('concurrent downloads of one URL leave one whole entry', async () => {

@@ -6,6 +6,12 @@
 
 const STALE_PARTIAL_MS = 60 * 60 * 1000;
 
+/**
+ * @typedef {{ fs: typeof import('node:fs').promises, path: typeof import('node:path'), os: typeof import('node:os'),
+ *   crypto: typeof import('node:crypto') }} NodeModules
+ */
+
+/** @type {Promise<NodeModules> | null} */
 let nodeModules = null;
 /** node:fs/promises, node:path, node:os and node:crypto, imported on first use: this file runs in browsers too. */
 function node() {
@@ -66,6 +72,7 @@ export class FolderCache {
       ))
     )
       return null; // not cached (or no folder)
+    /** @type {import('node:fs/promises').FileHandle | null} */
     let handle = null;
     try {
       const entry = JSON.parse(await fs.readFile(path.join(dir, 'entry.json'), 'utf8'));
@@ -85,8 +92,9 @@ export class FolderCache {
 
   /** A CacheWriter for the download of `url`, or null when the folder cannot be written. */
   async writer(url, response) {
-    const { fs, path } = await node();
+    const { fs, path, crypto } = await node();
     const partial = path.join(this.folder, 'partial');
+    /** @type {string | null} */
     let dir = null;
     try {
       await fs.mkdir(partial, { recursive: true });
@@ -95,7 +103,8 @@ export class FolderCache {
       const handle = await fs.open(path.join(dir, 'data'), 'wx');
       const version = { etag: response.headers.get('etag'), lastModified: response.headers.get('last-modified') };
       for (const key of Object.keys(version)) if (version[key] === null) delete version[key];
-      return new CacheWriter({ handle, dir, target: await this.entryPath(url), url, version });
+      const hash = crypto.createHash('sha256');
+      return new CacheWriter({ handle, dir, target: await this.entryPath(url), url, version, hash });
     } catch (error) {
       rethrowBug(error); // read-only disk, no permission, a file where the folder should be
       if (dir !== null) await fs.rm(dir, { recursive: true, force: true }).catch(rethrowBug);
@@ -111,7 +120,7 @@ class CacheWriter {
   #target;
   #url;
   #version; // what the server said of the file's version (etag, lastModified), kept for reference
-  #hash = null;
+  #hash;
   #bytes = 0;
   #failed = false;
   #finished = false;
@@ -121,7 +130,8 @@ class CacheWriter {
     this.#settle = resolve;
   });
 
-  constructor({ handle, dir, target, url, version }) {
+  constructor({ handle, dir, target, url, version, hash }) {
+    this.#hash = hash;
     this.#handle = handle;
     this.#dir = dir;
     this.#target = target;
@@ -135,8 +145,6 @@ class CacheWriter {
    * failed, or that the reader stopped, is dropped.
    */
   async *copy(chunks, size) {
-    const { crypto } = await node();
-    this.#hash = crypto.createHash('sha256');
     let complete = false;
     try {
       for await (const chunk of chunks) {

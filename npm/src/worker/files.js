@@ -53,12 +53,13 @@ export async function openFile(base, name, { cache = true, optional = false, ...
 /**
  * An opened file: `chunks` with a close() that works whether or not reading began. A generator that
  * never started runs no `finally` when it is returned, so `dropUnread` does its cleanup then.
- * @param {{ size: number | null, chunks: AsyncIterable<Uint8Array>, fromCache: boolean, stored?: Promise<boolean>,
+ * @param {{ size: number | null, chunks: AsyncGenerator<Uint8Array>, fromCache: boolean, stored?: Promise<boolean>,
  *   dropUnread?: () => Promise<unknown> }} file
  */
 function opened({ size, chunks, fromCache, stored = Promise.resolve(false), dropUnread = async () => {} }) {
   const iterator = chunks[Symbol.asyncIterator]();
   let started = false;
+  /** @type {Promise<void> | null} */
   let closed = null;
   const reader = {
     [Symbol.asyncIterator]: () => reader,
@@ -69,7 +70,7 @@ function opened({ size, chunks, fromCache, stored = Promise.resolve(false), drop
     return: (value) => iterator.return(value),
   };
   const close = () => {
-    closed ??= (started ? iterator.return() : dropUnread()).then(
+    closed ??= (started ? iterator.return(undefined) : dropUnread()).then(
       () => {},
       () => {},
     );
@@ -86,7 +87,7 @@ async function openThroughCacheApi(url, name, { cache, optional, watch }) {
       size: declaredSize(cached),
       chunks: streamChunks(cached.body, name),
       fromCache: true,
-      dropUnread: () => cached.body?.cancel(),
+      dropUnread: async () => cached.body?.cancel(),
     });
   }
   const fetched = await download(url, name, optional, watch);
@@ -140,7 +141,7 @@ async function openThroughFolder(url, name, { cache, optional, watch }) {
       size: hit.size,
       chunks: plainBytes(hit.stream),
       fromCache: true,
-      dropUnread: () => hit.stream.destroy(),
+      dropUnread: async () => void hit.stream.destroy(), // (not destroy's answer: the stream, no promise)
     });
   }
   const fetched = await download(url, name, optional, watch);
@@ -226,7 +227,16 @@ function declaredSize(response) {
  * The chunks of a body. With `network` ({ read, stop } of download()), every read waits at most the
  * stall timeout, and the request is let go at the end, read to its end or not.
  */
+/**
+ * @param {ReadableStream<Uint8Array> | null} body null: none (a 204 answer), read as no bytes
+ * @param {string} name
+ * @param {{ read: (promise: Promise<any>) => Promise<any>, stop: () => Promise<void> } | null} [network]
+ */
 async function* streamChunks(body, name, network = null) {
+  if (body === null) {
+    await network?.stop();
+    return;
+  }
   const reader = body.getReader();
   let done = false;
   try {

@@ -31,6 +31,12 @@ const port = IS_NODE ? (await import('node:worker_threads')).parentPort : /** @t
 /** @type {(message: object, transfer?: Transferable[]) => void} */
 const send = (message, transfer = []) => port.postMessage(message, transfer);
 
+/**
+ * @type {{ py: import('pyodide').PyodideInterface | null, engine: import('pyodide/ffi').PyProxy | null,
+ *   text: ReturnType<typeof createText> | null, model: string | null, aborted: Set<unknown>,
+ *   loading: { id: unknown, controller: AbortController } | null,
+ *   pool: import('./pool.js').KernelPool | null, positions: number | null, contextLength: number | null }}
+ */
 const state = {
   py: null,
   engine: null, // ruvllm.bridge.EngineHandle (PyProxy)
@@ -42,6 +48,13 @@ const state = {
   positions: null, // positions a generated sequence may have (the context length); null: no bound (KV budget)
   contextLength: null, // positions a lesson (prompt and completion) may have
 };
+
+/** The loaded model's engine and text side: every request but load and dispose needs them (see handle). */
+function loaded() {
+  const { engine, text } = state;
+  if (engine === null || text === null) throw new RuvLLMError('inference', 'the model is not loaded');
+  return { engine, text };
+}
 
 /**
  * Let pending messages (an abort) run before the next token. Browsers: a message to ourselves, a task
@@ -129,16 +142,16 @@ async function withLoader(id, options, progress, signal, fill) {
   stopIfAborted(signal);
   const bootCache = options.bootCache ?? options.cache !== false; // `cache: false` writes nothing at all
   const python = await startPython({ ...options.pyodide, bootCache });
-  state.py = python.py;
+  const py = (state.py = python.py);
   progress({ phase: 'runtime', loaded: 0, total: 0, boot: python.boot });
   stopIfAborted(signal);
-  const kernels = await startKernels(state.py, options.kernels);
-  const threads = await startThreads(state.py, kernels, options.threads);
+  const kernels = await startKernels(py, options.kernels);
+  const threads = await startThreads(py, kernels, options.threads);
   state.pool = threads.pool;
-  const bridge = state.py.pyimport('ruvllm.bridge');
+  const bridge = py.pyimport('ruvllm.bridge');
   const loader = bridge.new_loader();
   bridge.destroy();
-  let loaded = false;
+  let done = false;
   try {
     if (kernels.exports) unwrap(loader.offer_kernels(kernels.exports));
     if (threads.api) unwrap(loader.offer_kernel_threads(threads.api));
@@ -151,7 +164,7 @@ async function withLoader(id, options, progress, signal, fill) {
     state.contextLength = built.contextLength;
     state.positions = options.kv?.budgetBytes === undefined ? built.contextLength : null;
     // learning keeps adapters away from what ordinary text uses: the calibration text, in ids made here
-    const calibration = state.text.encode(callBridge(state.engine, 'calibration_text'));
+    const calibration = loaded().text.encode(callBridge(state.engine, 'calibration_text'));
     callBridge(state.engine, 'set_calibration', { ids: calibration });
     // the default adapter's projection is made in idle time from now on (learnWhileIdle)
     learning.preparing = callBridge(state.engine, 'prepare_learning').preparing;
@@ -163,13 +176,13 @@ async function withLoader(id, options, progress, signal, fill) {
       boot: python.boot, // how Python started: from the boot snapshot or afresh, and why
       kernelsNote: kernels.reason, // why 'auto' runs NumPy's kernels, if it does
       threads: { count: threads.count, reason: threads.reason, adaptive: threads.adaptive }, // why one; 'auto'
-      chatTemplate: state.text.chatTemplateSource, // 'model', 'built-in gemma', 'option' or null (none)
+      chatTemplate: loaded().text.chatTemplateSource, // 'model', 'built-in gemma', 'option' or null (none)
     };
     send({ type: 'loaded', id, info });
-    loaded = true;
+    done = true;
   } finally {
     loader.destroy();
-    if (!loaded) await stopThreads(); // a failed load leaves no thread running
+    if (!done) await stopThreads(); // a failed load leaves no thread running
   }
 }
 
@@ -212,9 +225,9 @@ function loadOptions(options) {
  * @param {{ messages?: object[], prompt?: string | number[] }} request
  */
 function promptIds({ messages, prompt }) {
-  if (messages !== undefined) return state.text.encodeChat(messages);
+  if (messages !== undefined) return loaded().text.encodeChat(messages);
   if (Array.isArray(prompt)) return prompt;
-  return state.text.encode(prompt);
+  return loaded().text.encode(prompt);
 }
 
 /**
@@ -231,9 +244,9 @@ function fittingIds({ messages, prompt, tools }, positions = state.positions) {
     if (typeof message?.content === 'string' && message.content.length > MAX_CHARS)
       requireFit(message.content, `messages[${i}].content`, positions);
   }
-  const rendered = state.text.applyChatTemplate(messages, { tools });
+  const rendered = loaded().text.applyChatTemplate(messages, { tools });
   requireFit(rendered, 'the prompt', positions);
-  return state.text.encodeRendered(rendered);
+  return loaded().text.encodeRendered(rendered);
 }
 
 /**
@@ -245,7 +258,7 @@ function fittingIds({ messages, prompt, tools }, positions = state.positions) {
  */
 function requireFit(text, what, positions, type = 'context_full') {
   if (positions === null) return;
-  const least = state.text.moreTokensThan(text, positions);
+  const least = loaded().text.moreTokensThan(text, positions);
   if (least === null) return;
   const n = (x) => x.toLocaleString('en');
   throw new RuvLLMError(
@@ -260,7 +273,7 @@ async function generate(message) {
   const { adapter, ...options } = message.options ?? {};
   const ids = fittingIds(message);
   if (adapter !== undefined) callBridge(state.engine, 'set_adapter', { name: adapter }); // null: the base model
-  callBridge(state.engine, 'start', { promptIds: ids, eosIds: state.text.eosIds, options });
+  callBridge(state.engine, 'start', { promptIds: ids, eosIds: loaded().text.eosIds, options });
   for await (const step of steps(id)) send({ type: 'chunk', id, chunk: step });
 }
 
@@ -273,7 +286,7 @@ async function completion({ id, kind, body }) {
   const request = (more) => JSON.stringify({ kind, body, ...more });
   const source = JSON.parse(callBridge(state.engine, 'check_completion', request()).source);
   const ids = fittingIds(kind === 'chat' ? source : { prompt: source.prompt });
-  const start = { prompt_ids: ids, eos_ids: state.text.eosIds, model: state.model };
+  const start = { prompt_ids: ids, eos_ids: loaded().text.eosIds, model: state.model };
   callBridge(state.engine, 'start_completion', request(start));
   for await (const step of steps(id)) {
     for (const chunk of JSON.parse(step.events)) send({ type: 'chunk', id, chunk });
@@ -314,7 +327,7 @@ async function adapt({ id, feedback }) {
   // each alone must fit the context window (Python bounds the lesson by it), told before tokenizing
   if (prompt !== undefined) requireFit(prompt, 'the prompt', state.contextLength, 'invalid_argument');
   requireFit(completion, 'the completion', state.contextLength, 'invalid_argument');
-  const [promptIds, completionIds] = state.text.feedbackIds({ prompt, messages, completion });
+  const [promptIds, completionIds] = loaded().text.feedbackIds({ prompt, messages, completion });
   const request = { key: id, adapter, promptIds, completionIds, reward, ...options, budgetMs: LEARNING_SLICE_MS };
   let progress = callBridge(state.engine, 'feedback', request);
   learning.lessons.add(id);
@@ -461,6 +474,7 @@ function xloraExperts(config) {
 
 /** An adapter's files, moved to the caller as ArrayBuffers (transferred, not copied). */
 async function saveAdapter({ id, name }) {
+  if (state.engine === null) throw new RuvLLMError('inference', 'the model is not loaded'); // (handle checks first)
   callBridge(state.engine, 'adapter_files', { name: name ?? null });
   const proxy = state.engine.take_files();
   const files = proxy.toJs({ dict_converter: Object.fromEntries });
@@ -529,7 +543,8 @@ const onMessage = (data) => {
     send({ type: 'error', id: data?.id ?? 0, error: { type: 'invalid_argument', message: error.message } });
     return;
   }
-  if (message.type === 'abort' && state.loading?.id === message.id) state.loading.controller.abort();
+  if (message.type === 'abort' && state.loading !== null && state.loading.id === message.id)
+    state.loading.controller.abort();
   else if (message.type === 'abort' && learning.lessons.has(message.id)) cancelLesson(message.id);
   else if (message.type === 'abort') state.aborted.add(message.id);
   else {
@@ -542,5 +557,5 @@ const onMessage = (data) => {
       });
   }
 };
-if (IS_NODE) port.on('message', onMessage);
-else port.addEventListener('message', (event) => onMessage(event.data));
+if (port.on) port.on('message', onMessage);
+else port.addEventListener?.('message', (event) => onMessage(event.data));

@@ -29,6 +29,7 @@ export async function startPython({ indexURL, bootCache = true } = {}) {
   const started = performance.now();
   const dist = await findPyodide(indexURL);
   const wheel = await ourWheel();
+  /** @type {string | null | undefined} */
   let note = null;
   if (bootCache) {
     const attempt = await bootFromSnapshot(dist, wheel, pyodideOptions);

@@ -51,9 +51,11 @@ export async function bootFromSnapshot(dist, wheel, pyodideOptions) {
     return { py: null, note: `no boot snapshot: ${error.message}` };
   }
   if (!cache) return { py: null, note: 'no boot snapshot: this runtime has no storage for one (no Cache API)' };
+  /** @type {string | null} */
   let note = null;
   const blob = await cache.read(key);
   if (blob) {
+    /** @type {ReturnType<typeof decodeEntry> | null} */
     let entry = null;
     try {
       entry = decodeEntry(blob);
@@ -154,6 +156,7 @@ export function sitePackages(py) {
  * entry's checksum check, awaited before any of it runs.
  */
 function withPreload(dist, libraries, { states = null, memoryBytes = 0, intact = null } = {}) {
+  /** @type {{ states: number[][] | null, table: unknown[] | null, error: unknown }} */
   const result = { states: null, table: null, error: null };
   // Pyodide keeps `create` (in its config) as long as it runs: it holds the paths, not the bytes (which,
   // on a restore, are views of the whole entry).
@@ -355,6 +358,7 @@ async function restore(dist, { header, payload, intact }, pyodideOptions) {
   const module = py._module;
   for (const [handle, path] of header.handles)
     module.LDSO.loadedLibsByHandle[handle] = module.LDSO.loadedLibsByName[path];
+  if (preloading.result.table === null) throw new Error('the libraries were not preloaded'); // (Emscripten skipped the hook)
   const preloadEnd = preloading.result.table.length;
   const { end, extra } = header.table;
   if (module.wasmTable.length > preloadEnd) throw new Error('the function table grew while Python was restored');

@@ -74,7 +74,9 @@ function checkDigestNames(sha256, names) {
  */
 export async function loadGguf(loader, base, name, { sha256 = {}, onProgress, onPlan, onHeader, ...open }) {
   checkDigestNames(sha256, [name]);
-  const file = { name, ...(await openFile(base, name, open)) };
+  const opened = await openFile(base, name, open);
+  if (opened === null) throw new Error(`${name} was opened as optional`); // (the model file is not: a bug)
+  const file = { name, ...opened };
   try {
     requireSize(file);
     const iterator = file.chunks[Symbol.asyncIterator]();
