@@ -435,6 +435,19 @@ def test_a_merge_outside_the_vocabulary_is_a_load_error():
 # --- the whole stack with `tokenizers` unimportable ----------------------------------------------------
 
 
+# The start of a script run by another Python: `tokenizers` cannot be imported there.
+BLOCK_TOKENIZERS = """
+        import sys
+
+        class Block:
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "tokenizers":
+                    raise ImportError("blocked: " + name)
+
+        sys.meta_path.insert(0, Block())
+"""
+
+
 def test_generation_and_chat_run_without_tokenizers(tmp_path, smollm2_dir, smollm2_document):
     """A tiny model with SmolLM2's tokenizer, loaded and chatted with in an interpreter that cannot import
     `tokenizers`: the same prompt ids as `tokenizers` gives, text streamed back."""
@@ -444,15 +457,9 @@ def test_generation_and_chat_run_without_tokenizers(tmp_path, smollm2_dir, smoll
     messages = [{"role": "user", "content": "What is 2+2? Answer in 12 words, ½ a line."}]
     reference = Tokenizer.from_folder(str(folder))
     expected = {"chat": reference.encode_chat(messages), "text": reference.encode("Hello, world! 12345")}
-    script = f"""
-        import sys
-
-        class Block:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] == "tokenizers":
-                    raise ImportError("blocked: " + name)
-
-        sys.meta_path.insert(0, Block())
+    script = (
+        BLOCK_TOKENIZERS
+        + f"""
         import json, ruvllm
 
         model = ruvllm.load({str(folder)!r})
@@ -466,6 +473,7 @@ def test_generation_and_chat_run_without_tokenizers(tmp_path, smollm2_dir, smoll
         assert "tokenizers" not in sys.modules
         print(json.dumps(ids))
         """
+    )
     command = [sys.executable, "-c", textwrap.dedent(script)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)  # (a hang guard)
     assert result.returncode == 0, result.stderr
@@ -477,15 +485,9 @@ def test_a_gemma_gguf_loads_and_chats_without_tokenizers(gemma_gguf):
     prompt has the ids `tokenizers` gives."""
     messages = [{"role": "user", "content": "What is the capital of France? Answer in one word, 1 2 3."}]
     reference = Tokenizer(*open_gguf(str(gemma_gguf)).tokenizer_files()[:2])
-    script = f"""
-        import sys
-
-        class Block:
-            def find_spec(self, name, path=None, target=None):
-                if name.split(".")[0] == "tokenizers":
-                    raise ImportError("blocked: " + name)
-
-        sys.meta_path.insert(0, Block())
+    script = (
+        BLOCK_TOKENIZERS
+        + f"""
         import json, ruvllm
 
         model = ruvllm.load({str(gemma_gguf)!r})
@@ -494,6 +496,7 @@ def test_a_gemma_gguf_loads_and_chats_without_tokenizers(gemma_gguf):
         assert chunks[-1].finish_reason == "length"
         print(json.dumps(model.tokenizer.encode_chat({messages!r})))
         """
+    )
     command = [sys.executable, "-c", textwrap.dedent(script)]
     result = subprocess.run(command, capture_output=True, text=True, timeout=600)  # (a hang guard)
     assert result.returncode == 0, result.stderr

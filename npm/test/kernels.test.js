@@ -10,6 +10,7 @@ import { RuvLLMError } from '../src/errors.js';
 import { startKernels } from '../src/worker/kernels.js';
 import { startPython } from '../src/worker/python.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
+import { randomMatrices } from './support/kernels-reference.js';
 
 const BUILT = existsSync(new URL('../wasm/kernels.wasm', import.meta.url));
 const NOT_BUILT = BUILT ? false : 'the kernels are not built: ./build.sh kernels';
@@ -53,20 +54,8 @@ describe('starting the kernels', { skip: NOT_BUILT }, () => {
 
 // Every form, decoding (1 row) and prompt (40 rows) products, with the wasm provider and with NumPy;
 // then Pyodide's memory grows by ~1 GiB and the same prepared matrices multiply new arrays again.
-const PRODUCTS = `
-import numpy as np
-from ruvllm.files.formats import get_format
-from ruvllm.quant.matrices import DenseMatrix, Int4Matrix, Int8Matrix
+const PRODUCTS = `${randomMatrices(0)}
 from ruvllm.quant.wasm import WasmKernels
-
-rng = np.random.default_rng(0)
-w = rng.standard_normal((200, 576)).astype(np.float32)
-matrices = [DenseMatrix(w, "einsum")]
-for fmt in ("q8", "q4_0", "q4_1"):
-    parts = get_format(fmt).quantize(w)
-    matrices.append(Int8Matrix.from_parts(fmt, parts, "einsum"))
-    if fmt != "q8":
-        matrices.append(Int4Matrix.from_parts(fmt, parts, "einsum"))
 def twins(arithmetic):
     """A copy of each matrix (the same arrays) whose products run in the kernels."""
     provider = WasmKernels(kernel_exports, arithmetic)

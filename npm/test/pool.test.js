@@ -16,6 +16,7 @@ import { Adaptive, startPool, slice } from '../src/worker/pool.js';
 import { startPython } from '../src/worker/python.js';
 import { startThreads } from '../src/worker/threads.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
+import { randomMatrices, referenceProduct } from './support/kernels-reference.js';
 
 const WASM = new URL('../wasm/kernels.wasm', import.meta.url);
 const SHARED = new URL('../wasm/kernels-shared.wasm', import.meta.url);
@@ -65,47 +66,7 @@ function matrix(form, N, K, rand) {
 }
 
 /** The single-thread product (kernels.wasm's whole-product exports, as WasmKernels calls them). */
-function reference(m, x, T, fast) {
-  const memory = new WebAssembly.Memory({ initial: 2 });
-  const k = /** @type {any} */ (
-    new WebAssembly.Instance(new WebAssembly.Module(readFileSync(WASM)), { env: { memory } })
-  ).exports;
-  let top = 1024;
-  const put = (a) => {
-    const bytes = new Uint8Array(a.buffer, a.byteOffset, a.byteLength);
-    const at = alloc(bytes.length);
-    new Uint8Array(memory.buffer, at, bytes.length).set(bytes);
-    return at;
-  };
-  const alloc = (bytes) => {
-    const at = top;
-    top += Math.ceil(bytes / 16) * 16 + 16;
-    const pages = Math.ceil(top / 65536) - memory.buffer.byteLength / 65536;
-    if (pages > 0) memory.grow(pages);
-    return at;
-  };
-  const { N, K } = m;
-  const G = K / GROUP;
-  const xAt = put(x);
-  const y = alloc(4 * T * N);
-  if (m.form === 'dense') {
-    k.dense(xAt, put(m.w), y, T, N, K);
-  } else {
-    const w = put(m.w);
-    const scales = put(m.scales);
-    const mins = m.mins ? put(m.mins) : 0;
-    if (fast && T <= 4) {
-      const xq = alloc(2 * T * K);
-      const d = alloc(4 * T * G);
-      const xs = alloc(4 * T * G);
-      k.quantize_x(xAt, xq, d, xs, T, K);
-      k[`${m.form}_fast`](xq, d, xs, w, scales, mins, m.offset, y, T, N, K);
-    } else {
-      k[`${m.form}_exact`](xAt, w, scales, mins, m.offset, y, alloc(4 * 16 * K), T, N, K);
-    }
-  }
-  return new Float32Array(memory.buffer.slice(y, y + 4 * T * N));
-}
+const reference = (m, x, T, fast) => referenceProduct(new WebAssembly.Module(readFileSync(WASM)), m, x, T, fast);
 
 /** The matrix placed in the pool: its handle. */
 function place(pool, m) {
@@ -310,21 +271,9 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
 
 // Inside Pyodide: the provider the engine uses with threads (py_src/ruvllm/quant/pool.py) against the
 // single-thread one (quant/wasm.py), bit for bit, before and after Pyodide's heap grows.
-const PROVIDERS = `
-import numpy as np
-from ruvllm.files.formats import get_format
-from ruvllm.quant.matrices import DenseMatrix, Int4Matrix, Int8Matrix
+const PROVIDERS = `${randomMatrices(1)}
 from ruvllm.quant.pool import PoolKernels
 from ruvllm.quant.wasm import WasmKernels
-
-rng = np.random.default_rng(1)
-w = rng.standard_normal((200, 576)).astype(np.float32)
-matrices = [DenseMatrix(w, "einsum")]
-for fmt in ("q8", "q4_0", "q4_1"):
-    parts = get_format(fmt).quantize(w)
-    matrices.append(Int8Matrix.from_parts(fmt, parts, "einsum"))
-    if fmt != "q8":
-        matrices.append(Int4Matrix.from_parts(fmt, parts, "einsum"))
 
 def products(provider):
     return [provider.prepare(m) for m in matrices]

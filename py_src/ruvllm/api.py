@@ -13,6 +13,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -29,7 +30,7 @@ from .learning.xlora import Mixture, is_xlora
 from .model.cache import KVOptions
 from .model.config import ModelConfig
 from .model.weights import ComputeOptions
-from .quant.provider import ARITHMETIC, DEFAULT_ARITHMETIC, KernelProvider
+from .quant.provider import DEFAULT_ARITHMETIC, KernelProvider, check_arithmetic
 from .runtime.constrain import Vocabulary
 from .runtime.engine import Engine, LoadOptions, is_gguf, open_gguf, open_model, plan_for
 from .runtime.generate import Constraint, GenerationOptions
@@ -57,6 +58,20 @@ class Model:
         if per_model(engine).calibration_ids is None:  # what learning keeps its adapters' inputs away from
             self.session.set_calibration(tokenizer.encode(calibration_text()))
         self._read_folders: list[str] = []  # the model and the adapters loaded: never written over
+
+    @classmethod
+    def of(
+        cls,
+        config: ModelConfig,
+        store: TensorStore,
+        tokenizer: Tokenizer,
+        generation_config: object,
+        options: LoadOptions,
+        name: str,
+    ) -> Model:
+        """The model of these weights and this tokenizer, loaded with `options`."""
+        engine = Engine.from_store(config, store, options)
+        return cls(engine, tokenizer, eos_token_ids(generation_config, engine, tokenizer), name)
 
     @property
     def config(self):
@@ -133,7 +148,7 @@ class Model:
         """A fresh adapter (it changes nothing until it learns), held under `name` and made active.
         rank, alpha, targets: LoRAConfig's defaults when None (rank 32, alpha 2 x rank, down_proj);
         layers: the decoder layers it adapts (negative counts from the top; None: all)."""
-        return self.session.new_adapter(name, rank, alpha, targets, layers)
+        return self.session.new_adapter(name, (rank, alpha, targets, layers))
 
     def load_adapter(self, path: str, name: str | None = None) -> str:
         """Load an adapter folder (ours, a Hugging Face PEFT LoRA, or a PEFT X-LoRA mixture with its
@@ -331,22 +346,10 @@ def load(
         generation_config = fields.read_json(generation_path) if os.path.exists(generation_path) else {}
     if chat_template is not None:
         tokenizer.set_chat_template(chat_template)
-    calibration = tokenizer.encode(calibration_text()) if isq == "awq" else None
-    provider = host_kernels(kernels, arithmetic)
-    options = LoadOptions(
-        context_length=context_length,
-        compute=compute,
-        memory_budget=memory_budget,
-        kv=kv or KVOptions(),
-        isq=isq,
-        isq_format=isq_format,
-        calibration_ids=tuple(calibration) if calibration else None,
-        threads=threads,
-        kernels=kernels,
-        provider=provider,
-    )
-    engine = Engine.from_store(config, store, options)
-    model = Model(engine, tokenizer, eos_token_ids(generation_config, engine, tokenizer), name)
+    calibration = tuple(tokenizer.encode(calibration_text())) if isq == "awq" else None
+    more = {"threads": threads, "isq": isq, "isq_format": isq_format, "calibration_ids": calibration}
+    options = load_options(context_length, compute, memory_budget, kv, kernels, arithmetic, **more)
+    model = Model.of(config, store, tokenizer, generation_config, options, name)
     model._read_folders.append(path)
     return model
 
@@ -374,28 +377,41 @@ async def load_async(
     their end are kept there (the npm package's store) and read from it next time. on_progress gets
     {"file", "loaded", "total"} (bytes) after each piece. The options are `load`'s.
     """
-    provider = host_kernels(kernels, arithmetic)
-    options = LoadOptions(
-        context_length=context_length,
-        compute=compute,
-        memory_budget=memory_budget,
-        kv=kv or KVOptions(),
-        kernels=kernels,
-        provider=provider,
-    )
+    options = load_options(context_length, compute, memory_budget, kv, kernels, arithmetic)
     fetched = await host.fetch_model(source, lambda config, store: plan_for(config, store, options), on_progress)
     tokenizer = Tokenizer(fetched.tokenizer, fetched.tokenizer_config, f"{fetched.where} (tokenizer)")
     if chat_template is not None:
         tokenizer.set_chat_template(chat_template)
-    engine = Engine.from_store(fetched.config, fetched.store, options)
-    return Model(engine, tokenizer, eos_token_ids(fetched.generation_config, engine, tokenizer), model_name(source))
+    return Model.of(fetched.config, fetched.store, tokenizer, fetched.generation_config, options, model_name(source))
+
+
+def load_options(
+    context_length: int | None,
+    compute: str | ComputeOptions,
+    memory_budget: int | None,
+    kv: KVOptions | None,
+    kernels: str,
+    arithmetic: str,
+    **more: Any,
+) -> LoadOptions:
+    """`load`'s options as the engine takes them, with the kernel provider this runtime offers (more:
+    LoadOptions' other fields)."""
+    provider, kv = host_kernels(kernels, arithmetic), kv or KVOptions()
+    return LoadOptions(
+        context_length=context_length,
+        compute=compute,
+        memory_budget=memory_budget,
+        kv=kv,
+        kernels=kernels,
+        provider=provider,
+        **more,
+    )
 
 
 def host_kernels(kernels: str, arithmetic: str) -> KernelProvider | None:
     """The kernel provider this runtime offers for `kernels` (host.py: the WebAssembly kernels in
     Pyodide, nothing on CPython); with kernels="wasm", an error saying why when they cannot run."""
-    if arithmetic not in ARITHMETIC:
-        raise InvalidArgumentError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
+    check_arithmetic(arithmetic)
     if kernels == "numpy" or not host.IN_PYODIDE:
         return None  # (kernels="wasm" on CPython: LoadOptions refuses it, saying where they run)
     provider, reason = host.wasm_kernels(arithmetic)

@@ -95,7 +95,7 @@ from .learning.xlora import Mixture
 from .model.cache import KVOptions
 from .model.config import ModelConfig
 from .quant.pool import PoolKernels
-from .quant.provider import ARITHMETIC, DEFAULT_ARITHMETIC
+from .quant.provider import DEFAULT_ARITHMETIC, check_arithmetic
 from .quant.wasm import WasmKernels
 from .runtime.engine import Engine, LoadOptions, plan_for
 from .runtime.generate import GenerationOptions, Prefilling
@@ -208,9 +208,7 @@ class ModelLoader:
             raise InvalidArgumentError(f"kv options must be an object, got {kv_raw!r}")
         if set(kv_raw) - kv_known:
             raise InvalidArgumentError(f"unknown kv option {sorted(set(kv_raw) - kv_known)[0]!r}")
-        arithmetic = raw.get("arithmetic") or DEFAULT_ARITHMETIC
-        if arithmetic not in ARITHMETIC:
-            raise InvalidArgumentError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
+        arithmetic = check_arithmetic(raw.get("arithmetic") or DEFAULT_ARITHMETIC)
         offered: WasmKernels | PoolKernels | None = None
         if self.kernel_threads is not None and self.kernel_exports is not None:
             offered = PoolKernels(self.kernel_threads, arithmetic)
@@ -476,9 +474,8 @@ class EngineHandle:
         """request: {name, rank, alpha, targets, layers}; the new adapter becomes the active one."""
         r = _request(request_json)
         name = r.get("name") or "default"
-        adapter = self.session.new_adapter(
-            name, r.get("rank"), r.get("alpha"), r.get("targets") or None, r.get("layers", DEFAULT_LAYERS)
-        )
+        shape = (r.get("rank"), r.get("alpha"), r.get("targets") or None, r.get("layers", DEFAULT_LAYERS))
+        adapter = self.session.new_adapter(name, shape)
         config = adapter.config
         return {"name": name, "rank": config.rank, "targets": list(config.targets), "layers": config.layers}
 

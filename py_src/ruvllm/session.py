@@ -25,7 +25,7 @@ from typing import Any, Final
 
 from .learning.adapters import AdapterSet
 from .learning.learn import AdaptOptions, AdaptReport, Learner, LearningStatus, Lesson, RouteLesson, lesson_for
-from .learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, Adapter, LoRAConfig, module_names
+from .learning.lora import DEFAULT_TARGETS, Adapter, LoRAConfig, module_names
 from .learning.per_model import per_model
 from .learning.projection import CALIBRATION_TOKENS
 from .learning.xlora import Mixture, RouterConfig
@@ -42,6 +42,10 @@ class AdapterChoice(enum.Enum):
 
 
 KEEP: Final = AdapterChoice.KEEP
+
+
+# A new adapter's rank, alpha, targets and layers, as a front end takes them (see Session.new_adapter).
+AdapterShape = tuple[int | None, float | None, Sequence[str] | None, Sequence[int] | None]
 
 
 class Session:
@@ -120,17 +124,11 @@ class Session:
 
     # --- adapters -------------------------------------------------------------------------------
 
-    def new_adapter(
-        self,
-        name: str = "default",
-        rank: int | None = None,
-        alpha: float | None = None,
-        targets: Sequence[str] | None = None,
-        layers: Sequence[int] | None = DEFAULT_LAYERS,
-    ) -> Adapter:
+    def new_adapter(self, name: str, shape: AdapterShape) -> Adapter:
         """A fresh adapter (it changes nothing until it learns), held under `name` and made active.
-        rank and targets: LoRAConfig's defaults when None; layers: the decoder layers it adapts
-        (negative counts from the top; None: all)."""
+        shape: (rank, alpha, targets, layers); rank, alpha and targets: LoRAConfig's defaults when None;
+        layers: the decoder layers it adapts (negative counts from the top; None: all)."""
+        rank, alpha, targets, layers = shape
         given: dict[str, Any] = {"rank": rank, "alpha": alpha, "targets": None if targets is None else tuple(targets)}
         config = LoRAConfig(**{k: v for k, v in given.items() if v is not None}, layers=_layers(layers))
         return self.adapters.create(name, config)

@@ -21,11 +21,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
-from ..files.formats import GROUP
-from .matrices import DenseMatrix, Int4Matrix, Int8Matrix
-from .provider import ARITHMETIC, DEFAULT_ARITHMETIC
-from .wasm import GROUPED_MAX_ROWS, address
+from .matrices import DenseMatrix, Int8Matrix
+from .provider import DEFAULT_ARITHMETIC, check_arithmetic
+from .wasm import GROUPED_MAX_ROWS, address, kernel_form
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -68,10 +66,8 @@ class PoolKernels:
     name = "wasm"
 
     def __init__(self, api: Any, arithmetic: str = DEFAULT_ARITHMETIC) -> None:  # (a JsProxy: dynamic)
-        if arithmetic not in ARITHMETIC:
-            raise InvalidArgumentError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
         self.api = api
-        self.arithmetic = arithmetic
+        self.arithmetic = check_arithmetic(arithmetic)
         self.threads = int(api.threads)
         self.fused: dict[int, Fused] = {}  # handle -> its group
 
@@ -81,16 +77,15 @@ class PoolKernels:
         return int(self.api.place(address(a), a.nbytes))
 
     def prepare(self, matrix: object) -> Callable[[np.ndarray], np.ndarray] | None:
+        known = kernel_form(matrix)
+        if known is None:
+            return None  # NumPy computes it (as with WasmKernels)
+        form, codes = known
         if isinstance(matrix, DenseMatrix):
-            weight = np.ascontiguousarray(matrix.weight, dtype=np.float32)
+            weight = np.ascontiguousarray(codes, dtype=np.float32)
             return self._product("dense", matrix.shape, self.place(weight), 0, 0, 0)
-        if isinstance(matrix, Int4Matrix):  # before Int8Matrix: it is a subclass
-            return self._quantized(matrix, matrix.packed, "q4")
-        if isinstance(matrix, Int8Matrix) and matrix.group == GROUP:
-            return self._quantized(matrix, matrix.codes, "q8")
-        if isinstance(matrix, Int8Matrix) and matrix.group == GROUP // 2 and matrix.mins is None:  # Q6_K, Q3_K
-            return self._quantized(matrix, matrix.codes, "q8h")
-        return None  # other groups: NumPy computes them (as with WasmKernels)
+        assert isinstance(matrix, Int8Matrix)  # (every other form the kernels know)
+        return self._quantized(matrix, codes, form)
 
     def fuse(self, matrices: list[object]) -> bool:
         """Declare that these matrices multiply the same x one after another (Fused). Only matrices whose

@@ -34,6 +34,13 @@ class KernelProvider(Protocol):
         ...
 
 
+def check_arithmetic(arithmetic: str) -> str:
+    """`arithmetic`, or the error naming the choices."""
+    if arithmetic not in ARITHMETIC:
+        raise InvalidArgumentError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
+    return arithmetic
+
+
 def resolve_kernels(choice: str, offered: KernelProvider | None) -> KernelProvider | None:
     """The provider `choice` asks for, given the one the runtime offers (None: NumPy only)."""
     if choice not in KERNEL_CHOICES:

@@ -19,10 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
 from ..files.formats import GROUP
 from .matrices import DenseMatrix, Int4Matrix, Int8Matrix
-from .provider import ARITHMETIC, DEFAULT_ARITHMETIC
+from .provider import DEFAULT_ARITHMETIC, check_arithmetic
 
 # As kernels.c: weight rows per tile of a many-row product, and the most rows contracted group by group.
 TILE_ROWS = 16
@@ -32,6 +31,20 @@ GROUPED_MAX_ROWS = 4
 def address(a: np.ndarray) -> int:
     """Where the array's data starts in the WebAssembly memory (Pyodide: the NumPy data pointer)."""
     return a.__array_interface__["data"][0]
+
+
+def kernel_form(matrix: object) -> tuple[str, np.ndarray] | None:
+    """The kernels' name for a matrix's form ("dense", "q4", "q8", "q8h") and the array of its weights
+    or codes; None for forms the kernels do not compute (Q2_K: groups of 16 with mins; Q8_K: 256)."""
+    if isinstance(matrix, DenseMatrix):
+        return "dense", matrix.weight
+    if isinstance(matrix, Int4Matrix):  # before Int8Matrix: it is a subclass
+        return "q4", matrix.packed
+    if isinstance(matrix, Int8Matrix) and matrix.group == GROUP:
+        return "q8", matrix.codes
+    if isinstance(matrix, Int8Matrix) and matrix.group == GROUP // 2 and matrix.mins is None:  # Q6_K, Q3_K
+        return "q8h", matrix.codes
+    return None
 
 
 class WasmKernels:
@@ -48,10 +61,8 @@ class WasmKernels:
     name = "wasm"
 
     def __init__(self, exports: Any, arithmetic: str = DEFAULT_ARITHMETIC) -> None:  # (a JsProxy: dynamic)
-        if arithmetic not in ARITHMETIC:
-            raise InvalidArgumentError(f"arithmetic must be one of {', '.join(ARITHMETIC)}, got {arithmetic!r}")
         self.exports = exports
-        self.arithmetic = arithmetic
+        self.arithmetic = check_arithmetic(arithmetic)
         self._scratch = np.empty(0, dtype=np.float32)
         self._scratch_at = address(self._scratch)
 
@@ -63,15 +74,14 @@ class WasmKernels:
         return self._scratch_at
 
     def prepare(self, matrix: object) -> Callable[[np.ndarray], np.ndarray] | None:
+        known = kernel_form(matrix)
+        if known is None:
+            return None  # NumPy computes it
+        form, codes = known
         if isinstance(matrix, DenseMatrix):
             return self._dense(matrix)
-        if isinstance(matrix, Int4Matrix):  # before Int8Matrix: it is a subclass
-            return self._quantized(matrix, matrix.packed, "q4")
-        if isinstance(matrix, Int8Matrix) and matrix.group == GROUP:
-            return self._quantized(matrix, matrix.codes, "q8")
-        if isinstance(matrix, Int8Matrix) and matrix.group == GROUP // 2 and matrix.mins is None:  # Q6_K, Q3_K
-            return self._quantized(matrix, matrix.codes, "q8h")
-        return None  # other groups (Q2_K: 16 with mins; Q8_K: 256): NumPy computes them
+        assert isinstance(matrix, Int8Matrix)  # (every other form the kernels know)
+        return self._quantized(matrix, codes, form)
 
     def _dense(self, m: DenseMatrix) -> Callable[[np.ndarray], np.ndarray]:
         N, K = m.shape

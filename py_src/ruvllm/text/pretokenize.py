@@ -24,10 +24,12 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import LoadError
 from .detokenizer import byte_level_alphabet
+
+_T = TypeVar("_T")
 
 # GPT-2's split, which the ByteLevel pre-tokenizer applies when `use_regex` is set (byte_level.rs).
 GPT2_PATTERN = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
@@ -270,15 +272,21 @@ def _metaspace(spec: dict, where: str) -> PreTokenizer:
     return _per_piece(cut)
 
 
-def _sequence(spec: dict, where: str) -> PreTokenizer:
-    steps = [pre_tokenizer(s, f"{where}.pretokenizers[{k}]") for k, s in enumerate(spec.get("pretokenizers") or [])]
+def chain(steps: list[Callable[[_T], _T]]) -> Callable[[_T], _T]:
+    """The steps applied one after another (a Sequence of pre-tokenizers or post-processors)."""
 
-    def run(pieces: list[Piece]) -> list[Piece]:
+    def run(value: _T) -> _T:
         for step in steps:
-            pieces = step(pieces)
-        return pieces
+            value = step(value)
+        return value
 
     return run
+
+
+def _sequence(spec: dict, where: str) -> PreTokenizer:
+    return chain(
+        [pre_tokenizer(s, f"{where}.pretokenizers[{k}]") for k, s in enumerate(spec.get("pretokenizers") or [])]
+    )
 
 
 _PRE_TOKENIZERS: dict[str, Callable[[dict, str], PreTokenizer]] = {

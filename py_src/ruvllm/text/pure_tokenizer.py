@@ -22,7 +22,7 @@ from collections.abc import Callable
 
 from ..errors import LoadError
 from .bpe import BPE
-from .pretokenize import Normalizer, normalizer, pre_tokenizer
+from .pretokenize import Normalizer, chain, normalizer, pre_tokenizer
 
 
 class PureTokenizer:
@@ -199,14 +199,9 @@ def _post_processor(spec: object, where: str) -> Callable[[list[int]], list[int]
     if kind == "ByteLevel":  # offsets only
         return lambda ids: ids
     if kind == "Sequence":
-        steps = [_post_processor(s, f"{where}.processors[{k}]") for k, s in enumerate(spec.get("processors") or [])]
-
-        def run(ids: list[int]) -> list[int]:
-            for step in steps:
-                ids = step(ids)
-            return ids
-
-        return run
+        return chain(
+            [_post_processor(s, f"{where}.processors[{k}]") for k, s in enumerate(spec.get("processors") or [])]
+        )
     if kind in ("BertProcessing", "RobertaProcessing"):
         try:
             cls, sep = spec["cls"][1], spec["sep"][1]
