@@ -151,3 +151,25 @@ result = {{"errors": errors, "loaded": seen[-1]["loaded"], "total": seen[-1]["to
     assert "does not fit" in refused or "memory budget" in refused, refused
     assert result["loaded"] < result["total"] / 4  # stopped with the header, far from the end
     assert missing == f"{base_url}gguf/missing.gguf: HTTP 404 File not found"
+
+
+def test_load_async_text_and_chat_in_a_plain_pyodide_give_cpython_s_ids(base_url, smollm2_gguf):
+    """The whole user path in a plain Pyodide: micropip's wheel, load_async of the GGUF by URL, the text
+    tokenized in plain Python (no `tokenizers` there), the kernels active: a raw continuation and a chat
+    answer have CPython's ids."""
+    from ruvllm import load
+
+    messages = [{"role": "user", "content": "What is the capital of France?"}]
+    got = in_pyodide(
+        f"""
+import ruvllm
+model = await ruvllm.load_async({base_url + "gguf/SmolLM2-135M-Instruct.Q4_1.gguf"!r}, arithmetic="exact")
+raw = [c.token_id for c in model.generate("Once upon a time", temperature=0, max_tokens=16)]
+chat = [c.token_id for c in model.chat({messages!r}, temperature=0, max_tokens=24)]
+result = {{"raw": raw, "chat": chat, "kernels": model.engine.kernels, "pure": model.tokenizer._pure is not None}}
+"""
+    )
+    model = load(str(smollm2_gguf), kernels="numpy")
+    assert (got["kernels"], got["pure"]) == ("wasm", True)
+    assert got["raw"] == [c.token_id for c in model.generate("Once upon a time", temperature=0, max_tokens=16)]
+    assert got["chat"] == [c.token_id for c in model.chat(messages, temperature=0, max_tokens=24)]
