@@ -1,4 +1,5 @@
-// The WebAssembly SIMD kernels as the worker starts them (src/worker/kernels.js), and inside Pyodide:
+// The WebAssembly SIMD kernels as the worker starts them (src/worker/kernels.js, through the wheel's
+// host.py), and inside Pyodide:
 // products of every compute form against NumPy's, before and after Pyodide's memory grows. The
 // Pyodide part needs a local distribution (RUVLLM_PYODIDE_DIST or ~/.cache/ruvllm/pyodide/314.0.1).
 // tests/test_kernels.py checks the kernels' arithmetic in a plain wasm runtime, without Pyodide.
@@ -20,33 +21,32 @@ const SKIP = !BUILT
     ? false
     : `no local Pyodide distribution at ${DIST}: set RUVLLM_PYODIDE_DIST to a Pyodide 314.0.1 folder with NumPy (docs/pyodide.md says how to make one)`;
 
-/** A stand-in for Pyodide with only what startKernels reads: its memory. */
-const fakePyodide = (memory) => ({ _module: { memory } });
-
-describe('starting the kernels', { skip: NOT_BUILT }, () => {
-  test("'auto' and 'wasm' start them on the given memory; 'numpy' does not", async () => {
-    const memory = new WebAssembly.Memory({ initial: 4 });
+describe('starting the kernels', () => {
+  test("'auto' and 'wasm' start them from the wheel's Python (host.py); 'numpy' does not", { skip: SKIP }, async () => {
+    const { py } = await startPython({ indexURL: DIST });
     for (const choice of ['auto', 'wasm']) {
-      const { exports, reason } = await startKernels(fakePyodide(memory), choice);
+      const { exports, reason } = await startKernels(py, choice);
       assert.equal(reason, null);
       assert.equal(typeof exports.q4_exact, 'function');
     }
-    assert.deepEqual(await startKernels(fakePyodide(memory), 'numpy'), { exports: null, reason: null });
-  });
-
-  test("without a reachable memory, 'auto' says why it runs NumPy and 'wasm' is a load error", async () => {
-    const auto = await startKernels(fakePyodide(undefined), 'auto');
+    assert.deepEqual(await startKernels(py, 'numpy'), { exports: null, reason: null });
+    // a wheel without its kernels: 'auto' says why it runs NumPy's, 'wasm' is a load error saying it
+    py.runPython('import ruvllm.host as h; h.kernels_wasm = lambda: None; h.kernel_exports.cache_clear()');
+    const auto = await startKernels(py, 'auto');
     assert.equal(auto.exports, null);
-    assert.match(auto.reason, /does not expose its WebAssembly memory/);
+    assert.match(auto.reason, /this ruvllm wheel has no quant\/kernels.wasm/);
     await assert.rejects(
-      startKernels(fakePyodide(undefined), 'wasm'),
-      (e) => e instanceof RuvLLMError && e.type === 'load' && /cannot use the WebAssembly kernels/.test(e.message),
+      startKernels(py, 'wasm'),
+      (e) =>
+        e instanceof RuvLLMError &&
+        e.type === 'load' &&
+        /cannot use the WebAssembly kernels: this ruvllm wheel/.test(e.message),
     );
   });
 
   test('a wrong choice is an invalid_argument error naming the choices', async () => {
     await assert.rejects(
-      startKernels(fakePyodide(undefined), 'simd'),
+      startKernels(null, 'simd'),
       (e) => e.type === 'invalid_argument' && /auto, wasm, numpy, got "simd"/.test(e.message),
     );
   });

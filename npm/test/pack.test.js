@@ -37,7 +37,6 @@ test('the installed package exports the API, its types, the wheel and the kernel
   for (const file of [
     'types/index.d.ts',
     'wheel/manifest.json',
-    'wasm/kernels.wasm',
     'wasm/kernels-shared.wasm',
     'bin/ruvllm-js.js',
     'browser/index.js',

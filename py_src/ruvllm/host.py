@@ -94,13 +94,14 @@ def wasm_kernels(arithmetic: str = DEFAULT_ARITHMETIC) -> tuple[WasmKernels | No
     """The WebAssembly SIMD kernels on Pyodide's memory, or None and why they cannot run here."""
     if not IN_PYODIDE:
         return None, "the WebAssembly kernels run inside Pyodide; CPython's NumPy has a BLAS instead"
-    exports, reason = _kernel_exports()
+    exports, reason = kernel_exports()
     return (None, reason) if exports is None else (WasmKernels(exports, arithmetic), None)
 
 
 @functools.cache
-def _kernel_exports() -> tuple[Any, str | None]:
-    """The kernels' exports on Pyodide's memory (compiled and checked once), or None and why not."""
+def kernel_exports() -> tuple[Any, str | None]:
+    """The kernels' exports on Pyodide's memory (compiled and checked once), or None and why not. The
+    npm package's worker starts its kernels here too (npm/src/worker/kernels.js)."""
     import js
     import pyodide_js
 
