@@ -18,21 +18,29 @@ QUESTION = "What is the capital of France?"
 
 
 @pytest.fixture(scope="module")
-def base_url(smollm2_gguf):
+def server(smollm2_gguf):
     if not (ROOT / "node_modules" / "@pyscript" / "core" / "dist" / "core.js").exists():
         pytest.fail("PyScript is missing: npm ci at the top of the repository installs it (./build.sh test does)")
     with demo_server() as httpd:
-        yield url_of(httpd)
+        yield httpd
 
 
-def answer_of(browser, url: str) -> tuple[dict, str]:
-    context = browser.new_context()
+@pytest.fixture(scope="module")
+def base_url(server):
+    return url_of(server)
+
+
+def answer_of(browser, url: str, context=None) -> tuple[dict, str]:
+    own = context is None
+    context = context or browser.new_context()
     page = context.new_page()
     page.goto(url)
     page.wait_for_function("window.__result !== undefined", timeout=300_000)
     result = json.loads(page.evaluate("window.__result"))
     shown = page.locator("#answer").inner_text()
-    context.close()
+    page.close()
+    if own:
+        context.close()
     assert "error" not in result, result["error"]
     return result, shown
 
@@ -55,3 +63,21 @@ def test_a_pyscript_page_loads_a_gguf_by_url_and_streams_cpython_s_answer(kind, 
     assert shown.strip() == result["text"].strip()
     if kind == "chat":
         assert "Paris" in result["text"]
+
+
+def test_a_second_visit_takes_the_gguf_from_the_cache_api(browser, server, base_url):
+    """load_async keeps a file read to its end in the page's Cache API (the npm package's store): the
+    next visit of the same browser reads it from there, and the server is not asked again."""
+    gguf = "/gguf/SmolLM2-135M-Instruct.Q4_1.gguf"
+    url = f"{base_url}examples/pyscript/?model={gguf}&text=Once+upon+a+time"
+    context = browser.new_context()
+    before = server.requests[gguf]
+    first, _ = answer_of(browser, url, context)
+    page = context.new_page()
+    page.goto(base_url + "examples/pyscript/missing-page")  # (same origin: its caches)
+    stored = page.evaluate("caches.open('ruvllm-models-v1').then((c) => c.keys()).then((k) => k.map((r) => r.url))")
+    second, _ = answer_of(browser, url, context)
+    context.close()
+    assert stored == [base_url.rstrip("/") + gguf]
+    assert server.requests[gguf] == before + 1  # the second visit did not ask the server
+    assert second["ids"] == first["ids"]

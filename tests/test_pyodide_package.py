@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -173,3 +174,30 @@ result = {{"raw": raw, "chat": chat, "kernels": model.engine.kernels, "pure": mo
     assert (got["kernels"], got["pure"]) == ("wasm", True)
     assert got["raw"] == [c.token_id for c in model.generate("Once upon a time", temperature=0, max_tokens=16)]
     assert got["chat"] == [c.token_id for c in model.chat(messages, temperature=0, max_tokens=24)]
+
+
+def test_the_cli_runs_in_a_plain_pyodide(smollm2_dir):
+    """ruvllm.cli.main in Pyodide: generate with --kernels wasm and --arithmetic exact prints CPython's
+    text; a bad --kernels is argparse's usage error (exit 2), not a traceback."""
+    got = in_pyodide(
+        """
+import contextlib, io
+from ruvllm.cli import main
+out, err = io.StringIO(), io.StringIO()
+with contextlib.redirect_stdout(out):
+    code = main(["generate", "/models/m", "--prompt", "Once upon a time", "--temperature", "0", "--max-tokens",
+                 "12", "--kernels", "wasm", "--arithmetic", "exact"])
+with contextlib.redirect_stderr(err):
+    try:
+        main(["generate", "/models/m", "--prompt", "x", "--kernels", "gpu"])
+        bad = None
+    except SystemExit as e:
+        bad = e.code
+result = {"code": code, "text": out.getvalue(), "bad": bad, "usage": err.getvalue()}
+""",
+        {"/models/m": str(smollm2_dir)},
+    )
+    args = ["generate", str(smollm2_dir), "--prompt", "Once upon a time", "--temperature", "0", "--max-tokens", "12"]
+    expected = subprocess.run([sys.executable, "-m", "ruvllm", *args], capture_output=True, text=True, check=True)
+    assert (got["code"], got["text"]) == (0, expected.stdout)
+    assert got["bad"] == 2 and "argument --kernels: invalid choice: 'gpu'" in got["usage"]

@@ -114,17 +114,13 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
+    """The load options the command's arguments give, with the kernels this runtime offers (in Pyodide,
+    the WebAssembly ones)."""
+    from ..api import load_options as options_of
+
     kv = KVOptions(hot_tokens=args.hot_tokens, cold=args.cold, budget_bytes=args.kv_budget, keep=args.keep)
-    return LoadOptions(
-        context_length=args.context_length,
-        compute=args.compute,
-        memory_budget=args.memory_budget,
-        kv=kv,
-        isq=args.isq,
-        isq_format=args.isq_format,
-        threads=args.threads,
-        kernels=args.kernels,
-    )
+    more = {"isq": args.isq, "isq_format": args.isq_format, "threads": args.threads}
+    return options_of(args.context_length, args.compute, args.memory_budget, kv, args.kernels, args.arithmetic, **more)
 
 
 def load_model(args: argparse.Namespace):
