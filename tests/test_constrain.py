@@ -527,3 +527,17 @@ def test_schemas_that_are_not_objects_are_refused(schema):
 
 def test_tokenizer_special_ids_are_its_special_added_tokens(smollm2_tokenizer):
     assert smollm2_tokenizer.special_ids == frozenset(range(17))  # <|endoftext|>, <|im_start|>, ...
+
+
+def test_a_top_level_number_may_have_as_many_digits_as_its_schema_allows():
+    matcher = Matcher(json_grammar({"type": "integer", "maximum": 500}), TINY)
+    write(matcher, "1")
+    assert matcher.complete and not matcher.finished
+    allowed = matcher.allowed()
+    assert allowed[EOS] and allowed[BYTE0 + ord("2")] and allowed[word(b"12")]
+    write(matcher, "23")
+    assert matcher.complete
+    assert not matcher.allowed()[BYTE0 + ord("4")]  # 1234 > 500
+    with pytest.raises(InvalidArgumentError, match="only EOS may follow"):
+        matcher.advance(BYTE0 + ord("4"))
+    assert reads({"type": "number"}, "-12.5e+3") and reads({}, "1234")
