@@ -184,7 +184,23 @@ ENUMS = {
     "required": ["quote", "fixed"],
 }
 FREE = {"type": "object", "additionalProperties": {"type": "integer"}}
-WALKS = {"flat": FLAT, "nested": NESTED, "tree": TREE, "enums": ENUMS, "free keys": FREE, "json_object": None}
+COMBINED = {  # allOf, $ref beside keywords, oneOf, prefixItems, number bounds, an unknown keyword
+    "$defs": {"point": {"prefixItems": [{"type": "number", "minimum": -1, "maximum": 1}] * 2, "items": False}},
+    "allOf": [
+        {"type": "object", "properties": {"at": {"$ref": "#/$defs/point", "minItems": 2}}, "required": ["at"]},
+        {"properties": {"shape": {"oneOf": [{"const": "dot"}, {"type": "number", "exclusiveMinimum": 0.5}]}}},
+    ],
+    "x-origin": "a vendor keyword",
+}
+WALKS = {
+    "flat": FLAT,
+    "nested": NESTED,
+    "tree": TREE,
+    "enums": ENUMS,
+    "free keys": FREE,
+    "combined": COMBINED,
+    "json_object": None,
+}
 
 
 @pytest.mark.parametrize("name", WALKS)
@@ -473,6 +489,13 @@ def test_enum_values_are_those_the_other_keywords_allow():
         json_grammar({"type": "integer", "enum": ["a"]})
 
 
+def _nested(depth: int) -> dict:
+    schema: dict = {"type": "integer"}
+    for _ in range(depth):
+        schema = {"type": "array", "items": schema}
+    return schema
+
+
 @pytest.mark.parametrize(
     "schema, message",
     [
@@ -480,24 +503,23 @@ def test_enum_values_are_those_the_other_keywords_allow():
             {"type": "object", "properties": {"name": {"type": "string", "pattern": "^a"}}},
             "'pattern' at properties.name",
         ),
-        ({"oneOf": [{"type": "string"}]}, "'oneOf' at the root"),
-        ({"allOf": [{"type": "string"}]}, "'allOf' at the root"),
+        ({"oneOf": [{"type": "string"}, {"maxLength": 3}]}, "'oneOf' options 0 and 1 may both match one document"),
+        (
+            {"allOf": [{"prefixItems": [{}]}, {"prefixItems": [{}]}]},
+            "'allOf' with 'prefixItems' in more than one schema is not supported at the root",
+        ),
         ({"type": "array", "items": {"not": {"type": "string"}}}, "'not' at items"),
-        ({"type": "number", "minimum": 0}, "'minimum' is supported only for integers"),
-        ({"minimum": 0}, '\'minimum\' without "type": "integer"'),
         ({"type": "integer", "multipleOf": 2}, "'multipleOf' at the root"),
         ({"type": "object", "patternProperties": {"^a": {}}}, "'patternProperties' at the root"),
         ({"type": "array", "uniqueItems": True}, "'uniqueItems' at the root"),
         ({"if": {"type": "string"}, "then": {}}, "'if' at the root"),
         (
-            {"$defs": {"a": {"type": "string", "format": "date", "contentEncoding": "x"}}, "$ref": "#/$defs/a"},
-            "at $defs.a",
+            {"$defs": {"a": {"type": "integer", "format": "date", "multipleOf": 2}}, "$ref": "#/$defs/a"},
+            "'multipleOf' at $defs.a",
         ),
         ({"anyOf": [{"type": "string"}, {"type": "integer", "maximum": "9"}]}, "'maximum' must be a finite number"),
-        ({"type": "array", "items": [{"type": "string"}]}, "'items' as a list"),
-        ({"$ref": "http://example.com/schema"}, "'$ref' 'http://example.com/schema' is not supported"),
+        ({"$ref": "http://example.com/schema"}, "'$ref' 'http://example.com/schema' points to another document"),
         ({"$ref": "#/$defs/missing"}, "points to nothing"),
-        ({"$ref": "#/$defs/a", "type": "string", "$defs": {"a": {}}}, "'$ref' with the sibling keyword 'type'"),
         ({"type": "strin"}, "'type' 'strin' is not a JSON Schema type"),
         ({"type": []}, "'type' is an empty list"),
         ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "no JSON value is valid under the schema"),
@@ -505,6 +527,17 @@ def test_enum_values_are_those_the_other_keywords_allow():
         ({"type": "integer", "minimum": 5, "maximum": 4}, "within the bounds [5, 4]"),
         ({"type": "object", "properties": {"a": [1]}}, "at properties.a"),
         ({"type": "object", "required": ["a"], "additionalProperties": False}, "'a' is not in 'properties'"),
+        (
+            {
+                "type": "object",
+                "properties": {"a": {"type": "object", "properties": {"b": False}, "required": ["b"]}},
+                "required": ["a"],
+            },
+            "no JSON value is valid under the schema (the schema is false at properties.a.properties.b)",
+        ),
+        ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "the types of 'allOf' have nothing in common"),
+        ({"type": "array", "items": {"x-vendor": 1, "readonly": True, "not": {}}}, "'not' at items is not supported"),
+        (_nested(150), "the schema nests deeper than 100 levels (sub-schemas and references) at items.items.items"),
     ],
 )
 def test_unsupported_or_broken_schemas_are_refused_naming_keyword_and_path(schema, message):
@@ -541,3 +574,135 @@ def test_a_top_level_number_may_have_as_many_digits_as_its_schema_allows():
     with pytest.raises(InvalidArgumentError, match="only EOS may follow"):
         matcher.advance(BYTE0 + ord("4"))
     assert reads({"type": "number"}, "-12.5e+3") and reads({}, "1234")
+
+
+# --- keywords beyond the basics: each schema with documents valid and invalid under it ---------------
+
+DRAFT4 = "http://json-schema.org/draft-04/schema#"
+CASES = {
+    "enum compares JSON values": ({"enum": [1, "a", None]}, ["1", "1.0", '"a"', "null"], ["true", "1.5", '"b"']),
+    "const true is not 1": ({"const": True}, ["true"], ["1", "1.0"]),
+    "const 1.0 is the number 1": ({"const": 1.0}, ["1", "1.0"], ["true", "2"]),
+    "const beside enum": ({"enum": [1, True, "x"], "const": 1}, ["1"], ["true", '"x"']),
+    "unknown keywords are ignored": ({"type": "integer", "x-kind": "id", "readonly": True}, ["7"], ['"7"']),
+    "allOf merges": (
+        {
+            "allOf": [
+                {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]},
+                {"properties": {"a": {"minimum": 2}, "b": {"type": "string"}}},
+            ]
+        },
+        ['{"a": 2}', '{"a": 3, "b": "x"}'],
+        ['{"a": 1}', '{"b": "x"}', '{"a": 2, "b": 1}'],
+    ),
+    "allOf respects another part's additionalProperties": (
+        {"allOf": [{"properties": {"a": {}}, "additionalProperties": False}, {"properties": {"b": {}}}]},
+        ['{"a": 1}', "{}"],
+        ['{"b": 1}'],
+    ),
+    "$ref beside other keywords": (
+        {"$defs": {"n": {"type": "integer"}}, "$ref": "#/$defs/n", "maximum": 5},
+        ["5", "-3"],
+        ["6", '"a"'],
+    ),
+    "anyOf beside other keywords": (
+        {"type": "integer", "anyOf": [{"maximum": 1}, {"minimum": 10}]},
+        ["1", "10"],
+        ["5", "1.5"],
+    ),
+    "oneOf of exclusive types": ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, ['"a"', "3"], ["null", "1.5"]),
+    "oneOf discriminated by a property": (
+        {
+            "oneOf": [
+                {
+                    "type": "object",
+                    "properties": {"kind": {"const": "a"}, "x": {"type": "integer"}},
+                    "required": ["kind"],
+                },
+                {
+                    "type": "object",
+                    "properties": {"kind": {"const": "b"}, "y": {"type": "string"}},
+                    "required": ["kind"],
+                },
+            ]
+        },
+        ['{"kind": "a", "x": 1}', '{"kind": "b", "y": "s"}'],
+        ['{"kind": "a", "x": "s"}', '{"kind": "c"}'],
+    ),
+    "prefixItems": (
+        {"prefixItems": [{"type": "string"}, {"type": "integer"}], "items": False},
+        ['["a", 1]', '["a"]', "[]"],
+        ['[1, "a"]', '["a", 1, 2]'],
+    ),
+    "draft-04 items as a list": (
+        {"$schema": DRAFT4, "items": [{"type": "string"}], "additionalItems": {"type": "integer"}},
+        ['["a", 1, 2]'],
+        ['["a", "b"]', "[1]"],
+    ),
+    "number bounds": (
+        {"type": "number", "minimum": -1.5, "exclusiveMaximum": 2.25},
+        ["-1.5", "0", "2.2", "2.249", "-1", "1"],
+        ["-1.51", "2.25", "2.3", "3", "-2"],
+    ),
+    "draft-04 exclusive flags": (
+        {"$schema": DRAFT4, "type": "number", "minimum": 0, "exclusiveMinimum": True, "maximum": 1},
+        ["0.5", "1"],
+        ["0", "-0", "1.01"],
+    ),
+    "$id and $anchor": (
+        {
+            "$id": "http://example.com/root.json",
+            "$defs": {
+                "a": {"$id": "other.json", "$defs": {"b": {"$anchor": "num", "type": "integer"}}, "$ref": "#num"},
+            },
+            "properties": {"x": {"$ref": "other.json"}, "y": {"$ref": "other.json#num"}},
+        },
+        ['{"x": 1, "y": 2}'],
+        ['{"x": "1"}', '{"y": "2"}'],
+    ),
+    "pointer escapes": (
+        {
+            "$defs": {"a/b": {"type": "integer"}, "c~d": {"type": "string"}, "e%f": {"type": "null"}},
+            "properties": {
+                "x": {"$ref": "#/$defs/a~1b"},
+                "y": {"$ref": "#/$defs/c~0d"},
+                "z": {"$ref": "#/$defs/e%25f"},
+            },
+        },
+        ['{"x": 1, "y": "s", "z": null}'],
+        ['{"x": "s"}', '{"y": 1}', '{"z": 1}'],
+    ),
+    "no type: each keyword constrains its own type": (
+        {"properties": {"a": {"type": "integer"}}, "maxLength": 2},
+        ['{"a": 1}', '"ab"', "3", "[1]"],
+        ['{"a": "x"}', '"abc"'],
+    ),
+    "an optional property no value can meet is left out": (
+        {"type": "object", "properties": {"a": {"type": "string", "minLength": 2, "maxLength": 1}, "b": {}}},
+        ['{"b": 1}', "{}"],
+        ['{"a": ""}'],
+    ),
+}
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_schemas_accept_their_valid_documents_and_refuse_the_others(name, validate):
+    jsonschema = pytest.importorskip("jsonschema")
+    schema, valid, invalid = CASES[name]
+    for text in valid:
+        validate(json.loads(text), schema)  # the case itself is right
+        assert reads(schema, text), text
+    for text in invalid:
+        with pytest.raises(jsonschema.ValidationError):
+            validate(json.loads(text), schema)
+        assert not reads(schema, text), text
+
+
+def test_unknown_keywords_are_refused_when_strict():
+    schema = {"type": "object", "properties": {"a": {"type": "integer", "x-unit": "cm"}}}
+    json_grammar(schema)
+    with pytest.raises(InvalidArgumentError) as caught:
+        json_grammar(schema, strict=True)
+    assert str(caught.value) == (
+        "json_schema: 'x-unit' at properties.a is not a keyword of JSON Schema (refused with strict=True)"
+    )

@@ -117,9 +117,9 @@ DEFS_TOOL = {
     },
 }
 SUPPORTED = (
-    "type, properties, required, additionalProperties, items, minItems, maxItems, enum, const, anyOf, $ref, "
-    "$defs, definitions, minLength, maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum (integers), "
-    "and annotations"
+    "type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, enum, const, "
+    "anyOf, oneOf, allOf, $ref (with $id, $anchor), minLength, maxLength, minimum, maximum, exclusiveMinimum, "
+    "exclusiveMaximum, and annotations"
 )
 BROKEN = (
     f"tools[0].function.parameters (lookup) cannot constrain a call: json_schema: 'pattern' at properties.q is "

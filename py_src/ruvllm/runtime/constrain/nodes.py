@@ -7,6 +7,7 @@ A grammar is a list of these; a node refers to others by their index in the list
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 
 @dataclass(frozen=True)
@@ -27,10 +28,11 @@ class _Object:
 
 @dataclass(frozen=True)
 class _Array:
-    item: int | None  # None: no item is allowed
+    item: int | None  # the items after `prefix`; None: no more items are allowed
     min_items: int
     max_items: int  # -1: unbounded
-    cap: int  # counts stop here: nothing beyond it is checked
+    cap: int  # counts stop here: nothing beyond it is checked (at least len(prefix))
+    prefix: tuple[int, ...] = ()  # the first items, one node each (prefixItems)
 
 
 @dataclass(frozen=True)
@@ -43,8 +45,10 @@ class _String:
 @dataclass(frozen=True)
 class _Number:
     integer: bool
-    minimum: int | None  # inclusive, integers only
-    maximum: int | None
+    minimum: int | Fraction | None  # integers: int, inclusive; numbers: a Fraction, exclusive if open_min
+    maximum: int | Fraction | None
+    open_min: bool = False
+    open_max: bool = False
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from fractions import Fraction
 
 from .nodes import _Array, _Literal, _Number, _Object, _String, _Union
 
@@ -135,7 +136,8 @@ def _start_frames(nodes: Sequence, node: int) -> tuple[tuple, ...]:
         elif isinstance(spec, _String):
             frames.append((_STRING, n, _S_OPEN, 0, 0))
         elif isinstance(spec, _Number):
-            frames.append((_NUMBER, n, _N_START, 0, 0))
+            bounded_decimal = not spec.integer and (spec.minimum is not None or spec.maximum is not None)
+            frames.append((_NUMBER, n, _N_START, 0, (False, Fraction(0)) if bounded_decimal else 0))
         elif isinstance(spec, _Literal):
             frames.append((_LITERAL, n, b""))
     return tuple(frames)
@@ -164,6 +166,10 @@ def _can_end(g: _Rules, frame: tuple) -> bool:
         spec = g.nodes[n]
         if spec.integer:
             return phase in (_N_ZERO, _N_INT) and _within(spec, value)
+        if spec.minimum is not None or spec.maximum is not None:
+            return phase in (_N_ZERO, _N_INT, _N_FRACTION) and _decimal_within(
+                spec, -value[1] if value[0] else value[1]
+            )
         return phase in (_N_ZERO, _N_INT, _N_FRACTION, _N_EXPONENT)
     if kind == _LITERAL:
         values = g.nodes[frame[1]].values
@@ -248,10 +254,11 @@ def _step_array(g: _Rules, frame: tuple, b: int) -> list[tuple]:
         return [()] if b == 0x5D and count >= spec.min_items else []
     if phase == _FIRST and b == 0x5D:
         return [()] if spec.min_items == 0 else []
-    if spec.item is None:
+    item = spec.prefix[count] if count < len(spec.prefix) else spec.item
+    if item is None:
         return []
     after = (_ARRAY, n, _AFTER_VALUE, min(count + 1, spec.cap), 0)
-    return [(after, *frames) for frames in _start_value(g, spec.item, b)]
+    return [(after, *frames) for frames in _start_value(g, item, b)]
 
 
 def _step_string(g: _Rules, frame: tuple, b: int) -> list[tuple]:
@@ -295,6 +302,8 @@ def _step_number(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     spec = g.nodes[n]
     bounded = spec.minimum is not None or spec.maximum is not None
     digit = b - 0x30 if b in _DIGITS else -1
+    if bounded and not spec.integer:
+        return _step_decimal(spec, frame, b, digit)
     if phase == _N_START and b == 0x2D:  # '-'
         return [((_NUMBER, n, _N_MINUS, 0, 0),)] if spec.minimum is None or spec.minimum <= 0 else []
     if phase in (_N_START, _N_MINUS, _N_INT) and digit >= 0:
@@ -333,6 +342,54 @@ def _reachable(spec: _Number, negative: bool, magnitude: int, digits: int) -> bo
         if (spec.minimum is None or high >= spec.minimum) and (spec.maximum is None or low <= spec.maximum):
             return True
     return False
+
+
+def _step_decimal(spec: _Number, frame: tuple, b: int, digit: int) -> list[tuple]:
+    """A number with bounds: value is (negative, magnitude as a Fraction); no exponent is written."""
+    _, n, phase, digits, (negative, magnitude) = frame
+    if phase == _N_START and b == 0x2D:  # '-'
+        negative, width = True, Fraction(10**MAX_INT_DIGITS)
+        following: tuple = (_N_MINUS, 0, (True, magnitude))
+    elif phase in (_N_START, _N_MINUS, _N_INT) and digit >= 0:
+        if phase == _N_INT and digits == MAX_INT_DIGITS:
+            return []
+        magnitude = magnitude * 10 + digit
+        following = (_N_ZERO if phase != _N_INT and digit == 0 else _N_INT, digits + 1, (negative, magnitude))
+        more = 0 if magnitude == 0 else MAX_INT_DIGITS - digits - 1  # integer digits that may still come
+        return (
+            [((_NUMBER, n, *following),)]
+            if any(_decimal_reachable(spec, negative, magnitude * 10**k, Fraction(10**k)) for k in range(more + 1))
+            else []
+        )
+    elif b == 0x2E and phase in (_N_ZERO, _N_INT):  # '.'
+        following, width = (_N_DOT, 0, (negative, magnitude)), Fraction(1)
+    elif digit >= 0 and (phase == _N_DOT or (phase == _N_FRACTION and digits < MAX_FRACTION_DIGITS)):
+        width = Fraction(1, 10 ** (digits + 1))
+        magnitude = magnitude + digit * width
+        following = (_N_FRACTION, digits + 1, (negative, magnitude))
+    else:
+        return []
+    return [((_NUMBER, n, *following),)] if _decimal_reachable(spec, negative, magnitude, width) else []
+
+
+def _decimal_reachable(spec: _Number, negative: bool, low: Fraction | int, width: Fraction) -> bool:
+    """Whether some number of magnitude in [low, low + width), with this sign, lies within the bounds."""
+    high = low + width
+    if negative:  # values in (-high, -low]
+        low, high = -high, -low
+        top_ok = spec.maximum is None or low < spec.maximum
+        bottom_ok = spec.minimum is None or high > spec.minimum or (high == spec.minimum and not spec.open_min)
+    else:  # values in [low, high)
+        top_ok = spec.maximum is None or low < spec.maximum or (low == spec.maximum and not spec.open_max)
+        bottom_ok = spec.minimum is None or high > spec.minimum
+    return top_ok and bottom_ok
+
+
+def _decimal_within(spec: _Number, value: Fraction) -> bool:
+    low, high = spec.minimum, spec.maximum
+    if low is not None and (value < low or (value == low and spec.open_min)):
+        return False
+    return high is None or not (value > high or (value == high and spec.open_max))
 
 
 def _within(spec: _Number, value: int) -> bool:
