@@ -184,6 +184,16 @@ ENUMS = {
     "required": ["quote", "fixed"],
 }
 FREE = {"type": "object", "additionalProperties": {"type": "integer"}}
+FORMATS = {
+    "type": "object",
+    "properties": {
+        "when": {"type": "string", "format": "date-time"},
+        "id": {"type": "string", "format": "uuid"},
+        "code": {"type": "string", "pattern": "^[A-Z]{2}-[0-9]{1,4}$"},
+        "host": {"type": "string", "format": "ipv6"},
+    },
+    "required": ["when", "id", "code", "host"],
+}
 COMBINED = {  # allOf, $ref beside keywords, oneOf, prefixItems, number bounds, an unknown keyword
     "$defs": {"point": {"prefixItems": [{"type": "number", "minimum": -1, "maximum": 1}] * 2, "items": False}},
     "allOf": [
@@ -199,6 +209,7 @@ WALKS = {
     "enums": ENUMS,
     "free keys": FREE,
     "combined": COMBINED,
+    "patterns": FORMATS,
     "json_object": None,
 }
 
@@ -208,7 +219,8 @@ def test_documents_sampled_from_random_logits_are_valid_and_match_the_schema(nam
     schema = WALKS[name]
     sampler = RandomLogits(vocabulary, seed=sum(name.encode()))
     for _ in range(200):
-        data = sampler.document(Matcher(json_grammar(schema), vocabulary))
+        # random text in undeclared keys would rarely end: the walks keep to the declared properties
+        data = sampler.document(Matcher(json_grammar(schema, extra_properties=False), vocabulary))
         document = json.loads(data.decode("utf-8"))
         validate(document, schema)
         if schema is None:
@@ -226,8 +238,17 @@ def test_tool_calls_are_written_between_their_prefix_and_suffix(vocabulary, vali
 
 def test_masks_equal_trying_every_token(vocabulary):
     """The trie walk and the plain-text shortcut give the same mask as advancing each token in turn."""
-    schema = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 3}, "n": {"type": "integer"}}}
-    for text in ["", '{"name": "', '{"name": "a', '{"name": "\xe9', '{"name": "ab', '{"n": 1', "{\n "]:
+    plain = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 3}, "n": {"type": "integer"}}}
+    patterned = {
+        "type": "object",
+        "properties": {"code": {"type": "string", "pattern": "^[a-z]{2}-\\d+$"}},
+        "additionalProperties": {"type": "integer"},
+    }
+    cases = [
+        (plain, text) for text in ["", '{"name": "', '{"name": "a', '{"name": "\xe9', '{"name": "ab', '{"n": 1', "{\n "]
+    ]
+    cases += [(patterned, text) for text in ['{"code": "a', '{"code": "ab-1', '{"co', '{"x']]
+    for schema, text in cases:
         matcher = Matcher(json_grammar(schema), vocabulary)
         data = text.encode("utf-8")[:-1] if text.endswith("\xe9") else text.encode("utf-8")  # half of é
         for b in data:
@@ -500,8 +521,8 @@ def _nested(depth: int) -> dict:
     "schema, message",
     [
         (
-            {"type": "object", "properties": {"name": {"type": "string", "pattern": "^a"}}},
-            "'pattern' at properties.name",
+            {"type": "object", "properties": {"name": {"type": "string", "pattern": "^(?=a)"}}},
+            "'pattern' '^(?=a)': lookaround in '^(?=a)' is not supported at properties.name",
         ),
         ({"oneOf": [{"type": "string"}, {"maxLength": 3}]}, "'oneOf' options 0 and 1 may both match one document"),
         (
@@ -548,8 +569,8 @@ def test_unsupported_or_broken_schemas_are_refused_naming_keyword_and_path(schem
 
 def test_the_refusal_lists_what_is_supported():
     with pytest.raises(InvalidArgumentError) as caught:
-        json_grammar({"type": "object", "properties": {"name": {"pattern": "x"}}})
-    assert str(caught.value).startswith("json_schema: 'pattern' at properties.name is not supported (supported: type,")
+        json_grammar({"type": "object", "properties": {"name": {"not": {}}}})
+    assert str(caught.value).startswith("json_schema: 'not' at properties.name is not supported (supported: type,")
 
 
 @pytest.mark.parametrize("schema", [[{"type": "string"}], "object", 3, False])
@@ -677,10 +698,42 @@ CASES = {
         ['{"a": 1}', '"ab"', "3", "[1]"],
         ['{"a": "x"}', '"abc"'],
     ),
+    "pattern is a search": ({"type": "string", "pattern": "b+c"}, ['"abbcd"', '"bc"'], ['"ac"', '"cb"']),
+    "pattern anchored, with lengths": (
+        {"type": "string", "pattern": "^[a-z]{2,}(-[0-9]+)?$", "maxLength": 5},
+        ['"ab"', '"ab-12"', '"abcde"'],
+        ['"a"', '"ab-"', '"abcdef"', '"Ab"', '"ab-123"'],
+    ),
+    "pattern with escapes and non-ASCII": (
+        {"type": "string", "pattern": "^[^0-9]*$"},
+        ['"a\\"b/"', '"é"', '""'],
+        ['"a1"'],
+    ),
+    "format date, uuid, ipv4": (
+        {
+            "type": "array",
+            "prefixItems": [{"format": "date"}, {"format": "uuid"}, {"format": "ipv4"}],
+            "items": False,
+        },
+        ['["2024-02-29", "123e4567-e89b-12d3-a456-426614174000", "10.0.255.1"]'],
+        [
+            '["2024-13-01"]',
+            '["2024-01-01", "123e4567"]',
+            '["2024-01-01", "", "1.2.3.256"]',
+        ],
+    ),
+    "undeclared properties between the declared ones": (
+        {
+            "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+            "additionalProperties": {"type": "null"},
+        },
+        ['{"x": null, "name": "a", "names": null, "na": null, "n": 1, "nn": null}', '{"\\"": null}', "{}"],
+        ['{"x": 1}', '{"na": 1}', '{"name": 1}'],
+    ),
     "an optional property no value can meet is left out": (
         {"type": "object", "properties": {"a": {"type": "string", "minLength": 2, "maxLength": 1}, "b": {}}},
         ['{"b": 1}', "{}"],
-        ['{"a": ""}'],
+        ['{"a": ""}', '{"a": "x", "c": 1}'],
     ),
 }
 
@@ -692,10 +745,24 @@ def test_schemas_accept_their_valid_documents_and_refuse_the_others(name, valida
     for text in valid:
         validate(json.loads(text), schema)  # the case itself is right
         assert reads(schema, text), text
+    checker = jsonschema.Draft202012Validator.FORMAT_CHECKER
     for text in invalid:
         with pytest.raises(jsonschema.ValidationError):
-            validate(json.loads(text), schema)
+            jsonschema.validate(json.loads(text), schema, format_checker=checker)
         assert not reads(schema, text), text
+
+
+def test_declared_properties_come_in_schema_order_once():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
+    assert reads(schema, '{"c": [1], "a": 1, "d": {}, "b": 2}')
+    assert not reads(schema, '{"b": 1, "a": 2}') and not reads(schema, '{"a": 1, "a": 2}')
+
+
+def test_only_declared_properties_are_written_without_extra_properties():
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    matcher = Matcher(json_grammar(schema, extra_properties=False), TINY)
+    write(matcher, '{"')
+    assert np.flatnonzero(matcher.allowed()).tolist() == [BYTE0 + ord("a")]
 
 
 def test_unknown_keywords_are_refused_when_strict():
@@ -706,3 +773,42 @@ def test_unknown_keywords_are_refused_when_strict():
     assert str(caught.value) == (
         "json_schema: 'x-unit' at properties.a is not a keyword of JSON Schema (refused with strict=True)"
     )
+
+
+@pytest.mark.parametrize(
+    "pattern",
+    [
+        *("^[a-z]+$", "b+c", r"^\d{4}-\d{2}$", "^(a|bc)*$", r"^[^\s]+$", "x$", r"^(?:\+|-)?\d+(\.\d{1,2})?$"),
+        *("^.{2,5}$", "^a|b$", "[ab]?c{2,}", r"^[\w.-]+@[\w-]+\.[a-z]{2,3}$", "^[^a-c]{0,3}x?$"),
+    ],
+)
+def test_patterns_match_as_python_re_does_on_ascii(pattern):
+    import random
+    import re
+
+    from ruvllm.runtime.constrain.regex import Regex
+
+    regex, rng = Regex(pattern), random.Random(pattern)
+    for _ in range(2000):
+        text = "".join(rng.choice("abcx0123-+.@ _A") for _ in range(rng.randint(0, 8)))
+        assert regex.matches(text) == (re.search(pattern, text) is not None), text
+
+
+@pytest.mark.parametrize(
+    "pattern, why",
+    [
+        ("(?=a)", "lookaround"),
+        (r"(a)\1", "'\\1'"),
+        (r"\bword", "'\\b'"),
+        ("a^b", "'^' or '$' inside"),
+        (r"\p{L}", "'\\p'"),
+        ("(ab", "ends early"),
+        ("a{3,2}", "bounds reversed"),
+        ("[z-a]", "reversed"),
+        ("^a{1000}{1000}$", "more than"),
+    ],
+)
+def test_patterns_beyond_the_supported_subset_are_refused(pattern, why):
+    with pytest.raises(InvalidArgumentError, match="json_schema: 'pattern'") as caught:
+        json_grammar({"type": "string", "pattern": pattern})
+    assert why in str(caught.value) and str(caught.value).endswith("at the root")

@@ -11,28 +11,33 @@ UTF-8 (no surrogates, no overlong forms); the whole output always decodes as UTF
 
 Supported JSON Schema (drafts 4 to 2020-12): `type` (object, array, string, integer, number, boolean,
 null, or a list of them; without it every type, each constrained by the keywords of its own type),
-`properties` (written in schema order; required ones always, optional ones may be skipped), `required`,
-`additionalProperties` (with `properties`: only listed properties are written; with no properties
-listed: free keys whose values follow `additionalProperties`, any value if it is true or if the schema
-says nothing about properties at all, but `"properties": {}` alone is the empty object), `items`,
-`prefixItems` (and draft-04 `items` lists with `additionalItems`), `minItems`, `maxItems`, `enum`,
-`const` (JSON values compared as JSON: 1 and 1.0 are equal, true is not 1), `anyOf`, `allOf` (merged
-keyword by keyword into one schema; what cannot be merged exactly is refused), `oneOf` (when its
-options exclude each other by type, literal value, integer range or the literal value of a required
-property, else refused: a document valid under two options would be invalid), `$ref` resolved as the
-specification says: against `$id` (draft-04 `id`) bases, to `$anchor`s and to JSON pointers (`~0`, `~1`
-and %-escapes decoded) anywhere in the document (nothing is fetched), with sibling keywords merged;
-`minLength`/`maxLength` (characters); `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` for
-integers and numbers (draft-04 boolean exclusive flags too), enforced exactly: a digit is allowed only if
-some completion is in range (bounded numbers are written without an exponent).
-Annotations and keywords no draft defines (`x-...`, `readonly`, ...) are ignored, as the specification
-says; `json_grammar(..., strict=True)` refuses the latter. `format` is an annotation, as in jsonschema's
-default validator: its values are not checked. Constraints that are not supported (pattern,
-patternProperties, not, if/then/else, contains, multipleOf, uniqueItems, minProperties, ...) are refused
-with an `InvalidArgumentError` naming the keyword and where it is. A schema no document can meet is
-refused with the reason (e.g. a required property whose schema is false); a part of it no document can
-meet (an optional property, an anyOf option) is never started. Sub-schemas nested deeper than
-MAX_SCHEMA_DEPTH (100, references and allOf parts included) are refused.
+`properties` (written in schema order, as XGrammar and LLGuidance do; required ones always, optional
+ones may be skipped), `required`, `additionalProperties` (with `properties`: undeclared keys, with
+values that follow it, may come between the declared ones unless it is false, or `json_grammar(...,
+extra_properties=False)` writes only the declared ones; with no properties listed: free keys whose
+values follow `additionalProperties`, any value if it is true or if the schema says nothing about
+properties at all, but `"properties": {}` alone is the empty object), `items`, `prefixItems` (and
+draft-04 `items` lists with `additionalItems`), `minItems`, `maxItems`, `enum`, `const` (JSON values
+compared as JSON: 1 and 1.0 are equal, true is not 1), `anyOf`, `allOf` (merged keyword by keyword into
+one schema; what cannot be merged exactly is refused), `oneOf` (when its options exclude each other by
+type, literal value, integer range or the literal value of a required property, else refused: a document
+valid under two options would be invalid), `$ref` resolved as the specification says: against `$id`
+(draft-04 `id`) bases, to `$anchor`s and to JSON pointers (`~0`, `~1` and %-escapes decoded) anywhere in
+the document (nothing is fetched), with sibling keywords merged; `minLength`/`maxLength` (characters);
+`minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` for integers and numbers (draft-04 boolean
+exclusive flags too), enforced exactly: a digit is allowed only if some completion is in range (bounded
+numbers are written without an exponent); `pattern` (regex.py: the ECMA-262 subset real schemas use, as
+a DFA over characters; a patterned string uses no escapes but `\\"`, `\\\\` and `\\/`, and non-ASCII
+characters only where every such character fits), and `format` date, time, date-time, uuid, email, ipv4,
+ipv6 and uri, written to a pattern of that format (other formats are annotations, not checked; with
+`pattern` beside it, `format` is not checked either). Annotations and keywords no draft defines
+(`x-...`, `readonly`, ...) are ignored, as the specification says; `json_grammar(..., strict=True)`
+refuses the latter. Constraints that are not supported (patternProperties, propertyNames, not,
+if/then/else, contains, multipleOf, uniqueItems, minProperties, ...) are refused with an
+`InvalidArgumentError` naming the keyword and where it is. A schema no document can meet is refused with
+the reason (e.g. a required property whose schema is false); a part of it no document can meet (an
+optional property, an anyOf option) is never started. Sub-schemas nested deeper than MAX_SCHEMA_DEPTH
+(100, references and allOf parts included) are refused.
 
 What is written, so that generation always ends:
 - whitespace between structural tokens as in llama.cpp's json-schema grammar: nothing, one space, or
@@ -62,6 +67,7 @@ benchmarks/constrain_bench.py; the model's own step is ~25-45 ms):
 
 Files, in the order they build on each other:
 - `vocabulary.py`: Vocabulary (the tokens as bytes, their tries and token classes), once per tokenizer.
+- `regex.py`: Regex, a `pattern` as a DFA over characters.
 - `nodes.py`: the nodes a schema compiles to.
 - `parser.py`: configurations of frames read one byte at a time; the MAX_* limits of what is written.
 - `automaton.py`: the lazy DFA of a grammar for one vocabulary, with each state's mask.

@@ -9,6 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from fractions import Fraction
 
+from .regex import Regex
+
 
 @dataclass(frozen=True)
 class _Property:
@@ -24,6 +26,9 @@ class _Object:
     free_key: int | None  # the string node of free keys
     last_candidate: tuple[int, ...]  # [i]: the last property that may come next after i (a required one)
     closable: tuple[bool, ...]  # [i]: no required property at i or later
+    extra_value: int | None = None  # undeclared keys, between the properties, with values of this node
+    extra_key: int | None = None  # the string node of undeclared keys
+    excluded: tuple[bytes, ...] = ()  # declared keys no value can follow: not undeclared keys either
 
 
 @dataclass(frozen=True)
@@ -40,6 +45,7 @@ class _String:
     min_length: int
     max_length: int  # -1: unbounded
     cap: int
+    pattern: Regex | None = None  # the characters must match it (JSON Schema `pattern`, `format`)
 
 
 @dataclass(frozen=True)

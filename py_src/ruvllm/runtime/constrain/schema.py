@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 from fractions import Fraction
 from itertools import combinations, product
 
@@ -14,6 +15,7 @@ from .combine import MAX_COMBINATIONS, MergeError, UnsatisfiableError, json_equa
 from .grammar import Grammar
 from .nodes import _Array, _Literal, _Number, _Object, _Property, _String, _Union
 from .parser import MAX_INT_DIGITS
+from .regex import Regex, RegexError
 from .resolve import ROOT_URI, Location, Resources
 
 MAX_SCHEMA_DEPTH = 100  # sub-schemas (and references, allOf parts) followed within each other
@@ -21,7 +23,7 @@ MAX_SCHEMA_DEPTH = 100  # sub-schemas (and references, allOf parts) followed wit
 # Annotations and identifiers: no effect on what is valid. `format` is an annotation, as in jsonschema's
 # default validator (its values are not checked).
 _IGNORED = frozenset(
-    {"title", "description", "default", "examples", "$schema", "$id", "id", "$comment", "deprecated", "format"}
+    {"title", "description", "default", "examples", "$schema", "$id", "id", "$comment", "deprecated"}
     | {"readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$vocabulary", "$defs"}
     | {"definitions", "contentMediaType", "contentEncoding", "contentSchema"}
 )
@@ -29,40 +31,68 @@ _HANDLED = frozenset(
     {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required", "additionalProperties"}
     | {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "uniqueItems"}
     | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "if", "then", "else", "minContains"}
-    | {"maxContains"}
+    | {"maxContains", "pattern", "format"}
 )
 _REFUSED = frozenset(  # constraints JSON Schema defines that are not supported (yet)
-    {"pattern", "patternProperties", "propertyNames", "minProperties", "maxProperties", "dependentRequired"}
+    {"patternProperties", "propertyNames", "minProperties", "maxProperties", "dependentRequired"}
     | {"dependentSchemas", "dependencies", "not", "contains", "multipleOf", "unevaluatedProperties"}
     | {"unevaluatedItems", "$dynamicRef", "$recursiveRef"}
 )
 _SUPPORTED = (
     "type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, enum, const, "
-    "anyOf, oneOf, allOf, $ref (with $id, $anchor), minLength, maxLength, minimum, maximum, exclusiveMinimum, "
-    "exclusiveMaximum, and annotations"
+    "anyOf, oneOf, allOf, $ref (with $id, $anchor), minLength, maxLength, pattern, format (date, time, "
+    "date-time, uuid, email, ipv4, ipv6, uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, and annotations"
 )
+# `format` values written by these patterns (other formats are annotations, not checked).
+_DATE = r"\d{4}-(0[1-9]|1[0-2])-(0[1-9]|[12]\d|3[01])"
+_TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([zZ]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+_OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_HEX4 = "[0-9a-fA-F]{1,4}"
+_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+FORMATS = {
+    "date": f"^{_DATE}$",
+    "time": f"^{_TIME}$",
+    "date-time": f"^{_DATE}[tT]{_TIME}$",
+    "uuid": "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+    "email": rf"^{_ATOM}(\.{_ATOM})*@{_LABEL}(\.{_LABEL})*$",
+    "ipv4": rf"^({_OCTET}\.){{3}}{_OCTET}$",
+    "ipv6": "^("
+    + "|".join(
+        [f"({_HEX4}:){{7}}{_HEX4}", f"({_HEX4}:){{1,7}}:", f"::({_HEX4}:){{0,6}}{_HEX4}"]
+        + [f"({_HEX4}:){{1,{k}}}(:{_HEX4}){{1,{7 - k}}}" for k in range(1, 7)]
+        + ["::"]
+    )
+    + ")$",
+    "uri": r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s\"<>\\^`{|}]*$",
+}
 _KEYWORDS_OF = {
     "object": ("properties", "required", "additionalProperties"),
     "array": ("items", "prefixItems", "minItems", "maxItems"),
-    "string": ("minLength", "maxLength"),
+    "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
 }
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 
-def json_grammar(schema: dict | bool | None, prefix: str = "", suffix: str = "", strict: bool = False) -> Grammar:
+def json_grammar(
+    schema: dict | bool | None, prefix: str = "", suffix: str = "", strict: bool = False, extra_properties: bool = True
+) -> Grammar:
     """The grammar of one JSON value, with literal text before and after it.
 
     schema None: any JSON object (`response_format: {"type": "json_object"}`); otherwise a JSON Schema
     (see the package docstring, `ruvllm.runtime.constrain`, for the keywords supported). prefix/suffix,
     e.g. "<tool_call>\\n" and "\\n</tool_call>", are written exactly, with no whitespace added around
     the value. strict: refuse keywords no JSON Schema draft defines (by default they are ignored, as
-    the specification says).
+    the specification says). extra_properties: undeclared properties may be written between the
+    declared ones where `additionalProperties` allows them (absent, true or a schema), as LLGuidance
+    does; False writes only the declared ones, as XGrammar does by default. Declared properties are
+    written in schema order either way, as both do.
     """
     for name, text in (("prefix", prefix), ("suffix", suffix)):
         if not isinstance(text, str):
             raise InvalidArgumentError(f"json_grammar: {name} must be a string, got {type(text).__name__}")
-    compiler = _Compiler(schema, strict)
+    compiler = _Compiler(schema, strict, extra_properties)
     if schema is None:
         root, description = compiler.free_object(compiler.any_value()), "json_object"
     else:
@@ -109,15 +139,17 @@ class _Compiler:
     slot reserved before their body, so recursion refers back to the slot. A sub-schema that no
     document can meet compiles to an empty union, with the reason kept for the error if the root is one."""
 
-    def __init__(self, root_schema: object, strict: bool) -> None:
+    def __init__(self, root_schema: object, strict: bool, extra_properties: bool) -> None:
         self.resources = Resources(root_schema)
         self.strict = strict
+        self.extra_properties = extra_properties
         self.nodes: list = []
         self.refs: dict[str, int] = {}
         self.enums: list[tuple[int, int, list, tuple[str, ...]]] = []  # (slot, other keywords, values, path)
         self.dead: dict[int, str] = {}  # node -> why no value meets it
         self.exclusive: list[tuple[int, tuple[str, ...]]] = []  # oneOf unions, checked in `finish`
         self._any: int | None = None
+        self.regexes: dict[str, Regex] = {}
 
     def add(self, node: object) -> int:
         self.nodes.append(node)
@@ -348,7 +380,7 @@ class _Compiler:
             low, high = _count(schema, "minLength", path), _count(schema, "maxLength", path)
             if high >= 0 and low > high:
                 return self.dead_node(f"'minLength' {low} is more than 'maxLength' {high}", path)
-            return self.add(_String(low, high, high if high >= 0 else low))
+            return self.add(_String(low, high, high if high >= 0 else low, self.pattern(schema, path)))
         if kind == "integer":
             minimum, maximum = _integer_bounds(schema, path)
             largest = 10**MAX_INT_DIGITS - 1
@@ -359,6 +391,24 @@ class _Compiler:
         if kind == "number":
             return self.number(schema, path)
         return self.add(_Literal((b"false", b"true") if kind == "boolean" else (b"null",)))
+
+    def pattern(self, schema: dict, path: tuple[str, ...]) -> Regex | None:
+        """The regex of `pattern`, else of a `format` that has one (with both, `pattern` alone)."""
+        source = schema.get("pattern")
+        keyword = "pattern"
+        if source is None and schema.get("format") in FORMATS:
+            source, keyword = FORMATS[schema["format"]], "format"
+        if source is None:
+            return None
+        if not isinstance(source, str):
+            raise _fail(f"'pattern' must be a string, got {json.dumps(source)[:60]}", path)
+        regex = self.regexes.get(source)
+        if regex is None:
+            try:
+                regex = self.regexes[source] = Regex(source)
+            except RegexError as e:
+                raise _fail(f"{keyword!r} {source[:80]!r}: {e}", path) from None
+        return regex
 
     def number(self, schema: dict, path: tuple[str, ...]) -> int:
         low, open_low, high, open_high = _decimal_bounds(schema, path)
@@ -394,7 +444,10 @@ class _Compiler:
                     return self.dead_node(f"the required property {name!r} is not in 'properties'", path)
                 listed.append((name, self.compile(extra, extra_path, extra_location, depth + 1), True))
         props = tuple(_Property(json.dumps(n, ensure_ascii=False).encode("utf-8"), v, r) for n, v, r in listed)
-        return self.add(_object_node(props))
+        if not self.extra_properties or extra is False or not properties:
+            return self.add(_object_node(props))
+        value = self.compile(extra, extra_path, extra_location, depth + 1)
+        return self.add(_object_node(props, value, self.add(_String(0, -1, 0))))
 
     def array(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
         if schema.get("uniqueItems") is True:
@@ -424,11 +477,11 @@ class _Compiler:
         return self.add(_Array(item, low, high, max(low, high, len(prefix)), prefix))
 
 
-def _object_node(props: tuple[_Property, ...]) -> _Object:
+def _object_node(props: tuple[_Property, ...], extra_value: int | None = None, extra_key: int | None = None) -> _Object:
     needed = [i for i, p in enumerate(props) if p.required]
     last = tuple(next((j for j in needed if j >= i), len(props) - 1) for i in range(len(props) + 1))
     closable = tuple(not any(j >= i for j in needed) for i in range(len(props) + 1))
-    return _Object(props, None, None, last, closable)
+    return _Object(props, None, None, last, closable, extra_value, extra_key)
 
 
 def _leaves(nodes: list, node: int) -> list[int]:
@@ -536,8 +589,15 @@ def _prune(nodes: list) -> set[int]:
             nodes[n] = _Union(())
         elif isinstance(spec, _Object) and spec.free_value is not None and spec.free_value not in productive:
             nodes[n] = _object_node(())
-        elif isinstance(spec, _Object) and any(p.value not in productive for p in spec.properties):
-            nodes[n] = _object_node(tuple(p for p in spec.properties if p.value in productive))
+        elif isinstance(spec, _Object) and (
+            any(p.value not in productive for p in spec.properties)
+            or (spec.extra_value is not None and spec.extra_value not in productive)
+        ):
+            kept = tuple(p for p in spec.properties if p.value in productive)
+            extra = spec.extra_value if spec.extra_value in productive else None
+            excluded = tuple(p.key for p in spec.properties if p.value not in productive)
+            node = _object_node(kept, extra, spec.extra_key if extra is not None else None)
+            nodes[n] = replace(node, excluded=excluded)
         elif isinstance(spec, _Array):
             dead = [i for i, node in enumerate(spec.prefix) if node not in productive]
             item = spec.item if spec.item is None or spec.item in productive else None
