@@ -44,7 +44,8 @@ PUBLISHED_MASKBENCH = {"LLGuidance": 8909, "XGrammar": 8122, "Outlines-core": 70
 def compile_schema(schema: object) -> tuple[object, str | None]:
     """(grammar, None), or (None, why it was refused); a crash is reported as a refusal marked CRASH."""
     try:
-        return json_grammar(schema), None  # type: ignore[arg-type]
+        # the instances are written with json.dumps' default separators (", ", ": "), as MaskBench's runner does
+        return json_grammar(schema, whitespace="flexible"), None  # type: ignore[arg-type]
     except RuvLLMError as e:
         return None, str(e)
     except Exception as e:  # the point is to count what escapes a clean refusal

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 
 from ruvllm.errors import InferenceError, InvalidArgumentError
-from ruvllm.runtime.constrain import Matcher, Vocabulary, json_grammar
+from ruvllm.runtime.constrain import Matcher, Vocabulary
+from ruvllm.runtime.constrain import json_grammar as compact_grammar
 
 # --- the tiny vocabulary -------------------------------------------------------------------------------
 
@@ -22,6 +23,11 @@ EOS, SPECIAL, BYTE0 = 0, 1, 2  # token BYTE0 + b is the single byte b
 WORDS = [b'{"', b'":', b'",', b'"}', b"true", b"null", b"12", b' "', b"\n  ", b"\xc3\xa9", b'abc"', b"\xe6\x97", b""]
 TINY_TOKENS = [b"</s>", b"{", *(bytes([b]) for b in range(256)), *WORDS]
 TINY = Vocabulary(TINY_TOKENS, len(TINY_TOKENS) + 3, special_ids=[SPECIAL], eos_ids=[EOS])
+
+
+def json_grammar(schema, *args, **options):
+    """These tests read JSON written with whitespace: the flexible form (the compact one is tested apart)."""
+    return compact_grammar(schema, *args, **{"whitespace": "flexible", **options})
 
 
 def word(data: bytes) -> int:
@@ -531,7 +537,10 @@ def _nested(depth: int) -> dict:
         ),
         ({"type": "array", "items": {"not": {"type": "string"}}}, "'not' at items"),
         ({"type": "integer", "multipleOf": 2}, "'multipleOf' at the root"),
-        ({"type": "object", "patternProperties": {"^a": {}}}, "'patternProperties' at the root"),
+        (
+            {"type": "object", "patternProperties": {"^a": {}, "^b": {"type": "integer"}}},
+            "'patternProperties' at the root with different schemas for different patterns is not supported",
+        ),
         ({"type": "array", "uniqueItems": True}, "'uniqueItems' at the root"),
         ({"if": {"type": "string"}, "then": {}}, "'if' at the root"),
         (
@@ -546,6 +555,7 @@ def _nested(depth: int) -> dict:
         ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "no JSON value is valid under the schema"),
         ({"type": "string", "minLength": 3, "maxLength": 2}, "'minLength' 3 is more than 'maxLength' 2"),
         ({"type": "integer", "minimum": 5, "maximum": 4}, "within the bounds [5, 4]"),
+        ({"type": "integer", "minimum": 10**17}, "within the bounds [100000000000000000, None]"),
         ({"type": "object", "properties": {"a": [1]}}, "at properties.a"),
         ({"type": "object", "required": ["a"], "additionalProperties": False}, "'a' is not in 'properties'"),
         (
@@ -660,6 +670,7 @@ CASES = {
         ['["a", 1, 2]'],
         ['["a", "b"]', "[1]"],
     ),
+    "a negative maximum alone": ({"type": "integer", "maximum": -1}, ["-1", "-20"], ["0", "1"]),
     "number bounds": (
         {"type": "number", "minimum": -1.5, "exclusiveMaximum": 2.25},
         ["-1.5", "0", "2.2", "2.249", "-1", "1"],
@@ -730,6 +741,30 @@ CASES = {
         ['{"x": null, "name": "a", "names": null, "na": null, "n": 1, "nn": null}', '{"\\"": null}', "{}"],
         ['{"x": 1}', '{"na": 1}', '{"name": 1}'],
     ),
+    "patternProperties": (
+        {
+            "properties": {"id": {"type": "integer"}, "x-a": {"maxLength": 2}},
+            "patternProperties": {"^x-": {"type": "string"}, "^y-": {"type": "string"}},
+            "additionalProperties": False,
+        },
+        ['{"id": 1, "x-b": "long", "y-": "", "x-a": "ab"}', "{}"],
+        ['{"z": "a"}', '{"x-b": 1}', '{"x-a": "abc"}', '{"x-a": 1}'],
+    ),
+    "patternProperties alone": (
+        {"type": "object", "patternProperties": {"^[a-z]+$": {"type": "integer"}}, "additionalProperties": False},
+        ['{"ab": 1, "c": 2}', "{}"],
+        ['{"A": 1}', '{"ab": "1"}'],
+    ),
+    "propertyNames": (
+        {
+            "type": "object",
+            "properties": {"ok": {}, "toolong": {}},
+            "propertyNames": {"maxLength": 3, "pattern": "^[a-z]"},
+        },
+        ['{"ok": 1, "abc": 2}'],
+        ['{"toolong": 1}', '{"abcd": 1}', '{"1a": 1}'],
+    ),
+    "propertyNames false": ({"type": "object", "propertyNames": False}, ["{}"], ['{"a": 1}']),
     "an optional property no value can meet is left out": (
         {"type": "object", "properties": {"a": {"type": "string", "minLength": 2, "maxLength": 1}, "b": {}}},
         ['{"b": 1}', "{}"],
@@ -779,7 +814,15 @@ def test_unknown_keywords_are_refused_when_strict():
     "pattern",
     [
         *("^[a-z]+$", "b+c", r"^\d{4}-\d{2}$", "^(a|bc)*$", r"^[^\s]+$", "x$", r"^(?:\+|-)?\d+(\.\d{1,2})?$"),
-        *("^.{2,5}$", "^a|b$", "[ab]?c{2,}", r"^[\w.-]+@[\w-]+\.[a-z]{2,3}$", "^[^a-c]{0,3}x?$"),
+        *(
+            "^.{2,5}$",
+            "^a|b$",
+            "[ab]?c{2,}",
+            "(^[a-c]+$)",
+            "^$|(^(?:a+ )?b$)",
+            r"^[\w.-]+@[\w-]+\.[a-z]{2,3}$",
+            "^[^a-c]{0,3}x?$",
+        ),
     ],
 )
 def test_patterns_match_as_python_re_does_on_ascii(pattern):
@@ -812,3 +855,15 @@ def test_patterns_beyond_the_supported_subset_are_refused(pattern, why):
     with pytest.raises(InvalidArgumentError, match="json_schema: 'pattern'") as caught:
         json_grammar({"type": "string", "pattern": pattern})
     assert why in str(caught.value) and str(caught.value).endswith("at the root")
+
+
+def test_the_compact_form_is_the_default_and_takes_no_whitespace():
+    schema = {"type": "object", "properties": {"a": {"type": "array"}}}
+    matcher = Matcher(compact_grammar(schema), TINY)
+    write(matcher, '{"a":[1,')
+    assert not matcher.allowed()[BYTE0 + ord(" ")] and not matcher.allowed()[BYTE0 + ord("\n")]
+    write(matcher, '"x"]}')
+    assert matcher.complete
+    assert reads(schema, '{ "a" : [ 1 ,\n  2 ] }')  # the flexible form
+    with pytest.raises(InvalidArgumentError, match='whitespace must be "compact" or "flexible", got \'pretty\''):
+        compact_grammar(schema, whitespace="pretty")

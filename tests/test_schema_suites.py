@@ -10,10 +10,16 @@ from pathlib import Path
 import pytest
 
 from ruvllm.errors import InvalidArgumentError
-from ruvllm.runtime.constrain import Matcher, Vocabulary, json_grammar
+from ruvllm.runtime.constrain import Matcher, Vocabulary
+from ruvllm.runtime.constrain import json_grammar as compact_grammar
 
 DATA = Path(__file__).parent / "data" / "schema_suites"
 BYTES = Vocabulary([b"</s>", *(bytes([b]) for b in range(256))], 257, special_ids=[], eos_ids=[0])
+
+
+def json_grammar(schema):
+    """The instances are written with `json.dumps`' default separators: the flexible form."""
+    return compact_grammar(schema, whitespace="flexible")
 
 
 def load(name: str) -> list[dict]:

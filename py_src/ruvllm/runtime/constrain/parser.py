@@ -23,8 +23,9 @@ MAX_NEWLINES = 2
 class _Rules:
     """What the parser reads: the nodes, and the first frames of each node's alternatives."""
 
-    def __init__(self, nodes: Sequence) -> None:
+    def __init__(self, nodes: Sequence, whitespace: bool = True) -> None:
         self.nodes = tuple(nodes)
+        self.whitespace = whitespace  # False: the compact form, no whitespace between tokens
         self.starts = tuple(_start_frames(self.nodes, n) for n in range(len(self.nodes)))
 
 
@@ -226,14 +227,14 @@ def _step_object(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     if phase == _OPEN:
         return [((_OBJECT, n, _FIRST, 0, 0),)] if b == 0x7B else []
     if b in _WHITESPACE:
-        w = _whitespace(x, b)
+        w = _whitespace(x, b) if g.whitespace else None
         return [] if w is None else [((_OBJECT, n, phase, i, w),)]
     free = spec.free_value is not None
     extra = spec.extra_value is not None
     if phase == _FIRST or phase == _AFTER_COMMA:
         if b == 0x22 and free:
-            key = g.starts[spec.free_key][0]  # the key's string frame, after its opening quote
-            return [((_OBJECT, n, _COLON, 0, 0), *frames) for frames in _STEPS[key[0]](g, key, b)]
+            keys = g.starts[spec.free_key]  # the key's string frame (none: no key is allowed)
+            return [((_OBJECT, n, _COLON, 0, 0), *frames) for key in keys for frames in _STEPS[key[0]](g, key, b)]
         if b == 0x22 and (i < len(spec.properties) or extra):
             return [((_OBJECT, n, _KEY, i, b'"'),)]
         return [()] if b == 0x7D and phase == _FIRST and spec.closable[i] else []
@@ -256,18 +257,20 @@ def _undeclared_key(g: _Rules, spec: _Object, n: int, i: int, key: bytes) -> lis
     """An object key that is none of the next candidates: an undeclared key, if it is not (and cannot
     become) a declared one. Once it cannot, the rest of it is read by a plain string frame."""
     declared = [p.key for p in spec.properties] + list(spec.excluded)
-    if any(k.startswith(key) for k in declared):
-        if key in declared:
-            return []  # a declared key out of its place
-        return [((_OBJECT, n, _KEY, i, key),)]
+    if key in declared:
+        return []  # a declared key out of its place
     colon = (_OBJECT, n, _COLON, -1 - i, 0)
-    if key.endswith(b'"') and len(key) > 1 and _closes_string(key):
-        return [(colon,)]
     assert spec.extra_key is not None
-    configs: list[tuple] = [g.starts[spec.extra_key][0]]  # the string frame of undeclared keys
+    configs: list[tuple] = list(g.starts[spec.extra_key])  # the string frame of undeclared keys
+    closed = False
     for byte in key:
-        configs = [c for frame in configs for c in _STEPS[frame[0]](g, frame, byte) if c]
-        configs = [c[-1] for c in configs]
+        following = [c for frame in configs for c in _STEPS[frame[0]](g, frame, byte)]
+        closed = any(c == () for c in following)
+        configs = [c[-1] for c in following if c]
+    if any(k.startswith(key) for k in declared):  # it may still become a declared key: keep reading it
+        return [((_OBJECT, n, _KEY, i, key),)] if configs else []
+    if closed and _closes_string(key):
+        return [(colon,)]
     return [(colon, frame) for frame in configs]
 
 
@@ -283,7 +286,7 @@ def _step_array(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     if phase == _OPEN:
         return [((_ARRAY, n, _FIRST, 0, 0),)] if b == 0x5B else []
     if b in _WHITESPACE:
-        w = _whitespace(w, b)
+        w = _whitespace(w, b) if g.whitespace else None
         return [] if w is None else [((_ARRAY, n, phase, count, w),)]
     if phase == _AFTER_VALUE:
         if b == 0x2C and (spec.max_items < 0 or count < spec.max_items):

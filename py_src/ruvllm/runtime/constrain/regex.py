@@ -34,9 +34,10 @@ class Regex:
     states that can still reach a match are kept. shortest[s] / longest[s]: characters still needed
     to reach a match at least / at most (longest -1: unbounded)."""
 
-    def __init__(self, source: str) -> None:
+    def __init__(self, source: str, *more: str) -> None:
+        """The DFA of `source`, or of any of several sources (a string matching one of them)."""
         self.source = source
-        start, accept, nfa = _Nfa.build(source)
+        start, accept, nfa = _Nfa.build((source, *more))
         self.next, self.accepting = _determinize(nfa, start, accept)
         self.shortest, self.longest = _distances(self.next, self.accepting)
 
@@ -222,6 +223,7 @@ def _single(members: frozenset[int], source: str) -> int:
 class _Nfa:
     def __init__(self) -> None:
         self.edges: list[list[tuple[frozenset[int] | None, int]]] = []  # None: an empty move
+        self.sink = -1  # the state after an unanchored match: any characters, all accepted
 
     def state(self) -> int:
         if len(self.edges) >= MAX_NFA_STATES:
@@ -230,14 +232,21 @@ class _Nfa:
         return len(self.edges) - 1
 
     @classmethod
-    def build(cls, source: str) -> tuple[int, int, _Nfa]:
-        parser = _Parser(source)
-        tree = parser.alternation()
-        if parser.i != len(source):
-            raise RegexError(f"unbalanced parenthesis in {source!r}")
-        options = tree[1] if tree[0] == "alt" else [tree]
+    def build(cls, sources: tuple[str, ...]) -> tuple[int, int, _Nfa]:
+        options: list[tuple] = []
+        for source in sources:
+            parser = _Parser(source)
+            tree = parser.alternation()
+            if parser.i != len(source):
+                raise RegexError(f"unbalanced parenthesis in {source!r}")
+            options.extend(_top_options(tree))
+        source = " | ".join(sources)
         nfa = cls()
         start, accept = nfa.state(), nfa.state()
+        # After a match that is not anchored at the end anything may follow: one state for all of that,
+        # so that a search for many words does not multiply states (see _determinize).
+        nfa.sink = nfa.state()
+        nfa.edges[nfa.sink] += [(_ALL, nfa.sink), (None, accept)]
         anything = ("rep", ("set", _ALL), 0, None)
         for option in options:
             items = list(option[1]) if option[0] == "cat" else [option]
@@ -246,10 +255,9 @@ class _Nfa:
             items = items[1 if anchored_start else 0 : len(items) - 1 if anchored_end else len(items)]
             if any(_has_anchor(item) for item in items):
                 raise RegexError(f"'^' or '$' inside {source!r} (only at its start or end) is not supported")
-            body = [*([] if anchored_start else [anything]), *items, *([] if anchored_end else [anything])]
-            s, e = nfa.fragment(("cat", body))
+            s, e = nfa.fragment(("cat", [*([] if anchored_start else [anything]), *items]))
             nfa.edges[start].append((None, s))
-            nfa.edges[e].append((None, accept))
+            nfa.edges[e].append((None, accept if anchored_end else nfa.sink))
         return start, accept, nfa
 
     def fragment(self, node: tuple) -> tuple[int, int]:
@@ -299,6 +307,15 @@ class _Nfa:
         return start, out
 
 
+def _top_options(tree: tuple) -> list[tuple]:
+    """The alternatives of a pattern, looking into a group that is a whole alternative (`(^a$)|b`)."""
+    if tree[0] == "alt":
+        return [option for sub in tree[1] for option in _top_options(sub)]
+    if tree[0] == "cat" and len(tree[1]) == 1 and tree[1][0][0] in ("alt", "cat"):
+        return _top_options(tree[1][0])
+    return [tree]
+
+
 def _has_anchor(node: tuple) -> bool:
     if node[0] in ("bol", "eol"):
         return True
@@ -320,6 +337,8 @@ def _determinize(nfa: _Nfa, start: int, accept: int) -> tuple[list[list[int]], l
                 if symbols is None and target not in out:
                     out.add(target)
                     todo.append(target)
+        if nfa.sink in out:  # whatever else is possible, every continuation matches: one state
+            return frozenset({nfa.sink, accept})
         return frozenset(out)
 
     index = {closure(frozenset({start})): 0}

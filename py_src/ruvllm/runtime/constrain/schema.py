@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from dataclasses import replace
 from fractions import Fraction
 from itertools import combinations, product
 
 from ...errors import InvalidArgumentError
-from .combine import MAX_COMBINATIONS, MergeError, UnsatisfiableError, json_equal, merge
+from .combine import MAX_COMBINATIONS, MergeError, UnsatisfiableError, json_equal, merge, reference
 from .grammar import Grammar
 from .nodes import _Array, _Literal, _Number, _Object, _Property, _String, _Union
 from .parser import MAX_INT_DIGITS
@@ -31,10 +32,10 @@ _HANDLED = frozenset(
     {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required", "additionalProperties"}
     | {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "uniqueItems"}
     | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "if", "then", "else", "minContains"}
-    | {"maxContains", "pattern", "format"}
+    | {"maxContains", "pattern", "format", "patternProperties", "propertyNames"}
 )
 _REFUSED = frozenset(  # constraints JSON Schema defines that are not supported (yet)
-    {"patternProperties", "propertyNames", "minProperties", "maxProperties", "dependentRequired"}
+    {"minProperties", "maxProperties", "dependentRequired"}
     | {"dependentSchemas", "dependencies", "not", "contains", "multipleOf", "unevaluatedProperties"}
     | {"unevaluatedItems", "$dynamicRef", "$recursiveRef"}
 )
@@ -76,7 +77,12 @@ _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 
 def json_grammar(
-    schema: dict | bool | None, prefix: str = "", suffix: str = "", strict: bool = False, extra_properties: bool = True
+    schema: dict | bool | None,
+    prefix: str = "",
+    suffix: str = "",
+    strict: bool = False,
+    extra_properties: bool = True,
+    whitespace: str = "compact",
 ) -> Grammar:
     """The grammar of one JSON value, with literal text before and after it.
 
@@ -87,8 +93,13 @@ def json_grammar(
     the specification says). extra_properties: undeclared properties may be written between the
     declared ones where `additionalProperties` allows them (absent, true or a schema), as LLGuidance
     does; False writes only the declared ones, as XGrammar does by default. Declared properties are
-    written in schema order either way, as both do.
+    written in schema order either way, as both do. whitespace: "compact" (no whitespace between the
+    tokens of the document, as XGrammar and LLGuidance write it: fewer tokens) or "flexible" (what
+    the package docstring describes: indented, pretty output is possible, and JSON written by
+    `json.dumps` with its default separators is read).
     """
+    if whitespace not in ("compact", "flexible"):
+        raise InvalidArgumentError(f'json_grammar: whitespace must be "compact" or "flexible", got {whitespace!r}')
     for name, text in (("prefix", prefix), ("suffix", suffix)):
         if not isinstance(text, str):
             raise InvalidArgumentError(f"json_grammar: {name} must be a string, got {type(text).__name__}")
@@ -101,7 +112,7 @@ def json_grammar(
         if schema is False:
             raise InvalidArgumentError("json_schema: the schema is false: no document is valid")
         root, description = compiler.compile(schema, (), (compiler.resources.root_uri, ()), 0), "json_schema"
-    return compiler.finish(root, prefix.encode("utf-8"), suffix.encode("utf-8"), description)
+    return compiler.finish(root, prefix.encode("utf-8"), suffix.encode("utf-8"), description, whitespace == "flexible")
 
 
 def _where(path: tuple[str, ...]) -> str:
@@ -149,7 +160,7 @@ class _Compiler:
         self.dead: dict[int, str] = {}  # node -> why no value meets it
         self.exclusive: list[tuple[int, tuple[str, ...]]] = []  # oneOf unions, checked in `finish`
         self._any: int | None = None
-        self.regexes: dict[str, Regex] = {}
+        self.regexes: dict[tuple[str, ...], Regex] = {}
 
     def add(self, node: object) -> int:
         self.nodes.append(node)
@@ -173,10 +184,10 @@ class _Compiler:
             self.nodes[self._any] = _Union(options)
         return self._any
 
-    def free_object(self, value: int) -> int:
-        return self.add(_Object((), value, self.add(_String(0, -1, 0)), (), (True,)))
+    def free_object(self, value: int, key: int | None = None) -> int:
+        return self.add(_Object((), value, self.add(_String(0, -1, 0)) if key is None else key, (), (True,)))
 
-    def finish(self, root: int, prefix: bytes, suffix: bytes, description: str) -> Grammar:
+    def finish(self, root: int, prefix: bytes, suffix: bytes, description: str, whitespace: bool) -> Grammar:
         for slot, others, values, path in self.enums:  # inner ones first: keep what the other keywords allow
             texts = {t for v in values for t in _json_texts(v, path)}
             if others >= 0:
@@ -200,7 +211,7 @@ class _Compiler:
             reasons = [why for node, why in self.dead.items()]
             why = f" ({reasons[0]})" if reasons else " (every alternative needs an endless document)"
             raise InvalidArgumentError(f"json_schema: no JSON value is valid under the schema{why}")
-        return Grammar(self.nodes, root, prefix, suffix, description)
+        return Grammar(self.nodes, root, prefix, suffix, description, whitespace)
 
     def compile(self, schema: object, path: tuple[str, ...], location: Location | None, depth: int) -> int:
         if depth > MAX_SCHEMA_DEPTH:
@@ -384,7 +395,9 @@ class _Compiler:
         if kind == "integer":
             minimum, maximum = _integer_bounds(schema, path)
             largest = 10**MAX_INT_DIGITS - 1
-            if (minimum or 0) > min(largest, maximum if maximum is not None else largest) or (maximum or 0) < -largest:
+            low = minimum if minimum is not None else -largest
+            high = maximum if maximum is not None else largest
+            if low > min(high, largest) or high < max(low, -largest):
                 why = f"no integer of at most {MAX_INT_DIGITS} digits is within the bounds [{minimum}, {maximum}]"
                 return self.dead_node(why, path)
             return self.add(_Number(True, minimum, maximum))
@@ -400,14 +413,15 @@ class _Compiler:
             source, keyword = FORMATS[schema["format"]], "format"
         if source is None:
             return None
-        if not isinstance(source, str):
+        sources = tuple(source) if isinstance(source, list) else (source,)
+        if not all(isinstance(s, str) for s in sources):
             raise _fail(f"'pattern' must be a string, got {json.dumps(source)[:60]}", path)
-        regex = self.regexes.get(source)
+        regex = self.regexes.get(sources)
         if regex is None:
             try:
-                regex = self.regexes[source] = Regex(source)
+                regex = self.regexes[sources] = Regex(*sources)
             except RegexError as e:
-                raise _fail(f"{keyword!r} {source[:80]!r}: {e}", path) from None
+                raise _fail(f"{keyword!r} {' | '.join(sources)[:80]!r}: {e}", path) from None
         return regex
 
     def number(self, schema: dict, path: tuple[str, ...]) -> int:
@@ -424,30 +438,88 @@ class _Compiler:
         properties = schema.get("properties", {})
         required = schema.get("required", [])
         extra = schema.get("additionalProperties", True)
+        patterns = schema.get("patternProperties", {})
         if not isinstance(properties, dict):
             raise _fail("'properties' must be an object", path)
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise _fail("'required' must be a list of strings", path)
+        if not isinstance(patterns, dict):
+            raise _fail("'patternProperties' must be an object", path)
         extra_path, extra_location = (*path, "additionalProperties"), _child(location, "additionalProperties")
+        key, names = self.key_node(schema, patterns, path)  # undeclared keys; names: which names may be keys
+        if patterns:  # undeclared keys are written only where they match: additionalProperties is not needed
+            pattern, sub = next(iter(patterns.items()))
+            extra = reference(sub, _child(location, "patternProperties", pattern))
+            extra_path, extra_location = (*path, "patternProperties", pattern), None
         # Free keys only when nothing is listed: no properties and additionalProperties allowing more
         # (explicitly, or by saying nothing at all). "properties": {} alone means the empty object.
-        listed_none = "properties" not in schema or "additionalProperties" in schema
+        listed_none = "properties" not in schema or "additionalProperties" in schema or bool(patterns)
         if not properties and not required and extra is not False and listed_none:
-            return self.free_object(self.compile(extra, extra_path, extra_location, depth + 1))
+            return self.free_object(self.compile(extra, extra_path, extra_location, depth + 1), key)
         listed = []
         for name, sub in properties.items():
             sub_path, sub_location = (*path, "properties", name), _child(location, "properties", name)
-            listed.append((name, self.compile(sub, sub_path, sub_location, depth + 1), name in required))
+            if not names(name):
+                node = self.dead_node(f"the property {name!r} is not allowed by 'propertyNames'", path)
+            elif patterns and _match_any(self.pattern({"pattern": list(patterns)}, path), name):
+                both = {"allOf": [reference(sub, sub_location), extra]}  # a listed name matching the pattern
+                node = self.compile(both, sub_path, None, depth + 1)
+            else:
+                node = self.compile(sub, sub_path, sub_location, depth + 1)
+            listed.append((name, node, name in required))
         for name in dict.fromkeys(required):
             if name not in properties:
-                if extra is False:
+                if extra is False or not names(name):
                     return self.dead_node(f"the required property {name!r} is not in 'properties'", path)
+                if patterns and not _match_any(self.pattern({"pattern": list(patterns)}, path), name):
+                    return self.dead_node(f"the required property {name!r} matches no 'patternProperties'", path)
                 listed.append((name, self.compile(extra, extra_path, extra_location, depth + 1), True))
         props = tuple(_Property(json.dumps(n, ensure_ascii=False).encode("utf-8"), v, r) for n, v, r in listed)
-        if not self.extra_properties or extra is False or not properties:
+        if not self.extra_properties or extra is False or not (properties or patterns):
             return self.add(_object_node(props))
         value = self.compile(extra, extra_path, extra_location, depth + 1)
-        return self.add(_object_node(props, value, self.add(_String(0, -1, 0))))
+        return self.add(_object_node(props, value, self.add(_String(0, -1, 0)) if key is None else key))
+
+    def key_node(self, schema: dict, patterns: dict, path: tuple[str, ...]) -> tuple[int | None, Callable]:
+        """The string node of undeclared keys (None: any key), from `patternProperties` and `propertyNames`,
+        and a test of whether a declared name meets `propertyNames`."""
+        names = schema.get("propertyNames", True)
+        if names is False:  # no name at all: only an empty object
+            return self.add(_Union(())), lambda name: False
+        if names is True:
+            names = {}
+        if not isinstance(names, dict) or any(
+            k not in ("type", "pattern", "minLength", "maxLength", "format") and k not in _IGNORED for k in names
+        ):
+            raise InvalidArgumentError(
+                f"json_schema: 'propertyNames' {_where(path)} is supported only with pattern, minLength, "
+                "maxLength and format"
+            )
+        low, high = _count(names, "minLength", path), _count(names, "maxLength", path)
+        names_regex = self.pattern(names, (*path, "propertyNames"))
+        if patterns:
+            schemas = list(patterns.values())
+            if any(not json_equal(s, schemas[0]) for s in schemas[1:]):
+                raise InvalidArgumentError(
+                    f"json_schema: 'patternProperties' {_where(path)} with different schemas for different "
+                    "patterns is not supported"
+                )
+            if names_regex is not None:
+                raise InvalidArgumentError(
+                    f"json_schema: 'patternProperties' {_where(path)} beside a 'propertyNames' pattern is not supported"
+                )
+        key_regex = self.pattern({"pattern": list(patterns)}, (*path, "patternProperties")) if patterns else names_regex
+
+        def allowed(name: str) -> bool:
+            fits = low <= len(name) and (high < 0 or len(name) <= high)
+            return fits and (names_regex is None or names_regex.matches(name))
+
+        if key_regex is None and low == 0 and high < 0:
+            return None, allowed
+        if high >= 0 and low > high:
+            return self.add(_Union(())), allowed
+        node = self.add(_String(low, high, high if high >= 0 else low, key_regex))
+        return node, allowed
 
     def array(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
         if schema.get("uniqueItems") is True:
@@ -475,6 +547,10 @@ class _Compiler:
         more = high < 0 or high > len(prefix)
         item = self.compile(items, (*path, rest_keyword), _child(location, rest_keyword), depth + 1) if more else None
         return self.add(_Array(item, low, high, max(low, high, len(prefix)), prefix))
+
+
+def _match_any(regex: Regex | None, name: str) -> bool:
+    return regex is not None and regex.matches(name)
 
 
 def _object_node(props: tuple[_Property, ...], extra_value: int | None = None, extra_key: int | None = None) -> _Object:
