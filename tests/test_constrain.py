@@ -567,6 +567,15 @@ def _nested(depth: int) -> dict:
             "no JSON value is valid under the schema (the schema is false at properties.a.properties.b)",
         ),
         ({"allOf": [{"type": "string"}, {"type": "integer"}]}, "the types of 'allOf' have nothing in common"),
+        (
+            {
+                "allOf": [
+                    {"properties": {"a": {}}, "required": ["a"]},
+                    {"oneOf": [{"required": ["b"]}, {"required": ["c"]}]},
+                ]
+            },
+            "'oneOf' options 0 and 1 may both match one document",
+        ),
         ({"type": "array", "items": {"x-vendor": 1, "readonly": True, "not": {}}}, "'not' at items is not supported"),
         (_nested(150), "the schema nests deeper than 100 levels (sub-schemas and references) at items.items.items"),
     ],
@@ -640,6 +649,21 @@ CASES = {
         {"type": "integer", "anyOf": [{"maximum": 1}, {"minimum": 10}]},
         ["1", "10"],
         ["5", "1.5"],
+    ),
+    "oneOf inside allOf stays oneOf": (
+        {
+            "allOf": [
+                {"type": "object", "properties": {"name": {"type": "string"}}, "required": ["name"]},
+                {
+                    "oneOf": [
+                        {"properties": {"a": {"const": 1}}, "required": ["a"]},
+                        {"properties": {"a": {"const": 2}}},
+                    ]
+                },
+            ]
+        },
+        ['{"name": "x", "a": 1}', '{"name": "x", "a": 2}'],
+        ['{"name": "x", "a": 3}'],
     ),
     "oneOf of exclusive types": ({"oneOf": [{"type": "string"}, {"type": "integer"}]}, ['"a"', "3"], ["null", "1.5"]),
     "oneOf discriminated by a property": (

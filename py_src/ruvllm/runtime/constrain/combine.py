@@ -64,7 +64,7 @@ def merge(parts: list[tuple[dict, Location | None]]) -> dict:
     enum: list | None = None
     names: dict[str, list] = {}  # property -> the schemas it must meet
     required: list[str] = []
-    choices: list[list] = []  # anyOf / oneOf lists
+    choices: list[tuple[str, list]] = []  # ("anyOf" or "oneOf", its options)
     collected: dict[str, list] = {}  # schema-valued keywords -> the schemas to meet
     for schema, location in parts:
         for key, value in schema.items():
@@ -95,7 +95,8 @@ def merge(parts: list[tuple[dict, Location | None]]) -> dict:
                 for name in value:
                     names.setdefault(name, [])
             elif key in ("anyOf", "oneOf"):
-                choices.append([reference(s, _child(location, key, str(i))) for i, s in enumerate(value)])
+                options = [reference(s, _child(location, key, str(i))) for i, s in enumerate(value)]
+                choices.append((key, options))
             elif key in _SCHEMA_VALUED and not (key == "items" and isinstance(value, list)):
                 collected.setdefault(key, []).append(reference(value, _child(location, key)))
             elif key in ("patternProperties", "dependentSchemas", "prefixItems", "items"):
@@ -131,15 +132,17 @@ def merge(parts: list[tuple[dict, Location | None]]) -> dict:
         out["required"] = required
     for key, schemas in collected.items():
         out[key] = _all_of(schemas)
-    if len(choices) == 1:
-        out["anyOf"] = choices[0]
+    if len(choices) == 1:  # oneOf stays oneOf: exactly one option must match
+        out[choices[0][0]] = choices[0][1]
     elif choices:
+        if any(kind == "oneOf" for kind, _ in choices):
+            raise MergeError("'allOf' of several 'anyOf'/'oneOf' with a 'oneOf' among them is not supported")
         combinations = 1
-        for options in choices:
+        for _, options in choices:
             combinations *= len(options)
         if combinations > MAX_COMBINATIONS:
             raise MergeError(
                 f"'allOf' of several 'anyOf'/'oneOf' makes {combinations} options (at most {MAX_COMBINATIONS})"
             )
-        out["anyOf"] = [_all_of(list(options)) for options in product(*choices)]
+        out["anyOf"] = [_all_of(list(options)) for options in product(*(options for _, options in choices))]
     return out
