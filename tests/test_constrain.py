@@ -254,6 +254,7 @@ def test_masks_equal_trying_every_token(vocabulary):
         (plain, text) for text in ["", '{"name": "', '{"name": "a', '{"name": "\xe9', '{"name": "ab', '{"n": 1', "{\n "]
     ]
     cases += [(patterned, text) for text in ['{"code": "a', '{"code": "ab-1', '{"co', '{"x']]
+    cases += [(plain, text) for text in ['{"na', '{"n": 1, "', '{"nam\xe9']]  # undeclared keys may start here
     for schema, text in cases:
         matcher = Matcher(json_grammar(schema), vocabulary)
         data = text.encode("utf-8")[:-1] if text.endswith("\xe9") else text.encode("utf-8")  # half of é
