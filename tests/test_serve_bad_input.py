@@ -102,7 +102,7 @@ BROKEN_TOOL = {
     "type": "function",
     "function": {
         "name": "lookup",
-        "parameters": {"type": "object", "properties": {"q": {"type": "string", "pattern": "x"}}},
+        "parameters": {"type": "object", "properties": {"q": {"type": "string", "not": {"maxLength": 1}}}},
     },
 }
 DEFS_TOOL = {
@@ -117,12 +117,12 @@ DEFS_TOOL = {
     },
 }
 SUPPORTED = (
-    "type, properties, required, additionalProperties, items, minItems, maxItems, enum, const, anyOf, $ref, "
-    "$defs, definitions, minLength, maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum (integers), "
-    "and annotations"
+    "type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, enum, const, "
+    "anyOf, oneOf, allOf, $ref (with $id, $anchor), minLength, maxLength, pattern, format (date, time, "
+    "date-time, uuid, email, ipv4, ipv6, uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, and annotations"
 )
 BROKEN = (
-    f"tools[0].function.parameters (lookup) cannot constrain a call: json_schema: 'pattern' at properties.q is "
+    f"tools[0].function.parameters (lookup) cannot constrain a call: json_schema: 'not' at properties.q is "
     f"not supported (supported: {SUPPORTED})"
 )
 IMAGE = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]

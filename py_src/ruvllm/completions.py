@@ -417,8 +417,8 @@ def _call_grammar(tools: list[dict], tool_choice: str | dict, prefix: str, suffi
             except InvalidArgumentError as e:
                 where = f"tools[{i}].function.parameters"
                 raise FieldError(f"{where} ({function['name']}) cannot constrain a call: {e}", where) from None
-    try:
-        return json_grammar(tool_call_schema(tools, tool_choice), prefix, suffix)
+    try:  # only the declared arguments: a call is written to be run, in few tokens
+        return json_grammar(tool_call_schema(tools, tool_choice), prefix, suffix, extra_properties=False)
     except InvalidArgumentError as e:
         raise FieldError(f"tools: a call cannot be constrained: {e}", "tools") from None
 

@@ -9,28 +9,43 @@ Pure Python and NumPy, so it runs in Pyodide too. The parser reads bytes, not ch
 end inside a UTF-8 character, and string content accepts any bytes that can still complete to valid
 UTF-8 (no surrogates, no overlong forms); the whole output always decodes as UTF-8.
 
-Supported JSON Schema: `type` (object, array, string, integer, number, boolean, null, or a list of
-them), `properties` (written in schema order; required ones always, optional ones may be skipped),
-`required`, `additionalProperties` (with `properties`: only listed properties are written; with no
-properties listed: free keys whose values follow `additionalProperties`, any value if it is true or if
-the schema says nothing about properties at all, but `"properties": {}` alone is the empty object), `items`,
-`minItems`, `maxItems`, `enum`, `const` (any JSON values, written compactly, non-ASCII either raw or
-\\u-escaped), `anyOf`, `$ref` to `#`, `#/$defs/...` or `#/definitions/...` (recursion allowed),
-`minLength`/`maxLength` (characters), and for integers `minimum`, `maximum`, `exclusiveMinimum`,
-`exclusiveMaximum` (enforced exactly: a digit is allowed only if some completion is in range).
-Annotations are ignored: title, description, default, examples, $schema, $id, $comment, deprecated,
-readOnly, writeOnly, and `format`, which is an annotation as in jsonschema's default validator. Any
-other keyword (pattern, oneOf, allOf, not, bounds on non-integer numbers, ...) is refused with an
-`InvalidArgumentError` naming the keyword and where it is. Without `type`, the types are those the
-keywords present describe (`properties` -> object, ...), or any JSON value.
+Supported JSON Schema (drafts 4 to 2020-12): `type` (object, array, string, integer, number, boolean,
+null, or a list of them; without it every type, each constrained by the keywords of its own type),
+`properties` (written in schema order, as XGrammar and LLGuidance do; required ones always, optional
+ones may be skipped), `required`, `additionalProperties` (with `properties`: undeclared keys, with
+values that follow it, may come between the declared ones unless it is false, or `json_grammar(...,
+extra_properties=False)` writes only the declared ones; with no properties listed: free keys whose
+values follow `additionalProperties`, any value if it is true or if the schema says nothing about
+properties at all, but `"properties": {}` alone is the empty object), `items`, `prefixItems` (and
+draft-04 `items` lists with `additionalItems`), `minItems`, `maxItems`, `enum`, `const` (JSON values
+compared as JSON: 1 and 1.0 are equal, true is not 1), `anyOf`, `allOf` (merged keyword by keyword into
+one schema; what cannot be merged exactly is refused), `oneOf` (when its options exclude each other by
+type, literal value, integer range or the literal value of a required property, else refused: a document
+valid under two options would be invalid), `$ref` resolved as the specification says: against `$id`
+(draft-04 `id`) bases, to `$anchor`s and to JSON pointers (`~0`, `~1` and %-escapes decoded) anywhere in
+the document (nothing is fetched), with sibling keywords merged; `minLength`/`maxLength` (characters);
+`minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` for integers and numbers (draft-04 boolean
+exclusive flags too), enforced exactly: a digit is allowed only if some completion is in range (bounded
+numbers are written without an exponent); `pattern` (regex.py: the ECMA-262 subset real schemas use, as
+a DFA over characters; a patterned string uses no escapes but `\\"`, `\\\\` and `\\/`, and non-ASCII
+characters only where every such character fits), and `format` date, time, date-time, uuid, email, ipv4,
+ipv6 and uri, written to a pattern of that format (other formats are annotations, not checked; with
+`pattern` beside it, `format` is not checked either). Annotations and keywords no draft defines
+(`x-...`, `readonly`, ...) are ignored, as the specification says; `json_grammar(..., strict=True)`
+refuses the latter. Constraints that are not supported (patternProperties, propertyNames, not,
+if/then/else, contains, multipleOf, uniqueItems, minProperties, ...) are refused with an
+`InvalidArgumentError` naming the keyword and where it is. A schema no document can meet is refused with
+the reason (e.g. a required property whose schema is false); a part of it no document can meet (an
+optional property, an anyOf option) is never started. Sub-schemas nested deeper than MAX_SCHEMA_DEPTH
+(100, references and allOf parts included) are refused.
 
 What is written, so that generation always ends:
 - whitespace between structural tokens as in llama.cpp's json-schema grammar: nothing, one space, or
   one or two newlines followed by at most 20 spaces or tabs; none before or after the whole value;
 - integers of at most 16 digits, fractions of at most 16 digits, exponents of at most 3 digits;
 - \\u escapes of UTF-16 surrogates (D800-DFFF) are refused (write the character in UTF-8 instead).
-Once the output is a complete document (and suffix) only EOS is allowed; a top-level number without a
-suffix is therefore complete as soon as it is a valid number.
+Once the output is a complete document (and suffix) EOS is allowed, and only EOS unless the document
+can go on (a top-level number may take more digits: `Matcher.finished` says when it cannot).
 
 How masks stay cheap (SmolLM2, 49152 tokens: median 0.005-0.03 ms a token, p95 under 0.5 ms, see
 benchmarks/constrain_bench.py; the model's own step is ~25-45 ms):
@@ -52,10 +67,13 @@ benchmarks/constrain_bench.py; the model's own step is ~25-45 ms):
 
 Files, in the order they build on each other:
 - `vocabulary.py`: Vocabulary (the tokens as bytes, their tries and token classes), once per tokenizer.
+- `regex.py`: Regex, a `pattern` as a DFA over characters.
 - `nodes.py`: the nodes a schema compiles to.
 - `parser.py`: configurations of frames read one byte at a time; the MAX_* limits of what is written.
 - `automaton.py`: the lazy DFA of a grammar for one vocabulary, with each state's mask.
 - `grammar.py`: Grammar, a compiled grammar that caches its automata.
+- `resolve.py`: where sub-schemas live ($id, $anchor, JSON pointers).
+- `combine.py`: allOf (and keywords beside $ref/anyOf) merged into one schema; JSON equality.
 - `schema.py`: json_grammar, JSON Schema to Grammar, and what it refuses.
 - `matcher.py`: Matcher, which follows one generation.
 
@@ -66,7 +84,7 @@ from .automaton import MAX_DFA_STATES
 from .grammar import Grammar
 from .matcher import Matcher
 from .parser import MAX_EXPONENT_DIGITS, MAX_FRACTION_DIGITS, MAX_INDENT, MAX_INT_DIGITS, MAX_NEWLINES
-from .schema import json_grammar
+from .schema import MAX_SCHEMA_DEPTH, json_grammar
 from .vocabulary import Vocabulary
 
 __all__ = [
@@ -76,6 +94,7 @@ __all__ = [
     "MAX_INDENT",
     "MAX_INT_DIGITS",
     "MAX_NEWLINES",
+    "MAX_SCHEMA_DEPTH",
     "Grammar",
     "Matcher",
     "Vocabulary",

@@ -10,7 +10,8 @@ import threading
 
 import numpy as np
 
-from .parser import _S_CONTENT, _STRING, _complete, _readable, _Rules, _step
+from .nodes import _String
+from .parser import _KEY, _OBJECT, _S_CONTENT, _STRING, _complete, _readable, _Rules, _step
 from .vocabulary import Vocabulary, _Trie
 
 MAX_DFA_STATES = 200_000  # a grammar's cached automaton is started afresh past this many states
@@ -102,12 +103,31 @@ class _Automaton:
             for chars, trie in enumerate(vocabulary.rest_tries[: room + 1]):
                 head = (_STRING, top[1], _S_CONTENT, min(count + chars, spec.cap), 0)
                 self._walk(trie, self.intern(frozenset([(*config[:-1], head)])), found)
+        elif top[0] == _OBJECT and top[2] == _KEY and self._free_key(top):
+            # a key that may become an undeclared one: plain text fits wherever it leads (a declared
+            # key's prefix, or a free string), so only the other tokens are walked
+            allowed = vocabulary.plain_mask.copy()  # (V,)
+            self._walk(vocabulary.other_trie, i, found)
         else:
             allowed = np.zeros(vocabulary.size, bool)  # (V,)
             self._walk(vocabulary.trie, i, found)
         if found:
             allowed[[token for ids in found for token in ids]] = True
         return allowed
+
+    def _free_key(self, frame: tuple) -> bool:
+        """Whether any plain text may follow the key so far of this object frame (in its key phase)."""
+        spec = self.rules.nodes[frame[1]]
+        if spec.extra_value is None:
+            return False
+        key = self.rules.nodes[spec.extra_key]
+        if not isinstance(key, _String) or key.pattern is not None or key.max_length >= 0:
+            return False
+        try:
+            frame[4][1:].decode("utf-8")  # no character left unfinished
+        except UnicodeDecodeError:
+            return False
+        return True
 
     def _walk(self, trie: _Trie, i: int, found: list) -> None:
         """Depth-first over the trie and the DFA together; collects the ids of tokens that can be read."""

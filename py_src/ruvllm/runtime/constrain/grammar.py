@@ -13,8 +13,10 @@ class Grammar:
     """A compiled JSON grammar (from `json_grammar`): immutable; the automata built from it for each
     vocabulary are cached inside it, so a grammar kept for reuse keeps its masks."""
 
-    def __init__(self, nodes: list, root: int, prefix: bytes, suffix: bytes, description: str) -> None:
-        self.rules = _Rules(nodes)
+    def __init__(
+        self, nodes: list, root: int, prefix: bytes, suffix: bytes, description: str, whitespace: bool = True
+    ) -> None:
+        self.rules = _Rules(nodes, whitespace)
         self.root = root
         self.prefix = prefix
         self.suffix = suffix
@@ -23,6 +25,10 @@ class Grammar:
 
     def __repr__(self) -> str:
         return f"Grammar({self.description}, prefix={self.prefix!r}, suffix={self.suffix!r})"
+
+    @property
+    def whitespace(self) -> bool:
+        return self.rules.whitespace
 
     def initial_config(self) -> tuple:
         suffix = ((_TEXT, self.suffix, 0),) if self.suffix else ()

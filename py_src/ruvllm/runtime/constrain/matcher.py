@@ -16,8 +16,10 @@ from .vocabulary import Vocabulary
 class Matcher:
     """Follows one generation: `allowed()` before sampling, `advance(token)` after.
 
-    complete: the output so far is a whole valid document (and suffix); then only EOS is allowed (all
-    tokens are disallowed if the vocabulary has no EOS: the caller stops on `complete`).
+    complete: the output so far is a whole valid document (and suffix), so EOS is allowed; other tokens
+    only if the document can also go on (a top-level number: `1` may become `12`). finished: complete,
+    and nothing but EOS may follow (all tokens are disallowed if the vocabulary has no EOS: the caller
+    stops on `complete` or `finished`).
     """
 
     def __init__(self, grammar: Grammar, vocabulary: Vocabulary) -> None:
@@ -35,11 +37,18 @@ class Matcher:
     def complete(self) -> bool:
         return self._automaton.states[self._state].complete
 
+    @property
+    def finished(self) -> bool:
+        state = self._automaton.states[self._state]
+        return state.complete and all(config == () for config in state.configs)
+
     def allowed(self) -> np.ndarray:
-        """(V,) bool: the tokens that keep the output a prefix of a valid document; when complete, EOS only."""
-        if self.complete:
+        """(V,) bool: the tokens that keep the output a prefix of a valid document; when complete, EOS too."""
+        if self.finished:
             return self.vocabulary.eos_mask.copy()  # (V,)
         allowed = self._automaton.mask(self._state)  # (V,)
+        if self.complete:
+            return allowed | self.vocabulary.eos_mask  # (V,)
         if not allowed.any():  # only with a vocabulary that cannot spell some byte (no byte fallback)
             raise InferenceError(f"constrained output: no token of the vocabulary can follow {self._tail!r}")
         return allowed
@@ -57,7 +66,7 @@ class Matcher:
                 raise self._refused(token_id, "EOS before the JSON document is complete")
             self._ended = True
             return
-        if self.complete:
+        if self.finished:
             raise self._refused(token_id, "the document is complete: only EOS may follow")
         if not vocabulary.eligible[token_id]:
             raise self._refused(token_id, "a special or empty token cannot be part of the JSON output")
@@ -65,7 +74,8 @@ class Matcher:
         for b in vocabulary.token_bytes[token_id]:
             state = self._automaton.transition(state, b)
             if state < 0:
-                raise self._refused(token_id, "it cannot continue a valid document here")
+                why = "only EOS may follow" if self.complete else "it cannot continue a valid document here"
+                raise self._refused(token_id, why)
         self._state = state
         self._tail = (self._tail + vocabulary.token_bytes[token_id])[-40:]
 

@@ -7,6 +7,9 @@ A grammar is a list of these; a node refers to others by their index in the list
 from __future__ import annotations
 
 from dataclasses import dataclass
+from fractions import Fraction
+
+from .regex import Regex
 
 
 @dataclass(frozen=True)
@@ -23,14 +26,18 @@ class _Object:
     free_key: int | None  # the string node of free keys
     last_candidate: tuple[int, ...]  # [i]: the last property that may come next after i (a required one)
     closable: tuple[bool, ...]  # [i]: no required property at i or later
+    extra_value: int | None = None  # undeclared keys, between the properties, with values of this node
+    extra_key: int | None = None  # the string node of undeclared keys
+    excluded: tuple[bytes, ...] = ()  # declared keys no value can follow: not undeclared keys either
 
 
 @dataclass(frozen=True)
 class _Array:
-    item: int | None  # None: no item is allowed
+    item: int | None  # the items after `prefix`; None: no more items are allowed
     min_items: int
     max_items: int  # -1: unbounded
-    cap: int  # counts stop here: nothing beyond it is checked
+    cap: int  # counts stop here: nothing beyond it is checked (at least len(prefix))
+    prefix: tuple[int, ...] = ()  # the first items, one node each (prefixItems)
 
 
 @dataclass(frozen=True)
@@ -38,13 +45,16 @@ class _String:
     min_length: int
     max_length: int  # -1: unbounded
     cap: int
+    pattern: Regex | None = None  # the characters must match it (JSON Schema `pattern`, `format`)
 
 
 @dataclass(frozen=True)
 class _Number:
     integer: bool
-    minimum: int | None  # inclusive, integers only
-    maximum: int | None
+    minimum: int | Fraction | None  # integers: int, inclusive; numbers: a Fraction, exclusive if open_min
+    maximum: int | Fraction | None
+    open_min: bool = False
+    open_max: bool = False
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from fractions import Fraction
 
 from .nodes import _Array, _Literal, _Number, _Object, _String, _Union
 
@@ -22,24 +23,27 @@ MAX_NEWLINES = 2
 class _Rules:
     """What the parser reads: the nodes, and the first frames of each node's alternatives."""
 
-    def __init__(self, nodes: Sequence) -> None:
+    def __init__(self, nodes: Sequence, whitespace: bool = True) -> None:
         self.nodes = tuple(nodes)
+        self.whitespace = whitespace  # False: the compact form, no whitespace between tokens
         self.starts = tuple(_start_frames(self.nodes, n) for n in range(len(self.nodes)))
 
 
 # A configuration is a tuple of frames, the innermost last. Frames:
 #   (_TEXT, text, offset)            literal prefix/suffix text, popped after its last byte
 #   (_VALUE, node)                   a value not started yet (only at the root)
-#   (_OBJECT, node, phase, i, x)     i: next property index; x: whitespace state, or the key so far
+#   (_OBJECT, node, phase, i, x)     i: next property index; x: whitespace state, or the key so far;
+#                                    at the colon and value of an undeclared key, i is -1 - (next index)
 #   (_ARRAY, node, phase, count, w)  w: whitespace state
 #   (_STRING, node, phase, count, u) count: characters (capped); u: \u digits, or UTF-8 bytes still due
+#   (_PATTERN, node, phase, count, u, r)  a string with a pattern: r is the state of its regex DFA
 #   (_NUMBER, node, phase, digits, value)  value: tracked only for bounded integers
 #   (_LITERAL, node, text so far)
 # A frame that has read its closing byte is popped. Numbers and literals end without a byte of their
 # own: when they can end, the next byte is also offered to the frame below.
 # Whitespace state: 0 nothing, 1 one space, 100 * newlines + spaces/tabs after them.
 
-_TEXT, _VALUE, _OBJECT, _ARRAY, _STRING, _NUMBER, _LITERAL = range(7)
+_TEXT, _VALUE, _OBJECT, _ARRAY, _STRING, _NUMBER, _LITERAL, _PATTERN = range(8)
 _OPEN, _FIRST, _KEY, _COLON, _VALUE_NEXT, _AFTER_VALUE, _AFTER_COMMA = range(7)  # objects and arrays
 _S_OPEN, _S_CONTENT, _S_ESCAPE, _S_HEX, _S_UTF8 = range(5)
 _N_START, _N_MINUS, _N_ZERO, _N_INT, _N_DOT, _N_FRACTION, _N_E, _N_E_SIGN, _N_EXPONENT = range(9)
@@ -85,6 +89,7 @@ _READABLE = {
     (_STRING, _S_UTF8): _bits(bytes(range(0x80, 0xC0))),
     **{(_NUMBER, phase): _bits(b"-+.eE0123456789") for phase in range(9)},
 }
+_READABLE.update({(_PATTERN, phase): bits for (kind, phase), bits in list(_READABLE.items()) if kind == _STRING})
 
 
 def _readable(g: _Rules, config: tuple) -> int:
@@ -109,6 +114,8 @@ def _readable(g: _Rules, config: tuple) -> int:
             for p in spec.properties[i : spec.last_candidate[i] + 1]:
                 if p.key.startswith(text):  # keys are quoted: none is the whole of another
                     bits |= 1 << p.key[len(text)]
+            if spec.extra_value is not None:
+                bits |= _ANY_BYTE
         else:
             bits |= _READABLE[kind, frame[2]]
         if not _can_end(g, frame):
@@ -133,9 +140,10 @@ def _start_frames(nodes: Sequence, node: int) -> tuple[tuple, ...]:
         elif isinstance(spec, _Array):
             frames.append((_ARRAY, n, _OPEN, 0, 0))
         elif isinstance(spec, _String):
-            frames.append((_STRING, n, _S_OPEN, 0, 0))
+            frames.append((_STRING, n, _S_OPEN, 0, 0) if spec.pattern is None else (_PATTERN, n, _S_OPEN, 0, 0, 0))
         elif isinstance(spec, _Number):
-            frames.append((_NUMBER, n, _N_START, 0, 0))
+            bounded_decimal = not spec.integer and (spec.minimum is not None or spec.maximum is not None)
+            frames.append((_NUMBER, n, _N_START, 0, (False, Fraction(0)) if bounded_decimal else 0))
         elif isinstance(spec, _Literal):
             frames.append((_LITERAL, n, b""))
     return tuple(frames)
@@ -164,6 +172,10 @@ def _can_end(g: _Rules, frame: tuple) -> bool:
         spec = g.nodes[n]
         if spec.integer:
             return phase in (_N_ZERO, _N_INT) and _within(spec, value)
+        if spec.minimum is not None or spec.maximum is not None:
+            return phase in (_N_ZERO, _N_INT, _N_FRACTION) and _decimal_within(
+                spec, -value[1] if value[0] else value[1]
+            )
         return phase in (_N_ZERO, _N_INT, _N_FRACTION, _N_EXPONENT)
     if kind == _LITERAL:
         values = g.nodes[frame[1]].values
@@ -209,29 +221,63 @@ def _step_object(g: _Rules, frame: tuple, b: int) -> list[tuple]:
                 return [((_OBJECT, n, _COLON, j, 0),)]
             if candidate.startswith(key):
                 return [((_OBJECT, n, _KEY, i, key),)]
-        return []
+        if spec.extra_value is None:
+            return []
+        return _undeclared_key(g, spec, n, i, key)
     if phase == _OPEN:
         return [((_OBJECT, n, _FIRST, 0, 0),)] if b == 0x7B else []
     if b in _WHITESPACE:
-        w = _whitespace(x, b)
+        w = _whitespace(x, b) if g.whitespace else None
         return [] if w is None else [((_OBJECT, n, phase, i, w),)]
     free = spec.free_value is not None
+    extra = spec.extra_value is not None
     if phase == _FIRST or phase == _AFTER_COMMA:
         if b == 0x22 and free:
-            return [((_OBJECT, n, _COLON, 0, 0), (_STRING, spec.free_key, _S_CONTENT, 0, 0))]
-        if b == 0x22 and i < len(spec.properties):
+            keys = g.starts[spec.free_key]  # the key's string frame (none: no key is allowed)
+            return [((_OBJECT, n, _COLON, 0, 0), *frames) for key in keys for frames in _STEPS[key[0]](g, key, b)]
+        if b == 0x22 and (i < len(spec.properties) or extra):
             return [((_OBJECT, n, _KEY, i, b'"'),)]
         return [()] if b == 0x7D and phase == _FIRST and spec.closable[i] else []
     if phase == _COLON:
         return [((_OBJECT, n, _VALUE_NEXT, i, 0),)] if b == 0x3A else []
     if phase == _VALUE_NEXT:
-        after = (_OBJECT, n, _AFTER_VALUE, 0 if free else i + 1, 0)
-        value = spec.free_value if free else spec.properties[i].value
+        if i < 0:  # an undeclared key's value
+            after, value = (_OBJECT, n, _AFTER_VALUE, -1 - i, 0), spec.extra_value
+        else:
+            after = (_OBJECT, n, _AFTER_VALUE, 0 if free else i + 1, 0)
+            value = spec.free_value if free else spec.properties[i].value
         return [(after, *frames) for frames in _start_value(g, value, b)]
     # _AFTER_VALUE
-    if b == 0x2C and (free or i < len(spec.properties)):
+    if b == 0x2C and (free or extra or i < len(spec.properties)):
         return [((_OBJECT, n, _AFTER_COMMA, i, 0),)]
     return [()] if b == 0x7D and spec.closable[i] else []
+
+
+def _undeclared_key(g: _Rules, spec: _Object, n: int, i: int, key: bytes) -> list[tuple]:
+    """An object key that is none of the next candidates: an undeclared key, if it is not (and cannot
+    become) a declared one. Once it cannot, the rest of it is read by a plain string frame."""
+    declared = [p.key for p in spec.properties] + list(spec.excluded)
+    if key in declared:
+        return []  # a declared key out of its place
+    colon = (_OBJECT, n, _COLON, -1 - i, 0)
+    assert spec.extra_key is not None
+    configs: list[tuple] = list(g.starts[spec.extra_key])  # the string frame of undeclared keys
+    closed = False
+    for byte in key:
+        following = [c for frame in configs for c in _STEPS[frame[0]](g, frame, byte)]
+        closed = any(c == () for c in following)
+        configs = [c[-1] for c in following if c]
+    if any(k.startswith(key) for k in declared):  # it may still become a declared key: keep reading it
+        return [((_OBJECT, n, _KEY, i, key),)] if configs else []
+    if closed and _closes_string(key):
+        return [(colon,)]
+    return [(colon, frame) for frame in configs]
+
+
+def _closes_string(key: bytes) -> bool:
+    """Whether the closing quote of `key` (a JSON string, quotes included) is not escaped."""
+    backslashes = len(key) - 1 - len(key[:-1].rstrip(b"\\"))
+    return backslashes % 2 == 0
 
 
 def _step_array(g: _Rules, frame: tuple, b: int) -> list[tuple]:
@@ -240,7 +286,7 @@ def _step_array(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     if phase == _OPEN:
         return [((_ARRAY, n, _FIRST, 0, 0),)] if b == 0x5B else []
     if b in _WHITESPACE:
-        w = _whitespace(w, b)
+        w = _whitespace(w, b) if g.whitespace else None
         return [] if w is None else [((_ARRAY, n, phase, count, w),)]
     if phase == _AFTER_VALUE:
         if b == 0x2C and (spec.max_items < 0 or count < spec.max_items):
@@ -248,10 +294,11 @@ def _step_array(g: _Rules, frame: tuple, b: int) -> list[tuple]:
         return [()] if b == 0x5D and count >= spec.min_items else []
     if phase == _FIRST and b == 0x5D:
         return [()] if spec.min_items == 0 else []
-    if spec.item is None:
+    item = spec.prefix[count] if count < len(spec.prefix) else spec.item
+    if item is None:
         return []
     after = (_ARRAY, n, _AFTER_VALUE, min(count + 1, spec.cap), 0)
-    return [(after, *frames) for frames in _start_value(g, spec.item, b)]
+    return [(after, *frames) for frames in _start_value(g, item, b)]
 
 
 def _step_string(g: _Rules, frame: tuple, b: int) -> list[tuple]:
@@ -290,11 +337,66 @@ def _step_string(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     return [((_STRING, n, _S_CONTENT, count, 0) if digits == 4 else (_STRING, n, _S_HEX, count, digits),)]
 
 
+_ESCAPED = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F}  # the escapes a patterned string may use, and their character
+
+
+def _step_pattern(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+    """A string whose characters must match a regex; escapes only for `"`, `\\` and `/`."""
+    _, n, phase, count, u, r = frame
+    spec = g.nodes[n]
+    if phase == _S_OPEN:
+        return [((_PATTERN, n, _S_CONTENT, 0, 0, 0),)] if b == 0x22 else []
+    if phase == _S_UTF8:
+        due, low, high = u
+        if not low <= b <= high:
+            return []
+        more = _UTF8_MORE[due]
+        return [((_PATTERN, n, _S_CONTENT, count, 0, r) if more is None else (_PATTERN, n, _S_UTF8, count, more, r),)]
+    if phase == _S_CONTENT and b == 0x22:
+        return [()] if spec.pattern.accepting[r] and count >= spec.min_length else []
+    if phase == _S_CONTENT and b == 0x5C:
+        if all(_pattern_next(spec, count, r, symbol) < 0 for symbol in _ESCAPED.values()):
+            return []
+        return [((_PATTERN, n, _S_ESCAPE, count, 0, r),)]
+    if phase == _S_ESCAPE:
+        symbol = _ESCAPED.get(b, -1)
+    elif b < 0x20:
+        return []
+    elif b < 0x80:
+        symbol = b
+    else:
+        symbol = 128 if b in _UTF8_LEAD else -1
+    following = -1 if symbol < 0 else _pattern_next(spec, count, r, symbol)
+    if following < 0:
+        return []
+    chars = min(count + 1, spec.cap)
+    if symbol == 128:
+        return [((_PATTERN, n, _S_UTF8, chars, _UTF8_LEAD[b], following),)]
+    return [((_PATTERN, n, _S_CONTENT, chars, 0, following),)]
+
+
+def _pattern_next(spec: _String, count: int, r: int, symbol: int) -> int:
+    """The regex state after one more character, if the string can still end within its lengths; else -1."""
+    regex = spec.pattern
+    assert regex is not None
+    following = regex.next[r][symbol]
+    if following < 0:
+        return -1
+    chars = count + 1
+    if spec.max_length >= 0 and chars + regex.shortest[following] > spec.max_length:
+        return -1
+    if regex.longest[following] >= 0 and chars + regex.longest[following] < spec.min_length:
+        return -1
+    return following
+
+
 def _step_number(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     _, n, phase, digits, value = frame
     spec = g.nodes[n]
     bounded = spec.minimum is not None or spec.maximum is not None
     digit = b - 0x30 if b in _DIGITS else -1
+    if bounded and not spec.integer:
+        return _step_decimal(spec, frame, b, digit)
     if phase == _N_START and b == 0x2D:  # '-'
         return [((_NUMBER, n, _N_MINUS, 0, 0),)] if spec.minimum is None or spec.minimum <= 0 else []
     if phase in (_N_START, _N_MINUS, _N_INT) and digit >= 0:
@@ -335,6 +437,54 @@ def _reachable(spec: _Number, negative: bool, magnitude: int, digits: int) -> bo
     return False
 
 
+def _step_decimal(spec: _Number, frame: tuple, b: int, digit: int) -> list[tuple]:
+    """A number with bounds: value is (negative, magnitude as a Fraction); no exponent is written."""
+    _, n, phase, digits, (negative, magnitude) = frame
+    if phase == _N_START and b == 0x2D:  # '-'
+        negative, width = True, Fraction(10**MAX_INT_DIGITS)
+        following: tuple = (_N_MINUS, 0, (True, magnitude))
+    elif phase in (_N_START, _N_MINUS, _N_INT) and digit >= 0:
+        if phase == _N_INT and digits == MAX_INT_DIGITS:
+            return []
+        magnitude = magnitude * 10 + digit
+        following = (_N_ZERO if phase != _N_INT and digit == 0 else _N_INT, digits + 1, (negative, magnitude))
+        more = 0 if magnitude == 0 else MAX_INT_DIGITS - digits - 1  # integer digits that may still come
+        return (
+            [((_NUMBER, n, *following),)]
+            if any(_decimal_reachable(spec, negative, magnitude * 10**k, Fraction(10**k)) for k in range(more + 1))
+            else []
+        )
+    elif b == 0x2E and phase in (_N_ZERO, _N_INT):  # '.'
+        following, width = (_N_DOT, 0, (negative, magnitude)), Fraction(1)
+    elif digit >= 0 and (phase == _N_DOT or (phase == _N_FRACTION and digits < MAX_FRACTION_DIGITS)):
+        width = Fraction(1, 10 ** (digits + 1))
+        magnitude = magnitude + digit * width
+        following = (_N_FRACTION, digits + 1, (negative, magnitude))
+    else:
+        return []
+    return [((_NUMBER, n, *following),)] if _decimal_reachable(spec, negative, magnitude, width) else []
+
+
+def _decimal_reachable(spec: _Number, negative: bool, low: Fraction | int, width: Fraction) -> bool:
+    """Whether some number of magnitude in [low, low + width), with this sign, lies within the bounds."""
+    high = low + width
+    if negative:  # values in (-high, -low]
+        low, high = -high, -low
+        top_ok = spec.maximum is None or low < spec.maximum
+        bottom_ok = spec.minimum is None or high > spec.minimum or (high == spec.minimum and not spec.open_min)
+    else:  # values in [low, high)
+        top_ok = spec.maximum is None or low < spec.maximum or (low == spec.maximum and not spec.open_max)
+        bottom_ok = spec.minimum is None or high > spec.minimum
+    return top_ok and bottom_ok
+
+
+def _decimal_within(spec: _Number, value: Fraction) -> bool:
+    low, high = spec.minimum, spec.maximum
+    if low is not None and (value < low or (value == low and spec.open_min)):
+        return False
+    return high is None or not (value > high or (value == high and spec.open_max))
+
+
 def _within(spec: _Number, value: int) -> bool:
     return (spec.minimum is None or value >= spec.minimum) and (spec.maximum is None or value <= spec.maximum)
 
@@ -350,4 +500,13 @@ def _step_literal(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     return [((_LITERAL, frame[1], text),)]
 
 
-_STEPS = (_step_text, _step_value, _step_object, _step_array, _step_string, _step_number, _step_literal)
+_STEPS = (
+    _step_text,
+    _step_value,
+    _step_object,
+    _step_array,
+    _step_string,
+    _step_number,
+    _step_literal,
+    _step_pattern,
+)

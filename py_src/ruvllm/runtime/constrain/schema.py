@@ -6,43 +6,106 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
+from dataclasses import replace
+from fractions import Fraction
+from itertools import combinations, product
 
 from ...errors import InvalidArgumentError
+from .combine import MAX_COMBINATIONS, MergeError, UnsatisfiableError, json_equal, merge, reference
 from .grammar import Grammar
 from .nodes import _Array, _Literal, _Number, _Object, _Property, _String, _Union
 from .parser import MAX_INT_DIGITS
+from .regex import Regex, RegexError
+from .resolve import ROOT_URI, Location, Resources
 
-_ANNOTATIONS = frozenset(  # and $defs, definitions: where $ref targets live
-    {"title", "description", "default", "examples", "$schema", "$id", "$comment", "format", "deprecated"}
-    | {"readOnly", "writeOnly", "$defs", "definitions"}
+MAX_SCHEMA_DEPTH = 100  # sub-schemas (and references, allOf parts) followed within each other
+
+# Annotations and identifiers: no effect on what is valid. `format` is an annotation, as in jsonschema's
+# default validator (its values are not checked).
+_IGNORED = frozenset(
+    {"title", "description", "default", "examples", "$schema", "$id", "id", "$comment", "deprecated"}
+    | {"readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$vocabulary", "$defs"}
+    | {"definitions", "contentMediaType", "contentEncoding", "contentSchema"}
+)
+_HANDLED = frozenset(
+    {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required", "additionalProperties"}
+    | {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "uniqueItems"}
+    | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "if", "then", "else", "minContains"}
+    | {"maxContains", "pattern", "format", "patternProperties", "propertyNames"}
+)
+_REFUSED = frozenset(  # constraints JSON Schema defines that are not supported (yet)
+    {"minProperties", "maxProperties", "dependentRequired"}
+    | {"dependentSchemas", "dependencies", "not", "contains", "multipleOf", "unevaluatedProperties"}
+    | {"unevaluatedItems", "$dynamicRef", "$recursiveRef"}
 )
 _SUPPORTED = (
-    "type, properties, required, additionalProperties, items, minItems, maxItems, enum, const, anyOf, "
-    "$ref, $defs, definitions, minLength, maxLength, minimum/maximum/exclusiveMinimum/exclusiveMaximum "
-    "(integers), and annotations"
+    "type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, enum, const, "
+    "anyOf, oneOf, allOf, $ref (with $id, $anchor), minLength, maxLength, pattern, format (date, time, "
+    "date-time, uuid, email, ipv4, ipv6, uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, and annotations"
 )
+# `format` values written by these patterns (other formats are annotations, not checked).
+_DATE = (  # days by month (29 February in every year)
+    r"\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2\d))"
+)
+_TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([zZ]|[+-]([01]\d|2[0-3]):[0-5]\d)"
+_OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
+_HEX4 = "[0-9a-fA-F]{1,4}"
+_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
+_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
+FORMATS = {
+    "date": f"^{_DATE}$",
+    "time": f"^{_TIME}$",
+    "date-time": f"^{_DATE}[tT]{_TIME}$",
+    "uuid": "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+    "email": rf"^{_ATOM}(\.{_ATOM})*@{_LABEL}(\.{_LABEL})*$",
+    "ipv4": rf"^({_OCTET}\.){{3}}{_OCTET}$",
+    "ipv6": "^("
+    + "|".join(
+        [f"({_HEX4}:){{7}}{_HEX4}", f"({_HEX4}:){{1,7}}:", f"::({_HEX4}:){{0,6}}{_HEX4}"]
+        + [f"({_HEX4}:){{1,{k}}}(:{_HEX4}){{1,{7 - k}}}" for k in range(1, 7)]
+        + ["::"]
+    )
+    + ")$",
+    "uri": r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s\"<>\\^`{|}]*$",
+}
 _KEYWORDS_OF = {
     "object": ("properties", "required", "additionalProperties"),
-    "array": ("items", "minItems", "maxItems"),
-    "string": ("minLength", "maxLength"),
-    "integer": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
+    "array": ("items", "prefixItems", "minItems", "maxItems"),
+    "string": ("minLength", "maxLength", "pattern", "format"),
+    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
 }
-_KNOWN = _ANNOTATIONS | {"type", "enum", "const", "anyOf", "$ref"} | {k for ks in _KEYWORDS_OF.values() for k in ks}
 _TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 
-def json_grammar(schema: dict | bool | None, prefix: str = "", suffix: str = "") -> Grammar:
+def json_grammar(
+    schema: dict | bool | None,
+    prefix: str = "",
+    suffix: str = "",
+    strict: bool = False,
+    extra_properties: bool = True,
+    whitespace: str = "compact",
+) -> Grammar:
     """The grammar of one JSON value, with literal text before and after it.
 
     schema None: any JSON object (`response_format: {"type": "json_object"}`); otherwise a JSON Schema
     (see the package docstring, `ruvllm.runtime.constrain`, for the keywords supported). prefix/suffix,
     e.g. "<tool_call>\\n" and "\\n</tool_call>", are written exactly, with no whitespace added around
-    the value.
+    the value. strict: refuse keywords no JSON Schema draft defines (by default they are ignored, as
+    the specification says). extra_properties: undeclared properties may be written between the
+    declared ones where `additionalProperties` allows them (absent, true or a schema), as LLGuidance
+    does; False writes only the declared ones, as XGrammar does by default. Declared properties are
+    written in schema order either way, as both do. whitespace: "compact" (no whitespace between the
+    tokens of the document, as XGrammar and LLGuidance write it: fewer tokens) or "flexible" (what
+    the package docstring describes: indented, pretty output is possible, and JSON written by
+    `json.dumps` with its default separators is read).
     """
+    if whitespace not in ("compact", "flexible"):
+        raise InvalidArgumentError(f'json_grammar: whitespace must be "compact" or "flexible", got {whitespace!r}')
     for name, text in (("prefix", prefix), ("suffix", suffix)):
         if not isinstance(text, str):
             raise InvalidArgumentError(f"json_grammar: {name} must be a string, got {type(text).__name__}")
-    compiler = _Compiler(schema)
+    compiler = _Compiler(schema, strict, extra_properties)
     if schema is None:
         root, description = compiler.free_object(compiler.any_value()), "json_object"
     else:
@@ -50,8 +113,8 @@ def json_grammar(schema: dict | bool | None, prefix: str = "", suffix: str = "")
             raise InvalidArgumentError(f"json_schema: the schema must be an object or a boolean, got {schema!r}")
         if schema is False:
             raise InvalidArgumentError("json_schema: the schema is false: no document is valid")
-        root, description = compiler.compile(schema, ()), "json_schema"
-    return compiler.finish(root, prefix.encode("utf-8"), suffix.encode("utf-8"), description)
+        root, description = compiler.compile(schema, (), (compiler.resources.root_uri, ()), 0), "json_schema"
+    return compiler.finish(root, prefix.encode("utf-8"), suffix.encode("utf-8"), description, whitespace == "flexible")
 
 
 def _where(path: tuple[str, ...]) -> str:
@@ -62,28 +125,53 @@ def _fail(message: str, path: tuple[str, ...]) -> InvalidArgumentError:
     return InvalidArgumentError(f"json_schema: {message} {_where(path)}")
 
 
-def _json_text(value: object, ascii_only: bool, path: tuple[str, ...]) -> bytes:
-    try:
-        text = json.dumps(value, ensure_ascii=ascii_only, separators=(",", ":"), allow_nan=False)
-    except (TypeError, ValueError) as e:
-        raise _fail(f"a value of 'enum'/'const' is not JSON ({e})", path) from None
-    return text.encode("utf-8")
+def _json_texts(value: object, path: tuple[str, ...]) -> set[bytes]:
+    """The ways a value of `enum`/`const` may be written: compact, non-ASCII raw or \\u-escaped, and a
+    number equal to an integer with or without `.0` (JSON Schema compares numbers by value)."""
+    values = [value]
+    if isinstance(value, (int, float)) and not isinstance(value, bool) and abs(value) < 10**MAX_INT_DIGITS:
+        if float(value).is_integer():
+            values = [int(value), float(value)]
+    texts = set()
+    for v in values:
+        for ascii_only in (False, True):
+            try:
+                text = json.dumps(v, ensure_ascii=ascii_only, separators=(",", ":"), allow_nan=False)
+            except (TypeError, ValueError) as e:
+                raise _fail(f"a value of 'enum'/'const' is not JSON ({e})", path) from None
+            texts.add(text.encode("utf-8"))
+    return texts
+
+
+def _child(location: Location | None, *keys: str) -> Location | None:
+    return None if location is None else (location[0], (*location[1], *keys))
 
 
 class _Compiler:
     """Turns a schema into nodes (a list; ids are indexes). `$ref` targets are compiled once, into a
-    slot reserved before their body, so recursion refers back to the slot."""
+    slot reserved before their body, so recursion refers back to the slot. A sub-schema that no
+    document can meet compiles to an empty union, with the reason kept for the error if the root is one."""
 
-    def __init__(self, root_schema: object) -> None:
-        self.root_schema = root_schema
+    def __init__(self, root_schema: object, strict: bool, extra_properties: bool) -> None:
+        self.resources = Resources(root_schema)
+        self.strict = strict
+        self.extra_properties = extra_properties
         self.nodes: list = []
         self.refs: dict[str, int] = {}
         self.enums: list[tuple[int, int, list, tuple[str, ...]]] = []  # (slot, other keywords, values, path)
+        self.dead: dict[int, str] = {}  # node -> why no value meets it
+        self.exclusive: list[tuple[int, tuple[str, ...]]] = []  # oneOf unions, checked in `finish`
         self._any: int | None = None
+        self.regexes: dict[tuple[str, ...], Regex] = {}
 
     def add(self, node: object) -> int:
         self.nodes.append(node)
         return len(self.nodes) - 1
+
+    def dead_node(self, why: str, path: tuple[str, ...]) -> int:
+        node = self.add(_Union(()))
+        self.dead[node] = f"{why} {_where(path)}"
+        return node
 
     def any_value(self) -> int:
         if self._any is None:
@@ -98,157 +186,505 @@ class _Compiler:
             self.nodes[self._any] = _Union(options)
         return self._any
 
-    def free_object(self, value: int) -> int:
-        return self.add(_Object((), value, self.add(_String(0, -1, 0)), (), (True,)))
+    def free_object(self, value: int, key: int | None = None) -> int:
+        return self.add(_Object((), value, self.add(_String(0, -1, 0)) if key is None else key, (), (True,)))
 
-    def finish(self, root: int, prefix: bytes, suffix: bytes, description: str) -> Grammar:
+    def finish(self, root: int, prefix: bytes, suffix: bytes, description: str, whitespace: bool) -> Grammar:
         for slot, others, values, path in self.enums:  # inner ones first: keep what the other keywords allow
-            texts = {_json_text(v, ascii_only, path) for v in values for ascii_only in (False, True)}
+            texts = {t for v in values for t in _json_texts(v, path)}
             if others >= 0:
                 partial = Grammar(self.nodes, others, b"", b"", "enum filter")
                 texts = {t for t in texts if partial.accepts(others, t)}
-            kept = tuple(sorted(texts))
-            if not kept:
-                raise _fail("no value of 'enum'/'const' is valid under the other keywords", path)
-            self.nodes[slot] = _Literal(kept)
-        grammar = Grammar(self.nodes, root, prefix, suffix, description)
-        if not grammar.rules.starts[root]:  # e.g. a $ref to itself and nothing else
-            raise _fail("no JSON value is valid under the schema", ())
-        return grammar
+            self.nodes[slot] = _Literal(tuple(sorted(texts)))
+            if not texts:
+                self.dead[slot] = f"no value of 'enum'/'const' is valid under the other keywords {_where(path)}"
+        for node, path in self.exclusive:
+            options = self.nodes[node].options
+            for i, j in combinations(range(len(options)), 2):
+                if not _disjoint(self.nodes, options[i], options[j]):
+                    raise _fail(
+                        f"'oneOf' options {i} and {j} may both match one document (only options that exclude "
+                        "each other by type, value or a required property's value are supported; 'anyOf' if "
+                        "overlaps do not matter)",
+                        path,
+                    )
+        productive = _prune(self.nodes)
+        if root not in productive:
+            reasons = [why for node, why in self.dead.items()]
+            why = f" ({reasons[0]})" if reasons else " (every alternative needs an endless document)"
+            raise InvalidArgumentError(f"json_schema: no JSON value is valid under the schema{why}")
+        return Grammar(self.nodes, root, prefix, suffix, description, whitespace)
 
-    def compile(self, schema: object, path: tuple[str, ...]) -> int:
+    def compile(self, schema: object, path: tuple[str, ...], location: Location | None, depth: int) -> int:
+        if depth > MAX_SCHEMA_DEPTH:
+            raise _fail(f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels (sub-schemas and references)", path)
         if schema is True:
             return self.any_value()
         if schema is False:
-            return self.add(_Union(()))
+            return self.dead_node("the schema is false", path)
         if not isinstance(schema, dict):
-            raise _fail(f"a schema must be an object or a boolean, got {json.dumps(schema)}", path)
+            raise _fail(f"a schema must be an object or a boolean, got {json.dumps(schema)[:60]}", path)
+        if location is not None:
+            location = self.resources.enter(schema, location)
+        self.check_keywords(schema, path)
+        constraining = [k for k in schema if k in _HANDLED or k in _REFUSED]
+        if constraining == ["$ref"]:
+            return self.ref(schema["$ref"], path, location, depth)
+        if "$ref" in schema or "allOf" in schema:
+            try:
+                parts = self.flatten(schema, path, location, depth)
+                merged = merge(parts)
+            except UnsatisfiableError as e:
+                return self.dead_node(str(e), path)
+            except MergeError as e:
+                raise _fail(str(e), path) from None
+            return self.plain(merged, path, None, depth + 1)
+        return self.plain(schema, path, location, depth)
+
+    def check_keywords(self, schema: dict, path: tuple[str, ...]) -> None:
         for key in schema:
-            if key not in _KNOWN:
+            if key in _REFUSED or (key == "if" and ("then" in schema or "else" in schema)):
                 raise InvalidArgumentError(
                     f"json_schema: {key!r} {_where(path)} is not supported (supported: {_SUPPORTED})"
                 )
-        constraining = [k for k in schema if k not in _ANNOTATIONS]
-        for keyword in ("$ref", "anyOf"):
-            if keyword in schema and len(constraining) > 1:
-                other = next(k for k in constraining if k != keyword)
-                raise _fail(f"{keyword!r} with the sibling keyword {other!r} is not supported", path)
-        if "$ref" in schema:
-            return self.ref(schema["$ref"], path)
-        if "anyOf" in schema:
-            options = schema["anyOf"]
-            if not isinstance(options, list) or not options:
-                raise _fail("'anyOf' must be a non-empty list of schemas", path)
-            return self.add(_Union(tuple(self.compile(s, (*path, "anyOf", str(i))) for i, s in enumerate(options))))
-        if "enum" in schema or "const" in schema:
-            return self.enum(schema, path)
-        types = self.types(schema, path)
-        nodes = [self.typed(t, schema, path) for t in types]
-        return nodes[0] if len(nodes) == 1 else self.add(_Union(tuple(nodes)))
+            if self.strict and key not in _HANDLED and key not in _IGNORED:
+                raise InvalidArgumentError(
+                    f"json_schema: {key!r} {_where(path)} is not a keyword of JSON Schema (refused with strict=True)"
+                )
 
-    def ref(self, target: object, path: tuple[str, ...]) -> int:
+    def flatten(
+        self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int
+    ) -> list[tuple[dict, Location | None]]:
+        """The parts whose meeting is `schema`: its own keywords, its `$ref` target's, its `allOf`'s."""
+        if depth > MAX_SCHEMA_DEPTH:
+            raise _fail(f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels (sub-schemas and references)", path)
+        self.check_keywords(schema, path)
+        own = {k: v for k, v in schema.items() if (k in _HANDLED or k in _REFUSED) and k not in ("$ref", "allOf")}
+        parts: list[tuple[dict, Location | None]] = [(own, location)]
+        if "$ref" in schema:
+            _, target, target_location = self.lookup(schema["$ref"], path, location)
+            parts.extend(self.parts_of(target, (*path, "$ref"), target_location, depth + 1))
+        if "allOf" in schema:
+            options = schema["allOf"]
+            if not isinstance(options, list) or not options:
+                raise _fail("'allOf' must be a non-empty list of schemas", path)
+            for i, sub in enumerate(options):
+                sub_path, sub_location = (*path, "allOf", str(i)), _child(location, "allOf", str(i))
+                parts.extend(self.parts_of(sub, sub_path, sub_location, depth + 1))
+        return parts
+
+    def parts_of(
+        self, schema: object, path: tuple[str, ...], location: Location | None, depth: int
+    ) -> list[tuple[dict, Location | None]]:
+        if schema is False:
+            raise UnsatisfiableError(f"the schema {_where(path)} is false")
+        if schema is True:
+            return []
+        if not isinstance(schema, dict):
+            raise _fail(f"a schema must be an object or a boolean, got {json.dumps(schema)[:60]}", path)
+        if location is not None:
+            location = self.resources.enter(schema, location)
+        return self.flatten(schema, path, location, depth)
+
+    def lookup(
+        self, reference: object, path: tuple[str, ...], location: Location | None
+    ) -> tuple[str, object, Location]:
+        if not isinstance(reference, str):
+            raise _fail(f"'$ref' must be a string, got {json.dumps(reference)[:60]}", path)
+        base = location[0] if location is not None else ROOT_URI
+        found = self.resources.resolve(reference, base)
+        if found is None and self.resources.outside(reference, base):
+            raise _fail(f"'$ref' {reference!r} points to another document (references are not fetched)", path)
+        if found is None:
+            raise _fail(f"'$ref' {reference!r} points to nothing", path)
+        return found
+
+    def ref(self, reference: object, path: tuple[str, ...], location: Location | None, depth: int) -> int:
+        target, schema, target_location = self.lookup(reference, path, location)
         if target in self.refs:
             return self.refs[target]
-        if not isinstance(target, str) or not (
-            target == "#" or target.startswith("#/$defs/") or target.startswith("#/definitions/")
-        ):
-            raise _fail(f"'$ref' {target!r} is not supported (only '#', '#/$defs/...', '#/definitions/...')", path)
-        parts = tuple(p.replace("~1", "/").replace("~0", "~") for p in target[2:].split("/")) if target != "#" else ()
-        schema = self.root_schema
-        for part in parts:
-            if not isinstance(schema, dict) or part not in schema:
-                raise _fail(f"'$ref' {target!r} points to nothing", path)
-            schema = schema[part]
         slot = self.refs[target] = self.add(None)
-        self.nodes[slot] = _Union((self.compile(schema, parts),))
+        where = target_location[1] if target_location[0] == self.resources.root_uri else (target,)
+        self.nodes[slot] = _Union((self.compile(schema, where, target_location, depth + 1),))
         return slot
 
-    def enum(self, schema: dict, path: tuple[str, ...]) -> int:
+    def plain(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
+        """A schema without `$ref`/`allOf` of its own."""
+        schema = {k: v for k, v in schema.items() if k in _HANDLED or k in _REFUSED}
+        choices = [k for k in ("anyOf", "oneOf") if k in schema]
+        for keyword in choices:
+            if not isinstance(schema[keyword], list) or not schema[keyword]:
+                raise _fail(f"{keyword!r} must be a non-empty list of schemas", path)
+        if choices:
+            return self.choice(schema, choices, path, location, depth)
+        if "enum" in schema or "const" in schema:
+            return self.enum(schema, path, location, depth)
+        types = self.types(schema, path)
+        nodes = [self.typed(t, schema, path, location, depth) for t in types]
+        return nodes[0] if len(nodes) == 1 else self.add(_Union(tuple(nodes)))
+
+    def choice(
+        self, schema: dict, choices: list[str], path: tuple[str, ...], location: Location | None, depth: int
+    ) -> int:
+        """anyOf / oneOf: one alternative per option (per combination when both are present), each met
+        with the sibling keywords. oneOf is compiled as anyOf, and `finish` refuses it unless its options
+        exclude each other (so that no document valid under two of them is written)."""
+        others = {k: v for k, v in schema.items() if k not in choices}
+        lists = [
+            [(o, (*path, k, str(i)), _child(location, k, str(i))) for i, o in enumerate(schema[k])] for k in choices
+        ]
+        combinations = math.prod(len(options) for options in lists)
+        if combinations > MAX_COMBINATIONS:
+            raise _fail(f"'anyOf' beside 'oneOf' makes {combinations} options (at most {MAX_COMBINATIONS})", path)
+        options = []
+        for combination in product(*lists):
+            if not others and len(combination) == 1:
+                option, option_path, option_location = combination[0]
+                options.append(self.compile(option, option_path, option_location, depth + 1))
+                continue
+            try:
+                parts = [(others, location)]
+                for option, option_path, option_location in combination:
+                    parts.extend(self.parts_of(option, option_path, option_location, depth + 1))
+                merged = merge(parts)
+            except UnsatisfiableError as e:
+                options.append(self.dead_node(str(e), combination[0][1]))
+                continue
+            except MergeError as e:
+                raise _fail(str(e), path) from None
+            options.append(self.plain(merged, combination[0][1], None, depth + 1))
+        node = self.add(_Union(tuple(options)))
+        if "oneOf" in choices:
+            self.exclusive.append((node, path))
+        return node
+
+    def enum(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
         values = schema.get("enum", [])
         if "enum" in schema and (not isinstance(values, list) or not values):
             raise _fail("'enum' must be a non-empty list", path)
         if "const" in schema:
-            values = [v for v in values if v == schema["const"]] if "enum" in schema else [schema["const"]]
-        others = {k: v for k, v in schema.items() if k not in ("enum", "const") and k not in _ANNOTATIONS}
+            const = schema["const"]
+            values = [v for v in values if json_equal(v, const)] if "enum" in schema else [const]
+        others = {k: v for k, v in schema.items() if k not in ("enum", "const")}
         slot = self.add(None)  # filled by `finish`, once every node exists
-        self.enums.append((slot, self.compile(others, path) if others else -1, values, path))
+        self.enums.append((slot, self.plain(others, path, location, depth) if others else -1, values, path))
         return slot
 
     def types(self, schema: dict, path: tuple[str, ...]) -> list[str]:
-        bounds = [k for k in _KEYWORDS_OF["integer"] if k in schema]
+        """The types a schema allows: those of `type`, or all (each keyword constrains its own type)."""
         if "type" not in schema:
-            if bounds:
-                raise _fail(f'{bounds[0]!r} without "type": "integer" is not supported (integers only)', path)
-            types = [t for t, keywords in _KEYWORDS_OF.items() if any(k in schema for k in keywords)]
-            return types or list(_TYPES)
+            return list(_TYPES)
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         if not types:
             raise _fail("'type' is an empty list", path)
         for t in types:
             if t not in _TYPES:
                 raise _fail(f"'type' {t!r} is not a JSON Schema type (one of {', '.join(_TYPES)})", path)
-        if "number" in types and bounds:
-            raise _fail(f'{bounds[0]!r} is supported only for integers ("type": "integer"), not numbers', path)
+        if "number" in types and "integer" in types:
+            types = [t for t in types if t != "integer"]
         return list(dict.fromkeys(types))
 
-    def typed(self, kind: str, schema: dict, path: tuple[str, ...]) -> int:
+    def typed(self, kind: str, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
         if kind == "object":
-            return self.object(schema, path)
+            return self.object(schema, path, location, depth)
         if kind == "array":
-            return self.array(schema, path)
+            return self.array(schema, path, location, depth)
         if kind == "string":
             low, high = _count(schema, "minLength", path), _count(schema, "maxLength", path)
             if high >= 0 and low > high:
-                raise _fail(f"'minLength' {low} is more than 'maxLength' {high}", path)
-            return self.add(_String(low, high, high if high >= 0 else low))
+                return self.dead_node(f"'minLength' {low} is more than 'maxLength' {high}", path)
+            return self.add(_String(low, high, high if high >= 0 else low, self.pattern(schema, path)))
         if kind == "integer":
-            return self.add(_Number(True, *_integer_bounds(schema, path)))
+            minimum, maximum = _integer_bounds(schema, path)
+            largest = 10**MAX_INT_DIGITS - 1
+            low = minimum if minimum is not None else -largest
+            high = maximum if maximum is not None else largest
+            if low > min(high, largest) or high < max(low, -largest):
+                why = f"no integer of at most {MAX_INT_DIGITS} digits is within the bounds [{minimum}, {maximum}]"
+                return self.dead_node(why, path)
+            return self.add(_Number(True, minimum, maximum))
         if kind == "number":
-            return self.add(_Number(False, None, None))
+            return self.number(schema, path)
         return self.add(_Literal((b"false", b"true") if kind == "boolean" else (b"null",)))
 
-    def object(self, schema: dict, path: tuple[str, ...]) -> int:
+    def pattern(self, schema: dict, path: tuple[str, ...]) -> Regex | None:
+        """The regex of `pattern`, else of a `format` that has one (with both, `pattern` alone)."""
+        source = schema.get("pattern")
+        keyword = "pattern"
+        if source is None and schema.get("format") in FORMATS:
+            source, keyword = FORMATS[schema["format"]], "format"
+        if source is None:
+            return None
+        sources = tuple(source) if isinstance(source, list) else (source,)
+        if not all(isinstance(s, str) for s in sources):
+            raise _fail(f"'pattern' must be a string, got {json.dumps(source)[:60]}", path)
+        regex = self.regexes.get(sources)
+        if regex is None:
+            try:
+                regex = self.regexes[sources] = Regex(*sources)
+            except RegexError as e:
+                raise _fail(f"{keyword!r} {' | '.join(sources)[:80]!r}: {e}", path) from None
+        return regex
+
+    def number(self, schema: dict, path: tuple[str, ...]) -> int:
+        low, open_low, high, open_high = _decimal_bounds(schema, path)
+        if low is None and high is None:
+            return self.add(_Number(False, None, None))
+        largest = 10**MAX_INT_DIGITS
+        empty = low is not None and high is not None and (low > high or (low == high and (open_low or open_high)))
+        if empty or (low is not None and low >= largest) or (high is not None and high <= -largest):
+            return self.dead_node(f"no number of at most {MAX_INT_DIGITS} integer digits is within the bounds", path)
+        return self.add(_Number(False, low, high, open_low, open_high))
+
+    def object(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
         properties = schema.get("properties", {})
         required = schema.get("required", [])
         extra = schema.get("additionalProperties", True)
+        patterns = schema.get("patternProperties", {})
         if not isinstance(properties, dict):
             raise _fail("'properties' must be an object", path)
         if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
             raise _fail("'required' must be a list of strings", path)
+        if not isinstance(patterns, dict):
+            raise _fail("'patternProperties' must be an object", path)
+        extra_path, extra_location = (*path, "additionalProperties"), _child(location, "additionalProperties")
+        key, names = self.key_node(schema, patterns, path)  # undeclared keys; names: which names may be keys
+        if patterns:  # undeclared keys are written only where they match: additionalProperties is not needed
+            pattern, sub = next(iter(patterns.items()))
+            extra = reference(sub, _child(location, "patternProperties", pattern))
+            extra_path, extra_location = (*path, "patternProperties", pattern), None
         # Free keys only when nothing is listed: no properties and additionalProperties allowing more
         # (explicitly, or by saying nothing at all). "properties": {} alone means the empty object.
-        listed_none = "properties" not in schema or "additionalProperties" in schema
+        listed_none = "properties" not in schema or "additionalProperties" in schema or bool(patterns)
         if not properties and not required and extra is not False and listed_none:
-            return self.free_object(self.compile(extra, (*path, "additionalProperties")))
+            return self.free_object(self.compile(extra, extra_path, extra_location, depth + 1), key)
         listed = []
         for name, sub in properties.items():
-            if sub is False:
-                if name in required:
-                    raise _fail(f"the required property {name!r} has the schema false", path)
-                continue
-            listed.append((name, self.compile(sub, (*path, "properties", name)), name in required))
+            sub_path, sub_location = (*path, "properties", name), _child(location, "properties", name)
+            if not names(name):
+                node = self.dead_node(f"the property {name!r} is not allowed by 'propertyNames'", path)
+            elif patterns and _match_any(self.pattern({"pattern": list(patterns)}, path), name):
+                both = {"allOf": [reference(sub, sub_location), extra]}  # a listed name matching the pattern
+                node = self.compile(both, sub_path, None, depth + 1)
+            else:
+                node = self.compile(sub, sub_path, sub_location, depth + 1)
+            listed.append((name, node, name in required))
         for name in dict.fromkeys(required):
             if name not in properties:
-                if extra is False:
-                    raise _fail(f"the required property {name!r} is not in 'properties'", path)
-                listed.append((name, self.compile(extra, (*path, "additionalProperties")), True))
+                if extra is False or not names(name):
+                    return self.dead_node(f"the required property {name!r} is not in 'properties'", path)
+                if patterns and not _match_any(self.pattern({"pattern": list(patterns)}, path), name):
+                    return self.dead_node(f"the required property {name!r} matches no 'patternProperties'", path)
+                listed.append((name, self.compile(extra, extra_path, extra_location, depth + 1), True))
         props = tuple(_Property(json.dumps(n, ensure_ascii=False).encode("utf-8"), v, r) for n, v, r in listed)
-        needed = [i for i, p in enumerate(props) if p.required]
-        last = tuple(next((j for j in needed if j >= i), len(props) - 1) for i in range(len(props) + 1))
-        closable = tuple(not any(j >= i for j in needed) for i in range(len(props) + 1))
-        return self.add(_Object(props, None, None, last, closable))
+        if not self.extra_properties or extra is False or not (properties or patterns):
+            return self.add(_object_node(props))
+        value = self.compile(extra, extra_path, extra_location, depth + 1)
+        return self.add(_object_node(props, value, self.add(_String(0, -1, 0)) if key is None else key))
 
-    def array(self, schema: dict, path: tuple[str, ...]) -> int:
-        items = schema.get("items", True)
-        if isinstance(items, list):
-            raise _fail("'items' as a list (tuple validation) is not supported", path)
+    def key_node(self, schema: dict, patterns: dict, path: tuple[str, ...]) -> tuple[int | None, Callable]:
+        """The string node of undeclared keys (None: any key), from `patternProperties` and `propertyNames`,
+        and a test of whether a declared name meets `propertyNames`."""
+        names = schema.get("propertyNames", True)
+        if names is False:  # no name at all: only an empty object
+            return self.add(_Union(())), lambda name: False
+        if names is True:
+            names = {}
+        if not isinstance(names, dict) or any(
+            k not in ("type", "pattern", "minLength", "maxLength", "format") and k not in _IGNORED for k in names
+        ):
+            raise InvalidArgumentError(
+                f"json_schema: 'propertyNames' {_where(path)} is supported only with pattern, minLength, "
+                "maxLength and format"
+            )
+        low, high = _count(names, "minLength", path), _count(names, "maxLength", path)
+        names_regex = self.pattern(names, (*path, "propertyNames"))
+        if patterns:
+            schemas = list(patterns.values())
+            if any(not json_equal(s, schemas[0]) for s in schemas[1:]):
+                raise InvalidArgumentError(
+                    f"json_schema: 'patternProperties' {_where(path)} with different schemas for different "
+                    "patterns is not supported"
+                )
+            if names_regex is not None:
+                raise InvalidArgumentError(
+                    f"json_schema: 'patternProperties' {_where(path)} beside a 'propertyNames' pattern is not supported"
+                )
+        key_regex = self.pattern({"pattern": list(patterns)}, (*path, "patternProperties")) if patterns else names_regex
+
+        def allowed(name: str) -> bool:
+            fits = low <= len(name) and (high < 0 or len(name) <= high)
+            return fits and (names_regex is None or names_regex.matches(name))
+
+        if key_regex is None and low == 0 and high < 0:
+            return None, allowed
+        if high >= 0 and low > high:
+            return self.add(_Union(())), allowed
+        node = self.add(_String(low, high, high if high >= 0 else low, key_regex))
+        return node, allowed
+
+    def array(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
+        if schema.get("uniqueItems") is True:
+            raise InvalidArgumentError(
+                f"json_schema: 'uniqueItems' {_where(path)} is not supported (supported: {_SUPPORTED})"
+            )
+        items, rest_keyword = schema.get("items", True), "items"
+        prefix_keyword = "prefixItems" if "prefixItems" in schema else "items" if isinstance(items, list) else None
+        prefix_schemas = schema.get(prefix_keyword, []) if prefix_keyword else []
+        if prefix_keyword == "items":  # draft-04 tuples: items is the list, additionalItems the rest
+            items, rest_keyword = schema.get("additionalItems", True), "additionalItems"
+        if not isinstance(prefix_schemas, list):
+            raise _fail(f"{prefix_keyword!r} must be a list of schemas", path)
         low, high = _count(schema, "minItems", path), _count(schema, "maxItems", path)
         if items is False:
-            high = 0
+            high = len(prefix_schemas) if high < 0 else min(high, len(prefix_schemas))
         if high >= 0 and low > high:
-            raise _fail(f"'minItems' {low} is more than 'maxItems' {high} (or 'items' is false)", path)
-        item = None if high == 0 else self.compile(items, (*path, "items"))
-        return self.add(_Array(item, low, high, max(low, high)))
+            return self.dead_node(f"'minItems' {low} is more than 'maxItems' {high} (or the items allowed)", path)
+        prefix = tuple(
+            self.compile(
+                s, (*path, str(prefix_keyword), str(i)), _child(location, str(prefix_keyword), str(i)), depth + 1
+            )
+            for i, s in enumerate(prefix_schemas[: high if high >= 0 else None])
+        )
+        more = high < 0 or high > len(prefix)
+        item = self.compile(items, (*path, rest_keyword), _child(location, rest_keyword), depth + 1) if more else None
+        return self.add(_Array(item, low, high, max(low, high, len(prefix)), prefix))
+
+
+def _match_any(regex: Regex | None, name: str) -> bool:
+    return regex is not None and regex.matches(name)
+
+
+def _object_node(props: tuple[_Property, ...], extra_value: int | None = None, extra_key: int | None = None) -> _Object:
+    needed = [i for i, p in enumerate(props) if p.required]
+    last = tuple(next((j for j in needed if j >= i), len(props) - 1) for i in range(len(props) + 1))
+    closable = tuple(not any(j >= i for j in needed) for i in range(len(props) + 1))
+    return _Object(props, None, None, last, closable, extra_value, extra_key)
+
+
+def _leaves(nodes: list, node: int) -> list[int]:
+    """The nodes that are not unions under `node` (unions flattened)."""
+    out, seen, todo = [], set(), [node]
+    while todo:
+        n = todo.pop()
+        if n not in seen:
+            seen.add(n)
+            if isinstance(nodes[n], _Union):
+                todo.extend(nodes[n].options)
+            else:
+                out.append(n)
+    return out
+
+
+def _kind(spec: object, text: bytes = b"") -> str:
+    if isinstance(spec, _Literal):
+        first = text[:1]
+        return {b"{": "object", b"[": "array", b'"': "string", b"t": "true", b"f": "false", b"n": "null"}.get(
+            first, "number"
+        )
+    return {_Object: "object", _Array: "array", _String: "string", _Number: "number"}[type(spec)]
+
+
+def _literal_texts(nodes: list, node: int) -> set[bytes] | None:
+    """The JSON texts of a node that is only literals, else None."""
+    texts: set[bytes] = set()
+    for leaf in _leaves(nodes, node):
+        if not isinstance(nodes[leaf], _Literal):
+            return None
+        texts.update(nodes[leaf].values)
+    return texts
+
+
+def _same_value(a: bytes, b: bytes) -> bool:
+    return json_equal(json.loads(a), json.loads(b))
+
+
+def _disjoint(nodes: list, a: int, b: int) -> bool:
+    """Whether no document can be valid under both nodes (a sufficient test: different types, literal
+    values, integer ranges, or a property required by one whose literal values the other excludes)."""
+    for x in _leaves(nodes, a):
+        for y in _leaves(nodes, b):
+            if not _leaves_disjoint(nodes, nodes[x], nodes[y]):
+                return False
+    return True
+
+
+def _leaves_disjoint(nodes: list, x: object, y: object) -> bool:
+    if isinstance(x, _Literal) or isinstance(y, _Literal):
+        if isinstance(x, _Literal) and isinstance(y, _Literal):
+            return not any(_same_value(t, u) for t in x.values for u in y.values)
+        literal, other = (x, y) if isinstance(x, _Literal) else (y, x)
+        return all(_kind(literal, t) != _kind(other) for t in literal.values)  # type: ignore[attr-defined]
+    if _kind(x) != _kind(y):
+        return True
+    if isinstance(x, _Number) and isinstance(y, _Number):
+        return (x.maximum is not None and y.minimum is not None and x.maximum < y.minimum) or (
+            y.maximum is not None and x.minimum is not None and y.maximum < x.minimum
+        )
+    if isinstance(x, _Object) and isinstance(y, _Object) and x.free_value is None and y.free_value is None:
+        y_keys = {p.key: p for p in y.properties}
+        for p in x.properties:
+            q = y_keys.get(p.key)
+            if q is None or not (p.required or q.required):
+                continue
+            texts_x, texts_y = _literal_texts(nodes, p.value), _literal_texts(nodes, q.value)
+            if (
+                texts_x is not None
+                and texts_y is not None
+                and not any(_same_value(t, u) for t in texts_x for u in texts_y)
+            ):
+                return True
+    return False
+
+
+def _prune(nodes: list) -> set[int]:
+    """The nodes some finite document meets; the others become empty unions, and what refers to them
+    is narrowed (optional properties and array items that could never be completed are dropped), so
+    that generation never enters a branch it cannot finish."""
+    productive: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for n, spec in enumerate(nodes):
+            if n in productive:
+                continue
+            if isinstance(spec, _Union):
+                ok = any(o in productive for o in spec.options)
+            elif isinstance(spec, _Object):
+                ok = spec.free_value is not None or all(p.value in productive for p in spec.properties if p.required)
+            elif isinstance(spec, _Array):
+                needed = [*spec.prefix, *([spec.item] * max(0, spec.min_items - len(spec.prefix)))]
+                ok = all(node is not None and node in productive for node in needed[: spec.min_items])
+            elif isinstance(spec, _Literal):
+                ok = bool(spec.values)
+            else:
+                ok = True
+            if ok:
+                productive.add(n)
+                changed = True
+    for n, spec in enumerate(nodes):
+        if n not in productive:
+            nodes[n] = _Union(())
+        elif isinstance(spec, _Object) and spec.free_value is not None and spec.free_value not in productive:
+            nodes[n] = _object_node(())
+        elif isinstance(spec, _Object) and (
+            any(p.value not in productive for p in spec.properties)
+            or (spec.extra_value is not None and spec.extra_value not in productive)
+        ):
+            kept = tuple(p for p in spec.properties if p.value in productive)
+            extra = spec.extra_value if spec.extra_value in productive else None
+            excluded = tuple(p.key for p in spec.properties if p.value not in productive)
+            node = _object_node(kept, extra, spec.extra_key if extra is not None else None)
+            nodes[n] = replace(node, excluded=excluded)
+        elif isinstance(spec, _Array):
+            dead = [i for i, node in enumerate(spec.prefix) if node not in productive]
+            item = spec.item if spec.item is None or spec.item in productive else None
+            if dead or item != spec.item:
+                high = dead[0] if dead else len(spec.prefix) if item is None else spec.max_items
+                if spec.max_items >= 0:
+                    high = min(high, spec.max_items)
+                nodes[n] = _Array(item if not dead else None, spec.min_items, high, spec.cap, spec.prefix[:high])
+    return productive
 
 
 def _count(schema: dict, keyword: str, path: tuple[str, ...]) -> int:
@@ -263,27 +699,45 @@ def _count(schema: dict, keyword: str, path: tuple[str, ...]) -> int:
     return value
 
 
-def _integer_bounds(schema: dict, path: tuple[str, ...]) -> tuple[int | None, int | None]:
-    low = high = None
-    for keyword in _KEYWORDS_OF["integer"]:
+def _bound_keywords(schema: dict, path: tuple[str, ...]) -> list[tuple[str, float | int, bool]]:
+    """The bounds present, as (keyword, value, exclusive), with draft-04's boolean exclusive* read."""
+    out = []
+    for keyword in _KEYWORDS_OF["number"]:
         if keyword not in schema:
             continue
         value = schema[keyword]
+        if isinstance(value, bool) and keyword.startswith("exclusive"):
+            continue  # draft-04: a flag on minimum/maximum, read below
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
             raise _fail(f"{keyword!r} must be a finite number, got {value!r}", path)
-        if keyword == "minimum":
-            bound, is_low = math.ceil(value), True
-        elif keyword == "exclusiveMinimum":
-            bound, is_low = math.floor(value) + 1, True
-        elif keyword == "maximum":
-            bound, is_low = math.floor(value), False
+        if keyword in ("minimum", "maximum"):
+            flag = schema.get("exclusive" + keyword[0].upper() + keyword[1:])
+            out.append((keyword, value, flag is True))
         else:
-            bound, is_low = math.ceil(value) - 1, False
-        if is_low:
+            out.append(("minimum" if keyword == "exclusiveMinimum" else "maximum", value, True))
+    return out
+
+
+def _integer_bounds(schema: dict, path: tuple[str, ...]) -> tuple[int | None, int | None]:
+    low = high = None
+    for keyword, value, exclusive in _bound_keywords(schema, path):
+        if keyword == "minimum":
+            bound = math.floor(value) + 1 if exclusive else math.ceil(value)
             low = bound if low is None else max(low, bound)
         else:
+            bound = math.ceil(value) - 1 if exclusive else math.floor(value)
             high = bound if high is None else min(high, bound)
-    largest = 10**MAX_INT_DIGITS - 1
-    if (low is not None and high is not None and low > high) or (low or 0) > largest or (high or 0) < -largest:
-        raise _fail(f"no integer of at most {MAX_INT_DIGITS} digits is within the bounds [{low}, {high}]", path)
     return low, high
+
+
+def _decimal_bounds(schema: dict, path: tuple[str, ...]) -> tuple[Fraction | None, bool, Fraction | None, bool]:
+    low: Fraction | None = None
+    high: Fraction | None = None
+    open_low = open_high = False
+    for keyword, value, exclusive in _bound_keywords(schema, path):
+        bound = Fraction(value)
+        if keyword == "minimum" and (low is None or bound > low or (bound == low and exclusive)):
+            low, open_low = bound, exclusive
+        elif keyword == "maximum" and (high is None or bound < high or (bound == high and exclusive)):
+            high, open_high = bound, exclusive
+    return low, open_low, high, open_high

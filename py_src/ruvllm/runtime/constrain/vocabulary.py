@@ -59,6 +59,7 @@ class Vocabulary:
                 rests[chars].append((data[head:], i))
         self.trie = _Trie(tokens)
         self.rest_tries = [_Trie(pairs) for pairs in rests]
+        self.other_trie = _Trie([(data, i) for data, i in tokens if self.plain_chars[i] == _NOT_PLAIN])
         self.plain_mask = self.plain_chars != _NOT_PLAIN  # (V,)
         self.max_plain_chars = int(self.plain_chars[self.plain_mask].max(initial=0))
         self.build_seconds = time.perf_counter() - started

@@ -1,0 +1,239 @@
+"""Coverage and correctness of the JSON-schema constraint (runtime/constrain/) on public suites no one
+here wrote, read from folders given on the command line (nothing is fetched at run time):
+
+- JSON-Schema-Test-Suite (github:json-schema-org/JSON-Schema-Test-Suite), draft 2020-12, required
+  tests (not `optional/`): how many groups (one schema each) compile, and of their instances how many
+  valid ones are accepted and how many invalid ones are (wrongly) accepted, byte by byte to the end.
+- JSONSchemaBench (github:guidance-ai/jsonschemabench): the compile rate of each dataset under `data/`,
+  with the most frequent refusals; and MaskBench (`maskbench/data/`), scored as its README scores
+  engines: a schema passes when it compiles and each of its instances, written as
+  `json.dumps(data, ensure_ascii=False)` and tokenized, is accepted token by token if valid and refused
+  at some token if invalid (the end of the document is not checked, as in its runner). The mask of
+  every token is also computed and timed (MaskBench's TBM) unless --no-masks; time to first mask
+  (TTFM) is the compile time plus the first mask.
+
+The tokenizer is SmolLM2's (MaskBench's published figures use Llama 3.1's: the pass counts compare,
+the times only roughly).
+
+    .venv/bin/python benchmarks/schema_suites.py --test-suite /tmp/suites/tests --jsonschemabench /tmp/suites/jsb \\
+        [--sample 0.1] [--no-masks] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import re
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+from ruvllm.errors import RuvLLMError
+from ruvllm.runtime.constrain import Matcher, Vocabulary, json_grammar
+from ruvllm.text.tokenizer import Tokenizer
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL = ROOT / "models" / "smollm2-135m-instruct"
+PUBLISHED_MASKBENCH = {"LLGuidance": 8909, "XGrammar": 8122, "Outlines-core": 7050, "llama.cpp": 6505}
+
+
+def compile_schema(schema: object) -> tuple[object, str | None]:
+    """(grammar, None), or (None, why it was refused); a crash is reported as a refusal marked CRASH."""
+    try:
+        # the instances are written with json.dumps' default separators (", ", ": "), as MaskBench's runner does
+        return json_grammar(schema, whitespace="flexible"), None  # type: ignore[arg-type]
+    except RuvLLMError as e:
+        return None, str(e)
+    except Exception as e:  # the point is to count what escapes a clean refusal
+        return None, f"CRASH {type(e).__name__}: {e}"
+
+
+def reason(message: str) -> str:
+    """A refusal without its path or the list of what is supported, so that refusals group by kind."""
+    message = re.sub(r"\s*\(supported: .*\)", "", message.removeprefix("json_schema: "))
+    return re.sub(r" at (the root|\S+)", "", message)[:100]
+
+
+def reads(grammar, vocabulary: Vocabulary, data: bytes) -> bool:
+    """Whether the grammar takes `data` byte by byte (tokens BYTE0 + b) and is complete at its end."""
+    matcher = Matcher(grammar, vocabulary)
+    try:
+        for b in data:
+            matcher.advance(1 + b)
+    except RuvLLMError:
+        return False
+    return matcher.complete
+
+
+def test_suite(folder: Path, sample: float, rng: random.Random) -> dict:
+    files = sorted((folder / "tests" / "draft2020-12").glob("*.json"))
+    if not files:
+        sys.exit(f"--test-suite: no tests/draft2020-12/*.json under {folder}")
+    vocabulary = Vocabulary([b"</s>", *(bytes([b]) for b in range(256))], 257, [], [0])
+    groups = compiled = valid = valid_accepted = invalid = invalid_accepted = 0
+    refusals: Counter = Counter()
+    wrong: list[str] = []
+    for file in files:
+        for group in json.loads(file.read_text()):
+            if rng.random() >= sample:
+                continue
+            groups += 1
+            grammar, why = compile_schema(group["schema"])
+            if grammar is None:
+                refusals[reason(why or "")] += 1
+                continue
+            compiled += 1
+            for test in group["tests"]:
+                text = json.dumps(test["data"], ensure_ascii=False).encode("utf-8")
+                accepted = reads(grammar, vocabulary, text)
+                if test["valid"]:
+                    valid += 1
+                    valid_accepted += accepted
+                else:
+                    invalid += 1
+                    invalid_accepted += accepted
+                    if accepted:
+                        wrong.append(f"{file.stem}: {group['description']}: {test['description']}")
+    return {
+        "groups": groups,
+        "compiled": compiled,
+        "valid": valid,
+        "valid_accepted": valid_accepted,
+        "invalid": invalid,
+        "invalid_accepted": invalid_accepted,
+        "invalid_accepted_cases": wrong,
+        "top_refusals": refusals.most_common(15),
+    }
+
+
+def jsonschemabench(folder: Path, sample: float, rng: random.Random) -> dict:
+    datasets = sorted(p for p in (folder / "data").iterdir() if p.is_dir()) if (folder / "data").is_dir() else []
+    if not datasets:
+        sys.exit(f"--jsonschemabench: no data/<dataset>/ folders under {folder}")
+    out: dict = {}
+    refusals: Counter = Counter()
+    for dataset in datasets:
+        files = [f for f in sorted(dataset.glob("*.json")) if rng.random() < sample]
+        ok = 0
+        for file in files:
+            grammar, why = compile_schema(json.loads(file.read_text()))
+            ok += grammar is not None
+            if grammar is None:
+                refusals[reason(why or "")] += 1
+        out[dataset.name] = {"schemas": len(files), "compiled": ok}
+    return {"datasets": out, "top_refusals": refusals.most_common(25)}
+
+
+def maskbench(folder: Path, sample: float, rng: random.Random, tokenizer: Tokenizer, masks: bool) -> dict:
+    files = [f for f in sorted((folder / "maskbench" / "data").glob("*.json")) if rng.random() < sample]
+    if not files:
+        sys.exit(f"--jsonschemabench: no maskbench/data/*.json under {folder}")
+    eos = [tokenizer.token_id("<|im_end|>"), tokenizer.token_id("<|endoftext|>")]
+    vocabulary = Vocabulary(tokenizer.token_bytes, len(tokenizer.token_bytes), tokenizer.special_ids, eos)
+    counts = Counter()
+    mask_us: list[float] = []
+    ttfm_us: list[float] = []
+    for file in files:
+        data = json.loads(file.read_text())
+        started = time.perf_counter()
+        grammar, why = compile_schema(data["schema"])
+        if grammar is None:
+            counts["crash" if (why or "").startswith("CRASH") else "compile error"] += 1
+            continue
+        verdict, first = "passing", True
+        for test in data["tests"]:
+            tokens = tokenizer.encode(json.dumps(test["data"], ensure_ascii=False), add_special_tokens=False)
+            matcher = Matcher(grammar, vocabulary)
+            accepted = True
+            for token in tokens:
+                if masks:
+                    t0 = time.perf_counter()
+                    allowed = matcher.allowed()
+                    mask_us.append((time.perf_counter() - t0) * 1e6)
+                    if first:
+                        ttfm_us.append((time.perf_counter() - started) * 1e6)
+                        first = False
+                    if not allowed[token]:
+                        accepted = False
+                        break
+                try:
+                    matcher.advance(token)
+                except RuvLLMError:
+                    accepted = False
+                    break
+            if accepted != test["valid"]:
+                verdict = "invalidation error" if accepted else "validation error"
+                break
+        counts[verdict] += 1
+    out: dict = {"schemas": len(files), **{k: counts[k] for k in ("passing", "compile error", "crash")}}
+    out |= {k: counts[k] for k in ("validation error", "invalidation error")}
+    for name, values in (("tbm", mask_us), ("ttfm", ttfm_us)):
+        if values:
+            array = np.array(values)
+            out[f"{name}_us"] = {f"p{q}": float(np.percentile(array, q)) for q in (50, 75, 90, 95, 99, 99.9, 100)}
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--test-suite", type=Path, help="a JSON-Schema-Test-Suite checkout")
+    parser.add_argument("--jsonschemabench", type=Path, help="a jsonschemabench checkout (data/, maskbench/data/)")
+    parser.add_argument("--sample", type=float, default=1.0, help="fraction of schemas to try (seeded), 0 < s <= 1")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--no-masks", action="store_true", help="MaskBench: check tokens without timing masks")
+    parser.add_argument("--json", type=Path, help="also write the figures to this file (not over an existing one)")
+    args = parser.parse_args()
+    if not 0 < args.sample <= 1:
+        parser.error(f"--sample must be in (0, 1], got {args.sample}")
+    if args.json is not None and args.json.exists():
+        parser.error(f"--json {args.json} exists")
+    if args.test_suite is None and args.jsonschemabench is None:
+        parser.error("give --test-suite and/or --jsonschemabench")
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 10_000))
+    results: dict = {"sample": args.sample}
+    if args.test_suite is not None:
+        r = results["test_suite"] = test_suite(args.test_suite, args.sample, random.Random(args.seed))
+        print(
+            f"JSON-Schema-Test-Suite draft2020-12: {r['compiled']}/{r['groups']} groups compile; "
+            f"valid accepted {r['valid_accepted']}/{r['valid']}, "
+            f"invalid accepted {r['invalid_accepted']}/{r['invalid']}"
+        )
+        for case in r["invalid_accepted_cases"]:
+            print(f"  INVALID ACCEPTED: {case}")
+        for why, n in r["top_refusals"]:
+            print(f"  {n:5d}  {why}")
+    if args.jsonschemabench is not None:
+        r = results["jsonschemabench"] = jsonschemabench(args.jsonschemabench, args.sample, random.Random(args.seed))
+        total = sum(d["schemas"] for d in r["datasets"].values())
+        ok = sum(d["compiled"] for d in r["datasets"].values())
+        print(f"JSONSchemaBench: {ok}/{total} compile ({ok / max(total, 1):.1%})")
+        for name, d in r["datasets"].items():
+            print(f"  {name:16s} {d['compiled']:5d}/{d['schemas']:5d} ({d['compiled'] / max(d['schemas'], 1):.1%})")
+        print("  most frequent refusals:")
+        for why, n in r["top_refusals"]:
+            print(f"  {n:5d}  {why}")
+        tokenizer = Tokenizer.from_folder(str(MODEL))
+        r = results["maskbench"] = maskbench(
+            args.jsonschemabench, args.sample, random.Random(args.seed), tokenizer, not args.no_masks
+        )
+        print(
+            f"MaskBench: {r['passing']}/{r['schemas']} passing (compile error {r['compile error']}, "
+            f"crash {r['crash']}, validation error {r['validation error']}, "
+            f"invalidation error {r['invalidation error']})"
+        )
+        if args.sample < 1:
+            print(f"  scaled to all 11,305 schemas: ~{r['passing'] / args.sample:.0f} passing")
+        print("  published (all 11,305): " + ", ".join(f"{k} {v:,}" for k, v in PUBLISHED_MASKBENCH.items()))
+        for name in ("tbm_us", "ttfm_us"):
+            if name in r:
+                print(f"  {name}: " + ", ".join(f"{q} {v:,.0f}" for q, v in r[name].items()))
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1))
+
+
+if __name__ == "__main__":
+    main()
