@@ -32,16 +32,18 @@ characters only where every such character fits), and `format` date, time, date-
 ipv6 and uri, written to a pattern of that format (other formats are annotations, not checked; with
 `pattern` beside it, `format` is not checked either). Annotations and keywords no draft defines
 (`x-...`, `readonly`, ...) are ignored, as the specification says; `json_grammar(..., strict=True)`
-refuses the latter. Constraints that are not supported (patternProperties, propertyNames, not,
-if/then/else, contains, multipleOf, uniqueItems, minProperties, ...) are refused with an
+refuses the latter. `patternProperties` (when all its patterns share one schema) and `propertyNames`
+(pattern, lengths) shape undeclared keys. Constraints that are not supported (not, if/then/else,
+contains, multipleOf, uniqueItems, minProperties, ...) are refused with an
 `InvalidArgumentError` naming the keyword and where it is. A schema no document can meet is refused with
 the reason (e.g. a required property whose schema is false); a part of it no document can meet (an
 optional property, an anyOf option) is never started. Sub-schemas nested deeper than MAX_SCHEMA_DEPTH
 (100, references and allOf parts included) are refused.
 
 What is written, so that generation always ends:
-- whitespace between structural tokens as in llama.cpp's json-schema grammar: nothing, one space, or
-  one or two newlines followed by at most 20 spaces or tabs; none before or after the whole value;
+- no whitespace between structural tokens (the compact form, as XGrammar and LLGuidance write it); with
+  `whitespace="flexible"`, as llama.cpp's json-schema grammar: nothing, one space, or one or two
+  newlines followed by at most 20 spaces or tabs; none before or after the whole value either way;
 - integers of at most 16 digits, fractions of at most 16 digits, exponents of at most 3 digits;
 - \\u escapes of UTF-16 surrogates (D800-DFFF) are refused (write the character in UTF-8 instead).
 Once the output is a complete document (and suffix) EOS is allowed, and only EOS unless the document
