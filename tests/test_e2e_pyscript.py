@@ -11,10 +11,23 @@ import json
 
 import pytest
 
-from e2e_support import PYODIDE_MARKS, ROOT, demo_server, url_of
+from e2e_support import CHROMIUM, PYODIDE_MARKS, ROOT, demo_server, serve, url_of
 
 pytestmark = PYODIDE_MARKS
 QUESTION = "What is the capital of France?"
+
+
+@pytest.fixture
+def browser():
+    """A fresh Chromium for each test: PyScript runs Python on the page's main thread, and in one run of
+    the whole suite the pages after the first crashed in a shared browser (Target crashed); alone, or
+    each in its own browser, they pass. Each test's browser is its own."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        launched = p.chromium.launch(executable_path=CHROMIUM, args=serve.CHROMIUM_ARGS)
+        yield launched
+        launched.close()
 
 
 @pytest.fixture(scope="module")
