@@ -279,16 +279,55 @@ def products(provider):
     return [provider.prepare(m) for m in matrices]
 
 def merged_differs(threads_api):
-    """A float32 matrix changed in place and prepared again (as merging an adapter does): do the pool's
-    products differ from the single-thread ones, which read the NumPy array itself?"""
+    """A float32 matrix whose weights the pool holds, changed (copied out, as merging an adapter does)
+    and prepared again: do the pool's products differ from the single-thread ones of the new weights?"""
     m = DenseMatrix(w.copy(), "einsum")
     m.use_provider(PoolKernels(threads_api, "exact"))
-    one = WasmKernels(kernel_exports, "exact").prepare(m)
+    if isinstance(m.weight, np.ndarray):
+        return "the pool did not take the weights"
     x = rng.standard_normal((3, 576)).astype(np.float32)
     before = m(x)
-    m.weight += np.float32(0.5) * rng.standard_normal(m.weight.shape).astype(np.float32)
+    weight = np.asarray(m.weight)
+    weight += np.float32(0.5) * rng.standard_normal(m.weight.shape).astype(np.float32)
+    m.weight = weight
     m.use_provider(m.provider)
+    one = WasmKernels(kernel_exports, "exact").prepare(DenseMatrix(weight.copy(), "einsum"))
     return before.tobytes() == m(x).tobytes() or m(x).tobytes() != one(x).tobytes()
+
+def stand_in_problems(threads_api):
+    """Matrices of every form whose arrays the pool took (use_provider): what their NumPy paths (embedding
+    rows, row ranges, dequantize, the arrays themselves) read differently from the arrays they had."""
+    from ruvllm.quant.pool import PooledArray
+    problems = []
+    pool = PoolKernels(threads_api, "exact")
+    ids = np.array([[3, 4, 5], [0, 199, 7]])
+    for m in matrices:
+        twin = type(m).__new__(type(m))
+        twin.__dict__.update({k: v.copy() if isinstance(v, np.ndarray) else v for k, v in m.__dict__.items()})
+        twin.use_provider(pool)
+        held = [k for k, v in twin.__dict__.items() if isinstance(v, PooledArray)]
+        left = [k for k, v in twin.__dict__.items() if isinstance(v, np.ndarray) and v.size > 1]
+        if not held or left:
+            problems.append(f"{type(m).__name__}: the pool holds {held}, the heap still {left}")
+        checks = {
+            "rows": (twin.rows(ids[0]), m.rows(ids[0])),
+            "dequantize": (twin.dequantize(), m.dequantize()),
+        }
+        for k in held:
+            mine, theirs = getattr(twin, k), getattr(m, k)
+            checks[k] = (np.asarray(mine), theirs)
+            checks[f"{k}[2:9]"] = (mine[2:9], theirs[2:9])
+            checks[f"{k}[-1]"] = (mine[-1], theirs[-1])
+            checks[f"{k}[2-D ids]"] = (mine[ids], theirs[ids])
+        for name, (got, want) in checks.items():
+            if got.dtype != want.dtype or got.shape != want.shape or got.tobytes() != want.tobytes():
+                problems.append(f"{type(m).__name__}: {name} differs")
+        try:
+            getattr(twin, held[0])[200]
+            problems.append(f"{type(m).__name__}: row 200 of 200 was read")
+        except IndexError:
+            pass
+    return problems
 
 def transient_blocks(threads_api):
     """Short-lived matrices prepared one after another (a learning step's blocks)."""
@@ -365,6 +404,7 @@ describe(
           assert.equal(py.runPython('differing(threads_api)'), 0);
           py.runPython('del ballast');
           assert.equal(py.runPython('merged_differs(threads_api)'), false);
+          assert.deepEqual(py.runPython('stand_in_problems(threads_api)').toJs(), []);
           for (const arithmetic of ['exact', 'fast'])
             assert.deepEqual(py.runPython(`fused_problems(threads_api, "${arithmetic}")`).toJs(), []);
           py.runPython('transient_blocks(threads_api)');

@@ -70,6 +70,9 @@ describe('threads', { skip: SKIP }, () => {
         assert.equal(llm.info.threads.adaptive, false);
         if (threads === 1) assert.match(llm.info.threads.reason, /threads: 1/);
         else assert.equal(llm.info.threads.reason, null);
+        // with the pool, its memory holds the weights (and Pyodide's memory no longer does)
+        if (threads === 1) assert.equal(llm.info.poolBytes, 0);
+        else assert.ok(llm.info.poolBytes >= llm.info.weightBytes, `${llm.info.poolBytes} < ${llm.info.weightBytes}`);
         const got = { short: await greedyIds(llm, PROMPT), long: await greedyIds(llm, long) };
         if (arithmetic === 'exact') assert.deepEqual(got, expected, `exact at ${threads} threads`);
         else if (fastOne === null) fastOne = got;

@@ -617,8 +617,13 @@ export interface ModelInfo {
   plan: MemoryPlan;
   downloadedBytes: number;
   fromCache: boolean;
-  /** WebAssembly memory after loading: the peak, since it never shrinks. */
+  /** Pyodide's WebAssembly memory after loading: the peak, since it never shrinks. */
   heapBytes: number;
+  /**
+   * The kernel threads' own WebAssembly memory (0 with one thread): with more than one thread, the
+   * weights' compute forms live there, not in Pyodide's memory.
+   */
+  poolBytes: number;
   /** What computes the matrix products. */
   kernels: 'wasm' | 'numpy';
   /** The kernels' arithmetic ('exact' for NumPy). */

@@ -173,6 +173,7 @@ async function withLoader(id, options, progress, signal, fill) {
       downloadedBytes: download.total,
       fromCache: download.fromCache,
       heapBytes: heapBytes(state.py),
+      poolBytes: threads.pool?.bytes ?? 0, // the kernel threads' memory: the home of the weights
       boot: python.boot, // how Python started: from the boot snapshot or afresh, and why
       kernelsNote: kernels.reason, // why 'auto' runs NumPy's kernels, if it does
       threads: { count: threads.count, reason: threads.reason, adaptive: threads.adaptive }, // why one; 'auto'

@@ -102,6 +102,10 @@ function pythonApi(py, pool) {
       const outputs = handles.map((h, i) => new Float32Array(buffer, ys[i], T * shapes[h].N));
       pool.run(handles, new Float32Array(buffer, x, T * shapes[handles[0]].K), T, outputs, fast === true);
     },
+    /** `bytes` bytes at `at` of the pool's memory, copied to `address` of Pyodide's (a PooledArray read). */
+    fetch: (at, bytes, address) => {
+      new Uint8Array(heap(), address, bytes).set(new Uint8Array(pool.memory.buffer, at, bytes));
+    },
     /** Forget a matrix: its parts' space is handed out again (Python: when its product is collected). */
     release: (handle) => pool.release(handle),
     /** y (T, N) at `y` = x (T, K) at `x` @ W.T, both in Pyodide's memory. */

@@ -231,7 +231,10 @@ class AdapterSet:
                     copy = DenseMatrix(dense.weight.copy(), dense.kernel)
                     copy.use_provider(dense.provider)  # its products run where the original's did
                     lin.matrix = dense = copy
-                dense.weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])
+                # (where the kernel thread pool holds the weights, np.asarray copies them out of its memory)
+                weight = np.asarray(dense.weight)
+                weight += np.float32(sign * adapter.config.scale) * (adapter.B[module] @ adapter.A[module])
+                dense.weight = weight
                 dense.use_provider(dense.provider)  # a provider may compute from a copy (the kernel thread pool)
             self.merges += 1
 

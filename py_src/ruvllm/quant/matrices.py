@@ -73,6 +73,9 @@ class ProviderSlot:
     def use_provider(self, provider: KernelProvider | None) -> None:
         self.provider = provider
         self._product = None if provider is None else provider.prepare(self)
+        take_parts = getattr(provider, "take_parts", None)
+        if take_parts is not None and self._product is not None:
+            take_parts(self, self._product)  # the provider's memory becomes the home of the arrays
 
 
 def dense_product(x: np.ndarray, w: np.ndarray, kernel: str) -> np.ndarray:
@@ -98,7 +101,7 @@ class DenseMatrix(ProviderSlot):
         return self.weight[ids]  # (T, K)
 
     def dequantize(self) -> np.ndarray:
-        return self.weight
+        return np.asarray(self.weight)  # (a provider's stand-in for the array: a copy)
 
     @property
     def nbytes(self) -> int:

@@ -2,10 +2,13 @@
 
 The pool has a shared WebAssembly memory of its own, separate from Pyodide's: each matrix's parts
 (codes, scales, mins; float32 weights) are copied there once, when the matrix is prepared, and each
-product then copies x in and y out, one call from Python through JavaScript per product. The copy is
-what the products read: a matrix whose values change in place (an adapter merged into float32 weights)
-is prepared again (use_provider), and the space of a product that is no longer referenced (the old one,
-or the short-lived blocks of a learning step) is handed out again. The pool's
+product then copies x in and y out, one call from Python through JavaScript per product. That copy is
+then the only one: `use_provider` hands the matrix's arrays over (`take_parts`), and the matrix keeps
+`PooledArray` stand-ins that copy what the NumPy paths read (embedding rows, a learning step's blocks,
+a whole matrix to merge into) back into Pyodide's heap when they read it. So the weights live in the
+pool's memory, a second 4 GiB beside Pyodide's. A matrix whose values change (an adapter merged into
+float32 weights) is prepared again (use_provider), and the space of a product that is no longer
+referenced (the old one, or the short-lived blocks of a learning step) is handed out again. The pool's
 threads each compute a slice of the output features in whole 16-row tiles, so every product has the
 bits of the single-thread kernels (wasm.py) at every thread count.
 
@@ -15,13 +18,15 @@ JsProxy in Pyodide; nothing here imports `js`. Addresses are NumPy data pointers
 
 from __future__ import annotations
 
+import math
+import operator
 import weakref
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
-from .matrices import DenseMatrix, Int8Matrix
+from .matrices import DenseMatrix, Int4Matrix, Int8Matrix
 from .provider import DEFAULT_ARITHMETIC, check_arithmetic
 from .wasm import GROUPED_MAX_ROWS, address, kernel_form
 
@@ -29,6 +34,67 @@ from .wasm import GROUPED_MAX_ROWS, address, kernel_form
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     """Whether two float32 arrays hold the same bits (so every product of them has the same bits too)."""
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+
+
+class PooledArray:
+    """A matrix's array whose one copy is in the pool's memory (at `at`): reading rows of it, a range of
+    rows or all of it (np.asarray) copies what is read into a new NumPy array in Pyodide's heap. It keeps
+    `owner` (the product whose matrix holds these bytes) alive, and so the bytes."""
+
+    def __init__(self, api: Any, owner: object, at: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
+        self.api, self.owner, self.at = api, owner, at
+        self.shape, self.dtype = shape, np.dtype(dtype)
+        self.ndim = len(shape)
+        self.size = math.prod(shape)
+        self.nbytes = self.size * self.dtype.itemsize
+        self.row_bytes = self.nbytes // shape[0] if shape[0] else 0
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _rows(self, r0: int, r1: int, out: np.ndarray | None = None) -> np.ndarray:
+        """Rows [r0, r1), copied (into `out` when given)."""
+        if out is None:
+            out = np.empty((r1 - r0, *self.shape[1:]), dtype=self.dtype)
+        if out.nbytes:
+            self.api.fetch(self.at + r0 * self.row_bytes, out.nbytes, address(out))
+        return out
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self._rows(0, self.shape[0])
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def copy(self) -> np.ndarray:
+        return self._rows(0, self.shape[0])
+
+    def __getitem__(self, index: Any) -> np.ndarray:
+        n = self.shape[0]
+        if isinstance(index, slice):
+            r0, r1, step = index.indices(n)
+            if step == 1:
+                return self._rows(r0, max(r0, r1))
+        elif isinstance(index, int | np.integer):
+            i = operator.index(index)
+            if not -n <= i < n:
+                raise IndexError(f"index {i} is out of bounds for axis 0 with size {n}")
+            return self._rows(i % n, i % n + 1)[0]
+        elif isinstance(index, np.ndarray) and index.dtype.kind in "iu":
+            return self._gather(index)
+        return np.asarray(self)[index]
+
+    def _gather(self, index: np.ndarray) -> np.ndarray:
+        """Rows `index` (any shape of integers), one copy per run of consecutive rows."""
+        n = self.shape[0]
+        ids = index.reshape(-1).astype(np.int64)
+        if ids.size and (ids.min() < -n or ids.max() >= n):
+            bad = int(ids.max() if ids.max() >= n else ids.min())
+            raise IndexError(f"index {bad} is out of bounds for axis 0 with size {n}")
+        ids %= max(n, 1)
+        out = np.empty((ids.size, *self.shape[1:]), dtype=self.dtype)
+        starts = np.flatnonzero(np.diff(ids) != 1) + 1
+        for lo, hi in zip([0, *starts.tolist()], [*starts.tolist(), ids.size], strict=True):
+            self._rows(int(ids[lo]), int(ids[lo]) + hi - lo, out[lo:hi])
+        return out.reshape(*index.shape, *self.shape[1:])
 
 
 class Fused:
@@ -59,8 +125,8 @@ class Fused:
 class PoolKernels:
     """Matrix products on the kernel thread pool; the same arithmetic, and the same bits, as WasmKernels.
 
-    The matrices' NumPy arrays stay where they are (the NumPy paths still read them); the pool holds a
-    copy of each prepared matrix.
+    `prepare` copies a matrix's arrays into the pool; `take_parts` (use_provider calls it) then swaps
+    the matrix's arrays for PooledArray stand-ins, so the pool's copy is the only one.
     """
 
     name = "wasm"
@@ -87,6 +153,25 @@ class PoolKernels:
         assert isinstance(matrix, Int8Matrix)  # (every other form the kernels know)
         return self._quantized(matrix, codes, form)
 
+    def take_parts(self, matrix: object, product: Callable[[np.ndarray], np.ndarray]) -> None:
+        """The matrix's arrays, of which `product` (from prepare) placed copies, become stand-ins that
+        read those copies: the NumPy arrays go, and the pool's memory holds the weights."""
+        _, _, _, at = product.pool  # type: ignore[attr-defined]
+        if isinstance(matrix, DenseMatrix):
+            matrix.weight = self._stand_in(product, at["w"], matrix.weight)  # type: ignore[assignment]
+            return
+        assert isinstance(matrix, Int8Matrix)  # (prepare gave a product: a form the kernels know)
+        if isinstance(matrix, Int4Matrix):
+            matrix.packed = self._stand_in(product, at["w"], matrix.packed)  # type: ignore[assignment]
+        else:
+            matrix.codes = self._stand_in(product, at["w"], matrix.codes)  # type: ignore[assignment]
+        matrix.scales = self._stand_in(product, at["scales"], matrix.scales)  # type: ignore[assignment]
+        if matrix.mins is not None:
+            matrix.mins = self._stand_in(product, at["mins"], matrix.mins)  # type: ignore[assignment]
+
+    def _stand_in(self, product: object, at: int, a: np.ndarray | PooledArray) -> PooledArray:
+        return PooledArray(self.api, product, at, tuple(a.shape), a.dtype)
+
     def fuse(self, matrices: list[object]) -> bool:
         """Declare that these matrices multiply the same x one after another (Fused). Only matrices whose
         products this provider runs, all with the same K, and in no other group; False (nothing changes)
@@ -95,7 +180,7 @@ class PoolKernels:
         products = [p for p in found if p is not None and p[0] is self]
         if len(products) < 2 or len(products) < len(found):
             return False
-        handles, shapes = [p[1] for p in products], [p[2] for p in products]
+        handles, shapes = [p[1] for p in products], [p[2] for p in products]  # (p: product.pool)
         if (
             len({K for _, K in shapes}) != 1
             or any(h in self.fused for h in handles)
@@ -141,6 +226,7 @@ class PoolKernels:
             run(handle, address(x), T, address(y), fast and T <= GROUPED_MAX_ROWS)
             return y
 
-        product.pool = (self, handle, (N, K))  # type: ignore[attr-defined]  # (what fuse reads)
+        at = {"w": w, "scales": scales, "mins": mins}  # where its parts are in the pool's memory
+        product.pool = (self, handle, (N, K), at)  # type: ignore[attr-defined]  # (what fuse, take_parts read)
         weakref.finalize(product, self._release, handle).atexit = False
         return product

@@ -33,6 +33,10 @@ class KernelProvider(Protocol):
         """The product x (T, K) -> x @ W.T (T, N) for this matrix, or None to leave it to NumPy."""
         ...
 
+    # Optional: take_parts(matrix, product), called after prepare by `use_provider` when the provider
+    # keeps the parts it prepared from (the kernel thread pool, pool.py): it swaps the matrix's arrays for
+    # stand-ins that read the provider's copy, so the weights are held once, in the provider's memory.
+
 
 def check_arithmetic(arithmetic: str) -> str:
     """`arithmetic`, or the error naming the choices."""
