@@ -194,6 +194,25 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
     }
   });
 
+  test('matrices placed past 2 GiB of the pool memory (addresses above 2^31) give the same products', async () => {
+    const pool = await startPool(module, { threads: 2 });
+    try {
+      pool.alloc(2 ** 31 + 12345); // untouched: the pages are reserved, not written
+      const rand = random(7);
+      const ms = [matrix('q4', 40, 64, rand), matrix('q8', 33, 64, rand), matrix('dense', 18, 64, rand)];
+      const handles = ms.map((m) => place(pool, m));
+      assert.ok(pool.bytes > 2 ** 31);
+      for (const fast of [false, true]) {
+        const x = Float32Array.from({ length: 2 * 64 }, () => rand() - 0.5);
+        const ys = ms.map((m) => new Float32Array(2 * m.N));
+        pool.run(handles, x, 2, ys, fast);
+        ms.forEach((m, j) => assert.ok(bits(ys[j]).equals(bits(reference(m, x, 2, fast))), `${m.form} fast=${fast}`));
+      }
+    } finally {
+      await pool.dispose();
+    }
+  });
+
   test('a released matrix is refused and its space is handed out again', async () => {
     const pool = await startPool(module, { threads: 2 });
     try {
@@ -297,7 +316,7 @@ def merged_differs(threads_api):
 def stand_in_problems(threads_api):
     """Matrices of every form whose arrays the pool took (use_provider): what their NumPy paths (embedding
     rows, row ranges, dequantize, the arrays themselves) read differently from the arrays they had."""
-    from ruvllm.quant.pool import PooledArray
+    from ruvllm.quant.pool import RemoteArray
     problems = []
     pool = PoolKernels(threads_api, "exact")
     ids = np.array([[3, 4, 5], [0, 199, 7]])
@@ -305,7 +324,7 @@ def stand_in_problems(threads_api):
         twin = type(m).__new__(type(m))
         twin.__dict__.update({k: v.copy() if isinstance(v, np.ndarray) else v for k, v in m.__dict__.items()})
         twin.use_provider(pool)
-        held = [k for k, v in twin.__dict__.items() if isinstance(v, PooledArray)]
+        held = [k for k, v in twin.__dict__.items() if isinstance(v, RemoteArray)]
         left = [k for k, v in twin.__dict__.items() if isinstance(v, np.ndarray) and v.size > 1]
         if not held or left:
             problems.append(f"{type(m).__name__}: the pool holds {held}, the heap still {left}")

@@ -4,7 +4,8 @@
 // a local Pyodide distribution and the built kernels.
 import assert from 'node:assert/strict';
 import { execFile, spawnSync } from 'node:child_process';
-import { copyFile, mkdtemp, readdir, rm, writeFile } from 'node:fs/promises';
+import { copyFile, mkdtemp, readdir, readFile, rm, writeFile } from 'node:fs/promises';
+import { createHash } from 'node:crypto';
 import { existsSync } from 'node:fs';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -36,8 +37,8 @@ async function greedyIds(llm, prompt) {
 }
 
 /** CPython's greedy ids (`ruvllm generate --json`), 16 tokens, end-of-sequence ignored. */
-async function cpythonIds(prompt) {
-  const args = ['-m', 'ruvllm', 'generate', MODEL, '--prompt', prompt, '--temperature', '0', '--max-tokens', '16'];
+async function cpythonIds(prompt, model = MODEL) {
+  const args = ['-m', 'ruvllm', 'generate', model, '--prompt', prompt, '--temperature', '0', '--max-tokens', '16'];
   const { stdout } = await run(PYTHON, [...args, '--json', '--ignore-eos'], { maxBuffer: 1 << 24 });
   return JSON.parse(stdout).token_ids;
 }
@@ -62,6 +63,7 @@ describe('threads', { skip: SKIP }, () => {
   test('greedy tokens at 1, 2 and 3 threads equal CPython (exact), and at 3 one thread (fast)', async () => {
     const expected = { short: await cpythonIds(PROMPT), long: await cpythonIds(long) };
     let fastOne = null;
+    const heap = {}; // Pyodide's memory after loading, by thread count (exact runs)
     const runs = [1, 2, 3].map((threads) => [threads, 'exact']).concat([1, 3].map((threads) => [threads, 'fast']));
     for (const [threads, arithmetic] of runs) {
       const llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE, threads, arithmetic });
@@ -74,6 +76,7 @@ describe('threads', { skip: SKIP }, () => {
         if (threads === 1) assert.equal(llm.info.poolBytes, 0);
         else assert.ok(llm.info.poolBytes >= llm.info.weightBytes, `${llm.info.poolBytes} < ${llm.info.weightBytes}`);
         const got = { short: await greedyIds(llm, PROMPT), long: await greedyIds(llm, long) };
+        if (arithmetic === 'exact') heap[threads] = llm.info.heapBytes;
         if (arithmetic === 'exact') assert.deepEqual(got, expected, `exact at ${threads} threads`);
         else if (fastOne === null) fastOne = got;
         else assert.deepEqual(got, fastOne, `fast at ${threads} threads`);
@@ -81,6 +84,38 @@ describe('threads', { skip: SKIP }, () => {
         await llm.dispose();
       }
     }
+    // the weights (106 MiB) are in the pool's memory, and the file never was in Pyodide's: its heap is
+    // smaller by most of them (171 -> 78 MiB when measured)
+    const weightBytes = 106 * 2 ** 20;
+    for (const threads of [2, 3]) assert.ok(heap[threads] + weightBytes / 2 < heap[1], JSON.stringify(heap));
+  });
+
+  test("a GGUF at 2 threads (its file outside Pyodide's memory) gives CPython's ids; sha256 is checked", async () => {
+    const gguf = join(ROOT, 'build', 'downloads', 'SmolLM2-135M-Instruct.Q4_1.gguf');
+    const name = 'SmolLM2-135M-Instruct.Q4_1.gguf';
+    const expected = await cpythonIds(PROMPT, gguf);
+    const digest = createHash('sha256')
+      .update(await readFile(gguf))
+      .digest('hex');
+    const llm = await RuvLLM.load({
+      model: gguf,
+      pyodide: PYODIDE,
+      threads: 2,
+      arithmetic: 'exact',
+      sha256: { [name]: digest },
+    });
+    try {
+      assert.equal(llm.info.threads.count, 2);
+      assert.deepEqual(await greedyIds(llm, PROMPT), expected);
+    } finally {
+      await llm.dispose();
+    }
+    await assert.rejects(
+      RuvLLM.load({ model: gguf, pyodide: PYODIDE, threads: 2, sha256: { [name]: '0'.repeat(64) } }),
+      (e) =>
+        e.type === 'download' &&
+        e.message.includes(`${name}: sha256 mismatch: expected ${'0'.repeat(64)}, got ${digest}`),
+    );
   });
 
   test("'auto' runs the cores of this machine (at most 8) adaptively, with CPython's tokens", async () => {

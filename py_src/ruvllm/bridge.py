@@ -94,7 +94,7 @@ from .learning.projection import calibration_text
 from .learning.xlora import Mixture
 from .model.cache import KVOptions
 from .model.config import ModelConfig
-from .quant.pool import PoolKernels
+from .quant.pool import OutsideFile, PoolKernels
 from .quant.provider import DEFAULT_ARITHMETIC, check_arithmetic
 from .quant.wasm import WasmKernels
 from .runtime.engine import Engine, LoadOptions, plan_for
@@ -149,7 +149,7 @@ class ModelLoader:
 
     def __init__(self) -> None:
         self.config: ModelConfig | None = None
-        self.files: dict[str, PieceBuffer] = {}
+        self.files: dict[str, PieceBuffer | OutsideFile] = {}
         self.hashes: dict[str, hashlib._Hash] = {}
         self.done: list = []
         self.options = LoadOptions()
@@ -264,7 +264,9 @@ class ModelLoader:
         name, size = _text(r, "name"), r.get("size")
         if not isinstance(size, int) or size < 0:
             raise InvalidArgumentError(f"{name}: size must be a non-negative integer, got {size!r}")
-        self.files[name] = PieceBuffer(size, name)
+        # with the kernel thread pool, a file arrives in JavaScript memory, outside Pyodide's heap
+        pool = self.kernel_threads is not None and self.kernel_exports is not None
+        self.files[name] = OutsideFile(self.kernel_threads, size, name) if pool else PieceBuffer(size, name)
         if r.get("want_sha256"):
             self.hashes[name] = hashlib.sha256()
         return size
@@ -275,8 +277,14 @@ class ModelLoader:
         piece = self.files[name]
         is_js = hasattr(chunk, "assign_to")
         length = int(chunk.length) if is_js else memoryview(chunk).nbytes
-        if piece.filled + length > piece.array.size:
-            raise DownloadError(f"{name}: received more than the announced {piece.array.size} bytes")
+        size = piece.size if isinstance(piece, OutsideFile) else piece.array.size
+        if piece.filled + length > size:
+            raise DownloadError(f"{name}: received more than the announced {size} bytes")
+        if isinstance(piece, OutsideFile):
+            written = piece.write(chunk, length)
+            if name in self.hashes:
+                self.hashes[name].update(written)
+            return piece.filled
         target = piece.next_slice(length)
         if is_js:
             chunk.assign_to(target)
@@ -292,13 +300,20 @@ class ModelLoader:
         r = _request(request_json)
         name, sha256 = _text(r, "name"), r.get("sha256")
         piece = self.files[name]
-        if piece.filled != piece.array.size:
-            raise DownloadError(f"{name}: download incomplete: received {piece.filled} of {piece.array.size} bytes")
+        size = piece.size if isinstance(piece, OutsideFile) else piece.array.size
+        if piece.filled != size:
+            raise DownloadError(f"{name}: download incomplete: received {piece.filled} of {size} bytes")
         if sha256 is not None:
             digest = self.hashes.pop(name).hexdigest()
             if digest != sha256.lower():
                 raise DownloadError(f"{name}: sha256 mismatch: expected {sha256.lower()}, got {digest}")
-        if isinstance(self.headers.get(name), GGUFModel):
+        header = self.headers.get(name)
+        if isinstance(piece, OutsideFile):  # the header read at the start describes it; tensors read from `bytes`
+            file = header.file if isinstance(header, GGUFModel) else header
+            assert file is not None and file.buffer is None  # (add_header or add_gguf_header came first)
+            file.buffer = piece.bytes  # type: ignore[assignment]  # (read by slices, as an array is)
+            self.done.append(header)
+        elif isinstance(header, GGUFModel):
             piece.check_complete()
             self.done.append(GGUFModel(GGUFFile(piece.array, name)))
         else:

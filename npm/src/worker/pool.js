@@ -58,6 +58,8 @@ const GROUP = 32;
 const TILE_ROWS = 16; // kernels.c: weight rows per tile, and the slices' granularity
 const GROUPED_MAX_ROWS = 4; // kernels.c: the most rows of x contracted group by group (decoding)
 const PAGE = 65536;
+/** `n` rounded up to a multiple of 16, in arithmetic that stays exact past 2 GiB (unlike `& ~15`). */
+const align16 = (n) => Math.ceil(n / 16) * 16;
 /**
  * Iterations of the bounded spin before a thread sleeps in Atomics.wait. 0: sleep at once. A spin makes a
  * synchronisation ~1 µs instead of ~13 µs, but only while every thread has a core of its own: on a busy
@@ -313,7 +315,7 @@ export class KernelPool {
    * new space at the end, growing the memory when needed. Their address.
    */
   alloc(bytes) {
-    bytes = (bytes + 15) & ~15;
+    bytes = align16(bytes);
     let best = -1;
     this.#free.forEach((r, i) => {
       if (r.bytes >= bytes && (best < 0 || r.bytes < this.#free[best].bytes)) best = i;
@@ -324,7 +326,7 @@ export class KernelPool {
       else this.#free.splice(best, 1);
       return region.at;
     }
-    const at = (this.#top + 15) & ~15;
+    const at = align16(this.#top);
     const end = at + bytes;
     const have = this.memory.buffer.byteLength;
     if (end > have) {
@@ -356,7 +358,7 @@ export class KernelPool {
       const bytes = this.#sizes.get(at);
       if (!at || bytes === undefined) continue;
       this.#sizes.delete(at);
-      this.#free.push({ at, bytes: (bytes + 15) & ~15 });
+      this.#free.push({ at, bytes: align16(bytes) });
     }
   }
 
@@ -410,11 +412,11 @@ export class KernelPool {
     const xBytes = 4 * T * K;
     const quantize = fast && T <= GROUPED_MAX_ROWS && jobs.some((m) => FORMS[m.form] !== 'dense');
     const qBytes = quantize ? 2 * T * K + 8 * T * G : 0;
-    const yBytes = jobs.map((m) => (4 * T * m.N + 15) & ~15);
-    const at = this.#ioSpace(((xBytes + 15) & ~15) + ((qBytes + 15) & ~15) + yBytes.reduce((a, b) => a + b, 0));
+    const yBytes = jobs.map((m) => align16(4 * T * m.N));
+    const at = this.#ioSpace(align16(xBytes) + align16(qBytes) + yBytes.reduce((a, b) => a + b, 0));
     const xAt = at;
-    const qAt = at + ((xBytes + 15) & ~15);
-    let yAt = qAt + ((qBytes + 15) & ~15);
+    const qAt = at + align16(xBytes);
+    let yAt = qAt + align16(qBytes);
     const buffer = this.memory.buffer;
     new Float32Array(buffer, xAt, T * K).set(x.subarray(0, T * K));
     const ctl = this.ctl;

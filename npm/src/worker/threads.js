@@ -75,12 +75,17 @@ export async function startThreads(py, kernels, threads = DEFAULT_THREADS) {
  */
 function pythonApi(py, pool) {
   const heap = () => py._module.memory.buffer;
+  // Addresses as unsigned: NumPy's data pointers are signed 32-bit integers in wasm32 (above 2 GiB,
+  // negative), and a Python int of a pool address is taken as it comes.
+  const u = (address) => address >>> 0;
   const shapes = [];
+  const files = new Map(); // OutsideFile's buffers (weight files arriving), by number
+  let fileNumber = 0;
   const groups = []; // fuse's groups of handles (null: ended)
   return {
     threads: pool.threads,
     /** `bytes` bytes at `address` of Pyodide's memory, copied into the pool: their address there. */
-    place: (address, bytes) => pool.place(new Uint8Array(heap(), address, bytes)),
+    place: (address, bytes) => pool.place(new Uint8Array(heap(), u(address), bytes)),
     /** A matrix whose parts were placed: its handle (see KernelPool.matrix). */
     matrix: (form, w, scales, mins, offset, N, K) => {
       const handle = pool.matrix({ form, w, scales, mins, offset, N, K });
@@ -99,20 +104,38 @@ function pythonApi(py, pool) {
     fused: (group, x, T, fast, ...ys) => {
       const handles = groups[group];
       const buffer = heap();
-      const outputs = handles.map((h, i) => new Float32Array(buffer, ys[i], T * shapes[h].N));
-      pool.run(handles, new Float32Array(buffer, x, T * shapes[handles[0]].K), T, outputs, fast === true);
+      const outputs = handles.map((h, i) => new Float32Array(buffer, u(ys[i]), T * shapes[h].N));
+      pool.run(handles, new Float32Array(buffer, u(x), T * shapes[handles[0]].K), T, outputs, fast === true);
     },
-    /** `bytes` bytes at `at` of the pool's memory, copied to `address` of Pyodide's (a PooledArray read). */
+    /** `bytes` bytes at `at` of the pool's memory, copied to `address` of Pyodide's (a RemoteArray read). */
     fetch: (at, bytes, address) => {
-      new Uint8Array(heap(), address, bytes).set(new Uint8Array(pool.memory.buffer, at, bytes));
+      new Uint8Array(heap(), u(address), bytes).set(new Uint8Array(pool.memory.buffer, u(at), bytes));
     },
+    /** A buffer of `bytes` bytes in JavaScript memory for a weight file arriving (OutsideFile): its number. */
+    file: (bytes) => {
+      files.set(++fileNumber, new Uint8Array(bytes));
+      return fileNumber;
+    },
+    /** `bytes` bytes at `address` of Pyodide's memory, copied to `offset` of file `id`. */
+    put: (id, offset, address, bytes) => files.get(id).set(new Uint8Array(heap(), u(address), bytes), offset),
+    /** `bytes` bytes at `offset` of file `id`, copied to `address` of Pyodide's memory. */
+    read: (id, offset, bytes, address) =>
+      new Uint8Array(heap(), u(address), bytes).set(files.get(id).subarray(offset, offset + bytes)),
+    /** Forget file `id`: its memory goes with the next garbage collection. */
+    drop: (id) => files.delete(id),
     /** Forget a matrix: its parts' space is handed out again (Python: when its product is collected). */
     release: (handle) => pool.release(handle),
     /** y (T, N) at `y` = x (T, K) at `x` @ W.T, both in Pyodide's memory. */
     product: (handle, x, T, y, fast) => {
       const { N, K } = shapes[handle];
       const buffer = heap();
-      pool.run([handle], new Float32Array(buffer, x, T * K), T, [new Float32Array(buffer, y, T * N)], fast === true);
+      pool.run(
+        [handle],
+        new Float32Array(buffer, u(x), T * K),
+        T,
+        [new Float32Array(buffer, u(y), T * N)],
+        fast === true,
+      );
     },
   };
 }

@@ -4,7 +4,7 @@ The pool has a shared WebAssembly memory of its own, separate from Pyodide's: ea
 (codes, scales, mins; float32 weights) are copied there once, when the matrix is prepared, and each
 product then copies x in and y out, one call from Python through JavaScript per product. That copy is
 then the only one: `use_provider` hands the matrix's arrays over (`take_parts`), and the matrix keeps
-`PooledArray` stand-ins that copy what the NumPy paths read (embedding rows, a learning step's blocks,
+`RemoteArray` stand-ins that copy what the NumPy paths read (embedding rows, a learning step's blocks,
 a whole matrix to merge into) back into Pyodide's heap when they read it. So the weights live in the
 pool's memory, a second 4 GiB beside Pyodide's. A matrix whose values change (an adapter merged into
 float32 weights) is prepared again (use_provider), and the space of a product that is no longer
@@ -36,13 +36,16 @@ def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
     return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
 
 
-class PooledArray:
-    """A matrix's array whose one copy is in the pool's memory (at `at`): reading rows of it, a range of
-    rows or all of it (np.asarray) copies what is read into a new NumPy array in Pyodide's heap. It keeps
-    `owner` (the product whose matrix holds these bytes) alive, and so the bytes."""
+class RemoteArray:
+    """An array whose one copy is outside Pyodide's heap, at `at` of a memory `fetch` reads (the pool's
+    memory; a weight file's bytes in JavaScript memory): reading rows of it, a range of rows or all of it
+    (np.asarray) copies what is read into a new NumPy array in the heap. It keeps `owner` (what holds those
+    bytes: the product of the matrix, the file) alive, and so the bytes."""
 
-    def __init__(self, api: Any, owner: object, at: int, shape: tuple[int, ...], dtype: np.dtype) -> None:
-        self.api, self.owner, self.at = api, owner, at
+    def __init__(
+        self, fetch: Callable[[int, int, int], object], owner: object, at: int, shape: tuple[int, ...], dtype: Any
+    ) -> None:
+        self.fetch, self.owner, self.at = fetch, owner, at
         self.shape, self.dtype = shape, np.dtype(dtype)
         self.ndim = len(shape)
         self.size = math.prod(shape)
@@ -57,7 +60,7 @@ class PooledArray:
         if out is None:
             out = np.empty((r1 - r0, *self.shape[1:]), dtype=self.dtype)
         if out.nbytes:
-            self.api.fetch(self.at + r0 * self.row_bytes, out.nbytes, address(out))
+            self.fetch(self.at + r0 * self.row_bytes, out.nbytes, address(out))
         return out
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
@@ -97,6 +100,36 @@ class PooledArray:
         return out.reshape(*index.shape, *self.shape[1:])
 
 
+class OutsideFile:
+    """A weight file arriving in pieces into JavaScript memory (threads.js `file`), not Pyodide's heap: with
+    the kernel thread pool, the weights never sit in the heap whole. `bytes` reads it (a RemoteArray): the
+    tensors are copied into the heap one at a time while their compute forms are made, and those go to
+    the pool. The JavaScript buffer is dropped with this object (after the load)."""
+
+    def __init__(self, api: Any, size: int, source: str) -> None:
+        self.api, self.size, self.source = api, size, source
+        self.filled = 0
+        self.id = number = int(api.file(size))
+        self._scratch = np.empty(0, dtype=np.uint8)
+        read = api.read
+        self.bytes = RemoteArray(lambda at, n, to: read(number, at, n, to), None, 0, (size,), np.uint8)
+        weakref.finalize(self.bytes, api.drop, number).atexit = False  # (the parsed file holds `bytes`)
+
+    def write(self, chunk: Any, length: int) -> memoryview:
+        """Append `length` bytes (a JsProxy of a Uint8Array, or a bytes-like object); their bytes (for the
+        digest), through a scratch buffer in the heap that serves every piece."""
+        if self._scratch.size < length:
+            self._scratch = np.empty(max(length, 2 * self._scratch.size), dtype=np.uint8)
+        piece = self._scratch[:length]
+        if hasattr(chunk, "assign_to"):
+            chunk.assign_to(piece)
+        else:
+            piece[:] = memoryview(chunk).cast("B")
+        self.api.put(self.id, self.filled, address(piece), length)
+        self.filled += length
+        return piece.data
+
+
 class Fused:
     """Matrices multiplied by the same x one after another (q, k, v; gate, up): the first product asked
     for runs all of them in one dispatch, and keeps the others' outputs with a copy of x; a sibling asked
@@ -126,7 +159,7 @@ class PoolKernels:
     """Matrix products on the kernel thread pool; the same arithmetic, and the same bits, as WasmKernels.
 
     `prepare` copies a matrix's arrays into the pool; `take_parts` (use_provider calls it) then swaps
-    the matrix's arrays for PooledArray stand-ins, so the pool's copy is the only one.
+    the matrix's arrays for RemoteArray stand-ins, so the pool's copy is the only one.
     """
 
     name = "wasm"
@@ -169,8 +202,8 @@ class PoolKernels:
         if matrix.mins is not None:
             matrix.mins = self._stand_in(product, at["mins"], matrix.mins)  # type: ignore[assignment]
 
-    def _stand_in(self, product: object, at: int, a: np.ndarray | PooledArray) -> PooledArray:
-        return PooledArray(self.api, product, at, tuple(a.shape), a.dtype)
+    def _stand_in(self, product: object, at: int, a: np.ndarray | RemoteArray) -> RemoteArray:
+        return RemoteArray(self.api.fetch, product, at, tuple(a.shape), a.dtype)
 
     def fuse(self, matrices: list[object]) -> bool:
         """Declare that these matrices multiply the same x one after another (Fused). Only matrices whose

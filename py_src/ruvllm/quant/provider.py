@@ -35,7 +35,8 @@ class KernelProvider(Protocol):
 
     # Optional: take_parts(matrix, product), called after prepare by `use_provider` when the provider
     # keeps the parts it prepared from (the kernel thread pool, pool.py): it swaps the matrix's arrays for
-    # stand-ins that read the provider's copy, so the weights are held once, in the provider's memory.
+    # stand-ins that read the provider's copy (pool.py RemoteArray), so the weights are held once, in the
+    # provider's memory.
 
 
 def check_arithmetic(arithmetic: str) -> str:
