@@ -142,7 +142,7 @@ describe('threads', { skip: SKIP }, () => {
     }
   });
 
-  test('after dispose(), and after a failed load, no thread is left: the program exits by itself', async () => {
+  test('after an abort the pool computes on; after dispose() and a failed load no thread is left: the program exits', async () => {
     // a copy of the model with a corrupted weight file: the load fails after the threads started
     const broken = await mkdtemp(join(tmpdir(), 'ruvllm-broken-'));
     try {
@@ -154,7 +154,15 @@ describe('threads', { skip: SKIP }, () => {
         const pyodide = ${JSON.stringify(PYODIDE)};
         const llm = await RuvLLM.load({ model: ${JSON.stringify(MODEL)}, pyodide, threads: 3 });
         console.log('threads', llm.info.threads.count);
-        for await (const _ of llm.generate('Hi', { maxTokens: 2 }));
+        const controller = new AbortController(); // aborted mid-generation: the pool is free for the next
+        try {
+          for await (const _ of llm.generate('Hi', { maxTokens: 50, signal: controller.signal })) controller.abort();
+        } catch (error) {
+          console.log('aborted', error.name);
+        }
+        let tokens = 0;
+        for await (const _ of llm.generate('Hi', { maxTokens: 2, ignoreEos: true })) tokens++;
+        console.log('after', tokens);
         await llm.dispose();
         try {
           await RuvLLM.load({ model: ${JSON.stringify(broken + '/')}, pyodide, threads: 3 });
@@ -165,7 +173,7 @@ describe('threads', { skip: SKIP }, () => {
       const result = await runProgram(program);
       assert.equal(result.signal, null, 'the program did not exit by itself');
       assert.equal(result.status, 0, result.stderr);
-      assert.equal(result.stdout, 'threads 3\nfailed load\n');
+      assert.equal(result.stdout, 'threads 3\naborted AbortError\nafter 2\nfailed load\n');
     } finally {
       await rm(broken, { recursive: true });
     }

@@ -104,7 +104,7 @@ class OutsideFile:
     """A weight file arriving in pieces into JavaScript memory (threads.js `file`), not Pyodide's heap: with
     the kernel thread pool, the weights never sit in the heap whole. `bytes` reads it (a RemoteArray): the
     tensors are copied into the heap one at a time while their compute forms are made, and those go to
-    the pool. The JavaScript buffer is dropped with this object (after the load)."""
+    the pool. The JavaScript buffer is dropped with `bytes` (which the parsed file holds: after the load)."""
 
     def __init__(self, api: Any, size: int, source: str) -> None:
         self.api, self.size, self.source = api, size, source
