@@ -92,7 +92,9 @@ export function selfTest(exports, memory) {
   }
   for (const [a, b, c] of det) {
     const got = probe(a, b, c);
-    const want = [0, 1, 2, 3].map((l) => laneDot(a.slice(4 * l, 4 * l + 4), b.slice(4 * l, 4 * l + 4), c[l], true, false));
+    const want = [0, 1, 2, 3].map((l) =>
+      laneDot(a.slice(4 * l, 4 * l + 4), b.slice(4 * l, 4 * l + 4), c[l], true, false),
+    );
     if (got.join() !== want.join()) failures.push(`dot(${a}; ${b}; ${c}) = ${got}, expected ${want}`);
   }
   // implementation-defined: bytes of b with the top bit set; the result must be one the spec allows
@@ -115,10 +117,11 @@ export function selfTest(exports, memory) {
         const want = [0, 1, 2, 3].map((l) =>
           laneDot(a.slice(4 * l, 4 * l + 4), b.slice(4 * l, 4 * l + 4), c[l], bSigned, saturate),
         );
-        if (got.join() === want.join()) modes.push(`${bSigned ? "signed" : "unsigned"} b${saturate ? ", saturating" : ""}`);
+        if (got.join() === want.join())
+          modes.push(`${bSigned ? 'signed' : 'unsigned'} b${saturate ? ', saturating' : ''}`);
       }
     if (modes.length === 0) failures.push(`dot(${a}; ${b}; ${c}) = ${got}: none of the results the spec allows`);
-    else seen.add(modes.join(" | "));
+    else seen.add(modes.join(' | '));
   }
   // the kernels on integer inputs: d = 1 (max|x| = 16383 or 8191 in every group), scales 1, so y is an
   // exact integer sum of code * x
@@ -162,11 +165,18 @@ export function selfTest(exports, memory) {
   const x15 = Float32Array.from(x, (v, k) => (k % 32 === 3 ? 16383 : k % 32 === 9 ? -16383 : v));
   const x14 = Float32Array.from(x, (v, k) => (k % 32 === 5 ? -8191 : k % 32 === 30 ? 8191 : Math.trunc(v / 2)));
   const c4 = Array.from({ length: N * K }, (_, i) => (i < K ? 15 : i < 2 * K ? 0 : (i * 5) % 16));
-  const c8 = Array.from({ length: N * K }, (_, i) => (i < K ? 127 : i < 2 * K ? -128 + (i % 2) : ((i * 37) % 255) - 127));
+  const c8 = Array.from({ length: N * K }, (_, i) =>
+    i < K ? 127 : i < 2 * K ? -128 + (i % 2) : ((i * 37) % 255) - 127,
+  );
   kat(4, 0, c4, x15);
   kat(4, 8, c4, x15);
   kat(8, 0, c8, x14);
-  kat(8, 1, c8.map((v) => Math.max(v, -127)), x14);
+  kat(
+    8,
+    1,
+    c8.map((v) => Math.max(v, -127)),
+    x14,
+  );
   return { ok: failures.length === 0, failures, implementationDefined: [...seen] };
 }
 
@@ -199,22 +209,72 @@ function makeShape(exports, memory, alloc, N, K, seed) {
   for (let i = 0; i < codes.length; i++) codes[i] = Math.floor(r() * 255) - 127;
   const scales = new Float32Array(memory.buffer, m.scales, N * G);
   const mins = new Float32Array(memory.buffer, m.mins, N * G);
-  for (let i = 0; i < scales.length; i++) (scales[i] = 0.002 + 0.01 * r()), (mins[i] = -0.08 * r());
+  for (let i = 0; i < scales.length; i++) ((scales[i] = 0.002 + 0.01 * r()), (mins[i] = -0.08 * r()));
   return m;
 }
 
 // The variants: [name, form, function that computes y from m.x].
 function variants(e) {
   return [
-    ["q4 plain", "q4", (m, off, mins) => (e.quantize_x(m.x, m.xq, m.d, m.xs, 1, m.K), e.q4_fast(m.xq, m.d, m.xs, m.packed, m.scales, mins, off, m.y, 1, m.N, m.K))],
-    ["q4 relaxed", "q4", (m, off, mins) => (e.quantize_x_split(m.x, m.xb, m.d, m.xs, m.sq, 1, m.K, 15), e.q4_relaxed(m.xb, m.d, m.xs, m.sq, m.packed, m.scales, mins, off, m.y, 1, m.N, m.K))],
-    ["q4 relaxed x8", "q4", (m, off, mins) => (e.quantize_x_split(m.x, m.xb, m.d, m.xs, m.sq, 1, m.K, 8), e.q4_relaxed_x8(m.xb, m.d, m.xs, m.sq, m.packed, m.scales, mins, off, m.y, 1, m.N, m.K))],
-    ["q8 plain", "q8", (m, off, mins) => (e.quantize_x(m.x, m.xq, m.d, m.xs, 1, m.K), e.q8_fast(m.xq, m.d, m.xs, m.codes, m.scales, mins, off, m.y, 1, m.N, m.K))],
-    ["q8 relaxed", "q8", (m, off, mins) => (e.quantize_x_split(m.x, m.xb, m.d, m.xs, m.sq, 1, m.K, 14), e.q8_relaxed(m.xb, m.d, m.xs, m.sq, m.codes, m.scales, mins, off, m.y, 1, m.N, m.K))],
+    [
+      'q4 plain',
+      'q4',
+      (m, off, mins) => (
+        e.quantize_x(m.x, m.xq, m.d, m.xs, 1, m.K),
+        e.q4_fast(m.xq, m.d, m.xs, m.packed, m.scales, mins, off, m.y, 1, m.N, m.K)
+      ),
+    ],
+    [
+      'q4 relaxed',
+      'q4',
+      (m, off, mins) => (
+        e.quantize_x_split(m.x, m.xb, m.d, m.xs, m.sq, 1, m.K, 15),
+        e.q4_relaxed(m.xb, m.d, m.xs, m.sq, m.packed, m.scales, mins, off, m.y, 1, m.N, m.K)
+      ),
+    ],
+    [
+      'q4 relaxed16',
+      'q4',
+      (m, off, mins) => (
+        e.quantize_x_split(m.x, m.xb, m.d, m.xs, m.sq, 1, m.K, 15),
+        e.q4_relaxed16(m.xb, m.d, m.xs, m.sq, m.packed, m.scales, mins, off, m.y, 1, m.N, m.K)
+      ),
+    ],
+    [
+      'q4 relaxed x8',
+      'q4',
+      (m, off, mins) => (
+        e.quantize_x_split(m.x, m.xb, m.d, m.xs, m.sq, 1, m.K, 8),
+        e.q4_relaxed_x8(m.xb, m.d, m.xs, m.sq, m.packed, m.scales, mins, off, m.y, 1, m.N, m.K)
+      ),
+    ],
+    [
+      'q8 plain',
+      'q8',
+      (m, off, mins) => (
+        e.quantize_x(m.x, m.xq, m.d, m.xs, 1, m.K),
+        e.q8_fast(m.xq, m.d, m.xs, m.codes, m.scales, mins, off, m.y, 1, m.N, m.K)
+      ),
+    ],
+    [
+      'q8 relaxed',
+      'q8',
+      (m, off, mins) => (
+        e.quantize_x_split(m.x, m.xb, m.d, m.xs, m.sq, 1, m.K, 14),
+        e.q8_relaxed(m.xb, m.d, m.xs, m.sq, m.codes, m.scales, mins, off, m.y, 1, m.N, m.K)
+      ),
+    ],
   ];
 }
 // the step of x's quantization per group, as a fraction of max|x|, for each variant
-const STEP = { "q4 plain": 32767, "q4 relaxed": 16383, "q4 relaxed x8": 127, "q8 plain": 32767, "q8 relaxed": 8191 };
+const STEP = {
+  'q4 plain': 32767,
+  'q4 relaxed': 16383,
+  'q4 relaxed16': 16383,
+  'q4 relaxed x8': 127,
+  'q8 plain': 32767,
+  'q8 relaxed': 8191,
+};
 
 // Each variant against the exact product in float64: max |y - exact| and its ratio to the fast path's
 // bound (half a quantization step of x per group times sum |code - offset| * scale, as in
@@ -226,7 +286,12 @@ function accuracy(e, memory, m) {
   for (let g = 0; g < m.G; g++) amax.push(Math.max(...Array.from(x.subarray(g * GROUP, g * GROUP + GROUP), Math.abs)));
   const rows = Math.min(m.N, 2048);
   for (const [name, form, run] of variants(e)) {
-    for (const [label, off, withMins] of form === "q4" ? [["q4_1", 0, true], ["q4_0", 8, false]] : [["q8_0", 0, false]]) {
+    for (const [label, off, withMins] of form === 'q4'
+      ? [
+          ['q4_1', 0, true],
+          ['q4_0', 8, false],
+        ]
+      : [['q8_0', 0, false]]) {
       run(m, off, withMins ? m.mins : 0);
       const y = new Float32Array(memory.buffer, m.y, m.N);
       const packed = new Uint8Array(memory.buffer, m.packed, (m.N * m.K) / 2);
@@ -244,7 +309,7 @@ function accuracy(e, memory, m) {
           for (let j = 0; j < GROUP; j++) {
             const k = g * GROUP + j;
             let c;
-            if (form === "q4") {
+            if (form === 'q4') {
               const byte = packed[n * (m.K / 2) + g * 16 + (j % 16)];
               c = (j < 16 ? byte & 15 : byte >> 4) - off;
             } else c = codes[n * m.K + k] - off;
@@ -284,9 +349,9 @@ export async function runBench(bytes, { reps = 15, targetMs = 25, log = () => {}
   const calls = new Map();
   for (const m of shapes)
     for (const [name, , run] of vs) {
-      for (let i = 0; i < 3; i++) run(m, 0, name.startsWith("q4") ? m.mins : 0); // warm up (and tier up)
+      for (let i = 0; i < 3; i++) run(m, 0, name.startsWith('q4') ? m.mins : 0); // warm up (and tier up)
       const t0 = performance.now();
-      run(m, 0, name.startsWith("q4") ? m.mins : 0);
+      run(m, 0, name.startsWith('q4') ? m.mins : 0);
       calls.set(`${name} ${m.N}x${m.K}`, Math.max(1, Math.round(targetMs / Math.max(performance.now() - t0, 0.01))));
     }
   const times = new Map();
@@ -296,7 +361,7 @@ export async function runBench(bytes, { reps = 15, targetMs = 25, log = () => {}
       for (const [name, , run] of order) {
         const key = `${name} ${m.N}x${m.K}`,
           n = calls.get(key),
-          mins = name.startsWith("q4") ? m.mins : 0;
+          mins = name.startsWith('q4') ? m.mins : 0;
         const t0 = performance.now();
         for (let i = 0; i < n; i++) run(m, 0, mins);
         const us = ((performance.now() - t0) * 1000) / n;
@@ -309,7 +374,7 @@ export async function runBench(bytes, { reps = 15, targetMs = 25, log = () => {}
   const rows = [];
   for (const m of shapes)
     for (const [name, form] of vs) {
-      if (name.endsWith("plain")) continue;
+      if (name.endsWith('plain')) continue;
       const plain = times.get(`${form} plain ${m.N}x${m.K}`),
         mine = times.get(`${name} ${m.N}x${m.K}`);
       rows.push({
@@ -327,49 +392,69 @@ export async function runBench(bytes, { reps = 15, targetMs = 25, log = () => {}
 
 export function format(result) {
   const lines = [];
-  if (!result.valid) return "the module does not validate (no relaxed SIMD in this engine)";
+  if (!result.valid) return 'the module does not validate (no relaxed SIMD in this engine)';
   const { ok, failures } = result.selfTest;
-  lines.push(`known-answer test: ${ok ? "passed" : `FAILED (${failures.length} cases), e.g. ${failures.slice(0, 2).join("; ")}`}`);
-  lines.push(`implementation-defined cases: ${result.selfTest.implementationDefined.join("; ")}`);
+  lines.push(
+    `known-answer test: ${ok ? 'passed' : `FAILED (${failures.length} cases), e.g. ${failures.slice(0, 2).join('; ')}`}`,
+  );
+  lines.push(`implementation-defined cases: ${result.selfTest.implementationDefined.join('; ')}`);
   lines.push("accuracy (max |y - exact|, and its ratio to the fast path's bound; <= 1 is within):");
   for (const a of result.accuracy)
-    lines.push(`  ${a.shape.padEnd(9)} ${a.variant.padEnd(14)} ${a.weights}  ${a.maxError.toExponential(2)}  ${a.ofBound.toFixed(3)}`);
+    lines.push(
+      `  ${a.shape.padEnd(9)} ${a.variant.padEnd(14)} ${a.weights}  ${a.maxError.toExponential(2)}  ${a.ofBound.toFixed(3)}`,
+    );
   lines.push(`timings (T=1, median of ${result.reps} interleaved rounds, us per product incl. quantizing x):`);
   for (const t of result.timings)
     lines.push(
       `  ${t.shape.padEnd(9)} ${t.variant.padEnd(14)} plain ${t.plainUs.toFixed(1).padStart(8)}  relaxed ${t.relaxedUs.toFixed(1).padStart(8)}  ` +
         `speedup x${t.speedup.toFixed(3)} (rounds ${t.speedupMin.toFixed(2)}-${t.speedupMax.toFixed(2)})`,
     );
-  return lines.join("\n");
+  return lines.join('\n');
 }
 
 // ---- Node ------------------------------------------------------------------------------------------------
 
-if (typeof process !== "undefined" && process.argv?.[1] && import.meta.url.endsWith(process.argv[1].split("/").pop())) {
-  const { readFileSync, writeFileSync, existsSync, mkdirSync } = await import("node:fs");
-  const { execFileSync } = await import("node:child_process");
-  const path = await import("node:path");
-  const { fileURLToPath } = await import("node:url");
+if (typeof process !== 'undefined' && process.argv?.[1] && import.meta.url.endsWith(process.argv[1].split('/').pop())) {
+  const { readFileSync, writeFileSync, existsSync, mkdirSync } = await import('node:fs');
+  const { execFileSync } = await import('node:child_process');
+  const path = await import('node:path');
+  const { fileURLToPath } = await import('node:url');
   const here = path.dirname(fileURLToPath(import.meta.url));
-  const root = path.resolve(here, "../..");
-  const out = path.join(root, "build/relaxed/relaxed.wasm");
+  const root = path.resolve(here, '../..');
+  const out = path.join(root, 'build/relaxed/relaxed.wasm');
   const args = process.argv.slice(2);
   const opt = (name, dflt) => (args.includes(name) ? args[args.indexOf(name) + 1] : dflt);
-  if (args.includes("--build") || !existsSync(out)) buildModule(root, out, { execFileSync, mkdirSync });
-  const result = await runBench(readFileSync(out), { reps: Number(opt("--reps", 15)), log: (s) => console.error(s) });
-  result.engine = `node ${process.version} ${process.execArgv.join(" ")}`.trim();
-  console.log(result.engine + "\n" + format(result));
-  if (opt("--json")) writeFileSync(opt("--json"), JSON.stringify(result, null, 1));
+  if (args.includes('--build') || !existsSync(out)) buildModule(root, out, { execFileSync, mkdirSync });
+  const result = await runBench(readFileSync(out), { reps: Number(opt('--reps', 15)), log: (s) => console.error(s) });
+  result.engine = `node ${process.version} ${process.execArgv.join(' ')}`.trim();
+  console.log(result.engine + '\n' + format(result));
+  if (opt('--json')) writeFileSync(opt('--json'), JSON.stringify(result, null, 1));
 }
 
 export function buildModule(root, out, { execFileSync, mkdirSync }) {
-  const clang = "/usr/lib/llvm-19/bin/clang";
-  const obj = out.replace(/\.wasm$/, ".o");
-  mkdirSync(out.slice(0, out.lastIndexOf("/")), { recursive: true });
-  const flags = ["--target=wasm32", "-O3", "-msimd128", "-mrelaxed-simd", "-nostdlib", "-ffreestanding", "-fno-builtin"];
-  execFileSync(clang, [...flags, "-Wall", "-Wextra", "-Werror", "-c", "-o", obj, `${root}/benchmarks/relaxed/relaxed.c`], { stdio: "inherit" });
-  execFileSync(clang, ["--target=wasm32", "-nostdlib", "-Wl,--no-entry", "-Wl,--import-memory", "-Wl,--strip-all", "-o", out, obj], {
-    stdio: "inherit",
-  });
-  execFileSync("python3", [`${root}/kernels/check.py`, obj, out], { stdio: "inherit" });
+  const clang = '/usr/lib/llvm-19/bin/clang';
+  const obj = out.replace(/\.wasm$/, '.o');
+  mkdirSync(out.slice(0, out.lastIndexOf('/')), { recursive: true });
+  const flags = [
+    '--target=wasm32',
+    '-O3',
+    '-msimd128',
+    '-mrelaxed-simd',
+    '-nostdlib',
+    '-ffreestanding',
+    '-fno-builtin',
+  ];
+  execFileSync(
+    clang,
+    [...flags, '-Wall', '-Wextra', '-Werror', '-c', '-o', obj, `${root}/benchmarks/relaxed/relaxed.c`],
+    { stdio: 'inherit' },
+  );
+  execFileSync(
+    clang,
+    ['--target=wasm32', '-nostdlib', '-Wl,--no-entry', '-Wl,--import-memory', '-Wl,--strip-all', '-o', out, obj],
+    {
+      stdio: 'inherit',
+    },
+  );
+  execFileSync('python3', [`${root}/kernels/check.py`, obj, out], { stdio: 'inherit' });
 }

@@ -22,6 +22,7 @@
 #include "../../kernels/kernels.c"
 
 #define RDOT(a, b, c) wasm_i32x4_relaxed_dot_i8x16_i7x16_add(a, b, c)
+#define RDOT16(a, b) wasm_i16x8_relaxed_dot_i8x16_i7x16(a, b)
 
 // The bare instruction, for the known-answer test: out[0:4] = relaxed_dot(a[0:16], b[0:16], c[0:4]).
 EXPORT(relaxed_dot_probe) void relaxed_dot_probe(const i8 *a, const i8 *b, const i32 *c, i32 *out) {
@@ -82,7 +83,8 @@ EXPORT(quantize_x_split) void quantize_x_split(const float *x, i8 *xb, float *d,
   }
 }
 
-// y = x @ W.T for x from quantize_x_split (bits as there: 15 or 8 for q4, 14 for q8).
+// y = x @ W.T for x from quantize_x_split (bits as there: 15 or 8 for q4, 14 for q8; xbits 16 is q4's 15
+// bits through the int16 relaxed dot).
 __attribute__((always_inline)) static inline void quant_relaxed(i32 bits, i32 xbits, const i8 *xb, const float *d,
                                                                const float *xs, const float *sq, const void *weights,
                                                                const float *scales, const float *mins, i32 offset,
@@ -102,8 +104,15 @@ __attribute__((always_inline)) static inline void quant_relaxed(i32 bits, i32 xb
         if (bits == 4) {
           v128_t p = wasm_v128_load(row + g * (GROUP / 2));
           v128_t ca = wasm_v128_and(p, wasm_i8x16_splat(15)), cb = wasm_u8x16_shr(p, 4);
-          v128_t h = RDOT(wasm_v128_load(xg), ca, RDOT(wasm_v128_load(xg + 16), cb, zero));
-          if (xbits == 8) {
+          v128_t h = zero;
+          if (xbits != 16) h = RDOT(wasm_v128_load(xg), ca, RDOT(wasm_v128_load(xg + 16), cb, zero));
+          if (xbits == 16) {
+            // the int16 form (one pmaddubsw on x86): pairs of |hi or lo| * 15 <= 3840, two of them added
+            // still fit int16; hi's sums times 128 and lo's sums meet in int32 through i32x4.dot_i16x8_s
+            v128_t h16 = wasm_i16x8_add(RDOT16(wasm_v128_load(xg), ca), RDOT16(wasm_v128_load(xg + 16), cb));
+            v128_t l16 = wasm_i16x8_add(RDOT16(wasm_v128_load(xg + 32), ca), RDOT16(wasm_v128_load(xg + 48), cb));
+            dotv = wasm_i32x4_add(wasm_i32x4_dot_i16x8(h16, wasm_i16x8_splat(128)), wasm_i32x4_extadd_pairwise_i16x8(l16));
+          } else if (xbits == 8) {
             dotv = h;
           } else {
             v128_t l = RDOT(wasm_v128_load(xg + 32), ca, RDOT(wasm_v128_load(xg + 48), cb, zero));
@@ -131,6 +140,13 @@ EXPORT(q4_relaxed)
 void q4_relaxed(const i8 *xb, const float *d, const float *xs, const float *sq, const u8 *packed, const float *scales,
                 const float *mins, i32 offset, float *y, i32 T, i32 N, i32 K) {
   quant_relaxed(4, 15, xb, d, xs, sq, packed, scales, mins, offset, y, T, N, K);
+}
+
+// the same x (15 bits, split) as q4_relaxed, through the int16 form of the relaxed dot
+EXPORT(q4_relaxed16)
+void q4_relaxed16(const i8 *xb, const float *d, const float *xs, const float *sq, const u8 *packed,
+                  const float *scales, const float *mins, i32 offset, float *y, i32 T, i32 N, i32 K) {
+  quant_relaxed(4, 16, xb, d, xs, sq, packed, scales, mins, offset, y, T, N, K);
 }
 
 EXPORT(q4_relaxed_x8)
