@@ -70,6 +70,18 @@ export function selfTest(exports, memory) {
     exports.relaxed_dot_probe(pa, pb, pc, po);
     return Array.from(new Int32Array(memory.buffer, po, 4));
   };
+  // the int16 form: 8 lanes, each a pair of products (bytes of b in 0..127: |sum| <= 32512, no saturation)
+  const probe16 = (a, b) => {
+    new Int8Array(memory.buffer, pa, 16).set(a);
+    new Int8Array(memory.buffer, pb, 16).set(b.map((v) => (v << 24) >> 24));
+    exports.relaxed_dot16_probe(pa, pb, po);
+    return Array.from(new Int16Array(memory.buffer, po, 8));
+  };
+  const pairs = (a, b, bSigned, saturate) =>
+    [0, 1, 2, 3, 4, 5, 6, 7].map((l) => {
+      const v = laneDot([a[2 * l], a[2 * l + 1], 0, 0], [b[2 * l], b[2 * l + 1], 0, 0], 0, bSigned, saturate);
+      return (v << 16) >> 16;
+    });
   const failures = [];
   // deterministic: every byte of b in 0..127 (the edges: -128 and 127 in a, 0 and 127 in b, 64, 63)
   const det = [
@@ -96,6 +108,9 @@ export function selfTest(exports, memory) {
       laneDot(a.slice(4 * l, 4 * l + 4), b.slice(4 * l, 4 * l + 4), c[l], true, false),
     );
     if (got.join() !== want.join()) failures.push(`dot(${a}; ${b}; ${c}) = ${got}, expected ${want}`);
+    const got16 = probe16(a, b),
+      want16 = pairs(a, b, true, false);
+    if (got16.join() !== want16.join()) failures.push(`dot16(${a}; ${b}) = ${got16}, expected ${want16}`);
   }
   // implementation-defined: bytes of b with the top bit set; the result must be one the spec allows
   const loose = [
@@ -122,6 +137,14 @@ export function selfTest(exports, memory) {
       }
     if (modes.length === 0) failures.push(`dot(${a}; ${b}; ${c}) = ${got}: none of the results the spec allows`);
     else seen.add(modes.join(' | '));
+    const got16 = probe16(a, b).join();
+    const modes16 = [];
+    for (const bSigned of [true, false])
+      for (const saturate of [false, true])
+        if (pairs(a, b, bSigned, saturate).join() === got16)
+          modes16.push(`int16 form: ${bSigned ? 'signed' : 'unsigned'} b${saturate ? ', saturating' : ', wrapping'}`);
+    if (modes16.length === 0) failures.push(`dot16(${a}; ${b}) = ${got16}: none of the results the spec allows`);
+    else seen.add(modes16.join(' | '));
   }
   // the kernels on integer inputs: d = 1 (max|x| = 16383 or 8191 in every group), scales 1, so y is an
   // exact integer sum of code * x
@@ -139,7 +162,7 @@ export function selfTest(exports, memory) {
     py = alloc(4 * N),
     pw = alloc(N * K);
   new Float32Array(memory.buffer, psc, N * G).fill(1);
-  const kat = (bits, offset, codes, xv) => {
+  const kat = (bits, offset, codes, xv, kernel = bits === 4 ? 'q4_relaxed' : 'q8_relaxed') => {
     new Float32Array(memory.buffer, px, K).set(xv);
     exports.quantize_x_split(px, pxb, pd, pxs, psq, 1, K, bits === 4 ? 15 : 14);
     if (bits === 4) {
@@ -148,7 +171,7 @@ export function selfTest(exports, memory) {
         for (let g = 0; g < G; g++)
           for (let j = 0; j < 16; j++)
             packed[n * (K / 2) + g * 16 + j] = codes[n * K + g * 32 + j] | (codes[n * K + g * 32 + 16 + j] << 4);
-      exports.q4_relaxed(pxb, pd, pxs, psq, pw, psc, 0, offset, py, 1, N, K);
+      exports[kernel](pxb, pd, pxs, psq, pw, psc, 0, offset, py, 1, N, K);
     } else {
       new Int8Array(memory.buffer, pw, N * K).set(codes);
       exports.q8_relaxed(pxb, pd, pxs, psq, pw, psc, 0, offset, py, 1, N, K);
@@ -160,7 +183,7 @@ export function selfTest(exports, memory) {
       for (let k = 0; k < K; k++) s += (codes[n * K + k] - offset) * xv[k];
       want.push(s);
     }
-    if (got.join() !== want.join()) failures.push(`q${bits} offset ${offset}: y = ${got}, expected ${want}`);
+    if (got.join() !== want.join()) failures.push(`${kernel} offset ${offset}: y = ${got}, expected ${want}`);
   };
   const x15 = Float32Array.from(x, (v, k) => (k % 32 === 3 ? 16383 : k % 32 === 9 ? -16383 : v));
   const x14 = Float32Array.from(x, (v, k) => (k % 32 === 5 ? -8191 : k % 32 === 30 ? 8191 : Math.trunc(v / 2)));
@@ -170,6 +193,8 @@ export function selfTest(exports, memory) {
   );
   kat(4, 0, c4, x15);
   kat(4, 8, c4, x15);
+  kat(4, 0, c4, x15, 'q4_relaxed16');
+  kat(4, 8, c4, x15, 'q4_relaxed16');
   kat(8, 0, c8, x14);
   kat(
     8,

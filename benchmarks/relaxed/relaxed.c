@@ -29,6 +29,11 @@ EXPORT(relaxed_dot_probe) void relaxed_dot_probe(const i8 *a, const i8 *b, const
   wasm_v128_store(out, RDOT(wasm_v128_load(a), wasm_v128_load(b), wasm_v128_load(c)));
 }
 
+// and its int16 form: out[0:8] = relaxed_dot(a[0:16], b[0:16]) (pairs of products, as int16)
+EXPORT(relaxed_dot16_probe) void relaxed_dot16_probe(const i8 *a, const i8 *b, short *out) {
+  wasm_v128_store(out, RDOT16(wasm_v128_load(a), wasm_v128_load(b)));
+}
+
 // x (T, K) -> xb (T, 2K bytes): per group of 32, 64 bytes [hi 0..31, lo 0..31]; d (T, G); xs (T, G) the
 // exact group sums of x; sq (T, G) = d * sum(xq) per group (the offset's share).
 // bits 15: xq = round(x / d) in -16383..16383, d = max|x| / 16383, hi = xq >> 7 (signed), lo = xq & 127.
