@@ -225,6 +225,8 @@ function makeShape(exports, memory, alloc, N, K, seed) {
     codes: alloc(N * K),
     scales: alloc(4 * N * G),
     mins: alloc(4 * N * G),
+    w: alloc(4 * N * K),
+    scratch: alloc(4 * G),
   };
   const x = new Float32Array(memory.buffer, m.x, K);
   for (let k = 0; k < K; k++) x[k] = (r() + r() + r() - 1.5) * (k % 97 === 0 ? 8 : 1); // a few outliers
@@ -235,6 +237,8 @@ function makeShape(exports, memory, alloc, N, K, seed) {
   const scales = new Float32Array(memory.buffer, m.scales, N * G);
   const mins = new Float32Array(memory.buffer, m.mins, N * G);
   for (let i = 0; i < scales.length; i++) ((scales[i] = 0.002 + 0.01 * r()), (mins[i] = -0.08 * r()));
+  const w = new Float32Array(memory.buffer, m.w, N * K);
+  for (let i = 0; i < w.length; i++) w[i] = (r() - 0.5) * 0.1;
   return m;
 }
 
@@ -289,6 +293,11 @@ function variants(e) {
         e.q8_relaxed(m.xb, m.d, m.xs, m.sq, m.codes, m.scales, mins, off, m.y, 1, m.N, m.K)
       ),
     ],
+    // float32 products with relaxed madd (the exact arithmetic: no quantized x)
+    ['f32 plain', 'f32', (m) => e.dense(m.x, m.w, m.y, 1, m.N, m.K)],
+    ['f32 madd', 'f32', (m) => e.dense_madd(m.x, m.w, m.y, m.N, m.K)],
+    ['q4x plain', 'q4x', (m, o, mins) => e.q4_exact(m.x, m.packed, m.scales, mins, o, m.y, m.scratch, 1, m.N, m.K)],
+    ['q4x madd', 'q4x', (m, o, mins) => e.q4_exact_madd(m.x, m.packed, m.scales, mins, o, m.y, m.scratch, m.N, m.K)],
   ];
 }
 // the step of x's quantization per group, as a fraction of max|x|, for each variant
@@ -303,7 +312,8 @@ const STEP = {
 
 // Each variant against the exact product in float64: max |y - exact| and its ratio to the fast path's
 // bound (half a quantization step of x per group times sum |code - offset| * scale, as in
-// tests/test_kernels.py), for q4 with mins (Q4_1), q4 with offset 8 (Q4_0) and q8 (Q8_0).
+// tests/test_kernels.py), for q4 with mins (Q4_1), q4 with offset 8 (Q4_0) and q8 (Q8_0). The exact
+// products (f32, q4x) against the exact path's bound instead: 1e-5 sum |w| |x|.
 function accuracy(e, memory, m) {
   const out = [];
   const x = new Float32Array(memory.buffer, m.x, m.K);
@@ -311,42 +321,59 @@ function accuracy(e, memory, m) {
   for (let g = 0; g < m.G; g++) amax.push(Math.max(...Array.from(x.subarray(g * GROUP, g * GROUP + GROUP), Math.abs)));
   const rows = Math.min(m.N, 2048);
   for (const [name, form, run] of variants(e)) {
-    for (const [label, off, withMins] of form === 'q4'
-      ? [
-          ['q4_1', 0, true],
-          ['q4_0', 8, false],
-        ]
-      : [['q8_0', 0, false]]) {
+    const exactForm = form === 'f32' || form === 'q4x';
+    const weightKinds = {
+      q4: [
+        ['q4_1', 0, true],
+        ['q4_0', 8, false],
+      ],
+      q4x: [
+        ['q4_1', 0, true],
+        ['q4_0', 8, false],
+      ],
+      q8: [['q8_0', 0, false]],
+      f32: [['f32', 0, false]],
+    };
+    for (const [label, off, withMins] of weightKinds[form]) {
       run(m, off, withMins ? m.mins : 0);
       const y = new Float32Array(memory.buffer, m.y, m.N);
       const packed = new Uint8Array(memory.buffer, m.packed, (m.N * m.K) / 2);
       const codes = new Int8Array(memory.buffer, m.codes, m.N * m.K);
       const scales = new Float32Array(memory.buffer, m.scales, m.N * m.G);
       const mins = new Float32Array(memory.buffer, m.mins, m.N * m.G);
+      const wf = new Float32Array(memory.buffer, m.w, m.N * m.K);
       let worst = 0,
         worstRatio = 0;
       for (let n = 0; n < rows; n++) {
         let exact = 0,
-          bound = 0;
+          bound = 0,
+          S = 0;
         for (let g = 0; g < m.G; g++) {
           const s = scales[n * m.G + g];
           let gs = 0;
           for (let j = 0; j < GROUP; j++) {
             const k = g * GROUP + j;
             let c;
-            if (form === 'q4') {
+            if (form === 'f32') {
+              exact += wf[n * m.K + k] * x[k];
+              S += Math.abs(wf[n * m.K + k] * x[k]);
+              continue;
+            }
+            if (form === 'q4' || form === 'q4x') {
               const byte = packed[n * (m.K / 2) + g * 16 + (j % 16)];
               c = (j < 16 ? byte & 15 : byte >> 4) - off;
             } else c = codes[n * m.K + k] - off;
             const w = s * c + (withMins ? mins[n * m.G + g] : 0);
             exact += w * x[k];
+            S += Math.abs(w * x[k]);
             gs += Math.abs(s * c);
           }
-          bound += (gs * amax[g]) / STEP[name] / 2;
+          if (!exactForm) bound += (gs * amax[g]) / STEP[name] / 2;
         }
         const err = Math.abs(y[n] - exact);
         worst = Math.max(worst, err);
-        worstRatio = Math.max(worstRatio, err / (bound * 1.001 + 1e-4));
+        const allowed = exactForm ? 1e-5 * S + 1e-30 : bound * 1.001 + 1e-4;
+        worstRatio = Math.max(worstRatio, err / allowed);
       }
       out.push({ variant: name, weights: label, shape: `${m.N}x${m.K}`, maxError: worst, ofBound: worstRatio });
     }

@@ -165,3 +165,55 @@ void q8_relaxed(const i8 *xb, const float *d, const float *xs, const float *sq, 
                 const float *mins, i32 offset, float *y, i32 T, i32 N, i32 K) {
   quant_relaxed(8, 14, xb, d, xs, sq, codes, scales, mins, offset, y, T, N, K);
 }
+
+// ---- relaxed madd in the float32 products (decoding: one row of x) ---------------------------------------
+//
+// f32x4.relaxed_madd(a, b, c) is a * b + c, fused or not as the engine likes (so results may differ
+// between machines in the last bits). Copies of the plain decode loops with every multiply-add fused.
+
+#define MADD(a, b, c) wasm_f32x4_relaxed_madd(a, b, c)
+
+// dense's decode tile (tile_4x1) with madd; N a multiple of 4, K of 4
+EXPORT(dense_madd) void dense_madd(const float *x, const float *w, float *y, i32 N, i32 K) {
+  for (i32 n = 0; n + 4 <= N; n += 4) {
+    const float *w0 = w + (long)n * K, *w1 = w0 + K, *w2 = w1 + K, *w3 = w2 + K;
+    v128_t a0 = wasm_f32x4_splat(0), a1 = a0, a2 = a0, a3 = a0;
+    for (i32 k = 0; k + 4 <= K; k += 4) {
+      v128_t u = wasm_v128_load(x + k);
+      a0 = MADD(u, wasm_v128_load(w0 + k), a0);
+      a1 = MADD(u, wasm_v128_load(w1 + k), a1);
+      a2 = MADD(u, wasm_v128_load(w2 + k), a2);
+      a3 = MADD(u, wasm_v128_load(w3 + k), a3);
+    }
+    y[n] = hsum(a0), y[n + 1] = hsum(a1), y[n + 2] = hsum(a2), y[n + 3] = hsum(a3);
+  }
+}
+
+// q4_exact's decode path (codes to float32 in registers, times x, times the scale) with madd
+EXPORT(q4_exact_madd)
+void q4_exact_madd(const float *x, const u8 *packed, const float *scales, const float *mins, i32 offset, float *y,
+                   float *scratch, i32 N, i32 K) {
+  const i32 G = K / GROUP;
+  const v128_t off = wasm_i8x16_splat((i8)offset);
+  if (mins) group_sums(x, scratch, 1, K);
+  for (i32 n = 0; n < N; n++) {
+    const u8 *row = packed + (long)n * (K / 2);
+    const float *sc = scales + (long)n * G;
+    v128_t acc = wasm_f32x4_splat(0);
+    for (i32 g = 0; g < G; g++) {
+      v128_t a, b, c0, c1, c2, c3, c4, c5, c6, c7;
+      const float *xg = x + g * GROUP;
+      load_q4(row, g, off, &a, &b);
+      CODES_TO_F32(a, c0, c1, c2, c3);
+      CODES_TO_F32(b, c4, c5, c6, c7);
+      v128_t lo = MADD(c1, wasm_v128_load(xg + 4), wasm_f32x4_mul(c0, wasm_v128_load(xg)));
+      v128_t hi = MADD(c5, wasm_v128_load(xg + 20), wasm_f32x4_mul(c4, wasm_v128_load(xg + 16)));
+      lo = MADD(c3, wasm_v128_load(xg + 12), MADD(c2, wasm_v128_load(xg + 8), lo));
+      hi = MADD(c7, wasm_v128_load(xg + 28), MADD(c6, wasm_v128_load(xg + 24), hi));
+      acc = MADD(wasm_f32x4_splat(sc[g]), wasm_f32x4_add(lo, hi), acc);
+    }
+    float s = hsum(acc);
+    if (mins) s += mins_dot(mins + (long)n * G, scratch, G);
+    y[n] = s;
+  }
+}
