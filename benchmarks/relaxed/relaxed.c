@@ -18,6 +18,8 @@
 //   relaxed dot with ones.
 // - q4 with x as int8 (llama.cpp's q8_0 activations, one dot per 16 codes): the speed bound, at the
 //   +1.26% perplexity docs/kernels.md measured for int8 activations (over the 0.5% bar).
+// - q4 relaxed16: q4's split x through the int16 form of the dot (i16x8.relaxed_dot_i8x16_i7x16_s).
+// And, at the end, the float32 decode loops (dense, q4 exact) with f32x4.relaxed_madd.
 
 #include "../../kernels/kernels.c"
 
