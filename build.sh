@@ -234,10 +234,12 @@ case "${1:-all}" in
     node_modules/.bin/tsc -p web/tsconfig.json # the demo page's JS, against the DOM and the package's types
     "$PY" -m mypy # the Python package type-checked ([tool.mypy] in pyproject.toml)
     # pytest and the node tests are each mostly single-threaded, so they run side by side: node's
-    # output goes to a file that is printed after pytest's, and the step fails if either failed.
+    # output goes to a file that is printed after pytest's, and the step fails if either failed. Node
+    # runs niced: pytest's BLAS products use both cores at times and stall when a thread loses its core
+    # (runtime/threads.py), so node takes the core pytest leaves idle rather than half of pytest's two.
     py_abs=$(realpath -s "$PY")
     node_log=$(mktemp "${TMPDIR:-/tmp}/ruvllm-node-tests.XXXXXX")
-    (cd npm && RUVLLM_PYTHON="$py_abs" exec node --test test/*.test.js) >"$node_log" 2>&1 &
+    (cd npm && RUVLLM_PYTHON="$py_abs" exec nice -n 10 node --test test/*.test.js) >"$node_log" 2>&1 &
     node_pid=$!
     trap 'kill "$node_pid" 2>/dev/null || true' EXIT # an interrupted pytest does not leave node running
     log "pytest (the node tests run meanwhile; their output follows)"
