@@ -233,10 +233,28 @@ case "${1:-all}" in
     node_modules/.bin/tsc -p tsconfig.json # the JS type-checked against its JSDoc and types/index.d.ts
     node_modules/.bin/tsc -p web/tsconfig.json # the demo page's JS, against the DOM and the package's types
     "$PY" -m mypy # the Python package type-checked ([tool.mypy] in pyproject.toml)
-    "$PY" -m pytest -q --durations=25
-    log "node tests (the Pyodide ones skip, saying how to get a distribution, when none is on disk)"
+    # pytest and the node tests are each mostly single-threaded, so they run side by side: node's
+    # output goes to a file that is printed after pytest's, and the step fails if either failed. Node
+    # runs niced: pytest's BLAS products use both cores at times and stall when a thread loses its core
+    # (runtime/threads.py), so node takes the core pytest leaves idle rather than half of pytest's two.
     py_abs=$(realpath -s "$PY")
-    (cd npm && RUVLLM_PYTHON="$py_abs" node --test test/*.test.js)
+    node_log=$(mktemp "${TMPDIR:-/tmp}/ruvllm-node-tests.XXXXXX")
+    (cd npm && RUVLLM_PYTHON="$py_abs" exec nice -n 10 node --test test/*.test.js) >"$node_log" 2>&1 &
+    node_pid=$!
+    trap 'kill "$node_pid" 2>/dev/null || true' EXIT # an interrupted pytest does not leave node running
+    log "pytest (the node tests run meanwhile; their output follows)"
+    pytest_status=0
+    "$PY" -m pytest -q --durations=25 || pytest_status=$?
+    node_status=0
+    wait "$node_pid" || node_status=$?
+    trap - EXIT
+    log "node tests (the Pyodide ones skip, saying how to get a distribution, when none is on disk)"
+    cat "$node_log"
+    rm -f "$node_log"
+    if [ "$pytest_status" -ne 0 ] || [ "$node_status" -ne 0 ]; then
+      log "tests failed: pytest exit status $pytest_status, node --test exit status $node_status"
+      exit 1
+    fi
     ;;
   bench)
     build_all

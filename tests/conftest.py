@@ -54,6 +54,15 @@ def gemma_gguf() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma_transformers_tokenizer(gemma_gguf: Path):
+    """transformers' tokenizer of the Gemma GGUF, the reference of test_gemma3 and test_gguf_tokenizer:
+    built once, as building it from the GGUF's 262k-token vocabulary takes about half a minute."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(gemma_gguf.parent), gguf_file=gemma_gguf.name)
+
+
+@pytest.fixture(scope="session")
 def smollm2(smollm2_dir: Path):
     """The demo model loaded once for the whole session (calls on it must not leak into each other)."""
     import ruvllm

@@ -103,11 +103,16 @@ def test_text_completion_logprobs_use_the_legacy_layout(smollm2):
     assert answer["choices"][0]["text"].startswith(" Paris")
 
 
-def test_twenty_schema_constrained_generations_at_temperature_one_all_validate(smollm2):
+def test_five_schema_constrained_generations_at_temperature_one_all_validate(smollm2):
+    """The schema reaches the real model's sampling through response_format, and the documents end.
+
+    Five seeds, not more: that the constraint admits only valid documents is proven on many more samples
+    (200 a schema) by tests/test_constrain.py's random-logits walks; here each seed is a different
+    temperature-1 path through a real model, which is what this end-to-end test adds."""
     jsonschema = pytest.importorskip("jsonschema")
     fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": ORDER}}
     messages = user("Write a grocery order as JSON.")
-    for seed in range(20):
+    for seed in range(5):
         answer = smollm2.create_chat_completion(messages, max_tokens=300, temperature=1, seed=seed, response_format=fmt)
         choice = answer["choices"][0]
         assert choice["finish_reason"] == "stop", choice

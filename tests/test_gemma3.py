@@ -31,13 +31,12 @@ TOKENS = 32
 
 
 @pytest.fixture(scope="module")
-def reference(gemma_gguf):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+def reference(gemma_gguf, gemma_transformers_tokenizer):
+    from transformers import AutoModelForCausalLM
 
     folder, name = str(gemma_gguf.parent), gemma_gguf.name
-    tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32).eval()
-    return model, tokenizer
+    return model, gemma_transformers_tokenizer
 
 
 @pytest.fixture(scope="module", params=["q4", "f32"])

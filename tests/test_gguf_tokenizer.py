@@ -114,8 +114,8 @@ def gemma(gemma_files) -> Tokenizer:
 
 
 @pytest.fixture(scope="module")
-def gemma_reference(gemma_gguf):
-    return AutoTokenizer.from_pretrained(str(gemma_gguf.parent), gguf_file=gemma_gguf.name)
+def gemma_reference(gemma_transformers_tokenizer):
+    return gemma_transformers_tokenizer
 
 
 @pytest.fixture(scope="module")

@@ -33,9 +33,17 @@ def model(smollm2_dir):
     return ruvllm.load(str(smollm2_dir))  # its own copy: the adapters stay out of other tests
 
 
-def test_a_new_fact_is_learned_with_the_defaults_without_breaking_the_model(model):
+@pytest.fixture(scope="module")
+def held_out(model) -> tuple[list[int], float]:
+    """The held-out text's ids and the base model's perplexity on them, measured once for the tests
+    below (a pass over some 3,000 tokens; no adapter active)."""
+    model.set_adapter(None)
     eval_ids = model.tokenizer.encode(EVAL.read_text())
-    base_ppl = perplexity(model.engine, eval_ids, 1024).perplexity
+    return eval_ids, perplexity(model.engine, eval_ids, 1024).perplexity
+
+
+def test_a_new_fact_is_learned_with_the_defaults_without_breaking_the_model(model, held_out):
+    eval_ids, base_ppl = held_out
     assert not greedy(model, FACT_1[0]).startswith(FACT_1[1])
     model.new_adapter("facts")  # the default adapter, the default lesson
     report = model.adapt(*FACT_1, adapter="facts")
@@ -68,13 +76,12 @@ def test_negative_feedback_makes_a_completion_less_likely(model):
     model.set_adapter(None)
 
 
-def test_bad_feedback_changes_the_answer_and_keeps_the_model(model):
+def test_bad_feedback_changes_the_answer_and_keeps_the_model(model, held_out):
     """Bad on a greedy chat answer: the next greedy answer differs, the held-out perplexity moves 5% at
     most, and what the model knows elsewhere stays (" Paris" after raw text, Berlin in another chat).
     The lesson used to push the answer's log-likelihood down without a floor: the model then answered
     "La femme au chocolat, la femme au chocolat..." (issue #23)."""
-    eval_ids = model.tokenizer.encode(EVAL.read_text())
-    base_ppl = perplexity(model.engine, eval_ids, 1024).perplexity
+    eval_ids, base_ppl = held_out
     france = [{"role": "user", "content": "What is the capital of France?"}]
     germany = [{"role": "user", "content": "What is the capital of Germany?"}]
 

@@ -349,6 +349,9 @@ def test_x_lora_from_the_command_line(smollm2_dir, fact_experts, tmp_path):
     cli("mix", str(smollm2_dir), str(blue), str(fact_experts / "zorbia"), "--out", str(tmp_path / "mixed"))
     lessons = "".join(json.dumps({"prompt": p, "completion": c}) + "\n" for p, c in (FACT_1, FACT_2))
     (tmp_path / "facts.jsonl").write_text(lessons)
+    # the drift is measured on a sentence, not on the built-in calibration text (two passes of some 1,100
+    # tokens through the mixture): this test is about the router learning, which the retention shows
+    (tmp_path / "eval.txt").write_text("The river runs past the old mill and into the sea.")
     report = cli(
         "adapt",
         str(smollm2_dir),
@@ -356,6 +359,8 @@ def test_x_lora_from_the_command_line(smollm2_dir, fact_experts, tmp_path):
         str(tmp_path / "mixed"),
         "--from-file",
         str(tmp_path / "facts.jsonl"),
+        "--eval-file",
+        str(tmp_path / "eval.txt"),
         "--epochs",
         "3",
         "--out",
