@@ -18,7 +18,7 @@
 //
 // Issue 25's rows (see benchmarks/README.md):
 //   npm run bench -- --model ../build/downloads/SmolLM2-135M-Instruct.Q4_1.gguf --kernels wasm --threads 1,2 \
-//        --runs 2 --no-cpython
+//        --runs 2 --warmup --no-cpython
 import { execFile } from 'node:child_process';
 import { existsSync, readFileSync, statSync } from 'node:fs';
 import { join, resolve } from 'node:path';
