@@ -4,7 +4,7 @@ model, same prompt, greedy, in the same headless Chromium, in the same run.
     (cd benchmarks/browser && npm install)      # the wllama peer, from the npm registry
     .venv/bin/python benchmarks/browser_bench.py [--prompt-length 128] [--gen-length 64] [--runs 2] [--json OUT]
         [--configs q4:wasm:fast,q4:wasm:exact,f32:numpy,q4:wasm:fast:2] [--peer-threads 1,2]
-        [--model /models/NAME/ | --gguf /gguf/NAME.gguf] [--no-peer]
+        [--model /models/NAME/ | --gguf /gguf/NAME.gguf] [--no-peer] [--page-timeout 600]
 
 Each ruvllm config is COMPUTE:KERNELS[:ARITHMETIC[:THREADS]] (the load options compute, kernels, arithmetic,
 threads; THREADS is an integer or auto, default 1). --model serves another folder of models/ (e.g. a synthetic
@@ -87,7 +87,7 @@ def gguf_url(name: str) -> str:
     return f"/gguf/{file}"
 
 
-def run_page(browser, url: str) -> dict:
+def run_page(browser, url: str, timeout_s: int) -> dict:
     """Open one page in a fresh context and return its window.__result, or {"error": ...}."""
     from playwright.sync_api import Error as PlaywrightError
 
@@ -95,16 +95,16 @@ def run_page(browser, url: str) -> dict:
     page = context.new_page()
     errors: list[str] = []
     page.on("pageerror", lambda error: errors.append(str(error)))
-    page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+    page.on("console", lambda message: errors.append(f"{message.type}: {message.text}"))
     try:
         page.goto(url)
-        page.wait_for_function("window.__result !== undefined", timeout=600_000)
+        page.wait_for_function("window.__result !== undefined", timeout=timeout_s * 1000)
         result = page.evaluate("window.__result")
     except PlaywrightError as error:
         result = {"error": f"{error}".splitlines()[0]}
     context.close()
     if "error" in result and errors:
-        result["console_errors"] = errors[-5:]
+        result["console"] = errors[-8:]
     return result
 
 
@@ -118,6 +118,7 @@ def main() -> None:
     parser.add_argument("--gguf", help="/gguf/NAME.gguf: build/downloads/NAME.gguf for both engines")
     parser.add_argument("--peer-threads", default="1")
     parser.add_argument("--no-peer", action="store_true")
+    parser.add_argument("--page-timeout", type=int, default=600, help="seconds a page may take (a hang guard)")
     parser.add_argument("--json", help="write the results here")
     args = parser.parse_args()
     try:
@@ -164,7 +165,7 @@ def main() -> None:
         for run in range(args.runs):
             for page_name, page_model, options in pages:
                 query = urlencode({"prompt": prompt, "gen": args.gen_length, "model": page_model, **options})
-                result = run_page(browser, f"{base}/bench/{page_name}?{query}")
+                result = run_page(browser, f"{base}/bench/{page_name}?{query}", args.page_timeout)
                 result.update(run=run, page=page_name, options=options)
                 print(json.dumps(result), flush=True)
                 (failures if "error" in result else results).append(result)
