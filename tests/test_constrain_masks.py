@@ -2,6 +2,8 @@
 the masks of the plain walk over the whole vocabulary trie, state by state, along random generations
 under schemas with patterns, formats, lengths, escapes and non-ASCII text.
 
+Among the shortcuts: masks shared by the character counts of a string far from its length bounds.
+
 Two vocabularies: a synthetic one made of the token shapes the shortcuts tell apart (plain text, text
 then a quote, escapes, broken and whole UTF-8 characters, ...), and SmolLM2's real one.
 """
@@ -50,6 +52,11 @@ SCHEMAS = [
         "additionalProperties": False,
     },
     {"type": "object", "propertyNames": {"pattern": "^[a-c]{1,3}$"}, "additionalProperties": {"type": "integer"}},
+    # counts far from the maximum length share one mask (the synthetic tokens have at most 16 bytes)
+    {"type": "string", "minLength": 2, "maxLength": 40},
+    {"type": "array", "items": {"type": "string", "maxLength": 30}, "maxItems": 3},
+    {"type": "string", "pattern": "^[a-z]*[0-9]{3}$", "minLength": 5, "maxLength": 45},
+    {"type": "string", "pattern": "^.*$", "minLength": 18, "maxLength": 36},
     {"type": "object", "patternProperties": {"^x_": {"pattern": "^y"}}, "additionalProperties": False},
 ]
 
@@ -124,3 +131,21 @@ def test_the_character_trie_spells_every_plain_head():
         head = TOKENS[token][: len(TOKENS[token]) - len(rest)]
         assert spelled(node) == [min(ord(c), 128) for c in head.decode()] and chars == len(head.decode())
     assert SYNTHETIC.plain_node[TOKENS.index(b'ab"')] == SYNTHETIC.char_trie.nodes  # not plain: never all at once
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [
+        {"type": "string", "maxLength": 40},
+        {"type": "string", "minLength": 7, "maxLength": 30},
+        {"type": "string", "pattern": "^[a-z]*[0-9]{20}$", "maxLength": 45},  # 20 characters still to come
+    ],
+    ids=str,
+)
+def test_masks_equal_the_plain_walk_at_every_count_of_a_bounded_string(schema):
+    automaton = json_grammar(schema).automaton(SYNTHETIC)
+    state, compared = automaton.transition(automaton.initial, ord('"')), 0
+    while state >= 0:  # "a", "aa", ... as long as the string can go on
+        assert (automaton.mask(state) == automaton.walked_mask(state)).all(), automaton.states[state].configs
+        state, compared = automaton.transition(state, ord("a")), compared + 1
+    assert compared >= 26

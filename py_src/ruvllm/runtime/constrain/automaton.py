@@ -84,6 +84,12 @@ class _Automaton:
         if state.mask is None:
             if len(state.configs) == 1:
                 (config,) = state.configs
+                same = self._same_mask(config)
+                if same is not None:  # share the mask of that state (the packed array itself)
+                    j = self.intern(frozenset([same]))
+                    self.mask(j)
+                    state.mask = self.states[j].mask
+                    return np.unpackbits(state.mask, count=size).view(bool)  # (V,)
                 allowed = self._config_mask(i, config)  # (V,)
             else:  # a token is allowed if one of the configurations allows it
                 allowed = np.zeros(size, bool)  # (V,)
@@ -91,6 +97,30 @@ class _Automaton:
                     allowed |= self.mask(self.intern(frozenset([config])))
             state.mask = np.packbits(allowed)  # (ceil(V / 8),) uint8
         return np.unpackbits(state.mask, count=size).view(bool)  # (V,)
+
+    def _same_mask(self, config: tuple) -> tuple | None:
+        """Another configuration with the same mask as `config`, that the counts of a string share: the
+        string's minimum length, while no token is long enough to reach the maximum length from here
+        (the parser then reads every token the same way at any such count); None: none.
+
+        A pattern's length checks also look ahead by the characters its regex still needs (at most the
+        largest finite `shortest`), so its counts share a mask that much further from the maximum.
+        """
+        if not config:
+            return None
+        top = config[-1]
+        if top[0] not in (_STRING, _PATTERN) or top[2] != _S_CONTENT:
+            return None
+        spec = self.rules.nodes[top[1]]
+        count = top[3]
+        if spec.max_length < 0 or count == spec.min_length:  # unbounded: counts are capped at the minimum
+            return None
+        last = spec.max_length - self.vocabulary.max_token_bytes  # a token has at most that many characters
+        if spec.pattern is not None:
+            last -= spec.pattern.farthest
+        if not spec.min_length <= count <= last:
+            return None
+        return (*config[:-1], (*top[:3], spec.min_length, *top[4:]))
 
     def walked_mask(self, i: int) -> np.ndarray:
         """(V,) bool: the mask of state i by the plain walk of the whole trie, without the shortcuts of

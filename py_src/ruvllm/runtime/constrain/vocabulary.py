@@ -65,6 +65,7 @@ class Vocabulary:
         self.other_trie = _Trie([(data, i) for data, i in tokens if self.plain_chars[i] == _NOT_PLAIN])
         self.plain_mask = self.plain_chars != _NOT_PLAIN  # (V,)
         self.max_plain_chars = int(self.plain_chars[self.plain_mask].max(initial=0))
+        self.max_token_bytes = max((len(data) for data, _ in tokens), default=0)
         self.char_trie = _CharTrie([head for head, _ in heads], [chars for _, chars in heads])
         ids = np.array([i for _, i in tokens], np.int64)  # (E,)
         nodes = self.char_trie.head_nodes  # (E,) the trie node of each eligible token's plain head
