@@ -18,6 +18,10 @@ from ...errors import InvalidArgumentError
 
 _SPECIAL_IN_STRING = re.compile(rb'[\x00-\x1f"\\]')  # bytes that end plain string text
 _NOT_PLAIN = np.iinfo(np.int32).max
+# Bytes that string text can read after a whole character: printable ASCII (with `"` and `\`) and UTF-8
+# lead bytes. A token that goes on with another byte (a control byte, a stray continuation byte) there is
+# never allowed, so the tries of what follows plain text leave it out.
+_AFTER_CHARACTER = frozenset(range(0x20, 0x80)) | frozenset(range(0xC2, 0xF5))
 
 
 class Vocabulary:
@@ -57,12 +61,15 @@ class Vocabulary:
             heads.append((data[:head], chars))
             if head == len(data):
                 self.plain_chars[i] = chars
-            else:
+            elif data[head] in _AFTER_CHARACTER:
                 rests.extend([] for _ in range(chars + 1 - len(rests)))
                 rests[chars].append((data[head:], i))
         self.trie = _Trie(tokens)
         self.rest_tries = [_Trie(pairs) for pairs in rests]
-        self.other_trie = _Trie([(data, i) for data, i in tokens if self.plain_chars[i] == _NOT_PLAIN])
+        # the tokens that are not plain text but may go on string text (their first byte can follow a character)
+        self.other_trie = _Trie(
+            [(data, i) for data, i in tokens if self.plain_chars[i] == _NOT_PLAIN and data[0] in _AFTER_CHARACTER]
+        )
         self.plain_mask = self.plain_chars != _NOT_PLAIN  # (V,)
         self.max_plain_chars = int(self.plain_chars[self.plain_mask].max(initial=0))
         self.max_token_bytes = max((len(data) for data, _ in tokens), default=0)
@@ -77,7 +84,7 @@ class Vocabulary:
         self.headed_others = [
             (i, chars, int(node), data[len(head) :])
             for (data, i), (head, chars), node in zip(tokens, heads, nodes, strict=True)
-            if chars > 0 and len(head) < len(data)
+            if chars > 0 and len(head) < len(data) and data[len(head)] in _AFTER_CHARACTER
         ]
         self.build_seconds = time.perf_counter() - started
 
