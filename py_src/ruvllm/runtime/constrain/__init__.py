@@ -61,6 +61,10 @@ benchmarks/constrain_bench.py; the model's own step is ~25-45 ms):
 - Inside a string most tokens are plain text (no `"`, `\\`, control byte; whole UTF-8 characters):
   they are all allowed at once from a precomputed array of their character counts; only the few other
   tokens (SmolLM2: 671) are walked, in tries of what follows their plain-text head.
+- In a patterned string (`pattern`, `format`) plain text is read by the regex's DFA, run with NumPy over
+  a trie of the tokens' characters folded by the character classes the DFA tells apart; the result for
+  each regex state is kept, so a new parser state in a patterned string costs a few NumPy calls, not a
+  walk of the whole vocabulary (pattern_tokens.py).
 - The trie is flat lists, not 100k dicts, and the automaton has no reference cycles (it is freed with
   its grammar by reference counting), so they add little to garbage collection. (A full collection in
   a process holding a tokenizer still costs 10-20 ms now and then; `gc.freeze()` after loading
@@ -72,6 +76,7 @@ Files, in the order they build on each other:
 - `regex.py`: Regex, a `pattern` as a DFA over characters.
 - `nodes.py`: the nodes a schema compiles to.
 - `parser.py`: configurations of frames read one byte at a time; the MAX_* limits of what is written.
+- `pattern_tokens.py`: the tokens a patterned string can read, for each state of its regex.
 - `automaton.py`: the lazy DFA of a grammar for one vocabulary, with each state's mask.
 - `grammar.py`: Grammar, a compiled grammar that caches its automata.
 - `resolve.py`: where sub-schemas live ($id, $anchor, JSON pointers).

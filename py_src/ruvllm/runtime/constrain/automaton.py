@@ -11,7 +11,9 @@ import threading
 import numpy as np
 
 from .nodes import _String
-from .parser import _KEY, _OBJECT, _S_CONTENT, _STRING, _complete, _readable, _Rules, _step
+from .parser import _KEY, _OBJECT, _PATTERN, _S_CONTENT, _STRING, _complete, _readable, _Rules, _step
+from .pattern_tokens import _PatternTokens
+from .regex import Regex
 from .vocabulary import Vocabulary, _Trie
 
 MAX_DFA_STATES = 200_000  # a grammar's cached automaton is started afresh past this many states
@@ -41,6 +43,7 @@ class _Automaton:
         self.states: list[_State] = []
         self.index: dict[frozenset, int] = {}
         self.tables: dict[int, bytes] = {}  # 256-bit set -> its table of 256 bytes 0/1
+        self.patterns: dict[Regex, _PatternTokens] = {}
         self.lock = threading.Lock()  # matchers of one grammar may run in several threads
         self.initial = self.intern(frozenset([initial]))
 
@@ -81,6 +84,12 @@ class _Automaton:
         if state.mask is None:
             if len(state.configs) == 1:
                 (config,) = state.configs
+                same = self._same_mask(config)
+                if same is not None:  # share the mask of that state (the packed array itself)
+                    j = self.intern(frozenset([same]))
+                    self.mask(j)
+                    state.mask = self.states[j].mask
+                    return np.unpackbits(state.mask, count=size).view(bool)  # (V,)
                 allowed = self._config_mask(i, config)  # (V,)
             else:  # a token is allowed if one of the configurations allows it
                 allowed = np.zeros(size, bool)  # (V,)
@@ -88,6 +97,41 @@ class _Automaton:
                     allowed |= self.mask(self.intern(frozenset([config])))
             state.mask = np.packbits(allowed)  # (ceil(V / 8),) uint8
         return np.unpackbits(state.mask, count=size).view(bool)  # (V,)
+
+    def _same_mask(self, config: tuple) -> tuple | None:
+        """Another configuration with the same mask as `config`, that the counts of a string share: the
+        string's minimum length, while no token is long enough to reach the maximum length from here
+        (the parser then reads every token the same way at any such count); None: none.
+
+        A pattern's length checks also look ahead by the characters its regex still needs (at most the
+        largest finite `shortest`), so its counts share a mask that much further from the maximum.
+        """
+        if not config:
+            return None
+        top = config[-1]
+        if top[0] not in (_STRING, _PATTERN) or top[2] != _S_CONTENT:
+            return None
+        spec = self.rules.nodes[top[1]]
+        count = top[3]
+        if spec.max_length < 0 or count == spec.min_length:  # unbounded: counts are capped at the minimum
+            return None
+        last = spec.max_length - self.vocabulary.max_token_bytes  # a token has at most that many characters
+        if spec.pattern is not None:
+            last -= spec.pattern.farthest
+        if not spec.min_length <= count <= last:
+            return None
+        return (*config[:-1], (*top[:3], spec.min_length, *top[4:]))
+
+    def walked_mask(self, i: int) -> np.ndarray:
+        """(V,) bool: the mask of state i by the plain walk of the whole trie, without the shortcuts of
+        `mask` (which must give exactly this; the tests compare them)."""
+        found: list[tuple[int, ...]] = []
+        for config in self.states[i].configs:
+            if config:
+                self._walk(self.vocabulary.trie, self.intern(frozenset([config])), found)
+        allowed = np.zeros(self.vocabulary.size, bool)  # (V,)
+        allowed[[token for ids in found for token in ids]] = True
+        return allowed
 
     def _config_mask(self, i: int, config: tuple) -> np.ndarray:
         vocabulary = self.vocabulary
@@ -103,6 +147,8 @@ class _Automaton:
             for chars, trie in enumerate(vocabulary.rest_tries[: room + 1]):
                 head = (_STRING, top[1], _S_CONTENT, min(count + chars, spec.cap), 0)
                 self._walk(trie, self.intern(frozenset([(*config[:-1], head)])), found)
+        elif top[0] == _PATTERN and top[2] == _S_CONTENT:
+            allowed = self._pattern_mask(i, config, found)
         elif top[0] == _OBJECT and top[2] == _KEY and self._free_key(top):
             # a key that may become an undeclared one: plain text fits wherever it leads (a declared
             # key's prefix, or a free string), so only the other tokens are walked
@@ -114,6 +160,31 @@ class _Automaton:
         if found:
             allowed[[token for ids in found for token in ids]] = True
         return allowed
+
+    def _pattern_mask(self, i: int, config: tuple, found: list) -> np.ndarray:
+        """(V,) the plain tokens a patterned string can read in state i (config), all at once; the others
+        go to `found` as the parser reads them (those starting with plain characters from the state the
+        characters lead to)."""
+        vocabulary = self.vocabulary
+        _, n, _, count, _, r = config[-1]
+        spec = self.rules.nodes[n]
+        tokens = self.patterns.get(spec.pattern)
+        if tokens is None:
+            tokens = self.patterns[spec.pattern] = _PatternTokens(spec.pattern, vocabulary)
+        ok, final = tokens.reachable(spec, count, r)  # (K + 1,)
+        if vocabulary.rest_tries:
+            self._walk(vocabulary.rest_tries[0], i, found)  # tokens that start with a quote, a backslash, ...
+        for token, chars, node, rest in tokens.others:
+            if ok[node]:
+                head = (_PATTERN, n, _S_CONTENT, min(count + chars, spec.cap), 0, int(final[node]))
+                s = self.intern(frozenset([(*config[:-1], head)]))
+                for b in rest:
+                    s = self.transition(s, b)
+                    if s < 0:
+                        break
+                else:
+                    found.append((token,))
+        return ok[tokens.token_node]  # (V,)
 
     def _free_key(self, frame: tuple) -> bool:
         """Whether any plain text may follow the key so far of this object frame (in its key phase)."""

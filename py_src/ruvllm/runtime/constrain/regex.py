@@ -23,6 +23,7 @@ _DIGIT = frozenset(range(48, 58))
 _WORD = _DIGIT | frozenset(range(65, 91)) | frozenset(range(97, 123)) | {95}
 _SPACE = frozenset(b" \t\n\r\x0b\x0c")
 _LINE_END = frozenset(b"\n\r")
+_FAR = 1 << 30  # shortest[s] of a state that cannot reach a match
 
 
 class RegexError(ValueError):
@@ -32,7 +33,8 @@ class RegexError(ValueError):
 class Regex:
     """A DFA: state 0 starts; next[s][c] the state after symbol c (-1: no match can follow); only
     states that can still reach a match are kept. shortest[s] / longest[s]: characters still needed
-    to reach a match at least / at most (longest -1: unbounded)."""
+    to reach a match at least / at most (longest -1: unbounded); farthest: the largest shortest[s] of a
+    state that can reach a match."""
 
     def __init__(self, source: str, *more: str) -> None:
         """The DFA of `source`, or of any of several sources (a string matching one of them)."""
@@ -40,6 +42,7 @@ class Regex:
         start, accept, nfa = _Nfa.build((source, *more))
         self.next, self.accepting = _determinize(nfa, start, accept)
         self.shortest, self.longest = _distances(self.next, self.accepting)
+        self.farthest = max((n for n in self.shortest if n < _FAR), default=0)  # the largest shortest
 
     def symbol(self, char: int) -> int:
         return char if char < 128 else NON_ASCII
@@ -383,7 +386,7 @@ def _trim(table: list[list[int]], accepting: list[bool]) -> tuple[list[list[int]
 def _distances(table: list[list[int]], accepting: list[bool]) -> tuple[list[int], list[int]]:
     """Characters still needed to reach a match from each state: the fewest, and the most (-1: any
     number, the state reaches a cycle)."""
-    big = 1 << 30
+    big = _FAR
     successors = [sorted({t for t in row if t >= 0}) for row in table]
     shortest = [0 if ok else big for ok in accepting]
     changed = True

@@ -1,5 +1,6 @@
 """The model's vocabulary for constrained decoding: each token's bytes, byte tries of them, and the
-token classes the masks use (eligible tokens, EOS, plain string text with its character counts).
+token classes the masks use (eligible tokens, EOS, plain string text with its character counts, and a
+trie of the plain text's characters for patterned strings).
 
 Built once per tokenizer (and EOS ids); every grammar's automaton reads the same Vocabulary.
 Dimension letters: V vocabulary size (the width of the logits).
@@ -17,6 +18,10 @@ from ...errors import InvalidArgumentError
 
 _SPECIAL_IN_STRING = re.compile(rb'[\x00-\x1f"\\]')  # bytes that end plain string text
 _NOT_PLAIN = np.iinfo(np.int32).max
+# Bytes that string text can read after a whole character: printable ASCII (with `"` and `\`) and UTF-8
+# lead bytes. A token that goes on with another byte (a control byte, a stray continuation byte) there is
+# never allowed, so the tries of what follows plain text leave it out.
+_AFTER_CHARACTER = frozenset(range(0x20, 0x80)) | frozenset(range(0xC2, 0xF5))
 
 
 class Vocabulary:
@@ -43,6 +48,7 @@ class Vocabulary:
         self.eligible = np.zeros(size, bool)  # (V,) tokens that may appear inside the output
         self.plain_chars = np.full(size, _NOT_PLAIN, np.int32)  # (V,) characters of plain-text tokens
         tokens: list[tuple[bytes, int]] = []  # (bytes, id) of every eligible token
+        heads: list[tuple[bytes, int]] = []  # (plain head, characters in it) of every eligible token
         rests: list[
             list[tuple[bytes, int]]
         ] = []  # rests[k]: (what follows, id) of tokens with k plain characters first
@@ -52,16 +58,34 @@ class Vocabulary:
             self.eligible[i] = True
             tokens.append((data, i))
             head, chars = _plain_head(data)
+            heads.append((data[:head], chars))
             if head == len(data):
                 self.plain_chars[i] = chars
-            else:
+            elif data[head] in _AFTER_CHARACTER:
                 rests.extend([] for _ in range(chars + 1 - len(rests)))
                 rests[chars].append((data[head:], i))
         self.trie = _Trie(tokens)
         self.rest_tries = [_Trie(pairs) for pairs in rests]
-        self.other_trie = _Trie([(data, i) for data, i in tokens if self.plain_chars[i] == _NOT_PLAIN])
+        # the tokens that are not plain text but may go on string text (their first byte can follow a character)
+        self.other_trie = _Trie(
+            [(data, i) for data, i in tokens if self.plain_chars[i] == _NOT_PLAIN and data[0] in _AFTER_CHARACTER]
+        )
         self.plain_mask = self.plain_chars != _NOT_PLAIN  # (V,)
         self.max_plain_chars = int(self.plain_chars[self.plain_mask].max(initial=0))
+        self.max_token_bytes = max((len(data) for data, _ in tokens), default=0)
+        self.char_trie = _CharTrie([head for head, _ in heads], [chars for _, chars in heads])
+        ids = np.array([i for _, i in tokens], np.int64)  # (E,)
+        nodes = self.char_trie.head_nodes  # (E,) the trie node of each eligible token's plain head
+        # (V,) the node of each plain token; the others point one past the last node (never allowed)
+        self.plain_node = np.full(size, self.char_trie.nodes, np.int32)
+        plain = self.plain_mask[ids]  # (E,)
+        self.plain_node[ids[plain]] = nodes[plain]
+        # the tokens that are not plain text but start with some: (id, characters, head node, the rest)
+        self.headed_others = [
+            (i, chars, int(node), data[len(head) :])
+            for (data, i), (head, chars), node in zip(tokens, heads, nodes, strict=True)
+            if chars > 0 and len(head) < len(data) and data[len(head)] in _AFTER_CHARACTER
+        ]
         self.build_seconds = time.perf_counter() - started
 
     def __repr__(self) -> str:
@@ -105,6 +129,41 @@ class _Trie:
             self.labels.append(labels)
             self.ends.append(node.get(None))
             order.extend(node[b] for b in labels)
+
+
+class _CharTrie:
+    """A trie of the tokens' plain heads by characters, not bytes, for running a pattern's DFA over them
+    with NumPy. A character is a symbol of regex.py's alphabet: its code if ASCII, else NON_ASCII (128).
+
+    Level k holds the nodes k characters deep, numbered in a row from offsets[k] (the root, level 0,
+    is node 0; offsets[-1] = nodes, how many there are): parents[k - 1][j] is the parent of node
+    offsets[k] + j (an index within level k - 1), symbols[k - 1][j] the symbol that leads to it.
+    head_nodes[e]: the node of the e-th head.
+    """
+
+    def __init__(self, heads: Sequence[bytes], chars: Sequence[int]) -> None:
+        lengths = np.array(chars, np.int64)  # (E,)
+        data = np.frombuffer(b"".join(heads), np.uint8)  # the heads are whole UTF-8 characters
+        starts = (data < 0x80) | (data >= 0xC0)  # the first byte of each character
+        symbols = np.where(data < 0x80, data, 128)[starts].astype(np.int64)  # (N,) one per character
+        owner = np.repeat(np.arange(len(lengths)), lengths)  # (N,) the head of each character
+        depth = np.arange(len(symbols)) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # (N,) 0-based
+        order = np.argsort(depth, kind="stable")  # characters by depth, each depth in head order
+        bounds = np.cumsum(np.bincount(depth, minlength=1))  # (L,) end of each depth in `order`
+        node = np.zeros(len(lengths), np.int64)  # (E,) each head's node within the level reached so far
+        self.parents: list[np.ndarray] = []
+        self.symbols: list[np.ndarray] = []
+        self.offsets = [0, 1]
+        for k in range(len(bounds) if len(symbols) else 0):
+            at = order[bounds[k - 1] if k else 0 : bounds[k]]  # the characters at depth k
+            heads_at = owner[at]
+            keys, inverse = np.unique(node[heads_at] * 129 + symbols[at], return_inverse=True)
+            self.parents.append((keys // 129).astype(np.int32))
+            self.symbols.append((keys % 129).astype(np.int32))
+            self.offsets.append(self.offsets[-1] + len(keys))
+            node[heads_at] = inverse.reshape(-1)
+        self.nodes = self.offsets[-1]  # how many nodes there are
+        self.head_nodes = np.array(self.offsets)[lengths] + node  # (E,)
 
 
 def _plain_head(data: bytes) -> tuple[int, int]:
