@@ -83,6 +83,7 @@ Dimension letters: V vocabulary size (the width of the logits).
 """
 
 from .automaton import MAX_DFA_STATES
+from .closing import Budgeted
 from .grammar import Grammar
 from .matcher import Matcher
 from .parser import MAX_EXPONENT_DIGITS, MAX_FRACTION_DIGITS, MAX_INDENT, MAX_INT_DIGITS, MAX_NEWLINES
@@ -97,6 +98,7 @@ __all__ = [
     "MAX_INT_DIGITS",
     "MAX_NEWLINES",
     "MAX_SCHEMA_DEPTH",
+    "Budgeted",
     "Grammar",
     "Matcher",
     "Vocabulary",
