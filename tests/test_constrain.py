@@ -315,7 +315,7 @@ OBJECT = {
 REFUSED = [
     (OBJECT, "{", "}"),  # the required "b" is missing
     (OBJECT, '{"', "c"),  # no property "c"
-    (OBJECT, '{"b": "xy"', ","),  # "a" comes before "b": nothing may follow
+    (OBJECT, '{"b": "xy", "', "b"),  # "b" is written: only "a" may follow
     (OBJECT, '{"b": "xyz', "w"),  # maxLength 3
     (OBJECT, '{"b": "x', '"'),  # minLength 2
     (OBJECT, '{"a": 1,', "}"),  # trailing comma
@@ -497,8 +497,71 @@ def test_prefix_and_suffix_are_literal_text():
 
 def test_optional_properties_may_be_skipped_in_schema_order():
     schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"}, "required": ["c"]}
-    assert reads(schema, '{"c": 1}') and reads(schema, '{"a": 1, "c": 3}') and reads(schema, '{"a":1,"b":2,"c":3}')
-    assert not reads(schema, '{"b": 1, "a": 2, "c": 3}') and not reads(schema, '{"a": 1}')
+    order = {"property_order": "schema"}
+    assert reads(schema, '{"c": 1}', **order) and reads(schema, '{"a": 1, "c": 3}', **order)
+    assert reads(schema, '{"a":1,"b":2,"c":3}', **order)
+    assert not reads(schema, '{"b": 1, "a": 2, "c": 3}', **order) and not reads(schema, '{"a": 1}', **order)
+
+
+def test_properties_come_in_any_order_each_once_the_required_ones_all():
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"}, "required": ["a", "c"]}
+    valid = ('{"c": 1, "a": 2}', '{"b": 1, "c": 2, "a": 3}', '{"a": 1, "c": 2, "b": 3}', '{"x": "u", "c": 1, "a": 0}')
+    for text in valid:
+        assert reads(schema, text), text
+    for text in ('{"c": 1}', '{"a": 1, "a": 2, "c": 3}', '{"c": 1, "a": 2, "c": 3}', '{"b": 1, "b": 1}'):
+        assert not reads(schema, text), text
+    closed = {**schema, "additionalProperties": False}
+    assert reads(closed, '{"c": 1, "a": 2}') and not reads(closed, '{"x": 1, "c": 1, "a": 2}')
+    assert reads(schema, '{"x": 1, "c": 1, "a": 2}', extra_properties=False) is False
+    # a declared key's prefix may still be an undeclared key: "a" is declared, "ab" is not
+    assert reads(schema, '{"ab": [], "c": 1, "a": 2}') and not reads(closed, '{"ab": 1, "c": 1, "a": 2}')
+    with pytest.raises(InvalidArgumentError, match='property_order must be "any" or "schema", got \'random\''):
+        json_grammar(schema, property_order="random")
+
+
+def test_dependent_required_properties_must_come_with_the_property_that_needs_them():
+    schema = {
+        "type": "object",
+        "properties": {"card": {"type": "integer"}, "address": {"type": "string"}, "name": {"type": "string"}},
+        "required": ["name"],
+        "dependentRequired": {"card": ["address"]},
+    }
+    assert reads(schema, '{"name": "x"}') and reads(schema, '{"card": 1, "name": "x", "address": ""}')
+    assert reads(schema, '{"address": "", "name": "x"}')
+    assert not reads(schema, '{"name": "x", "card": 1}') and not reads(schema, '{"card": 1, "name": "x"}')
+    chained = {"type": "object", "properties": {k: {} for k in "abc"}, "dependencies": {"a": ["b"], "b": ["c"]}}
+    assert reads(chained, '{"a": 1, "b": 2, "c": 3}') and not reads(chained, '{"a": 1, "b": 2}')
+    # draft-04 `dependencies` naming a property the schema does not list: an undeclared one it allows
+    assert reads({"properties": {"a": {}}, "dependencies": {"a": ["z"]}}, '{"a": 1, "z": 2}')
+    assert not reads({"properties": {"a": {}}, "dependencies": {"a": ["z"]}}, '{"a": 1}')
+
+
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        ({"properties": {"a": {}}, "dependencies": {"a": {"required": ["b"]}}}, "'dependencies' with a schema"),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "'dependentRequired' between undeclared properties"),
+        ({"properties": {"a": {}}, "dependentRequired": {"a": "b"}}, 'must map names to lists of names, got "b"'),
+        (
+            {"properties": {"a": {}}, "additionalProperties": False, "dependentRequired": {"a": ["b"]}},
+            "'dependentRequired' is supported between declared properties",
+        ),
+    ],
+)
+def test_dependencies_the_constraint_cannot_follow_are_refused(schema, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        json_grammar(schema)
+    with pytest.raises(InvalidArgumentError, match="needs property_order 'any'"):
+        json_grammar({"properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}}, property_order="schema")
+
+
+def test_objects_with_many_properties_keep_schema_order():
+    from ruvllm.runtime.constrain import MAX_ANY_ORDER
+
+    many = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(MAX_ANY_ORDER + 1)}}
+    assert reads(many, '{"p0": 1, "p3": 2}') and not reads(many, '{"p3": 1, "p0": 2}')
+    few = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(MAX_ANY_ORDER)}}
+    assert reads(few, '{"p3": 1, "p0": 2}') and not reads(few, '{"p3": 1, "p3": 2}')
 
 
 def test_free_keys_follow_additional_properties():
@@ -814,8 +877,10 @@ def test_schemas_accept_their_valid_documents_and_refuse_the_others(name, valida
 
 def test_declared_properties_come_in_schema_order_once():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
-    assert reads(schema, '{"c": [1], "a": 1, "d": {}, "b": 2}')
-    assert not reads(schema, '{"b": 1, "a": 2}') and not reads(schema, '{"a": 1, "a": 2}')
+    order = {"property_order": "schema"}
+    assert reads(schema, '{"c": [1], "a": 1, "d": {}, "b": 2}', **order)
+    assert not reads(schema, '{"b": 1, "a": 2}', **order) and not reads(schema, '{"a": 1, "a": 2}', **order)
+    assert reads(schema, '{"c": [1], "b": 1, "d": {}, "a": 2}') and not reads(schema, '{"a": 1, "a": 2}')
 
 
 def test_only_declared_properties_are_written_without_extra_properties():

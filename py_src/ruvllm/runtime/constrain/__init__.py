@@ -11,8 +11,10 @@ UTF-8 (no surrogates, no overlong forms); the whole output always decodes as UTF
 
 Supported JSON Schema (drafts 4 to 2020-12): `type` (object, array, string, integer, number, boolean,
 null, or a list of them; without it every type, each constrained by the keywords of its own type),
-`properties` (written in schema order, as XGrammar and LLGuidance do; required ones always, optional
-ones may be skipped), `required`, `additionalProperties` (with `properties`: undeclared keys, with
+`properties` (in any order, each at most once, required ones always; `json_grammar(...,
+property_order="schema")` keeps schema order, as XGrammar and LLGuidance do, and so do objects with
+more than MAX_ANY_ORDER (16) declared properties: the set written is part of the parser state),
+`required`, `additionalProperties` (with `properties`: undeclared keys, with
 values that follow it, may come between the declared ones unless it is false, or `json_grammar(...,
 extra_properties=False)` writes only the declared ones; with no properties listed: free keys whose
 values follow `additionalProperties`, any value if it is true or if the schema says nothing about
@@ -87,10 +89,11 @@ from .closing import Budgeted
 from .grammar import Grammar
 from .matcher import Matcher
 from .parser import MAX_EXPONENT_DIGITS, MAX_FRACTION_DIGITS, MAX_INDENT, MAX_INT_DIGITS, MAX_NEWLINES
-from .schema import MAX_SCHEMA_DEPTH, json_grammar
+from .schema import MAX_ANY_ORDER, MAX_SCHEMA_DEPTH, json_grammar
 from .vocabulary import Vocabulary
 
 __all__ = [
+    "MAX_ANY_ORDER",
     "MAX_DFA_STATES",
     "MAX_EXPONENT_DIGITS",
     "MAX_FRACTION_DIGITS",

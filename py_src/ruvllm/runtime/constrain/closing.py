@@ -41,6 +41,7 @@ from .parser import (
     _VALUE_NEXT,
     _can_end,
     _complete,
+    _due,
     _Rules,
     _step,
     _step_number,
@@ -133,22 +134,38 @@ class _Closer:
         return (b"," if items and phase == _AFTER_VALUE else b"") + items + b"]"
 
     def _properties(self, spec: _Object, start: int) -> bytes | None:
-        """The required properties from `start` on, then `}`."""
+        """The required properties from `start` on (any order: those not written, `start` being the
+        set written), then `}`."""
         texts = []
-        for p in spec.properties[start:]:
-            if p.required:
+        needed = _due(spec, start) if spec.any_order else 0
+        for j, p in enumerate(spec.properties):
+            due = (not start >> j & 1 and needed >> j & 1) if spec.any_order else (j >= start and p.required)
+            if due:
                 value = self.shortest[p.value]
                 if value is None:
                     return None
                 texts.append(p.key + b":" + value)
         return b",".join(texts) + b"}"
 
+    def _closable(self, spec: _Object, i: int) -> bool:
+        if spec.any_order:
+            return _due(spec, i) & ~i == 0
+        return spec.free_value is not None or spec.closable[i]
+
     def _after(self, spec: _Object, i: int) -> bytes | None:
         """After a property's value: `}` or the required ones still due."""
-        if spec.free_value is not None or spec.closable[i]:
+        if self._closable(spec, i):
             return b"}"
         rest = self._properties(spec, i)
         return None if rest is None else b"," + rest
+
+    def _candidates(self, spec: _Object, i: int) -> list[tuple[int, int]]:
+        """(index, the object frame's i after it) of the declared properties that may come next."""
+        if spec.any_order:
+            return [(j, i | 1 << j) for j in range(len(spec.properties)) if not i >> j & 1]
+        if i >= len(spec.properties):
+            return []
+        return [(j, j + 1) for j in range(i, spec.last_candidate[i] + 1)]
 
     def _object(self, frame: tuple) -> bytes | None:
         _, n, phase, i, x = frame
@@ -164,6 +181,10 @@ class _Closer:
             colon = b":" if phase == _COLON else b""
             if free:
                 value, after = shortest[spec.free_value], b"}"
+            elif spec.any_order:
+                written, j = i
+                value = shortest[spec.extra_value if j < 0 else spec.properties[j].value]
+                after = self._after(spec, written if j < 0 else written | 1 << j)
             elif i < 0:
                 value, after = shortest[spec.extra_value], self._after(spec, -1 - i)
             else:
@@ -171,9 +192,9 @@ class _Closer:
             return None if value is None or after is None else colon + value + after
         options = []
         if phase == _KEY:
-            for j in range(i, spec.last_candidate[i] + 1):
+            for j, following in self._candidates(spec, i):
                 p = spec.properties[j]
-                value, after = shortest[p.value], self._after(spec, j + 1)
+                value, after = shortest[p.value], self._after(spec, following)
                 if p.key.startswith(x) and value is not None and after is not None:
                     options.append(p.key[len(x) :] + b":" + value + after)
         elif phase == _AFTER_COMMA:
@@ -182,9 +203,9 @@ class _Closer:
                 if key is not None and value is not None:
                     options.append(key + b":" + value + b"}")
             else:
-                for j in range(i, spec.last_candidate[i] + 1 if i < len(spec.properties) else i):
+                for j, following in self._candidates(spec, i):
                     p = spec.properties[j]
-                    value, after = shortest[p.value], self._after(spec, j + 1)
+                    value, after = shortest[p.value], self._after(spec, following)
                     if value is not None and after is not None:
                         options.append(p.key + b":" + value + after)
         return min(options, key=len) if options else None

@@ -29,6 +29,9 @@ class _Object:
     extra_value: int | None = None  # undeclared keys, between the properties, with values of this node
     extra_key: int | None = None  # the string node of undeclared keys
     excluded: tuple[bytes, ...] = ()  # declared keys no value can follow: not undeclared keys either
+    any_order: bool = False  # properties in any order (each at most once): frames track those written
+    required_bits: int = 0  # any_order: the bit (1 << index) of each required property
+    dependencies: tuple[tuple[int, int], ...] = ()  # any_order: (property bit, bits it requires)
 
 
 @dataclass(frozen=True)

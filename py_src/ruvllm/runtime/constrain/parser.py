@@ -33,7 +33,10 @@ class _Rules:
 #   (_TEXT, text, offset)            literal prefix/suffix text, popped after its last byte
 #   (_VALUE, node)                   a value not started yet (only at the root)
 #   (_OBJECT, node, phase, i, x)     i: next property index; x: whitespace state, or the key so far;
-#                                    at the colon and value of an undeclared key, i is -1 - (next index)
+#                                    at the colon and value of an undeclared key, i is -1 - (next index).
+#                                    Objects in any order (_Object.any_order): i is the set of properties
+#                                    written (bit j: property j), and at the colon and value (that set,
+#                                    the property's index or -1 for an undeclared key)
 #   (_ARRAY, node, phase, count, w)  w: whitespace state
 #   (_STRING, node, phase, count, u) count: characters (capped); u: \u digits, or UTF-8 bytes still due
 #   (_PATTERN, node, phase, count, u, r)  a string with a pattern: r is the state of its regex DFA
@@ -111,7 +114,7 @@ def _readable(g: _Rules, config: tuple) -> int:
         elif kind == _OBJECT and frame[2] == _KEY:
             _, n, _, i, text = frame
             spec = g.nodes[n]
-            for p in spec.properties[i : spec.last_candidate[i] + 1]:
+            for p in _candidates(spec, i):
                 if p.key.startswith(text):  # keys are quoted: none is the whole of another
                     bits |= 1 << p.key[len(text)]
             if spec.extra_value is not None:
@@ -121,6 +124,27 @@ def _readable(g: _Rules, config: tuple) -> int:
         if not _can_end(g, frame):
             break
     return bits
+
+
+def _candidates(spec: _Object, i: int) -> list:
+    """The declared properties that may come next (in a key phase, i as the object frame holds it)."""
+    if spec.any_order:
+        return [p for j, p in enumerate(spec.properties) if not i >> j & 1]
+    return list(spec.properties[i : spec.last_candidate[i] + 1])
+
+
+def _due(spec: _Object, written: int) -> int:
+    """Objects in any order: the properties that must be written before `}` (required ones, and those
+    the written ones require through `dependentRequired`, in turn)."""
+    due = spec.required_bits
+    changed = bool(spec.dependencies)
+    while changed:
+        changed = False
+        for trigger, needed in spec.dependencies:
+            if (written | due) & trigger and needed & ~due:
+                due |= needed
+                changed = True
+    return due
 
 
 def _start_frames(nodes: Sequence, node: int) -> tuple[tuple, ...]:
@@ -213,6 +237,8 @@ def _step_value(g: _Rules, frame: tuple, b: int) -> list[tuple]:
 def _step_object(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     _, n, phase, i, x = frame
     spec = g.nodes[n]
+    if spec.any_order:
+        return _step_any_order(g, spec, frame, b)
     if phase == _KEY:  # x: the key so far, from its opening quote
         key = x + bytes((b,))
         for j in range(i, spec.last_candidate[i] + 1):
@@ -253,13 +279,55 @@ def _step_object(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     return [()] if b == 0x7D and spec.closable[i] else []
 
 
-def _undeclared_key(g: _Rules, spec: _Object, n: int, i: int, key: bytes) -> list[tuple]:
+def _step_any_order(g: _Rules, spec: _Object, frame: tuple, b: int) -> list[tuple]:
+    """_step_object for an object whose properties may come in any order, each at most once."""
+    _, n, phase, i, x = frame
+    if phase == _KEY:  # i: the properties written; x: the key so far
+        key = x + bytes((b,))
+        prefix = False
+        for j, p in enumerate(spec.properties):
+            if not i >> j & 1:
+                if p.key == key:
+                    return [((_OBJECT, n, _COLON, (i, j), 0),)]
+                prefix = prefix or p.key.startswith(key)
+        if prefix:
+            return [((_OBJECT, n, _KEY, i, key),)]
+        if spec.extra_value is None:
+            return []
+        return _undeclared_key(g, spec, n, i, key, (i, -1))
+    if phase == _OPEN:
+        return [((_OBJECT, n, _FIRST, 0, 0),)] if b == 0x7B else []
+    if b in _WHITESPACE:
+        w = _whitespace(x, b) if g.whitespace else None
+        return [] if w is None else [((_OBJECT, n, phase, i, w),)]
+    if phase == _COLON:
+        return [((_OBJECT, n, _VALUE_NEXT, i, 0),)] if b == 0x3A else []
+    if phase == _VALUE_NEXT:
+        written, j = i
+        value = spec.extra_value if j < 0 else spec.properties[j].value
+        after = (_OBJECT, n, _AFTER_VALUE, written if j < 0 else written | 1 << j, 0)
+        return [(after, *frames) for frames in _start_value(g, value, b)]
+    more = spec.extra_value is not None or i != (1 << len(spec.properties)) - 1
+    if phase == _FIRST or phase == _AFTER_COMMA:
+        if b == 0x22 and more:
+            return [((_OBJECT, n, _KEY, i, b'"'),)]
+        return [()] if b == 0x7D and phase == _FIRST and _due(spec, i) & ~i == 0 else []
+    # _AFTER_VALUE
+    if b == 0x2C and more:
+        return [((_OBJECT, n, _AFTER_COMMA, i, 0),)]
+    return [()] if b == 0x7D and _due(spec, i) & ~i == 0 else []
+
+
+def _undeclared_key(
+    g: _Rules, spec: _Object, n: int, i: int, key: bytes, colon_i: int | tuple | None = None
+) -> list[tuple]:
     """An object key that is none of the next candidates: an undeclared key, if it is not (and cannot
-    become) a declared one. Once it cannot, the rest of it is read by a plain string frame."""
+    become) a declared one. Once it cannot, the rest of it is read by a plain string frame. colon_i:
+    the object frame's i at the colon (default: -1 - i, declared order)."""
     declared = [p.key for p in spec.properties] + list(spec.excluded)
     if key in declared:
-        return []  # a declared key out of its place
-    colon = (_OBJECT, n, _COLON, -1 - i, 0)
+        return []  # a declared key out of its place, or written twice
+    colon = (_OBJECT, n, _COLON, -1 - i if colon_i is None else colon_i, 0)
     assert spec.extra_key is not None
     configs: list[tuple] = list(g.starts[spec.extra_key])  # the string frame of undeclared keys
     closed = False

@@ -20,6 +20,8 @@ from .regex import Regex, RegexError
 from .resolve import ROOT_URI, Location, Resources
 
 MAX_SCHEMA_DEPTH = 100  # sub-schemas (and references, allOf parts) followed within each other
+MAX_ANY_ORDER = 16  # objects with more declared properties are written in schema order
+_PROPERTY_ORDERS = ("any", "schema")
 
 # Annotations and identifiers: no effect on what is valid. `format` is an annotation, as in jsonschema's
 # default validator (its values are not checked).
@@ -32,16 +34,17 @@ _HANDLED = frozenset(
     {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required", "additionalProperties"}
     | {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "uniqueItems"}
     | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "if", "then", "else", "minContains"}
-    | {"maxContains", "pattern", "format", "patternProperties", "propertyNames"}
+    | {"maxContains", "pattern", "format", "patternProperties", "propertyNames", "dependentRequired", "dependencies"}
 )
 _REFUSED = frozenset(  # constraints JSON Schema defines that are not supported (yet)
-    {"minProperties", "maxProperties", "dependentRequired"}
-    | {"dependentSchemas", "dependencies", "not", "contains", "multipleOf", "unevaluatedProperties"}
+    {"minProperties", "maxProperties"}
+    | {"dependentSchemas", "not", "contains", "multipleOf", "unevaluatedProperties"}
     | {"unevaluatedItems", "$dynamicRef", "$recursiveRef"}
 )
 _SUPPORTED = (
     "type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, enum, const, "
-    "anyOf, oneOf, allOf, $ref (with $id, $anchor), minLength, maxLength, pattern, format (date, time, "
+    "anyOf, oneOf, allOf, $ref (with $id, $anchor), dependentRequired (and draft-04 dependencies lists), "
+    "minLength, maxLength, pattern, format (date, time, "
     "date-time, uuid, email, ipv4, ipv6, uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, and annotations"
 )
 # `format` values written by these patterns (other formats are annotations, not checked).
@@ -85,6 +88,7 @@ def json_grammar(
     strict: bool = False,
     extra_properties: bool = True,
     whitespace: str = "compact",
+    property_order: str = "any",
 ) -> Grammar:
     """The grammar of one JSON value, with literal text before and after it.
 
@@ -94,18 +98,23 @@ def json_grammar(
     the value. strict: refuse keywords no JSON Schema draft defines (by default they are ignored, as
     the specification says). extra_properties: undeclared properties may be written between the
     declared ones where `additionalProperties` allows them (absent, true or a schema), as LLGuidance
-    does; False writes only the declared ones, as XGrammar does by default. Declared properties are
-    written in schema order either way, as both do. whitespace: "compact" (no whitespace between the
+    does; False writes only the declared ones, as XGrammar does by default. property_order: "any"
+    (declared properties in any order, each at most once, the required ones all before the object
+    closes; objects with more than MAX_ANY_ORDER declared properties keep schema order) or "schema"
+    (in schema order, as XGrammar and LLGuidance write them: fewer states, and the model is led
+    through the properties in the order the schema's author chose). whitespace: "compact" (no whitespace between the
     tokens of the document, as XGrammar and LLGuidance write it: fewer tokens) or "flexible" (what
     the package docstring describes: indented, pretty output is possible, and JSON written by
     `json.dumps` with its default separators is read).
     """
+    if property_order not in _PROPERTY_ORDERS:
+        raise InvalidArgumentError(f'json_grammar: property_order must be "any" or "schema", got {property_order!r}')
     if whitespace not in ("compact", "flexible"):
         raise InvalidArgumentError(f'json_grammar: whitespace must be "compact" or "flexible", got {whitespace!r}')
     for name, text in (("prefix", prefix), ("suffix", suffix)):
         if not isinstance(text, str):
             raise InvalidArgumentError(f"json_grammar: {name} must be a string, got {type(text).__name__}")
-    compiler = _Compiler(schema, strict, extra_properties)
+    compiler = _Compiler(schema, strict, extra_properties, property_order == "any")
     if schema is None:
         root, description = compiler.free_object(compiler.any_value()), "json_object"
     else:
@@ -152,10 +161,11 @@ class _Compiler:
     slot reserved before their body, so recursion refers back to the slot. A sub-schema that no
     document can meet compiles to an empty union, with the reason kept for the error if the root is one."""
 
-    def __init__(self, root_schema: object, strict: bool, extra_properties: bool) -> None:
+    def __init__(self, root_schema: object, strict: bool, extra_properties: bool, any_order: bool = True) -> None:
         self.resources = Resources(root_schema)
         self.strict = strict
         self.extra_properties = extra_properties
+        self.any_order = any_order
         self.nodes: list = []
         self.refs: dict[str, int] = {}
         self.enums: list[tuple[int, int, list, tuple[str, ...]]] = []  # (slot, other keywords, values, path)
@@ -456,6 +466,10 @@ class _Compiler:
         # Free keys only when nothing is listed: no properties and additionalProperties allowing more
         # (explicitly, or by saying nothing at all). "properties": {} alone means the empty object.
         listed_none = "properties" not in schema or "additionalProperties" in schema or bool(patterns)
+        undeclared = extra is not False and self.extra_properties  # undeclared keys may be written
+        dependencies = self.dependencies(schema, path)
+        if dependencies and not (properties or required) and undeclared:
+            raise _fail("'dependentRequired' between undeclared properties is not supported", path)
         if not properties and not required and extra is not False and listed_none:
             return self.free_object(self.compile(extra, extra_path, extra_location, depth + 1), key)
         listed = []
@@ -476,11 +490,58 @@ class _Compiler:
                 if patterns and not _match_any(self.pattern({"pattern": list(patterns)}, path), name):
                     return self.dead_node(f"the required property {name!r} matches no 'patternProperties'", path)
                 listed.append((name, self.compile(extra, extra_path, extra_location, depth + 1), True))
-        props = tuple(_Property(json.dumps(n, ensure_ascii=False).encode("utf-8"), v, r) for n, v, r in listed)
+        names_listed = {name for name, _, _ in listed}
+        for trigger, needs in list(dependencies.items()):
+            if trigger not in names_listed and not undeclared:
+                del dependencies[trigger]  # never written: nothing it requires matters
+                continue
+            for name in needs:
+                fits = names(name) and (
+                    not patterns or _match_any(self.pattern({"pattern": list(patterns)}, path), name)
+                )
+                if name not in names_listed and undeclared and fits and trigger in names_listed:
+                    listed.append((name, self.compile(extra, extra_path, extra_location, depth + 1), False))
+                    names_listed.add(name)
+            if trigger not in names_listed or any(name not in names_listed for name in needs):
+                raise _fail(
+                    "'dependentRequired' is supported between declared properties (or undeclared ones the "
+                    f"schema allows), not for {trigger!r}",
+                    path,
+                )
+        if dependencies and not (self.any_order and len(listed) <= MAX_ANY_ORDER):
+            raise _fail(
+                f"'dependentRequired' needs property_order 'any' and at most {MAX_ANY_ORDER} declared properties",
+                path,
+            )
+        props = tuple(_Property(_key(n), v, r) for n, v, r in listed)
+        deps = {_key(k): tuple(_key(n) for n in v) for k, v in dependencies.items()}
         if not self.extra_properties or extra is False or not (properties or patterns):
-            return self.add(_object_node(props))
+            return self.add(_object_node(props, any_order=self.any_order, dependencies=deps))
         value = self.compile(extra, extra_path, extra_location, depth + 1)
-        return self.add(_object_node(props, value, self.add(_String(0, -1, 0)) if key is None else key))
+        key = self.add(_String(0, -1, 0)) if key is None else key
+        return self.add(_object_node(props, value, key, self.any_order, deps))
+
+    def dependencies(self, schema: dict, path: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        """`dependentRequired`, and draft-04 `dependencies` in its list form: name -> the names it requires."""
+        out: dict[str, tuple[str, ...]] = {}
+        for keyword in ("dependentRequired", "dependencies"):
+            value = schema.get(keyword, {})
+            if not isinstance(value, dict):
+                raise _fail(f"{keyword!r} must be an object", path)
+            for name, needs in value.items():
+                if keyword == "dependencies" and (needs is True or needs == {}):
+                    continue  # a schema every object meets
+                if keyword == "dependencies" and not isinstance(needs, list):
+                    raise InvalidArgumentError(
+                        f"json_schema: 'dependencies' with a schema (not a list of names) {_where(path)} is not "
+                        f"supported (supported: {_SUPPORTED})"
+                    )
+                if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
+                    raise _fail(f"{keyword!r} must map names to lists of names, got {json.dumps(needs)[:60]}", path)
+                needs = tuple(n for n in dict.fromkeys(needs) if n != name)
+                if needs:
+                    out[name] = tuple(dict.fromkeys((*out.get(name, ()), *needs)))
+        return out
 
     def key_node(self, schema: dict, patterns: dict, path: tuple[str, ...]) -> tuple[int | None, Callable]:
         """The string node of undeclared keys (None: any key), from `patternProperties` and `propertyNames`,
@@ -555,11 +616,33 @@ def _match_any(regex: Regex | None, name: str) -> bool:
     return regex is not None and regex.matches(name)
 
 
-def _object_node(props: tuple[_Property, ...], extra_value: int | None = None, extra_key: int | None = None) -> _Object:
+def _key(name: str) -> bytes:
+    """A property name as the JSON text of its key."""
+    return json.dumps(name, ensure_ascii=False).encode("utf-8")
+
+
+def _object_node(
+    props: tuple[_Property, ...],
+    extra_value: int | None = None,
+    extra_key: int | None = None,
+    any_order: bool = False,
+    dependencies: dict[bytes, tuple[bytes, ...]] | None = None,
+) -> _Object:
+    """dependencies: key -> the keys it requires (JSON texts), all of them among `props` (the object is
+    then written in any order)."""
     needed = [i for i, p in enumerate(props) if p.required]
     last = tuple(next((j for j in needed if j >= i), len(props) - 1) for i in range(len(props) + 1))
     closable = tuple(not any(j >= i for j in needed) for i in range(len(props) + 1))
-    return _Object(props, None, None, last, closable, extra_value, extra_key)
+    any_order = (any_order and 1 < len(props) <= MAX_ANY_ORDER) or bool(dependencies)
+    bits = sum(1 << j for j in needed) if any_order else 0
+    index = {p.key: 1 << j for j, p in enumerate(props)}
+    pairs = tuple(
+        (index[key], sum(index[k] for k in keys)) for key, keys in (dependencies or {}).items() if key in index
+    )
+    return _Object(
+        props, None, None, last, closable, extra_value, extra_key, any_order=any_order, required_bits=bits,
+        dependencies=pairs,
+    )  # fmt: skip
 
 
 def _leaves(nodes: list, node: int) -> list[int]:
@@ -651,7 +734,10 @@ def _prune(nodes: list) -> set[int]:
             if isinstance(spec, _Union):
                 ok = any(o in productive for o in spec.options)
             elif isinstance(spec, _Object):
-                ok = spec.free_value is not None or all(p.value in productive for p in spec.properties if p.required)
+                needed = spec.required_bits | sum(bits for _, bits in spec.dependencies)
+                ok = spec.free_value is not None or all(
+                    p.value in productive for j, p in enumerate(spec.properties) if p.required or needed >> j & 1
+                )
             elif isinstance(spec, _Array):
                 needed = [*spec.prefix, *([spec.item] * max(0, spec.min_items - len(spec.prefix)))]
                 ok = all(node is not None and node in productive for node in needed[: spec.min_items])
@@ -674,7 +760,13 @@ def _prune(nodes: list) -> set[int]:
             kept = tuple(p for p in spec.properties if p.value in productive)
             extra = spec.extra_value if spec.extra_value in productive else None
             excluded = tuple(p.key for p in spec.properties if p.value not in productive)
-            node = _object_node(kept, extra, spec.extra_key if extra is not None else None)
+            keys = [p.key for p in spec.properties]
+            deps = {
+                keys[t.bit_length() - 1]: tuple(k for j, k in enumerate(keys) if bits >> j & 1)
+                for t, bits in spec.dependencies
+            }
+            deps = {k: v for k, v in deps.items() if any(p.key == k for p in kept)}
+            node = _object_node(kept, extra, spec.extra_key if extra is not None else None, spec.any_order, deps)
             nodes[n] = replace(node, excluded=excluded)
         elif isinstance(spec, _Array):
             dead = [i for i, node in enumerate(spec.prefix) if node not in productive]
