@@ -51,9 +51,20 @@ def walk(constraint: Budgeted, vocabulary, rng: np.random.Generator, steps: int)
     return bytes(out), False
 
 
-@pytest.mark.parametrize("name", WALKS)
+COUNTED = {  # any order, minProperties, dependentRequired: closings that pick properties to write
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "string", "maxLength": 4}, "c": {"type": "boolean"}},
+    "dependentRequired": {"a": ["c"]},
+    "minProperties": 2,
+    "maxProperties": 3,
+    "additionalProperties": False,
+}
+BUDGETED = {**WALKS, "counted": COUNTED}
+
+
+@pytest.mark.parametrize("name", BUDGETED)
 def test_documents_end_within_the_budget_whenever_their_shortest_closing_fits(name, vocabulary, validate):
-    schema = WALKS[name]
+    schema = BUDGETED[name]
     grammar = json_grammar(schema, extra_properties=False, whitespace="flexible")
     rng = np.random.default_rng(sum(name.encode()))
     shortest = Budgeted(grammar, vocabulary, 1).reserve(Budgeted(grammar, vocabulary, 1).state)

@@ -255,6 +255,8 @@ def test_masks_equal_trying_every_token(vocabulary):
     ]
     cases += [(patterned, text) for text in ['{"code": "a', '{"code": "ab-1', '{"co', '{"x']]
     cases += [(plain, text) for text in ['{"na', '{"n": 1, "', '{"nam\xe9']]  # undeclared keys may start here
+    counted = {**plain, "required": ["n"], "maxProperties": 2}  # an undeclared key only while one more fits
+    cases += [(counted, text) for text in ['{"', '{"x": 1, "', '{"name": "a", "', '{"n": 1, "x']]
     for schema, text in cases:
         matcher = Matcher(json_grammar(schema), vocabulary)
         data = text.encode("utf-8")[:-1] if text.endswith("\xe9") else text.encode("utf-8")  # half of é
@@ -553,6 +555,43 @@ def test_dependencies_the_constraint_cannot_follow_are_refused(schema, message):
         json_grammar(schema)
     with pytest.raises(InvalidArgumentError, match="needs property_order 'any'"):
         json_grammar({"properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}}, property_order="schema")
+
+
+def test_min_and_max_properties_count_the_properties_written():
+    free = {"type": "object", "minProperties": 1, "additionalProperties": {"type": "integer"}}
+    assert reads(free, '{"a": 1}') and reads(free, '{"a": 1, "b": 2}') and not reads(free, "{}")
+    most = {"type": "object", "maxProperties": 2}
+    assert reads(most, "{}") and reads(most, '{"a": 1, "b": [2]}') and not reads(most, '{"a": 1, "b": 2, "c": 3}')
+    schema = {
+        "type": "object",
+        "properties": {k: {"type": "integer"} for k in "abc"},
+        "required": ["c"],
+        "minProperties": 2,
+        "maxProperties": 2,
+        "additionalProperties": False,
+    }
+    assert reads(schema, '{"a": 1, "c": 2}') and reads(schema, '{"c": 1, "b": 2}')
+    assert not reads(schema, '{"c": 1}') and not reads(schema, '{"a": 1, "b": 2}')  # "c" would make three
+    one = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"], "maxProperties": 1}
+    assert reads(one, '{"a": 1}') and not reads(one, '{"b": 1}') and not reads(one, '{"x": 1, "a": 1}')
+    declared_and_one = {"type": "object", "properties": {"a": {}}, "required": ["a"], "minProperties": 2}
+    assert reads(declared_and_one, '{"x": 0, "a": 1}') and not reads(declared_and_one, '{"a": 1}')
+
+
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        ({"type": "object", "minProperties": 2}, "'minProperties' 2 on an object without declared properties"),
+        ({"properties": {"a": {}}, "minProperties": 3}, "'minProperties' 3 beyond the declared properties and one"),
+        ({"type": "object", "minProperties": 3, "maxProperties": 2}, "'minProperties' 3 is more than 'maxProp"),
+        ({"type": "object", "maxProperties": -1}, "'maxProperties' must be a non-negative integer, got -1"),
+    ],
+)
+def test_property_counts_the_constraint_cannot_follow_are_refused(schema, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        json_grammar(schema)
+    with pytest.raises(InvalidArgumentError, match="'maxProperties' needs property_order 'any'"):
+        json_grammar({"properties": {"a": {}, "b": {}}, "maxProperties": 1}, property_order="schema")
 
 
 def test_objects_with_many_properties_keep_schema_order():

@@ -14,7 +14,8 @@ null, or a list of them; without it every type, each constrained by the keywords
 `properties` (in any order, each at most once, required ones always; `json_grammar(...,
 property_order="schema")` keeps schema order, as XGrammar and LLGuidance do, and so do objects with
 more than MAX_ANY_ORDER (16) declared properties: the set written is part of the parser state),
-`required`, `additionalProperties` (with `properties`: undeclared keys, with
+`required`, `dependentRequired` (and draft-04 `dependencies` lists; objects in any order only),
+`additionalProperties` (with `properties`: undeclared keys, with
 values that follow it, may come between the declared ones unless it is false, or `json_grammar(...,
 extra_properties=False)` writes only the declared ones; with no properties listed: free keys whose
 values follow `additionalProperties`, any value if it is true or if the schema says nothing about

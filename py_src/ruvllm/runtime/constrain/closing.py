@@ -24,6 +24,7 @@ from .parser import (
     _AFTER_VALUE,
     _ARRAY,
     _COLON,
+    _DECLARED,
     _FIRST,
     _KEY,
     _LITERAL,
@@ -40,8 +41,11 @@ from .parser import (
     _VALUE,
     _VALUE_NEXT,
     _can_end,
+    _closable_any,
     _complete,
     _due,
+    _feasible,
+    _plus_extra,
     _Rules,
     _step,
     _step_number,
@@ -134,26 +138,33 @@ class _Closer:
         return (b"," if items and phase == _AFTER_VALUE else b"") + items + b"]"
 
     def _properties(self, spec: _Object, start: int) -> bytes | None:
-        """The required properties from `start` on (any order: those not written, `start` being the
-        set written), then `}`."""
+        """The required properties from `start` on, then `}` (any order: see _rest)."""
+        if spec.any_order:
+            return self._rest(spec, start, True)
         texts = []
-        needed = _due(spec, start) if spec.any_order else 0
-        for j, p in enumerate(spec.properties):
-            due = (not start >> j & 1 and needed >> j & 1) if spec.any_order else (j >= start and p.required)
-            if due:
+        for p in spec.properties[start:]:
+            if p.required:
                 value = self.shortest[p.value]
                 if value is None:
                     return None
                 texts.append(p.key + b":" + value)
         return b",".join(texts) + b"}"
 
+    def _entry(self, spec: _Object, i: int, j: int) -> tuple[bytes, int] | None:
+        return _entry(spec, self.shortest, i, j)
+
+    def _rest(self, spec: _Object, i: int, first: bool) -> bytes | None:
+        return _rest(spec, self.shortest, i, first)
+
     def _closable(self, spec: _Object, i: int) -> bool:
         if spec.any_order:
-            return _due(spec, i) & ~i == 0
+            return _closable_any(spec, i)
         return spec.free_value is not None or spec.closable[i]
 
     def _after(self, spec: _Object, i: int) -> bytes | None:
         """After a property's value: `}` or the required ones still due."""
+        if spec.any_order:
+            return self._rest(spec, i, False)
         if self._closable(spec, i):
             return b"}"
         rest = self._properties(spec, i)
@@ -162,7 +173,8 @@ class _Closer:
     def _candidates(self, spec: _Object, i: int) -> list[tuple[int, int]]:
         """(index, the object frame's i after it) of the declared properties that may come next."""
         if spec.any_order:
-            return [(j, i | 1 << j) for j in range(len(spec.properties)) if not i >> j & 1]
+            unwritten = [j for j in range(len(spec.properties)) if not i >> j & 1]
+            return [(j, i | 1 << j) for j in unwritten if _feasible(spec, i | 1 << j)]
         if i >= len(spec.properties):
             return []
         return [(j, j + 1) for j in range(i, spec.last_candidate[i] + 1)]
@@ -184,7 +196,7 @@ class _Closer:
             elif spec.any_order:
                 written, j = i
                 value = shortest[spec.extra_value if j < 0 else spec.properties[j].value]
-                after = self._after(spec, written if j < 0 else written | 1 << j)
+                after = self._after(spec, _plus_extra(spec, written) if j < 0 else written | 1 << j)
             elif i < 0:
                 value, after = shortest[spec.extra_value], self._after(spec, -1 - i)
             else:
@@ -208,6 +220,11 @@ class _Closer:
                     value, after = shortest[p.value], self._after(spec, following)
                     if value is not None and after is not None:
                         options.append(p.key + b":" + value + after)
+                extra = _entry(spec, shortest, i, -1) if spec.any_order and spec.extra_value is not None else None
+                if extra is not None and _feasible(spec, extra[1]):
+                    after = self._after(spec, extra[1])
+                    if after is not None:
+                        options.append(extra[0] + after)
         return min(options, key=len) if options else None
 
 
@@ -289,10 +306,51 @@ def _shortest_values(rules: _Rules) -> list[bytes | None]:
     return shortest
 
 
+def _entry(spec: _Object, shortest: list[bytes | None], i: int, j: int) -> tuple[bytes, int] | None:
+    """Property j (-1: an undeclared key) written in full, and the object frame's i after it."""
+    if j < 0:
+        key = shortest[spec.extra_key] if spec.extra_key is not None else b'""'
+        value = shortest[spec.extra_value]
+        following = _plus_extra(spec, i)
+    else:
+        p = spec.properties[j]
+        key, value, following = p.key, shortest[p.value], i | 1 << j
+    return None if key is None or value is None else (key + b":" + value, following)
+
+
+def _rest(spec: _Object, shortest: list[bytes | None], i: int, first: bool) -> bytes | None:
+    """Objects in any order, after `{` (first) or a value: the properties still due (or needed to reach
+    minProperties: the shortest optional ones, else one undeclared key), then `}`."""
+    texts = []
+    for _ in range(len(spec.properties) + 2):
+        if _closable_any(spec, i):
+            return ((b"" if first else b",") + b",".join(texts) + b"}") if texts else b"}"
+        written = i & _DECLARED
+        due = _due(spec, written) & ~written
+        options = []
+        for j in [*range(len(spec.properties)), -1]:
+            if j < 0:
+                following = _plus_extra(spec, i)  # only when it counts towards minProperties
+                fits = spec.extra_value is not None and not due and following != i and _feasible(spec, following)
+            else:
+                fits = not written >> j & 1 and _feasible(spec, i | 1 << j) and (not due or due >> j & 1)
+            entry = _entry(spec, shortest, i, j) if fits else None
+            if entry is not None:
+                options.append(entry)
+        if not options:
+            return None
+        text, i = min(options, key=lambda entry: len(entry[0]))
+        texts.append(text)
+    return None
+
+
 def _composite(spec: object, shortest: list[bytes | None]) -> bytes | None:
     if isinstance(spec, _Union):
         options = [shortest[o] for o in spec.options if shortest[o] is not None]
         return min(options, key=len) if options else None
+    if isinstance(spec, _Object) and spec.any_order:
+        rest = _rest(spec, shortest, 0, True)
+        return None if rest is None else b"{" + rest
     if isinstance(spec, _Object):
         if spec.free_value is not None:
             return b"{}"

@@ -32,6 +32,8 @@ class _Object:
     any_order: bool = False  # properties in any order (each at most once): frames track those written
     required_bits: int = 0  # any_order: the bit (1 << index) of each required property
     dependencies: tuple[tuple[int, int], ...] = ()  # any_order: (property bit, bits it requires)
+    min_properties: int = 0  # any_order: minProperties (undeclared keys count once: they may repeat)
+    max_properties: int = -1  # any_order: maxProperties (-1: none; undeclared keys count each time)
 
 
 @dataclass(frozen=True)

@@ -129,8 +129,54 @@ def _readable(g: _Rules, config: tuple) -> int:
 def _candidates(spec: _Object, i: int) -> list:
     """The declared properties that may come next (in a key phase, i as the object frame holds it)."""
     if spec.any_order:
-        return [p for j, p in enumerate(spec.properties) if not i >> j & 1]
+        return [p for j, p in enumerate(spec.properties) if not i >> j & 1 and _feasible(spec, i | 1 << j)]
     return list(spec.properties[i : spec.last_candidate[i] + 1])
+
+
+_EXTRA = 16  # objects in any order: the bits of i from here count the undeclared keys written (capped)
+_DECLARED = (1 << _EXTRA) - 1
+
+
+def _counted(spec: _Object) -> bool:
+    return spec.min_properties > 0 or spec.max_properties >= 0
+
+
+def _plus_extra(spec: _Object, i: int) -> int:
+    """i after one more undeclared key (counted only with min/maxProperties, up to what they need)."""
+    if not _counted(spec):
+        return i
+    cap = spec.max_properties + 1 if spec.max_properties >= 0 else 1  # one past the most: never allowed
+    return (i & _DECLARED) | min((i >> _EXTRA) + 1, cap) << _EXTRA
+
+
+def _feasible(spec: _Object, i: int) -> bool:
+    """Whether an object in any order can still be completed from i within min/maxProperties (the
+    properties due, the count to reach, the room left)."""
+    if not _counted(spec):
+        return True
+    written, extras = i & _DECLARED, i >> _EXTRA
+    declared = bin(written).count("1")
+    due = bin(_due(spec, written) & ~written).count("1")
+    short = max(0, spec.min_properties - declared - min(extras, 1))  # undeclared keys may repeat: one counts
+    available = len(spec.properties) - declared + (1 if spec.extra_value is not None and extras == 0 else 0)
+    if short > available:
+        return False
+    return spec.max_properties < 0 or declared + extras + max(due, short) <= spec.max_properties
+
+
+def _closable_any(spec: _Object, i: int) -> bool:
+    """Whether an object in any order may close after i: nothing due, minProperties reached."""
+    written = i & _DECLARED
+    if _due(spec, written) & ~written:
+        return False
+    return bin(written).count("1") + min(i >> _EXTRA, 1) >= spec.min_properties
+
+
+def _can_add(spec: _Object, i: int) -> bool:
+    """Whether some key (declared and not written yet, or undeclared) may come next."""
+    if spec.extra_value is not None and _feasible(spec, _plus_extra(spec, i)):
+        return True
+    return any(not i >> j & 1 and _feasible(spec, i | 1 << j) for j in range(len(spec.properties)))
 
 
 def _due(spec: _Object, written: int) -> int:
@@ -286,13 +332,13 @@ def _step_any_order(g: _Rules, spec: _Object, frame: tuple, b: int) -> list[tupl
         key = x + bytes((b,))
         prefix = False
         for j, p in enumerate(spec.properties):
-            if not i >> j & 1:
+            if not i >> j & 1 and _feasible(spec, i | 1 << j):
                 if p.key == key:
                     return [((_OBJECT, n, _COLON, (i, j), 0),)]
                 prefix = prefix or p.key.startswith(key)
         if prefix:
             return [((_OBJECT, n, _KEY, i, key),)]
-        if spec.extra_value is None:
+        if spec.extra_value is None or not _feasible(spec, _plus_extra(spec, i)):
             return []
         return _undeclared_key(g, spec, n, i, key, (i, -1))
     if phase == _OPEN:
@@ -305,17 +351,16 @@ def _step_any_order(g: _Rules, spec: _Object, frame: tuple, b: int) -> list[tupl
     if phase == _VALUE_NEXT:
         written, j = i
         value = spec.extra_value if j < 0 else spec.properties[j].value
-        after = (_OBJECT, n, _AFTER_VALUE, written if j < 0 else written | 1 << j, 0)
+        after = (_OBJECT, n, _AFTER_VALUE, _plus_extra(spec, written) if j < 0 else written | 1 << j, 0)
         return [(after, *frames) for frames in _start_value(g, value, b)]
-    more = spec.extra_value is not None or i != (1 << len(spec.properties)) - 1
     if phase == _FIRST or phase == _AFTER_COMMA:
-        if b == 0x22 and more:
+        if b == 0x22 and _can_add(spec, i):
             return [((_OBJECT, n, _KEY, i, b'"'),)]
-        return [()] if b == 0x7D and phase == _FIRST and _due(spec, i) & ~i == 0 else []
+        return [()] if b == 0x7D and phase == _FIRST and _closable_any(spec, i) else []
     # _AFTER_VALUE
-    if b == 0x2C and more:
+    if b == 0x2C and _can_add(spec, i):
         return [((_OBJECT, n, _AFTER_COMMA, i, 0),)]
-    return [()] if b == 0x7D and _due(spec, i) & ~i == 0 else []
+    return [()] if b == 0x7D and _closable_any(spec, i) else []
 
 
 def _undeclared_key(

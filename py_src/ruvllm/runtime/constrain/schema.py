@@ -15,13 +15,14 @@ from ...errors import InvalidArgumentError
 from .combine import MAX_COMBINATIONS, MergeError, UnsatisfiableError, json_equal, merge, reference
 from .grammar import Grammar
 from .nodes import _Array, _Literal, _Number, _Object, _Property, _String, _Union
-from .parser import MAX_INT_DIGITS
+from .parser import MAX_INT_DIGITS, _feasible
 from .regex import Regex, RegexError
 from .resolve import ROOT_URI, Location, Resources
 
 MAX_SCHEMA_DEPTH = 100  # sub-schemas (and references, allOf parts) followed within each other
 MAX_ANY_ORDER = 16  # objects with more declared properties are written in schema order
 _PROPERTY_ORDERS = ("any", "schema")
+MAX_KEY_CHARS = 1_000_000  # undeclared keys of objects with maxProperties (see _Compiler.extra_key)
 
 # Annotations and identifiers: no effect on what is valid. `format` is an annotation, as in jsonschema's
 # default validator (its values are not checked).
@@ -35,15 +36,16 @@ _HANDLED = frozenset(
     | {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "uniqueItems"}
     | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "if", "then", "else", "minContains"}
     | {"maxContains", "pattern", "format", "patternProperties", "propertyNames", "dependentRequired", "dependencies"}
+    | {"minProperties", "maxProperties"}
 )
 _REFUSED = frozenset(  # constraints JSON Schema defines that are not supported (yet)
-    {"minProperties", "maxProperties"}
-    | {"dependentSchemas", "not", "contains", "multipleOf", "unevaluatedProperties"}
+    {"dependentSchemas", "not", "contains", "multipleOf", "unevaluatedProperties"}
     | {"unevaluatedItems", "$dynamicRef", "$recursiveRef"}
 )
 _SUPPORTED = (
     "type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, enum, const, "
     "anyOf, oneOf, allOf, $ref (with $id, $anchor), dependentRequired (and draft-04 dependencies lists), "
+    "minProperties, maxProperties, "
     "minLength, maxLength, pattern, format (date, time, "
     "date-time, uuid, email, ipv4, ipv6, uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, and annotations"
 )
@@ -73,7 +75,7 @@ FORMATS = {
     "uri": r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s\"<>\\^`{|}]*$",
 }
 _KEYWORDS_OF = {
-    "object": ("properties", "required", "additionalProperties"),
+    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties"),
     "array": ("items", "prefixItems", "minItems", "maxItems"),
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
@@ -470,8 +472,21 @@ class _Compiler:
         dependencies = self.dependencies(schema, path)
         if dependencies and not (properties or required) and undeclared:
             raise _fail("'dependentRequired' between undeclared properties is not supported", path)
+        low, high = _count(schema, "minProperties", path), _count(schema, "maxProperties", path)
+        counts = {"min_properties": low, "max_properties": high}
+        if high >= 0 and low > high:
+            return self.dead_node(f"'minProperties' {low} is more than 'maxProperties' {high}", path)
         if not properties and not required and extra is not False and listed_none:
-            return self.free_object(self.compile(extra, extra_path, extra_location, depth + 1), key)
+            value = self.compile(extra, extra_path, extra_location, depth + 1)
+            if low == 0 and high < 0:
+                return self.free_object(value, key)
+            if low > 1:
+                raise _fail(
+                    f"'minProperties' {low} on an object without declared properties is not supported (at most "
+                    "1: undeclared keys are not compared with each other)",
+                    path,
+                )
+            return self.add(_object_node((), value, self.extra_key(key, high), True, **counts))
         listed = []
         for name, sub in properties.items():
             sub_path, sub_location = (*path, "properties", name), _child(location, "properties", name)
@@ -508,18 +523,39 @@ class _Compiler:
                     f"schema allows), not for {trigger!r}",
                     path,
                 )
-        if dependencies and not (self.any_order and len(listed) <= MAX_ANY_ORDER):
-            raise _fail(
-                f"'dependentRequired' needs property_order 'any' and at most {MAX_ANY_ORDER} declared properties",
-                path,
-            )
+        uses = (("dependentRequired", dependencies), ("minProperties", low), ("maxProperties", high >= 0))
+        for keyword, used in uses:
+            if used and not (self.any_order and len(listed) <= MAX_ANY_ORDER):
+                raise _fail(
+                    f"'{keyword}' needs property_order 'any' and at most {MAX_ANY_ORDER} declared properties", path
+                )
         props = tuple(_Property(_key(n), v, r) for n, v, r in listed)
         deps = {_key(k): tuple(_key(n) for n in v) for k, v in dependencies.items()}
         if not self.extra_properties or extra is False or not (properties or patterns):
-            return self.add(_object_node(props, any_order=self.any_order, dependencies=deps))
-        value = self.compile(extra, extra_path, extra_location, depth + 1)
-        key = self.add(_String(0, -1, 0)) if key is None else key
-        return self.add(_object_node(props, value, key, self.any_order, deps))
+            node = _object_node(props, any_order=self.any_order, dependencies=deps, **counts)
+        else:
+            value = self.compile(extra, extra_path, extra_location, depth + 1)
+            node = _object_node(props, value, self.extra_key(key, high), self.any_order, deps, **counts)
+        if not _feasible(node, 0):
+            if node.extra_value is not None and _feasible(replace(node, min_properties=0), 0):
+                raise _fail(
+                    f"'minProperties' {low} beyond the declared properties and one undeclared key is not supported "
+                    "(undeclared keys are not compared with each other)",
+                    path,
+                )
+            return self.dead_node(f"'minProperties' {low} or 'maxProperties' {high} cannot be met", path)
+        return self.add(node)
+
+    def extra_key(self, key: int | None, most: int) -> int:
+        """The string node of undeclared keys (key None: any key). With maxProperties (most >= 0), an
+        undeclared key may not fit where the count is reached, so its node is not a plain unbounded string:
+        the masks of key prefixes then walk the tokens rather than allow all plain text at once."""
+        if most < 0:
+            return self.add(_String(0, -1, 0)) if key is None else key
+        spec = _String(0, -1, 0) if key is None else self.nodes[key]
+        if isinstance(spec, _String) and spec.pattern is None and spec.max_length < 0:
+            return self.add(replace(spec, max_length=MAX_KEY_CHARS))
+        return key
 
     def dependencies(self, schema: dict, path: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
         """`dependentRequired`, and draft-04 `dependencies` in its list form: name -> the names it requires."""
@@ -627,13 +663,16 @@ def _object_node(
     extra_key: int | None = None,
     any_order: bool = False,
     dependencies: dict[bytes, tuple[bytes, ...]] | None = None,
+    min_properties: int = 0,
+    max_properties: int = -1,
 ) -> _Object:
     """dependencies: key -> the keys it requires (JSON texts), all of them among `props` (the object is
     then written in any order)."""
     needed = [i for i, p in enumerate(props) if p.required]
     last = tuple(next((j for j in needed if j >= i), len(props) - 1) for i in range(len(props) + 1))
     closable = tuple(not any(j >= i for j in needed) for i in range(len(props) + 1))
-    any_order = (any_order and 1 < len(props) <= MAX_ANY_ORDER) or bool(dependencies)
+    counted = min_properties > 0 or max_properties >= 0
+    any_order = (any_order and 1 < len(props) <= MAX_ANY_ORDER) or bool(dependencies) or counted
     bits = sum(1 << j for j in needed) if any_order else 0
     index = {p.key: 1 << j for j, p in enumerate(props)}
     pairs = tuple(
@@ -641,7 +680,7 @@ def _object_node(
     )
     return _Object(
         props, None, None, last, closable, extra_value, extra_key, any_order=any_order, required_bits=bits,
-        dependencies=pairs,
+        dependencies=pairs, min_properties=min_properties, max_properties=max_properties,
     )  # fmt: skip
 
 
@@ -738,6 +777,9 @@ def _prune(nodes: list) -> set[int]:
                 ok = spec.free_value is not None or all(
                     p.value in productive for j, p in enumerate(spec.properties) if p.required or needed >> j & 1
                 )
+                if ok and spec.min_properties:  # enough properties that can be written, for minProperties
+                    kept = sum(p.value in productive for p in spec.properties)
+                    ok = spec.min_properties <= kept + (spec.extra_value in productive)
             elif isinstance(spec, _Array):
                 needed = [*spec.prefix, *([spec.item] * max(0, spec.min_items - len(spec.prefix)))]
                 ok = all(node is not None and node in productive for node in needed[: spec.min_items])
@@ -766,7 +808,9 @@ def _prune(nodes: list) -> set[int]:
                 for t, bits in spec.dependencies
             }
             deps = {k: v for k, v in deps.items() if any(p.key == k for p in kept)}
-            node = _object_node(kept, extra, spec.extra_key if extra is not None else None, spec.any_order, deps)
+            counts = {"min_properties": spec.min_properties, "max_properties": spec.max_properties}
+            key = spec.extra_key if extra is not None else None
+            node = _object_node(kept, extra, key, spec.any_order, deps, **counts)
             nodes[n] = replace(node, excluded=excluded)
         elif isinstance(spec, _Array):
             dead = [i for i, node in enumerate(spec.prefix) if node not in productive]
