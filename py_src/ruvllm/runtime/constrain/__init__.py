@@ -14,7 +14,9 @@ null, or a list of them; without it every type, each constrained by the keywords
 `properties` (in any order, each at most once, required ones always; `json_grammar(...,
 property_order="schema")` keeps schema order, as XGrammar and LLGuidance do, and so do objects with
 more than MAX_ANY_ORDER (16) declared properties: the set written is part of the parser state),
-`required`, `dependentRequired` (and draft-04 `dependencies` lists; objects in any order only),
+`required`, `dependentRequired` (and draft-04 `dependencies` lists), `minProperties` and
+`maxProperties` (these two and dependentRequired for objects in any order only; undeclared keys count
+once towards minProperties: they are not compared with each other),
 `additionalProperties` (with `properties`: undeclared keys, with
 values that follow it, may come between the declared ones unless it is false, or `json_grammar(...,
 extra_properties=False)` writes only the declared ones; with no properties listed: free keys whose
@@ -37,7 +39,7 @@ ipv6 and uri, written to a pattern of that format (other formats are annotations
 (`x-...`, `readonly`, ...) are ignored, as the specification says; `json_grammar(..., strict=True)`
 refuses the latter. `patternProperties` (when all its patterns share one schema) and `propertyNames`
 (pattern, lengths) shape undeclared keys. Constraints that are not supported (not, if/then/else,
-contains, multipleOf, uniqueItems, minProperties, ...) are refused with an
+contains, multipleOf, uniqueItems, ...) are refused with an
 `InvalidArgumentError` naming the keyword and where it is. A schema no document can meet is refused with
 the reason (e.g. a required property whose schema is false); a part of it no document can meet (an
 optional property, an anyOf option) is never started. Sub-schemas nested deeper than MAX_SCHEMA_DEPTH
