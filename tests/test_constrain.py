@@ -594,6 +594,18 @@ def test_property_counts_the_constraint_cannot_follow_are_refused(schema, messag
         json_grammar({"properties": {"a": {}, "b": {}}, "maxProperties": 1}, property_order="schema")
 
 
+def test_integers_are_multiples_of_multiple_of_within_their_bounds():
+    assert [reads({"type": "integer", "multipleOf": 5}, t) for t in ("0", "15", "-10", "7", "-3")] == [1, 1, 1, 0, 0]
+    bounded = {"type": "integer", "multipleOf": 7, "minimum": 10, "maximum": 20}
+    assert reads(bounded, "14") and not reads(bounded, "7") and not reads(bounded, "21")
+    assert_refused(bounded, "", "2")  # 2 and 20-29: no multiple of 7 within [10, 20] starts with 2
+    number = {"type": "number", "multipleOf": 2}  # whole multiples: written as integers
+    assert reads(number, "4") and not reads(number, "4.0") and not reads(number, "3")
+    assert reads({"type": "integer", "multipleOf": 0.5}, "3")  # every integer is a multiple of 1/2
+    with pytest.raises(InvalidArgumentError, match="and a multiple of 10"):
+        json_grammar({"type": "integer", "multipleOf": 10, "minimum": 1, "maximum": 9})
+
+
 def test_objects_with_many_properties_keep_schema_order():
     from ruvllm.runtime.constrain import MAX_ANY_ORDER
 
@@ -639,7 +651,8 @@ def _nested(depth: int) -> dict:
             "'allOf' with 'prefixItems' in more than one schema is not supported at the root",
         ),
         ({"type": "array", "items": {"not": {"type": "string"}}}, "'not' at items"),
-        ({"type": "integer", "multipleOf": 2}, "'multipleOf' at the root"),
+        ({"type": "number", "multipleOf": 0.01}, "'multipleOf' 0.01 for numbers is supported only when it is a whole"),
+        ({"type": "integer", "multipleOf": 0}, "'multipleOf' must be a number above 0, got 0 at the root"),
         (
             {"type": "object", "patternProperties": {"^a": {}, "^b": {"type": "integer"}}},
             "'patternProperties' at the root with different schemas for different patterns is not supported",
@@ -647,8 +660,9 @@ def _nested(depth: int) -> dict:
         ({"type": "array", "uniqueItems": True}, "'uniqueItems' at the root"),
         ({"if": {"type": "string"}, "then": {}}, "'if' at the root"),
         (
-            {"$defs": {"a": {"type": "integer", "format": "date", "multipleOf": 2}}, "$ref": "#/$defs/a"},
-            "'multipleOf' at $defs.a",
+            {"$defs": {"a": {"type": "number", "format": "date", "multipleOf": 2.5}}, "$ref": "#/$defs/a"},
+            "'multipleOf' 2.5 for numbers is supported only when it is a whole number (then integers are written) "
+            "at $defs.a",
         ),
         ({"anyOf": [{"type": "string"}, {"type": "integer", "maximum": "9"}]}, "'maximum' must be a finite number"),
         ({"$ref": "http://example.com/schema"}, "'$ref' 'http://example.com/schema' points to another document"),

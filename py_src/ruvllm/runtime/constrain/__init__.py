@@ -30,7 +30,7 @@ valid under two options would be invalid), `$ref` resolved as the specification 
 (draft-04 `id`) bases, to `$anchor`s and to JSON pointers (`~0`, `~1` and %-escapes decoded) anywhere in
 the document (nothing is fetched), with sibling keywords merged; `minLength`/`maxLength` (characters);
 `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` for integers and numbers (draft-04 boolean
-exclusive flags too), enforced exactly: a digit is allowed only if some completion is in range (bounded
+exclusive flags too), and `multipleOf` for integers (a whole one on numbers writes integers), enforced exactly: a digit is allowed only if some completion is in range (bounded
 numbers are written without an exponent); `pattern` (regex.py: the ECMA-262 subset real schemas use, as
 a DFA over characters; a patterned string uses no escapes but `\\"`, `\\\\` and `\\/`, and non-ASCII
 characters only where every such character fits), and `format` date, time, date-time, uuid, email, ipv4,
@@ -39,7 +39,7 @@ ipv6 and uri, written to a pattern of that format (other formats are annotations
 (`x-...`, `readonly`, ...) are ignored, as the specification says; `json_grammar(..., strict=True)`
 refuses the latter. `patternProperties` (when all its patterns share one schema) and `propertyNames`
 (pattern, lengths) shape undeclared keys. Constraints that are not supported (not, if/then/else,
-contains, multipleOf, uniqueItems, ...) are refused with an
+contains, uniqueItems, a fractional multipleOf on numbers, ...) are refused with an
 `InvalidArgumentError` naming the keyword and where it is. A schema no document can meet is refused with
 the reason (e.g. a required property whose schema is false); a part of it no document can meet (an
 optional property, an anyOf option) is never started. Sub-schemas nested deeper than MAX_SCHEMA_DEPTH

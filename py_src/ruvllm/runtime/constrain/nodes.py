@@ -60,6 +60,7 @@ class _Number:
     maximum: int | Fraction | None
     open_min: bool = False
     open_max: bool = False
+    multiple_of: int = 1  # integers: multipleOf (the value is then tracked, as with bounds)
 
 
 @dataclass(frozen=True)

@@ -510,6 +510,7 @@ def _step_number(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     digit = b - 0x30 if b in _DIGITS else -1
     if bounded and not spec.integer:
         return _step_decimal(spec, frame, b, digit)
+    bounded = bounded or spec.multiple_of > 1  # integers: the value is tracked
     if phase == _N_START and b == 0x2D:  # '-'
         return [((_NUMBER, n, _N_MINUS, 0, 0),)] if spec.minimum is None or spec.minimum <= 0 else []
     if phase in (_N_START, _N_MINUS, _N_INT) and digit >= 0:
@@ -545,7 +546,9 @@ def _reachable(spec: _Number, negative: bool, magnitude: int, digits: int) -> bo
         low, high = magnitude * 10**more, magnitude * 10**more + 10**more - 1
         if negative:
             low, high = -high, -low
-        if (spec.minimum is None or high >= spec.minimum) and (spec.maximum is None or low <= spec.maximum):
+        low = low if spec.minimum is None else max(low, spec.minimum)
+        high = high if spec.maximum is None else min(high, spec.maximum)
+        if low <= high and -(-low // spec.multiple_of) * spec.multiple_of <= high:  # a multiple in [low, high]
             return True
     return False
 
@@ -599,7 +602,8 @@ def _decimal_within(spec: _Number, value: Fraction) -> bool:
 
 
 def _within(spec: _Number, value: int) -> bool:
-    return (spec.minimum is None or value >= spec.minimum) and (spec.maximum is None or value <= spec.maximum)
+    in_range = (spec.minimum is None or value >= spec.minimum) and (spec.maximum is None or value <= spec.maximum)
+    return in_range and value % spec.multiple_of == 0
 
 
 def _step_literal(g: _Rules, frame: tuple, b: int) -> list[tuple]:

@@ -36,16 +36,16 @@ _HANDLED = frozenset(
     | {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "uniqueItems"}
     | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "if", "then", "else", "minContains"}
     | {"maxContains", "pattern", "format", "patternProperties", "propertyNames", "dependentRequired", "dependencies"}
-    | {"minProperties", "maxProperties"}
+    | {"minProperties", "maxProperties", "multipleOf"}
 )
 _REFUSED = frozenset(  # constraints JSON Schema defines that are not supported (yet)
-    {"dependentSchemas", "not", "contains", "multipleOf", "unevaluatedProperties"}
+    {"dependentSchemas", "not", "contains", "unevaluatedProperties"}
     | {"unevaluatedItems", "$dynamicRef", "$recursiveRef"}
 )
 _SUPPORTED = (
     "type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, enum, const, "
     "anyOf, oneOf, allOf, $ref (with $id, $anchor), dependentRequired (and draft-04 dependencies lists), "
-    "minProperties, maxProperties, "
+    "minProperties, maxProperties, multipleOf (integers), "
     "minLength, maxLength, pattern, format (date, time, "
     "date-time, uuid, email, ipv4, ipv6, uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, and annotations"
 )
@@ -406,16 +406,25 @@ class _Compiler:
             if high >= 0 and low > high:
                 return self.dead_node(f"'minLength' {low} is more than 'maxLength' {high}", path)
             return self.add(_String(low, high, high if high >= 0 else low, self.pattern(schema, path)))
+        if kind == "number" and "multipleOf" in schema and _multiple(schema, path).denominator == 1:
+            kind = "integer"  # multiples of an integer are integers: written as integers (not 2.0)
         if kind == "integer":
             minimum, maximum = _integer_bounds(schema, path)
             largest = 10**MAX_INT_DIGITS - 1
             low = minimum if minimum is not None else -largest
             high = maximum if maximum is not None else largest
-            if low > min(high, largest) or high < max(low, -largest):
+            step = _multiple(schema, path).numerator if "multipleOf" in schema else 1  # n * q / p whole: p | n
+            if low > min(high, largest) or high < max(low, -largest) or -(-low // step) * step > high:
                 why = f"no integer of at most {MAX_INT_DIGITS} digits is within the bounds [{minimum}, {maximum}]"
-                return self.dead_node(why, path)
-            return self.add(_Number(True, minimum, maximum))
+                return self.dead_node(why + (f" and a multiple of {schema['multipleOf']}" if step > 1 else ""), path)
+            return self.add(_Number(True, minimum, maximum, multiple_of=step))
         if kind == "number":
+            if "multipleOf" in schema:
+                raise _fail(
+                    f"'multipleOf' {schema['multipleOf']} for numbers is supported only when it is a whole "
+                    "number (then integers are written)",
+                    path,
+                )
             return self.number(schema, path)
         return self.add(_Literal((b"false", b"true") if kind == "boolean" else (b"null",)))
 
@@ -821,6 +830,14 @@ def _prune(nodes: list) -> set[int]:
                     high = min(high, spec.max_items)
                 nodes[n] = _Array(item if not dead else None, spec.min_items, high, spec.cap, spec.prefix[:high])
     return productive
+
+
+def _multiple(schema: dict, path: tuple[str, ...]) -> Fraction:
+    """`multipleOf`, a positive number, exactly (0.1 is 1/10, not the double nearest it)."""
+    value = schema["multipleOf"]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise _fail(f"'multipleOf' must be a number above 0, got {json.dumps(value)[:60]}", path)
+    return Fraction(str(value)) if isinstance(value, float) else Fraction(value)
 
 
 def _count(schema: dict, keyword: str, path: tuple[str, ...]) -> int:
