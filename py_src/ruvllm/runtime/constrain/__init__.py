@@ -30,8 +30,9 @@ valid under two options would be invalid), `$ref` resolved as the specification 
 (draft-04 `id`) bases, to `$anchor`s and to JSON pointers (`~0`, `~1` and %-escapes decoded) anywhere in
 the document (nothing is fetched), with sibling keywords merged; `minLength`/`maxLength` (characters);
 `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` for integers and numbers (draft-04 boolean
-exclusive flags too), and `multipleOf` for integers (a whole one on numbers writes integers), enforced exactly: a digit is allowed only if some completion is in range (bounded
-numbers are written without an exponent); `pattern` (regex.py: the ECMA-262 subset real schemas use, as
+exclusive flags too), and `multipleOf` for integers (a whole one on numbers writes integers), enforced
+exactly: a digit is allowed only if some completion is in range (bounded numbers are written without an
+exponent); `pattern` (regex.py: the ECMA-262 subset real schemas use, as
 a DFA over characters; a patterned string uses no escapes but `\\"`, `\\\\` and `\\/`, and non-ASCII
 characters only where every such character fits), and `format` date, time, date-time, uuid, email, ipv4,
 ipv6 and uri, written to a pattern of that format (other formats are annotations, not checked; with
