@@ -536,7 +536,7 @@ class _Compiler:
         for keyword, used in uses:
             if used and not (self.any_order and len(listed) <= MAX_ANY_ORDER):
                 raise _fail(
-                    f"'{keyword}' needs property_order 'any' and at most {MAX_ANY_ORDER} declared properties", path
+                    f"'{keyword}' needs property_order 'any' and no more than {MAX_ANY_ORDER} declared properties", path
                 )
         props = tuple(_Property(_key(n), v, r) for n, v, r in listed)
         deps = {_key(k): tuple(_key(n) for n in v) for k, v in dependencies.items()}
