@@ -12,11 +12,17 @@ here wrote, read from folders given on the command line (nothing is fetched at r
   every token is also computed and timed (MaskBench's TBM) unless --no-masks; time to first mask
   (TTFM) is the compile time plus the first mask.
 
+- With --generate N (and --jsonschemabench): the check issue 27's target names, on the real model
+  (SmolLM2-135M-Instruct): N random JSONSchemaBench schemas that compile, --samples generations each
+  at temperature 1 (`response_format: json_schema`, --max-tokens), and every output that finished
+  (finish_reason "stop") must validate under `jsonschema` (formats not checked, as its default
+  validator does). Slow: ~N x samples x (a few seconds); the tests run a tiny version.
+
 The tokenizer is SmolLM2's (MaskBench's published figures use Llama 3.1's: the pass counts compare,
 the times only roughly).
 
     .venv/bin/python benchmarks/schema_suites.py --test-suite /tmp/suites/tests --jsonschemabench /tmp/suites/jsb \\
-        [--sample 0.1] [--no-masks] [--json out.json]
+        [--sample 0.1] [--no-masks] [--json out.json] [--generate 40 --samples 20 --max-tokens 256]
 """
 
 from __future__ import annotations
@@ -178,6 +184,55 @@ def maskbench(folder: Path, sample: float, rng: random.Random, tokenizer: Tokeni
     return out
 
 
+def generations(folder: Path, count: int, samples: int, max_tokens: int, rng: random.Random, model=None) -> dict:
+    """`samples` generations at temperature 1 on each of `count` random compiled JSONSchemaBench schemas:
+    how many finished, and of those how many validate (the failures listed)."""
+    import jsonschema
+
+    import ruvllm
+
+    model = model if model is not None else ruvllm.load(str(MODEL))
+    files = sorted((folder / "data").glob("*/*.json"))
+    if not files:
+        sys.exit(f"--jsonschemabench: no data/<dataset>/*.json under {folder}")
+    rng.shuffle(files)
+    counts: Counter = Counter()
+    failures: list[str] = []
+    schemas = 0
+    for file in files:
+        if schemas == count:
+            break
+        schema = json.loads(file.read_text())
+        fmt = {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+        prompt = "Reply with one JSON document that follows this JSON Schema:\n" + json.dumps(schema)[:1500]
+        messages = [{"role": "user", "content": prompt}]
+        try:
+            model.create_chat_completion(messages, max_tokens=1, response_format=fmt)
+        except RuvLLMError:
+            continue  # refused (or a body nested too deep for the API): not one of the compiled schemas
+        schemas += 1
+        checker = jsonschema.validators.validator_for(schema)(schema)
+        for seed in range(samples):
+            answer = model.create_chat_completion(
+                messages, max_tokens=max_tokens, temperature=1, seed=seed, response_format=fmt
+            )
+            choice = answer["choices"][0]
+            if choice["finish_reason"] != "stop":
+                counts["cut by max_tokens"] += 1
+                continue
+            counts["finished"] += 1
+            text = choice["message"]["content"]
+            try:
+                errors = list(checker.iter_errors(json.loads(text)))
+            except json.JSONDecodeError as e:
+                errors = [f"not JSON: {e}"]
+            if errors:
+                failures.append(f"{file.parent.name}/{file.name} seed {seed}: {str(errors[0])[:200]} in {text[:200]!r}")
+            else:
+                counts["valid"] += 1
+    return {"schemas": schemas, "samples": samples, **counts, "failures": failures}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--test-suite", type=Path, help="a JSON-Schema-Test-Suite checkout")
@@ -186,7 +241,14 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--no-masks", action="store_true", help="MaskBench: check tokens without timing masks")
     parser.add_argument("--json", type=Path, help="also write the figures to this file (not over an existing one)")
+    parser.add_argument("--generate", type=int, default=0, help="with --jsonschemabench: generate on N random schemas")
+    parser.add_argument("--samples", type=int, default=20, help="--generate: generations per schema (temperature 1)")
+    parser.add_argument("--max-tokens", type=int, default=256, help="--generate: max_tokens of each generation")
     args = parser.parse_args()
+    if args.generate < 0 or args.samples < 1 or args.max_tokens < 1:
+        parser.error("--generate must be >= 0, --samples and --max-tokens >= 1")
+    if args.generate and args.jsonschemabench is None:
+        parser.error("--generate needs --jsonschemabench")
     if not 0 < args.sample <= 1:
         parser.error(f"--sample must be in (0, 1], got {args.sample}")
     if args.json is not None and args.json.exists():
@@ -231,6 +293,16 @@ def main() -> None:
         for name in ("tbm_us", "ttfm_us"):
             if name in r:
                 print(f"  {name}: " + ", ".join(f"{q} {v:,.0f}" for q, v in r[name].items()))
+    if args.generate:
+        r = results["generations"] = generations(
+            args.jsonschemabench, args.generate, args.samples, args.max_tokens, random.Random(args.seed)
+        )
+        print(
+            f"Generations: {r['schemas']} schemas x {r['samples']} at temperature 1: {r.get('finished', 0)} finished, "
+            f"{r.get('valid', 0)} of them valid, {r.get('cut by max_tokens', 0)} cut by max_tokens"
+        )
+        for failure in r["failures"]:
+            print(f"  INVALID: {failure}")
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
 

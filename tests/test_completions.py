@@ -186,6 +186,45 @@ def test_a_required_tool_call_is_parsed_into_openai_tool_calls_with_valid_argume
     assert answer["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "get_time"
 
 
+def test_small_max_tokens_still_give_a_whole_document_or_call(qwen_templated):
+    # json_object at temperature 0 used to run to max_tokens in the middle of a value; a required call
+    # with max_tokens 60 ended at "</tool_call" (issue 27): the closing is now kept within the budget
+    for max_tokens in (3, 12, 40):
+        answer = qwen_templated.create_completion(
+            "A JSON object describing a cat:", max_tokens=max_tokens, temperature=0,
+            response_format={"type": "json_object"},
+        )  # fmt: skip
+        choice = answer["choices"][0]
+        assert choice["finish_reason"] == "stop" and answer["usage"]["completion_tokens"] <= max_tokens, choice
+        assert isinstance(json.loads(choice["text"]), dict)
+    fmt = {"type": "json_schema", "json_schema": {"name": "order", "schema": ORDER}}
+    for seed in range(3):
+        answer = qwen_templated.create_chat_completion(
+            user("An order"), max_tokens=26, temperature=1, seed=seed, response_format=fmt
+        )
+        choice = answer["choices"][0]
+        assert choice["finish_reason"] == "stop", choice
+        jsonschema_validate(json.loads(choice["message"]["content"]), ORDER)
+    messages = user("What is the weather in Paris?")
+    for seed, max_tokens in ((0, 26), (1, 30), (2, 60)):
+        answer = qwen_templated.create_chat_completion(
+            messages, tools=[WEATHER, TIME], tool_choice="required", temperature=1, seed=seed, max_tokens=max_tokens
+        )
+        choice = answer["choices"][0]
+        assert choice["finish_reason"] == "tool_calls", choice
+        (call,) = choice["message"]["tool_calls"]
+        tool = {"get_weather": WEATHER, "get_time": TIME}[call["function"]["name"]]
+        jsonschema_validate(json.loads(call["function"]["arguments"]), tool["function"]["parameters"])
+    # below the shortest call (24 tokens of this tokenizer): cut, as finish_reason "length" says
+    answer = qwen_templated.create_chat_completion(messages, tools=[WEATHER], tool_choice="required", max_tokens=10)
+    choice = answer["choices"][0]
+    assert choice["finish_reason"] == "length" and "tool_calls" not in choice["message"], choice
+
+
+def jsonschema_validate(document: object, schema: dict) -> None:
+    pytest.importorskip("jsonschema").validate(document, schema)
+
+
 def test_streamed_tool_calls_arrive_as_one_delta_at_the_end(qwen_templated):
     chunks = list(
         qwen_templated.create_chat_completion(
@@ -225,6 +264,12 @@ def test_auto_tool_choice_constrains_a_call_once_the_model_opens_one(qwen_templa
     call = json.loads(text.removesuffix("</tool_call>"))
     assert call["name"] == "get_weather"
     jsonschema.validate(call["arguments"], WEATHER["function"]["parameters"])
+    # with fewer tokens left than the opening tag and the shortest call take, no call is opened
+    short = ToolCallTrigger(grammar, qwen_templated.vocabulary, budget=8)
+    (open_angle,) = tokenizer.encode("<", add_special_tokens=False)
+    (word,) = tokenizer.encode("Sure", add_special_tokens=False)
+    assert not short.allowed()[open_angle] and short.allowed()[word]
+    assert ToolCallTrigger(grammar, qwen_templated.vocabulary, budget=60).allowed()[open_angle]
 
 
 def _call_schema(tool: dict) -> dict:

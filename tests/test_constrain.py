@@ -255,6 +255,8 @@ def test_masks_equal_trying_every_token(vocabulary):
     ]
     cases += [(patterned, text) for text in ['{"code": "a', '{"code": "ab-1', '{"co', '{"x']]
     cases += [(plain, text) for text in ['{"na', '{"n": 1, "', '{"nam\xe9']]  # undeclared keys may start here
+    counted = {**plain, "required": ["n"], "maxProperties": 2}  # an undeclared key only while one more fits
+    cases += [(counted, text) for text in ['{"', '{"x": 1, "', '{"name": "a", "', '{"n": 1, "x']]
     for schema, text in cases:
         matcher = Matcher(json_grammar(schema), vocabulary)
         data = text.encode("utf-8")[:-1] if text.endswith("\xe9") else text.encode("utf-8")  # half of é
@@ -315,7 +317,7 @@ OBJECT = {
 REFUSED = [
     (OBJECT, "{", "}"),  # the required "b" is missing
     (OBJECT, '{"', "c"),  # no property "c"
-    (OBJECT, '{"b": "xy"', ","),  # "a" comes before "b": nothing may follow
+    (OBJECT, '{"b": "xy", "', "b"),  # "b" is written: only "a" may follow
     (OBJECT, '{"b": "xyz', "w"),  # maxLength 3
     (OBJECT, '{"b": "x', '"'),  # minLength 2
     (OBJECT, '{"a": 1,', "}"),  # trailing comma
@@ -497,8 +499,120 @@ def test_prefix_and_suffix_are_literal_text():
 
 def test_optional_properties_may_be_skipped_in_schema_order():
     schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"}, "required": ["c"]}
-    assert reads(schema, '{"c": 1}') and reads(schema, '{"a": 1, "c": 3}') and reads(schema, '{"a":1,"b":2,"c":3}')
-    assert not reads(schema, '{"b": 1, "a": 2, "c": 3}') and not reads(schema, '{"a": 1}')
+    order = {"property_order": "schema"}
+    assert reads(schema, '{"c": 1}', **order) and reads(schema, '{"a": 1, "c": 3}', **order)
+    assert reads(schema, '{"a":1,"b":2,"c":3}', **order)
+    assert not reads(schema, '{"b": 1, "a": 2, "c": 3}', **order) and not reads(schema, '{"a": 1}', **order)
+
+
+def test_properties_come_in_any_order_each_once_the_required_ones_all():
+    schema = {"type": "object", "properties": {k: {"type": "integer"} for k in "abc"}, "required": ["a", "c"]}
+    valid = ('{"c": 1, "a": 2}', '{"b": 1, "c": 2, "a": 3}', '{"a": 1, "c": 2, "b": 3}', '{"x": "u", "c": 1, "a": 0}')
+    for text in valid:
+        assert reads(schema, text), text
+    for text in ('{"c": 1}', '{"a": 1, "a": 2, "c": 3}', '{"c": 1, "a": 2, "c": 3}', '{"b": 1, "b": 1}'):
+        assert not reads(schema, text), text
+    closed = {**schema, "additionalProperties": False}
+    assert reads(closed, '{"c": 1, "a": 2}') and not reads(closed, '{"x": 1, "c": 1, "a": 2}')
+    assert reads(schema, '{"x": 1, "c": 1, "a": 2}', extra_properties=False) is False
+    # a declared key's prefix may still be an undeclared key: "a" is declared, "ab" is not
+    assert reads(schema, '{"ab": [], "c": 1, "a": 2}') and not reads(closed, '{"ab": 1, "c": 1, "a": 2}')
+    with pytest.raises(InvalidArgumentError, match='property_order must be "any" or "schema", got \'random\''):
+        json_grammar(schema, property_order="random")
+
+
+def test_dependent_required_properties_must_come_with_the_property_that_needs_them():
+    schema = {
+        "type": "object",
+        "properties": {"card": {"type": "integer"}, "address": {"type": "string"}, "name": {"type": "string"}},
+        "required": ["name"],
+        "dependentRequired": {"card": ["address"]},
+    }
+    assert reads(schema, '{"name": "x"}') and reads(schema, '{"card": 1, "name": "x", "address": ""}')
+    assert reads(schema, '{"address": "", "name": "x"}')
+    assert not reads(schema, '{"name": "x", "card": 1}') and not reads(schema, '{"card": 1, "name": "x"}')
+    chained = {"type": "object", "properties": {k: {} for k in "abc"}, "dependencies": {"a": ["b"], "b": ["c"]}}
+    assert reads(chained, '{"a": 1, "b": 2, "c": 3}') and not reads(chained, '{"a": 1, "b": 2}')
+    # draft-04 `dependencies` naming a property the schema does not list: an undeclared one it allows
+    assert reads({"properties": {"a": {}}, "dependencies": {"a": ["z"]}}, '{"a": 1, "z": 2}')
+    assert not reads({"properties": {"a": {}}, "dependencies": {"a": ["z"]}}, '{"a": 1}')
+
+
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        ({"properties": {"a": {}}, "dependencies": {"a": {"required": ["b"]}}}, "'dependencies' with a schema"),
+        ({"type": "object", "dependentRequired": {"a": ["b"]}}, "'dependentRequired' between undeclared properties"),
+        ({"properties": {"a": {}}, "dependentRequired": {"a": "b"}}, 'must map names to lists of names, got "b"'),
+        (
+            {"properties": {"a": {}}, "additionalProperties": False, "dependentRequired": {"a": ["b"]}},
+            "'dependentRequired' is supported between declared properties",
+        ),
+    ],
+)
+def test_dependencies_the_constraint_cannot_follow_are_refused(schema, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        json_grammar(schema)
+    with pytest.raises(InvalidArgumentError, match="needs property_order 'any'"):
+        json_grammar({"properties": {"a": {}, "b": {}}, "dependentRequired": {"a": ["b"]}}, property_order="schema")
+
+
+def test_min_and_max_properties_count_the_properties_written():
+    free = {"type": "object", "minProperties": 1, "additionalProperties": {"type": "integer"}}
+    assert reads(free, '{"a": 1}') and reads(free, '{"a": 1, "b": 2}') and not reads(free, "{}")
+    most = {"type": "object", "maxProperties": 2}
+    assert reads(most, "{}") and reads(most, '{"a": 1, "b": [2]}') and not reads(most, '{"a": 1, "b": 2, "c": 3}')
+    schema = {
+        "type": "object",
+        "properties": {k: {"type": "integer"} for k in "abc"},
+        "required": ["c"],
+        "minProperties": 2,
+        "maxProperties": 2,
+        "additionalProperties": False,
+    }
+    assert reads(schema, '{"a": 1, "c": 2}') and reads(schema, '{"c": 1, "b": 2}')
+    assert not reads(schema, '{"c": 1}') and not reads(schema, '{"a": 1, "b": 2}')  # "c" would make three
+    one = {"type": "object", "properties": {"a": {}, "b": {}}, "required": ["a"], "maxProperties": 1}
+    assert reads(one, '{"a": 1}') and not reads(one, '{"b": 1}') and not reads(one, '{"x": 1, "a": 1}')
+    declared_and_one = {"type": "object", "properties": {"a": {}}, "required": ["a"], "minProperties": 2}
+    assert reads(declared_and_one, '{"x": 0, "a": 1}') and not reads(declared_and_one, '{"a": 1}')
+
+
+@pytest.mark.parametrize(
+    "schema, message",
+    [
+        ({"type": "object", "minProperties": 2}, "'minProperties' 2 on an object without declared properties"),
+        ({"properties": {"a": {}}, "minProperties": 3}, "'minProperties' 3 beyond the declared properties and one"),
+        ({"type": "object", "minProperties": 3, "maxProperties": 2}, "'minProperties' 3 is more than 'maxProp"),
+        ({"type": "object", "maxProperties": -1}, "'maxProperties' must be a non-negative integer, got -1"),
+    ],
+)
+def test_property_counts_the_constraint_cannot_follow_are_refused(schema, message):
+    with pytest.raises(InvalidArgumentError, match=message):
+        json_grammar(schema)
+    with pytest.raises(InvalidArgumentError, match="'maxProperties' needs property_order 'any'"):
+        json_grammar({"properties": {"a": {}, "b": {}}, "maxProperties": 1}, property_order="schema")
+
+
+def test_integers_are_multiples_of_multiple_of_within_their_bounds():
+    assert [reads({"type": "integer", "multipleOf": 5}, t) for t in ("0", "15", "-10", "7", "-3")] == [1, 1, 1, 0, 0]
+    bounded = {"type": "integer", "multipleOf": 7, "minimum": 10, "maximum": 20}
+    assert reads(bounded, "14") and not reads(bounded, "7") and not reads(bounded, "21")
+    assert_refused(bounded, "", "2")  # 2 and 20-29: no multiple of 7 within [10, 20] starts with 2
+    number = {"type": "number", "multipleOf": 2}  # whole multiples: written as integers
+    assert reads(number, "4") and not reads(number, "4.0") and not reads(number, "3")
+    assert reads({"type": "integer", "multipleOf": 0.5}, "3")  # every integer is a multiple of 1/2
+    with pytest.raises(InvalidArgumentError, match="and a multiple of 10"):
+        json_grammar({"type": "integer", "multipleOf": 10, "minimum": 1, "maximum": 9})
+
+
+def test_objects_with_many_properties_keep_schema_order():
+    from ruvllm.runtime.constrain import MAX_ANY_ORDER
+
+    many = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(MAX_ANY_ORDER + 1)}}
+    assert reads(many, '{"p0": 1, "p3": 2}') and not reads(many, '{"p3": 1, "p0": 2}')
+    few = {"type": "object", "properties": {f"p{i}": {"type": "integer"} for i in range(MAX_ANY_ORDER)}}
+    assert reads(few, '{"p3": 1, "p0": 2}') and not reads(few, '{"p3": 1, "p3": 2}')
 
 
 def test_free_keys_follow_additional_properties():
@@ -537,7 +651,8 @@ def _nested(depth: int) -> dict:
             "'allOf' with 'prefixItems' in more than one schema is not supported at the root",
         ),
         ({"type": "array", "items": {"not": {"type": "string"}}}, "'not' at items"),
-        ({"type": "integer", "multipleOf": 2}, "'multipleOf' at the root"),
+        ({"type": "number", "multipleOf": 0.01}, "'multipleOf' 0.01 for numbers is supported only when it is a whole"),
+        ({"type": "integer", "multipleOf": 0}, "'multipleOf' must be a number above 0, got 0 at the root"),
         (
             {"type": "object", "patternProperties": {"^a": {}, "^b": {"type": "integer"}}},
             "'patternProperties' at the root with different schemas for different patterns is not supported",
@@ -545,8 +660,9 @@ def _nested(depth: int) -> dict:
         ({"type": "array", "uniqueItems": True}, "'uniqueItems' at the root"),
         ({"if": {"type": "string"}, "then": {}}, "'if' at the root"),
         (
-            {"$defs": {"a": {"type": "integer", "format": "date", "multipleOf": 2}}, "$ref": "#/$defs/a"},
-            "'multipleOf' at $defs.a",
+            {"$defs": {"a": {"type": "number", "format": "date", "multipleOf": 2.5}}, "$ref": "#/$defs/a"},
+            "'multipleOf' 2.5 for numbers is supported only when it is a whole number (then integers are written) "
+            "at $defs.a",
         ),
         ({"anyOf": [{"type": "string"}, {"type": "integer", "maximum": "9"}]}, "'maximum' must be a finite number"),
         ({"$ref": "http://example.com/schema"}, "'$ref' 'http://example.com/schema' points to another document"),
@@ -814,8 +930,10 @@ def test_schemas_accept_their_valid_documents_and_refuse_the_others(name, valida
 
 def test_declared_properties_come_in_schema_order_once():
     schema = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}}
-    assert reads(schema, '{"c": [1], "a": 1, "d": {}, "b": 2}')
-    assert not reads(schema, '{"b": 1, "a": 2}') and not reads(schema, '{"a": 1, "a": 2}')
+    order = {"property_order": "schema"}
+    assert reads(schema, '{"c": [1], "a": 1, "d": {}, "b": 2}', **order)
+    assert not reads(schema, '{"b": 1, "a": 2}', **order) and not reads(schema, '{"a": 1, "a": 2}', **order)
+    assert reads(schema, '{"c": [1], "b": 1, "d": {}, "a": 2}') and not reads(schema, '{"a": 1, "a": 2}')
 
 
 def test_only_declared_properties_are_written_without_extra_properties():

@@ -30,7 +30,8 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 from .files.json_body import FieldError, boolean, check_values, integer, number, obj, parse, shown, string
-from .runtime.constrain import Grammar, Matcher, Vocabulary, json_grammar
+from .runtime.constrain import Budgeted, Grammar, Vocabulary, json_grammar
+from .runtime.constrain.closing import closing_tokens
 from .runtime.generate import MAX_TOP_LOGPROBS, GenerationOptions
 from .text.stream import Chunk
 from .text.tokenizer import Tokenizer
@@ -82,18 +83,21 @@ class Prepared:
     tools: list[dict] = field(default_factory=list)
     tool_choice: str | dict = "none"
     call_grammar: Grammar | None = None  # tool_choice "auto": one call, once the model opens one
+    budget: int | None = None  # the tokens generation may take (max_tokens, or what the context leaves)
 
     @property
     def constrained(self) -> bool:
         """Whether generation needs a token constraint (and so the prepared Vocabulary)."""
         return self.grammar is not None or self.tool_choice != "none"
 
-    def constraint(self, vocabulary: Vocabulary) -> Matcher | ToolCallTrigger | None:
-        """A fresh constraint for one generation of this request (it keeps state)."""
+    def constraint(self, vocabulary: Vocabulary) -> Budgeted | ToolCallTrigger | None:
+        """A fresh constraint for one generation of this request (it keeps state): the document (or
+        call) is closed within the budget of tokens whenever its shortest closing fits (closing.py)."""
+        budget = self.options.max_tokens if self.budget is None else self.budget
         if self.grammar is not None:
-            return Matcher(self.grammar, vocabulary)
+            return Budgeted(self.grammar, vocabulary, budget)
         if self.call_grammar is not None:
-            return ToolCallTrigger(self.call_grammar, vocabulary)
+            return ToolCallTrigger(self.call_grammar, vocabulary, budget)
         return None
 
 
@@ -134,6 +138,7 @@ def finish(checked: Checked, prompt_ids: list[int], context: int, model_name: st
     if max_tokens is None:
         max_tokens = max(1, context - len(prompt_ids))  # OpenAI: until the end of the context window
     options = GenerationOptions.from_kwargs(max_tokens=max_tokens, **checked.generation)
+    budget = min(max_tokens, max(1, context - len(prompt_ids)))  # the context window may end first
     return Prepared(
         checked.kind,
         model_name,
@@ -146,6 +151,7 @@ def finish(checked: Checked, prompt_ids: list[int], context: int, model_name: st
         checked.tools,
         checked.tool_choice,
         checked.call_grammar,
+        budget,
     )
 
 
@@ -427,31 +433,44 @@ class ToolCallTrigger:
     """tool_choice "auto": the model writes freely until it opens a call (`<tool_call>`); from there the
     call must be one of the tools with arguments that fit its parameters, up to `</tool_call>`; then it
     is free again (for text, or another call). `grammar`: the call's, from "\n" to "\n</tool_call>"
-    (Prepared.call_grammar)."""
+    (Prepared.call_grammar). `budget`: the tokens generation may take (default: no bound); a call is
+    closed within it, and none is opened (no `<` is written) when the tokens left cannot hold the opening
+    tag and the shortest call."""
 
-    def __init__(self, grammar: Grammar, vocabulary: Vocabulary) -> None:
+    def __init__(self, grammar: Grammar, vocabulary: Vocabulary, budget: int = 1 << 30) -> None:
         self.grammar = grammar
         self.vocabulary = vocabulary
         self.free = np.ones(vocabulary.size, dtype=bool)
         self.tail = b""  # the last bytes written, to see the opening tag
-        self.call: Matcher | None = None
+        self.call: Budgeted | None = None
+        self.left = budget
+        self.shortest_call: int | None = None  # tokens: the opening tag, the shortest call, EOS
 
     def allowed(self) -> np.ndarray:
-        if self.call is None:
-            return self.free
-        if self.call.complete:  # the call is closed: free text again
+        if self.call is not None and self.call.complete:  # the call is closed: free text again
             self.call = None
-            return self.free
-        return self.call.allowed()
+        if self.call is not None:
+            return self.call.allowed()
+        if self.shortest_call is None:
+            call = Budgeted(self.grammar, self.vocabulary, self.left)
+            self.shortest_call = closing_tokens(self.vocabulary, TOOL_CALL_OPEN.encode())[0] + call.reserve(call.state)
+            self.no_tag = np.zeros(self.vocabulary.size, bool)  # (V,) tokens without "<"
+            self.no_tag[: len(self.vocabulary.token_bytes)] = [b"<" not in t for t in self.vocabulary.token_bytes]
+        if self.left - 1 < self.shortest_call and not self.tail:
+            return self.free & self.no_tag
+        return self.free
 
     def advance(self, token_id: int) -> None:
+        self.left -= 1
         if self.call is not None and not self.call.complete:
             self.call.advance(token_id)
             return
         self.call = None
         self.tail = (self.tail + self.vocabulary.token_bytes[token_id])[-len(TOOL_CALL_OPEN) :]
         if self.tail.endswith(TOOL_CALL_OPEN.encode()):
-            self.call, self.tail = Matcher(self.grammar, self.vocabulary), b""
+            self.call, self.tail = Budgeted(self.grammar, self.vocabulary, self.left), b""
+        elif not any(self.tail.endswith(TOOL_CALL_OPEN[:k].encode()) for k in range(1, len(TOOL_CALL_OPEN))):
+            self.tail = b""  # no part of the tag is open
 
     @property
     def complete(self) -> bool:

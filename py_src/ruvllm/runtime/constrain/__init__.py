@@ -11,8 +11,13 @@ UTF-8 (no surrogates, no overlong forms); the whole output always decodes as UTF
 
 Supported JSON Schema (drafts 4 to 2020-12): `type` (object, array, string, integer, number, boolean,
 null, or a list of them; without it every type, each constrained by the keywords of its own type),
-`properties` (written in schema order, as XGrammar and LLGuidance do; required ones always, optional
-ones may be skipped), `required`, `additionalProperties` (with `properties`: undeclared keys, with
+`properties` (in any order, each at most once, required ones always; `json_grammar(...,
+property_order="schema")` keeps schema order, as XGrammar and LLGuidance do, and so do objects with
+more than MAX_ANY_ORDER (16) declared properties: the set written is part of the parser state),
+`required`, `dependentRequired` (and draft-04 `dependencies` lists), `minProperties` and
+`maxProperties` (these two and dependentRequired for objects in any order only; undeclared keys count
+once towards minProperties: they are not compared with each other),
+`additionalProperties` (with `properties`: undeclared keys, with
 values that follow it, may come between the declared ones unless it is false, or `json_grammar(...,
 extra_properties=False)` writes only the declared ones; with no properties listed: free keys whose
 values follow `additionalProperties`, any value if it is true or if the schema says nothing about
@@ -25,8 +30,9 @@ valid under two options would be invalid), `$ref` resolved as the specification 
 (draft-04 `id`) bases, to `$anchor`s and to JSON pointers (`~0`, `~1` and %-escapes decoded) anywhere in
 the document (nothing is fetched), with sibling keywords merged; `minLength`/`maxLength` (characters);
 `minimum`, `maximum`, `exclusiveMinimum`, `exclusiveMaximum` for integers and numbers (draft-04 boolean
-exclusive flags too), enforced exactly: a digit is allowed only if some completion is in range (bounded
-numbers are written without an exponent); `pattern` (regex.py: the ECMA-262 subset real schemas use, as
+exclusive flags too), and `multipleOf` for integers (a whole one on numbers writes integers), enforced
+exactly: a digit is allowed only if some completion is in range (bounded numbers are written without an
+exponent); `pattern` (regex.py: the ECMA-262 subset real schemas use, as
 a DFA over characters; a patterned string uses no escapes but `\\"`, `\\\\` and `\\/`, and non-ASCII
 characters only where every such character fits), and `format` date, time, date-time, uuid, email, ipv4,
 ipv6 and uri, written to a pattern of that format (other formats are annotations, not checked; with
@@ -34,7 +40,7 @@ ipv6 and uri, written to a pattern of that format (other formats are annotations
 (`x-...`, `readonly`, ...) are ignored, as the specification says; `json_grammar(..., strict=True)`
 refuses the latter. `patternProperties` (when all its patterns share one schema) and `propertyNames`
 (pattern, lengths) shape undeclared keys. Constraints that are not supported (not, if/then/else,
-contains, multipleOf, uniqueItems, minProperties, ...) are refused with an
+contains, uniqueItems, a fractional multipleOf on numbers, ...) are refused with an
 `InvalidArgumentError` naming the keyword and where it is. A schema no document can meet is refused with
 the reason (e.g. a required property whose schema is false); a part of it no document can meet (an
 optional property, an anyOf option) is never started. Sub-schemas nested deeper than MAX_SCHEMA_DEPTH
@@ -88,13 +94,15 @@ Dimension letters: V vocabulary size (the width of the logits).
 """
 
 from .automaton import MAX_DFA_STATES
+from .closing import Budgeted
 from .grammar import Grammar
 from .matcher import Matcher
 from .parser import MAX_EXPONENT_DIGITS, MAX_FRACTION_DIGITS, MAX_INDENT, MAX_INT_DIGITS, MAX_NEWLINES
-from .schema import MAX_SCHEMA_DEPTH, json_grammar
+from .schema import MAX_ANY_ORDER, MAX_SCHEMA_DEPTH, json_grammar
 from .vocabulary import Vocabulary
 
 __all__ = [
+    "MAX_ANY_ORDER",
     "MAX_DFA_STATES",
     "MAX_EXPONENT_DIGITS",
     "MAX_FRACTION_DIGITS",
@@ -102,6 +110,7 @@ __all__ = [
     "MAX_INT_DIGITS",
     "MAX_NEWLINES",
     "MAX_SCHEMA_DEPTH",
+    "Budgeted",
     "Grammar",
     "Matcher",
     "Vocabulary",

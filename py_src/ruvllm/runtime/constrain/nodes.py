@@ -29,6 +29,11 @@ class _Object:
     extra_value: int | None = None  # undeclared keys, between the properties, with values of this node
     extra_key: int | None = None  # the string node of undeclared keys
     excluded: tuple[bytes, ...] = ()  # declared keys no value can follow: not undeclared keys either
+    any_order: bool = False  # properties in any order (each at most once): frames track those written
+    required_bits: int = 0  # any_order: the bit (1 << index) of each required property
+    dependencies: tuple[tuple[int, int], ...] = ()  # any_order: (property bit, bits it requires)
+    min_properties: int = 0  # any_order: minProperties (undeclared keys count once: they may repeat)
+    max_properties: int = -1  # any_order: maxProperties (-1: none; undeclared keys count each time)
 
 
 @dataclass(frozen=True)
@@ -55,6 +60,7 @@ class _Number:
     maximum: int | Fraction | None
     open_min: bool = False
     open_max: bool = False
+    multiple_of: int = 1  # integers: multipleOf (the value is then tracked, as with bounds)
 
 
 @dataclass(frozen=True)

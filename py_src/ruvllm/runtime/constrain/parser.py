@@ -33,7 +33,10 @@ class _Rules:
 #   (_TEXT, text, offset)            literal prefix/suffix text, popped after its last byte
 #   (_VALUE, node)                   a value not started yet (only at the root)
 #   (_OBJECT, node, phase, i, x)     i: next property index; x: whitespace state, or the key so far;
-#                                    at the colon and value of an undeclared key, i is -1 - (next index)
+#                                    at the colon and value of an undeclared key, i is -1 - (next index).
+#                                    Objects in any order (_Object.any_order): i is the set of properties
+#                                    written (bit j: property j), and at the colon and value (that set,
+#                                    the property's index or -1 for an undeclared key)
 #   (_ARRAY, node, phase, count, w)  w: whitespace state
 #   (_STRING, node, phase, count, u) count: characters (capped); u: \u digits, or UTF-8 bytes still due
 #   (_PATTERN, node, phase, count, u, r)  a string with a pattern: r is the state of its regex DFA
@@ -111,7 +114,7 @@ def _readable(g: _Rules, config: tuple) -> int:
         elif kind == _OBJECT and frame[2] == _KEY:
             _, n, _, i, text = frame
             spec = g.nodes[n]
-            for p in spec.properties[i : spec.last_candidate[i] + 1]:
+            for p in _candidates(spec, i):
                 if p.key.startswith(text):  # keys are quoted: none is the whole of another
                     bits |= 1 << p.key[len(text)]
             if spec.extra_value is not None:
@@ -121,6 +124,73 @@ def _readable(g: _Rules, config: tuple) -> int:
         if not _can_end(g, frame):
             break
     return bits
+
+
+def _candidates(spec: _Object, i: int) -> list:
+    """The declared properties that may come next (in a key phase, i as the object frame holds it)."""
+    if spec.any_order:
+        return [p for j, p in enumerate(spec.properties) if not i >> j & 1 and _feasible(spec, i | 1 << j)]
+    return list(spec.properties[i : spec.last_candidate[i] + 1])
+
+
+_EXTRA = 16  # objects in any order: the bits of i from here count the undeclared keys written (capped)
+_DECLARED = (1 << _EXTRA) - 1
+
+
+def _counted(spec: _Object) -> bool:
+    return spec.min_properties > 0 or spec.max_properties >= 0
+
+
+def _plus_extra(spec: _Object, i: int) -> int:
+    """i after one more undeclared key (counted only with min/maxProperties, up to what they need)."""
+    if not _counted(spec):
+        return i
+    cap = spec.max_properties + 1 if spec.max_properties >= 0 else 1  # one past the most: never allowed
+    return (i & _DECLARED) | min((i >> _EXTRA) + 1, cap) << _EXTRA
+
+
+def _feasible(spec: _Object, i: int) -> bool:
+    """Whether an object in any order can still be completed from i within min/maxProperties (the
+    properties due, the count to reach, the room left)."""
+    if not _counted(spec):
+        return True
+    written, extras = i & _DECLARED, i >> _EXTRA
+    declared = bin(written).count("1")
+    due = bin(_due(spec, written) & ~written).count("1")
+    short = max(0, spec.min_properties - declared - min(extras, 1))  # undeclared keys may repeat: one counts
+    available = len(spec.properties) - declared + (1 if spec.extra_value is not None and extras == 0 else 0)
+    if short > available:
+        return False
+    return spec.max_properties < 0 or declared + extras + max(due, short) <= spec.max_properties
+
+
+def _closable_any(spec: _Object, i: int) -> bool:
+    """Whether an object in any order may close after i: nothing due, minProperties reached."""
+    written = i & _DECLARED
+    if _due(spec, written) & ~written:
+        return False
+    return bin(written).count("1") + min(i >> _EXTRA, 1) >= spec.min_properties
+
+
+def _can_add(spec: _Object, i: int) -> bool:
+    """Whether some key (declared and not written yet, or undeclared) may come next."""
+    if spec.extra_value is not None and _feasible(spec, _plus_extra(spec, i)):
+        return True
+    return any(not i >> j & 1 and _feasible(spec, i | 1 << j) for j in range(len(spec.properties)))
+
+
+def _due(spec: _Object, written: int) -> int:
+    """Objects in any order: the properties that must be written before `}` (required ones, and those
+    the written ones require through `dependentRequired`, in turn)."""
+    due = spec.required_bits
+    changed = bool(spec.dependencies)
+    while changed:
+        changed = False
+        for trigger, needed in spec.dependencies:
+            if (written | due) & trigger and needed & ~due:
+                due |= needed
+                changed = True
+    return due
 
 
 def _start_frames(nodes: Sequence, node: int) -> tuple[tuple, ...]:
@@ -213,6 +283,8 @@ def _step_value(g: _Rules, frame: tuple, b: int) -> list[tuple]:
 def _step_object(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     _, n, phase, i, x = frame
     spec = g.nodes[n]
+    if spec.any_order:
+        return _step_any_order(g, spec, frame, b)
     if phase == _KEY:  # x: the key so far, from its opening quote
         key = x + bytes((b,))
         for j in range(i, spec.last_candidate[i] + 1):
@@ -253,13 +325,54 @@ def _step_object(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     return [()] if b == 0x7D and spec.closable[i] else []
 
 
-def _undeclared_key(g: _Rules, spec: _Object, n: int, i: int, key: bytes) -> list[tuple]:
+def _step_any_order(g: _Rules, spec: _Object, frame: tuple, b: int) -> list[tuple]:
+    """_step_object for an object whose properties may come in any order, each at most once."""
+    _, n, phase, i, x = frame
+    if phase == _KEY:  # i: the properties written; x: the key so far
+        key = x + bytes((b,))
+        prefix = False
+        for j, p in enumerate(spec.properties):
+            if not i >> j & 1 and _feasible(spec, i | 1 << j):
+                if p.key == key:
+                    return [((_OBJECT, n, _COLON, (i, j), 0),)]
+                prefix = prefix or p.key.startswith(key)
+        if prefix:
+            return [((_OBJECT, n, _KEY, i, key),)]
+        if spec.extra_value is None or not _feasible(spec, _plus_extra(spec, i)):
+            return []
+        return _undeclared_key(g, spec, n, i, key, (i, -1))
+    if phase == _OPEN:
+        return [((_OBJECT, n, _FIRST, 0, 0),)] if b == 0x7B else []
+    if b in _WHITESPACE:
+        w = _whitespace(x, b) if g.whitespace else None
+        return [] if w is None else [((_OBJECT, n, phase, i, w),)]
+    if phase == _COLON:
+        return [((_OBJECT, n, _VALUE_NEXT, i, 0),)] if b == 0x3A else []
+    if phase == _VALUE_NEXT:
+        written, j = i
+        value = spec.extra_value if j < 0 else spec.properties[j].value
+        after = (_OBJECT, n, _AFTER_VALUE, _plus_extra(spec, written) if j < 0 else written | 1 << j, 0)
+        return [(after, *frames) for frames in _start_value(g, value, b)]
+    if phase == _FIRST or phase == _AFTER_COMMA:
+        if b == 0x22 and _can_add(spec, i):
+            return [((_OBJECT, n, _KEY, i, b'"'),)]
+        return [()] if b == 0x7D and phase == _FIRST and _closable_any(spec, i) else []
+    # _AFTER_VALUE
+    if b == 0x2C and _can_add(spec, i):
+        return [((_OBJECT, n, _AFTER_COMMA, i, 0),)]
+    return [()] if b == 0x7D and _closable_any(spec, i) else []
+
+
+def _undeclared_key(
+    g: _Rules, spec: _Object, n: int, i: int, key: bytes, colon_i: int | tuple | None = None
+) -> list[tuple]:
     """An object key that is none of the next candidates: an undeclared key, if it is not (and cannot
-    become) a declared one. Once it cannot, the rest of it is read by a plain string frame."""
+    become) a declared one. Once it cannot, the rest of it is read by a plain string frame. colon_i:
+    the object frame's i at the colon (default: -1 - i, declared order)."""
     declared = [p.key for p in spec.properties] + list(spec.excluded)
     if key in declared:
-        return []  # a declared key out of its place
-    colon = (_OBJECT, n, _COLON, -1 - i, 0)
+        return []  # a declared key out of its place, or written twice
+    colon = (_OBJECT, n, _COLON, -1 - i if colon_i is None else colon_i, 0)
     assert spec.extra_key is not None
     configs: list[tuple] = list(g.starts[spec.extra_key])  # the string frame of undeclared keys
     closed = False
@@ -397,6 +510,7 @@ def _step_number(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     digit = b - 0x30 if b in _DIGITS else -1
     if bounded and not spec.integer:
         return _step_decimal(spec, frame, b, digit)
+    bounded = bounded or spec.multiple_of > 1  # integers: the value is tracked
     if phase == _N_START and b == 0x2D:  # '-'
         return [((_NUMBER, n, _N_MINUS, 0, 0),)] if spec.minimum is None or spec.minimum <= 0 else []
     if phase in (_N_START, _N_MINUS, _N_INT) and digit >= 0:
@@ -432,7 +546,9 @@ def _reachable(spec: _Number, negative: bool, magnitude: int, digits: int) -> bo
         low, high = magnitude * 10**more, magnitude * 10**more + 10**more - 1
         if negative:
             low, high = -high, -low
-        if (spec.minimum is None or high >= spec.minimum) and (spec.maximum is None or low <= spec.maximum):
+        low = low if spec.minimum is None else max(low, spec.minimum)
+        high = high if spec.maximum is None else min(high, spec.maximum)
+        if low <= high and -(-low // spec.multiple_of) * spec.multiple_of <= high:  # a multiple in [low, high]
             return True
     return False
 
@@ -486,7 +602,8 @@ def _decimal_within(spec: _Number, value: Fraction) -> bool:
 
 
 def _within(spec: _Number, value: int) -> bool:
-    return (spec.minimum is None or value >= spec.minimum) and (spec.maximum is None or value <= spec.maximum)
+    in_range = (spec.minimum is None or value >= spec.minimum) and (spec.maximum is None or value <= spec.maximum)
+    return in_range and value % spec.multiple_of == 0
 
 
 def _step_literal(g: _Rules, frame: tuple, b: int) -> list[tuple]:

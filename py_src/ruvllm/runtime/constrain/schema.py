@@ -15,11 +15,14 @@ from ...errors import InvalidArgumentError
 from .combine import MAX_COMBINATIONS, MergeError, UnsatisfiableError, json_equal, merge, reference
 from .grammar import Grammar
 from .nodes import _Array, _Literal, _Number, _Object, _Property, _String, _Union
-from .parser import MAX_INT_DIGITS
+from .parser import MAX_INT_DIGITS, _feasible
 from .regex import Regex, RegexError
 from .resolve import ROOT_URI, Location, Resources
 
 MAX_SCHEMA_DEPTH = 100  # sub-schemas (and references, allOf parts) followed within each other
+MAX_ANY_ORDER = 16  # objects with more declared properties are written in schema order
+_PROPERTY_ORDERS = ("any", "schema")
+MAX_KEY_CHARS = 1_000_000  # undeclared keys of objects with maxProperties (see _Compiler.extra_key)
 
 # Annotations and identifiers: no effect on what is valid. `format` is an annotation, as in jsonschema's
 # default validator (its values are not checked).
@@ -32,16 +35,18 @@ _HANDLED = frozenset(
     {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required", "additionalProperties"}
     | {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "uniqueItems"}
     | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "if", "then", "else", "minContains"}
-    | {"maxContains", "pattern", "format", "patternProperties", "propertyNames"}
+    | {"maxContains", "pattern", "format", "patternProperties", "propertyNames", "dependentRequired", "dependencies"}
+    | {"minProperties", "maxProperties", "multipleOf"}
 )
 _REFUSED = frozenset(  # constraints JSON Schema defines that are not supported (yet)
-    {"minProperties", "maxProperties", "dependentRequired"}
-    | {"dependentSchemas", "dependencies", "not", "contains", "multipleOf", "unevaluatedProperties"}
+    {"dependentSchemas", "not", "contains", "unevaluatedProperties"}
     | {"unevaluatedItems", "$dynamicRef", "$recursiveRef"}
 )
 _SUPPORTED = (
     "type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, enum, const, "
-    "anyOf, oneOf, allOf, $ref (with $id, $anchor), minLength, maxLength, pattern, format (date, time, "
+    "anyOf, oneOf, allOf, $ref (with $id, $anchor), dependentRequired (and draft-04 dependencies lists), "
+    "minProperties, maxProperties, multipleOf (integers), "
+    "minLength, maxLength, pattern, format (date, time, "
     "date-time, uuid, email, ipv4, ipv6, uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, and annotations"
 )
 # `format` values written by these patterns (other formats are annotations, not checked).
@@ -70,7 +75,7 @@ FORMATS = {
     "uri": r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s\"<>\\^`{|}]*$",
 }
 _KEYWORDS_OF = {
-    "object": ("properties", "required", "additionalProperties"),
+    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties"),
     "array": ("items", "prefixItems", "minItems", "maxItems"),
     "string": ("minLength", "maxLength", "pattern", "format"),
     "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
@@ -85,6 +90,7 @@ def json_grammar(
     strict: bool = False,
     extra_properties: bool = True,
     whitespace: str = "compact",
+    property_order: str = "any",
 ) -> Grammar:
     """The grammar of one JSON value, with literal text before and after it.
 
@@ -94,18 +100,23 @@ def json_grammar(
     the value. strict: refuse keywords no JSON Schema draft defines (by default they are ignored, as
     the specification says). extra_properties: undeclared properties may be written between the
     declared ones where `additionalProperties` allows them (absent, true or a schema), as LLGuidance
-    does; False writes only the declared ones, as XGrammar does by default. Declared properties are
-    written in schema order either way, as both do. whitespace: "compact" (no whitespace between the
+    does; False writes only the declared ones, as XGrammar does by default. property_order: "any"
+    (declared properties in any order, each at most once, the required ones all before the object
+    closes; objects with more than MAX_ANY_ORDER declared properties keep schema order) or "schema"
+    (in schema order, as XGrammar and LLGuidance write them: fewer states, and the model is led
+    through the properties in the order the schema's author chose). whitespace: "compact" (no whitespace between the
     tokens of the document, as XGrammar and LLGuidance write it: fewer tokens) or "flexible" (what
     the package docstring describes: indented, pretty output is possible, and JSON written by
     `json.dumps` with its default separators is read).
     """
+    if property_order not in _PROPERTY_ORDERS:
+        raise InvalidArgumentError(f'json_grammar: property_order must be "any" or "schema", got {property_order!r}')
     if whitespace not in ("compact", "flexible"):
         raise InvalidArgumentError(f'json_grammar: whitespace must be "compact" or "flexible", got {whitespace!r}')
     for name, text in (("prefix", prefix), ("suffix", suffix)):
         if not isinstance(text, str):
             raise InvalidArgumentError(f"json_grammar: {name} must be a string, got {type(text).__name__}")
-    compiler = _Compiler(schema, strict, extra_properties)
+    compiler = _Compiler(schema, strict, extra_properties, property_order == "any")
     if schema is None:
         root, description = compiler.free_object(compiler.any_value()), "json_object"
     else:
@@ -152,10 +163,11 @@ class _Compiler:
     slot reserved before their body, so recursion refers back to the slot. A sub-schema that no
     document can meet compiles to an empty union, with the reason kept for the error if the root is one."""
 
-    def __init__(self, root_schema: object, strict: bool, extra_properties: bool) -> None:
+    def __init__(self, root_schema: object, strict: bool, extra_properties: bool, any_order: bool = True) -> None:
         self.resources = Resources(root_schema)
         self.strict = strict
         self.extra_properties = extra_properties
+        self.any_order = any_order
         self.nodes: list = []
         self.refs: dict[str, int] = {}
         self.enums: list[tuple[int, int, list, tuple[str, ...]]] = []  # (slot, other keywords, values, path)
@@ -394,16 +406,25 @@ class _Compiler:
             if high >= 0 and low > high:
                 return self.dead_node(f"'minLength' {low} is more than 'maxLength' {high}", path)
             return self.add(_String(low, high, high if high >= 0 else low, self.pattern(schema, path)))
+        if kind == "number" and "multipleOf" in schema and _multiple(schema, path).denominator == 1:
+            kind = "integer"  # multiples of an integer are integers: written as integers (not 2.0)
         if kind == "integer":
             minimum, maximum = _integer_bounds(schema, path)
             largest = 10**MAX_INT_DIGITS - 1
             low = minimum if minimum is not None else -largest
             high = maximum if maximum is not None else largest
-            if low > min(high, largest) or high < max(low, -largest):
+            step = _multiple(schema, path).numerator if "multipleOf" in schema else 1  # n * q / p whole: p | n
+            if low > min(high, largest) or high < max(low, -largest) or -(-low // step) * step > high:
                 why = f"no integer of at most {MAX_INT_DIGITS} digits is within the bounds [{minimum}, {maximum}]"
-                return self.dead_node(why, path)
-            return self.add(_Number(True, minimum, maximum))
+                return self.dead_node(why + (f" and a multiple of {schema['multipleOf']}" if step > 1 else ""), path)
+            return self.add(_Number(True, minimum, maximum, multiple_of=step))
         if kind == "number":
+            if "multipleOf" in schema:
+                raise _fail(
+                    f"'multipleOf' {schema['multipleOf']} for numbers is supported only when it is a whole "
+                    "number (then integers are written)",
+                    path,
+                )
             return self.number(schema, path)
         return self.add(_Literal((b"false", b"true") if kind == "boolean" else (b"null",)))
 
@@ -456,8 +477,25 @@ class _Compiler:
         # Free keys only when nothing is listed: no properties and additionalProperties allowing more
         # (explicitly, or by saying nothing at all). "properties": {} alone means the empty object.
         listed_none = "properties" not in schema or "additionalProperties" in schema or bool(patterns)
+        undeclared = extra is not False and self.extra_properties  # undeclared keys may be written
+        dependencies = self.dependencies(schema, path)
+        if dependencies and not (properties or required) and undeclared:
+            raise _fail("'dependentRequired' between undeclared properties is not supported", path)
+        low, high = _count(schema, "minProperties", path), _count(schema, "maxProperties", path)
+        counts = {"min_properties": low, "max_properties": high}
+        if high >= 0 and low > high:
+            return self.dead_node(f"'minProperties' {low} is more than 'maxProperties' {high}", path)
         if not properties and not required and extra is not False and listed_none:
-            return self.free_object(self.compile(extra, extra_path, extra_location, depth + 1), key)
+            value = self.compile(extra, extra_path, extra_location, depth + 1)
+            if low == 0 and high < 0:
+                return self.free_object(value, key)
+            if low > 1:
+                raise _fail(
+                    f"'minProperties' {low} on an object without declared properties is not supported (at most "
+                    "1: undeclared keys are not compared with each other)",
+                    path,
+                )
+            return self.add(_object_node((), value, self.extra_key(key, high), True, **counts))
         listed = []
         for name, sub in properties.items():
             sub_path, sub_location = (*path, "properties", name), _child(location, "properties", name)
@@ -476,11 +514,79 @@ class _Compiler:
                 if patterns and not _match_any(self.pattern({"pattern": list(patterns)}, path), name):
                     return self.dead_node(f"the required property {name!r} matches no 'patternProperties'", path)
                 listed.append((name, self.compile(extra, extra_path, extra_location, depth + 1), True))
-        props = tuple(_Property(json.dumps(n, ensure_ascii=False).encode("utf-8"), v, r) for n, v, r in listed)
+        names_listed = {name for name, _, _ in listed}
+        for trigger, needs in list(dependencies.items()):
+            if trigger not in names_listed and not undeclared:
+                del dependencies[trigger]  # never written: nothing it requires matters
+                continue
+            for name in needs:
+                fits = names(name) and (
+                    not patterns or _match_any(self.pattern({"pattern": list(patterns)}, path), name)
+                )
+                if name not in names_listed and undeclared and fits and trigger in names_listed:
+                    listed.append((name, self.compile(extra, extra_path, extra_location, depth + 1), False))
+                    names_listed.add(name)
+            if trigger not in names_listed or any(name not in names_listed for name in needs):
+                raise _fail(
+                    "'dependentRequired' is supported between declared properties (or undeclared ones the "
+                    f"schema allows), not for {trigger!r}",
+                    path,
+                )
+        uses = (("dependentRequired", dependencies), ("minProperties", low), ("maxProperties", high >= 0))
+        for keyword, used in uses:
+            if used and not (self.any_order and len(listed) <= MAX_ANY_ORDER):
+                raise _fail(
+                    f"'{keyword}' needs property_order 'any' and no more than {MAX_ANY_ORDER} declared properties", path
+                )
+        props = tuple(_Property(_key(n), v, r) for n, v, r in listed)
+        deps = {_key(k): tuple(_key(n) for n in v) for k, v in dependencies.items()}
         if not self.extra_properties or extra is False or not (properties or patterns):
-            return self.add(_object_node(props))
-        value = self.compile(extra, extra_path, extra_location, depth + 1)
-        return self.add(_object_node(props, value, self.add(_String(0, -1, 0)) if key is None else key))
+            node = _object_node(props, any_order=self.any_order, dependencies=deps, **counts)
+        else:
+            value = self.compile(extra, extra_path, extra_location, depth + 1)
+            node = _object_node(props, value, self.extra_key(key, high), self.any_order, deps, **counts)
+        if not _feasible(node, 0):
+            if node.extra_value is not None and _feasible(replace(node, min_properties=0), 0):
+                raise _fail(
+                    f"'minProperties' {low} beyond the declared properties and one undeclared key is not supported "
+                    "(undeclared keys are not compared with each other)",
+                    path,
+                )
+            return self.dead_node(f"'minProperties' {low} or 'maxProperties' {high} cannot be met", path)
+        return self.add(node)
+
+    def extra_key(self, key: int | None, most: int) -> int:
+        """The string node of undeclared keys (key None: any key). With maxProperties (most >= 0), an
+        undeclared key may not fit where the count is reached, so its node is not a plain unbounded string:
+        the masks of key prefixes then walk the tokens rather than allow all plain text at once."""
+        if most < 0:
+            return self.add(_String(0, -1, 0)) if key is None else key
+        spec = _String(0, -1, 0) if key is None else self.nodes[key]
+        if isinstance(spec, _String) and spec.pattern is None and spec.max_length < 0:
+            return self.add(replace(spec, max_length=MAX_KEY_CHARS))
+        return key
+
+    def dependencies(self, schema: dict, path: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
+        """`dependentRequired`, and draft-04 `dependencies` in its list form: name -> the names it requires."""
+        out: dict[str, tuple[str, ...]] = {}
+        for keyword in ("dependentRequired", "dependencies"):
+            value = schema.get(keyword, {})
+            if not isinstance(value, dict):
+                raise _fail(f"{keyword!r} must be an object", path)
+            for name, needs in value.items():
+                if keyword == "dependencies" and (needs is True or needs == {}):
+                    continue  # a schema every object meets
+                if keyword == "dependencies" and not isinstance(needs, list):
+                    raise InvalidArgumentError(
+                        f"json_schema: 'dependencies' with a schema (not a list of names) {_where(path)} is not "
+                        f"supported (supported: {_SUPPORTED})"
+                    )
+                if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
+                    raise _fail(f"{keyword!r} must map names to lists of names, got {json.dumps(needs)[:60]}", path)
+                needs = tuple(n for n in dict.fromkeys(needs) if n != name)
+                if needs:
+                    out[name] = tuple(dict.fromkeys((*out.get(name, ()), *needs)))
+        return out
 
     def key_node(self, schema: dict, patterns: dict, path: tuple[str, ...]) -> tuple[int | None, Callable]:
         """The string node of undeclared keys (None: any key), from `patternProperties` and `propertyNames`,
@@ -555,11 +661,36 @@ def _match_any(regex: Regex | None, name: str) -> bool:
     return regex is not None and regex.matches(name)
 
 
-def _object_node(props: tuple[_Property, ...], extra_value: int | None = None, extra_key: int | None = None) -> _Object:
+def _key(name: str) -> bytes:
+    """A property name as the JSON text of its key."""
+    return json.dumps(name, ensure_ascii=False).encode("utf-8")
+
+
+def _object_node(
+    props: tuple[_Property, ...],
+    extra_value: int | None = None,
+    extra_key: int | None = None,
+    any_order: bool = False,
+    dependencies: dict[bytes, tuple[bytes, ...]] | None = None,
+    min_properties: int = 0,
+    max_properties: int = -1,
+) -> _Object:
+    """dependencies: key -> the keys it requires (JSON texts), all of them among `props` (the object is
+    then written in any order)."""
     needed = [i for i, p in enumerate(props) if p.required]
     last = tuple(next((j for j in needed if j >= i), len(props) - 1) for i in range(len(props) + 1))
     closable = tuple(not any(j >= i for j in needed) for i in range(len(props) + 1))
-    return _Object(props, None, None, last, closable, extra_value, extra_key)
+    counted = min_properties > 0 or max_properties >= 0
+    any_order = (any_order and 1 < len(props) <= MAX_ANY_ORDER) or bool(dependencies) or counted
+    bits = sum(1 << j for j in needed) if any_order else 0
+    index = {p.key: 1 << j for j, p in enumerate(props)}
+    pairs = tuple(
+        (index[key], sum(index[k] for k in keys)) for key, keys in (dependencies or {}).items() if key in index
+    )
+    return _Object(
+        props, None, None, last, closable, extra_value, extra_key, any_order=any_order, required_bits=bits,
+        dependencies=pairs, min_properties=min_properties, max_properties=max_properties,
+    )  # fmt: skip
 
 
 def _leaves(nodes: list, node: int) -> list[int]:
@@ -651,7 +782,13 @@ def _prune(nodes: list) -> set[int]:
             if isinstance(spec, _Union):
                 ok = any(o in productive for o in spec.options)
             elif isinstance(spec, _Object):
-                ok = spec.free_value is not None or all(p.value in productive for p in spec.properties if p.required)
+                needed = spec.required_bits | sum(bits for _, bits in spec.dependencies)
+                ok = spec.free_value is not None or all(
+                    p.value in productive for j, p in enumerate(spec.properties) if p.required or needed >> j & 1
+                )
+                if ok and spec.min_properties:  # enough properties that can be written, for minProperties
+                    kept = sum(p.value in productive for p in spec.properties)
+                    ok = spec.min_properties <= kept + (spec.extra_value in productive)
             elif isinstance(spec, _Array):
                 needed = [*spec.prefix, *([spec.item] * max(0, spec.min_items - len(spec.prefix)))]
                 ok = all(node is not None and node in productive for node in needed[: spec.min_items])
@@ -674,7 +811,15 @@ def _prune(nodes: list) -> set[int]:
             kept = tuple(p for p in spec.properties if p.value in productive)
             extra = spec.extra_value if spec.extra_value in productive else None
             excluded = tuple(p.key for p in spec.properties if p.value not in productive)
-            node = _object_node(kept, extra, spec.extra_key if extra is not None else None)
+            keys = [p.key for p in spec.properties]
+            deps = {
+                keys[t.bit_length() - 1]: tuple(k for j, k in enumerate(keys) if bits >> j & 1)
+                for t, bits in spec.dependencies
+            }
+            deps = {k: v for k, v in deps.items() if any(p.key == k for p in kept)}
+            counts = {"min_properties": spec.min_properties, "max_properties": spec.max_properties}
+            key = spec.extra_key if extra is not None else None
+            node = _object_node(kept, extra, key, spec.any_order, deps, **counts)
             nodes[n] = replace(node, excluded=excluded)
         elif isinstance(spec, _Array):
             dead = [i for i, node in enumerate(spec.prefix) if node not in productive]
@@ -685,6 +830,14 @@ def _prune(nodes: list) -> set[int]:
                     high = min(high, spec.max_items)
                 nodes[n] = _Array(item if not dead else None, spec.min_items, high, spec.cap, spec.prefix[:high])
     return productive
+
+
+def _multiple(schema: dict, path: tuple[str, ...]) -> Fraction:
+    """`multipleOf`, a positive number, exactly (0.1 is 1/10, not the double nearest it)."""
+    value = schema["multipleOf"]
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
+        raise _fail(f"'multipleOf' must be a number above 0, got {json.dumps(value)[:60]}", path)
+    return Fraction(str(value)) if isinstance(value, float) else Fraction(value)
 
 
 def _count(schema: dict, keyword: str, path: tuple[str, ...]) -> int:
