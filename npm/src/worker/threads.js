@@ -19,8 +19,11 @@ import { startPool } from './pool.js';
 
 /** 'auto' takes at most this many threads (decoding is bound by memory bandwidth beyond a few). */
 export const AUTO_MAX = 8;
-/** The default: one thread, until an adaptive count (issue 25) makes more safe on a busy machine. */
-export const DEFAULT_THREADS = 1;
+/**
+ * The default, as wllama and onnxruntime-web use the cores of an isolated page: 'auto', whose adaptive
+ * choice (one thread or all, per kind of product) keeps a busy machine near one thread's speed.
+ */
+export const DEFAULT_THREADS = 'auto';
 
 /** The logical cores this runtime reports (at least 1). */
 async function cores() {
@@ -45,7 +48,7 @@ export async function startThreads(py, kernels, threads = DEFAULT_THREADS) {
   const one = (reason) => ({ pool: null, api: null, count: 1, reason, adaptive: false });
   const wanted = threads === 'auto' ? Math.min(await cores(), AUTO_MAX, MAX_THREADS) : threads;
   if (wanted === 1)
-    return one(threads === 'auto' ? 'threads: this runtime reports 1 core' : 'threads: 1 (the default: ask for more)');
+    return one(threads === 'auto' ? 'threads: this runtime reports 1 core' : 'threads: 1 was asked');
   if (!kernels.exports) return one('the WebAssembly kernels do not run here (info.kernelsNote, or kernels: numpy)');
   const why = noSharing();
   if (why) return one(why);
