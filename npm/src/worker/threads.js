@@ -47,8 +47,7 @@ function noSharing() {
 export async function startThreads(py, kernels, threads = DEFAULT_THREADS) {
   const one = (reason) => ({ pool: null, api: null, count: 1, reason, adaptive: false });
   const wanted = threads === 'auto' ? Math.min(await cores(), AUTO_MAX, MAX_THREADS) : threads;
-  if (wanted === 1)
-    return one(threads === 'auto' ? 'threads: this runtime reports 1 core' : 'threads: 1 was asked');
+  if (wanted === 1) return one(threads === 'auto' ? 'threads: this runtime reports 1 core' : 'threads: 1 was asked');
   if (!kernels.exports) return one('the WebAssembly kernels do not run here (info.kernelsNote, or kernels: numpy)');
   const why = noSharing();
   if (why) return one(why);
