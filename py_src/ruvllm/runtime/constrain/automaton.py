@@ -88,8 +88,10 @@ class _Automaton:
                 if same is not None:  # share the mask of that state (the packed array itself)
                     j = self.intern(frozenset([same]))
                     self.mask(j)
-                    state.mask = self.states[j].mask
-                    return np.unpackbits(state.mask, count=size).view(bool)  # (V,)
+                    shared = self.states[j].mask
+                    assert shared is not None  # self.mask(j) has just computed it
+                    state.mask = shared
+                    return np.unpackbits(shared, count=size).view(bool)  # (V,)
                 allowed = self._config_mask(i, config)  # (V,)
             else:  # a token is allowed if one of the configurations allows it
                 allowed = np.zeros(size, bool)  # (V,)

@@ -121,8 +121,16 @@ class _Closer:
         return self._object(frame)
 
     def _items(self, spec: _Array, start: int, stop: int) -> bytes | None:
-        texts = [self.shortest[spec.prefix[k] if k < len(spec.prefix) else spec.item] for k in range(start, stop)]
-        return None if None in texts else b",".join(texts)
+        texts = []
+        for k in range(start, stop):
+            node = spec.prefix[k] if k < len(spec.prefix) else spec.item
+            # item None: no item past the prefix is allowed (max_items is len(prefix)), so none is due here
+            assert node is not None
+            text = self.shortest[node]
+            if text is None:
+                return None
+            texts.append(text)
+        return b",".join(texts)
 
     def _array(self, frame: tuple) -> bytes | None:
         _, n, phase, count, _ = frame
@@ -183,6 +191,7 @@ class _Closer:
         _, n, phase, i, x = frame
         spec, shortest = self.rules.nodes[n], self.shortest
         free = spec.free_value is not None
+        after: bytes | None  # what follows a property's value (None: no closing known)
         if phase == _OPEN:
             return shortest[n]
         if phase == _FIRST:
@@ -299,8 +308,8 @@ def _shortest_values(rules: _Rules) -> list[bytes | None]:
     while changed:
         changed = False
         for n, spec in enumerate(nodes):
-            text = _composite(spec, shortest)
-            if text is not None and (shortest[n] is None or len(text) < len(shortest[n])):
+            text, known = _composite(spec, shortest), shortest[n]
+            if text is not None and (known is None or len(text) < len(known)):
                 shortest[n] = text
                 changed = True
     return shortest
@@ -309,6 +318,7 @@ def _shortest_values(rules: _Rules) -> list[bytes | None]:
 def _entry(spec: _Object, shortest: list[bytes | None], i: int, j: int) -> tuple[bytes, int] | None:
     """Property j (-1: an undeclared key) written in full, and the object frame's i after it."""
     if j < 0:
+        assert spec.extra_value is not None  # the callers ask for an undeclared key only when one may come
         key = shortest[spec.extra_key] if spec.extra_key is not None else b'""'
         value = shortest[spec.extra_value]
         following = _plus_extra(spec, i)
@@ -321,7 +331,7 @@ def _entry(spec: _Object, shortest: list[bytes | None], i: int, j: int) -> tuple
 def _rest(spec: _Object, shortest: list[bytes | None], i: int, first: bool) -> bytes | None:
     """Objects in any order, after `{` (first) or a value: the properties still due (or needed to reach
     minProperties: the shortest optional ones, else one undeclared key), then `}`."""
-    texts = []
+    texts: list[bytes] = []
     for _ in range(len(spec.properties) + 2):
         if _closable_any(spec, i):
             return ((b"" if first else b",") + b",".join(texts) + b"}") if texts else b"}"
@@ -346,7 +356,7 @@ def _rest(spec: _Object, shortest: list[bytes | None], i: int, first: bool) -> b
 
 def _composite(spec: object, shortest: list[bytes | None]) -> bytes | None:
     if isinstance(spec, _Union):
-        options = [shortest[o] for o in spec.options if shortest[o] is not None]
+        options = [text for text in (shortest[o] for o in spec.options) if text is not None]
         return min(options, key=len) if options else None
     if isinstance(spec, _Object) and spec.any_order:
         rest = _rest(spec, shortest, 0, True)
@@ -354,13 +364,15 @@ def _composite(spec: object, shortest: list[bytes | None]) -> bytes | None:
     if isinstance(spec, _Object):
         if spec.free_value is not None:
             return b"{}"
-        texts = [p.key + b":" + shortest[p.value] for p in spec.properties if p.required and shortest[p.value]]
-        if len(texts) < sum(p.required for p in spec.properties):
+        required = [(p.key, shortest[p.value]) for p in spec.properties if p.required]
+        texts = [key + b":" + value for key, value in required if value]
+        if len(texts) < len(required):
             return None
         return b"{" + b",".join(texts) + b"}"
     if isinstance(spec, _Array):
         items = [spec.prefix[k] if k < len(spec.prefix) else spec.item for k in range(spec.min_items)]
-        texts = [shortest[i] for i in items if i is not None and shortest[i] is not None]
+        values = [shortest[i] for i in items if i is not None]
+        texts = [text for text in values if text is not None]
         return b"[" + b",".join(texts) + b"]" if len(texts) == spec.min_items else None
     return None
 
@@ -487,8 +499,9 @@ class Budgeted:
             if at < 0:
                 break
             node = trie.first[node] + at
-            if trie.ends[node] is not None and 1 + best[q + 1] + self.eos <= self.left:
-                out[list(trie.ends[node])] = True
+            ends = trie.ends[node]  # the tokens spelled text[: q + 1]
+            if ends is not None and 1 + best[q + 1] + self.eos <= self.left:
+                out[list(ends)] = True
         out &= allowed
         return out if out.any() else allowed
 

@@ -350,7 +350,11 @@ def _step_any_order(g: _Rules, spec: _Object, frame: tuple, b: int) -> list[tupl
         return [((_OBJECT, n, _VALUE_NEXT, i, 0),)] if b == 0x3A else []
     if phase == _VALUE_NEXT:
         written, j = i
-        value = spec.extra_value if j < 0 else spec.properties[j].value
+        if j < 0:
+            assert spec.extra_value is not None  # j < 0 (an undeclared key) is only entered when it is set
+            value = spec.extra_value
+        else:
+            value = spec.properties[j].value
         after = (_OBJECT, n, _AFTER_VALUE, _plus_extra(spec, written) if j < 0 else written | 1 << j, 0)
         return [(after, *frames) for frames in _start_value(g, value, b)]
     if phase == _FIRST or phase == _AFTER_COMMA:

@@ -36,7 +36,9 @@ class _PatternTokens:
         columns, classes = np.unique(moves.T, axis=0, return_inverse=True)  # (C, R), (129,)
         classes = classes.reshape(-1)
         count = len(columns)
-        readable = (columns >= 0).any(axis=1)  # (C,) a class some state reads
+        # (C,) a class some state reads. NumPy's stubs type any(axis=...) as np.bool | ndarray whatever the
+        # array's rank; over axis 1 of a 2-D array it is always a 1-D array
+        readable: np.ndarray = (columns >= 0).any(axis=1)  # type: ignore[assignment]
         rows = np.where(columns.T < 0, self.dead, columns.T)  # (R, C)
         self.table = np.vstack([rows, np.full((1, count), self.dead)]).astype(np.int16)  # (R + 1, C)
         self.parents: list[np.ndarray] = []  # per level, as in _CharTrie

@@ -495,7 +495,9 @@ class _Compiler:
                     "1: undeclared keys are not compared with each other)",
                     path,
                 )
-            return self.add(_object_node((), value, self.extra_key(key, high), True, **counts))
+            return self.add(
+                _object_node((), value, self.extra_key(key, high), True, min_properties=low, max_properties=high)
+            )
         listed = []
         for name, sub in properties.items():
             sub_path, sub_location = (*path, "properties", name), _child(location, "properties", name)
@@ -541,19 +543,19 @@ class _Compiler:
         props = tuple(_Property(_key(n), v, r) for n, v, r in listed)
         deps = {_key(k): tuple(_key(n) for n in v) for k, v in dependencies.items()}
         if not self.extra_properties or extra is False or not (properties or patterns):
-            node = _object_node(props, any_order=self.any_order, dependencies=deps, **counts)
+            spec = _object_node(props, any_order=self.any_order, dependencies=deps, **counts)
         else:
             value = self.compile(extra, extra_path, extra_location, depth + 1)
-            node = _object_node(props, value, self.extra_key(key, high), self.any_order, deps, **counts)
-        if not _feasible(node, 0):
-            if node.extra_value is not None and _feasible(replace(node, min_properties=0), 0):
+            spec = _object_node(props, value, self.extra_key(key, high), self.any_order, deps, **counts)
+        if not _feasible(spec, 0):
+            if spec.extra_value is not None and _feasible(replace(spec, min_properties=0), 0):
                 raise _fail(
                     f"'minProperties' {low} beyond the declared properties and one undeclared key is not supported "
                     "(undeclared keys are not compared with each other)",
                     path,
                 )
             return self.dead_node(f"'minProperties' {low} or 'maxProperties' {high} cannot be met", path)
-        return self.add(node)
+        return self.add(spec)
 
     def extra_key(self, key: int | None, most: int) -> int:
         """The string node of undeclared keys (key None: any key). With maxProperties (most >= 0), an
@@ -564,6 +566,7 @@ class _Compiler:
         spec = _String(0, -1, 0) if key is None else self.nodes[key]
         if isinstance(spec, _String) and spec.pattern is None and spec.max_length < 0:
             return self.add(replace(spec, max_length=MAX_KEY_CHARS))
+        assert key is not None  # key None: spec is the plain unbounded string, returned above
         return key
 
     def dependencies(self, schema: dict, path: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
@@ -787,11 +790,11 @@ def _prune(nodes: list) -> set[int]:
                     p.value in productive for j, p in enumerate(spec.properties) if p.required or needed >> j & 1
                 )
                 if ok and spec.min_properties:  # enough properties that can be written, for minProperties
-                    kept = sum(p.value in productive for p in spec.properties)
-                    ok = spec.min_properties <= kept + (spec.extra_value in productive)
+                    writable = sum(p.value in productive for p in spec.properties)
+                    ok = spec.min_properties <= writable + (spec.extra_value in productive)
             elif isinstance(spec, _Array):
-                needed = [*spec.prefix, *([spec.item] * max(0, spec.min_items - len(spec.prefix)))]
-                ok = all(node is not None and node in productive for node in needed[: spec.min_items])
+                items = [*spec.prefix, *([spec.item] * max(0, spec.min_items - len(spec.prefix)))]
+                ok = all(node is not None and node in productive for node in items[: spec.min_items])
             elif isinstance(spec, _Literal):
                 ok = bool(spec.values)
             else:
