@@ -176,8 +176,8 @@ export interface LoadOptions {
   arithmetic?: 'exact' | 'fast';
   /**
    * How many threads compute the matrix products with the WebAssembly kernels: an integer from 1 to 64,
-   * or 'auto' (the default: the logical cores, at most 8; each kind of product then runs on one thread
-   * or all of them, whichever measures faster, since a busy machine can make more threads slower). More
+   * or 'auto' (the logical cores, at most 8; each kind of product then runs on one thread or all of
+   * them, whichever measures faster, since a busy machine can make more threads slower). Default 1. More
    * than one needs SharedArrayBuffer: in browsers a cross-origin isolated page (COOP/COEP headers);
    * elsewhere one thread runs and `info.threads.reason` says why. The products, and so the tokens, are
    * the same at every count. With more than one thread the weights live in the threads' own memory

@@ -68,6 +68,10 @@ const align16 = (n) => Math.ceil(n / 16) * 16;
  * bench/pool.js). Until the thread count and the spin adapt to the machine, no spin.
  */
 export const DEFAULT_SPIN = 0;
+/** The caller's sleeps while others finish a dispatch last at most this long before it looks again. */
+const CHECK_MS = 100;
+/** A dispatch with no unit counted for this long has stalled (a unit takes milliseconds). */
+const STALL_MS = 60000;
 
 /** Output features [n0, n1) of N that thread `i` of `threads` computes: whole tiles, spread evenly. */
 export function slice(N, i, threads) {
@@ -289,6 +293,8 @@ export class KernelPool {
   #disposed = false;
   /** @type {Adaptive | null} how many threads each dispatch runs on (null: all) */
   adaptive = null;
+  /** Dispatches whose end the caller found after a CHECK_MS sleep, not by a wake-up (should stay 0). */
+  lateWakes = 0;
   /** Dispatches so far by the thread count they ran on. */
   dispatches = new Map();
 
@@ -471,15 +477,35 @@ export class KernelPool {
     Atomics.store(ctl, CTL.GEN, gen);
     if (count > 1) Atomics.notify(ctl, CTL.GEN, count - 1);
     work(this.exports, ctl, gen, 0);
-    for (;;) {
+    // The caller sleeps in slices of CHECK_MS, re-reading DONE after each: a wake-up that never comes
+    // costs one slice, not the rest of the run, and no progress for STALL_MS is an error, not a hang.
+    let stillFor = 0;
+    for (let seen = -1; ;) {
       const done = Atomics.load(ctl, CTL.DONE);
       if (done === units) break;
-      waitWhile(ctl, CTL.DONE, done, this.spin);
+      if (done !== seen) [seen, stillFor] = [done, 0];
+      else if (stillFor >= STALL_MS) this.#stalled(done, units);
+      for (let n = 0; n < this.spin && Atomics.load(ctl, CTL.DONE) === done; n++);
+      if (Atomics.wait(ctl, CTL.DONE, done, CHECK_MS) === 'timed-out') {
+        stillFor += CHECK_MS;
+        if (Atomics.load(ctl, CTL.DONE) === units) this.lateWakes += 1; // (done, but nobody woke us)
+      }
     }
     if (Atomics.load(ctl, CTL.FAILED)) {
       Atomics.store(ctl, CTL.FAILED, 0);
       throw new RuvLLMError('inference', 'a kernel thread failed on a product');
     }
+  }
+
+  /** No unit of the dispatch was counted for STALL_MS: the pool is stopped, and the product fails. */
+  #stalled(done, units) {
+    const claimed = Atomics.load(this.ctl, CTL.NEXT) & 0xffff;
+    void this.dispose(); // (its workers end; later products are refused)
+    throw new RuvLLMError(
+      'inference',
+      `the kernel threads stopped: ${done} of ${units} units of a product done (${claimed} taken) after ` +
+        `${STALL_MS / 1000} s without progress; load with threads: 1 to compute without them`,
+    );
   }
 
   /** Stop the workers (they leave their loop) and end them. Safe to call twice. */

@@ -20,10 +20,11 @@ import { startPool } from './pool.js';
 /** 'auto' takes at most this many threads (decoding is bound by memory bandwidth beyond a few). */
 export const AUTO_MAX = 8;
 /**
- * The default, as wllama and onnxruntime-web use the cores of an isolated page: 'auto', whose adaptive
- * choice (one thread or all, per kind of product) keeps a busy machine near one thread's speed.
+ * The default: one thread. On this project's 2-core test machine, 2 threads did not yet decode faster
+ * than one (benchmarks/RESULTS.md, issue 25), so more threads stay an option ('auto' or N): with more
+ * than one, the weights live in the pool's memory, which also lets larger models load.
  */
-export const DEFAULT_THREADS = 'auto';
+export const DEFAULT_THREADS = 1;
 
 /** The logical cores this runtime reports (at least 1). */
 async function cores() {
@@ -47,7 +48,8 @@ function noSharing() {
 export async function startThreads(py, kernels, threads = DEFAULT_THREADS) {
   const one = (reason) => ({ pool: null, api: null, count: 1, reason, adaptive: false });
   const wanted = threads === 'auto' ? Math.min(await cores(), AUTO_MAX, MAX_THREADS) : threads;
-  if (wanted === 1) return one(threads === 'auto' ? 'threads: this runtime reports 1 core' : 'threads: 1 was asked');
+  if (wanted === 1)
+    return one(threads === 'auto' ? 'threads: this runtime reports 1 core' : 'threads: 1 (the default; ask for more)');
   if (!kernels.exports) return one('the WebAssembly kernels do not run here (info.kernelsNote, or kernels: numpy)');
   const why = noSharing();
   if (why) return one(why);
