@@ -89,6 +89,8 @@ Files, in the order they build on each other:
 - `combine.py`: allOf (and keywords beside $ref/anyOf) merged into one schema; JSON equality.
 - `schema.py`: json_grammar, JSON Schema to Grammar, and what it refuses.
 - `matcher.py`: Matcher, which follows one generation.
+- `closing.py`: the closing of a document from any parser state, and Budgeted: a constraint that keeps
+  one within the tokens left (max_tokens).
 
 Dimension letters: V vocabulary size (the width of the logits).
 """
