@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from ruvllm.runtime.constrain import Budgeted, Matcher, Vocabulary, json_grammar
-from ruvllm.runtime.constrain.closing import closing_tokens
+from ruvllm.runtime.constrain.closing import closer_of, closing_tokens
 from ruvllm.runtime.constrain.parser import _complete, _step
 from ruvllm.text.tokenizer import Tokenizer
 from test_constrain import FLAT, WALKS
@@ -93,7 +93,7 @@ def whole(grammar, text: bytes) -> bool:
 
 def test_closings_are_accepted_by_the_parser_from_every_state_of_a_document():
     grammar = json_grammar(WALKS["combined"], prefix="<call>", suffix="</call>", whitespace="flexible")
-    closer = grammar.closer()
+    closer = closer_of(grammar)
     text = b'<call>{ "at": [0.5, -1], "shape": 0.75 }</call>'
     configs = {grammar.initial_config()}
     for i, b in enumerate(text):

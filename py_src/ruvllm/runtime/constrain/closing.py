@@ -378,6 +378,15 @@ def _composite(spec: object, shortest: list[bytes | None]) -> bytes | None:
 
 
 _LENGTHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_CLOSERS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def closer_of(grammar: Grammar) -> _Closer:
+    """The closings of this grammar's states, made on first use and kept while the grammar lives."""
+    closer = _CLOSERS.get(grammar)
+    if closer is None:
+        closer = _CLOSERS[grammar] = _Closer(grammar.rules)
+    return closer
 
 
 def _token_lengths(vocabulary: Vocabulary) -> np.ndarray:
@@ -416,7 +425,7 @@ class Budgeted:
         self.matcher = Matcher(grammar, vocabulary)
         self.vocabulary = vocabulary
         self.automaton = grammar.automaton(vocabulary)
-        self.closer = grammar.closer()
+        self.closer = closer_of(grammar)
         self.state = self.automaton.initial
         self.left = budget  # tokens that may still come, EOS included
         self.eos = 1 if vocabulary.eos_ids else 0

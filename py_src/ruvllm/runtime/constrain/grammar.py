@@ -22,7 +22,6 @@ class Grammar:
         self.suffix = suffix
         self.description = description
         self._automata: dict[Vocabulary, _Automaton] = {}
-        self._closer = None
 
     def __repr__(self) -> str:
         return f"Grammar({self.description}, prefix={self.prefix!r}, suffix={self.suffix!r})"
@@ -42,14 +41,6 @@ class Grammar:
         for b in text:
             configs = {c for config in configs for c in _step(self.rules, config, b)}
         return any(_complete(self.rules, c) for c in configs)
-
-    def closer(self):
-        """The closings of this grammar's states (closing.py), made on first use and kept."""
-        if self._closer is None:
-            from .closing import _Closer  # closing.py builds on this module
-
-            self._closer = _Closer(self.rules)
-        return self._closer
 
     def automaton(self, vocabulary: Vocabulary) -> _Automaton:
         automaton = self._automata.get(vocabulary)
