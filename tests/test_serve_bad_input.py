@@ -118,7 +118,8 @@ DEFS_TOOL = {
 }
 SUPPORTED = (
     "type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, enum, const, "
-    "anyOf, oneOf, allOf, $ref (with $id, $anchor), minLength, maxLength, pattern, format (date, time, "
+    "anyOf, oneOf, allOf, $ref (with $id, $anchor), dependentRequired (and draft-04 dependencies lists), "
+    "minProperties, maxProperties, multipleOf (integers), minLength, maxLength, pattern, format (date, time, "
     "date-time, uuid, email, ipv4, ipv6, uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, and annotations"
 )
 BROKEN = (
