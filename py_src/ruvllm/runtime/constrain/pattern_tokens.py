@@ -64,7 +64,8 @@ class _PatternTokens:
         mapping[mapping < 0] = self.nodes
         self.token_node = mapping[vocabulary.plain_node]  # (V,)
         self.others = [(i, chars, int(mapping[node]), rest) for i, chars, node, rest in vocabulary.headed_others]
-        self.depth = np.append(np.repeat(np.arange(len(offsets) - 1), np.diff(offsets)), 0)  # (K + 1,) characters
+        per_level = np.diff(offsets).astype(np.intp)  # (np.repeat takes intp: int32 in Pyodide's wasm32)
+        self.depth = np.append(np.repeat(np.arange(len(offsets) - 1), per_level), 0)  # (K + 1,) characters
         self.shortest = np.array([*regex.shortest, 0], np.int64)  # (R + 1,)
         self.longest = np.array([*regex.longest, -1], np.int64)  # (R + 1,)
         self._finals: dict[int, np.ndarray] = {}

@@ -146,10 +146,11 @@ class _CharTrie:
         data = np.frombuffer(b"".join(heads), np.uint8)  # the heads are whole UTF-8 characters
         starts = (data < 0x80) | (data >= 0xC0)  # the first byte of each character
         symbols = np.where(data < 0x80, data, 128)[starts].astype(np.int64)  # (N,) one per character
-        owner = np.repeat(np.arange(len(lengths)), lengths)  # (N,) the head of each character
-        depth = np.arange(len(symbols)) - np.repeat(np.cumsum(lengths) - lengths, lengths)  # (N,) 0-based
+        counts = lengths.astype(np.intp)  # (repeat and bincount take intp: int32 in Pyodide's wasm32)
+        owner = np.repeat(np.arange(len(lengths)), counts)  # (N,) the head of each character
+        depth = np.arange(len(symbols)) - np.repeat(np.cumsum(lengths) - lengths, counts)  # (N,) 0-based
         order = np.argsort(depth, kind="stable")  # characters by depth, each depth in head order
-        bounds = np.cumsum(np.bincount(depth, minlength=1))  # (L,) end of each depth in `order`
+        bounds = np.cumsum(np.bincount(depth.astype(np.intp), minlength=1))  # (L,) end of each depth in `order`
         node = np.zeros(len(lengths), np.int64)  # (E,) each head's node within the level reached so far
         self.parents: list[np.ndarray] = []
         self.symbols: list[np.ndarray] = []
