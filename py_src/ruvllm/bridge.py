@@ -277,7 +277,7 @@ class ModelLoader:
         piece = self.files[name]
         is_js = hasattr(chunk, "assign_to")
         length = int(chunk.length) if is_js else memoryview(chunk).nbytes
-        size = piece.size if isinstance(piece, OutsideFile) else piece.array.size
+        size = piece.size
         if piece.filled + length > size:
             raise DownloadError(f"{name}: received more than the announced {size} bytes")
         if isinstance(piece, OutsideFile):
@@ -300,7 +300,7 @@ class ModelLoader:
         r = _request(request_json)
         name, sha256 = _text(r, "name"), r.get("sha256")
         piece = self.files[name]
-        size = piece.size if isinstance(piece, OutsideFile) else piece.array.size
+        size = piece.size
         if piece.filled != size:
             raise DownloadError(f"{name}: download incomplete: received {piece.filled} of {size} bytes")
         if sha256 is not None:

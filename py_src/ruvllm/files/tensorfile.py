@@ -300,6 +300,11 @@ class PieceBuffer:
         self.filled = 0
         self.source = source
 
+    @property
+    def size(self) -> int:
+        """The file's size in bytes (as OutsideFile's, quant/pool.py)."""
+        return self.array.size
+
     def write(self, piece: BytesLike) -> int:
         """Append `piece` (anything with the buffer protocol); returns the bytes written so far."""
         chunk = np.frombuffer(piece, dtype=np.uint8)

@@ -158,9 +158,6 @@ class _Closer:
                 texts.append(p.key + b":" + value)
         return b",".join(texts) + b"}"
 
-    def _entry(self, spec: _Object, i: int, j: int) -> tuple[bytes, int] | None:
-        return _entry(spec, self.shortest, i, j)
-
     def _rest(self, spec: _Object, i: int, first: bool) -> bytes | None:
         return _rest(spec, self.shortest, i, first)
 
