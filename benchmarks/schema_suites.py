@@ -16,13 +16,18 @@ here wrote, read from folders given on the command line (nothing is fetched at r
   (SmolLM2-135M-Instruct): N random JSONSchemaBench schemas that compile, --samples generations each
   at temperature 1 (`response_format: json_schema`, --max-tokens), and every output that finished
   (finish_reason "stop") must validate under `jsonschema` (formats not checked, as its default
-  validator does). Slow: ~N x samples x (a few seconds); the tests run a tiny version.
+  validator does). Slow: ~N x samples x (a few seconds); the tests run a tiny version. --shard I/N runs
+  the I-th of N parts (side by side on N cores). --speed also times decoding under each schema against
+  the same model without it (issue 27's ">= 0.95x unconstrained"; run it alone on a quiet machine).
+  With --generate, JSONSchemaBench's coverage and MaskBench are not run.
 
 The tokenizer is SmolLM2's (MaskBench's published figures use Llama 3.1's: the pass counts compare,
 the times only roughly).
 
     .venv/bin/python benchmarks/schema_suites.py --test-suite /tmp/suites/tests --jsonschemabench /tmp/suites/jsb \\
-        [--sample 0.1] [--no-masks] [--json out.json] [--generate 40 --samples 20 --max-tokens 256]
+        [--sample 0.1] [--no-masks] [--json out.json]
+    .venv/bin/python benchmarks/schema_suites.py --jsonschemabench /tmp/suites/jsb \\
+        --generate 40 --samples 20 --max-tokens 256 [--shard 0/2] [--speed]
 """
 
 from __future__ import annotations
@@ -184,9 +189,23 @@ def maskbench(folder: Path, sample: float, rng: random.Random, tokenizer: Tokeni
     return out
 
 
-def generations(folder: Path, count: int, samples: int, max_tokens: int, rng: random.Random, model=None) -> dict:
+def generations(
+    folder: Path,
+    count: int,
+    samples: int,
+    max_tokens: int,
+    rng: random.Random,
+    model=None,
+    shard: tuple[int, int] = (0, 1),
+    speed: bool = False,
+) -> dict:
     """`samples` generations at temperature 1 on each of `count` random compiled JSONSchemaBench schemas:
-    how many finished, and of those how many validate (the failures listed)."""
+    how many finished, and of those how many validate (the failures listed). shard (i, n): only the
+    schemas whose place among the `count` is i modulo n (the same schemas and seeds as one whole run;
+    shards run side by side). speed: each schema's first finished output of 8 tokens or more is followed
+    by the same prompt and seed without the schema, with ignore_eos, to the same number of tokens; the
+    wall times of both are summed (the prompt is cached by then for both; the constrained one includes
+    compiling its grammar, as a request does)."""
     import jsonschema
 
     import ruvllm
@@ -197,6 +216,7 @@ def generations(folder: Path, count: int, samples: int, max_tokens: int, rng: ra
         sys.exit(f"--jsonschemabench: no data/<dataset>/*.json under {folder}")
     rng.shuffle(files)
     counts: Counter = Counter()
+    times: Counter = Counter()
     failures: list[str] = []
     schemas = 0
     for file in files:
@@ -211,16 +231,32 @@ def generations(folder: Path, count: int, samples: int, max_tokens: int, rng: ra
         except RuvLLMError:
             continue  # refused (or a body nested too deep for the API): not one of the compiled schemas
         schemas += 1
+        if (schemas - 1) % shard[1] != shard[0]:
+            continue
         checker = jsonschema.validators.validator_for(schema)(schema)
+        timed = not speed
         for seed in range(samples):
+            start = time.perf_counter()
             answer = model.create_chat_completion(
                 messages, max_tokens=max_tokens, temperature=1, seed=seed, response_format=fmt
             )
+            seconds = time.perf_counter() - start
             choice = answer["choices"][0]
             if choice["finish_reason"] != "stop":
                 counts["cut by max_tokens"] += 1
                 continue
             counts["finished"] += 1
+            tokens = answer["usage"]["completion_tokens"]
+            if not timed and tokens >= 8:
+                start = time.perf_counter()
+                free = model.create_chat_completion(
+                    messages, max_tokens=tokens, temperature=1, seed=seed, ignore_eos=True
+                )
+                times["unconstrained"] += time.perf_counter() - start
+                assert free["usage"]["completion_tokens"] == tokens, free["usage"]
+                times["constrained"] += seconds
+                counts["timed tokens"] += tokens
+                timed = True
             text = choice["message"]["content"]
             try:
                 errors = list(checker.iter_errors(json.loads(text)))
@@ -230,7 +266,8 @@ def generations(folder: Path, count: int, samples: int, max_tokens: int, rng: ra
                 failures.append(f"{file.parent.name}/{file.name} seed {seed}: {str(errors[0])[:200]} in {text[:200]!r}")
             else:
                 counts["valid"] += 1
-    return {"schemas": schemas, "samples": samples, **counts, "failures": failures}
+    mine = len(range(shard[0], schemas, shard[1]))
+    return {"schemas": mine, "samples": samples, **counts, "seconds": dict(times), "failures": failures}
 
 
 def main() -> None:
@@ -244,9 +281,16 @@ def main() -> None:
     parser.add_argument("--generate", type=int, default=0, help="with --jsonschemabench: generate on N random schemas")
     parser.add_argument("--samples", type=int, default=20, help="--generate: generations per schema (temperature 1)")
     parser.add_argument("--max-tokens", type=int, default=256, help="--generate: max_tokens of each generation")
+    parser.add_argument("--shard", default="0/1", help="--generate: I/N, the I-th of N runs side by side")
+    parser.add_argument(
+        "--speed", action="store_true", help="--generate: time each schema's first output against no schema"
+    )
     args = parser.parse_args()
     if args.generate < 0 or args.samples < 1 or args.max_tokens < 1:
         parser.error("--generate must be >= 0, --samples and --max-tokens >= 1")
+    shard = re.fullmatch(r"(\d+)/(\d+)", args.shard)
+    if shard is None or not int(shard[1]) < int(shard[2]):
+        parser.error(f"--shard must be I/N with 0 <= I < N, got {args.shard!r}")
     if args.generate and args.jsonschemabench is None:
         parser.error("--generate needs --jsonschemabench")
     if not 0 < args.sample <= 1:
@@ -268,7 +312,7 @@ def main() -> None:
             print(f"  INVALID ACCEPTED: {case}")
         for why, n in r["top_refusals"]:
             print(f"  {n:5d}  {why}")
-    if args.jsonschemabench is not None:
+    if args.jsonschemabench is not None and not args.generate:
         r = results["jsonschemabench"] = jsonschemabench(args.jsonschemabench, args.sample, random.Random(args.seed))
         total = sum(d["schemas"] for d in r["datasets"].values())
         ok = sum(d["compiled"] for d in r["datasets"].values())
@@ -295,7 +339,13 @@ def main() -> None:
                 print(f"  {name}: " + ", ".join(f"{q} {v:,.0f}" for q, v in r[name].items()))
     if args.generate:
         r = results["generations"] = generations(
-            args.jsonschemabench, args.generate, args.samples, args.max_tokens, random.Random(args.seed)
+            args.jsonschemabench,
+            args.generate,
+            args.samples,
+            args.max_tokens,
+            random.Random(args.seed),
+            shard=(int(shard[1]), int(shard[2])),
+            speed=args.speed,
         )
         print(
             f"Generations: {r['schemas']} schemas x {r['samples']} at temperature 1: {r.get('finished', 0)} finished, "
@@ -303,6 +353,12 @@ def main() -> None:
         )
         for failure in r["failures"]:
             print(f"  INVALID: {failure}")
+        if r["seconds"]:
+            c, u = r["seconds"]["constrained"], r["seconds"]["unconstrained"]
+            print(
+                f"  speed over {r['timed tokens']} tokens (one output per schema): with the schema {c:.2f} s, "
+                f"without {u:.2f} s: {u / c:.3f}x unconstrained"
+            )
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1))
 

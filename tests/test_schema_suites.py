@@ -82,6 +82,9 @@ def test_generations_on_real_schemas_validate(tmp_path, smollm2):
     folder.mkdir(parents=True)
     for i, case in enumerate(load("maskbench.json")[:6]):
         (folder / f"{i}.json").write_text(json.dumps(case["schema"]))
-    result = generations(tmp_path, 3, 2, 96, random.Random(0), model=smollm2)
+    result = generations(tmp_path, 3, 2, 96, random.Random(0), model=smollm2, speed=True)
     assert result["schemas"] == 3 and result.get("finished", 0) >= 1, result
     assert result["failures"] == [] and result["valid"] == result["finished"], result
+    assert result["timed tokens"] >= 8 and set(result["seconds"]) == {"constrained", "unconstrained"}, result
+    second = generations(tmp_path, 3, 1, 96, random.Random(0), model=smollm2, shard=(1, 2))
+    assert second["schemas"] == 1 and second["seconds"] == {}, second  # the 2nd of the 3 schemas only
