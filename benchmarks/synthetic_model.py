@@ -1,14 +1,15 @@
 """A synthetic Llama with the layer shapes of a 1B or a 3B model, random weights stored as q4_1, for the
 browser benchmark:
 
-    .venv/bin/python benchmarks/synthetic_model.py [--shape 1b|3b] [--out models/synthetic-1b-q4]
+    .venv/bin/python benchmarks/synthetic_model.py [--shape 1b|3b] [--layers N] [--out models/synthetic-1b-q4]
     .venv/bin/python benchmarks/browser_bench.py --model /models/synthetic-1b-q4/ --configs q4:wasm:fast --no-peer
 
 1b: Llama 3.2 1B's layers (16 layers, hidden 2048, MLP 8192, 32 query and 8 key/value heads of 64);
 3b: Llama 3.2 3B's (28 layers, hidden 3072, MLP 8192, 24 query and 8 key/value heads of 128).
 The vocabulary and tokenizer are SmolLM2's (49152 tokens, so the text tools work): the embedding is
 49152 x hidden instead of Llama's 128256 x hidden (1.07B and 2.97B parameters in all). The text it
-writes is noise; speed and memory are what it measures.
+writes is noise; speed and memory are what it measures. --layers N stacks N layers of the shape: 3b with
+52 layers has 5.39B parameters (the largest model that loads, issue 25).
 """
 
 from __future__ import annotations
@@ -38,10 +39,18 @@ SHAPES = {  # hidden D, MLP F, layers, query heads, key/value heads, head size
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shape", choices=sorted(SHAPES), default="1b")
-    parser.add_argument("--out", help="the model folder to write (default: models/synthetic-SHAPE-q4)")
+    parser.add_argument("--layers", type=int, help="decoder layers (default: the shape's); more: a larger model")
+    parser.add_argument("--out", help="the model folder to write (default: models/synthetic-SHAPE[-LAYERSl]-q4)")
+    parser.add_argument("--force", action="store_true", help="write into --out even if it exists")
     args = parser.parse_args()
     D, F, LAYERS, HEADS, KV_HEADS, HEAD_DIM = SHAPES[args.shape]
-    out = Path(args.out or ROOT / "models" / f"synthetic-{args.shape}-q4")
+    if args.layers is not None and args.layers < 1:
+        parser.error(f"--layers must be >= 1, got {args.layers}")
+    name = f"synthetic-{args.shape}-q4" if args.layers is None else f"synthetic-{args.shape}-{args.layers}l-q4"
+    LAYERS = args.layers or LAYERS
+    out = Path(args.out or ROOT / "models" / name)
+    if out.exists() and not args.force:
+        parser.error(f"{out} exists (--force to write into it)")
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(0)
     q4 = get_format("q4_1")
