@@ -1,9 +1,9 @@
 """`threads` in the browser: the npm package's browser build in Debian's Chromium, driven by Playwright.
 
-On a cross-origin isolated page (web/serve.py sends COOP/COEP) two threads compute and the greedy tokens
-equal CPython's; on a page without those headers one thread runs, the model still answers, and
-`info.threads.reason` says why. Needs a local Pyodide distribution (as tests/test_e2e.py) and the built
-kernels and browser bundle (npm/browser, npm/wasm).
+On a cross-origin isolated page (web/serve.py sends COOP/COEP) one, two and three threads compute and
+the greedy tokens (exact arithmetic) equal CPython's; on a page without those headers one thread runs,
+the model still answers, and `info.threads.reason` says why. Needs a local Pyodide distribution (as
+tests/test_e2e.py) and the built kernels and browser bundle (npm/browser, npm/wasm).
 """
 
 from __future__ import annotations
@@ -62,13 +62,17 @@ def cpython_ids() -> list[int]:
     return json.loads(subprocess.run(args, capture_output=True, text=True, check=True).stdout)["token_ids"]
 
 
-def test_an_isolated_page_runs_two_threads_with_cpythons_tokens(page, smollm2_dir):
+def test_an_isolated_page_runs_one_two_and_three_threads_with_cpythons_tokens(page, smollm2_dir):
+    expected = cpython_ids()
     with demo_server() as httpd:
         page.goto(url_of(httpd) + "npm/README.md")
-        got = page.evaluate(RUN, {"options": {"threads": 2, "arithmetic": "exact"}, "prompt": PROMPT, "tokens": TOKENS})
-    assert got["isolated"] is True
-    assert got["threads"] == {"count": 2, "reason": None, "adaptive": False}
-    assert got["ids"] == cpython_ids()
+        for threads in (1, 2, 3):
+            options = {"threads": threads, "arithmetic": "exact"}
+            got = page.evaluate(RUN, {"options": options, "prompt": PROMPT, "tokens": TOKENS})
+            assert got["isolated"] is True
+            assert got["threads"]["count"] == threads and got["threads"]["adaptive"] is False, got["threads"]
+            assert (got["threads"]["reason"] is None) == (threads > 1), got["threads"]
+            assert got["ids"] == expected, f"{threads} threads"
 
 
 def test_a_page_that_is_not_isolated_runs_one_thread_and_says_why(page, smollm2_dir):
