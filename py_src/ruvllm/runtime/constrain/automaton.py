@@ -11,7 +11,18 @@ import threading
 import numpy as np
 
 from .nodes import _String
-from .parser import _KEY, _OBJECT, _PATTERN, _S_CONTENT, _STRING, _complete, _readable, _Rules, _step
+from .parser import (
+    _KEY,
+    _OBJECT,
+    _PATTERN,
+    _S_CONTENT,
+    _STRING,
+    _complete,
+    _key_text,
+    _readable,
+    _Rules,
+    _step,
+)
 from .pattern_tokens import _PatternTokens
 from .regex import Regex
 from .vocabulary import Vocabulary, _Trie
@@ -197,7 +208,7 @@ class _Automaton:
         if not isinstance(key, _String) or key.pattern is not None or key.max_length >= 0:
             return False
         try:
-            frame[4][1:].decode("utf-8")  # no character left unfinished
+            _key_text(self.rules, frame)[1:].decode("utf-8")  # no character left unfinished
         except UnicodeDecodeError:
             return False
         return True
