@@ -470,6 +470,27 @@ def _undeclared_key(
     return [(colon, frame) for frame in configs]
 
 
+def _as_undeclared(g: _Rules, config: tuple) -> tuple | None:
+    """For a configuration whose top frame is an object in its key phase: the configuration that reads
+    every byte leading out of the key trie as it does (the key taken as an undeclared one: the colon
+    frame under the key's string frame); None if there is none (no undeclared key may come here, or its
+    string has no frame or more than one)."""
+    _, n, _, i, x = config[-1]
+    spec = g.nodes[n]
+    if spec.extra_value is None:
+        return None
+    if spec.any_order:
+        if not _feasible(spec, _plus_extra(spec, i)):
+            return None
+        colon_i: int | tuple = (i, -1)
+    else:
+        colon_i = -1 - i
+    frames = _keys(g, n).strings(g, spec, x)
+    if len(frames) != 1:
+        return None
+    return (*config[:-1], (_OBJECT, n, _COLON, colon_i, 0), frames[0])
+
+
 def _closes_string(key: bytes) -> bool:
     """Whether the closing quote of `key` (a JSON string, quotes included) is not escaped."""
     backslashes = len(key) - 1 - len(key[:-1].rstrip(b"\\"))
