@@ -388,8 +388,8 @@ def _step_object(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     extra = spec.extra_value is not None
     if phase == _FIRST or phase == _AFTER_COMMA:
         if b == 0x22 and free:
-            keys = g.starts[spec.free_key]  # the key's string frame (none: no key is allowed)
-            return [((_OBJECT, n, _COLON, 0, 0), *frames) for key in keys for frames in _STEPS[key[0]](g, key, b)]
+            starts = g.starts[spec.free_key]  # the key's string frame (none: no key is allowed)
+            return [((_OBJECT, n, _COLON, 0, 0), *frames) for key in starts for frames in _STEPS[key[0]](g, key, b)]
         if b == 0x22 and (i < len(spec.properties) or extra):
             return [((_OBJECT, n, _KEY, i, _Keys.QUOTE),)]
         return [()] if b == 0x7D and phase == _FIRST and spec.closable[i] else []
