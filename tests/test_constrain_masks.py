@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from ruvllm.runtime.constrain import Matcher, Vocabulary, json_grammar
+from ruvllm.runtime.constrain.automaton import _Automaton
 
 WORDS = [
     *"abcxyzAZ_-09.:@/?#=&%+T",
@@ -149,3 +150,100 @@ def test_masks_equal_the_plain_walk_at_every_count_of_a_bounded_string(schema):
         assert (automaton.mask(state) == automaton.walked_mask(state)).all(), automaton.states[state].configs
         state, compared = automaton.transition(state, ord("a")), compared + 1
     assert compared >= 26
+
+
+class _PlainWalk(_Automaton):
+    """The automaton without the shortcut of key prefixes (bytes out of the key trie read from the
+    undeclared key's state): its walked masks step the parser at every byte."""
+
+    def _via(self, state):
+        return ()
+
+
+# Objects whose undeclared keys may start as declared ones: "nam", "names", "name2" next to "name"; keys
+# with escapes and non-ASCII characters; a declared key written twice (refused); an excluded key.
+KEY_SCHEMAS = [
+    {"properties": {"name": {"type": "string"}, "nap": {"type": "integer"}, 'q"t': {}, "né": {}, "id": {}}},
+    {
+        "properties": {"name": {"type": "integer"}, "nam": {"type": "null"}, "x": False},
+        "required": ["name"],
+        "additionalProperties": {"type": "boolean"},
+    },
+    {"properties": {"name": {}, "nap": {}}, "propertyNames": {"maxLength": 5}, "maxProperties": 3},
+    {"properties": {"name": {}, "nap": {}}, "additionalProperties": False},
+    {"properties": {"ab": {}, "abc": {}}, "patternProperties": {"^a": {"type": "integer"}}},
+]
+KEY_TEXTS = [
+    '{"name": "x", "nam": 1, "names": true, "name2": null, "nap": 3}',
+    '{"nam": null, "name": 1, "nape": false, "n": true, "na\\u00e9": 2, "n\\"x": 1, "né": 1, "nék": 2}',
+    '{"q\\"t": 1, "q\\"": 2, "q": 3, "i": 1, "id": 2, "idx": 3, "name": 4, "name": 5}',
+    '{"ab": 1, "abd": 2, "abc": 3, "a": 4, "x": 5}',
+]
+
+
+def compare_along_texts(vocabulary: Vocabulary, schema: dict, order: str, texts: list[str]) -> int:
+    """The masks at every byte of each text, as far as the grammar reads it, against the walk that steps
+    the parser at every byte. Returns how many states were compared."""
+    grammar = json_grammar(schema, whitespace="flexible", property_order=order)
+    automaton = grammar.automaton(vocabulary)
+    plain = _PlainWalk(grammar.rules, grammar.initial_config(), vocabulary)
+    compared = 0
+    for text in texts:
+        state = automaton.initial
+        for b in text.encode():
+            configs = automaton.states[state].configs
+            walked = plain.walked_mask(plain.intern(configs))  # (V,)
+            different = np.flatnonzero(automaton.mask(state) != walked)
+            assert not len(different), (
+                f"{schema} ({order}): after {configs}: "
+                f"{[(vocabulary.token_bytes[t], bool(walked[t])) for t in different[:8]]}"
+            )
+            compared += 1
+            state = automaton.transition(state, b)
+            if state < 0:
+                break
+    return compared
+
+
+@pytest.mark.parametrize(
+    ("schema", "order"),
+    [
+        (schema, order)
+        for schema in KEY_SCHEMAS
+        for order in ("any", "schema")
+        if "maxProperties" not in schema or order == "any"
+    ],
+    ids=[
+        f"{i}-{order}"
+        for i, schema in enumerate(KEY_SCHEMAS)
+        for order in ("any", "schema")
+        if "maxProperties" not in schema or order == "any"
+    ],
+)
+def test_masks_of_keys_equal_the_plain_walk_on_a_synthetic_vocabulary(schema, order):
+    assert compare_along_texts(SYNTHETIC, {"type": "object", **schema}, order, KEY_TEXTS) >= 20
+
+
+@pytest.mark.parametrize("order", ["any", "schema"])
+def test_masks_of_keys_equal_the_plain_walk_on_smollm2(order, smollm2_vocabulary):
+    text = '{"name": 1, "nam": null, "names": true, "n'
+    assert compare_along_texts(smollm2_vocabulary, {"type": "object", **KEY_SCHEMAS[1]}, order, [text]) == len(text)
+
+
+@pytest.mark.parametrize("order", ["any", "schema"])
+def test_undeclared_keys_may_start_as_declared_ones(order):
+    grammar = json_grammar({"type": "object", **KEY_SCHEMAS[0]}, property_order=order)
+    automaton = grammar.automaton(SYNTHETIC)
+
+    def reads(text: str) -> bool:
+        state = automaton.initial
+        for b in text.encode():
+            state = automaton.transition(state, b)
+            if state < 0:
+                return False
+        return automaton.states[state].complete
+
+    assert reads('{"name":"x","nam":1,"names":2,"na":3,"q\\"":4,"q\\"t":5,"n\\u00e9":6,"né":7,"nék":8}')
+    assert not reads('{"name":"x","name":"y"}')  # a declared key twice
+    assert not reads('{"nap":"x"}')  # a declared key's value
+    assert reads('{"nap":1,"x":{"name":1}}')

@@ -10,8 +10,19 @@ import threading
 
 import numpy as np
 
-from .nodes import _String
-from .parser import _KEY, _OBJECT, _PATTERN, _S_CONTENT, _STRING, _complete, _readable, _Rules, _step
+from .parser import (
+    _KEY,
+    _OBJECT,
+    _PATTERN,
+    _S_CONTENT,
+    _STRING,
+    _as_undeclared,
+    _complete,
+    _keys,
+    _readable,
+    _Rules,
+    _step,
+)
 from .pattern_tokens import _PatternTokens
 from .regex import Regex
 from .vocabulary import Vocabulary, _Trie
@@ -20,7 +31,7 @@ MAX_DFA_STATES = 200_000  # a grammar's cached automaton is started afresh past 
 
 
 class _State:
-    __slots__ = ("complete", "configs", "mask", "next", "readable")
+    __slots__ = ("complete", "configs", "mask", "next", "readable", "via")
 
     def __init__(self, configs: frozenset, complete: bool, readable: bytes) -> None:
         self.configs = configs
@@ -28,6 +39,9 @@ class _State:
         self.readable = readable  # [b]: 1 if byte b may be readable (0: surely not)
         self.next: dict[int, int] = {}  # byte -> index of the next state (-1: the byte is not allowed)
         self.mask: np.ndarray | None = None  # packed bits of allowed() once computed
+        # a key being written: (the bytes of its key trie that may follow, the state that reads every other
+        # byte the same way, its undeclared key's); (): none; None: not found yet
+        self.via: tuple | None = None
 
 
 class _Automaton:
@@ -73,9 +87,29 @@ class _Automaton:
         state = self.states[i]
         following = state.next.get(b)
         if following is None:
-            configs = frozenset(c for config in state.configs for c in _step(self.rules, config, b))
-            following = state.next[b] = self.intern(configs) if configs else -1
+            via = state.via
+            if via is None:
+                via = state.via = self._via(state)
+            if via and b not in via[0]:  # out of the key trie: as the undeclared key's state, which is shared
+                following = state.next[b] = self.transition(via[1], b)
+            else:
+                configs = frozenset(c for config in state.configs for c in _step(self.rules, config, b))
+                following = state.next[b] = self.intern(configs) if configs else -1
         return following
+
+    def _via(self, state: _State) -> tuple:
+        """state.via: each key prefix is a state of its own, whose masks walk many bytes out of the key
+        trie; those lead where they lead from the undeclared key's state, whose transitions are kept."""
+        if len(state.configs) != 1:
+            return ()
+        (config,) = state.configs
+        if not config or config[-1][0] != _OBJECT or config[-1][2] != _KEY:
+            return ()
+        undeclared = _as_undeclared(self.rules, config)
+        if undeclared is None:
+            return ()
+        _, n, _, _, x = config[-1]
+        return (_keys(self.rules, n).children[x], self.intern(frozenset([undeclared])))
 
     def mask(self, i: int) -> np.ndarray:
         """(V,) bool: the tokens allowed in state i (EOS excluded; see Matcher.allowed)."""
@@ -151,7 +185,7 @@ class _Automaton:
                 self._walk(trie, self.intern(frozenset([(*config[:-1], head)])), found)
         elif top[0] == _PATTERN and top[2] == _S_CONTENT:
             allowed = self._pattern_mask(i, config, found)
-        elif top[0] == _OBJECT and top[2] == _KEY and self._free_key(top):
+        elif top[0] == _OBJECT and top[2] == _KEY and self._free_key(config):
             # a key that may become an undeclared one: plain text fits wherever it leads (a declared
             # key's prefix, or a free string), so only the other tokens are walked
             allowed = vocabulary.plain_mask.copy()  # (V,)
@@ -188,19 +222,15 @@ class _Automaton:
                     found.append((token,))
         return ok[tokens.token_node]  # (V,)
 
-    def _free_key(self, frame: tuple) -> bool:
-        """Whether any plain text may follow the key so far of this object frame (in its key phase)."""
-        spec = self.rules.nodes[frame[1]]
-        if spec.extra_value is None:
+    def _free_key(self, config: tuple) -> bool:
+        """Whether any plain text may follow the key so far of the object frame on top of `config` (in
+        its key phase): an undeclared key may come, and its string, unbounded and without a pattern, is
+        between characters (not in an escape, nor inside a UTF-8 character)."""
+        undeclared = _as_undeclared(self.rules, config)
+        if undeclared is None:
             return False
-        key = self.rules.nodes[spec.extra_key]
-        if not isinstance(key, _String) or key.pattern is not None or key.max_length >= 0:
-            return False
-        try:
-            frame[4][1:].decode("utf-8")  # no character left unfinished
-        except UnicodeDecodeError:
-            return False
-        return True
+        kind, n, phase = undeclared[-1][:3]
+        return kind == _STRING and phase == _S_CONTENT and self.rules.nodes[n].max_length < 0
 
     def _walk(self, trie: _Trie, i: int, found: list) -> None:
         """Depth-first over the trie and the DFA together; collects the ids of tokens that can be read."""

@@ -45,6 +45,7 @@ from .parser import (
     _complete,
     _due,
     _feasible,
+    _key_text,
     _plus_extra,
     _Rules,
     _step,
@@ -185,7 +186,7 @@ class _Closer:
         return [(j, j + 1) for j in range(i, spec.last_candidate[i] + 1)]
 
     def _object(self, frame: tuple) -> bytes | None:
-        _, n, phase, i, x = frame
+        _, n, phase, i, _ = frame
         spec, shortest = self.rules.nodes[n], self.shortest
         free = spec.free_value is not None
         after: bytes | None  # what follows a property's value (None: no closing known)
@@ -210,11 +211,12 @@ class _Closer:
             return None if value is None or after is None else colon + value + after
         options = []
         if phase == _KEY:
+            key = _key_text(self.rules, frame)
             for j, following in self._candidates(spec, i):
                 p = spec.properties[j]
                 value, after = shortest[p.value], self._after(spec, following)
-                if p.key.startswith(x) and value is not None and after is not None:
-                    options.append(p.key[len(x) :] + b":" + value + after)
+                if p.key.startswith(key) and value is not None and after is not None:
+                    options.append(p.key[len(key) :] + b":" + value + after)
         elif phase == _AFTER_COMMA:
             if free:
                 key, value = shortest[spec.free_key], shortest[spec.free_value]

@@ -27,12 +27,90 @@ class _Rules:
         self.nodes = tuple(nodes)
         self.whitespace = whitespace  # False: the compact form, no whitespace between tokens
         self.starts = tuple(_start_frames(self.nodes, n) for n in range(len(self.nodes)))
+        self.keys: dict[int, _Keys] = {}  # object node -> the trie of its declared keys (made when first read)
+
+
+class _Keys:
+    """The declared keys of an object (its excluded ones too) as a byte trie. A key being written is a
+    node of it, an int: the same prefix is the same parser state whatever led to it, and a byte is a
+    lookup, not a re-read of the key from its start.
+
+    Node 0 is the root, node QUOTE the opening quote every key starts with. text[t]: the bytes that lead
+    to t; children[t]: byte -> node; below[t]: the properties (bit j: property j) whose key passes through t;
+    exact[t]: the property whose key is text[t] (-2: an excluded key, -1: none).
+    """
+
+    QUOTE = 1
+
+    def __init__(self, spec: _Object) -> None:
+        self.text: list[bytes] = [b""]
+        self.children: list[dict[int, int]] = [{}]
+        self.below: list[int] = [0]
+        self.exact: list[int] = [-1]
+        self._add(b'"', 0)
+        for j, p in enumerate(spec.properties):
+            self._add(p.key, 1 << j, j)
+        for key in spec.excluded:
+            self._add(key, 0, -2)
+        self._candidates: dict[int, int] = {}  # the object frame's i -> the properties that may come next
+        self._strings: dict[int, list[tuple]] = {}  # node -> the undeclared key's string frames after text[node]
+
+    def _add(self, key: bytes, bit: int, j: int = -1) -> None:
+        t = 0
+        for b in key:
+            child = self.children[t].get(b)
+            if child is None:
+                child = self.children[t][b] = len(self.text)
+                self.text.append(self.text[t] + bytes((b,)))
+                self.children.append({})
+                self.below.append(0)
+                self.exact.append(-1)
+            t = child
+            self.below[t] |= bit
+        if self.exact[t] == -1:
+            self.exact[t] = j
+
+    def candidates(self, spec: _Object, i: int) -> int:
+        """The properties that may come next (bit j: property j), in a key phase with i as the frame holds it."""
+        bits = self._candidates.get(i)
+        if bits is None:
+            if spec.any_order:
+                unwritten = (j for j in range(len(spec.properties)) if not i >> j & 1)
+                bits = sum(1 << j for j in unwritten if _feasible(spec, i | 1 << j))
+            else:  # properties i to last_candidate[i]
+                bits = (1 << spec.last_candidate[i] + 1) - (1 << i) if i < len(spec.properties) else 0
+            self._candidates[i] = bits
+        return bits
+
+    def strings(self, g: _Rules, spec: _Object, t: int) -> list[tuple]:
+        """The frames of the undeclared key's string after reading text[t] (none: it cannot be one)."""
+        frames = self._strings.get(t)
+        if frames is None:
+            assert spec.extra_key is not None
+            frames = list(g.starts[spec.extra_key])
+            for b in self.text[t]:
+                frames = [c[-1] for frame in frames for c in _STEPS[frame[0]](g, frame, b) if c]
+            self._strings[t] = frames
+        return frames
+
+
+def _keys(g: _Rules, n: int) -> _Keys:
+    keys = g.keys.get(n)
+    if keys is None:
+        keys = g.keys[n] = _Keys(g.nodes[n])
+    return keys
+
+
+def _key_text(g: _Rules, frame: tuple) -> bytes:
+    """The key so far of an object frame in its key phase."""
+    return _keys(g, frame[1]).text[frame[4]]
 
 
 # A configuration is a tuple of frames, the innermost last. Frames:
 #   (_TEXT, text, offset)            literal prefix/suffix text, popped after its last byte
 #   (_VALUE, node)                   a value not started yet (only at the root)
-#   (_OBJECT, node, phase, i, x)     i: next property index; x: whitespace state, or the key so far;
+#   (_OBJECT, node, phase, i, x)     i: next property index; x: whitespace state, or the key so far (a
+#                                    node of the object's _Keys, from the opening quote);
 #                                    at the colon and value of an undeclared key, i is -1 - (next index).
 #                                    Objects in any order (_Object.any_order): i is the set of properties
 #                                    written (bit j: property j), and at the colon and value (that set,
@@ -74,6 +152,8 @@ def _bits(data: bytes) -> int:
 _ANY_BYTE = (1 << 256) - 1
 _WS_BITS = _bits(b" \n\t")
 _VALUE_FIRST = _bits(b'{["-0123456789tfn')
+# Bytes that can be inside a string (content, escapes, UTF-8): no control bytes, none that UTF-8 never uses
+_TEXT_BITS = _ANY_BYTE & ~_bits(bytes(range(0x20))) & ~_bits(b"\xc0\xc1") & ~_bits(bytes(range(0xF5, 0x100)))
 _READABLE = {
     (_OBJECT, _OPEN): _bits(b"{"),
     (_OBJECT, _FIRST): _WS_BITS | _bits(b'"}'),
@@ -86,7 +166,7 @@ _READABLE = {
     (_ARRAY, _AFTER_VALUE): _WS_BITS | _bits(b",]"),
     (_ARRAY, _AFTER_COMMA): _WS_BITS | _VALUE_FIRST,
     (_STRING, _S_OPEN): _bits(b'"'),
-    (_STRING, _S_CONTENT): _ANY_BYTE,
+    (_STRING, _S_CONTENT): _TEXT_BITS,
     (_STRING, _S_ESCAPE): _bits(b'"\\/bfnrtu'),
     (_STRING, _S_HEX): _bits(b"0123456789abcdefABCDEF"),
     (_STRING, _S_UTF8): _bits(bytes(range(0x80, 0xC0))),
@@ -112,13 +192,14 @@ def _readable(g: _Rules, config: tuple) -> int:
                     bits |= 1 << values[i][len(text)]
                 i += 1
         elif kind == _OBJECT and frame[2] == _KEY:
-            _, n, _, i, text = frame
-            spec = g.nodes[n]
-            for p in _candidates(spec, i):
-                if p.key.startswith(text):  # keys are quoted: none is the whole of another
-                    bits |= 1 << p.key[len(text)]
+            _, n, _, i, t = frame
+            spec, keys = g.nodes[n], _keys(g, n)
+            candidates = keys.candidates(spec, i)
+            for b, child in keys.children[t].items():
+                if keys.below[child] & candidates:
+                    bits |= 1 << b
             if spec.extra_value is not None:
-                bits |= _ANY_BYTE
+                bits |= _TEXT_BITS
         else:
             bits |= _READABLE[kind, frame[2]]
         if not _can_end(g, frame):
@@ -285,17 +366,19 @@ def _step_object(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     spec = g.nodes[n]
     if spec.any_order:
         return _step_any_order(g, spec, frame, b)
-    if phase == _KEY:  # x: the key so far, from its opening quote
-        key = x + bytes((b,))
-        for j in range(i, spec.last_candidate[i] + 1):
-            candidate = spec.properties[j].key
-            if candidate == key:
+    if phase == _KEY:  # x: the key so far, a node of the key trie
+        keys = _keys(g, n)
+        t = keys.children[x].get(b, -1)
+        if t >= 0:
+            candidates = keys.candidates(spec, i)
+            j = keys.exact[t]
+            if j >= 0 and candidates >> j & 1:
                 return [((_OBJECT, n, _COLON, j, 0),)]
-            if candidate.startswith(key):
-                return [((_OBJECT, n, _KEY, i, key),)]
+            if keys.below[t] & candidates:
+                return [((_OBJECT, n, _KEY, i, t),)]
         if spec.extra_value is None:
             return []
-        return _undeclared_key(g, spec, n, i, key)
+        return _undeclared_key(g, spec, n, i, x, b, t)
     if phase == _OPEN:
         return [((_OBJECT, n, _FIRST, 0, 0),)] if b == 0x7B else []
     if b in _WHITESPACE:
@@ -305,10 +388,10 @@ def _step_object(g: _Rules, frame: tuple, b: int) -> list[tuple]:
     extra = spec.extra_value is not None
     if phase == _FIRST or phase == _AFTER_COMMA:
         if b == 0x22 and free:
-            keys = g.starts[spec.free_key]  # the key's string frame (none: no key is allowed)
-            return [((_OBJECT, n, _COLON, 0, 0), *frames) for key in keys for frames in _STEPS[key[0]](g, key, b)]
+            starts = g.starts[spec.free_key]  # the key's string frame (none: no key is allowed)
+            return [((_OBJECT, n, _COLON, 0, 0), *frames) for key in starts for frames in _STEPS[key[0]](g, key, b)]
         if b == 0x22 and (i < len(spec.properties) or extra):
-            return [((_OBJECT, n, _KEY, i, b'"'),)]
+            return [((_OBJECT, n, _KEY, i, _Keys.QUOTE),)]
         return [()] if b == 0x7D and phase == _FIRST and spec.closable[i] else []
     if phase == _COLON:
         return [((_OBJECT, n, _VALUE_NEXT, i, 0),)] if b == 0x3A else []
@@ -328,19 +411,19 @@ def _step_object(g: _Rules, frame: tuple, b: int) -> list[tuple]:
 def _step_any_order(g: _Rules, spec: _Object, frame: tuple, b: int) -> list[tuple]:
     """_step_object for an object whose properties may come in any order, each at most once."""
     _, n, phase, i, x = frame
-    if phase == _KEY:  # i: the properties written; x: the key so far
-        key = x + bytes((b,))
-        prefix = False
-        for j, p in enumerate(spec.properties):
-            if not i >> j & 1 and _feasible(spec, i | 1 << j):
-                if p.key == key:
-                    return [((_OBJECT, n, _COLON, (i, j), 0),)]
-                prefix = prefix or p.key.startswith(key)
-        if prefix:
-            return [((_OBJECT, n, _KEY, i, key),)]
+    if phase == _KEY:  # i: the properties written; x: the key so far, a node of the key trie
+        keys = _keys(g, n)
+        t = keys.children[x].get(b, -1)
+        if t >= 0:
+            candidates = keys.candidates(spec, i)  # not written yet, and the object can still be completed
+            j = keys.exact[t]
+            if j >= 0 and candidates >> j & 1:
+                return [((_OBJECT, n, _COLON, (i, j), 0),)]
+            if keys.below[t] & candidates:
+                return [((_OBJECT, n, _KEY, i, t),)]
         if spec.extra_value is None or not _feasible(spec, _plus_extra(spec, i)):
             return []
-        return _undeclared_key(g, spec, n, i, key, (i, -1))
+        return _undeclared_key(g, spec, n, i, x, b, t, (i, -1))
     if phase == _OPEN:
         return [((_OBJECT, n, _FIRST, 0, 0),)] if b == 0x7B else []
     if b in _WHITESPACE:
@@ -359,7 +442,7 @@ def _step_any_order(g: _Rules, spec: _Object, frame: tuple, b: int) -> list[tupl
         return [(after, *frames) for frames in _start_value(g, value, b)]
     if phase == _FIRST or phase == _AFTER_COMMA:
         if b == 0x22 and _can_add(spec, i):
-            return [((_OBJECT, n, _KEY, i, b'"'),)]
+            return [((_OBJECT, n, _KEY, i, _Keys.QUOTE),)]
         return [()] if b == 0x7D and phase == _FIRST and _closable_any(spec, i) else []
     # _AFTER_VALUE
     if b == 0x2C and _can_add(spec, i):
@@ -368,27 +451,44 @@ def _step_any_order(g: _Rules, spec: _Object, frame: tuple, b: int) -> list[tupl
 
 
 def _undeclared_key(
-    g: _Rules, spec: _Object, n: int, i: int, key: bytes, colon_i: int | tuple | None = None
+    g: _Rules, spec: _Object, n: int, i: int, x: int, b: int, t: int, colon_i: int | tuple | None = None
 ) -> list[tuple]:
-    """An object key that is none of the next candidates: an undeclared key, if it is not (and cannot
+    """An object key (the key so far x, a node of the key trie, then byte b, which leads to node t; -1:
+    out of the trie) that is none of the next candidates: an undeclared key, if it is not (and cannot
     become) a declared one. Once it cannot, the rest of it is read by a plain string frame. colon_i:
     the object frame's i at the colon (default: -1 - i, declared order)."""
-    declared = [p.key for p in spec.properties] + list(spec.excluded)
-    if key in declared:
+    keys = _keys(g, n)
+    if t >= 0 and keys.exact[t] != -1:
         return []  # a declared key out of its place, or written twice
+    following = [c for frame in keys.strings(g, spec, x) for c in _STEPS[frame[0]](g, frame, b)]
+    configs = [c[-1] for c in following if c]  # the string frame of undeclared keys, after the key so far
+    if t >= 0:  # it may still become a declared key: keep reading it
+        return [((_OBJECT, n, _KEY, i, t),)] if configs else []
     colon = (_OBJECT, n, _COLON, -1 - i if colon_i is None else colon_i, 0)
-    assert spec.extra_key is not None
-    configs: list[tuple] = list(g.starts[spec.extra_key])  # the string frame of undeclared keys
-    closed = False
-    for byte in key:
-        following = [c for frame in configs for c in _STEPS[frame[0]](g, frame, byte)]
-        closed = any(c == () for c in following)
-        configs = [c[-1] for c in following if c]
-    if any(k.startswith(key) for k in declared):  # it may still become a declared key: keep reading it
-        return [((_OBJECT, n, _KEY, i, key),)] if configs else []
-    if closed and _closes_string(key):
+    if any(c == () for c in following) and _closes_string(keys.text[x] + bytes((b,))):
         return [(colon,)]
     return [(colon, frame) for frame in configs]
+
+
+def _as_undeclared(g: _Rules, config: tuple) -> tuple | None:
+    """For a configuration whose top frame is an object in its key phase: the configuration that reads
+    every byte leading out of the key trie as it does (the key taken as an undeclared one: the colon
+    frame under the key's string frame); None if there is none (no undeclared key may come here, or its
+    string has no frame or more than one)."""
+    _, n, _, i, x = config[-1]
+    spec = g.nodes[n]
+    if spec.extra_value is None:
+        return None
+    if spec.any_order:
+        if not _feasible(spec, _plus_extra(spec, i)):
+            return None
+        colon_i: int | tuple = (i, -1)
+    else:
+        colon_i = -1 - i
+    frames = _keys(g, n).strings(g, spec, x)
+    if len(frames) != 1:
+        return None
+    return (*config[:-1], (_OBJECT, n, _COLON, colon_i, 0), frames[0])
 
 
 def _closes_string(key: bytes) -> bool:
