@@ -274,3 +274,20 @@ def test_lessons_take_their_first_step_at_once_then_learn_in_slices(folder):
     assert dropped["note"] == "its adapter 'a' was replaced before the lesson finished (what it taught went with it)"
     bad = error(handle.feedback(json.dumps({**request, "key": 9, "completion_ids": "x"})))
     assert bad == {"type": "invalid_argument", "message": "completion_ids must be a list of integers"}
+
+
+def test_a_file_larger_than_one_array_on_one_thread_says_to_load_with_threads(monkeypatch):
+    """In Pyodide (wasm32) one array holds at most 2 GiB: a larger weight file cannot be held in its memory
+    on one thread (NumPy's own error was "Maximum allowed dimension exceeded"); with threads it stays outside."""
+    import ruvllm.bridge
+
+    monkeypatch.setattr(ruvllm.bridge, "MAX_ARRAY_BYTES", 2**31 - 1)
+    request = {"name": "model.safetensors", "size": 3 * 2**30}
+    assert error(ModelLoader().begin_file(json.dumps(request))) == {
+        "type": "load",
+        "message": "model.safetensors is 3.0 GiB, more than one array of Pyodide's memory holds (2.0 GiB), where "
+        "the weight files go on one thread; load with threads: 2 or more (the files then stay outside it; a "
+        "browser page must be cross-origin isolated)",
+    }
+    request["size"] = 2**31 - 1  # the largest that fits is taken (CPython allocates it lazily)
+    assert ok(ModelLoader().begin_file(json.dumps(request))) == 2**31 - 1

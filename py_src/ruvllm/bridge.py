@@ -77,6 +77,7 @@ import dataclasses
 import functools
 import hashlib
 import json
+import sys
 import time
 from collections.abc import Callable, Generator
 from typing import Any
@@ -103,6 +104,10 @@ from .session import Session
 from .text.detokenizer import StreamingDetokenizer, special_token_ids, token_byte_table
 from .text.stream import Chunk
 
+# The most bytes one array may hold: 2 GiB - 1 in Pyodide (wasm32). A weight file held in Pyodide's memory
+# (one thread) must fit in one.
+MAX_ARRAY_BYTES = sys.maxsize
+
 
 def _json_result(fn: Callable) -> Callable[..., str]:
     @functools.wraps(fn)
@@ -112,7 +117,10 @@ def _json_result(fn: Callable) -> Callable[..., str]:
         except RuvLLMError as e:
             return json.dumps({"error": {"type": e.type, "message": e.message}})
         except MemoryError:
-            message = "out of memory: the model does not fit in this tab's WebAssembly memory"
+            message = (
+                "out of memory: the model does not fit in Pyodide's WebAssembly memory (4 GiB at most); with "
+                "threads: 2 or more its weights live outside it"
+            )
             return json.dumps({"error": {"type": "load", "message": message}})
         except Exception as e:  # anything else is our bug; keep the worker alive and say what happened
             return json.dumps({"error": {"type": "inference", "message": f"internal error: {type(e).__name__}: {e}"}})
@@ -266,6 +274,12 @@ class ModelLoader:
             raise InvalidArgumentError(f"{name}: size must be a non-negative integer, got {size!r}")
         # with the kernel thread pool, a file arrives in JavaScript memory, outside Pyodide's heap
         pool = self.kernel_threads is not None and self.kernel_exports is not None
+        if not pool and size > MAX_ARRAY_BYTES:
+            raise LoadError(
+                f"{name} is {size / 2**30:.1f} GiB, more than one array of Pyodide's memory holds "
+                f"({(MAX_ARRAY_BYTES + 1) / 2**30:.1f} GiB), where the weight files go on one thread; load with "
+                "threads: 2 or more (the files then stay outside it; a browser page must be cross-origin isolated)"
+            )
         self.files[name] = OutsideFile(self.kernel_threads, size, name) if pool else PieceBuffer(size, name)
         if r.get("want_sha256"):
             self.hashes[name] = hashlib.sha256()
