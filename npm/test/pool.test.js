@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url';
 
 import { RuvLLMError } from '../src/errors.js';
 import { startKernels } from '../src/worker/kernels.js';
-import { Adaptive, startPool, slice } from '../src/worker/pool.js';
+import { Adaptive, CTL, announce, open, startPool, slice, work } from '../src/worker/pool.js';
 import { startPython } from '../src/worker/python.js';
 import { startThreads } from '../src/worker/threads.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
@@ -93,6 +93,30 @@ const SHAPES = [
   ['dense', 161, 36],
 ];
 const ROWS = [1, 2, 4, 5, 21];
+
+test('a thread late from the dispatch before claims none of the next one, whatever its unit count', () => {
+  // The interleaving a busy machine made (3 threads on 2 cores: "60 of 36 units done", then a stall): a
+  // dispatch of 12 units ends, the next (36: q, k and v) is announced, and a thread that read NEXT during
+  // the first only now reads the unit count. Computing units here needs no kernels: the job's slices are
+  // empty (N = 0), so `work` only claims and counts.
+  const ctl = new Int32Array(new SharedArrayBuffer(4096));
+  const kernels = {};
+  const claimed = (gen) => {
+    const before = Atomics.load(ctl, CTL.DONE);
+    work(kernels, ctl, gen, 1);
+    return Atomics.load(ctl, CTL.DONE) - before;
+  };
+  announce(ctl, 12, 12);
+  open(ctl, 7);
+  assert.equal(claimed(7), 12);
+  announce(ctl, 12, 36); // the caller is preempted here, before `open`
+  assert.equal(claimed(7), 0, 'the late thread claimed units of the old dispatch into the new one');
+  assert.equal(Atomics.load(ctl, CTL.DONE), 0);
+  open(ctl, 8);
+  assert.equal(claimed(7), 0);
+  assert.equal(claimed(8), 36);
+  assert.equal(claimed(8), 0);
+});
 
 describe('the kernel thread pool', { skip: SKIP }, () => {
   test('slices cover the output features once, in whole tiles', () => {

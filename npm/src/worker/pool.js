@@ -83,6 +83,32 @@ export function slice(N, i, threads) {
 
 /** The tag of generation `gen` in the NEXT word. */
 const tagOf = (gen) => (gen & 0x7fff) << 16;
+/** NEXT between dispatches: an index past any unit count, so nothing can be claimed. */
+const CLOSED = 0xffff;
+
+/**
+ * The first half of opening a dispatch of `units` units (`slices` per matrix): NEXT is closed before the
+ * counts change. A thread still in `work` for the dispatch before may have read NEXT (all of that
+ * dispatch claimed) and not yet the unit count: were the new, larger count written first, that thread's
+ * claim would pass its check and its compare-and-swap on the old tag, and count units of the old
+ * dispatch into the new one (seen: "60 of 36 units done", a stall). `open` then lets the units be taken.
+ * @param {Int32Array} ctl
+ */
+export function announce(ctl, slices, units) {
+  Atomics.store(ctl, CTL.NEXT, CLOSED);
+  Atomics.store(ctl, CTL.SLICES, slices);
+  Atomics.store(ctl, CTL.UNITS, units);
+  Atomics.store(ctl, CTL.DONE, 0);
+}
+
+/**
+ * The second half: dispatch `gen`'s units may be claimed from here on, and the threads are told.
+ * @param {Int32Array} ctl
+ */
+export function open(ctl, gen) {
+  Atomics.store(ctl, CTL.NEXT, tagOf(gen));
+  Atomics.store(ctl, CTL.GEN, gen);
+}
 
 /**
  * Unit `unit` of the dispatch described in the control block: one slice of one matrix, computed with
@@ -470,11 +496,8 @@ export class KernelPool {
     const slices = count === 1 ? 1 : SLICES_PER_THREAD * count;
     const units = ctl[CTL.JOBS] * slices;
     const gen = (ctl[CTL.GEN] + 1) | 0;
-    ctl[CTL.SLICES] = slices;
-    ctl[CTL.UNITS] = units;
-    Atomics.store(ctl, CTL.DONE, 0);
-    Atomics.store(ctl, CTL.NEXT, tagOf(gen));
-    Atomics.store(ctl, CTL.GEN, gen);
+    announce(ctl, slices, units);
+    open(ctl, gen);
     if (count > 1) Atomics.notify(ctl, CTL.GEN, count - 1);
     work(this.exports, ctl, gen, 0);
     // The caller sleeps in slices of CHECK_MS, re-reading DONE after each: a wake-up that never comes
