@@ -146,6 +146,7 @@ def maskbench(folder: Path, sample: float, rng: random.Random, tokenizer: Tokeni
     eos = [tokenizer.token_id("<|im_end|>"), tokenizer.token_id("<|endoftext|>")]
     vocabulary = Vocabulary(tokenizer.token_bytes, len(tokenizer.token_bytes), tokenizer.special_ids, eos)
     counts = Counter()
+    accepted_invalid: list[str] = []  # the schema files whose invalid instance was accepted, and the instance
     mask_us: list[float] = []
     ttfm_us: list[float] = []
     for file in files:
@@ -178,10 +179,13 @@ def maskbench(folder: Path, sample: float, rng: random.Random, tokenizer: Tokeni
                     break
             if accepted != test["valid"]:
                 verdict = "invalidation error" if accepted else "validation error"
+                if accepted:
+                    accepted_invalid.append(f"{file.name}: {json.dumps(test['data'], ensure_ascii=False)[:160]}")
                 break
         counts[verdict] += 1
     out: dict = {"schemas": len(files), **{k: counts[k] for k in ("passing", "compile error", "crash")}}
     out |= {k: counts[k] for k in ("validation error", "invalidation error")}
+    out["invalid_accepted_cases"] = accepted_invalid
     for name, values in (("tbm", mask_us), ("ttfm", ttfm_us)):
         if values:
             array = np.array(values)
@@ -331,6 +335,8 @@ def main() -> None:
             f"crash {r['crash']}, validation error {r['validation error']}, "
             f"invalidation error {r['invalidation error']})"
         )
+        for case in r["invalid_accepted_cases"]:
+            print(f"  INVALID ACCEPTED: {case}")
         if args.sample < 1:
             print(f"  scaled to all 11,305 schemas: ~{r['passing'] / args.sample:.0f} passing")
         print("  published (all 11,305): " + ", ".join(f"{k} {v:,}" for k, v in PUBLISHED_MASKBENCH.items()))
