@@ -671,6 +671,10 @@ def _nested(depth: int) -> dict:
         ({"type": []}, "'type' is an empty list"),
         ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "no JSON value is valid under the schema"),
         ({"type": "string", "minLength": 3, "maxLength": 2}, "'minLength' 3 is more than 'maxLength' 2"),
+        (
+            {"properties": {"id": {"format": "uuid", "pattern": "^x"}}},
+            "'pattern' '^x' with 'format' 'uuid': the pattern matches no string at properties.id",
+        ),
         ({"type": "integer", "minimum": 5, "maximum": 4}, "within the bounds [5, 4]"),
         ({"type": "integer", "minimum": 10**17}, "within the bounds [100000000000000000, None]"),
         ({"type": "object", "properties": {"a": [1]}}, "at properties.a"),
@@ -872,6 +876,23 @@ CASES = {
             '["2024-13-01"]',
             '["2024-01-01", "123e4567"]',
             '["2024-01-01", "", "1.2.3.256"]',
+        ],
+    ),
+    "pattern beside format: strings that match both": (  # MaskBench's o1053 wrote "2020-02-30" before
+        {
+            "type": "array",
+            "prefixItems": [
+                {"format": "date", "pattern": "^([0-9]{4})(-([0-9]{2}))?(-([0-9]{2}))?$"},
+                {"format": "email", "pattern": "@example\\.com$"},
+            ],
+        },
+        ['["2020-02-28"]', '["2024-12-31", "a.b@example.com"]'],
+        [
+            '["2020-02-30"]',
+            '["2020"]',
+            '["2020-01"]',
+            '["2020-01-01", "a@other.com"]',
+            '["2020-01-01", "a@example.org"]',
         ],
     ),
     "undeclared properties between the declared ones": (

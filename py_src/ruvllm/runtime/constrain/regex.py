@@ -44,6 +44,40 @@ class Regex:
         self.shortest, self.longest = _distances(self.next, self.accepting)
         self.farthest = max((n for n in self.shortest if n < _FAR), default=0)  # the largest shortest
 
+    @classmethod
+    def both(cls, first: Regex, second: Regex) -> Regex:
+        """The DFA of the strings that both match (a `pattern` beside a `format`): their product, kept to
+        the pairs of states reached from the start."""
+        index = {(0, 0): 0}
+        order = [(0, 0)]
+        table: list[list[int]] = []
+        while len(table) < len(order):
+            a, b = order[len(table)]
+            row = [-1] * _SYMBOLS
+            for c, (ta, tb) in enumerate(zip(first.next[a], second.next[b], strict=True)):
+                if ta < 0 or tb < 0:
+                    continue
+                target = index.get((ta, tb))
+                if target is None:
+                    if len(order) >= MAX_REGEX_STATES:
+                        raise RegexError(f"the patterns together need more than {MAX_REGEX_STATES} DFA states")
+                    target = index[ta, tb] = len(order)
+                    order.append((ta, tb))
+                row[c] = target
+            table.append(row)
+        accepting = [first.accepting[a] and second.accepting[b] for a, b in order]
+        table, accepting = _trim(table, accepting)
+        # pairs from which no string matches both are dropped (numbered anew; the start stays 0)
+        live = [s for s, row in enumerate(table) if accepting[s] or any(t >= 0 for t in row)]
+        number = {s: i for i, s in enumerate(live)}
+        regex = cls.__new__(cls)
+        regex.source = f"{first.source} and {second.source}"
+        regex.next = [[number.get(t, -1) for t in table[s]] for s in live]
+        regex.accepting = [accepting[s] for s in live]
+        regex.shortest, regex.longest = _distances(regex.next, regex.accepting)
+        regex.farthest = max((n for n in regex.shortest if n < _FAR), default=0)
+        return regex
+
     def symbol(self, char: int) -> int:
         return char if char < 128 else NON_ASCII
 

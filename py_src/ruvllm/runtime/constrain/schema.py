@@ -429,11 +429,28 @@ class _Compiler:
         return self.add(_Literal((b"false", b"true") if kind == "boolean" else (b"null",)))
 
     def pattern(self, schema: dict, path: tuple[str, ...]) -> Regex | None:
-        """The regex of `pattern`, else of a `format` that has one (with both, `pattern` alone)."""
+        """The regex of `pattern` and of a `format` that has one (with both, the strings both match)."""
         source = schema.get("pattern")
+        shape = FORMATS.get(schema["format"]) if isinstance(schema.get("format"), str) else None
+        if source is not None and shape is not None:
+            key = (source if isinstance(source, str) else json.dumps(source), "format", shape)
+            regex = self.regexes.get(key)
+            if regex is None:
+                first, second = (
+                    self.pattern({"pattern": source}, path),
+                    self.pattern({"format": schema["format"]}, path),
+                )
+                assert first is not None and second is not None
+                try:
+                    regex = self.regexes[key] = Regex.both(first, second)
+                except RegexError as e:
+                    raise _fail(
+                        f"'pattern' {str(source)[:60]!r} with 'format' {schema['format']!r}: {e}", path
+                    ) from None
+            return regex
         keyword = "pattern"
-        if source is None and schema.get("format") in FORMATS:
-            source, keyword = FORMATS[schema["format"]], "format"
+        if source is None and shape is not None:
+            source, keyword = shape, "format"
         if source is None:
             return None
         sources = tuple(source) if isinstance(source, list) else (source,)
