@@ -672,8 +672,13 @@ def _nested(depth: int) -> dict:
         ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "no JSON value is valid under the schema"),
         ({"type": "string", "minLength": 3, "maxLength": 2}, "'minLength' 3 is more than 'maxLength' 2"),
         (
-            {"properties": {"id": {"format": "uuid", "pattern": "^x"}}},
-            "'pattern' '^x' with 'format' 'uuid': the pattern matches no string at properties.id",
+            {
+                "type": "object",
+                "properties": {"id": {"type": "string", "format": "uuid", "pattern": "^x"}},
+                "required": ["id"],
+            },
+            "no JSON value is valid under the schema (no string matches both 'pattern' '^x' and 'format' 'uuid' "
+            "at properties.id)",
         ),
         ({"type": "integer", "minimum": 5, "maximum": 4}, "within the bounds [5, 4]"),
         ({"type": "integer", "minimum": 10**17}, "within the bounds [100000000000000000, None]"),
@@ -927,10 +932,20 @@ CASES = {
         ['{"toolong": 1}', '{"abcd": 1}', '{"1a": 1}'],
     ),
     "propertyNames false": ({"type": "object", "propertyNames": False}, ["{}"], ['{"a": 1}']),
+    "propertyNames no name can meet (pattern against format)": (
+        {"type": "object", "propertyNames": {"format": "date", "pattern": "^x"}},
+        ["{}"],
+        ['{"x": 1}', '{"2020-01-01": 1}'],
+    ),
     "an optional property no value can meet is left out": (
         {"type": "object", "properties": {"a": {"type": "string", "minLength": 2, "maxLength": 1}, "b": {}}},
         ['{"b": 1}', "{}"],
         ['{"a": ""}', '{"a": "x", "c": 1}'],
+    ),
+    "an optional string no value can meet (pattern against format) is left out": (  # as JSONSchemaBench's o91126
+        {"type": "object", "properties": {"day": {"format": "date", "pattern": "^x"}, "b": {}}},
+        ['{"b": 1}', "{}"],
+        ['{"day": "x"}', '{"day": "2020-01-01"}'],
     ),
 }
 

@@ -45,9 +45,9 @@ class Regex:
         self.farthest = max((n for n in self.shortest if n < _FAR), default=0)  # the largest shortest
 
     @classmethod
-    def both(cls, first: Regex, second: Regex) -> Regex:
+    def both(cls, first: Regex, second: Regex) -> Regex | None:
         """The DFA of the strings that both match (a `pattern` beside a `format`): their product, kept to
-        the pairs of states reached from the start."""
+        the pairs of states reached from the start. None: no string matches both."""
         index = {(0, 0): 0}
         order = [(0, 0)]
         table: list[list[int]] = []
@@ -66,7 +66,10 @@ class Regex:
                 row[c] = target
             table.append(row)
         accepting = [first.accepting[a] and second.accepting[b] for a, b in order]
-        table, accepting = _trim(table, accepting)
+        try:
+            table, accepting = _trim(table, accepting)
+        except RegexError:  # (its one error: the start reaches no match)
+            return None
         # pairs from which no string matches both are dropped (numbered anew; the start stays 0)
         live = [s for s, row in enumerate(table) if accepting[s] or any(t >= 0 for t in row)]
         number = {s: i for i, s in enumerate(live)}

@@ -49,6 +49,12 @@ _SUPPORTED = (
     "minLength, maxLength, pattern, format (date, time, "
     "date-time, uuid, email, ipv4, ipv6, uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, and annotations"
 )
+
+
+class _NoStringError(Exception):
+    """No string meets a schema's string keywords together: its string node is a dead one."""
+
+
 # `format` values written by these patterns (other formats are annotations, not checked).
 _DATE = (  # days by month (29 February in every year)
     r"\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2\d))"
@@ -405,7 +411,11 @@ class _Compiler:
             low, high = _count(schema, "minLength", path), _count(schema, "maxLength", path)
             if high >= 0 and low > high:
                 return self.dead_node(f"'minLength' {low} is more than 'maxLength' {high}", path)
-            return self.add(_String(low, high, high if high >= 0 else low, self.pattern(schema, path)))
+            try:
+                regex = self.pattern(schema, path)
+            except _NoStringError as e:
+                return self.dead_node(str(e), path)
+            return self.add(_String(low, high, high if high >= 0 else low, regex))
         if kind == "number" and "multipleOf" in schema and _multiple(schema, path).denominator == 1:
             kind = "integer"  # multiples of an integer are integers: written as integers (not 2.0)
         if kind == "integer":
@@ -442,11 +452,16 @@ class _Compiler:
                 )
                 assert first is not None and second is not None
                 try:
-                    regex = self.regexes[key] = Regex.both(first, second)
+                    regex = Regex.both(first, second)
                 except RegexError as e:
                     raise _fail(
                         f"'pattern' {str(source)[:60]!r} with 'format' {schema['format']!r}: {e}", path
                     ) from None
+                if regex is None:
+                    raise _NoStringError(
+                        f"no string matches both 'pattern' {str(source)[:60]!r} and 'format' {schema['format']!r}"
+                    )
+                self.regexes[key] = regex
             return regex
         keyword = "pattern"
         if source is None and shape is not None:
@@ -624,7 +639,10 @@ class _Compiler:
                 "maxLength and format"
             )
         low, high = _count(names, "minLength", path), _count(names, "maxLength", path)
-        names_regex = self.pattern(names, (*path, "propertyNames"))
+        try:
+            names_regex = self.pattern(names, (*path, "propertyNames"))
+        except _NoStringError:  # no name meets it: as propertyNames false
+            return self.add(_Union(())), lambda name: False
         if patterns:
             schemas = list(patterns.values())
             if any(not json_equal(s, schemas[0]) for s in schemas[1:]):
