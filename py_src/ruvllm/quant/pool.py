@@ -32,8 +32,9 @@ from .wasm import GROUPED_MAX_ROWS, address, kernel_form
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
-    """Whether two float32 arrays hold the same bits (so every product of them has the same bits too)."""
-    return a.shape == b.shape and np.array_equal(a.view(np.uint32), b.view(np.uint32))
+    """Whether two float32 arrays hold the same bits (so every product of them has the same bits too).
+    Their bytes compared: for a decoding row, a tenth of np.array_equal's time in Pyodide."""
+    return a.shape == b.shape and a.tobytes() == b.tobytes()
 
 
 class RemoteArray:

@@ -29,8 +29,9 @@ GROUPED_MAX_ROWS = 4
 
 
 def address(a: np.ndarray) -> int:
-    """Where the array's data starts in the WebAssembly memory (Pyodide: the NumPy data pointer)."""
-    return a.__array_interface__["data"][0]
+    """Where the array's data starts in the WebAssembly memory (Pyodide: the NumPy data pointer). Every
+    product asks for two or three: `ctypes.data` takes half the time of `__array_interface__` in Pyodide."""
+    return a.ctypes.data
 
 
 def kernel_form(matrix: object) -> tuple[str, np.ndarray] | None:
