@@ -1,16 +1,16 @@
 // A quick figure for the kernel thread pool (src/worker/pool.js): what one dispatch costs (a tiny
 // product), and a SmolLM2-shaped q4 decode product set (q, k, v, o, gate, up, down of one layer,
-// times 30 layers) on 1 and 2+ threads, interleaved. The machine's load changes these a lot: run
-// `uptime` beside it and repeat.
-//   node bench/pool.js [THREADS=2] [ROUNDS=5] [SPIN=DEFAULT_SPIN iterations before a thread sleeps]
+// times 30 layers) on 1 thread and on 2+ threads with and without the spin, interleaved. The machine's
+// load changes these a lot: run `uptime` beside it and repeat.
+//   node bench/pool.js [THREADS=2] [ROUNDS=5] [SPIN=DEFAULT_SPIN_US microseconds before a thread sleeps]
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 
-import { DEFAULT_SPIN, startPool } from '../src/worker/pool.js';
+import { DEFAULT_SPIN_US, startPool } from '../src/worker/pool.js';
 
 const threads = Number(process.argv[2] ?? 2);
 const rounds = Number(process.argv[3] ?? 5);
-const spin = Number(process.argv[4] ?? DEFAULT_SPIN);
+const spin = Number(process.argv[4] ?? DEFAULT_SPIN_US);
 const module = new WebAssembly.Module(readFileSync(new URL('../wasm/kernels-shared.wasm', import.meta.url)));
 const median = (a) => [...a].sort((p, q) => p - q)[Math.floor(a.length / 2)];
 
@@ -24,7 +24,7 @@ const LAYER = [
   [1536, 576],
   [576, 1536],
 ];
-async function setUp(n) {
+async function setUp(n, spin) {
   const pool = await startPool(module, { threads: n, spin });
   const layers = [];
   for (let l = 0; l < 30; l++)
@@ -38,10 +38,14 @@ async function setUp(n) {
     );
   return { pool, layers };
 }
-const setups = { 1: await setUp(1), [threads]: await setUp(threads) };
+const setups = {
+  '1 thread': await setUp(1, 0),
+  [`${threads} threads, no spin`]: await setUp(threads, 0),
+  [`${threads} threads, spin ${spin} µs`]: await setUp(threads, spin),
+};
 
 // what a dispatch costs: a tiny product (16 x 32 float32, one row), on 1 thread and on `threads`
-async function tiny(n) {
+async function tiny(n, spin) {
   const pool = await startPool(module, { threads: n, spin });
   const h = pool.matrix({ form: 'dense', w: pool.place(new Float32Array(16 * 32).fill(0.5)), N: 16, K: 32 });
   const [x1, y1] = [new Float32Array(32).fill(1), new Float32Array(16)];
@@ -54,8 +58,11 @@ async function tiny(n) {
   await pool.dispose();
   return median(times) * 1000;
 }
-const [one, many] = [await tiny(1), await tiny(threads)];
-console.log(`tiny product: ${one.toFixed(1)} µs on 1 thread, ${many.toFixed(1)} µs on ${threads} (a dispatch)`);
+const [one, many, spun] = [await tiny(1, 0), await tiny(threads, 0), await tiny(threads, spin)];
+console.log(
+  `tiny product (a dispatch): ${one.toFixed(1)} µs on 1 thread, ${many.toFixed(1)} µs on ${threads}, ` +
+    `${spun.toFixed(1)} µs on ${threads} with the spin`,
+);
 
 const x = new Float32Array(1536).map((_, i) => Math.sin(i));
 const ys = new Float32Array(1536);
@@ -64,9 +71,9 @@ function token({ pool, layers }) {
   for (const layer of layers) for (const m of layer) pool.run([m.handle], x, 1, [ys], true);
   return performance.now() - t0;
 }
-const times = { 1: [], [threads]: [] };
+const times = Object.fromEntries(Object.keys(setups).map((name) => [name, []]));
 for (let r = 0; r < rounds; r++)
-  for (const n of [1, threads]) for (let i = 0; i < 10; i++) times[n].push(token(setups[n]));
-for (const n of [1, threads])
-  console.log(`q4 decode token (210 products) on ${n} thread(s): median ${median(times[n]).toFixed(2)} ms`);
-for (const n of [1, threads]) await setups[n].pool.dispose();
+  for (const name in setups) for (let i = 0; i < 10; i++) times[name].push(token(setups[name]));
+for (const name in setups)
+  console.log(`q4 decode token (210 products), ${name}: median ${median(times[name]).toFixed(2)} ms`);
+for (const name in setups) await setups[name].pool.dispose();

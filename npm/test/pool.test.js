@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url';
 
 import { RuvLLMError } from '../src/errors.js';
 import { startKernels } from '../src/worker/kernels.js';
-import { Adaptive, CTL, announce, open, startPool, slice, work } from '../src/worker/pool.js';
+import { Adaptive, CTL, DEFAULT_SPIN_US, announce, open, startPool, slice, work } from '../src/worker/pool.js';
 import { startPython } from '../src/worker/python.js';
 import { startThreads } from '../src/worker/threads.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
@@ -134,9 +134,15 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
       }
   });
 
-  for (const threads of [1, 2, 3]) {
-    test(`products on ${threads} thread(s) equal the single-thread kernels bit for bit`, async () => {
-      const pool = await startPool(module, { threads });
+  // threads wait by a spin, then asleep (the default), or asleep at once (spin 0)
+  for (const [threads, spin] of [
+    [1, DEFAULT_SPIN_US],
+    [2, DEFAULT_SPIN_US],
+    [2, 0],
+    [3, DEFAULT_SPIN_US],
+  ]) {
+    test(`products on ${threads} thread(s), spin ${spin} µs, equal the single-thread kernels bit for bit`, async () => {
+      const pool = await startPool(module, { threads, spin });
       try {
         const rand = random(threads * 7919);
         for (const [form, N, K] of SHAPES) {
@@ -189,8 +195,12 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
         const T = i % 2 ? 1 : 7;
         const x = Float32Array.from({ length: T * 64 }, () => rand() - 0.5);
         const y = new Float32Array(T * 100);
+        const onAll = pool.dispatches.get(3) ?? 0;
         pool.run([handle], x, T, [y], true);
         assert.ok(bits(y).equals(bits(reference(m, x, T, true))), `product ${i}`);
+        // threads spin only while dispatches run on all of them: after one on one thread, they sleep at once
+        const spin = pool.dispatches.get(3) > onAll ? DEFAULT_SPIN_US : 0;
+        assert.equal(Atomics.load(pool.ctl, CTL.SPIN), spin, `product ${i}`);
       }
       assert.ok(pool.dispatches.get(1) > 0 && pool.dispatches.get(3) > 0, `${[...pool.dispatches]}`);
     } finally {

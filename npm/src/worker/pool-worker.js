@@ -1,8 +1,8 @@
 /**
  * One extra thread of the kernel thread pool (pool.js): instantiates kernels-shared.wasm on the pool's
- * shared memory, says it is ready, then loops: wait for the next dispatch (bounded spin, then
- * Atomics.wait), take units of it until none is left (pool.js `work`). It leaves the loop when the pool
- * sets STOP, and is then terminated. No message per product.
+ * shared memory, says it is ready, then loops: wait for the next dispatch (a spin of at most the
+ * pool's SPIN microseconds, then Atomics.wait), take units of it until none is left (pool.js `work`).
+ * It leaves the loop when the pool sets STOP, and is then terminated. No message per product.
  */
 
 import { IS_NODE } from '../env.js';
@@ -11,7 +11,7 @@ import { CTL, waitWhile, work } from './pool.js';
 /** @type {any} the worker's channel: Node's parentPort, or the worker's global scope in browsers */
 const port = IS_NODE ? (await import('node:worker_threads')).parentPort : globalThis;
 
-function serve({ module, memory, id, spin }) {
+function serve({ module, memory, id }) {
   let exports;
   try {
     exports = new WebAssembly.Instance(module, { env: { memory } }).exports;
@@ -23,7 +23,7 @@ function serve({ module, memory, id, spin }) {
   let seen = Atomics.load(ctl, CTL.GEN);
   port.postMessage({ ready: true });
   for (;;) {
-    waitWhile(ctl, CTL.GEN, seen, spin);
+    waitWhile(ctl, CTL.GEN, seen);
     seen = Atomics.load(ctl, CTL.GEN);
     if (Atomics.load(ctl, CTL.STOP)) break;
     work(exports, ctl, seen, id);

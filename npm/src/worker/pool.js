@@ -40,6 +40,7 @@ export const CTL = Object.freeze({
   XS: 11,
   NEXT: 12, // the next unit to claim, in the low 16 bits; the generation's low 15 bits above them
   UNITS: 13, // units of the current dispatch: JOBS * SLICES
+  SPIN: 15, // microseconds a thread may spin on a word before it sleeps (0: sleep at once): see DEFAULT_SPIN_US
   SCRATCH: 16, // SCRATCH + i: thread i's scratch (TILE_ROWS * K float32)
   JOB: 96, // JOB + JOB_WORDS * j: matrix j of the dispatch (JOB_FIELDS)
 });
@@ -61,13 +62,15 @@ const PAGE = 65536;
 /** `n` rounded up to a multiple of 16, in arithmetic that stays exact past 2 GiB (unlike `& ~15`). */
 const align16 = (n) => Math.ceil(n / 16) * 16;
 /**
- * Iterations of the bounded spin before a thread sleeps in Atomics.wait. 0: sleep at once. A spin makes a
- * synchronisation ~1 µs instead of ~13 µs, but only while every thread has a core of its own: on a busy
- * machine a spinning thread takes the core another one needs (2 cores, load 5, 20000 iterations: a
- * decode token 7-40x slower than one thread with fixed slices, 1.5x slower with claimed units;
- * bench/pool.js). Until the thread count and the spin adapt to the machine, no spin.
+ * Microseconds a thread spins on a word (the next dispatch, the last units of this one) before it
+ * sleeps in Atomics.wait, while the pool runs dispatches on more than one thread. A wake-up through
+ * Atomics.wait takes ~13 µs and more in a VM, as long as a small model's product on one thread: the
+ * caller did most units before the other thread started. Spinning keeps the threads awake across the
+ * gaps between products (attention, norms: Python's share of a token), and ends within this budget
+ * once products stop. The caller sets SPIN to 0 for a dispatch on one thread ('auto' chose one: a busy
+ * machine), so threads then sleep at once and leave the cores to others. Measured in RESULTS.md (issue 25).
  */
-export const DEFAULT_SPIN = 0;
+export const DEFAULT_SPIN_US = 1000;
 /** The caller's sleeps while others finish a dispatch last at most this long before it looks again. */
 const CHECK_MS = 100;
 /** A dispatch with no unit counted for this long has stalled (a unit takes milliseconds). */
@@ -165,12 +168,23 @@ export function work(k, ctl, gen, i) {
 }
 
 /**
- * Wait until `ctl[word]` is no longer `value`: spin `spin` iterations, then sleep in Atomics.wait.
+ * Wait until `ctl[word]` is no longer `value`: spin while the pool's SPIN budget (microseconds) lasts and
+ * SPIN stays above 0, then sleep in Atomics.wait (`ms` at most, when given: 'timed-out' then).
  * @param {Int32Array} ctl
+ * @returns {string} 'ok' (the word changed) or 'timed-out'
  */
-export function waitWhile(ctl, word, value, spin) {
-  for (let n = 0; n < spin; n++) if (Atomics.load(ctl, word) !== value) return;
+export function waitWhile(ctl, word, value, ms = Infinity) {
+  const budget = Atomics.load(ctl, CTL.SPIN);
+  if (budget > 0) {
+    const end = performance.now() + budget / 1000;
+    for (let n = 1; ; n++) {
+      if (Atomics.load(ctl, word) !== value) return 'ok';
+      if ((n & 255) === 0 && (Atomics.load(ctl, CTL.SPIN) === 0 || performance.now() > end)) break;
+    }
+  }
+  if (ms !== Infinity) return Atomics.wait(ctl, word, value, ms) === 'timed-out' ? 'timed-out' : 'ok';
   while (Atomics.load(ctl, word) === value) Atomics.wait(ctl, word, value);
+  return 'ok';
 }
 
 /** A shared memory of at least `pages` pages, with the largest maximum this runtime lets us reserve. */
@@ -186,9 +200,9 @@ function sharedMemory(pages, maxPages) {
 }
 
 /** Start one worker on the pool memory; resolves once its instance is ready. */
-async function startWorker(module, memory, id, spin) {
+async function startWorker(module, memory, id) {
   const url = new URL('./pool-worker.js', import.meta.url);
-  const init = { module, memory, id, spin };
+  const init = { module, memory, id };
   if (IS_NODE) {
     const { Worker } = await import('node:worker_threads');
     const worker = new Worker(url);
@@ -287,11 +301,12 @@ export class Adaptive {
  * Start a pool of `threads` threads (the caller and threads - 1 workers) running `module`, a compiled
  * kernels-shared.wasm. A worker that cannot start ends the others and fails the whole start.
  * adaptive: each dispatch runs on one thread or all of them, whichever measured faster (Adaptive);
- * else always on all of them.
+ * else always on all of them. spin: microseconds a thread spins before it sleeps, while dispatches run
+ * on more than one thread (DEFAULT_SPIN_US).
  * @param {WebAssembly.Module} module
  * @param {{ threads: number, spin?: number, maxBytes?: number, adaptive?: boolean }} options
  */
-export async function startPool(module, { threads, spin = DEFAULT_SPIN, maxBytes = 2 ** 32, adaptive = false }) {
+export async function startPool(module, { threads, spin = DEFAULT_SPIN_US, maxBytes = 2 ** 32, adaptive = false }) {
   if (!Number.isInteger(threads) || threads < 1 || threads > MAX_THREADS)
     throw new RuvLLMError('invalid_argument', `threads must be an integer from 1 to ${MAX_THREADS}, got ${threads}`);
   const memory = sharedMemory(2, Math.min(65536, Math.floor(maxBytes / PAGE))); // the module declares 2 pages
@@ -299,7 +314,7 @@ export async function startPool(module, { threads, spin = DEFAULT_SPIN, maxBytes
   const pool = new KernelPool(memory, /** @type {any} */ (instance.exports), threads, spin);
   if (adaptive && threads > 1) pool.adaptive = new Adaptive(threads);
   try {
-    for (let id = 1; id < threads; id++) pool.workers.push(await startWorker(module, memory, id, spin));
+    for (let id = 1; id < threads; id++) pool.workers.push(await startWorker(module, memory, id));
   } catch (error) {
     await pool.dispose();
     throw new RuvLLMError('load', `cannot start the kernel threads: ${error.message}`);
@@ -496,6 +511,7 @@ export class KernelPool {
     const slices = count === 1 ? 1 : SLICES_PER_THREAD * count;
     const units = ctl[CTL.JOBS] * slices;
     const gen = (ctl[CTL.GEN] + 1) | 0;
+    Atomics.store(ctl, CTL.SPIN, count > 1 ? this.spin : 0);
     announce(ctl, slices, units);
     open(ctl, gen);
     if (count > 1) Atomics.notify(ctl, CTL.GEN, count - 1);
@@ -508,8 +524,7 @@ export class KernelPool {
       if (done === units) break;
       if (done !== seen) [seen, stillFor] = [done, 0];
       else if (stillFor >= STALL_MS) this.#stalled(done, units);
-      for (let n = 0; n < this.spin && Atomics.load(ctl, CTL.DONE) === done; n++);
-      if (Atomics.wait(ctl, CTL.DONE, done, CHECK_MS) === 'timed-out') {
+      if (waitWhile(ctl, CTL.DONE, done, CHECK_MS) === 'timed-out') {
         stillFor += CHECK_MS;
         if (Atomics.load(ctl, CTL.DONE) === units) this.lateWakes += 1; // (done, but nobody woke us)
       }
