@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url';
 
 import { RuvLLMError } from '../src/errors.js';
 import { startKernels } from '../src/worker/kernels.js';
-import { Adaptive, CTL, DEFAULT_SPIN_US, announce, open, startPool, slice, work } from '../src/worker/pool.js';
+import { Adaptive, CTL, TRIAL_SPIN_US, announce, open, startPool, slice, work } from '../src/worker/pool.js';
 import { startPython } from '../src/worker/python.js';
 import { startThreads } from '../src/worker/threads.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
@@ -134,12 +134,12 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
       }
   });
 
-  // threads wait by a spin, then asleep (the default), or asleep at once (spin 0)
+  // threads wait by a spin, then asleep, or asleep at once (spin 0, the default)
   for (const [threads, spin] of [
-    [1, DEFAULT_SPIN_US],
-    [2, DEFAULT_SPIN_US],
+    [1, TRIAL_SPIN_US],
+    [2, TRIAL_SPIN_US],
     [2, 0],
-    [3, DEFAULT_SPIN_US],
+    [3, TRIAL_SPIN_US],
   ]) {
     test(`products on ${threads} thread(s), spin ${spin} µs, equal the single-thread kernels bit for bit`, async () => {
       const pool = await startPool(module, { threads, spin });
@@ -186,7 +186,7 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
   });
 
   test('an adaptive pool switches between one thread and all, with the same bits', async () => {
-    const pool = await startPool(module, { threads: 3, adaptive: true });
+    const pool = await startPool(module, { threads: 3, adaptive: true, spin: TRIAL_SPIN_US });
     try {
       const rand = random(11);
       const m = matrix('q4', 100, 64, rand);
@@ -199,7 +199,7 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
         pool.run([handle], x, T, [y], true);
         assert.ok(bits(y).equals(bits(reference(m, x, T, true))), `product ${i}`);
         // threads spin only while dispatches run on all of them: after one on one thread, they sleep at once
-        const spin = pool.dispatches.get(3) > onAll ? DEFAULT_SPIN_US : 0;
+        const spin = pool.dispatches.get(3) > onAll ? TRIAL_SPIN_US : 0;
         assert.equal(Atomics.load(pool.ctl, CTL.SPIN), spin, `product ${i}`);
       }
       assert.ok(pool.dispatches.get(1) > 0 && pool.dispatches.get(3) > 0, `${[...pool.dispatches]}`);

@@ -68,9 +68,12 @@ const align16 = (n) => Math.ceil(n / 16) * 16;
  * caller did most units before the other thread started. Spinning keeps the threads awake across the
  * gaps between products (attention, norms: Python's share of a token), and ends within this budget
  * once products stop. The caller sets SPIN to 0 for a dispatch on one thread ('auto' chose one: a busy
- * machine), so threads then sleep at once and leave the cores to others. Measured in RESULTS.md (issue 25).
+ * machine), so threads then sleep at once and leave the cores to others. Off (0) until it measures faster
+ * on whole models, not only on products (bench/pool.js: 1.26x -> 1.61x at 2 threads; docs/kernels.md).
  */
-export const DEFAULT_SPIN_US = 1000;
+export const DEFAULT_SPIN_US = 0;
+/** The spin that bench/pool.js and the tests try beside no spin: 1 ms covers a token's gaps. */
+export const TRIAL_SPIN_US = 1000;
 /** The caller's sleeps while others finish a dispatch last at most this long before it looks again. */
 const CHECK_MS = 100;
 /** A dispatch with no unit counted for this long has stalled (a unit takes milliseconds). */
