@@ -16,7 +16,8 @@
  * tagged with the generation) until none is left, and counts each one done; the caller then waits for
  * the units others are still computing and copies y out. A thread that wakes late, or not at all (a
  * busy machine), only leaves more units to the others: nobody waits for a thread that has not started.
- * Waiting is a bounded spin on the word, then Atomics.wait: no message per product.
+ * Waiting is Atomics.wait, after a spin bounded in time when one is set (DEFAULT_SPIN_US): no message per
+ * product.
  */
 
 import { IS_NODE } from '../env.js';
