@@ -2,15 +2,15 @@
 // product), and a SmolLM2-shaped q4 decode product set (q, k, v, o, gate, up, down of one layer,
 // times 30 layers) on 1 thread and on 2+ threads with and without the spin, interleaved. The machine's
 // load changes these a lot: run `uptime` beside it and repeat.
-//   node bench/pool.js [THREADS=2] [ROUNDS=5] [SPIN=TRIAL_SPIN_US microseconds before a thread sleeps]
+//   node bench/pool.js [THREADS=2] [ROUNDS=5] [SPIN=DEFAULT_SPIN_US microseconds before a thread sleeps]
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 
-import { TRIAL_SPIN_US, startPool } from '../src/worker/pool.js';
+import { DEFAULT_SPIN_US, startPool } from '../src/worker/pool.js';
 
 const threads = Number(process.argv[2] ?? 2);
 const rounds = Number(process.argv[3] ?? 5);
-const spin = Number(process.argv[4] ?? TRIAL_SPIN_US);
+const spin = Number(process.argv[4] ?? DEFAULT_SPIN_US);
 const module = new WebAssembly.Module(readFileSync(new URL('../wasm/kernels-shared.wasm', import.meta.url)));
 const median = (a) => [...a].sort((p, q) => p - q)[Math.floor(a.length / 2)];
 

@@ -12,7 +12,7 @@ import { fileURLToPath } from 'node:url';
 
 import { RuvLLMError } from '../src/errors.js';
 import { startKernels } from '../src/worker/kernels.js';
-import { Adaptive, CTL, TRIAL_SPIN_US, announce, open, startPool, slice, work } from '../src/worker/pool.js';
+import { Adaptive, CTL, DEFAULT_SPIN_US, announce, open, startPool, slice, work } from '../src/worker/pool.js';
 import { startPython } from '../src/worker/python.js';
 import { startThreads } from '../src/worker/threads.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
@@ -136,10 +136,10 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
 
   // threads wait by a spin, then asleep, or asleep at once (spin 0, the default)
   for (const [threads, spin] of [
-    [1, TRIAL_SPIN_US],
-    [2, TRIAL_SPIN_US],
+    [1, DEFAULT_SPIN_US],
+    [2, DEFAULT_SPIN_US],
     [2, 0],
-    [3, TRIAL_SPIN_US],
+    [3, DEFAULT_SPIN_US],
   ]) {
     test(`products on ${threads} thread(s), spin ${spin} µs, equal the single-thread kernels bit for bit`, async () => {
       const pool = await startPool(module, { threads, spin });
@@ -165,6 +165,29 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
     });
   }
 
+  test('a caller asleep for the last units is woken by the thread that counts the last one', async (t) => {
+    // prompt-sized products: units of milliseconds, past the caller's short spin, so it sleeps (spin 0)
+    const pool = await startPool(module, { threads: 2, spin: 0 });
+    try {
+      const rand = random(17);
+      const [N, K, T] = [2048, 4096, 64];
+      const m = matrix('dense', N, K, rand);
+      const handle = place(pool, m);
+      const x = Float32Array.from({ length: T * K }, () => 4 * rand() - 2);
+      const want = reference(m, x, T, false);
+      for (let i = 0; i < 8; i++) {
+        const y = new Float32Array(T * N);
+        pool.run([handle], x, T, [y]);
+        assert.ok(bits(y).equals(bits(want)), `product ${i}`);
+      }
+      t.diagnostic(`the caller slept for the last units of ${pool.waits} of 8 dispatches`);
+      // woken by the last unit's notify, never by its own CHECK_MS timeout with the work done
+      assert.equal(pool.lateWakes, 0);
+    } finally {
+      await pool.dispose();
+    }
+  });
+
   test('Adaptive tries one thread, then all, keeps the faster and tries the other again later', () => {
     const a = new Adaptive(4);
     const run = (count, msPerWork) => a.record('k', count, msPerWork * 1000, 1000);
@@ -186,7 +209,7 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
   });
 
   test('an adaptive pool switches between one thread and all, with the same bits', async () => {
-    const pool = await startPool(module, { threads: 3, adaptive: true, spin: TRIAL_SPIN_US });
+    const pool = await startPool(module, { threads: 3, adaptive: true, spin: DEFAULT_SPIN_US });
     try {
       const rand = random(11);
       const m = matrix('q4', 100, 64, rand);
@@ -199,7 +222,7 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
         pool.run([handle], x, T, [y], true);
         assert.ok(bits(y).equals(bits(reference(m, x, T, true))), `product ${i}`);
         // threads spin only while dispatches run on all of them: after one on one thread, they sleep at once
-        const spin = pool.dispatches.get(3) > onAll ? TRIAL_SPIN_US : 0;
+        const spin = pool.dispatches.get(3) > onAll ? DEFAULT_SPIN_US : 0;
         assert.equal(Atomics.load(pool.ctl, CTL.SPIN), spin, `product ${i}`);
       }
       assert.ok(pool.dispatches.get(1) > 0 && pool.dispatches.get(3) > 0, `${[...pool.dispatches]}`);

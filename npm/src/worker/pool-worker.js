@@ -23,7 +23,7 @@ function serve({ module, memory, id }) {
   let seen = Atomics.load(ctl, CTL.GEN);
   port.postMessage({ ready: true });
   for (;;) {
-    waitWhile(ctl, CTL.GEN, seen);
+    waitWhile(ctl, CTL.GEN, seen, CTL.SLEEPERS);
     seen = Atomics.load(ctl, CTL.GEN);
     if (Atomics.load(ctl, CTL.STOP)) break;
     work(exports, ctl, seen, id);

@@ -16,8 +16,8 @@
  * tagged with the generation) until none is left, and counts each one done; the caller then waits for
  * the units others are still computing and copies y out. A thread that wakes late, or not at all (a
  * busy machine), only leaves more units to the others: nobody waits for a thread that has not started.
- * Waiting is Atomics.wait, after a spin bounded in time when one is set (DEFAULT_SPIN_US): no message per
- * product.
+ * Waiting is Atomics.wait, after a spin bounded in time (DEFAULT_SPIN_US), and a thread notifies only
+ * when another sleeps: no message per product.
  */
 
 import { IS_NODE } from '../env.js';
@@ -42,7 +42,9 @@ export const CTL = Object.freeze({
   NEXT: 12, // the next unit to claim, in the low 16 bits; the generation's low 15 bits above them
   UNITS: 13, // units of the current dispatch: JOBS * SLICES
   SPIN: 15, // microseconds a thread may spin on a word before it sleeps (0: sleep at once): see DEFAULT_SPIN_US
-  SCRATCH: 16, // SCRATCH + i: thread i's scratch (TILE_ROWS * K float32)
+  SCRATCH: 16, // SCRATCH + i: thread i's scratch (TILE_ROWS * K float32), i < MAX_THREADS
+  WAITING: 80, // 1 while the caller sleeps for the last units of a dispatch (else nobody notifies it)
+  SLEEPERS: 81, // workers asleep on GEN (the caller notifies only when some are)
   JOB: 96, // JOB + JOB_WORDS * j: matrix j of the dispatch (JOB_FIELDS)
 });
 export const MAX_JOBS = 8;
@@ -63,18 +65,19 @@ const PAGE = 65536;
 /** `n` rounded up to a multiple of 16, in arithmetic that stays exact past 2 GiB (unlike `& ~15`). */
 const align16 = (n) => Math.ceil(n / 16) * 16;
 /**
- * Microseconds a thread spins on a word (the next dispatch, the last units of this one) before it
- * sleeps in Atomics.wait, while the pool runs dispatches on more than one thread. A wake-up through
- * Atomics.wait takes ~13 µs and more in a VM, as long as a small model's product on one thread: the
- * caller did most units before the other thread started. Spinning keeps the threads awake across the
- * gaps between products (attention, norms: Python's share of a token), and ends within this budget
- * once products stop. The caller sets SPIN to 0 for a dispatch on one thread ('auto' chose one: a busy
- * machine), so threads then sleep at once and leave the cores to others. Off (0) until it measures faster
- * on whole models, not only on products (bench/pool.js: 1.26x -> 1.61x at 2 threads; docs/kernels.md).
+ * Microseconds a thread spins on a word (the next dispatch) before it sleeps in Atomics.wait, while the
+ * pool runs dispatches on more than one thread. A wake-up through Atomics.wait takes ~13 µs and more in
+ * a VM, as long as a small model's product on one thread: the caller did most units before the other
+ * thread started. Spinning keeps the threads awake across the gaps between products (attention, norms:
+ * Python's share of a token), and ends within this budget once products stop. The caller sets SPIN to 0
+ * for a dispatch on one thread ('auto' chose one: a busy machine), so threads then sleep at once and
+ * leave the cores to others. Measured on whole models, 1 and 2 threads stepped token by token in one
+ * process (bench/threads.js): decoding at 2 threads against 1 went from 1.03-1.09x to 1.17-1.20x on
+ * SmolLM2 and from 1.24-1.28x to 1.31-1.41x on Gemma 3 270M with it, and stayed ~1.5x on the 1B.
  */
-export const DEFAULT_SPIN_US = 0;
-/** The spin that bench/pool.js and the tests try beside no spin: 1 ms covers a token's gaps. */
-export const TRIAL_SPIN_US = 1000;
+export const DEFAULT_SPIN_US = 1000;
+/** The caller spins this long for the units other threads are still computing before it sleeps. */
+const FINISH_SPIN_MS = 1;
 /** The caller's sleeps while others finish a dispatch last at most this long before it looks again. */
 const CHECK_MS = 100;
 /** A dispatch with no unit counted for this long has stalled (a unit takes milliseconds). */
@@ -167,17 +170,22 @@ export function work(k, ctl, gen, i) {
     } catch {
       Atomics.store(ctl, CTL.FAILED, 1);
     }
-    if (Atomics.add(ctl, CTL.DONE, 1) + 1 === units) Atomics.notify(ctl, CTL.DONE);
+    if (Atomics.add(ctl, CTL.DONE, 1) + 1 === units && Atomics.load(ctl, CTL.WAITING) > 0)
+      Atomics.notify(ctl, CTL.DONE);
   }
 }
 
 /**
  * Wait until `ctl[word]` is no longer `value`: spin while the pool's SPIN budget (microseconds) lasts and
- * SPIN stays above 0, then sleep in Atomics.wait (`ms` at most, when given: 'timed-out' then).
+ * SPIN stays above 0, then sleep in Atomics.wait (`ms` at most, when given: 'timed-out' then). While it
+ * sleeps, `ctl[sleepers]` counts it, so whoever changes the word notifies only when someone sleeps: a
+ * notify costs ~12 µs (a futex wake), each dispatch had two. No wake-up is lost: the sleeper adds itself
+ * before Atomics.wait compares the word, the changer changes the word before it reads the count (all
+ * sequentially consistent), so either the changer sees the sleeper or the sleeper sees the new value.
  * @param {Int32Array} ctl
  * @returns {string} 'ok' (the word changed) or 'timed-out'
  */
-export function waitWhile(ctl, word, value, ms = Infinity) {
+export function waitWhile(ctl, word, value, sleepers, ms = Infinity) {
   const budget = Atomics.load(ctl, CTL.SPIN);
   if (budget > 0) {
     const end = performance.now() + budget / 1000;
@@ -186,9 +194,14 @@ export function waitWhile(ctl, word, value, ms = Infinity) {
       if ((n & 255) === 0 && (Atomics.load(ctl, CTL.SPIN) === 0 || performance.now() > end)) break;
     }
   }
-  if (ms !== Infinity) return Atomics.wait(ctl, word, value, ms) === 'timed-out' ? 'timed-out' : 'ok';
-  while (Atomics.load(ctl, word) === value) Atomics.wait(ctl, word, value);
-  return 'ok';
+  Atomics.add(ctl, sleepers, 1);
+  try {
+    if (ms !== Infinity) return Atomics.wait(ctl, word, value, ms) === 'timed-out' ? 'timed-out' : 'ok';
+    while (Atomics.load(ctl, word) === value) Atomics.wait(ctl, word, value);
+    return 'ok';
+  } finally {
+    Atomics.sub(ctl, sleepers, 1);
+  }
 }
 
 /** A shared memory of at least `pages` pages, with the largest maximum this runtime lets us reserve. */
@@ -340,6 +353,8 @@ export class KernelPool {
   adaptive = null;
   /** Dispatches whose end the caller found after a CHECK_MS sleep, not by a wake-up (should stay 0). */
   lateWakes = 0;
+  /** Dispatches whose last units the caller waited for past its spin (asleep, unless the pool spins). */
+  waits = 0;
   /** Dispatches so far by the thread count they ran on. */
   dispatches = new Map();
 
@@ -518,17 +533,22 @@ export class KernelPool {
     Atomics.store(ctl, CTL.SPIN, count > 1 ? this.spin : 0);
     announce(ctl, slices, units);
     open(ctl, gen);
-    if (count > 1) Atomics.notify(ctl, CTL.GEN, count - 1);
+    if (count > 1 && Atomics.load(ctl, CTL.SLEEPERS) > 0) Atomics.notify(ctl, CTL.GEN, count - 1);
     work(this.exports, ctl, gen, 0);
+    // Units still out are being computed (claimed): spin for them, as they take microseconds in decoding,
+    // rather than sleep, which costs a wake-up and may move this thread to a core with cold caches.
+    const end = performance.now() + FINISH_SPIN_MS;
+    for (let n = 1; Atomics.load(ctl, CTL.DONE) !== units; n++) if ((n & 63) === 0 && performance.now() > end) break;
     // The caller sleeps in slices of CHECK_MS, re-reading DONE after each: a wake-up that never comes
     // costs one slice, not the rest of the run, and no progress for STALL_MS is an error, not a hang.
     let stillFor = 0;
+    if (Atomics.load(ctl, CTL.DONE) !== units) this.waits += 1;
     for (let seen = -1; ;) {
       const done = Atomics.load(ctl, CTL.DONE);
       if (done === units) break;
       if (done !== seen) [seen, stillFor] = [done, 0];
       else if (stillFor >= STALL_MS) this.#stalled(done, units);
-      if (waitWhile(ctl, CTL.DONE, done, CHECK_MS) === 'timed-out') {
+      if (waitWhile(ctl, CTL.DONE, done, CTL.WAITING, CHECK_MS) === 'timed-out') {
         stillFor += CHECK_MS;
         if (Atomics.load(ctl, CTL.DONE) === units) this.lateWakes += 1; // (done, but nobody woke us)
       }
