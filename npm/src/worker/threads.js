@@ -44,8 +44,9 @@ function noSharing() {
  * @param {any} py Pyodide
  * @param {{ exports: object | null, reason: string | null }} kernels what startKernels gave
  * @param {'auto' | number | undefined} threads
+ * @param {{ spin?: number }} [tuning] the pool's spin budget (pool.js DEFAULT_SPIN_US when not given)
  */
-export async function startThreads(py, kernels, threads = DEFAULT_THREADS) {
+export async function startThreads(py, kernels, threads = DEFAULT_THREADS, { spin } = {}) {
   const one = (reason) => ({ pool: null, api: null, count: 1, reason, adaptive: false });
   const wanted = threads === 'auto' ? Math.min(await cores(), AUTO_MAX, MAX_THREADS) : threads;
   if (wanted === 1)
@@ -63,7 +64,7 @@ export async function startThreads(py, kernels, threads = DEFAULT_THREADS) {
   }
   let pool;
   try {
-    pool = await startPool(module, { threads: wanted, adaptive: threads === 'auto' });
+    pool = await startPool(module, { threads: wanted, adaptive: threads === 'auto', spin });
   } catch (error) {
     if (threads === 'auto') return one(error.message);
     throw error;
@@ -104,11 +105,19 @@ function pythonApi(py, pool) {
     unfuse: (group) => {
       groups[group] = null;
     },
-    /** Each y_i (T, N_i) at ys[i] = x (T, K) at `x` @ W_i.T for the matrices of `group`, in one dispatch. */
-    fused: (group, x, T, fast, ...ys) => {
+    /**
+     * y_i (T, N_i) = x (T, K) at `x` @ W_i.T for the matrices of `group`, in one dispatch; the outputs lie
+     * one after another from `y`.
+     */
+    fused: (group, x, T, fast, y) => {
       const handles = groups[group];
       const buffer = heap();
-      const outputs = handles.map((h, i) => new Float32Array(buffer, u(ys[i]), T * shapes[h].N));
+      let at = u(y);
+      const outputs = handles.map((h) => {
+        const out = new Float32Array(buffer, at, T * shapes[h].N);
+        at += 4 * T * shapes[h].N;
+        return out;
+      });
       pool.run(handles, new Float32Array(buffer, u(x), T * shapes[handles[0]].K), T, outputs, fast === true);
     },
     /** `bytes` bytes at `at` of the pool's memory, copied to `address` of Pyodide's (a RemoteArray read). */

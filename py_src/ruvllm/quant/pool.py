@@ -18,6 +18,7 @@ JsProxy in Pyodide; nothing here imports `js`. Addresses are NumPy data pointers
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 import weakref
@@ -135,10 +136,16 @@ class Fused:
     """Matrices multiplied by the same x one after another (q, k, v; gate, up): the first product asked
     for runs all of them in one dispatch, and keeps the others' outputs with a copy of x; a sibling asked
     next with an x of the same bits gets its kept output (the bits its own dispatch would give), any
-    other x its own dispatch."""
+    other x its own dispatch. The outputs of a dispatch lie one after another in one array, so a
+    dispatch asks for two addresses whatever the group's size: an address costs microseconds in
+    Pyodide, more after a product has streamed megabytes of weights through the caches (each piece
+    timed in a 1B model's decoding: RESULTS.md, issue 25)."""
 
     def __init__(self, kernels: PoolKernels, handles: list[int], rows: list[int], group: int) -> None:
         self.kernels, self.handles, self.rows, self.group = kernels, handles, rows, group
+        self.run = kernels.api.fused  # (looked up once: each lookup of a JsProxy's attribute makes a proxy)
+        self.fast = kernels.arithmetic == "fast"
+        self.starts = [sum(rows[:i]) for i in range(len(rows) + 1)]  # member i's features in a row of y
         self.x: np.ndarray | None = None
         self.kept: dict[int, np.ndarray] = {}
 
@@ -147,12 +154,12 @@ class Fused:
         kept = self.kept.pop(handle, None)
         if kept is not None and self.x is not None and same_bits(x, self.x):
             return kept
-        T = x.shape[0]
-        ys = [np.empty((T, n), dtype=np.float32) for n in self.rows]  # (T, N_i) each
-        fast = self.kernels.arithmetic == "fast" and T <= GROUPED_MAX_ROWS
-        self.kernels.api.fused(self.group, address(x), T, fast, *[address(y) for y in ys])
+        T, at = x.shape[0], self.starts
+        y = np.empty(T * at[-1], dtype=np.float32)  # member i's (T, N_i) at T * at[i]
+        self.run(self.group, address(x), T, self.fast and T <= GROUPED_MAX_ROWS, address(y))
+        ys = [y[T * a : T * b].reshape(T, b - a) for a, b in itertools.pairwise(at)]
         self.x = x.copy()
-        self.kept = {h: y for h, y in zip(self.handles, ys, strict=True) if h != handle}
+        self.kept = {h: out for h, out in zip(self.handles, ys, strict=True) if h != handle}
         return ys[self.handles.index(handle)]
 
 

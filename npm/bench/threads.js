@@ -1,0 +1,151 @@
+// npm run bench:threads: decoding on 1 thread against N threads (the kernel thread pool), stepped token
+// by token in one process, so that a shared machine's changing speed (here it swings 2x within seconds,
+// which drowns a 10% difference between two separate runs) falls on both alike.
+//
+//   RUVLLM_PYODIDE_DIST=... npm run bench:threads -- --model FILE.gguf|DIR [--threads 2] [--tokens 64]
+//        [--rounds 3] [--spin MICROSECONDS]
+//
+// One Pyodide loads the model twice: with the single-thread WebAssembly kernels (weights in Pyodide's
+// heap) and with the pool (weights in the pool's memory). Each round generates greedily from both, one
+// token from each in turn, and prints their time per token and the ratio. It also splits the pool's
+// products: their time as Python sees them (each matrix's __call__, wrapped here) and inside the pool's
+// `run` (JavaScript); the difference is what each product costs on its way from Python to the pool.
+// --spin sets the pool threads' spin budget (default: pool.js DEFAULT_SPIN_US; 0: sleep at once).
+import { dirname, basename, resolve } from 'node:path';
+import { existsSync } from 'node:fs';
+import { parseArgs } from 'node:util';
+
+import { startKernels } from '../src/worker/kernels.js';
+import { startPython } from '../src/worker/python.js';
+import { startThreads } from '../src/worker/threads.js';
+import { DIST } from '../test/support/dist.js';
+
+const { values } = parseArgs({
+  options: {
+    model: { type: 'string' },
+    threads: { type: 'string', default: '2' },
+    tokens: { type: 'string', default: '64' },
+    rounds: { type: 'string', default: '3' },
+    spin: { type: 'string' },
+    pyodide: { type: 'string', default: DIST },
+  },
+});
+function fail(message) {
+  console.error(message);
+  process.exit(1);
+}
+for (const name of ['threads', 'tokens', 'rounds'])
+  if (!/^[1-9][0-9]*$/.test(values[name])) fail(`--${name} must be a positive integer, got ${values[name]}`);
+if (values.spin !== undefined && !/^[0-9]+$/.test(values.spin))
+  fail(`--spin must be a whole number of microseconds, got ${values.spin}`);
+if (!values.model || !existsSync(values.model)) fail(`--model ${values.model}: no such GGUF file or model folder`);
+if (!existsSync(resolve(values.pyodide, 'pyodide.asm.wasm')))
+  fail(`no Pyodide distribution at ${values.pyodide}: set RUVLLM_PYODIDE_DIST (docs/pyodide.md)`);
+const THREADS = Number(values.threads);
+if (THREADS < 2) fail('--threads must be 2 or more: the pool is compared with one thread');
+
+const { py } = await startPython({ indexURL: values.pyodide });
+const kernels = await startKernels(py, 'wasm');
+if (!kernels.exports) fail(`the WebAssembly kernels do not run here: ${kernels.reason}`);
+const spin = values.spin === undefined ? undefined : Number(values.spin);
+const threads = await startThreads(py, kernels, THREADS, { spin });
+if (!threads.api) fail(`no kernel thread pool: ${threads.reason}`);
+
+// the pool's run, timed
+const inRun = { ms: 0 };
+const run = threads.pool.run.bind(threads.pool);
+threads.pool.run = (...args) => {
+  const started = performance.now();
+  run(...args);
+  inRun.ms += performance.now() - started;
+};
+
+const model = resolve(values.model);
+py.FS.mkdirTree('/host');
+py.FS.mount(py.FS.filesystems.NODEFS, { root: dirname(model) }, '/host');
+py.globals.set('path', `/host/${basename(model)}`);
+py.globals.set('api', threads.api);
+py.globals.set('exports', kernels.exports);
+py.globals.set('tokens', Number(values.tokens));
+py.globals.set('run_ms', () => {
+  const ms = inRun.ms;
+  inRun.ms = 0;
+  return ms;
+});
+py.runPython(`
+import json, os, time
+from ruvllm.api import Model
+from ruvllm.files.store import TensorStore
+from ruvllm.model.config import ModelConfig
+from ruvllm.quant import matrices
+from ruvllm.quant.pool import PoolKernels
+from ruvllm.quant.wasm import WasmKernels
+from ruvllm.runtime.engine import LoadOptions, open_gguf, open_model
+from ruvllm.text.tokenizer import Tokenizer
+
+def build(provider):
+    if path.endswith(".gguf"):
+        gguf = open_gguf(path)
+        config, store = ModelConfig.from_dict(gguf.config, path), TensorStore([gguf])
+        tokenizer_json, tokenizer_config, generation = gguf.tokenizer_files(merges=False)
+    else:
+        config, store = open_model(path)
+        tokenizer_json, generation = json.load(open(f"{path}/tokenizer.json")), {}
+        named = f"{path}/tokenizer_config.json"
+        tokenizer_config = json.load(open(named)) if os.path.exists(named) else {}
+    # raw text only: Pyodide's wheel has no jinja2 for a chat template
+    tokenizer_config = {k: v for k, v in tokenizer_config.items() if k != "chat_template"}
+    tokenizer = Tokenizer(tokenizer_json, tokenizer_config, path)
+    return Model.of(config, store, tokenizer, generation, LoadOptions(kernels="wasm", provider=provider), "bench")
+
+one = build(WasmKernels(exports, "fast"))
+pool = build(PoolKernels(api, "fast"))
+
+in_products = {}  # provider class -> seconds in products, as Python sees them
+def timed(call):
+    def product(self, x):
+        started = time.perf_counter()
+        y = call(self, x)
+        name = type(self.provider).__name__
+        in_products[name] = in_products.get(name, 0.0) + time.perf_counter() - started
+        return y
+    return product
+for cls in (matrices.DenseMatrix, matrices.Int8Matrix):
+    cls.__call__ = timed(cls.__call__)
+
+def stream(model):
+    return model.generate("The history of the city is", max_tokens=tokens, temperature=0, ignore_eos=True)
+
+def round_():
+    """Both models step in turn; the first 4 steps (prefill, first tokens) are not counted."""
+    a, b = stream(one), stream(pool)
+    spent = [0.0, 0.0]
+    steps = 0
+    while True:
+        t0 = time.perf_counter()
+        done = next(a, None) is None
+        t1 = time.perf_counter()
+        done = next(b, None) is None or done
+        t2 = time.perf_counter()
+        if done:
+            return json.dumps({"spent": spent, "steps": steps - 4, "products": in_products})
+        steps += 1
+        if steps == 4:
+            in_products.clear(); run_ms()
+        if steps > 4:
+            spent[0] += t1 - t0; spent[1] += t2 - t1
+`);
+const round = py.globals.get('round_');
+round(); // warm-up
+console.log(`${basename(model)}: 1 thread against ${THREADS} threads, stepped token by token`);
+for (let r = 1; r <= Number(values.rounds); r++) {
+  const { spent, steps, products } = JSON.parse(round());
+  const ms = (s) => ((1000 * s) / steps).toFixed(2);
+  const poolRun = (py.globals.get('run_ms')() / steps).toFixed(2);
+  console.log(
+    `round ${r}, ${steps} tokens: 1 thread ${ms(spent[0])} ms/token, ${THREADS} threads ${ms(spent[1])} ms/token: ` +
+      `${(spent[0] / spent[1]).toFixed(2)}x; products ${ms(products.WasmKernels ?? 0)} ms on 1 thread, ` +
+      `${ms(products.PoolKernels ?? 0)} ms on ${THREADS} (${poolRun} ms inside the pool's run)`,
+  );
+}
+await threads.pool.dispose();
