@@ -7,9 +7,10 @@
 //
 // One Pyodide loads the model twice: with the single-thread WebAssembly kernels (weights in Pyodide's
 // heap) and with the pool (weights in the pool's memory). Each round generates greedily from both, one
-// token from each in turn, and prints their time per token and the ratio. It also splits the pool's
-// products: their time as Python sees them (each matrix's __call__, wrapped here) and inside the pool's
-// `run` (JavaScript); the difference is what each product costs on its way from Python to the pool.
+// token from each in turn, and prints their time per token and the ratio. It also splits each side's
+// products: their time as Python sees them (each matrix's __call__, wrapped here) and inside the kernels
+// (the single-thread exports' calls; the pool's `run`), the difference being what the products cost on
+// their way from Python.
 // --spin sets the pool threads' spin budget (default: pool.js DEFAULT_SPIN_US; 0: sleep at once).
 import { dirname, basename, resolve } from 'node:path';
 import { existsSync } from 'node:fs';
@@ -51,26 +52,32 @@ const spin = values.spin === undefined ? undefined : Number(values.spin);
 const threads = await startThreads(py, kernels, THREADS, { spin });
 if (!threads.api) fail(`no kernel thread pool: ${threads.reason}`);
 
-// the pool's run, timed
-const inRun = { ms: 0 };
-const run = threads.pool.run.bind(threads.pool);
-threads.pool.run = (...args) => {
-  const started = performance.now();
-  run(...args);
-  inRun.ms += performance.now() - started;
-};
+// the pool's run, and the single-thread kernels' exports, timed
+const inKernels = { pool: 0, one: 0 };
+function timed(f, which) {
+  return (...args) => {
+    const started = performance.now();
+    const result = f(...args);
+    inKernels[which] += performance.now() - started;
+    return result;
+  };
+}
+threads.pool.run = timed(threads.pool.run.bind(threads.pool), 'pool');
+const exports = Object.fromEntries(
+  Object.entries(kernels.exports).map(([name, f]) => [name, typeof f === 'function' ? timed(f, 'one') : f]),
+);
 
 const model = resolve(values.model);
 py.FS.mkdirTree('/host');
 py.FS.mount(py.FS.filesystems.NODEFS, { root: dirname(model) }, '/host');
 py.globals.set('path', `/host/${basename(model)}`);
 py.globals.set('api', threads.api);
-py.globals.set('exports', kernels.exports);
+py.globals.set('exports', exports);
 py.globals.set('tokens', Number(values.tokens));
-py.globals.set('run_ms', () => {
-  const ms = inRun.ms;
-  inRun.ms = 0;
-  return ms;
+py.globals.set('kernel_ms', () => {
+  const ms = { ...inKernels };
+  inKernels.pool = inKernels.one = 0;
+  return JSON.stringify(ms);
 });
 py.runPython(`
 import json, os, time
@@ -131,7 +138,7 @@ def round_():
             return json.dumps({"spent": spent, "steps": steps - 4, "products": in_products})
         steps += 1
         if steps == 4:
-            in_products.clear(); run_ms()
+            in_products.clear(); kernel_ms()
         if steps > 4:
             spent[0] += t1 - t0; spent[1] += t2 - t1
 `);
@@ -141,11 +148,13 @@ console.log(`${basename(model)}: 1 thread against ${THREADS} threads, stepped to
 for (let r = 1; r <= Number(values.rounds); r++) {
   const { spent, steps, products } = JSON.parse(round());
   const ms = (s) => ((1000 * s) / steps).toFixed(2);
-  const poolRun = (py.globals.get('run_ms')() / steps).toFixed(2);
+  const inside = JSON.parse(py.globals.get('kernel_ms')());
+  const inMs = (which) => (inside[which] / steps).toFixed(2);
   console.log(
     `round ${r}, ${steps} tokens: 1 thread ${ms(spent[0])} ms/token, ${THREADS} threads ${ms(spent[1])} ms/token: ` +
-      `${(spent[0] / spent[1]).toFixed(2)}x; products ${ms(products.WasmKernels ?? 0)} ms on 1 thread, ` +
-      `${ms(products.PoolKernels ?? 0)} ms on ${THREADS} (${poolRun} ms inside the pool's run)`,
+      `${(spent[0] / spent[1]).toFixed(2)}x; products as Python sees them ${ms(products.WasmKernels ?? 0)} ms on ` +
+      `1 thread (${inMs('one')} in the kernels), ${ms(products.PoolKernels ?? 0)} ms on ${THREADS} (${inMs('pool')} ` +
+      `in the pool's run)`,
   );
 }
 await threads.pool.dispose();
