@@ -20,9 +20,11 @@ import { startPool } from './pool.js';
 /** 'auto' takes at most this many threads (decoding is bound by memory bandwidth beyond a few). */
 export const AUTO_MAX = 8;
 /**
- * The default: one thread. On this project's 2-core test machine, 2 threads did not yet decode faster
- * than one (benchmarks/RESULTS.md, issue 25), so more threads stay an option ('auto' or N): with more
- * than one, the weights live in the pool's memory, which also lets larger models load.
+ * The default: one thread. On this project's 2-core test machine 2 threads decode 1.1-1.5x faster than
+ * one in Node (more for larger models), but in a Chromium tab, whose own processes share the 2 cores,
+ * small models did not gain (benchmarks/RESULTS.md, issue 25); and with more than one thread the
+ * weights live in the pool's memory and learning's products run there, a path the whole test suite has
+ * not yet run as the default. So more threads stay an option ('auto' or N) for now.
  */
 export const DEFAULT_THREADS = 1;
 

@@ -14,7 +14,6 @@ Dimension letters: T rows of x, N output features, K input features, G = K / 32 
 
 from __future__ import annotations
 
-import ctypes
 from collections.abc import Callable
 from typing import Any
 
@@ -29,8 +28,13 @@ TILE_ROWS = 16
 GROUPED_MAX_ROWS = 4
 
 
-_char_at = ctypes.c_char.from_buffer
-_address_of = ctypes.addressof
+_char: Any  # ctypes.c_char (Any: its from_buffer's types do not know ndarray), or None
+try:
+    import ctypes
+
+    _char = ctypes.c_char
+except ImportError:  # (a Python built without ctypes: NumPy's own way serves)
+    _char = None
 
 
 def address(a: np.ndarray) -> int:
@@ -40,10 +44,12 @@ def address(a: np.ndarray) -> int:
     on the array's buffer took 18-21 µs (1.2 hot), NumPy's `ctypes.data`, whose properties are Python
     code, 45-70 µs (4.3 hot), `__array_interface__` 28-33. NumPy's way serves what has no writable
     buffer (read-only, empty)."""
-    try:
-        return _address_of(_char_at(a))
-    except (TypeError, ValueError):
-        return a.ctypes.data
+    if _char is not None:
+        try:
+            return ctypes.addressof(_char.from_buffer(a))
+        except (TypeError, ValueError):
+            pass
+    return a.ctypes.data
 
 
 def kernel_form(matrix: object) -> tuple[str, np.ndarray] | None:
