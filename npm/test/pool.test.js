@@ -134,7 +134,7 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
       }
   });
 
-  // threads wait by a spin, then asleep, or asleep at once (spin 0, the default)
+  // threads wait by a spin (the default), then asleep, or asleep at once (spin 0)
   for (const [threads, spin] of [
     [1, DEFAULT_SPIN_US],
     [2, DEFAULT_SPIN_US],
