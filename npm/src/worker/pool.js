@@ -72,8 +72,8 @@ const align16 = (n) => Math.ceil(n / 16) * 16;
  * Python's share of a token), and ends within this budget once products stop. The caller sets SPIN to 0
  * for a dispatch on one thread ('auto' chose one: a busy machine), so threads then sleep at once and
  * leave the cores to others. Measured on whole models, 1 and 2 threads stepped token by token in one
- * process (bench/threads.js): decoding at 2 threads against 1 went from 1.03-1.09x to 1.17-1.20x on
- * SmolLM2 and from 1.24-1.28x to 1.31-1.41x on Gemma 3 270M with it, and stayed ~1.5x on the 1B.
+ * process (bench/threads.js): decoding at 2 threads against 1 went from 0.85-1.11x to 1.11-1.23x on
+ * SmolLM2 and from 1.23-1.28x to 1.28-1.33x on Gemma 3 270M with it, and stayed ~1.5x on the 1B.
  */
 export const DEFAULT_SPIN_US = 1000;
 /** The caller spins this long for the units other threads are still computing before it sleeps. */

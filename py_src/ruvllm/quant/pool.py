@@ -142,7 +142,7 @@ class Fused:
     timed in a 1B model's decoding: RESULTS.md, issue 25)."""
 
     def __init__(self, kernels: PoolKernels, handles: list[int], rows: list[int], group: int) -> None:
-        self.kernels, self.handles, self.rows, self.group = kernels, handles, rows, group
+        self.kernels, self.handles, self.group = kernels, handles, group
         self.run = kernels.api.fused  # (looked up once: each lookup of a JsProxy's attribute makes a proxy)
         self.fast = kernels.arithmetic == "fast"
         self.starts = [sum(rows[:i]) for i in range(len(rows) + 1)]  # member i's features in a row of y
