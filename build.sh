@@ -104,6 +104,8 @@ wheel() {
   log "building the ruvllm wheel into npm/wheel/"
   # the wheel carries the kernels (host.py starts them in any Pyodide); the copy in py_src is not in git
   cp npm/wasm/kernels.wasm py_src/ruvllm/quant/kernels.wasm
+  rm -f py_src/ruvllm/quant/kernels-relaxed.wasm
+  [ -f npm/wasm/kernels-relaxed.wasm ] && cp npm/wasm/kernels-relaxed.wasm py_src/ruvllm/quant/
   # build/lib too: setuptools reuses it, and a module removed from py_src would otherwise stay in the wheel
   rm -rf npm/wheel build/wheel build/lib
   mkdir -p npm/wheel
@@ -125,30 +127,54 @@ apt_install() {
 # WebAssembly module with SIMD128. kernels/check.py refuses a module with a data section or a stack in
 # linear memory: it shares Pyodide's memory and must not write into CPython's heap. A second build of the
 # same source, on a shared memory (atomics, bulk memory), is what the kernel thread pool's threads run
-# (npm/src/worker/pool.js): npm/wasm/kernels-shared.wasm.
+# (npm/src/worker/pool.js): npm/wasm/kernels-shared.wasm. Both again with relaxed SIMD (kernels-relaxed*.wasm,
+# Debian's clang-19: clang 14 has no relaxed dot), which the loader takes where the runtime validates it
+# and the known-answer test passes (py_src/ruvllm/host.py); without clang-19 only the plain pair is built.
+kernel_build() { # kernel_build CLANG NAME [FLAGS...]: kernels/kernels.c -> build/kernels/NAME.wasm, checked
+  local cc=$1 name=$2
+  shift 2
+  local obj="build/kernels/$name.o" wasm="build/kernels/$name.wasm" shared=()
+  case "$name" in *shared*) shared=(-matomics -mbulk-memory) ;; esac
+  "$cc" --target=wasm32 -O3 -msimd128 -nostdlib -ffreestanding -fno-builtin -Wall -Wextra -Werror \
+    "${shared[@]}" "$@" -c -o "$obj" kernels/kernels.c
+  if [ ${#shared[@]} -gt 0 ]; then
+    "$cc" --target=wasm32 -nostdlib -Wl,--no-entry -Wl,--import-memory -Wl,--shared-memory \
+      -Wl,--max-memory=4294967296 -Wl,--strip-all -o "$wasm" "$obj"
+    python3 kernels/check.py "$obj" "$wasm" --shared
+  else
+    "$cc" --target=wasm32 -nostdlib -Wl,--no-entry -Wl,--import-memory -Wl,--strip-all -o "$wasm" "$obj"
+    python3 kernels/check.py "$obj" "$wasm"
+  fi
+  cp "$wasm" "npm/wasm/$name.wasm"
+}
+
 kernels() {
   if ! command -v clang >/dev/null 2>&1 || ! command -v wasm-ld >/dev/null 2>&1; then
     log "installing Debian's clang and lld (the WebAssembly kernels are compiled with them)"
     apt_install clang lld
   fi
-  local out=npm/wasm/kernels.wasm shared=npm/wasm/kernels-shared.wasm obj=build/kernels/kernels.o
-  if [ -f "$out" ] && [ "$out" -nt kernels/kernels.c ] && [ "$out" -nt kernels/check.py ] &&
-    [ -f "$shared" ] && [ "$shared" -nt kernels/kernels.c ] && [ "$shared" -nt kernels/check.py ]; then
-    return
+  local clang19=/usr/lib/llvm-19/bin/clang
+  if [ ! -x "$clang19" ] || [ ! -x /usr/lib/llvm-19/bin/wasm-ld ]; then
+    log "installing Debian's clang-19 and lld-19 (the relaxed SIMD kernels are compiled with them)"
+    apt_install clang-19 lld-19 || log "no clang-19: building the plain kernels only"
   fi
-  log "compiling the WebAssembly SIMD kernels into $out and $shared"
+  local names=(kernels kernels-shared) name fresh=1
+  [ -x "$clang19" ] && names+=(kernels-relaxed kernels-relaxed-shared)
+  for name in "${names[@]}"; do
+    [ -f "npm/wasm/$name.wasm" ] && [ "npm/wasm/$name.wasm" -nt kernels/kernels.c ] &&
+      [ "npm/wasm/$name.wasm" -nt kernels/check.py ] || fresh=0
+  done
+  [ $fresh = 1 ] && return
+  log "compiling the WebAssembly SIMD kernels: ${names[*]/%/.wasm} into npm/wasm/"
   mkdir -p build/kernels npm/wasm
-  local cflags=(--target=wasm32 -O3 -msimd128 -nostdlib -ffreestanding -fno-builtin -Wall -Wextra -Werror)
-  clang "${cflags[@]}" -c -o "$obj" kernels/kernels.c
-  clang --target=wasm32 -nostdlib -Wl,--no-entry -Wl,--import-memory -Wl,--strip-all \
-    -o "build/kernels/kernels.wasm" "$obj"
-  python3 kernels/check.py "$obj" build/kernels/kernels.wasm
-  clang "${cflags[@]}" -matomics -mbulk-memory -c -o build/kernels/kernels-shared.o kernels/kernels.c
-  clang --target=wasm32 -nostdlib -Wl,--no-entry -Wl,--import-memory -Wl,--shared-memory \
-    -Wl,--max-memory=4294967296 -Wl,--strip-all -o build/kernels/kernels-shared.wasm build/kernels/kernels-shared.o
-  python3 kernels/check.py build/kernels/kernels-shared.o build/kernels/kernels-shared.wasm --shared
-  cp build/kernels/kernels.wasm "$out"
-  cp build/kernels/kernels-shared.wasm "$shared"
+  kernel_build clang kernels
+  kernel_build clang kernels-shared
+  if [ -x "$clang19" ]; then
+    kernel_build "$clang19" kernels-relaxed -mrelaxed-simd -DRUVLLM_RELAXED
+    kernel_build "$clang19" kernels-relaxed-shared -mrelaxed-simd -DRUVLLM_RELAXED
+  else
+    rm -f npm/wasm/kernels-relaxed.wasm npm/wasm/kernels-relaxed-shared.wasm
+  fi
 }
 
 npm_package() {

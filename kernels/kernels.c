@@ -25,11 +25,22 @@
 // Two kinds of arithmetic:
 //   exact   codes become float32 in registers; a weight is scale * code (+ min) exactly as NumPy forms
 //           it, so products differ from NumPy's only in the order of float32 sums.
-//   fast    x is quantized to int16 per group of 32 (quantize_x: xq = round(x / d), d = max|x| / 32767);
+//   fast    x is quantized to 15 bits per group of 32 (quantize_x: xq = round(x / d), d = max|x| / 16383);
 //           codes and xq meet in 16-bit integer dot products (i32x4.dot_i16x8_s), one float multiply
 //           per group. SIMD128 has no 8-bit dot product, so llama.cpp's int8 activations (q8_0) would be
 //           widened to 16 bits here anyway: they cost the same time and ~700x the perplexity increase
-//           (docs/kernels.md has the measurements).
+//           (docs/kernels.md has the measurements). 15 bits, not 16, so that the relaxed build below
+//           computes the same scheme (its perplexity is the same: docs/kernels.md).
+//
+// Two builds of this file (build.sh): the plain one, SIMD128 only, and the relaxed one
+// (-DRUVLLM_RELAXED -mrelaxed-simd), whose q4 fast path splits x's 15 bits into a signed high byte and a
+// 7-bit low byte and multiplies the raw codes (0..15) by them with i16x8.relaxed_dot_i8x16_i7x16_s
+// (one pmaddubsw per 16 codes on x86). Every operand of the relaxed dot stays where its result is
+// deterministic (7-bit bytes in 0..127, pair sums that fit int16), so the relaxed build gives the same
+// integers per group as the plain one; only float32 sums differ in order (the offset of q4_0 comes off
+// per row, not per code). The loader (ruvllm/host.py) takes the relaxed build only where the runtime
+// validates it and it passes the known-answer test, and the thread pool then runs its shared twin, so
+// products have the same bits at every thread count.
 // Many rows of x (prefill) go through a tile of weight rows expanded to float32 in the scratch buffer,
 // so each weight is decoded once for all T rows; a few rows (decode) are contracted group by group.
 
@@ -41,6 +52,14 @@ typedef int i32;
 
 #define EXPORT(name) __attribute__((export_name(#name)))
 #define GROUP 32
+#ifdef RUVLLM_RELAXED
+#define RELAXED 1
+#else
+#define RELAXED 0
+#endif
+
+// 1 in the relaxed build (the loader and the thread pool ask which build they run)
+EXPORT(relaxed_simd) i32 relaxed_simd(void) { return RELAXED; }
 
 // ---- helpers ----------------------------------------------------------------------------------------------
 
@@ -307,10 +326,22 @@ void q4_exact(const float *x, const u8 *packed, const float *scales, const float
 
 // ---- quantized, fast (activations as int16) ---------------------------------------------------------------
 
-// x (T, K) -> xq int16 (T, K), d (T, G) with x ~ d * xq per group (d = max|x| / 32767), and
-// xs (T, G) the exact group sums of x (for the mins).
+// x (T, K) -> quantize_x's outputs, one after the other from xq, QUANTIZED_X_BYTES(T, K) bytes in all
+// (callers size the space by that formula, whichever build they run):
+//   xq  int16 (T, K)       x ~ d * xq per group, |xq| <= 16383
+//   d   float32 (T, G)     max|x| / 16383 per group
+//   xs  float32 (T, G)     the exact group sums of x (for the mins)
+//   xb  int8 (T, G, 64)    relaxed build only: per group, xq = 128 hi + lo: hi (-128..127) of its 32
+//                          values, then lo (0..127)
+//   sq  float32 (T, G)     relaxed build only: d * sum(xq) per group (q4_0's offset comes off with it)
+// The fast products take xq, d and xs, and find xb and sq after xs (they know T and K).
+#define QUANTIZED_X_BYTES(T, K) ((T) * (4 * (K) + 12 * ((K) / GROUP)))
+#define XQ_TOP 16383.0f
+
 EXPORT(quantize_x) void quantize_x(const float *x, short *xq, float *d, float *xs, i32 T, i32 K) {
   const i32 G = K / GROUP;
+  i8 *xb = (i8 *)(xs + T * G);
+  float *sq = (float *)(xb + (long)T * 2 * K);
   for (i32 t = 0; t < T; t++) {
     for (i32 g = 0; g < G; g++) {
       const float *p = x + (long)t * K + g * GROUP;
@@ -323,22 +354,42 @@ EXPORT(quantize_x) void quantize_x(const float *x, short *xq, float *d, float *x
                                            wasm_f32x4_max(wasm_f32x4_abs(v6), wasm_f32x4_abs(v7))));
       m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 2, 3, 0, 1));
       m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 1, 0, 3, 2));
-      float amax = wasm_f32x4_extract_lane(m, 0), dg = amax / 32767.0f;
+      float amax = wasm_f32x4_extract_lane(m, 0), dg = amax / XQ_TOP;
       v128_t inv = wasm_f32x4_splat(dg > 0.0f ? 1.0f / dg : 0.0f);
 #define Q(v) wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(v, inv)))
-      short *out = xq + (long)t * K + g * GROUP;
-      wasm_v128_store(out, wasm_i16x8_narrow_i32x4(Q(v0), Q(v1)));
-      wasm_v128_store(out + 8, wasm_i16x8_narrow_i32x4(Q(v2), Q(v3)));
-      wasm_v128_store(out + 16, wasm_i16x8_narrow_i32x4(Q(v4), Q(v5)));
-      wasm_v128_store(out + 24, wasm_i16x8_narrow_i32x4(Q(v6), Q(v7)));
+      v128_t a0 = Q(v0), a1 = Q(v1), a2 = Q(v2), a3 = Q(v3), a4 = Q(v4), a5 = Q(v5), a6 = Q(v6), a7 = Q(v7);
 #undef Q
+      v128_t q0 = wasm_i16x8_narrow_i32x4(a0, a1), q1 = wasm_i16x8_narrow_i32x4(a2, a3);
+      v128_t q2 = wasm_i16x8_narrow_i32x4(a4, a5), q3 = wasm_i16x8_narrow_i32x4(a6, a7);
+      short *out = xq + (long)t * K + g * GROUP;
+      wasm_v128_store(out, q0);
+      wasm_v128_store(out + 8, q1);
+      wasm_v128_store(out + 16, q2);
+      wasm_v128_store(out + 24, q3);
       d[t * G + g] = dg;
       v128_t s = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_add(v0, v1), wasm_f32x4_add(v2, v3)),
                                 wasm_f32x4_add(wasm_f32x4_add(v4, v5), wasm_f32x4_add(v6, v7)));
       xs[t * G + g] = hsum(s);
+      if (RELAXED) {
+        const v128_t low = wasm_i16x8_splat(127);
+        i8 *split = xb + ((long)t * G + g) * 2 * GROUP;
+        wasm_v128_store(split, wasm_i8x16_narrow_i16x8(wasm_i16x8_shr(q0, 7), wasm_i16x8_shr(q1, 7)));
+        wasm_v128_store(split + 16, wasm_i8x16_narrow_i16x8(wasm_i16x8_shr(q2, 7), wasm_i16x8_shr(q3, 7)));
+        wasm_v128_store(split + 32, wasm_i8x16_narrow_i16x8(wasm_v128_and(q0, low), wasm_v128_and(q1, low)));
+        wasm_v128_store(split + 48, wasm_i8x16_narrow_i16x8(wasm_v128_and(q2, low), wasm_v128_and(q3, low)));
+        v128_t n = wasm_i32x4_add(wasm_i32x4_add(wasm_i32x4_add(a0, a1), wasm_i32x4_add(a2, a3)),
+                                  wasm_i32x4_add(wasm_i32x4_add(a4, a5), wasm_i32x4_add(a6, a7)));
+        n = wasm_i32x4_add(n, wasm_i32x4_shuffle(n, n, 2, 3, 0, 1));
+        n = wasm_i32x4_add(n, wasm_i32x4_shuffle(n, n, 1, 0, 3, 2));
+        sq[t * G + g] = dg * (float)wasm_i32x4_extract_lane(n, 0);
+      }
     }
   }
 }
+
+// The fast products' space for quantize_x's outputs, in bytes (QUANTIZED_X_BYTES): for callers that
+// would rather ask than repeat the formula.
+EXPORT(quantized_x_bytes) i32 quantized_x_bytes(i32 T, i32 K) { return QUANTIZED_X_BYTES(T, K); }
 
 // The two halves of one group's int16 sum (weights 0..15 and 16..31), as 4 int32 lanes each.
 static inline void half_dots_i16(v128_t a, v128_t b, const short *xq, v128_t *lo, v128_t *hi) {
@@ -355,6 +406,24 @@ static inline v128_t group_dot_i16(v128_t a, v128_t b, const short *xq) {
   return wasm_i32x4_add(lo, hi);
 }
 
+// Relaxed build: sum over group g of raw code (0..15) * xq, as 4 int32 lanes, from the split x (64 bytes:
+// hi, then lo). Each int16 lane of a relaxed dot adds two products |hi or lo| * 15 <= 1920, two such
+// dots added stay within int16 (7680), and hi's sums times 128 meet lo's in int32: exact integers.
+static inline v128_t group_dot_relaxed(const u8 *row, i32 g, const i8 *split) {
+#if RELAXED
+  v128_t p = wasm_v128_load(row + g * (GROUP / 2));
+  v128_t ca = wasm_v128_and(p, wasm_i8x16_splat(15)), cb = wasm_u8x16_shr(p, 4);
+  v128_t hi = wasm_i16x8_add(wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(split), ca),
+                             wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(split + 16), cb));
+  v128_t lo = wasm_i16x8_add(wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(split + 32), ca),
+                             wasm_i16x8_relaxed_dot_i8x16_i7x16(wasm_v128_load(split + 48), cb));
+  return wasm_i32x4_add(wasm_i32x4_dot_i16x8(hi, wasm_i16x8_splat(128)), wasm_i32x4_extadd_pairwise_i16x8(lo));
+#else
+  (void)row, (void)g, (void)split;
+  return wasm_i32x4_splat(0);  // (never called: the plain build has no relaxed dot)
+#endif
+}
+
 // y = x @ W.T with x given by quantize_x (xq, d, xs); a few rows of x at a time (decoding). `halves` as
 // in quant_exact.
 __attribute__((always_inline)) static inline void quant_fast(i32 bits, i32 halves, const short *xq, const float *d,
@@ -363,6 +432,8 @@ __attribute__((always_inline)) static inline void quant_fast(i32 bits, i32 halve
                                                             float *y, i32 T, i32 N, i32 K, i32 ldy) {
   const i32 G = K / GROUP, row_bytes = bits == 8 ? K : K / 2, SG = halves ? 2 * G : G;
   const v128_t off = wasm_i8x16_splat((i8)offset);
+  const i8 *xb = (const i8 *)(xs + T * G);               // quantize_x's split x (relaxed build)
+  const float *sq = (const float *)(xb + (long)T * 2 * K);
   for (i32 n = 0; n < N; n++) {
     const u8 *row = (const u8 *)weights + (long)n * row_bytes;
     const float *sc = scales + (long)n * SG;
@@ -370,6 +441,17 @@ __attribute__((always_inline)) static inline void quant_fast(i32 bits, i32 halve
       const short *xt = xq + (long)t * K;
       const float *dt = d + t * G;
       v128_t acc = wasm_f32x4_splat(0);
+      if (RELAXED && bits == 4) {
+        for (i32 g = 0; g < G; g++) {
+          v128_t dotg = wasm_f32x4_convert_i32x4(group_dot_relaxed(row, g, xb + ((long)t * G + g) * 2 * GROUP));
+          acc = wasm_f32x4_add(acc, wasm_f32x4_mul(wasm_f32x4_splat(sc[g] * dt[g]), dotg));
+        }
+        float s = hsum(acc);
+        if (offset) s -= (float)offset * mins_dot(sc, sq + t * G, G);  // sum (code - offset) xq
+        if (mins) s += mins_dot(mins + (long)n * G, xs + t * G, G);
+        y[(long)t * ldy + n] = s;
+        continue;
+      }
       for (i32 g = 0; g < G; g++) {
         v128_t a, b;
         load_codes(bits, row, g, off, &a, &b);

@@ -6,8 +6,12 @@ awkward shapes: K not a multiple of 128, N = 1, a last partial tile of weight ro
 
 Tolerances, per output y[t, n], with S = sum_k |x[t, k]| |w[n, k]|:
 - exact: |y - NumPy's y| <= 1e-5 S: both sum the same float32 products, in different orders.
-- fast: x is quantized per group of 32 to int16 (d = max|x| / 32767, xq = round(x / d)); the kernels must
+- fast: x is quantized per group of 32 to 15 bits (d = max|x| / 16383, xq = round(x / d)); the kernels must
   compute exactly that scheme: |y - y_scheme| <= 1e-5 S, where y_scheme is worked out here in float64.
+
+Every build runs the same tests: the plain one, and the relaxed SIMD one (kernels-relaxed.wasm, when
+clang-19 built it) in V8's default tiers and in its optimizing tier alone (Node 20's baseline tier once
+computed a relaxed dot wrongly: docs/kernels.md).
 """
 
 from __future__ import annotations
@@ -26,7 +30,9 @@ from ruvllm.quant.matrices import DenseMatrix, Int4Matrix, Int8Matrix
 from conftest import ROOT
 
 WASM = ROOT / "npm" / "wasm" / "kernels.wasm"
+RELAXED = ROOT / "npm" / "wasm" / "kernels-relaxed.wasm"
 HARNESS = ROOT / "npm" / "test" / "support" / "kernels-harness.js"
+RELAXED_FLAG = "--experimental-wasm-relaxed-simd"  # Node 20 validates relaxed SIMD only with it
 pytestmark = [
     pytest.mark.parity,
     pytest.mark.skipif(
@@ -34,6 +40,26 @@ pytestmark = [
         reason="the WebAssembly kernels are not built (./build.sh kernels) or node is missing",
     ),
 ]
+
+
+def node_for(wasm) -> list[str]:
+    """node's command line for the harness on `wasm`: with the relaxed SIMD flag where this Node needs it."""
+    probe = f"process.exit(WebAssembly.validate(require('fs').readFileSync({str(wasm)!r})) ? 0 : 1)"
+    if subprocess.run(["node", "-e", probe]).returncode == 0:
+        return ["node"]
+    return ["node", RELAXED_FLAG]
+
+
+@pytest.fixture(scope="module", params=["plain", "relaxed", "relaxed, optimizing tier only"])
+def build(request) -> list[str]:
+    """The command that runs the harness on one build of the kernels."""
+    if request.param == "plain":
+        return ["node", str(HARNESS), str(WASM)]
+    if not RELAXED.exists():
+        pytest.skip("no relaxed SIMD build (./build.sh kernels makes it where Debian's clang-19 installs)")
+    tiers = ["--no-liftoff"] if request.param.endswith("only") else []
+    return [*node_for(RELAXED), *tiers, str(HARNESS), str(RELAXED)]
+
 
 QUANT_SHAPES = [(1, 32), (7, 96), (37, 160), (64, 576)]  # (N, K); 37 rows: 2 tiles of 16 and one of 5
 DENSE_SHAPES = [*QUANT_SHAPES, (5, 30), (3, 7)]  # float32 K need not be a multiple of 4
@@ -64,9 +90,9 @@ def b64(a: np.ndarray) -> str:
     return base64.b64encode(np.ascontiguousarray(a).tobytes()).decode()
 
 
-def run_kernels(cases: list[dict]) -> list[np.ndarray]:
+def run_kernels(build: list[str], cases: list[dict]) -> list[np.ndarray]:
     request = json.dumps({"cases": cases})
-    done = subprocess.run(["node", str(HARNESS)], input=request, capture_output=True, text=True, timeout=300)
+    done = subprocess.run(build, input=request, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     return [np.frombuffer(base64.b64decode(y), dtype=np.float32) for y in json.loads(done.stdout)]
 
@@ -86,13 +112,13 @@ def quantized_x(x: np.ndarray) -> np.ndarray:
     forms them."""
     T, K = x.shape
     g = x.reshape(T, K // GROUP, GROUP)
-    d = np.abs(g).max(axis=-1, keepdims=True) / np.float32(32767)  # (T, G, 1) float32
+    d = np.abs(g).max(axis=-1, keepdims=True) / np.float32(16383)  # (T, G, 1) float32
     inv = np.where(d > 0, np.float32(1) / np.where(d > 0, d, 1), 0).astype(np.float32)
     xq = np.rint(g * inv)  # (T, G, 32), round half to even like f32x4.nearest
     return (xq.astype(np.float64) * d).reshape(T, K)
 
 
-def test_every_form_and_awkward_shapes_match_numpy():
+def test_every_form_and_awkward_shapes_match_numpy(build):
     rng = np.random.default_rng(0)
     cases, expected = [], []
     for N, K in DENSE_SHAPES:
@@ -116,7 +142,7 @@ def test_every_form_and_awkward_shapes_match_numpy():
                         reference, scale = m(x).astype(np.float64), S
                     cases.append(case(call, m, weight_bytes, x))
                     expected.append((f"{label} {call} T={T} N={N} K={K}", reference, scale))
-    results = run_kernels(cases)
+    results = run_kernels(build, cases)
     assert len(results) == len(expected)
     wrong = []
     for got, (name, reference, scale) in zip(results, expected, strict=True):
@@ -126,14 +152,14 @@ def test_every_form_and_awkward_shapes_match_numpy():
     assert wrong == []
 
 
-def test_the_fast_arithmetic_is_close_to_the_exact_one():
-    """The price of fast: x rounded to 16 bits per group costs at most half a step of each group's scale."""
+def test_the_fast_arithmetic_is_close_to_the_exact_one(build):
+    """The price of fast: x rounded to 15 bits per group costs at most half a step of each group's scale."""
     rng = np.random.default_rng(1)
     w = rng.standard_normal((64, 576)).astype(np.float32)
     x = rng.standard_normal((1, 576)).astype(np.float32)
     m = Int4Matrix.from_parts("q4_1", get_format("q4_1").quantize(w))
-    exact, fast = run_kernels([case("q4_exact", m, m.packed, x), case("q4_fast", m, m.packed, x)])
-    step = np.abs(x).reshape(18, 32).max(-1) / 32767  # (G,) each group's quantization step of x
+    exact, fast = run_kernels(build, [case("q4_exact", m, m.packed, x), case("q4_fast", m, m.packed, x)])
+    step = np.abs(x).reshape(18, 32).max(-1) / 16383  # (G,) each group's quantization step of x
     bound = (np.abs(m.dequantize() - m.mins.repeat(32, axis=1)).reshape(64, 18, 32).sum(-1) @ (step / 2)) * 1.001
     assert np.all(np.abs(fast - exact) <= bound + 1e-4)
     assert not np.array_equal(fast, exact)  # it is an approximation, and the test can tell

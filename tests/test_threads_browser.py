@@ -1,7 +1,8 @@
 """`threads` in the browser: the npm package's browser build in Debian's Chromium, driven by Playwright.
 
 On a cross-origin isolated page (web/serve.py sends COOP/COEP) one, two and three threads compute and
-the greedy tokens (exact arithmetic) equal CPython's; on a page without those headers one thread runs,
+the greedy tokens (exact arithmetic) equal CPython's, and the fast arithmetic (through the relaxed SIMD
+build) gives the same tokens at one and two threads; on a page without those headers one thread runs,
 the model still answers, and `info.threads.reason` says why. Needs a local Pyodide distribution (as
 tests/test_e2e.py) and the built kernels and browser bundle (npm/browser, npm/wasm).
 """
@@ -24,12 +25,13 @@ TOKENS = 12
 BUILT = (ROOT / "npm" / "browser" / "worker" / "pool-worker.js").exists() and (
     ROOT / "npm" / "wasm" / "kernels-shared.wasm"
 ).exists()
+RELAXED_BUILT = (ROOT / "npm" / "wasm" / "kernels-relaxed-shared.wasm").exists()  # (build.sh: with clang-19)
 pytestmark = [
     *PYODIDE_MARKS,
     pytest.mark.skipif(not BUILT, reason="the browser bundle or the kernels are not built (./build.sh npm)"),
 ]
 
-# Loads the model with the given options, generates greedily and answers {ids, threads, isolated}.
+# Loads the model with the given options, generates greedily and answers {ids, threads, relaxed, isolated}.
 RUN = """async ({ options, prompt, tokens }) => {
     const { RuvLLM } = await import('/npm/browser/index.js');
     const llm = await RuvLLM.load({ model: '/models/smollm2-135m-instruct/', pyodide: { indexURL: '/pyodide/' },
@@ -37,9 +39,9 @@ RUN = """async ({ options, prompt, tokens }) => {
     const ids = [];
     for await (const chunk of llm.generate(prompt, { temperature: 0, maxTokens: tokens, ignoreEos: true }))
         ids.push(chunk.tokenId);
-    const threads = llm.info.threads;
+    const { threads, relaxedSimd } = llm.info;
     await llm.dispose();
-    return { ids, threads, isolated: self.crossOriginIsolated };
+    return { ids, threads, relaxed: relaxedSimd, isolated: self.crossOriginIsolated };
 }"""
 
 
@@ -73,6 +75,12 @@ def test_an_isolated_page_runs_one_two_and_three_threads_with_cpythons_tokens(pa
             assert got["threads"]["count"] == threads and got["threads"]["adaptive"] is False, got["threads"]
             assert (got["threads"]["reason"] is None) == (threads > 1), got["threads"]
             assert got["ids"] == expected, f"{threads} threads"
+        # the fast arithmetic (the default) through the relaxed SIMD build, which Chromium validates and
+        # whose known-answer test passes here, and the pool's twin of it: the same bits at 1 and 2 threads
+        fast = [page.evaluate(RUN, {"options": {"threads": n}, "prompt": PROMPT, "tokens": TOKENS}) for n in (1, 2)]
+        assert [got["relaxed"] for got in fast] == [RELAXED_BUILT] * 2
+        assert [got["threads"]["count"] for got in fast] == [1, 2]
+        assert fast[0]["ids"] == fast[1]["ids"] == expected  # (fast's tokens equal CPython's here: measured)
 
 
 def test_a_page_that_is_not_isolated_runs_one_thread_and_says_why(page, smollm2_dir):

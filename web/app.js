@@ -234,7 +234,8 @@ function showDetails(info, checked, seconds) {
     'built-in gemma': 'none in the file: the built-in Gemma turn format',
   };
   const parameters = `${(info.parameters / 1e6).toFixed(1)}M parameters`;
-  const kernels = info.kernels === 'wasm' ? 'WebAssembly SIMD' : `NumPy (${info.kernelsNote ?? 'asked for'})`;
+  const simd = info.relaxedSimd ? 'WebAssembly relaxed SIMD' : 'WebAssembly SIMD';
+  const kernels = info.kernels === 'wasm' ? simd : `NumPy (${info.kernelsNote ?? 'asked for'})`;
   const cached = info.fromCache ? ", weights from this browser's cache" : '';
   const lines = [
     `Engine: ruvllm, NumPy in Pyodide (WebAssembly), in a Web Worker; ${info.architecture}, ${parameters}`,

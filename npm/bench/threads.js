@@ -3,7 +3,7 @@
 // which drowns a 10% difference between two separate runs) falls on both alike.
 //
 //   RUVLLM_PYODIDE_DIST=... npm run bench:threads -- --model FILE.gguf|DIR [--threads 2] [--tokens 64]
-//        [--rounds 3] [--spin MICROSECONDS]
+//        [--rounds 3] [--spin MICROSECONDS] [--versus relaxed]
 //
 // One Pyodide loads the model twice: with the single-thread WebAssembly kernels (weights in Pyodide's
 // heap) and with the pool (weights in the pool's memory). Each round generates greedily from both, one
@@ -12,6 +12,8 @@
 // (the single-thread exports' calls; the pool's `run`), the difference being what the products cost on
 // their way from Python.
 // --spin sets the pool threads' spin budget (default: pool.js DEFAULT_SPIN_US; 0: sleep at once).
+// --versus relaxed: the plain kernels against the relaxed SIMD build instead, both on one thread (Node 20
+// needs --experimental-wasm-relaxed-simd: `npm run bench:simd` passes it).
 import { dirname, basename, resolve } from 'node:path';
 import { existsSync } from 'node:fs';
 import { parseArgs } from 'node:util';
@@ -28,6 +30,7 @@ const { values } = parseArgs({
     tokens: { type: 'string', default: '64' },
     rounds: { type: 'string', default: '3' },
     spin: { type: 'string' },
+    versus: { type: 'string', default: 'threads' },
     pyodide: { type: 'string', default: DIST },
   },
 });
@@ -42,41 +45,52 @@ if (values.spin !== undefined && !/^[0-9]+$/.test(values.spin))
 if (!values.model || !existsSync(values.model)) fail(`--model ${values.model}: no such GGUF file or model folder`);
 if (!existsSync(resolve(values.pyodide, 'pyodide.asm.wasm')))
   fail(`no Pyodide distribution at ${values.pyodide}: set RUVLLM_PYODIDE_DIST (docs/pyodide.md)`);
+if (!['threads', 'relaxed'].includes(values.versus)) fail(`--versus must be threads or relaxed, got ${values.versus}`);
 const THREADS = Number(values.threads);
 if (THREADS < 2) fail('--threads must be 2 or more: the pool is compared with one thread');
+const SIMD = values.versus === 'relaxed';
 
 const { py } = await startPython({ indexURL: values.pyodide });
 const kernels = await startKernels(py, 'wasm');
 if (!kernels.exports) fail(`the WebAssembly kernels do not run here: ${kernels.reason}`);
+/** host.py's exports of one build ('plain' or 'relaxed'), or the reason it does not run. */
+function build(name) {
+  const host = py.pyimport('ruvllm.host');
+  const [exports, reason] = host.kernel_exports(name).toJs({ depth: 1 });
+  host.destroy();
+  return exports ?? fail(`the ${name} kernels do not run here: ${reason}`);
+}
 const spin = values.spin === undefined ? undefined : Number(values.spin);
-const threads = await startThreads(py, kernels, THREADS, { spin });
-if (!threads.api) fail(`no kernel thread pool: ${threads.reason}`);
+const threads = SIMD ? null : await startThreads(py, kernels, THREADS, { spin });
+if (threads && !threads.api) fail(`no kernel thread pool: ${threads.reason}`);
 
-// the pool's run, and the single-thread kernels' exports, timed
-const inKernels = { pool: 0, one: 0 };
-function timed(f, which) {
+// side 0 and side 1: their labels, and what their kernels' time is taken from (the single-thread
+// exports' calls; the pool's run)
+const labels = SIMD ? ['plain SIMD', 'relaxed SIMD'] : ['1 thread', `${THREADS} threads`];
+const inKernels = [0, 0];
+function timed(f, side) {
   return (...args) => {
     const started = performance.now();
     const result = f(...args);
-    inKernels[which] += performance.now() - started;
+    inKernels[side] += performance.now() - started;
     return result;
   };
 }
-threads.pool.run = timed(threads.pool.run.bind(threads.pool), 'pool');
-const exports = Object.fromEntries(
-  Object.entries(kernels.exports).map(([name, f]) => [name, typeof f === 'function' ? timed(f, 'one') : f]),
-);
+const timedExports = (exports, side) =>
+  Object.fromEntries(Object.entries(exports).map(([name, f]) => [name, typeof f === 'function' ? timed(f, side) : f]));
+if (threads) threads.pool.run = timed(threads.pool.run.bind(threads.pool), 1);
 
 const model = resolve(values.model);
 py.FS.mkdirTree('/host');
 py.FS.mount(py.FS.filesystems.NODEFS, { root: dirname(model) }, '/host');
 py.globals.set('path', `/host/${basename(model)}`);
-py.globals.set('api', threads.api);
-py.globals.set('exports', exports);
+py.globals.set('exports', timedExports(SIMD ? build('plain') : kernels.exports, 0));
+py.globals.set('other', SIMD ? timedExports(build('relaxed'), 1) : threads.api);
+py.globals.set('simd', SIMD);
 py.globals.set('tokens', Number(values.tokens));
 py.globals.set('kernel_ms', () => {
-  const ms = { ...inKernels };
-  inKernels.pool = inKernels.one = 0;
+  const ms = [...inKernels];
+  inKernels.fill(0);
   return JSON.stringify(ms);
 });
 py.runPython(`
@@ -105,16 +119,15 @@ def build(provider):
     tokenizer = Tokenizer(tokenizer_json, tokenizer_config, path)
     return Model.of(config, store, tokenizer, generation, LoadOptions(kernels="wasm", provider=provider), "bench")
 
-one = build(WasmKernels(exports, "fast"))
-pool = build(PoolKernels(api, "fast"))
+providers = [WasmKernels(exports, "fast"), WasmKernels(other, "fast") if simd else PoolKernels(other, "fast")]
+one, two = build(providers[0]), build(providers[1])
 
-in_products = {}  # provider class -> seconds in products, as Python sees them
+in_products = [0.0, 0.0]  # per side: seconds in products, as Python sees them
 def timed(call):
     def product(self, x):
         started = time.perf_counter()
         y = call(self, x)
-        name = type(self.provider).__name__
-        in_products[name] = in_products.get(name, 0.0) + time.perf_counter() - started
+        in_products[providers.index(self.provider)] += time.perf_counter() - started
         return y
     return product
 for cls in (matrices.DenseMatrix, matrices.Int8Matrix):
@@ -125,7 +138,7 @@ def stream(model):
 
 def round_():
     """Both models step in turn; the first 4 steps (prefill, first tokens) are not counted."""
-    a, b = stream(one), stream(pool)
+    a, b = stream(one), stream(two)
     spent = [0.0, 0.0]
     steps = 0
     while True:
@@ -138,23 +151,22 @@ def round_():
             return json.dumps({"spent": spent, "steps": steps - 4, "products": in_products})
         steps += 1
         if steps == 4:
-            in_products.clear(); kernel_ms()
+            in_products[:] = [0.0, 0.0]; kernel_ms()
         if steps > 4:
             spent[0] += t1 - t0; spent[1] += t2 - t1
 `);
 const round = py.globals.get('round_');
 round(); // warm-up
-console.log(`${basename(model)}: 1 thread against ${THREADS} threads, stepped token by token`);
+console.log(`${basename(model)}: ${labels[0]} against ${labels[1]}, stepped token by token`);
 for (let r = 1; r <= Number(values.rounds); r++) {
   const { spent, steps, products } = JSON.parse(round());
   const ms = (s) => ((1000 * s) / steps).toFixed(2);
-  const inside = JSON.parse(py.globals.get('kernel_ms')());
-  const inMs = (which) => (inside[which] / steps).toFixed(2);
+  const inside = JSON.parse(py.globals.get('kernel_ms')()).map((t) => (t / steps).toFixed(2));
+  const where = SIMD ? ['in the kernels', 'in the kernels'] : ['in the kernels', "in the pool's run"];
   console.log(
-    `round ${r}, ${steps} tokens: 1 thread ${ms(spent[0])} ms/token, ${THREADS} threads ${ms(spent[1])} ms/token: ` +
-      `${(spent[0] / spent[1]).toFixed(2)}x; products as Python sees them ${ms(products.WasmKernels ?? 0)} ms on ` +
-      `1 thread (${inMs('one')} in the kernels), ${ms(products.PoolKernels ?? 0)} ms on ${THREADS} (${inMs('pool')} ` +
-      `in the pool's run)`,
+    `round ${r}, ${steps} tokens: ${labels[0]} ${ms(spent[0])} ms/token, ${labels[1]} ${ms(spent[1])} ms/token: ` +
+      `${(spent[0] / spent[1]).toFixed(2)}x; products as Python sees them ${ms(products[0])} ms on ` +
+      `${labels[0]} (${inside[0]} ${where[0]}), ${ms(products[1])} ms on ${labels[1]} (${inside[1]} ${where[1]})`,
   );
 }
-await threads.pool.dispose();
+await threads?.pool.dispose();

@@ -12,6 +12,7 @@ import { promisify } from 'node:util';
 
 import { AbortError, RuvLLM, RuvLLMError } from '../src/index.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
+import { NO_RELAXED, relaxedHere } from './support/relaxed.js';
 
 const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
 const MODEL = join(ROOT, 'models', 'smollm2-135m-instruct');
@@ -63,6 +64,7 @@ describe('SmolLM2 in Pyodide under Node', { skip: SKIP }, () => {
     // with 'fast' arithmetic: the greedy tokens below equal CPython's (measured; its perplexity is within
     // 0.002% of exact). 'exact' arithmetic guarantees them: tested below.
     assert.deepEqual([llm.info.kernels, llm.info.arithmetic, llm.info.kernelsNote], ['wasm', 'fast', null]);
+    assert.equal(llm.info.relaxedSimd, !NO_RELAXED && relaxedHere()); // (Node 20: the plain build)
     assert.equal(llm.info.plan.compute, 'q4');
   });
   after(async () => llm?.dispose());

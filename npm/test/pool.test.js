@@ -17,10 +17,13 @@ import { startPython } from '../src/worker/python.js';
 import { startThreads } from '../src/worker/threads.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
 import { randomMatrices, referenceProduct } from './support/kernels-reference.js';
+import { NO_RELAXED, RELAXED_RUN, runTestsRelaxed } from './support/relaxed.js';
 
-const WASM = new URL('../wasm/kernels.wasm', import.meta.url);
-const SHARED = new URL('../wasm/kernels-shared.wasm', import.meta.url);
-const SKIP = existsSync(WASM) && existsSync(SHARED) ? false : 'the kernels are not built: ./build.sh kernels';
+// The build under test: the plain one, or (in the Node the last test below starts) the relaxed SIMD one.
+const BUILD = RELAXED_RUN ? 'kernels-relaxed' : 'kernels';
+const WASM = new URL(`../wasm/${BUILD}.wasm`, import.meta.url);
+const SHARED = new URL(`../wasm/${BUILD}-shared.wasm`, import.meta.url);
+const SKIP = existsSync(WASM) && existsSync(SHARED) ? false : `the kernels are not built: ./build.sh kernels`;
 const GROUP = 32;
 
 /** A deterministic generator (xorshift32), so a failure can be re-run. */
@@ -467,6 +470,7 @@ describe(
     test('PoolKernels products are WasmKernels products bit for bit at 2 and 3 threads', async () => {
       const { py } = await startPython({ indexURL: DIST });
       const kernels = await startKernels(py, 'wasm');
+      assert.equal(kernels.exports.relaxed_simd(), RELAXED_RUN ? 1 : 0); // host.py took the build under test
       py.globals.set('kernel_exports', kernels.exports);
       py.runPython(PROVIDERS);
       for (const count of [2, 3]) {
@@ -499,4 +503,11 @@ describe(
       assert.match(numpy.reason, /WebAssembly kernels do not run here/);
     });
   },
+);
+
+test(
+  'the relaxed SIMD build: the same tests of bits, on the bare pool and inside Pyodide',
+  { skip: RELAXED_RUN || SKIP || NO_RELAXED },
+  // the 4 thread counts, and Pyodide's (skipped without a local Pyodide)
+  () => runTestsRelaxed(import.meta.url, 'bit for bit', 4),
 );

@@ -632,6 +632,12 @@ export interface ModelInfo {
   /** With kernels 'auto': why the WebAssembly kernels are not used, or null. */
   kernelsNote: string | null;
   /**
+   * Whether the kernels use relaxed SIMD (the fast arithmetic's 4-bit products): where the runtime
+   * validates it and the kernels' known-answer test passes (Chromium; Node 21 and newer, or Node 20
+   * with --experimental-wasm-relaxed-simd). The results are the same integers per group either way.
+   */
+  relaxedSimd: boolean;
+  /**
    * Threads computing the matrix products, why only one runs (null when more do), and whether each
    * product picks one thread or all by measurement (threads: 'auto').
    */

@@ -39,27 +39,42 @@ from .text.tokenizer import tokenizers_installed
 IN_PYODIDE = sys.platform == "emscripten"
 
 
-def kernels_wasm() -> bytes | None:
-    """The kernels module the wheel carries (build.sh puts npm/wasm/kernels.wasm in it), if it does."""
-    file = resources.files("ruvllm.quant").joinpath("kernels.wasm")
+def kernels_wasm(name: str = "kernels.wasm") -> bytes | None:
+    """A kernels module the wheel carries, if it does (build.sh puts npm/wasm/kernels.wasm and, where it
+    has clang-19, kernels-relaxed.wasm in it)."""
+    file = resources.files("ruvllm.quant").joinpath(name)
     return file.read_bytes() if file.is_file() else None
 
 
 def known_answer() -> dict[str, np.ndarray]:
-    """The self-test's inputs and answer: y = x @ W.T for x = [1, ..., 32] (5 rows) and two rows of q4
-    codes (0..15, the second row reversed) with scale 0.5 and min -1, also as float32 weights."""
+    """The self-test's inputs and answers: y = x @ W.T for two rows of q4 codes (0..15, the second row
+    reversed) with scale 0.5 and min -1, also as float32 weights:
+    - x = [1, ..., 32] (5 rows), through the exact paths;
+    - x_fast, integers from 16383 down to -16353 (so the fast arithmetic's 15-bit x is x itself, and the
+      relaxed build's split x takes high bytes from 127 to -128), through the fast path, as q4_1
+      (offset 0: answer_fast) and as q4_0 (offset 8: answer_fast8). Every sum is an exact float32."""
     k = np.arange(32)
     codes = np.stack([k % 16, 15 - k % 16]).astype(np.uint8)  # (2, 32)
     packed = (codes[:, :16] | (codes[:, 16:] << 4)).astype(np.uint8)  # low nibbles first, as kernels.c
     dense = (0.5 * codes - 1).astype(np.float32)
     x = np.tile(np.arange(1, 33, dtype=np.float32), (5, 1))
-    return {"x": x, "packed": packed, "dense": dense, "answer": (x[:1] @ dense.T)[0]}
+    x_fast = (16383 - 1056 * k).astype(np.float32)[None]  # (1, 32)
+    dense8 = (0.5 * (codes.astype(np.float32) - 8) - 1).astype(np.float32)
+    return {
+        "x": x,
+        "packed": packed,
+        "dense": dense,
+        "answer": (x[:1] @ dense.T)[0],
+        "x_fast": x_fast,
+        "answer_fast": (x_fast.astype(np.float64) @ dense.T)[0].astype(np.float32),
+        "answer_fast8": (x_fast.astype(np.float64) @ dense8.T)[0].astype(np.float32),
+    }
 
 
 def _self_test(js: Any, module: Any) -> bool:
-    """The known answer through the decoding (1 row) and tiled (5 rows) q4 paths and the float32
-    product, on a memory of its own: a runtime whose SIMD computes wrongly is found before the kernels
-    touch Pyodide's memory."""
+    """The known answer through the decoding (1 row) and tiled (5 rows) q4 paths, the fast q4 path
+    (offsets 0 and 8) and the float32 product, on a memory of its own: a runtime whose SIMD computes
+    wrongly is found before the kernels touch Pyodide's memory."""
     from pyodide.ffi import to_js
 
     memory = js.WebAssembly.Memory.new(to_js({"initial": 2}, dict_converter=js.Object.fromEntries))
@@ -67,6 +82,7 @@ def _self_test(js: Any, module: Any) -> bool:
     exports = js.WebAssembly.Instance.new(module, imports).exports
     case = known_answer()
     at = {"x": 0, "packed": 1024, "scales": 2048, "mins": 2064, "y": 2080, "scratch": 4096, "dense": 8192}
+    at |= {"x_fast": 12288, "xq": 16384}
     heap = js.Uint8Array.new(memory.buffer)
     for name, array in (
         ("x", case["x"]),
@@ -74,18 +90,37 @@ def _self_test(js: Any, module: Any) -> bool:
         ("scales", np.full(2, 0.5, np.float32)),
         ("mins", np.full(2, -1, np.float32)),
         ("dense", case["dense"]),
+        ("x_fast", case["x_fast"]),
     ):
         heap.set(to_js(array.tobytes()), at[name])
+    xq, d, xs = at["xq"], at["xq"] + 2 * 32, at["xq"] + 2 * 32 + 4
+
+    def fast(offset: int) -> None:
+        exports.quantize_x(at["x_fast"], xq, d, xs, 1, 32)
+        exports.q4_fast(xq, d, xs, at["packed"], at["scales"], at["mins"], offset, at["y"], 1, 2, 32)
+
     runs = [
-        lambda: exports.q4_exact(at["x"], at["packed"], at["scales"], at["mins"], 0, at["y"], at["scratch"], 1, 2, 32),
-        lambda: exports.q4_exact(at["x"], at["packed"], at["scales"], at["mins"], 0, at["y"], at["scratch"], 5, 2, 32),
-        lambda: exports.dense(at["x"], at["dense"], at["y"], 1, 2, 32),
+        (
+            lambda: exports.q4_exact(
+                at["x"], at["packed"], at["scales"], at["mins"], 0, at["y"], at["scratch"], 1, 2, 32
+            ),
+            "answer",
+        ),
+        (
+            lambda: exports.q4_exact(
+                at["x"], at["packed"], at["scales"], at["mins"], 0, at["y"], at["scratch"], 5, 2, 32
+            ),
+            "answer",
+        ),
+        (lambda: exports.dense(at["x"], at["dense"], at["y"], 1, 2, 32), "answer"),
+        (lambda: fast(0), "answer_fast"),
+        (lambda: fast(8), "answer_fast8"),
     ]
     y = js.Float32Array.new(memory.buffer, at["y"], 2)
-    for run in runs:
+    for run, answer in runs:
         y.fill(float("nan"))
         run()
-        if not np.array_equal(np.asarray(y.to_py(), np.float32), case["answer"]):
+        if not np.array_equal(np.asarray(y.to_py(), np.float32), case[answer]):
             return False
     return True
 
@@ -98,27 +133,48 @@ def wasm_kernels(arithmetic: str = DEFAULT_ARITHMETIC) -> tuple[WasmKernels | No
     return (None, reason) if exports is None else (WasmKernels(exports, arithmetic), None)
 
 
+KERNEL_BUILDS = ("auto", "plain", "relaxed")
+
+
 @functools.cache
-def kernel_exports() -> tuple[Any, str | None]:
+def kernel_exports(build: str = "auto") -> tuple[Any, str | None]:
     """The kernels' exports on Pyodide's memory (compiled and checked once), or None and why not. The
-    npm package's worker starts its kernels here too (npm/src/worker/kernels.js)."""
+    npm package's worker starts its kernels here too (npm/src/worker/kernels.js). build "auto": the
+    relaxed SIMD build where the runtime validates it and it passes the known-answer test (its exports'
+    relaxed_simd() says 1), else the plain one; "plain" or "relaxed": that build alone (benchmarks
+    compare them)."""
     import js
     import pyodide_js
+    from pyodide.ffi import to_js
 
+    if build not in KERNEL_BUILDS:
+        raise ValueError(f"build must be one of {', '.join(KERNEL_BUILDS)}, got {build!r}")
     data = kernels_wasm()
     if data is None:
         return None, "this ruvllm wheel has no quant/kernels.wasm (./build.sh wheel puts it in)"
-    from pyodide.ffi import to_js
-
     code = to_js(data)
     if not js.WebAssembly.validate(code):
         return None, "this runtime does not support WebAssembly SIMD128"
     memory = getattr(pyodide_js._module, "memory", None)  # (Pyodide has no public handle on its memory)
     if memory is None or not js.WebAssembly.Memory.prototype.isPrototypeOf(memory):
         return None, "this Pyodide does not expose its WebAssembly memory (pyodide._module.memory)"
-    module = js.WebAssembly.Module.new(code)
-    if not _self_test(js, module):
-        return None, "this runtime's SIMD128 gave a wrong answer on the kernels' self-test"
+    module = None
+    if build != "plain":
+        relaxed = kernels_wasm("kernels-relaxed.wasm")
+        if relaxed is None:
+            why = "this ruvllm wheel has no quant/kernels-relaxed.wasm (./build.sh makes it with clang-19)"
+        elif not js.WebAssembly.validate(relaxed_code := to_js(relaxed)):
+            why = "this runtime does not validate relaxed SIMD"
+        elif not _self_test(js, candidate := js.WebAssembly.Module.new(relaxed_code)):
+            why = "this runtime's relaxed SIMD gave a wrong answer on the kernels' self-test"
+        else:
+            module, why = candidate, None
+        if build == "relaxed" and module is None:
+            return None, why
+    if module is None:
+        module = js.WebAssembly.Module.new(code)
+        if not _self_test(js, module):
+            return None, "this runtime's SIMD128 gave a wrong answer on the kernels' self-test"
     imports = to_js({"env": {"memory": memory}}, dict_converter=js.Object.fromEntries)
     return js.WebAssembly.Instance.new(module, imports).exports, None
 

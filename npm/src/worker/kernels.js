@@ -5,7 +5,8 @@
  * the kernels read and write NumPy's arrays in place). The bridge then installs them into the engine.
  *
  * kernels: 'auto' uses them when this runtime validates SIMD128 and they pass the known-answer test;
- * 'wasm' requires them (a 'load' error says why they cannot run); 'numpy' never starts them.
+ * 'wasm' requires them (a 'load' error says why they cannot run); 'numpy' never starts them. host.py
+ * takes the relaxed SIMD build where the runtime validates it and it passes the test too (`relaxed`).
  */
 
 import { RuvLLMError } from '../errors.js';
@@ -13,9 +14,10 @@ import { KERNEL_CHOICES } from '../protocol.js';
 
 /**
  * The kernels' exports, instantiated on Pyodide's memory; `null` and the reason when they cannot run
- * (only for 'auto': with 'wasm' the reason is a 'load' error).
+ * (only for 'auto': with 'wasm' the reason is a 'load' error). relaxed: the exports are the relaxed SIMD
+ * build's (the thread pool then loads its shared twin).
  * @param {any} py Pyodide, with the ruvllm wheel installed
- * @returns {Promise<{ exports: object | null, reason: string | null }>}
+ * @returns {Promise<{ exports: object | null, reason: string | null, relaxed: boolean }>}
  */
 export async function startKernels(py, choice = 'auto') {
   if (!KERNEL_CHOICES.includes(choice)) {
@@ -24,7 +26,7 @@ export async function startKernels(py, choice = 'auto') {
       `options.kernels must be ${KERNEL_CHOICES.join(', ')}, got ${JSON.stringify(choice)}`,
     );
   }
-  if (choice === 'numpy') return { exports: null, reason: null };
+  if (choice === 'numpy') return { exports: null, reason: null, relaxed: false };
   const host = py.pyimport('ruvllm.host');
   const started = host.kernel_exports();
   const [exports, reason] = started.toJs({ depth: 1 });
@@ -32,7 +34,7 @@ export async function startKernels(py, choice = 'auto') {
   host.destroy();
   if (exports === null || exports === undefined) {
     if (choice === 'wasm') throw new RuvLLMError('load', `cannot use the WebAssembly kernels: ${reason}`);
-    return { exports: null, reason };
+    return { exports: null, reason, relaxed: false };
   }
-  return { exports, reason: null };
+  return { exports, reason: null, relaxed: exports.relaxed_simd() === 1 };
 }

@@ -176,6 +176,7 @@ async function withLoader(id, options, progress, signal, fill) {
       poolBytes: threads.pool?.bytes ?? 0, // the kernel threads' memory: the home of the weights
       boot: python.boot, // how Python started: from the boot snapshot or afresh, and why
       kernelsNote: kernels.reason, // why 'auto' runs NumPy's kernels, if it does
+      relaxedSimd: kernels.relaxed, // host.py took the relaxed SIMD build
       threads: { count: threads.count, reason: threads.reason, adaptive: threads.adaptive }, // why one; 'auto'
       chatTemplate: loaded().text.chatTemplateSource, // 'model', 'built-in gemma', 'option' or null (none)
     };

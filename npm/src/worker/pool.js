@@ -36,7 +36,7 @@ export const CTL = Object.freeze({
   FAST: 6, // 1: decoding products of quantized matrices take x quantized (xq, d, xs)
   T: 7, // rows of x
   X: 8, // where x is (float32, T * K)
-  XQ: 9, // quantize_x's outputs: xq int16 (T, K), d (T, G), xs (T, G)
+  XQ: 9, // quantize_x's outputs: xq int16 (T, K), d (T, G), xs (T, G), then the relaxed build's split x
   D: 10,
   XS: 11,
   NEXT: 12, // the next unit to claim, in the low 16 bits; the generation's low 15 bits above them
@@ -460,7 +460,7 @@ export class KernelPool {
   /**
    * y_j = x @ W_j.T for the matrices `handles` (all with the same K), on every thread. x: float32 (T, K);
    * ys: one float32 (T, N_j) array per matrix, written. fast: decoding products (T <= 4) of quantized
-   * matrices take x quantized to int16 per group (kernels.c quantize_x), as WasmKernels does.
+   * matrices take x quantized to 15 bits per group (kernels.c quantize_x), as WasmKernels does.
    * @param {number[]} handles
    * @param {Float32Array} x
    * @param {number} T
@@ -477,7 +477,7 @@ export class KernelPool {
     const G = K / GROUP;
     const xBytes = 4 * T * K;
     const quantize = fast && T <= GROUPED_MAX_ROWS && jobs.some((m) => FORMS[m.form] !== 'dense');
-    const qBytes = quantize ? 2 * T * K + 8 * T * G : 0;
+    const qBytes = quantize ? T * (4 * K + 12 * G) : 0; // kernels.c QUANTIZED_X_BYTES
     const yBytes = jobs.map((m) => align16(4 * T * m.N));
     const at = this.#ioSpace(align16(xBytes) + align16(qBytes) + yBytes.reduce((a, b) => a + b, 0));
     const xAt = at;

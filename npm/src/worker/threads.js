@@ -44,7 +44,7 @@ function noSharing() {
 /**
  * The pool for `threads` (the option as given), or `pool: null` and why one thread runs.
  * @param {any} py Pyodide
- * @param {{ exports: object | null, reason: string | null }} kernels what startKernels gave
+ * @param {{ exports: object | null, reason: string | null, relaxed?: boolean }} kernels what startKernels gave
  * @param {'auto' | number | undefined} threads
  * @param {{ spin?: number }} [tuning] the pool's spin budget (pool.js DEFAULT_SPIN_US when not given)
  */
@@ -56,11 +56,14 @@ export async function startThreads(py, kernels, threads = DEFAULT_THREADS, { spi
   if (!kernels.exports) return one('the WebAssembly kernels do not run here (info.kernelsNote, or kernels: numpy)');
   const why = noSharing();
   if (why) return one(why);
+  // the shared twin of the build the single-thread kernels run (host.py picked it), so a product has the
+  // same bits on any number of threads
+  const file = kernels.relaxed ? 'kernels-relaxed-shared.wasm' : 'kernels-shared.wasm';
   let module;
   try {
-    module = await WebAssembly.compile(await readPackageFile('../../wasm/kernels-shared.wasm'));
+    module = await WebAssembly.compile(await readPackageFile(`../../wasm/${file}`));
   } catch (error) {
-    const reason = `this package has no usable wasm/kernels-shared.wasm (${error.message}); ./build.sh kernels makes it`;
+    const reason = `this package has no usable wasm/${file} (${error.message}); ./build.sh kernels makes it`;
     if (threads === 'auto') return one(reason);
     throw new RuvLLMError('load', `cannot start ${threads} threads: ${reason}`);
   }

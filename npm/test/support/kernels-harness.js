@@ -1,6 +1,6 @@
-// Runs the WebAssembly kernels (wasm/kernels.wasm) on arrays given by tests/test_kernels.py, in a plain
-// WebAssembly runtime (Node, no Pyodide), and answers with their outputs; the test compares them with
-// NumPy's products.
+// Runs the WebAssembly kernels (wasm/kernels.wasm, or the build named on the command line) on arrays
+// given by tests/test_kernels.py, in a plain WebAssembly runtime (Node, no Pyodide), and answers with
+// their outputs; the test compares them with NumPy's products.
 //
 // stdin: JSON {cases: [{call, T, N, K, offset, arrays: {name: base64 bytes}}]}, call one of dense,
 // q8_exact, q4_exact, q8_fast, q4_fast; arrays x (float32 T*K), w (the matrix's bytes), scales, and
@@ -9,7 +9,9 @@ import { readFileSync } from 'node:fs';
 
 import { referenceProduct } from './kernels-reference.js';
 
-const module = new WebAssembly.Module(readFileSync(new URL('../../wasm/kernels.wasm', import.meta.url)));
+// argv: the module to run (wasm/kernels.wasm when not given; tests/test_kernels.py runs every build)
+const file = process.argv[2] ?? new URL('../../wasm/kernels.wasm', import.meta.url);
+const module = new WebAssembly.Module(readFileSync(file));
 const request = JSON.parse(readFileSync(0, 'utf8'));
 
 function run({ call, T, N, K, offset, arrays }) {

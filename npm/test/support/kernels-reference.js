@@ -36,9 +36,9 @@ export function referenceProduct(module, m, x, T, fast, fastRows = 4) {
     const scales = put(m.scales);
     const mins = m.mins ? put(m.mins) : 0;
     if (fast && T <= fastRows) {
-      const xq = alloc(2 * T * K); // int16
-      const d = alloc(4 * T * G);
-      const xs = alloc(4 * T * G);
+      const xq = alloc(T * (4 * K + 12 * G)); // quantize_x's outputs (kernels.c QUANTIZED_X_BYTES)
+      const d = xq + 2 * T * K;
+      const xs = d + 4 * T * G;
       k.quantize_x(xAt, xq, d, xs, T, K);
       k[`${m.form}_fast`](xq, d, xs, w, scales, mins, m.offset, y, T, N, K);
     } else {

@@ -70,8 +70,8 @@ class WasmKernels:
     """Matrix products through the kernels of kernels/kernels.c.
 
     arithmetic "exact": codes become float32 in registers, each weight formed as NumPy forms it; results
-    differ from NumPy's only in the order of float32 sums. "fast": decoding products take x as int16 per
-    group of 32 and multiply in 16-bit integers; prefill products stay exact.
+    differ from NumPy's only in the order of float32 sums. "fast": decoding products take x at 15 bits
+    per group of 32 and multiply in 16-bit integers; prefill products stay exact.
 
     One scratch buffer serves every call: the engine's lock keeps forward calls one at a time (and
     Pyodide runs Python on one thread).
@@ -129,8 +129,9 @@ class WasmKernels:
             T = x.shape[0]
             y = np.empty((T, N), dtype=np.float32)  # (T, N)
             if fast is not None and T <= GROUPED_MAX_ROWS:
-                # scratch: xq int16 (T, K) as T * K / 2 floats, then d (T, G) and group sums (T, G)
-                xq = self.scratch(T * K // 2 + 2 * T * G)
+                # scratch: quantize_x's outputs (kernels.c QUANTIZED_X_BYTES), xq int16 (T, K) first, then
+                # d (T, G) and group sums (T, G), then space the relaxed build's split x takes
+                xq = self.scratch(T * K + 3 * T * G)
                 d = xq + 2 * T * K
                 xs = d + 4 * T * G
                 quantize_x(address(x), xq, d, xs, T, K)
