@@ -7,6 +7,7 @@ docs/pyodide.md) and skips, saying so, without one. Screenshots go to test-artif
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -18,6 +19,9 @@ from e2e_support import PYODIDE_MARKS, demo_server, url_of
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts" / "e2e"
+# what the page's details call the kernels: Chromium validates relaxed SIMD and the kernels' known-answer
+# test passes there, so the relaxed build runs where ./build.sh had clang-19 to make it
+SIMD = "relaxed SIMD" if (ROOT / "npm" / "wasm" / "kernels-relaxed.wasm").exists() else "SIMD"
 WEIGHTS = "/models/smollm2-135m-instruct/model.safetensors"
 GEMMA = "/gguf/gemma-3-270m-q4_k_m.gguf"
 LOAD_TIMEOUT_MS = 180_000
@@ -156,8 +160,11 @@ def test_the_model_loads_and_progress_reaches_100(demo):
     # Chromium validates SIMD128 and relaxed SIMD (whose known-answer test passes there): the answers below
     # come from the WebAssembly kernels on q4 weights, the relaxed build where ./build.sh had clang-19
     assert "Weights: q4 compute form, 106.4 MiB in memory (q4 75.9, q8 30.4); 92.2 MiB file" in details, details
-    simd = "relaxed SIMD" if (ROOT / "npm" / "wasm" / "kernels-relaxed.wasm").exists() else "SIMD"
-    assert f"Kernels: WebAssembly {simd}, fast arithmetic" in details, details
+    assert f"Kernels: WebAssembly {SIMD}, fast arithmetic; " in details, details
+    # the demo server isolates the page (COOP/COEP), so the default threads: 'auto' runs every core
+    cores = min(os.cpu_count() or 1, 8)
+    threads = f"{cores} threads, each product on one or all" if cores > 1 else "1 thread (threads: this runtime"
+    assert f"fast arithmetic; {threads}" in details, details
     assert "Chat template: the model's own" in details, details
     assert demo.is_enabled("[data-testid=prompt]") and demo.is_enabled("[data-testid=send]")
     assert not demo.is_enabled("[data-testid=stop]")
@@ -559,7 +566,7 @@ def test_the_picker_loads_the_gemma_gguf_and_its_answer_equals_cpython(browser, 
     assert page.text_content("[data-testid=plan]").startswith("241 MiB to download; about ")  # the one in use
     details = page.text_content("[data-testid=details]")
     assert "Weights: q4 compute form, 280.8 MiB in memory" in details and "; 241.4 MiB file" in details, details
-    assert "Kernels: WebAssembly SIMD" in details, details
+    assert f"Kernels: WebAssembly {SIMD}, fast arithmetic" in details, details
     assert "Chat template: none in the file: the built-in Gemma turn format" in details, details
     assert "model=%2Fgguf%2Fgemma-3-270m-q4_k_m.gguf" in page.url  # a reload loads the same model
     # a base model: offered as text completion, not chat

@@ -243,7 +243,7 @@ function showDetails(info, checked, seconds) {
       `${mib(info.downloadedBytes)} MiB file`,
     `KV cache: ${mib(plan.kvBytes)} MiB for ${info.contextLength} positions; ` +
       `workspace ${mib(plan.workspaceBytes)} MiB; total ${mib(plan.totalBytes)} MiB`,
-    `Kernels: ${kernels}, ${info.arithmetic} arithmetic`,
+    `Kernels: ${kernels}, ${info.arithmetic} arithmetic; ${threadsLine(info.threads)}`,
     `Chat template: ${template[info.chatTemplate] ?? 'none: text completion only'}`,
     `Loaded in ${seconds} s${cached} from ${checked.url}`,
   ];
@@ -254,6 +254,12 @@ function showDetails(info, checked, seconds) {
       return item;
     }),
   );
+}
+
+/** How many threads compute the products, and why one when only one does (info.threads). */
+function threadsLine({ count, reason, adaptive }) {
+  if (count === 1) return `1 thread (${reason})`;
+  return `${count} threads${adaptive ? ', each product on one or all, whichever measures faster' : ''}`;
 }
 
 /** A message a visitor can act on, from any error. */

@@ -30,7 +30,7 @@ describe('starting the kernels', () => {
       assert.equal(reason, null);
       assert.equal(typeof exports.q4_exact, 'function');
     }
-    assert.deepEqual(await startKernels(py, 'numpy'), { exports: null, reason: null });
+    assert.deepEqual(await startKernels(py, 'numpy'), { exports: null, reason: null, relaxed: false });
     // a wheel without its kernels: 'auto' says why it runs NumPy's, 'wasm' is a load error saying it
     py.runPython('import ruvllm.host as h; h.kernels_wasm = lambda: None; h.kernel_exports.cache_clear()');
     const auto = await startKernels(py, 'auto');
@@ -52,8 +52,9 @@ describe('starting the kernels', () => {
     { skip: SKIP || NO_RELAXED },
     async () => {
       const { py } = await startPython({ indexURL: DIST });
-      const { exports } = await startKernels(py, 'wasm');
+      const { exports, relaxed } = await startKernels(py, 'wasm');
       assert.equal(exports.relaxed_simd(), relaxedHere() ? 1 : 0);
+      assert.equal(relaxed, relaxedHere());
       if (!RELAXED_RUN) {
         runTestsRelaxed(import.meta.url, 'the relaxed SIMD build where', 1); // this test, where it validates
         return;
@@ -67,6 +68,7 @@ h._self_test = lambda js, module: (tested.append(module), len(tested) > 1 and ri
 h.kernel_exports.cache_clear()`);
       const plain = await startKernels(py, 'wasm');
       assert.equal(plain.exports.relaxed_simd(), 0);
+      assert.equal(plain.relaxed, false);
       assert.equal(py.runPython('len(tested)'), 2); // the relaxed build, refused; then the plain one
     },
   );

@@ -118,8 +118,8 @@ describe('threads', { skip: SKIP }, () => {
     );
   });
 
-  test("'auto' runs the cores of this machine (at most 8) adaptively, with CPython's tokens", async () => {
-    const llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE, threads: 'auto', arithmetic: 'exact' });
+  test("the default, 'auto', runs the cores of this machine (at most 8) adaptively, with CPython's tokens", async () => {
+    const llm = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE, arithmetic: 'exact' }); // (no threads option)
     try {
       const cores = (await import('node:os')).availableParallelism();
       assert.equal(llm.info.threads.count, Math.min(cores, 8));

@@ -168,22 +168,22 @@ export interface LoadOptions {
    */
   kernels?: 'auto' | 'wasm' | 'numpy';
   /**
-   * How the WebAssembly kernels multiply quantized weights while decoding. 'exact' (default): weights
-   * expanded to float32 in registers; the same tokens as CPython. 'fast': activations rounded to int8
-   * per group of 32 (as llama.cpp does); faster decoding, slightly different numbers (its perplexity
-   * cost is in docs/performance.md). Prompt processing is exact either way.
+   * How the WebAssembly kernels multiply quantized weights while decoding. 'fast' (default): activations
+   * rounded to 15 bits per group of 32 and multiplied in 16-bit integers, ~1.6x exact's decode speed at
+   * no measurable perplexity cost (docs/kernels.md). 'exact': weights expanded to float32 in registers;
+   * the same tokens as CPython, guaranteed. Prompt processing is exact either way.
    */
   arithmetic?: 'exact' | 'fast';
   /**
    * How many threads compute the matrix products with the WebAssembly kernels: an integer from 1 to 64,
-   * or 'auto' (the logical cores, at most 8; each kind of product then runs on one thread or all of
-   * them, whichever measures faster, since a busy machine can make more threads slower). Default 1. More
-   * than one needs SharedArrayBuffer: in browsers a cross-origin isolated page (COOP/COEP headers);
-   * elsewhere one thread runs and `info.threads.reason` says why. The products, and so the tokens, are
+   * or 'auto' (the default: the logical cores, at most 8; each kind of product then runs on one thread
+   * or all of them, whichever measures faster, since a busy machine can make more threads slower). More
+   * than one needs SharedArrayBuffer: in browsers a cross-origin isolated page (COOP/COEP headers, see
+   * docs/kernels.md); elsewhere one thread runs and `info.threads.reason` says why. The products, and so the tokens, are
    * the same at every count. With more than one thread the weights live in the threads' own memory
    * (`info.poolBytes`), not in Pyodide's, so a model may take up to 4 GiB beside it.
    * @example
-   * await RuvLLM.load({ model: url, threads: 'auto' });
+   * await RuvLLM.load({ model: url, threads: 2 }); // two threads for every product
    */
   threads?: 'auto' | number;
   /** Bytes for weights + KV cache + workspace, a positive integer. Default in browsers: a quarter of navigator.deviceMemory. */

@@ -20,13 +20,12 @@ import { startPool } from './pool.js';
 /** 'auto' takes at most this many threads (decoding is bound by memory bandwidth beyond a few). */
 export const AUTO_MAX = 8;
 /**
- * The default: one thread. On this project's 2-core test machine 2 threads decode 1.1-1.5x faster than
- * one in Node (more for larger models), but in a Chromium tab, whose own processes share the 2 cores,
- * small models did not gain (benchmarks/RESULTS.md, issue 25); and with more than one thread the
- * weights live in the pool's memory and learning's products run there, a path the whole test suite has
- * not yet run as the default. So more threads stay an option ('auto' or N) for now.
+ * The default: 'auto', every core the runtime reports (at most AUTO_MAX) where memory can be shared, as
+ * wllama and onnxruntime-web use threads by default on an isolated page. Each kind of product still runs
+ * on one thread where that measures faster (a small model's short products in a busy tab), so a page or
+ * program that gains nothing from more threads loses little (benchmarks/RESULTS.md, issue 25).
  */
-export const DEFAULT_THREADS = 1;
+export const DEFAULT_THREADS = 'auto';
 
 /** The logical cores this runtime reports (at least 1). */
 async function cores() {
@@ -51,8 +50,7 @@ function noSharing() {
 export async function startThreads(py, kernels, threads = DEFAULT_THREADS, { spin } = {}) {
   const one = (reason) => ({ pool: null, api: null, count: 1, reason, adaptive: false });
   const wanted = threads === 'auto' ? Math.min(await cores(), AUTO_MAX, MAX_THREADS) : threads;
-  if (wanted === 1)
-    return one(threads === 'auto' ? 'threads: this runtime reports 1 core' : 'threads: 1 (the default; ask for more)');
+  if (wanted === 1) return one(threads === 'auto' ? 'threads: this runtime reports 1 core' : 'threads: 1 (asked for)');
   if (!kernels.exports) return one('the WebAssembly kernels do not run here (info.kernelsNote, or kernels: numpy)');
   const why = noSharing();
   if (why) return one(why);
