@@ -31,6 +31,24 @@ describe('starting the kernels', () => {
       assert.equal(typeof exports.q4_exact, 'function');
     }
     assert.deepEqual(await startKernels(py, 'numpy'), { exports: null, reason: null, relaxed: false });
+    // the known-answer test checks every answer it computes: each one made wrong in turn fails it
+    const verdicts = py.runPython(`
+import js
+import ruvllm.host as h
+from pyodide.ffi import to_js
+module, real = js.WebAssembly.Module.new(to_js(h.kernels_wasm())), h.known_answer
+def made_wrong(name):
+    case = real()
+    case[name] = case[name] + 1
+    return case
+verdicts = [h._self_test(js, module)]
+for name in ("answer", "answer_fast", "answer_fast8"):
+    h.known_answer = lambda: made_wrong(name)
+    verdicts.append(h._self_test(js, module))
+h.known_answer = real
+verdicts`);
+    assert.deepEqual(verdicts.toJs(), [true, false, false, false]);
+    verdicts.destroy();
     // a wheel without its kernels: 'auto' says why it runs NumPy's, 'wasm' is a load error saying it
     py.runPython('import ruvllm.host as h; h.kernels_wasm = lambda: None; h.kernel_exports.cache_clear()');
     const auto = await startKernels(py, 'auto');
