@@ -191,24 +191,35 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
     }
   });
 
-  test('Adaptive tries one thread, then all, keeps the faster and tries the other again later', () => {
+  test('Adaptive tries all threads, then one, an epoch each, keeps the faster and tries the other again later', () => {
     const a = new Adaptive(4);
-    const run = (count, msPerWork) => a.record('k', count, msPerWork * 1000, 1000);
-    assert.equal(a.choose('k'), 1);
-    run(1, 2);
-    assert.equal(a.choose('k'), 4);
-    run(4, 1); // all threads faster
+    // an epoch of dispatches on the chosen count (each of 1000 units of work, msPerWork(count) ms a
+    // unit): the counts it ran on
+    const epoch = (msPerWork) => {
+      const counts = new Set();
+      for (let i = 0; i < Adaptive.EPOCH; i++) {
+        const count = a.choose('decode');
+        counts.add(count);
+        a.record('decode', count, msPerWork(count) * 1000, 1000);
+      }
+      return [...counts];
+    };
+    const allFaster = (count) => (count === 4 ? 1e-6 : 2e-6);
+    assert.deepEqual(epoch(allFaster), [4]); // all of them first, for a whole epoch
+    assert.deepEqual(epoch(allFaster), [1]); // then one
     const chosen = [];
-    for (let i = 0; i < 12; i++) {
-      const count = a.choose('k');
-      chosen.push(count);
-      run(count, count === 4 ? 1 : 2);
-    }
-    assert.deepEqual(chosen.slice(0, 4), [4, 4, 4, 4]);
-    assert.ok(chosen.includes(1), `one thread is tried again: ${chosen}`);
-    for (let i = 0; i < 40; i++) run(a.choose('k'), a.choose('k') === 4 ? 5 : 2); // the machine got busy
-    assert.equal(a.choose('k'), 1);
-    assert.equal(a.choose('other'), 1); // each size class on its own
+    for (let i = 0; i < 12; i++) chosen.push(...epoch(allFaster));
+    assert.deepEqual(chosen.slice(0, Adaptive.FIRST_INTERVAL), [4, 4]); // the faster holds ...
+    assert.ok(chosen.includes(1), `one thread is tried again: ${chosen}`); // ... and the other is tried again
+    assert.ok(chosen.filter((c) => c === 1).length <= 3, `${chosen}`); // less and less often while it holds
+    assert.equal(a.best('decode'), 4);
+    for (let i = 0; i < 12; i++) epoch((count) => (count === 4 ? 5e-6 : 2e-6)); // the machine got busy
+    assert.deepEqual([a.choose('decode'), a.best('decode')], [1, 1]);
+    assert.deepEqual([a.choose('other'), a.best('other')], [4, 4]); // each phase on its own: all first
+    // a dispatch recorded on a count other than the phase's (chosen before its epoch ended) is not counted
+    const b = new Adaptive(2);
+    b.record('decode', 1, 1, 1);
+    assert.equal(b.phases.get('decode').dispatches, 0);
   });
 
   test('an adaptive pool switches between one thread and all, with the same bits', async () => {
@@ -217,18 +228,26 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
       const rand = random(11);
       const m = matrix('q4', 100, 64, rand);
       const handle = place(pool, m);
-      for (let i = 0; i < 30; i++) {
-        const T = i % 2 ? 1 : 7;
+      for (let i = 0; i < 6 * Adaptive.EPOCH; i++) {
+        const T = i % 2 ? 1 : 7; // (decoding rows, tried on 3 threads and on 1; prompt rows follow them)
         const x = Float32Array.from({ length: T * 64 }, () => rand() - 0.5);
         const y = new Float32Array(T * 100);
         const onAll = pool.dispatches.get(3) ?? 0;
+        const gen = Atomics.load(pool.ctl, CTL.GEN);
         pool.run([handle], x, T, [y], true);
         assert.ok(bits(y).equals(bits(reference(m, x, T, true))), `product ${i}`);
-        // threads spin only while dispatches run on all of them: after one on one thread, they sleep at once
-        const spin = pool.dispatches.get(3) > onAll ? DEFAULT_SPIN_US : 0;
-        assert.equal(Atomics.load(pool.ctl, CTL.SPIN), spin, `product ${i}`);
+        // a dispatch on one thread runs in the caller alone: the threads are not told of it (GEN stays)
+        // and their spin is left as it was, so those spinning are awake for a dispatch on all of them
+        const onOne = (pool.dispatches.get(3) ?? 0) === onAll;
+        assert.equal(Atomics.load(pool.ctl, CTL.GEN) === gen, onOne, `product ${i}`);
+        assert.equal(Atomics.load(pool.ctl, CTL.SPIN), DEFAULT_SPIN_US, `product ${i}`);
       }
       assert.ok(pool.dispatches.get(1) > 0 && pool.dispatches.get(3) > 0, `${[...pool.dispatches]}`);
+      // once products stop, the threads' spin runs out and they sleep (a hang guard, not a timing)
+      for (let waited = 0; Atomics.load(pool.ctl, CTL.SLEEPERS) < 2; waited += 10) {
+        assert.ok(waited < 30000, `${Atomics.load(pool.ctl, CTL.SLEEPERS)} of 2 threads asleep after 30 s`);
+        await new Promise((done) => setTimeout(done, 10));
+      }
     } finally {
       await pool.dispose();
     }

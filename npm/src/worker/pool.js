@@ -65,13 +65,13 @@ const PAGE = 65536;
 /** `n` rounded up to a multiple of 16, in arithmetic that stays exact past 2 GiB (unlike `& ~15`). */
 const align16 = (n) => Math.ceil(n / 16) * 16;
 /**
- * Microseconds a thread spins on a word (the next dispatch) before it sleeps in Atomics.wait, while the
- * pool runs dispatches on more than one thread. A wake-up through Atomics.wait takes ~13 µs and more in
- * a VM, as long as a small model's product on one thread: the caller did most units before the other
- * thread started. Spinning keeps the threads awake across the gaps between products (attention, norms:
- * Python's share of a token), and ends within this budget once products stop. The caller sets SPIN to 0
- * for a dispatch on one thread ('auto' chose one: a busy machine), so threads then sleep at once and
- * leave the cores to others. Measured on whole models, 1 and 2 threads stepped token by token in one
+ * Microseconds a thread spins on a word (the next dispatch) before it sleeps in Atomics.wait. A wake-up
+ * through Atomics.wait takes ~13 µs and more in a VM, as long as a small model's product on one thread:
+ * the caller did most units before the other thread started. Spinning keeps the threads awake across
+ * the gaps between products (attention, norms: Python's share of a token), and ends within this budget
+ * once products stop. A dispatch on one thread runs in the caller alone without telling them, so when
+ * 'auto' keeps choosing one (a busy machine) their spin runs out within the budget and they sleep,
+ * leaving the cores to others. Measured on whole models, 1 and 2 threads stepped token by token in one
  * process (bench/threads.js): decoding at 2 threads against 1 went from 0.85-1.11x to 1.11-1.23x on
  * SmolLM2 and from 1.23-1.28x to 1.28-1.33x on Gemma 3 270M with it, and stayed ~1.5x on the 1B.
  */
@@ -121,13 +121,12 @@ export function open(ctl, gen) {
 }
 
 /**
- * Unit `unit` of the dispatch described in the control block: one slice of one matrix, computed with
- * thread `i`'s scratch.
+ * Unit `unit` of the dispatch described in the control block (`slices` per matrix): one slice of one
+ * matrix, computed with thread `i`'s scratch.
  * @param {Record<string, Function>} k the instance's exports
  * @param {Int32Array} ctl
  */
-function runUnit(k, ctl, unit, i) {
-  const slices = ctl[CTL.SLICES];
+function runUnit(k, ctl, unit, i, slices) {
   const T = ctl[CTL.T];
   const fast = ctl[CTL.FAST] === 1 && T <= GROUPED_MAX_ROWS;
   const x = ctl[CTL.X];
@@ -166,7 +165,7 @@ export function work(k, ctl, gen, i) {
     // claimed: the dispatch cannot end before this unit is counted, so the job stays as read here
     const units = ctl[CTL.UNITS];
     try {
-      runUnit(k, ctl, next & 0xffff, i);
+      runUnit(k, ctl, next & 0xffff, i, ctl[CTL.SLICES]);
     } catch {
       Atomics.store(ctl, CTL.FAILED, 1);
     }
@@ -176,8 +175,8 @@ export function work(k, ctl, gen, i) {
 }
 
 /**
- * Wait until `ctl[word]` is no longer `value`: spin while the pool's SPIN budget (microseconds) lasts and
- * SPIN stays above 0, then sleep in Atomics.wait (`ms` at most, when given: 'timed-out' then). While it
+ * Wait until `ctl[word]` is no longer `value`: spin while the pool's SPIN budget (microseconds) lasts,
+ * then sleep in Atomics.wait (`ms` at most, when given: 'timed-out' then). While it
  * sleeps, `ctl[sleepers]` counts it, so whoever changes the word notifies only when someone sleeps: a
  * notify costs ~12 µs (a futex wake), each dispatch had two. No wake-up is lost: the sleeper adds itself
  * before Atomics.wait compares the word, the changer changes the word before it reads the count (all
@@ -191,7 +190,7 @@ export function waitWhile(ctl, word, value, sleepers, ms = Infinity) {
     const end = performance.now() + budget / 1000;
     for (let n = 1; ; n++) {
       if (Atomics.load(ctl, word) !== value) return 'ok';
-      if ((n & 255) === 0 && (Atomics.load(ctl, CTL.SPIN) === 0 || performance.now() > end)) break;
+      if ((n & 255) === 0 && performance.now() > end) break;
     }
   }
   Atomics.add(ctl, sleepers, 1);
@@ -254,63 +253,135 @@ async function startWorker(module, memory, id) {
   return { terminate: async () => worker.terminate() };
 }
 
+/** One phase's state in Adaptive. */
+class Phase {
+  /** @param {number} count the count its dispatches run on first */
+  constructor(count) {
+    this.count = count; // the count its dispatches run on now
+  }
+  /** @type {Map<number, Map<number, number>>} by size class, then count: milliseconds per unit of work */
+  per = new Map();
+  /** @type {Map<number, number>} by size class: the work seen, its weight in the comparison */
+  weight = new Map();
+  /** @type {Map<number, { ms: number, work: number }>} this epoch's time and work by size class */
+  epoch = new Map();
+  dispatches = 0; // in this epoch
+  epochs = 0;
+  measured = new Set(); // the counts an epoch has run on
+  interval = Adaptive.FIRST_INTERVAL;
+  nextProbe = 0;
+  probing = false;
+}
+
+/** Adaptive's phase for decoding rows (T <= GROUPED_MAX_ROWS). */
+const DECODE = 'decode';
+
 /**
- * One thread or all of them for a dispatch, whichever measured faster for dispatches of its size class
- * (decoding or prompt rows, and the work rounded to a power of two), as runtime/threads.py's Adaptive
- * does for BLAS threads: each count is tried once, one thread first; then the faster is kept and the
- * slower tried again after `interval` dispatches (4, doubling to 256 while the choice holds, 4 again when
- * it changes). Times are kept per unit of work (milliseconds / (T * N * K)). Any count gives the same
- * bits, so switching is always safe.
+ * One thread or all of them for the dispatches of a phase (the pool has one: decoding), whichever
+ * measured faster, in epochs: EPOCH dispatches in a row run on one count, timed per unit of work
+ * (milliseconds / (T * N * K)) for each size class of product (the work rounded to a power of two, as
+ * a small product pays more for its synchronisation than a large one), and the counts compared over the
+ * classes by the work each has seen. All threads are tried for an epoch, then one (a
+ * device's cores are there to be used); the faster is kept and the other tried again for one epoch
+ * after `interval` epochs (FIRST_INTERVAL, doubling to MOST_INTERVAL while the choice holds,
+ * FIRST_INTERVAL again when it changes), as runtime/threads.py's Adaptive does for BLAS threads. Not
+ * per size of product: a dispatch on one thread lets the others' spin run out, so the next one on all
+ * of them wakes sleeping threads, and deciding each size on its own timed every all-thread try after
+ * one-thread dispatches of other sizes, wake-ups included. Products of the 1B's attention then stayed
+ * on one thread, and 'auto' decoded at 0.85x of a fixed 2 threads in
+ * Chromium, 0.89-0.98x in Node (benchmarks/RESULTS.md, session 34). A prompt's rows run on decoding's
+ * `best` count (all of them until decoding measured both): its products are longer and bound by
+ * compute more than decoding's, so more threads help them at least as much, and a prompt is too short
+ * to spend epochs on one thread (the 1B's 32-token prompt took 1.1-1.3x 2 threads' time while it tried).
+ * Any count gives the same bits, so switching is always safe.
  */
 export class Adaptive {
-  static FIRST_INTERVAL = 4;
-  static MOST_INTERVAL = 256;
+  static EPOCH = 32;
+  static FIRST_INTERVAL = 2;
+  static MOST_INTERVAL = 64;
 
   /** @param {number} most */
   constructor(most) {
     this.most = most;
-    /** @type {Map<string, { per: Map<number, number>, calls: number, interval: number, nextProbe: number }>} */
-    this.sizes = new Map();
+    /** @type {Map<string, Phase>} */
+    this.phases = new Map();
   }
 
-  #size(key) {
-    let size = this.sizes.get(key);
-    if (!size) {
-      size = { per: new Map(), calls: 0, interval: Adaptive.FIRST_INTERVAL, nextProbe: 0 };
-      this.sizes.set(key, size);
+  /** @returns {Phase} */
+  #phase(key) {
+    let phase = this.phases.get(key);
+    if (!phase) {
+      phase = new Phase(this.most);
+      this.phases.set(key, phase);
     }
-    return size;
+    return phase;
   }
 
-  #best(size) {
-    return size.per.get(1) <= size.per.get(this.most) ? 1 : this.most;
+  /**
+   * The count whose epochs measured faster: per size class, then weighted by the work each class has
+   * seen, over the classes measured on both counts.
+   * @param {Phase} phase
+   */
+  #best(phase) {
+    let one = 0;
+    let all = 0;
+    for (const [size, per] of phase.per) {
+      if (!per.has(1) || !per.has(this.most)) continue;
+      const weight = /** @type {number} */ (phase.weight.get(size));
+      one += weight * /** @type {number} */ (per.get(1));
+      all += weight * /** @type {number} */ (per.get(this.most));
+    }
+    return one < all ? 1 : this.most;
   }
 
-  /** The thread count for the next dispatch of size class `key`. */
+  /** The thread count for the next dispatch of phase `key`. */
   choose(key) {
-    const size = this.#size(key);
-    for (const count of [1, this.most]) if (!size.per.has(count)) return count;
-    const best = this.#best(size);
-    if (size.calls >= size.nextProbe) return best === 1 ? this.most : 1;
-    return best;
+    return this.#phase(key).count;
   }
 
-  /** A dispatch of size class `key` on `count` threads took `ms` for `work` (T * N * K). */
+  /** The count that measured faster in phase `key`; all of them until both were measured. */
+  best(key) {
+    const phase = this.#phase(key);
+    return phase.measured.size === 2 ? this.#best(phase) : this.most;
+  }
+
+  /** A dispatch of phase `key` on `count` threads took `ms` for `work` (T * N * K). */
   record(key, count, ms, work) {
-    const size = this.#size(key);
-    const before = size.per.size === 2 ? this.#best(size) : null;
-    const probe = before !== null && count !== before;
-    const old = size.per.get(count);
-    const per = ms / work;
-    size.per.set(count, old === undefined || probe ? per : 0.5 * (old + per));
-    size.calls += 1;
-    if (probe) {
-      const held = this.#best(size) === before;
-      size.interval = held ? Math.min(2 * size.interval, Adaptive.MOST_INTERVAL) : Adaptive.FIRST_INTERVAL;
-      size.nextProbe = size.calls + size.interval;
-    } else if (before === null && size.per.size === 2) {
-      size.nextProbe = size.calls + size.interval;
+    const phase = this.#phase(key);
+    if (count !== phase.count) return; // (chosen before its epoch ended)
+    const size = Math.round(Math.log2(work));
+    const seen = phase.epoch.get(size) ?? { ms: 0, work: 0 };
+    phase.epoch.set(size, { ms: seen.ms + ms, work: seen.work + work });
+    if (++phase.dispatches < Adaptive.EPOCH) return;
+    const before = phase.measured.size === 2 ? this.#best(phase) : null;
+    for (const [size, { ms, work }] of phase.epoch) {
+      const per = phase.per.get(size) ?? new Map();
+      const old = per.get(count);
+      per.set(count, old === undefined || phase.probing ? ms / work : 0.5 * (old + ms / work));
+      phase.per.set(size, per);
+      phase.weight.set(size, (phase.weight.get(size) ?? 0) + work);
     }
+    phase.epoch.clear();
+    phase.dispatches = 0;
+    phase.epochs += 1;
+    phase.measured.add(count);
+    if (phase.measured.size < 2) {
+      phase.count = 1; // all of them were tried first: now one
+      return;
+    }
+    if (phase.probing) {
+      const held = this.#best(phase) === before;
+      phase.interval = held ? Math.min(2 * phase.interval, Adaptive.MOST_INTERVAL) : Adaptive.FIRST_INTERVAL;
+      phase.probing = false;
+      phase.nextProbe = phase.epochs + phase.interval;
+    } else if (before === null) {
+      phase.nextProbe = phase.epochs + phase.interval; // both counts measured once: the faster holds
+    } else if (phase.epochs >= phase.nextProbe) {
+      phase.probing = true;
+      phase.count = this.#best(phase) === 1 ? this.most : 1; // the other count, for one epoch
+      return;
+    }
+    phase.count = this.#best(phase);
   }
 }
 
@@ -318,8 +389,8 @@ export class Adaptive {
  * Start a pool of `threads` threads (the caller and threads - 1 workers) running `module`, a compiled
  * kernels-shared.wasm. A worker that cannot start ends the others and fails the whole start.
  * adaptive: each dispatch runs on one thread or all of them, whichever measured faster (Adaptive);
- * else always on all of them. spin: microseconds a thread spins before it sleeps, while dispatches run
- * on more than one thread (DEFAULT_SPIN_US).
+ * else always on all of them. spin: microseconds a thread spins for the next dispatch before it sleeps
+ * (DEFAULT_SPIN_US).
  * @param {WebAssembly.Module} module
  * @param {{ threads: number, spin?: number, maxBytes?: number, adaptive?: boolean }} options
  */
@@ -369,6 +440,7 @@ export class KernelPool {
     this.spin = spin;
     this.ctl = new Int32Array(memory.buffer, 0, CONTROL_BYTES / 4);
     this.ctl[CTL.THREADS] = threads;
+    this.ctl[CTL.SPIN] = spin;
   }
 
   /** Bytes reserved in the pool memory so far. */
@@ -510,27 +582,42 @@ export class KernelPool {
       yAt += yBytes[j];
     });
     ctl[CTL.JOBS] = jobs.length;
-    if (this.adaptive) {
+    if (!this.adaptive) {
+      this.#dispatch(this.threads);
+    } else if (T > GROUPED_MAX_ROWS) {
+      this.#dispatch(this.adaptive.best(DECODE)); // a prompt's rows: see Adaptive
+    } else {
       const work = T * K * jobs.reduce((sum, m) => sum + m.N, 0);
-      const key = `${T <= GROUPED_MAX_ROWS ? 'decode' : 'prompt'}:${Math.round(Math.log2(work))}`;
-      const count = this.adaptive.choose(key);
+      const count = this.adaptive.choose(DECODE);
       const start = performance.now();
       this.#dispatch(count);
-      this.adaptive.record(key, count, performance.now() - start, work);
-    } else {
-      this.#dispatch(this.threads);
+      this.adaptive.record(DECODE, count, performance.now() - start, work);
     }
     outputs.forEach((y, j) => ys[j].set(new Float32Array(buffer, y, T * jobs[j].N)));
   }
 
-  /** `count` threads take units of the job in the control block; returns when all are done. */
+  /**
+   * `count` threads take units of the job in the control block; returns when all are done. On one thread
+   * ('auto' measured it faster for this size of product) the caller computes the job alone and the
+   * threads are not told: those spinning for the next dispatch go on spinning, within their budget, so a
+   * dispatch on all of them right after finds them awake. Before, such a dispatch set the spin to 0 and
+   * sent them to sleep, and with size classes on different counts every layer paid wake-ups: in
+   * Chromium 'auto' decoded the 1B at 0.85x of a fixed 2 threads (benchmarks/RESULTS.md, session 34).
+   */
   #dispatch(count) {
     const ctl = this.ctl;
     this.dispatches.set(count, (this.dispatches.get(count) ?? 0) + 1);
-    const slices = count === 1 ? 1 : SLICES_PER_THREAD * count;
+    if (count === 1) {
+      try {
+        for (let j = 0; j < ctl[CTL.JOBS]; j++) runUnit(this.exports, ctl, j, 0, 1); // each matrix whole
+      } catch {
+        throw new RuvLLMError('inference', 'a kernel thread failed on a product');
+      }
+      return;
+    }
+    const slices = SLICES_PER_THREAD * count;
     const units = ctl[CTL.JOBS] * slices;
     const gen = (ctl[CTL.GEN] + 1) | 0;
-    Atomics.store(ctl, CTL.SPIN, count > 1 ? this.spin : 0);
     announce(ctl, slices, units);
     open(ctl, gen);
     if (count > 1 && Atomics.load(ctl, CTL.SLEEPERS) > 0) Atomics.notify(ctl, CTL.GEN, count - 1);
