@@ -4,7 +4,9 @@
 // This file is a benchmark, not a kernel the engine loads: it includes kernels/kernels.c unchanged (so
 // the plain kernels in the same module are the ones the engine runs, built by the same compiler) and
 // adds relaxed variants. Built by benchmarks/relaxed/bench.mjs with clang-19 -mrelaxed-simd (Debian's
-// clang 14 has no relaxed dot builtin). docs/kernels.md has the figures and why this is not used.
+// clang 14 has no relaxed dot builtin). docs/kernels.md has the figures. The q4 relaxed16 variant is
+// what the engine's relaxed build of kernels.c (-DRUVLLM_RELAXED) now runs; the others stay measured and
+// unused, so their x quantization (14, 15 or 8 bits) stays here, beside kernels.c's 15-bit split.
 //
 // The relaxed dot multiplies signed bytes (a) by 7-bit bytes (b) and adds groups of 4 products to
 // int32 lanes. Its result is deterministic only when every byte of b is in 0..127; otherwise an engine
