@@ -279,21 +279,22 @@ const DECODE = 'decode';
 /**
  * One thread or all of them for the dispatches of a phase (the pool has one: decoding), whichever
  * measured faster, in epochs: EPOCH dispatches in a row run on one count, timed per unit of work
- * (milliseconds / (T * N * K)) for each size class of product (the work rounded to a power of two, as
- * a small product pays more for its synchronisation than a large one), and the counts compared over the
- * classes by the work each has seen. All threads are tried for an epoch, then one (a
+ * (milliseconds / (T * N * K)) for each size class of product (the work rounded to a power of two, as a
+ * small product pays more for its synchronisation than a large one), and the counts are compared over
+ * the classes, weighted by the work each has seen. All threads are tried for an epoch, then one (a
  * device's cores are there to be used); the faster is kept and the other tried again for one epoch
  * after `interval` epochs (FIRST_INTERVAL, doubling to MOST_INTERVAL while the choice holds,
- * FIRST_INTERVAL again when it changes), as runtime/threads.py's Adaptive does for BLAS threads. Not
- * per size of product: a dispatch on one thread lets the others' spin run out, so the next one on all
- * of them wakes sleeping threads, and deciding each size on its own timed every all-thread try after
- * one-thread dispatches of other sizes, wake-ups included. Products of the 1B's attention then stayed
- * on one thread, and 'auto' decoded at 0.85x of a fixed 2 threads in
- * Chromium, 0.89-0.98x in Node (benchmarks/RESULTS.md, session 34). A prompt's rows run on decoding's
- * `best` count (all of them until decoding measured both): its products are longer and bound by
- * compute more than decoding's, so more threads help them at least as much, and a prompt is too short
- * to spend epochs on one thread (the 1B's 32-token prompt took 1.1-1.3x 2 threads' time while it tried).
- * Any count gives the same bits, so switching is always safe.
+ * FIRST_INTERVAL again when it changes), as runtime/threads.py's Adaptive does for BLAS threads.
+ *
+ * Not a choice per size of product: a dispatch on one thread lets the others' spin run out, so the next
+ * one on all of them wakes sleeping threads, and deciding each size on its own timed every all-thread
+ * try after one-thread dispatches of other sizes, wake-ups included. The 1B's attention products then
+ * stayed on one thread, and 'auto' decoded at 0.85x of a fixed 2 threads in Chromium, 0.88-0.98x in
+ * Node (benchmarks/RESULTS.md, session 34). A prompt's rows run on decoding's `best` count (all of them
+ * until decoding measured both): its products are longer and bound by compute more than decoding's, so
+ * more threads help them at least as much, and a prompt is too short to spend epochs on one thread (the
+ * 1B's 32-token prompt took 1.1-1.3x 2 threads' time while it tried). Any count gives the same bits, so
+ * switching is always safe.
  */
 export class Adaptive {
   static EPOCH = 32;
@@ -598,11 +599,10 @@ export class KernelPool {
 
   /**
    * `count` threads take units of the job in the control block; returns when all are done. On one thread
-   * ('auto' measured it faster for this size of product) the caller computes the job alone and the
+   * ('auto' measured it faster, or tries it; a pool of one) the caller computes the job alone and the
    * threads are not told: those spinning for the next dispatch go on spinning, within their budget, so a
-   * dispatch on all of them right after finds them awake. Before, such a dispatch set the spin to 0 and
-   * sent them to sleep, and with size classes on different counts every layer paid wake-ups: in
-   * Chromium 'auto' decoded the 1B at 0.85x of a fixed 2 threads (benchmarks/RESULTS.md, session 34).
+   * dispatch on all of them right after finds them awake. (Before, such a dispatch set the spin to 0 and
+   * sent them to sleep: see Adaptive.)
    */
   #dispatch(count) {
     const ctl = this.ctl;
@@ -620,7 +620,7 @@ export class KernelPool {
     const gen = (ctl[CTL.GEN] + 1) | 0;
     announce(ctl, slices, units);
     open(ctl, gen);
-    if (count > 1 && Atomics.load(ctl, CTL.SLEEPERS) > 0) Atomics.notify(ctl, CTL.GEN, count - 1);
+    if (Atomics.load(ctl, CTL.SLEEPERS) > 0) Atomics.notify(ctl, CTL.GEN, count - 1);
     work(this.exports, ctl, gen, 0);
     // Units still out are being computed (claimed): spin for them, as they take microseconds in decoding,
     // rather than sleep, which costs a wake-up and may move this thread to a core with cold caches.
