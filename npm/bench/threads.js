@@ -3,7 +3,7 @@
 // which drowns a 10% difference between two separate runs) falls on both alike.
 //
 //   RUVLLM_PYODIDE_DIST=... npm run bench:threads -- --model FILE.gguf|DIR [--threads 2] [--tokens 64]
-//        [--rounds 3] [--spin MICROSECONDS] [--versus relaxed]
+//        [--rounds 3] [--spin MICROSECONDS] [--versus relaxed] [--prefill TOKENS]
 //
 // One Pyodide loads the model twice: with the single-thread WebAssembly kernels (weights in Pyodide's
 // heap) and with the pool (weights in the pool's memory). Each round generates greedily from both, one
@@ -14,6 +14,8 @@
 // --spin sets the pool threads' spin budget (default: pool.js DEFAULT_SPIN_US; 0: sleep at once).
 // --versus relaxed: the plain kernels against the relaxed SIMD build instead, both on one thread (Node 20
 // needs --experimental-wasm-relaxed-simd: `npm run bench:simd` passes it).
+// --prefill TOKENS: prompts instead of decoding: each round, a prompt of TOKENS ids in chunks of 32 (as
+// the engine prefills in Pyodide) on one side, then on the other, timed whole with the products' share.
 import { dirname, basename, resolve } from 'node:path';
 import { existsSync } from 'node:fs';
 import { parseArgs } from 'node:util';
@@ -31,6 +33,7 @@ const { values } = parseArgs({
     rounds: { type: 'string', default: '3' },
     spin: { type: 'string' },
     versus: { type: 'string', default: 'threads' },
+    prefill: { type: 'string' },
     pyodide: { type: 'string', default: DIST },
   },
 });
@@ -40,6 +43,8 @@ function fail(message) {
 }
 for (const name of ['threads', 'tokens', 'rounds'])
   if (!/^[1-9][0-9]*$/.test(values[name])) fail(`--${name} must be a positive integer, got ${values[name]}`);
+if (values.prefill !== undefined && !/^[1-9][0-9]*$/.test(values.prefill))
+  fail(`--prefill must be a positive number of prompt tokens, got ${values.prefill}`);
 if (values.spin !== undefined && !/^[0-9]+$/.test(values.spin))
   fail(`--spin must be a whole number of microseconds, got ${values.spin}`);
 if (!values.model || !existsSync(values.model)) fail(`--model ${values.model}: no such GGUF file or model folder`);
@@ -88,6 +93,7 @@ py.globals.set('exports', timedExports(SIMD ? build('plain') : kernels.exports, 
 py.globals.set('other', SIMD ? timedExports(build('relaxed'), 1) : threads.api);
 py.globals.set('simd', SIMD);
 py.globals.set('tokens', Number(values.tokens));
+py.globals.set('prompt_tokens', Number(values.prefill ?? 0));
 py.globals.set('kernel_ms', () => {
   const ms = [...inKernels];
   inKernels.fill(0);
@@ -154,7 +160,38 @@ def round_():
             in_products[:] = [0.0, 0.0]; kernel_ms()
         if steps > 4:
             spent[0] += t1 - t0; spent[1] += t2 - t1
+
+def prefill_round():
+    """A prompt of prompt_tokens ids through each model in turn (chunks of 32, the last one's logits only)."""
+    ids = [100 + i for i in range(prompt_tokens)]
+    spent = []
+    in_products[:] = [0.0, 0.0]; kernel_ms()
+    for model in (one, two):
+        cache = model.engine.new_cache()
+        started = time.perf_counter()
+        for start in range(0, prompt_tokens, 32):
+            model.engine.forward(ids[start:start + 32], start, cache, last_only=True)
+        spent.append(time.perf_counter() - started)
+    return json.dumps({"spent": spent, "products": in_products})
 `);
+if (values.prefill !== undefined) {
+  const round = py.globals.get('prefill_round');
+  round(); // warm-up
+  console.log(`${basename(model)}: ${labels[0]} against ${labels[1]}, a ${values.prefill}-token prompt each in turn`);
+  for (let r = 1; r <= Number(values.rounds); r++) {
+    const { spent, products } = JSON.parse(round());
+    const inside = JSON.parse(py.globals.get('kernel_ms')());
+    const ms = (s) => (1000 * s).toFixed(0);
+    const where = SIMD ? ['in the kernels', 'in the kernels'] : ['in the kernels', "in the pool's run"];
+    console.log(
+      `round ${r}: ${labels[0]} ${ms(spent[0])} ms, ${labels[1]} ${ms(spent[1])} ms: ${(spent[0] / spent[1]).toFixed(2)}x; ` +
+        `products as Python sees them ${ms(products[0])} ms on ${labels[0]} (${inside[0].toFixed(0)} ${where[0]}), ` +
+        `${ms(products[1])} ms on ${labels[1]} (${inside[1].toFixed(0)} ${where[1]})`,
+    );
+  }
+  await threads?.pool.dispose();
+  process.exit(0);
+}
 const round = py.globals.get('round_');
 round(); // warm-up
 console.log(`${basename(model)}: ${labels[0]} against ${labels[1]}, stepped token by token`);
