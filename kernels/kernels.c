@@ -387,10 +387,6 @@ EXPORT(quantize_x) void quantize_x(const float *x, short *xq, float *d, float *x
   }
 }
 
-// The fast products' space for quantize_x's outputs, in bytes (QUANTIZED_X_BYTES): for callers that
-// would rather ask than repeat the formula.
-EXPORT(quantized_x_bytes) i32 quantized_x_bytes(i32 T, i32 K) { return QUANTIZED_X_BYTES(T, K); }
-
 // The two halves of one group's int16 sum (weights 0..15 and 16..31), as 4 int32 lanes each.
 static inline void half_dots_i16(v128_t a, v128_t b, const short *xq, v128_t *lo, v128_t *hi) {
   *lo = wasm_i32x4_add(wasm_i32x4_dot_i16x8(wasm_i16x8_extend_low_i8x16(a), wasm_v128_load(xq)),

@@ -72,6 +72,7 @@ if (threads && !threads.api) fail(`no kernel thread pool: ${threads.reason}`);
 // side 0 and side 1: their labels, and what their kernels' time is taken from (the single-thread
 // exports' calls; the pool's run)
 const labels = SIMD ? ['plain SIMD', 'relaxed SIMD'] : ['1 thread', `${THREADS} threads`];
+const where = SIMD ? ['in the kernels', 'in the kernels'] : ['in the kernels', "in the pool's run"];
 const inKernels = [0, 0];
 function timed(f, side) {
   return (...args) => {
@@ -182,7 +183,6 @@ if (values.prefill !== undefined) {
     const { spent, products } = JSON.parse(round());
     const inside = JSON.parse(py.globals.get('kernel_ms')());
     const ms = (s) => (1000 * s).toFixed(0);
-    const where = SIMD ? ['in the kernels', 'in the kernels'] : ['in the kernels', "in the pool's run"];
     console.log(
       `round ${r}: ${labels[0]} ${ms(spent[0])} ms, ${labels[1]} ${ms(spent[1])} ms: ${(spent[0] / spent[1]).toFixed(2)}x; ` +
         `products as Python sees them ${ms(products[0])} ms on ${labels[0]} (${inside[0].toFixed(0)} ${where[0]}), ` +
@@ -199,7 +199,6 @@ for (let r = 1; r <= Number(values.rounds); r++) {
   const { spent, steps, products } = JSON.parse(round());
   const ms = (s) => ((1000 * s) / steps).toFixed(2);
   const inside = JSON.parse(py.globals.get('kernel_ms')()).map((t) => (t / steps).toFixed(2));
-  const where = SIMD ? ['in the kernels', 'in the kernels'] : ['in the kernels', "in the pool's run"];
   console.log(
     `round ${r}, ${steps} tokens: ${labels[0]} ${ms(spent[0])} ms/token, ${labels[1]} ${ms(spent[1])} ms/token: ` +
       `${(spent[0] / spent[1]).toFixed(2)}x; products as Python sees them ${ms(products[0])} ms on ` +

@@ -289,8 +289,8 @@ const DECODE = 'decode';
  * Not a choice per size of product: a dispatch on one thread lets the others' spin run out, so the next
  * one on all of them wakes sleeping threads, and deciding each size on its own timed every all-thread
  * try after one-thread dispatches of other sizes, wake-ups included. The 1B's attention products then
- * stayed on one thread, and 'auto' decoded at 0.85x of a fixed 2 threads in Chromium, 0.88-0.98x in
- * Node (benchmarks/RESULTS.md, session 34). A prompt's rows run on decoding's `best` count (all of them
+ * stayed on one thread, and 'auto' decoded at 0.85x of a fixed 2 threads in Chromium
+ * (benchmarks/RESULTS.md, session 34). A prompt's rows run on decoding's `best` count (all of them
  * until decoding measured both): its products are longer and bound by compute more than decoding's, so
  * more threads help them at least as much, and a prompt is too short to spend epochs on one thread (the
  * 1B's 32-token prompt took 1.1-1.3x 2 threads' time while it tried). Any count gives the same bits, so
@@ -351,8 +351,13 @@ export class Adaptive {
     const phase = this.#phase(key);
     if (count !== phase.count) return; // (chosen before its epoch ended)
     const size = Math.round(Math.log2(work));
-    const seen = phase.epoch.get(size) ?? { ms: 0, work: 0 };
-    phase.epoch.set(size, { ms: seen.ms + ms, work: seen.work + work });
+    const seen = phase.epoch.get(size);
+    if (seen) {
+      seen.ms += ms;
+      seen.work += work;
+    } else {
+      phase.epoch.set(size, { ms, work });
+    }
     if (++phase.dispatches < Adaptive.EPOCH) return;
     const before = phase.measured.size === 2 ? this.#best(phase) : null;
     for (const [size, { ms, work }] of phase.epoch) {

@@ -21,9 +21,9 @@ import { startPool } from './pool.js';
 export const AUTO_MAX = 8;
 /**
  * The default: 'auto', every core the runtime reports (at most AUTO_MAX) where memory can be shared, as
- * wllama and onnxruntime-web use threads by default on an isolated page. Each kind of product still runs
- * on one thread where that measures faster (a small model's short products in a busy tab), so a page or
- * program that gains nothing from more threads loses little (benchmarks/RESULTS.md, issue 25).
+ * wllama and onnxruntime-web use threads by default on an isolated page. Decoding still runs on one
+ * thread where that measures faster (a small model's short products in a busy tab: pool.js Adaptive), so
+ * a page or program that gains nothing from more threads loses little (benchmarks/RESULTS.md, issue 25).
  */
 export const DEFAULT_THREADS = 'auto';
 
