@@ -219,21 +219,93 @@ def test_adapter_files_with_absurd_numbers_are_refused(tiny, tmp_path, capsys):
     assert not (tmp_path / "merged").exists()
 
 
-def test_a_killed_writer_s_temporary_folders_are_removed_by_the_next_and_two_writers_do_not_mix(tmp_path):
-    """A merge or conversion killed outright (SIGKILL: no cleanup runs) left .NAME.XXXXXXXX folders."""
+LOOK_ALIKES = {  # what a user may keep beside an output called "out", in the shapes ruvllm's own files take
+    ".out.settings": "folder",
+    ".out.backup_1": "folder",
+    ".out.12345678": "folder",
+    ".out.k1l2e3d_": "folder",
+    ".out.old.defaults": "folder",
+    ".out.old.12345678": "folder",
+    ".out.ruvllm-12345678": "folder",  # ruvllm's name, but not its marker inside: a user's
+    ".out.lock": "file",
+    ".out.12345678.part": "file",
+}
+
+
+def make_look_alikes(parent: Path) -> dict[str, bytes]:
+    kept = {}
+    for name, kind in LOOK_ALIKES.items():
+        if kind == "folder":
+            (parent / name).mkdir()
+            (parent / name / "notes.txt").write_text(f"the user's {name}")
+            kept[f"{name}/notes.txt"] = (parent / name / "notes.txt").read_bytes()
+        else:
+            (parent / name).write_text(f"the user's {name}")
+            kept[name] = (parent / name).read_bytes()
+    return kept
+
+
+@pytest.mark.parametrize("command", ["merge", "mix", "adapt", "convert", "adapt --force over an output"])
+def test_nothing_a_user_keeps_beside_out_is_touched_whatever_its_name(tiny, tmp_path, capsys, command):
+    """Each of these commands used to delete .out.settings/, .out.backup_1/, .out.12345678/,
+    .out.old.defaults/ and .out.lock beside --out, before writing and without --force (issue 35)."""
+    pytest.importorskip("tokenizers")  # the model is loaded, text and all
+    a, b = adapter_folder(tiny, tmp_path / "a"), adapter_folder(tiny, tmp_path / "b", seed=1)
+    parent = tmp_path / "outputs"
+    parent.mkdir()
+    kept = make_look_alikes(parent)
+    out = parent / "out"
+    lesson = ["--prompt", "ab", "--completion", "cd", "--steps", "1"]
+    args = {
+        "merge": ["merge", tiny, a, "--out", out],
+        "mix": ["mix", tiny, a, b, "--out", out],
+        "adapt": ["adapt", tiny, *lesson, "--out", out],
+        "convert": ["convert", tiny, out],
+        "adapt --force over an output": ["adapt", tiny, *lesson, "--out", out, "--force"],
+    }[command]
+    if command.endswith("over an output"):
+        out.mkdir()
+        (out / "old.txt").write_text("replaced, as --force says")
+    code, err = run(capsys, *args)
+    assert code == 0, err
+    assert {path: (parent / path).read_bytes() for path in kept} == kept
+    assert sorted(p.name for p in parent.iterdir()) == sorted([*LOOK_ALIKES, "out"])  # nothing added either
+    assert not (out / "old.txt").exists()
+
+
+def test_a_killed_writer_s_work_folder_is_removed_by_the_next_and_two_writers_do_not_mix(tmp_path):
+    """A merge or conversion killed outright (SIGKILL: no cleanup runs) leaves its work folder, marked as
+    ruvllm's; the next write of the same output removes it, and only it."""
     import fcntl
 
-    out = tmp_path / "merged"
-    for stale in (".merged.k1l2e3d_", ".merged.old.abcd1234"):
-        (tmp_path / stale).mkdir()
-        (tmp_path / stale / "model.safetensors").write_bytes(b"half")
-    (tmp_path / ".merged.mine").mkdir()  # not a name ruvllm makes: left alone
-    write_files(str(out), {"config.json": b"{}"})
-    assert sorted(p.name for p in tmp_path.iterdir()) == [".merged.mine", "merged"]
+    from ruvllm.files.outputs import WORK_MARK, WORK_TEXT
 
-    with open(tmp_path / ".other.lock", "wb") as held:  # another process writing the same output
+    kept = make_look_alikes(tmp_path)
+    stale = tmp_path / ".out.ruvllm-k1l2e3d_"
+    (stale / "new").mkdir(parents=True)
+    (stale / "new" / "model.safetensors").write_bytes(b"half")
+    (stale / WORK_MARK).write_text(WORK_TEXT)
+    other = tmp_path / ".other.ruvllm-abcdefgh"  # another output's: not this write's to remove
+    other.mkdir()
+    (other / WORK_MARK).write_text(WORK_TEXT)
+    write_files(str(tmp_path / "out"), {"config.json": b"{}"})
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([*LOOK_ALIKES, "out", other.name])
+    assert {path: (tmp_path / path).read_bytes() for path in kept} == kept
+    assert os.listdir(tmp_path / "out") == ["config.json"]
+
+    with open(tmp_path / ".other.ruvllm-lock", "w") as held:  # another process writing the same output
+        held.write("ruvllm holds this file while it writes the folder beside it\n")
+        held.flush()
         fcntl.flock(held, fcntl.LOCK_EX)
         with pytest.raises(InvalidArgumentError, match=r"other is being written by another process"):
             write_files(str(tmp_path / "other"), {"config.json": b"{}"})
-        assert (tmp_path / ".other.lock").exists()  # the other writer's lock stays
+        assert (tmp_path / ".other.ruvllm-lock").exists() and other.exists()  # the other writer's stay
     assert not (tmp_path / "other").exists()
+
+
+def test_a_file_named_as_ruvllm_s_lock_but_not_its_own_is_left_alone_and_the_write_refused(tmp_path):
+    (tmp_path / ".out.ruvllm-lock").write_text("my notes")
+    with pytest.raises(InvalidArgumentError, match=r"\.out\.ruvllm-lock is there and is not ruvllm's lock file"):
+        write_files(str(tmp_path / "out"), {"config.json": b"{}"})
+    assert (tmp_path / ".out.ruvllm-lock").read_text() == "my notes"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".out.ruvllm-lock"]

@@ -5,8 +5,9 @@ Three rules hold for everything ruvllm writes (model folders, adapters, mixtures
 1. A name that comes from outside (an adapter's or expert's name, a file a config lists) becomes a
    path only when it is one plain folder or file name: no separator, not `.` or `..`, not absolute.
 2. An output folder is written into a temporary folder beside it and renamed into place once complete,
-   so an interruption leaves nothing half-written (and what a killed writer left is removed by the next
-   one). It must not exist or be empty, unless `force`: then it is replaced, whole.
+   so an interruption leaves nothing half-written. What a killed writer left is removed by the next
+   one: only what ruvllm can prove it made, never a file or folder for its name alone. The output must
+   not exist or be empty, unless `force`: then it is replaced, whole.
 3. An output is never one of the command's inputs, nor a folder holding one (replacing it would delete
    the input), `force` or not.
 """
@@ -14,7 +15,6 @@ Three rules hold for everything ruvllm writes (model folders, adapters, mixtures
 from __future__ import annotations
 
 import os
-import re
 import shutil
 import sys
 import tempfile
@@ -24,6 +24,11 @@ from contextlib import contextmanager
 from ..errors import InvalidArgumentError
 
 MAX_NAME = 255  # bytes in one file name on the common file systems
+WORK_INFIX = ".ruvllm-"  # .NAME.ruvllm-XXXXXXXX: the work folder (mkdtemp's 8 characters after it)
+WORK_MARK = ".ruvllm-work"  # the file inside a work folder that says it is ruvllm's
+WORK_TEXT = "ruvllm writes an output here; the next write of the same output removes this folder if it is left\n"
+LOCK_SUFFIX = ".ruvllm-lock"  # .NAME.ruvllm-lock: held while NAME is written
+LOCK_TEXT = "ruvllm holds this file while it writes the folder beside it\n"
 
 
 def plain_name(name: object, what: str) -> str:
@@ -93,25 +98,37 @@ def write_folder(
     inputs: Iterable[str | None] = (),
     option: str = "",
 ) -> None:
-    """Have `write` fill a temporary folder beside `out`, then move it into place (rules 2 and 3 above)."""
+    """Have `write` fill a folder that becomes `out` once complete (rules 2 and 3 above).
+
+    The work happens in a folder of ruvllm's beside `out`, `.NAME.ruvllm-XXXXXXXX`, marked as ruvllm's by
+    the file `.ruvllm-work` inside it: the new output is written to its `new/`, the output it replaces (with
+    `force`) is moved to its `old/`, and the folder is removed once `new/` is in place. A writer killed
+    outright leaves it behind, and the next writer of `out` removes it: only a folder holding that marker,
+    so nothing a user keeps beside `out` (whatever its name) is ever touched."""
     out = check_output(out, force, inputs, option)
     parent = os.path.dirname(out) or "."
     os.makedirs(parent, exist_ok=True)
     with _writing(out):
-        temporary = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.", dir=parent)
+        work = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}{WORK_INFIX}", dir=parent)
         try:
-            write(temporary)
-            _replace(temporary, out)
-        except BaseException:
-            shutil.rmtree(temporary, ignore_errors=True)
-            raise
+            with open(os.path.join(work, WORK_MARK), "w", encoding="utf-8") as f:
+                f.write(WORK_TEXT)
+            new = os.path.join(work, "new")
+            os.mkdir(new)
+            write(new)
+            _replace(new, out, os.path.join(work, "old"))
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
 
 
 @contextmanager
 def _writing(out: str) -> Iterator[None]:
-    """Hold `.NAME.lock` beside `out` while it is written: a second writer of the same output is refused,
-    and the temporary folders a killed writer left (`.NAME.*`: no one holds the lock) are removed first.
-    Without file locks (Windows; Pyodide's file system has one process) neither happens."""
+    """Hold `.NAME.ruvllm-lock` beside `out` while it is written: a second writer of the same output is
+    refused, and the work folders a killed writer left (no one holds the lock) are removed first.
+
+    The lock file is ruvllm's by its text: a file of that name that does not hold it is not ours, and
+    the write is refused rather than touching it. Without file locks (Windows; Pyodide's file system has
+    one process) neither the lock nor the clean-up happens."""
     try:
         import fcntl
     except ImportError:
@@ -120,27 +137,68 @@ def _writing(out: str) -> Iterator[None]:
         yield
         return
     parent, name = os.path.dirname(out) or ".", os.path.basename(out)
-    lock_path = os.path.join(parent, f".{name}.lock")
-    lock = open(lock_path, "a+b")  # held open for the whole write
+    lock_path = os.path.join(parent, f".{name}{LOCK_SUFFIX}")
+    fd = _take_lock(lock_path, out, fcntl)
     try:
-        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        lock.close()
-        raise InvalidArgumentError(f"{out} is being written by another process (it holds {lock_path})") from None
-    try:
-        # what a killed writer left: mkdtemp's .NAME.XXXXXXXX and .NAME.old.XXXXXXXX (8 of its characters)
-        ours = re.compile(re.escape(f".{name}.") + r"(old\.)?[a-z0-9_]{8}")
         for entry in os.listdir(parent):
-            stale = os.path.join(parent, entry)
-            if ours.fullmatch(entry) and os.path.isdir(stale) and not os.path.islink(stale):
-                shutil.rmtree(stale, ignore_errors=True)
+            if entry.startswith(f".{name}{WORK_INFIX}") and _is_work_folder(os.path.join(parent, entry)):
+                shutil.rmtree(os.path.join(parent, entry), ignore_errors=True)
         yield
     finally:
         try:
             os.unlink(lock_path)  # (before the lock goes, so no one takes a lock on a file about to vanish)
         except OSError:
             pass
-        lock.close()
+        os.close(fd)
+
+
+def _take_lock(lock_path: str, out: str, fcntl) -> int:
+    """An open, locked descriptor of ruvllm's lock file at `lock_path`, made if it is not there."""
+    flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0)
+    while True:
+        try:
+            fd = os.open(lock_path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+            os.write(fd, LOCK_TEXT.encode())
+        except FileExistsError:
+            try:
+                fd = os.open(lock_path, flags)
+            except FileNotFoundError:
+                continue  # let go by its writer between the two opens: make it again
+            except OSError:
+                fd = -1
+            if fd < 0 or os.pread(fd, len(LOCK_TEXT) + 1, 0) != LOCK_TEXT.encode():
+                if fd >= 0:
+                    os.close(fd)
+                raise InvalidArgumentError(
+                    f"{lock_path} is there and is not ruvllm's lock file, which ruvllm writes while it writes "
+                    f"{out}: ruvllm leaves it alone; move it, or write to another folder"
+                ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            os.close(fd)
+            raise InvalidArgumentError(f"{out} is being written by another process (it holds {lock_path})") from None
+        try:
+            here, there = os.fstat(fd), os.stat(lock_path, follow_symlinks=False)
+            if (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino):
+                return fd
+        except FileNotFoundError:
+            pass
+        os.close(fd)  # the file its last writer removed as it let go of it: take the one there now
+
+
+def _is_work_folder(path: str) -> bool:
+    """Whether `path` is a work folder of ruvllm's: a real folder holding the marker file with its text."""
+    if os.path.islink(path) or not os.path.isdir(path):
+        return False
+    mark = os.path.join(path, WORK_MARK)
+    try:
+        if os.path.islink(mark) or os.path.getsize(mark) != len(WORK_TEXT.encode()):
+            return False
+        with open(mark, encoding="utf-8") as f:
+            return f.read() == WORK_TEXT
+    except (OSError, UnicodeDecodeError):
+        return False
 
 
 def write_files(
@@ -164,19 +222,18 @@ def write_files(
     write_folder(out, force, write, inputs, option)
 
 
-def _replace(new: str, out: str) -> None:
-    """Move the folder `new` to `out`, replacing whatever is there; `out` is never half-written."""
+def _replace(new: str, out: str, old: str) -> None:
+    """Move the folder `new` to `out`, replacing whatever is there (moved to `old` first, inside the same
+    work folder); `out` is never half-written, and a failed move puts what was there back."""
     mask = os.umask(0)
     os.umask(mask)
     os.chmod(new, 0o777 & ~mask)  # mkdtemp makes it private; a model folder is not a secret
     if not os.path.lexists(out):
         os.rename(new, out)
         return
-    old = tempfile.mkdtemp(prefix=f".{os.path.basename(out)}.old.", dir=os.path.dirname(out) or ".")
-    os.rmdir(old)
     os.rename(out, old)
-    os.rename(new, out)
-    if os.path.isdir(old) and not os.path.islink(old):
-        shutil.rmtree(old)
-    else:
-        os.remove(old)
+    try:
+        os.rename(new, out)
+    except BaseException:
+        os.rename(old, out)
+        raise
