@@ -18,7 +18,7 @@ from ruvllm.files.tensorfile import SafetensorsFile, serialize
 from ruvllm.model.config import ModelConfig
 from ruvllm.runtime.engine import load_engine
 
-from conftest import numpy_model
+from conftest import byte_tokenizer_json, numpy_model
 
 BASE = {
     "architectures": ["LlamaForCausalLM"],
@@ -42,6 +42,9 @@ def assert_one_line_error(result: subprocess.CompletedProcess, message: str, cod
     assert len(lines) == 1 and message in lines[0], stderr
 
 
+IN_VOCABULARY = "a token id of the vocabulary, in [0, 128)"
+
+
 # --- config.json values no model can have: refused at load, naming the field
 
 
@@ -61,6 +64,10 @@ def assert_one_line_error(result: subprocess.CompletedProcess, message: str, cod
         ({"num_key_value_heads": 3.0}, "'num_key_value_heads' must be an integer in [1, 2147483647], found 3.0"),
         ({"eos_token_id": ["2"]}, "'eos_token_id' must be a token id (an integer >= 0) or a list of them, found ['2']"),
         ({"num_hidden_layers": 2**40}, "'num_hidden_layers' must be an integer in [1, 4096], found 1099511627776"),
+        # an end token outside the vocabulary never ends a generation (issue 35: it loaded, silently)
+        ({"eos_token_id": 10**12}, f"'eos_token_id' must be {IN_VOCABULARY}, found 1000000000000"),
+        ({"eos_token_id": [2, 128]}, f"'eos_token_id' must be {IN_VOCABULARY}, found [2, 128]"),
+        ({"bos_token_id": 500}, f"'bos_token_id' must be {IN_VOCABULARY}, found 500"),
     ],
 )
 def test_impossible_config_values_are_refused_naming_the_field(change, message):
@@ -82,6 +89,37 @@ def tiny_folder(tmp_path, smollm2_dir):
     for name in ("tokenizer.json", "tokenizer_config.json"):
         shutil.copy(smollm2_dir / name, tmp_path / name)
     return tmp_path
+
+
+@pytest.mark.parametrize("file", ["config.json", "generation_config.json"])
+def test_a_model_folder_whose_end_token_is_outside_the_vocabulary_is_refused(tmp_path, file, capsys):
+    from ruvllm import cli
+
+    folder = numpy_model("llama", tmp_path / "m")
+    (folder / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json()))
+    config = json.loads((folder / file).read_text())
+    (folder / file).write_text(json.dumps({**config, "eos_token_id": 10**12}))
+    code = cli.main(["generate", str(folder), "--prompt", "ab", "--max-tokens", "2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.endswith(
+        f"{file}: 'eos_token_id' must be a token id of the vocabulary, in [0, 128), found 1000000000000"
+    ), err
+
+
+@pytest.mark.parametrize("file", ["config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"])
+def test_json_files_nested_past_the_bound_are_one_line_errors(tmp_path, file, capsys):
+    """Python's parser recurses once per level: 100,000 levels were a RecursionError (a fatal stack
+    overflow in Pyodide). Every JSON file is read by one reader that measures the nesting first."""
+    from ruvllm import cli
+
+    folder = numpy_model("llama", tmp_path / "m")
+    (folder / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json()))
+    (folder / file).write_text("[" * 100_000 + "]" * 100_000)
+    code = cli.main(["generate", str(folder), "--prompt", "ab", "--max-tokens", "2"])
+    err = capsys.readouterr().err.strip()
+    assert code == 1 and "Traceback" not in err and len(err.splitlines()) == 1, err
+    assert err.endswith(f"{file} is not valid JSON (nested 100,000 levels deep; at most 100)"), err
 
 
 def test_nan_weights_stop_generation_with_an_inference_error(tiny_folder):

@@ -1027,7 +1027,11 @@ def test_patterns_match_as_python_re_does_on_ascii(pattern):
         ("(ab", "ends early"),
         ("a{3,2}", "bounds reversed"),
         ("[z-a]", "reversed"),
-        ("^a{1000}{1000}$", "more than"),
+        ("^(a{1000}){1000}$", "more than"),
+        ("^a{1000}{1000}$", "nothing to repeat (a quantifier on a quantifier)"),  # as ECMA-262
+        ("a" + "*" * 5000, "nothing to repeat"),
+        ("(" * 5000 + "a" + ")" * 5000, "groups nest deeper than 32 levels"),  # was a RecursionError
+        ("a" * 20_000, "the pattern has 20,000 characters (at most 16,384)"),
     ],
 )
 def test_patterns_beyond_the_supported_subset_are_refused(pattern, why):

@@ -273,6 +273,65 @@ def test_nothing_a_user_keeps_beside_out_is_touched_whatever_its_name(tiny, tmp_
     assert not (out / "old.txt").exists()
 
 
+def deep_header(depth: int) -> bytes:
+    """A safetensors file whose header is JSON nested `depth` levels deep."""
+    header = b'{"__metadata__": {"x": ' + b"[" * depth + b"]" * depth + b"}}"
+    return len(header).to_bytes(8, "little") + header
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda f: (f / "adapter_config.json").write_bytes(b'{"r": 2, "x": "\xff\xfe"}'),
+         "adapter_config.json is not valid JSON (not UTF-8: byte 0xff at 15)"),
+        (lambda f: (f / "adapter_config.json").write_text("[" * 100_000 + "]" * 100_000),
+         "adapter_config.json is not valid JSON (nested 100,000 levels deep; at most 100)"),
+        (lambda f: (f / "adapter_model.safetensors").write_bytes(deep_header(100_000)),
+         "adapter_model.safetensors: the header is not valid JSON (nested 100,002 levels deep; at most 100)"),
+        (lambda f: rewrite(f, {"layers_to_transform": [-1]}),
+         "adapter_config.json: layers_to_transform must be a layer index in [0, 2) or a non-empty list of them "
+         "(this model has 2 layers), got [-1]"),
+        (lambda f: rewrite(f, {"layers_to_transform": [0, 7]}), "got [0, 7]"),
+        (lambda f: rewrite(f, {"layers_to_transform": []}), "got []"),
+    ],
+    ids=["not utf-8", "deep config", "deep header", "negative layer", "layer past the model", "no layer"],
+)  # fmt: skip
+def test_a_broken_adapter_folder_is_a_one_line_error(tiny, tmp_path, capsys, change, message):
+    """Each was a traceback (UnicodeDecodeError, RecursionError) or, for [-1], accepted silently."""
+    pytest.importorskip("tokenizers")  # the model is loaded, text and all
+    folder = adapter_folder(tiny, tmp_path / "a")
+    change(folder)
+    for args in (["generate", tiny, "--prompt", "ab", "--max-tokens", "1"], ["merge", tiny, folder]):
+        code, err = run(capsys, *args, *(["--adapter", folder] if args[0] == "generate" else []),
+                        *(["--out", tmp_path / "merged"] if args[0] == "merge" else []))  # fmt: skip
+        assert code == 1 and message in one_line(err), err
+    assert not (tmp_path / "merged").exists()
+
+
+def test_an_adapter_whose_values_would_swamp_the_model_is_refused(tiny, tmp_path, capsys):
+    """A LoRA tensor of 1e30 used to load, generate past an overflow warning, and merge into a model."""
+    engine = load_engine(str(tiny))
+    folder = adapter_folder(tiny, tmp_path / "a")
+    good = Adapter.load(str(folder), engine.weights)
+    name = next(iter(good.A))
+    tensors = {
+        f"base_model.model.{n}.lora_{p}.weight": a for n in good.A for p, a in (("A", good.A[n]), ("B", good.B[n]))
+    }
+    tensors[f"base_model.model.{name}.lora_A.weight"] = np.full_like(good.A[name], 1e30)
+    rewrite(folder, tensors=tensors)
+    with pytest.raises(LoadError, match=rf"{name}'s lora_A holds 1e\+30 \(at most 10000\): not an adapter's"):
+        Adapter.load(str(folder), engine.weights)
+    code, err = run(capsys, "merge", tiny, folder, "--out", tmp_path / "merged")
+    assert code == 1 and f"{name}'s lora_A holds 1e+30" in one_line(err)
+    assert not (tmp_path / "merged").exists()
+    # each value within bounds, their product not: 2 (scale) x 2 (rank) x 100 x 100
+    tensors[f"base_model.model.{name}.lora_A.weight"] = np.full_like(good.A[name], 100)
+    tensors[f"base_model.model.{name}.lora_B.weight"] = np.full_like(good.B[name], 100)
+    rewrite(folder, tensors=tensors)
+    with pytest.raises(LoadError, match=rf"the update of {name} could reach 4e\+04 in one weight"):
+        Adapter.load(str(folder), engine.weights)
+
+
 def test_a_killed_writer_s_work_folder_is_removed_by_the_next_and_two_writers_do_not_mix(tmp_path):
     """A merge or conversion killed outright (SIGKILL: no cleanup runs) leaves its work folder, marked as
     ruvllm's; the next write of the same output removes it, and only it."""

@@ -231,6 +231,45 @@ REFUSED = [
 ]  # fmt: skip
 
 
+def schema_format(schema: object) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+
+
+# Schemas that cost the server gigabytes or minutes, or stopped it, before issue 35: each refused at once,
+# naming the keyword and where it is. chat() asks for max_tokens 2: 162 bytes (SmolLM2's longest token
+# has 81); without max_tokens, the context's 128 tokens: 10,368 bytes.
+SCHEMA = "response_format.json_schema.schema: json_schema: "
+ROOM = "bytes a document may have (max_tokens 2 of at most 81 bytes each)"
+BIG = 5_000_000
+HOSTILE = [
+    ({"type": "string", "minLength": 10**9}, f"'minLength' 1,000,000,000 at the root needs more than the 162 {ROOM}"),
+    ({"type": "array", "minItems": 10**18},
+     f"'minItems' 1,000,000,000,000,000,000 at the root needs more than the 162 {ROOM}"),
+    ({"type": "object", "properties": {"a": {"type": "string", "minLength": 10**6}}},  # an optional one: a dead end
+     f"'minLength' 1,000,000 at properties.a needs more than the 162 {ROOM}"),
+    ({"type": "array", "minItems": 40, "items": {"type": "string", "minLength": 40}},
+     f"the shortest document valid under the schema needs more than the 162 {ROOM}"),
+    ({"type": "object", "properties": {f"p{i}_{'x' * 70}": {"type": "string"} for i in range(60_000)}},
+     "the schema is larger than 2,097,152 bytes of JSON (the most one request may compile)"),
+    ({"type": "object", "properties": {"n" * BIG: {}}, "required": ["n" * BIG]},
+     "the schema is larger than 2,097,152 bytes of JSON (the most one request may compile)"),
+    ({"enum": ["e" * BIG]}, "the schema is larger than 2,097,152 bytes of JSON (the most one request may compile)"),
+    ({"type": "object", "properties": {"n" * 5000: {}}},
+     "a property name of 5,000 characters (at most 4,096 bytes) at the root"),
+    ({"const": "e" * 5000}, "a value of 'enum'/'const' is 5,002 bytes of JSON (at most 4,096) at the root"),
+    ({"enum": list(range(20_001))}, "'enum' has 20,001 values (at most 20,000) at the root"),
+    ({"type": "object", "properties": {f"p{i}": {} for i in range(2001)}},
+     "'properties' declares 2,001 (at most 2,000) at the root"),
+    ({"type": "string", "pattern": "(" * 5000 + "a" + ")" * 5000},
+     f"'pattern' {('(' * 5000)[:80]!r}: groups nest deeper than 32 levels at the root"),
+]  # fmt: skip
+REFUSED += [(CHAT, chat(response_format=schema_format(schema)), "response_format", SCHEMA + why)
+            for schema, why in HOSTILE]  # fmt: skip
+REFUSED.append((CHAT, {"messages": HI, "response_format": schema_format({"type": "string", "minLength": 10**6})},
+                "response_format", SCHEMA + "'minLength' 1,000,000 at the root needs more than the 10,368 bytes a "
+                "document may have (the context's 128 tokens of at most 81 bytes each)"))  # fmt: skip
+
+
 @pytest.mark.parametrize(("path", "body", "param", "message"), REFUSED, ids=[m[:60] for *_, m in REFUSED])
 def test_a_bad_field_is_a_400_that_names_it(base, path, body, param, message):
     status, answer = post(base, path, body)
@@ -245,6 +284,67 @@ def test_after_a_depth_bomb_the_server_still_answers(base, smollm2):
     status, answer = post(base, CHAT, chat(temperature=0))
     expected = smollm2.create_chat_completion(HI, max_tokens=2, temperature=0)["choices"][0]["message"]["content"]
     assert status == 200 and strict(answer)["choices"][0]["message"]["content"] == expected
+
+
+def test_after_the_hostile_schemas_the_server_answers_a_schema_with_large_bounds(base):
+    """maxLength 10^9 bounds nothing a request can write: it is answered like any string."""
+    body = chat(max_tokens=8, temperature=0, response_format=schema_format({"type": "string", "maxLength": 10**9}))
+    status, answer = post(base, CHAT, body)
+    assert status == 200 and isinstance(json.loads(strict(answer)["choices"][0]["message"]["content"]), str)
+    assert json.loads(urllib.request.urlopen(f"{base}/health", timeout=30).read())["status"] == "ok"
+
+
+def test_health_is_answered_while_a_schema_compiles(base, monkeypatch):
+    """Schemas are compiled off the event loop: one that takes long holds neither /health nor the others.
+    (Here the compile waits until /health has answered: on the event loop, that could never happen.)"""
+    import ruvllm.completions
+
+    real, started, answered = ruvllm.completions.json_grammar, threading.Event(), threading.Event()
+
+    def slow(*args, **kwargs):
+        started.set()
+        answered.wait(timeout=60)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ruvllm.completions, "json_grammar", slow)
+    results: list = []
+    body = chat(temperature=0, response_format=schema_format({"type": "integer"}))
+    request = threading.Thread(target=lambda: results.append(post(base, CHAT, body)))
+    request.start()
+    assert started.wait(timeout=60)
+    health = urllib.request.urlopen(f"{base}/health", timeout=30)
+    answered.set()
+    request.join(timeout=60)
+    assert health.status == 200 and results and results[0][0] == 200
+
+
+def test_a_body_past_the_bound_is_a_413_before_it_is_read_whole(base, monkeypatch):
+    import ruvllm.server
+
+    monkeypatch.setattr(ruvllm.server, "MAX_BODY_BYTES", 1000)
+    status, answer = post(base, CHAT, chat(stop=["x" * 2000]))
+    assert status == 413
+    error = strict(answer)["error"]
+    assert error["message"] == "the request body is larger than 1,000 bytes" and error["code"] == "request_too_large"
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "status", "message"),
+    [
+        ("POST", "/v1/embeddings", 404, "Invalid URL (POST /v1/embeddings): ruvllm serves "),
+        ("GET", "/nothing/here", 404, "Invalid URL (GET /nothing/here): ruvllm serves "),
+        ("GET", "/v1/chat/completions", 405, "/v1/chat/completions does not take GET: ruvllm serves "),
+    ],
+)
+def test_unknown_paths_get_openai_s_error_object(base, method, path, status, message):
+    data = b"{}" if method == "POST" else None
+    request = urllib.request.Request(base + path, data=data, method=method)
+    with pytest.raises(urllib.error.HTTPError) as caught:
+        urllib.request.urlopen(request, timeout=30)
+    assert caught.value.code == status
+    error = strict(caught.value.read().decode())["error"]
+    assert error["message"].startswith(message) and "POST /v1/chat/completions" in error["message"]
+    assert error["type"] == "invalid_request_error" and error["code"] == "unknown_url"
 
 
 OPTIONAL = ("n", "temperature", "top_p", "top_k", "min_p", "repetition_penalty", "seed", "stop", "stream",

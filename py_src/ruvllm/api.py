@@ -436,7 +436,8 @@ def eos_token_ids(generation_config: object, engine: Engine, tokenizer: Tokenize
     """End-of-sequence ids from generation_config.json, config.json and the tokenizer's eos_token."""
     ids = list(engine.config.eos_token_ids)
     source = "generation_config.json"
-    ids += fields.token_ids(fields.obj(generation_config, source), "eos_token_id", source)
+    vocab = engine.config.vocab_size
+    ids += fields.token_ids(fields.obj(generation_config, source), "eos_token_id", source, vocab)
     token = tokenizer.token_id(tokenizer.special_tokens.get("eos_token"))
     if token is not None:
         ids.append(token)

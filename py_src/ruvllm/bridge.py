@@ -82,8 +82,9 @@ import time
 from collections.abc import Callable, Generator
 from typing import Any
 
-from .completions import Response, check, finish
+from .completions import Response, Room, check, finish
 from .errors import DownloadError, InferenceError, InvalidArgumentError, LoadError, RuvLLMError
+from .files import jsonfields as fields
 from .files.gguf import GGUFFile, header_size
 from .files.gguf_model import GGUFModel
 from .files.store import TensorStore, count_parameters
@@ -130,10 +131,12 @@ def _json_result(fn: Callable) -> Callable[..., str]:
 
 def _request(text: str, what: str = "request") -> dict:
     """A JSON object from the worker."""
+    if not isinstance(text, str):
+        raise InvalidArgumentError(f"the {what} must be JSON text, got {type(text).__name__}")
     try:
-        value = json.loads(text)
-    except (TypeError, json.JSONDecodeError) as e:
-        raise InvalidArgumentError(f"the {what} is not valid JSON ({e})") from None
+        value = fields.parse_json(text, f"the {what}")
+    except LoadError as e:  # from the worker, not a file: an argument
+        raise InvalidArgumentError(str(e)) from None
     if not isinstance(value, dict):
         raise InvalidArgumentError(f"the {what} must be a JSON object")
     return value
@@ -170,10 +173,7 @@ class ModelLoader:
 
     @_json_result
     def set_config(self, config_json: str) -> dict:
-        try:
-            raw = json.loads(config_json)
-        except json.JSONDecodeError as e:
-            raise LoadError(f"config.json is not valid JSON ({e})") from None
+        raw = fields.parse_json(config_json, "config.json")
         self.config = ModelConfig.from_dict(raw)
         c = self.config
         return {"architecture": c.architecture, "max_position_embeddings": c.max_position_embeddings}
@@ -194,10 +194,7 @@ class ModelLoader:
     def set_tokenizer(self, tokenizer_json: str) -> int:
         """The model's tokenizer.json: the bytes of every token, for the text of each chunk. Returns the
         vocabulary size it describes."""
-        try:
-            data = json.loads(tokenizer_json)
-        except json.JSONDecodeError as e:
-            raise LoadError(f"tokenizer.json is not valid JSON ({e})") from None
+        data = fields.obj(fields.parse_json(tokenizer_json, "tokenizer.json"), "tokenizer.json")
         self.token_bytes, self.special_ids = token_byte_table(data), special_token_ids(data)
         return len(self.token_bytes[0])
 
@@ -382,6 +379,7 @@ class EngineHandle:
     ) -> None:
         self.session = Session(engine, token_bytes, special_ids)  # what api.Model shares
         self.token_bytes, self.strip_leading_space = token_bytes, strip_leading_space
+        self.room = Room.of(engine.context_length, token_bytes)  # what an answer can hold, for schemas
         self.chunks: Generator[Chunk | Prefilling, None, None] | None = None
         self.response: Response | None = None  # with start_completion: the OpenAI answer being built
         self._outgoing: dict[str, bytes] = {}  # adapter_files, until take_files()
@@ -423,7 +421,8 @@ class EngineHandle:
         what JavaScript tokenizes, as a JSON string (user schemas may hold any key: nothing is renamed):
         {"source": {messages, tools} (chat, for the chat template) or {prompt}}."""
         request = _request(request_json)
-        return {"source": json.dumps(check(request.get("body"), request.get("kind")).source)}
+        checked = check(request.get("body"), request.get("kind"), room=self.room)
+        return {"source": json.dumps(checked.source)}
 
     @_json_result
     def start_completion(self, request_json: str) -> dict:
@@ -431,7 +430,7 @@ class EngineHandle:
         gives each chunk's OpenAI events ("events") and, at the end, the whole answer ("result")."""
         started = time.perf_counter()
         request = _request(request_json)
-        checked = check(request.get("body"), request.get("kind"))
+        checked = check(request.get("body"), request.get("kind"), room=self.room)
         ids = _ids(request.get("prompt_ids"), "prompt_ids")
         eos = _ids(request.get("eos_ids", []), "eos_ids")
         prepared = finish(checked, ids, self.engine.context_length, request.get("model") or "ruvllm")
@@ -636,7 +635,7 @@ class EngineHandle:
         """request: {name}; an X-LoRA mixture from its files' contents: adapter_config.json, the router's
         adapter_model.safetensors, then each expert's adapter_config.json and adapter_model.safetensors,
         in the order of the config's `adapters`."""
-        raw = json.loads(config_json)
+        raw = fields.parse_json(config_json, "adapter_config.json")
         names = list(raw.get("adapters") or {}) if isinstance(raw, dict) else []
         if len(experts) != 2 * len(names):
             raise LoadError(f"an X-LoRA mixture of {len(names)} experts needs two files each, got {len(experts)}")

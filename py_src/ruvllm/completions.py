@@ -30,7 +30,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 from .files.json_body import FieldError, boolean, check_values, integer, number, obj, parse, shown, string
-from .runtime.constrain import Budgeted, Grammar, Vocabulary, json_grammar
+from .runtime.constrain import MAX_DOCUMENT_BYTES, Budgeted, DocumentTooLongError, Grammar, Vocabulary, json_grammar
 from .runtime.constrain.closing import closing_tokens
 from .runtime.generate import MAX_TOP_LOGPROBS, GenerationOptions
 from .text.stream import Chunk
@@ -68,6 +68,28 @@ MAX_TEXT_LOGPROBS = 5  # OpenAI's bound for /v1/completions
 UNKNOWN_FIELDS = ("refuse", "ignore")
 
 
+@dataclass(frozen=True)
+class Room:
+    """What an answer can hold, for the bounds of its schemas: `context` positions (the prompt's among
+    them) of tokens of at most `token_bytes` bytes. A schema whose shortest document is longer than
+    max_tokens (else the context) times `token_bytes` is refused before it is compiled further."""
+
+    context: int
+    token_bytes: int
+
+    @classmethod
+    def of(cls, context: int, token_bytes: list[bytes]) -> Room:
+        return cls(context, max(map(len, token_bytes), default=1))
+
+    def max_bytes(self, max_tokens: int | None) -> int:
+        return max(2, min(max_tokens or self.context, self.context) * self.token_bytes)
+
+    def why(self, max_tokens: int | None) -> str:
+        if max_tokens is not None and max_tokens < self.context:
+            return f"max_tokens {max_tokens:,} of at most {self.token_bytes} bytes each"
+        return f"the context's {self.context:,} tokens of at most {self.token_bytes} bytes each"
+
+
 @dataclass
 class Prepared:
     """A checked request: what to generate and how to answer."""
@@ -92,7 +114,10 @@ class Prepared:
 
     def constraint(self, vocabulary: Vocabulary) -> Budgeted | ToolCallTrigger | None:
         """A fresh constraint for one generation of this request (it keeps state): the document (or
-        call) is closed within the budget of tokens whenever its shortest closing fits (closing.py)."""
+        call) is closed within the budget of tokens whenever its shortest closing fits (closing.py);
+        when even the shortest document does not fit, it is cut (finish_reason "length"), as OpenAI's
+        structured outputs are. (A schema whose shortest document cannot fit whatever the tokens was
+        refused by `check`.)"""
         budget = self.options.max_tokens if self.budget is None else self.budget
         if self.grammar is not None:
             return Budgeted(self.grammar, vocabulary, budget)
@@ -123,7 +148,7 @@ def prepare(
 ) -> Prepared:
     """Check an OpenAI request body (chat: /v1/chat/completions, text: /v1/completions) and tokenize its
     prompt; `context`: the positions a sequence may have; `unknown_fields`: see `check`."""
-    checked = check(body, kind, unknown_fields)
+    checked = check(body, kind, unknown_fields, Room.of(context, tokenizer.token_bytes))
     if kind == "chat":
         ids = tokenizer.encode_chat(checked.source["messages"], tools=checked.source["tools"])
     else:
@@ -155,9 +180,10 @@ def finish(checked: Checked, prompt_ids: list[int], context: int, model_name: st
     )
 
 
-def check(body: object, kind: object, unknown_fields: str = "refuse") -> Checked:
+def check(body: object, kind: object, unknown_fields: str = "refuse", room: Room | None = None) -> Checked:
     """Every field of a request body but its prompt's tokens, checked. unknown_fields: "refuse" names
-    OpenAI does not define (the library API: a misspelt keyword), or "ignore" them (the HTTP server)."""
+    OpenAI does not define (the library API: a misspelt keyword), or "ignore" them (the HTTP server).
+    room: what the answer can hold (None: schemas are bounded by MAX_DOCUMENT_BYTES alone)."""
     if not isinstance(kind, str) or kind not in ENDPOINTS:
         raise InvalidArgumentError(f"kind must be chat or text, got {kind!r}")
     if unknown_fields not in UNKNOWN_FIELDS:
@@ -190,13 +216,14 @@ def check(body: object, kind: object, unknown_fields: str = "refuse") -> Checked
     GenerationOptions.from_kwargs(max_tokens=1 if max_tokens is None else max_tokens, **generation)  # refuse now
     # The grammars last (the costliest checks), compiled now: a schema we cannot follow is refused before
     # the answer starts, not in the middle of it.
-    grammar, call_grammar = _response_grammar(body.get("response_format")), None
+    bound = _Bound(MAX_DOCUMENT_BYTES, "") if room is None else _Bound(room.max_bytes(max_tokens), room.why(max_tokens))
+    grammar, call_grammar = _response_grammar(body.get("response_format"), bound), None
     if tool_choice == "auto":
-        call_grammar = _call_grammar(tools, tool_choice, "\n", f"\n{TOOL_CALL_CLOSE}")
+        call_grammar = _call_grammar(tools, tool_choice, "\n", f"\n{TOOL_CALL_CLOSE}", bound)
     elif tool_choice != "none":  # "required" or one named function: a call from the start
         if grammar is not None:
             raise FieldError("response_format cannot be combined with a required tool call", "response_format")
-        grammar = _call_grammar(tools, tool_choice, f"{TOOL_CALL_OPEN}\n", f"\n{TOOL_CALL_CLOSE}")
+        grammar = _call_grammar(tools, tool_choice, f"{TOOL_CALL_OPEN}\n", f"\n{TOOL_CALL_CLOSE}", bound)
     return Checked(
         kind, source, generation, max_tokens, stream, include_usage, logprobs, grammar, tools, tool_choice, call_grammar
     )
@@ -382,7 +409,20 @@ def _logprobs(body: dict, kind: str) -> tuple[bool, int]:
     return value is not None, value or 0
 
 
-def _response_grammar(response_format: object) -> Grammar | None:
+@dataclass(frozen=True)
+class _Bound:
+    """The longest document a request's grammars are compiled for, and why (for the messages)."""
+
+    max_bytes: int
+    why: str
+
+    def explain(self, error: InvalidArgumentError) -> str:
+        if isinstance(error, DocumentTooLongError) and self.why:
+            return f"{error} ({self.why})"
+        return str(error)
+
+
+def _response_grammar(response_format: object, bound: _Bound) -> Grammar | None:
     if response_format is None:
         return None
     if not isinstance(response_format, dict) or not isinstance(response_format.get("type"), str):
@@ -403,15 +443,15 @@ def _response_grammar(response_format: object) -> Grammar | None:
         string(spec.get("name"), "response_format.json_schema.name")
         boolean(spec.get("strict"), "response_format.json_schema.strict")
         try:
-            return json_grammar(spec["schema"])
+            return json_grammar(spec["schema"], max_bytes=bound.max_bytes)
         except InvalidArgumentError as e:
-            raise FieldError(f"response_format.json_schema.schema: {e}", "response_format") from None
+            raise FieldError(f"response_format.json_schema.schema: {bound.explain(e)}", "response_format") from None
     raise FieldError(
         f"response_format type must be text, json_object or json_schema, got {shown(kind)}", "response_format"
     )
 
 
-def _call_grammar(tools: list[dict], tool_choice: str | dict, prefix: str, suffix: str) -> Grammar:
+def _call_grammar(tools: list[dict], tool_choice: str | dict, prefix: str, suffix: str, bound: _Bound) -> Grammar:
     """The grammar of one call (see tool_call_schema) between `prefix` and `suffix`. A tool whose
     parameters we cannot follow is named: its parameters are compiled alone (errors say where in them),
     then its call (a `$ref` into the parameters' own `$defs` points to nothing from there)."""
@@ -419,14 +459,16 @@ def _call_grammar(tools: list[dict], tool_choice: str | dict, prefix: str, suffi
         function = tool["function"]
         for schema in (function["parameters"], tool_call_schema([tool], "required")):
             try:
-                json_grammar(schema)
+                json_grammar(schema, max_bytes=bound.max_bytes)
             except InvalidArgumentError as e:
                 where = f"tools[{i}].function.parameters"
-                raise FieldError(f"{where} ({function['name']}) cannot constrain a call: {e}", where) from None
+                message = f"{where} ({function['name']}) cannot constrain a call: {bound.explain(e)}"
+                raise FieldError(message, where) from None
     try:  # only the declared arguments: a call is written to be run, in few tokens
-        return json_grammar(tool_call_schema(tools, tool_choice), prefix, suffix, extra_properties=False)
+        schema = tool_call_schema(tools, tool_choice)
+        return json_grammar(schema, prefix, suffix, extra_properties=False, max_bytes=bound.max_bytes)
     except InvalidArgumentError as e:
-        raise FieldError(f"tools: a call cannot be constrained: {e}", "tools") from None
+        raise FieldError(f"tools: a call cannot be constrained: {bound.explain(e)}", "tools") from None
 
 
 class ToolCallTrigger:

@@ -14,7 +14,6 @@ With the bridge, the only module that imports `js`/`pyodide`; it does so only in
 from __future__ import annotations
 
 import functools
-import json
 import sys
 import urllib.parse
 from collections.abc import Callable
@@ -241,11 +240,7 @@ async def _fetch_folder(url_of: Callable[[str], str], check: PlanCheck, on_progr
         piece = await _download(url_of(path), path, None, optional=optional)
         if piece is None:
             return {}
-        try:
-            raw = json.loads(piece.array.tobytes())
-        except (UnicodeDecodeError, json.JSONDecodeError) as e:
-            raise LoadError(f"{url_of(path)}: not valid JSON ({e})") from None
-        return fields.obj(raw, url_of(path))
+        return fields.obj(fields.parse_json(piece.array.tobytes(), url_of(path)), url_of(path))
 
     config = ModelConfig.from_dict(await document("config.json"), url_of("config.json"))
     tokenizer = await document("tokenizer.json")

@@ -6,10 +6,12 @@
     GET  /health                                      200 {"status": "ok"} once the model is loaded
     GET  /metrics                                     Prometheus text: requests, tokens, queue, batch, KV blocks
 
-Requests are checked and tokenized on the event loop, then handed to the `Scheduler`, whose thread
-steps every live sequence together; each request's Steps come back through an asyncio queue and are
-turned into text (text.stream.TextStream) and OpenAI chunks (completions.Response) here. A client that
-disconnects, or a stop string reached, cancels the sequence: its KV blocks are free at the next step.
+Requests are parsed, checked, tokenized and their schemas compiled off the event loop (in `Service`'s
+`preparing` threads: a costly schema never holds /health or another request), then handed to the
+`Scheduler`, whose thread steps every live sequence together; each request's Steps come back through
+an asyncio queue and are turned into text (text.stream.TextStream) and OpenAI chunks
+(completions.Response) here. A client that disconnects, or a stop string reached, cancels the
+sequence: its KV blocks are free at the next step.
 
 A body is parsed with json_body.parse (nesting bounded before the parser recurses, no NaN); every field
 is checked by completions.check, fields it does not know ignored, as vLLM's and llama.cpp's servers do.
@@ -19,6 +21,7 @@ Each request is logged on stderr in one line once answered: client, method, path
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import gc
 import ipaddress
@@ -29,10 +32,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from .api import Model
-from .completions import Prepared, Response, prepare
+from .completions import Prepared, Response, ToolCallTrigger, prepare
 from .errors import ContextFullError, InvalidArgumentError, RuvLLMError
 from .files.json_body import FieldError, parse
 from .runtime.batching import Request, Scheduler
+from .runtime.constrain import Budgeted
 from .runtime.generate import Step
 from .text.stream import TextStream
 
@@ -58,6 +62,11 @@ METRICS = [
 ]
 DISCONNECT_POLL_S = 0.25  # how often a non-streaming request checks whether its client went away
 MAX_CONCURRENT = 256  # --max-concurrent's bound: each sequence reserves KV blocks for a whole context
+MAX_BODY_BYTES = 16 << 20  # a request body; larger ones are refused (413) before they are read whole
+PREPARING_THREADS = 2  # requests prepared at once (parsed, checked, tokenized, schemas compiled)
+
+
+Constraint = Budgeted | ToolCallTrigger  # what a constrained request's steps follow
 
 
 def error_body(
@@ -74,23 +83,27 @@ class Service:
         self.scheduler = Scheduler(model.engine, max_concurrent=max_concurrent, max_context=max_context)
         self.started = time.time()
         self.http_requests: dict[tuple[str, int], int] = {}
+        # Preparing a request (its schemas above all) may take a while and memory: a few at a time, off
+        # the event loop, so that /health and the other requests are answered meanwhile.
+        self.preparing = concurrent.futures.ThreadPoolExecutor(PREPARING_THREADS, "ruvllm-prepare")
 
-    def prepare(self, body: object, kind: str) -> Prepared:
+    def prepare(self, raw: bytes, kind: str) -> tuple[Prepared, Constraint | None]:
+        """A request body, parsed and checked, its prompt tokenized and its constraint made (schemas
+        compiled, the vocabulary prepared on first use): everything before the first step."""
         model, scheduler = self.model, self.scheduler
-        prepared = prepare(body, kind, model.tokenizer, scheduler.max_context, model.name, unknown_fields="ignore")
+        prepared = prepare(parse(raw), kind, model.tokenizer, scheduler.max_context, model.name, "ignore")
         try:  # a prompt that can never run is refused before any answer
             scheduler.check(prepared.prompt_ids)
         except InvalidArgumentError as e:  # token ids outside the vocabulary, an empty prompt
             raise FieldError(f"prompt: {e}", "prompt") from None
-        return prepared
+        return prepared, prepared.constraint(model.vocabulary) if prepared.constrained else None
 
-    async def run(self, prepared: Prepared, response: Response) -> AsyncIterator[dict]:
+    async def run(self, prepared: Prepared, constraint: Constraint | None, response: Response) -> AsyncIterator[dict]:
         """The OpenAI chunks of one request as they come (none unless it streams: then the whole answer
         is `response.result()` once this ends)."""
         loop = asyncio.get_running_loop()
         queue: asyncio.Queue[Step | BaseException] = asyncio.Queue()
         model = self.model
-        constraint = prepared.constraint(model.vocabulary) if prepared.constrained else None
         text = TextStream(
             model.tokenizer.detokenizer(), len(prepared.prompt_ids), prepared.options.stop, model.eos_token_ids
         )
@@ -146,7 +159,12 @@ def create_app(service: Service, log: Callable[[str], None] | None = None):
     async def completions(http: HTTPRequest, kind: str):
         path = http.url.path
         try:
-            prepared = service.prepare(parse(await http.body()), kind)
+            raw = await _body(http)
+            if raw is None:
+                message = f"the request body is larger than {MAX_BODY_BYTES:,} bytes"
+                return answer(path, error_body(message, code="request_too_large"), 413)
+            loop = asyncio.get_running_loop()
+            prepared, constraint = await loop.run_in_executor(service.preparing, service.prepare, raw, kind)
         except ContextFullError as e:
             param = "messages" if kind == "chat" else "prompt"
             return answer(path, error_body(str(e), code="context_length_exceeded", param=param), 400)
@@ -156,8 +174,9 @@ def create_app(service: Service, log: Callable[[str], None] | None = None):
         http.scope[_TOKENS] = lambda: (len(prepared.prompt_ids), response.completion_tokens)  # for the access log
         if prepared.stream:
             count(path, 200)
-            return StreamingResponse(_sse(service.run(prepared, response)), media_type="text/event-stream")
-        work = asyncio.ensure_future(_drain(service.run(prepared, response)))
+            events = service.run(prepared, constraint, response)
+            return StreamingResponse(_sse(events), media_type="text/event-stream")
+        work = asyncio.ensure_future(_drain(service.run(prepared, constraint, response)))
         while not work.done():  # the whole answer, watching for the client going away
             await asyncio.wait([work], timeout=DISCONNECT_POLL_S)
             if not work.done() and await http.is_disconnected():
@@ -188,6 +207,14 @@ def create_app(service: Service, log: Callable[[str], None] | None = None):
     async def failed(http: HTTPRequest, error: Exception):  # a bug of ours: still OpenAI's error object
         return answer(http.url.path, error_body(_reason(error), "server_error"), 500)
 
+    async def unknown(http: HTTPRequest, error: Exception):  # no such path, or not with this method
+        status = getattr(error, "status_code", 404)
+        method, path = http.method, http.url.path
+        message = f"Invalid URL ({method} {path}): ruvllm serves {', '.join(ENDPOINTS)}"
+        if status == 405:
+            message = f"{path} does not take {method}: ruvllm serves {', '.join(ENDPOINTS)}"
+        return answer(path, error_body(message, code="unknown_url"), status)
+
     routes = [
         Route("/v1/chat/completions", chat, methods=["POST"]),
         Route("/v1/completions", text, methods=["POST"]),
@@ -201,12 +228,15 @@ def create_app(service: Service, log: Callable[[str], None] | None = None):
         thread = service.scheduler.start()
         yield
         service.scheduler.close()
+        service.preparing.shutdown(wait=False, cancel_futures=True)
         thread.join(timeout=5)
 
-    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers={Exception: failed})
+    handlers = {Exception: failed, 404: unknown, 405: unknown}
+    app = Starlette(routes=routes, lifespan=lifespan, exception_handlers=handlers)
     return AccessLog(app, log or _to_stderr)
 
 
+ENDPOINTS = ("POST /v1/chat/completions", "POST /v1/completions", "GET /v1/models", "GET /health", "GET /metrics")
 _TOKENS = "ruvllm.tokens"  # ASGI scope key: () -> (prompt tokens, completion tokens so far)
 
 
@@ -245,6 +275,20 @@ class AccessLog:
 
 def _to_stderr(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
+
+
+async def _body(http) -> bytes | None:
+    """The request's body, or None once it passes MAX_BODY_BYTES (read no further)."""
+    declared = http.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        return None
+    parts, size = [], 0
+    async for part in http.stream():
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            return None
+        parts.append(part)
+    return b"".join(parts)
 
 
 async def _drain(events: AsyncIterator[dict]) -> None:

@@ -51,14 +51,23 @@ function tokenText(config, name) {
   return value ?? null;
 }
 
-/** Token ids: one, a list, or absent; anything else is a load error naming the file and field. */
-function idList(value, where) {
+/**
+ * Token ids: one, a list, or absent; anything else (an id outside the vocabulary too, when its size is
+ * known) is a load error naming the file and field.
+ */
+function idList(value, where, vocabSize) {
   if (value === undefined || value === null) return [];
   const ids = Array.isArray(value) ? value : [value];
   if (!ids.every((id) => Number.isInteger(id) && id >= 0)) {
     throw new RuvLLMError(
       'load',
       `${where}: 'eos_token_id' must be a token id (an integer >= 0) or a list of them, found ${JSON.stringify(value)}`,
+    );
+  }
+  if (Number.isInteger(vocabSize) && ids.some((id) => id >= vocabSize)) {
+    throw new RuvLLMError(
+      'load',
+      `${where}: 'eos_token_id' must be a token id of the vocabulary, in [0, ${vocabSize}), found ${JSON.stringify(value)}`,
     );
   }
   return ids;
@@ -225,8 +234,8 @@ export function createText({
 
   // End-of-sequence ids: config.json, generation_config.json and the tokenizer's eos_token (as on CPython).
   const eos = new Set([
-    ...idList(config.eos_token_id, 'config.json'),
-    ...idList(generationConfig.eos_token_id, 'generation_config.json'),
+    ...idList(config.eos_token_id, 'config.json', config.vocab_size),
+    ...idList(generationConfig.eos_token_id, 'generation_config.json', config.vocab_size),
   ]);
   const eosToken = special.eos_token !== undefined ? tokenizer.token_to_id(special.eos_token) : undefined;
   if (eosToken !== undefined && eosToken !== null) eos.add(eosToken);

@@ -34,7 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
 
-from ..errors import DownloadError, InvalidArgumentError
+from ..errors import DownloadError, InvalidArgumentError, LoadError
+from .jsonfields import parse_json
 from .transfer import Expected, HTTPStatusError, Progress, Stall, fetch, is_partial, read_small, write_atomically
 
 PREFIX = "hf:"
@@ -231,8 +232,8 @@ class _Source:
             url = self.endpoint + "/" + "/".join(urllib.parse.quote(p, safe="") for p in parts) + "?blobs=true"
             try:
                 body = read_small(url, token=self.token, token_origin=self.endpoint, stall=self.stall)
-                self._listing = _siblings(json.loads(body))
-            except (DownloadError, HTTPStatusError, ValueError):
+                self._listing = _siblings(parse_json(body, url))
+            except (DownloadError, HTTPStatusError, LoadError, ValueError):
                 pass  # no listing: the download that asked says it has no size to check against
         return self._listing
 
@@ -283,9 +284,9 @@ def _problem(suffix: str, path: Path) -> str | None:
             return f"not a safetensors file (it starts with {head!r}, a safetensors file with a header size and '{{')"
     if suffix == ".json":
         try:
-            json.loads(path.read_bytes())
-        except ValueError as e:
-            return f"not JSON ({_one_line(e)})"
+            parse_json(path.read_bytes(), "it")
+        except LoadError as e:
+            return e.message.removeprefix("it is ").splitlines()[0][:200]
     return None
 
 
@@ -317,9 +318,9 @@ def _shards(source: _Source, index: Path) -> list[str]:
     """The weight files a safetensors index names (its weight_map's values), each checked to be a plain file name."""
     where = source.url(WEIGHTS_INDEX)
     try:
-        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        weight_map = parse_json(index.read_bytes(), where)["weight_map"]  # type: ignore[index]
         shards = sorted(set(weight_map.values()))
-    except (ValueError, KeyError, TypeError, AttributeError) as e:
+    except (LoadError, ValueError, KeyError, TypeError, AttributeError) as e:
         index.unlink()  # not a usable index: fetched again next time
         raise DownloadError(f"{where}: not a safetensors index with a weight_map ({type(e).__name__}: {e})") from None
     for shard in shards:
@@ -332,9 +333,9 @@ def _shards(source: _Source, index: Path) -> list[str]:
 def _folder_complete(folder: Path) -> bool:
     """True when the folder's `.complete` record exists and every file it lists has its recorded size."""
     try:
-        files = json.loads((folder / COMPLETE).read_text(encoding="utf-8"))["files"]
+        files = parse_json((folder / COMPLETE).read_bytes(), COMPLETE)["files"]  # type: ignore[index]
         return all((folder / name).stat().st_size == size for name, size in files.items())
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+    except (OSError, LoadError, ValueError, KeyError, TypeError, AttributeError):
         return False
 
 
@@ -350,7 +351,7 @@ def list_cached(cache_dir: str | os.PathLike | None = None) -> list[CachedModel]
             continue  # not ours
         model = HubModel(owner, repo, revision)
         if _folder_complete(folder):
-            files = json.loads((folder / COMPLETE).read_text(encoding="utf-8"))["files"]
+            files = parse_json((folder / COMPLETE).read_bytes(), COMPLETE)["files"]  # type: ignore[index]
             found.append(CachedModel(model.name, folder, sum(files.values()), "folder"))
         for path in sorted(folder.rglob("*")):
             relative = path.relative_to(folder)

@@ -22,18 +22,14 @@ import math
 import re
 import sys
 
-import numpy as np
-
 from ..errors import InvalidArgumentError
-from .jsonfields import is_int
+from .jsonfields import is_int, nesting_depth
 
 MAX_DEPTH = 64  # levels of objects and arrays, the body itself being the first; OpenAI bodies need ~10
 # Deeper than this, text is refused before it is parsed, without naming a field; up to it, json.loads
 # stays far from the recursion limit (1000 frames) and check_values names where MAX_DEPTH is passed.
 PARSE_DEPTH = 4 * MAX_DEPTH
 _LARGEST = sys.float_info.max
-_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string, escapes included
-_OTHER_BYTES = bytes(b for b in range(256) if b not in b"[]{}")
 
 
 class FieldError(InvalidArgumentError):
@@ -54,16 +50,6 @@ class Unrepresentable:
 
     def __repr__(self) -> str:
         return self.text
-
-
-def nesting_depth(raw: bytes) -> int:
-    """The deepest level of objects and arrays in JSON text (0 for a bare number or string), found
-    without parsing: strings are cut out first, so brackets inside them do not count. Text that is not
-    JSON gets a depth at least as deep as any a parser would reach before finding the fault."""
-    brackets = _STRING.sub(b"", raw).translate(None, _OTHER_BYTES)  # only [ ] { } are left
-    codes = np.frombuffer(brackets, dtype=np.uint8)  # (n,)
-    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1).astype(np.int32)  # (n,)
-    return int(np.cumsum(steps).max(initial=0))
 
 
 def parse(raw: bytes | str, where: str | None = None) -> object:

@@ -3,30 +3,78 @@
 A JSON file may hold anything: `"3"` or `3.0` where an integer belongs, a list where an object does,
 `NaN` (Python's json reads it). Each reader returns the value with the type the caller relies on, or
 raises a LoadError naming the file, the field, what it must be and what was found.
+
+Every JSON document ruvllm reads from a file or a download (configs, tokenizers, adapter configs,
+safetensors headers, the hub's records) goes through `parse_json`: Python's parser recurses once per
+level of nesting, so 100,000 `[` are a RecursionError on CPython and a fatal stack overflow in Pyodide.
+`parse_json` measures the nesting first, without recursion, and refuses text nested deeper than
+MAX_FILE_DEPTH, or not UTF-8, or not JSON, with one line naming the file.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import re
+from collections.abc import Callable
 from typing import TypeGuard
+
+import numpy as np
 
 from ..errors import LoadError
 
 MISSING = object()  # no default: the field is required
+# Levels of objects and arrays a file may nest: tokenizer.json and configs need under 10; far below the
+# depth at which the parser's recursion fails (CPython: ~1,000; Pyodide's stack: less).
+MAX_FILE_DEPTH = 100
+_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)  # a JSON string, escapes included
+_OTHER_BYTES = bytes(b for b in range(256) if b not in b"[]{}")
+
+
+def nesting_depth(raw: bytes) -> int:
+    """The deepest level of objects and arrays in JSON text (0 for a bare number or string), found
+    without parsing: strings are cut out first, so brackets inside them do not count. Text that is not
+    JSON gets a depth at least as deep as any a parser would reach before finding the fault."""
+    brackets = _STRING.sub(b"", raw).translate(None, _OTHER_BYTES)  # only [ ] { } are left
+    codes = np.frombuffer(brackets, dtype=np.uint8)  # (n,)
+    steps = np.where((codes == ord("[")) | (codes == ord("{")), 1, -1).astype(np.int32)  # (n,)
+    return int(np.cumsum(steps).max(initial=0))
+
+
+def parse_json(data: bytes | str, source: str, object_pairs_hook: Callable | None = None) -> object:
+    """JSON text read from `source` (a file, a download, "X: the header"), parsed once its nesting is
+    known to be within MAX_FILE_DEPTH; a one-line LoadError, "SOURCE is not valid JSON (why)", if it is
+    not UTF-8, too deep or not JSON.
+    (`object_pairs_hook`: json.loads's, e.g. to refuse duplicate keys; its ValueErrors are reported too.)"""
+    raw = data.encode("utf-8", "surrogatepass") if isinstance(data, str) else bytes(data)
+    depth = nesting_depth(raw)
+    if depth > MAX_FILE_DEPTH:
+        raise LoadError(f"{source} is not valid JSON (nested {depth:,} levels deep; at most {MAX_FILE_DEPTH})")
+    text = data if isinstance(data, str) else utf8_text(raw, source)
+    try:
+        return json.loads(text, object_pairs_hook=object_pairs_hook)
+    except ValueError as e:  # json.JSONDecodeError, or the hook's refusal
+        raise LoadError(f"{source} is not valid JSON ({e})") from None
+
+
+def utf8_text(data: bytes, source: str) -> str:
+    """`data` decoded as UTF-8; a LoadError naming `source` and the first byte that is not."""
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise LoadError(f"{source} is not valid JSON (not UTF-8: byte {e.object[e.start]:#04x} at {e.start})") from None
 
 
 def read_json(path: str) -> object:
     """A JSON file's contents; a LoadError naming the file if it is missing, unreadable or not JSON."""
     try:
-        with open(path, encoding="utf-8") as f:
-            return json.load(f)
+        with open(path, "rb") as f:
+            data = f.read()
     except FileNotFoundError:
         raise LoadError(f"{path}: not found") from None
     except OSError as e:
         raise LoadError(f"cannot read {path}: {e.strerror or e}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise LoadError(f"{path}: not valid JSON ({e})") from None
+    return parse_json(data, path)
 
 
 def _found(value: object) -> str:
@@ -99,14 +147,16 @@ def string(raw: dict, key: str, source: str, default: object = MISSING) -> str:
     return value
 
 
-def token_ids(raw: dict, key: str, source: str) -> tuple[int, ...]:
-    """A token id, a list of them, or nothing (null or absent)."""
+def token_ids(raw: dict, key: str, source: str, vocab_size: int | None = None) -> tuple[int, ...]:
+    """A token id, a list of them, or nothing (null or absent); each in [0, vocab_size) when given."""
     value = raw.get(key)
     if value is None:
         return ()
     ids = [value] if not isinstance(value, list) else value
     if not all(is_int(i) and i >= 0 for i in ids):
         raise fail(source, key, "a token id (an integer >= 0) or a list of them", value)
+    if vocab_size is not None and any(i >= vocab_size for i in ids):
+        raise fail(source, key, f"a token id of the vocabulary, in [0, {vocab_size})", value)
     return tuple(ids)
 
 

@@ -8,7 +8,6 @@ keep their GGUF types. Names are Hugging Face names; `sanitize` holds every key 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -88,11 +87,10 @@ def _logical_tensors(f: SafetensorsFile) -> list[tuple[str, str, tuple[int, ...]
         raise LoadError(
             f"{f.source}: ruvllm format version {version!r} is not supported (this build reads {FORMAT_VERSION})"
         )
-    try:
-        table = json.loads(f.metadata["tensors"])
-    except (KeyError, json.JSONDecodeError):
-        raise LoadError(f"{f.source}: __metadata__ 'tensors' is missing or not JSON") from None
-    fields.obj(table, f.source, "__metadata__ 'tensors'")
+    if "tensors" not in f.metadata:
+        raise LoadError(f"{f.source}: __metadata__ 'tensors' is missing")
+    table = fields.parse_json(f.metadata["tensors"], f"{f.source}: __metadata__ 'tensors'")
+    table = fields.obj(table, f.source, "__metadata__ 'tensors'")
     result, claimed = [], set()
     for name, entry in table.items():
         where = f"{f.source}: tensor {name!r}"

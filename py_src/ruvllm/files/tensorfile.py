@@ -25,6 +25,7 @@ from typing import BinaryIO
 import numpy as np
 
 from ..errors import LoadError
+from .jsonfields import parse_json
 
 # The safetensors library refuses headers above 100 MB; so do we.
 MAX_HEADER_BYTES = 100_000_000
@@ -87,10 +88,7 @@ def parse_header(
         )
     if len(prefix) < 8 + header_len:
         raise LoadError(f"{source}: only {len(prefix)} bytes given, the header needs {8 + header_len}")
-    try:
-        header = json.loads(bytes(prefix[8 : 8 + header_len]).decode("utf-8"), object_pairs_hook=_no_duplicates)
-    except (UnicodeDecodeError, json.JSONDecodeError, _DuplicateKeyError) as e:
-        raise LoadError(f"{source}: the header is not valid JSON ({e})") from None
+    header = parse_json(bytes(prefix[8 : 8 + header_len]), f"{source}: the header", _no_duplicates)
     if not isinstance(header, dict):
         raise LoadError(f"{source}: the header must be a JSON object, found {type(header).__name__}")
 

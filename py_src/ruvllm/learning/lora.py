@@ -45,6 +45,11 @@ DEFAULT_LAYERS = (-2, -1)
 # 0.5-4) would only turn the update into infinities.
 MAX_RANK = 65536
 MAX_SCALE = 1e4
+# The most an adapter file's update may add to one weight (scale x rank x its largest |A| x largest |B|,
+# a bound on every entry of scale * B @ A), and the most one of its values may be: trained adapters stay
+# far below 1 (weights are small numbers), while a tensor of 1e30 would merge into a model as infinities
+# or as weights that say nothing.
+MAX_UPDATE = 1e4
 _FLOAT_DTYPES = ("F32", "F16", "BF16")
 _GROUP = {"q_proj": "self_attn", "k_proj": "self_attn", "v_proj": "self_attn", "o_proj": "self_attn"}
 
@@ -235,13 +240,12 @@ class Adapter:
         write_files(folder, self.files(base_model), force, inputs)
 
     @classmethod
-    def from_files(cls, config_json: str, weights_file: SafetensorsFile, weights: Weights, state_file=None) -> Adapter:
+    def from_files(
+        cls, config_json: str | bytes, weights_file: SafetensorsFile, weights: Weights, state_file=None
+    ) -> Adapter:
         """An adapter from PEFT-layout files (already read), checked against the model's shapes."""
         source = "adapter_config.json"
-        try:
-            raw = fields.obj(json.loads(config_json), source)
-        except json.JSONDecodeError as e:
-            raise LoadError(f"{source} is not valid JSON ({e})") from None
+        raw = fields.obj(fields.parse_json(config_json, source), source)
         if fields.string(raw, "peft_type", source, default="LORA") != "LORA":
             raise LoadError(f"{source}: peft_type {raw.get('peft_type')!r} is not LORA")
         bias = fields.string(raw, "bias", source, default="none")
@@ -254,8 +258,16 @@ class Adapter:
         alpha = fields.number(raw, "lora_alpha", source, default=float(rank))
         layers = raw.get("layers_to_transform")
         layers = [layers] if isinstance(layers, int) and not isinstance(layers, bool) else layers
-        if layers is not None and not isinstance(layers, list):
-            raise LoadError(f"{source}: layers_to_transform must be a layer index or a list of them, got {layers!r}")
+        count = len(weights.layers)
+        if layers is not None and (
+            not isinstance(layers, list)
+            or not layers
+            or not all(isinstance(i, int) and not isinstance(i, bool) and 0 <= i < count for i in layers)
+        ):  # (PEFT's indexes: no negative ones, which ruvllm's own options take as counted from the top)
+            raise LoadError(
+                f"{source}: layers_to_transform must be a layer index in [0, {count}) or a non-empty list of "
+                f"them (this model has {count} layers), got {json.dumps(layers)[:80]}"
+            )
         try:
             config = LoRAConfig(rank, alpha, tuple(targets), None if layers is None else tuple(layers))
             config = config.resolved(len(weights.layers))
@@ -272,6 +284,20 @@ class Adapter:
                 if key not in weights_file:
                     raise LoadError(f"adapter_model.safetensors has no {key}")
                 store[name] = float_tensor(weights_file, key, shape, "this model")
+            largest = float(np.abs(A[name]).max(initial=0)), float(np.abs(B[name]).max(initial=0))
+            if max(largest) > MAX_UPDATE:
+                part = "lora_A" if largest[0] > MAX_UPDATE else "lora_B"
+                raise LoadError(
+                    f"adapter_model.safetensors: {name}'s {part} holds {max(largest):.3g} (at most {MAX_UPDATE:g}): "
+                    "not an adapter's values"
+                )
+            reach = config.scale * rank * largest[0] * largest[1]
+            if reach > MAX_UPDATE:
+                raise LoadError(
+                    f"adapter_model.safetensors: the update of {name} could reach {reach:.3g} in one weight "
+                    f"(scale x rank x its largest |lora_A| x largest |lora_B|; at most {MAX_UPDATE:g}): not an "
+                    "adapter's values"
+                )
         state = LearningState.from_tensors({k: state_file.get(k) for k in state_file.keys()}) if state_file else None
         state = state or LearningState()
         return cls(config, A, B, state, fields.integer(raw, "ruvllm_version", source, default=0, minimum=0))
@@ -299,11 +325,14 @@ def float_tensor(file: SafetensorsFile, key: str, shape: tuple[int, ...] | None 
     return array
 
 
-def read_folder(folder: str, what: str) -> tuple[str, str]:
-    """(the text of adapter_config.json, the path of adapter_model.safetensors) of a PEFT folder."""
+def read_folder(folder: str, what: str) -> tuple[bytes, str]:
+    """(the bytes of adapter_config.json, the path of adapter_model.safetensors) of a PEFT folder."""
     config_path = os.path.join(folder, "adapter_config.json")
     model_path = os.path.join(folder, "adapter_model.safetensors")
     if not os.path.exists(config_path) or not os.path.exists(model_path):
         raise LoadError(f"{folder}: {what} needs adapter_config.json and adapter_model.safetensors")
-    with open(config_path, encoding="utf-8") as f:
-        return f.read(), model_path
+    try:
+        with open(config_path, "rb") as f:
+            return f.read(), model_path
+    except OSError as e:
+        raise LoadError(f"cannot read {config_path}: {e.strerror or e}") from None

@@ -288,7 +288,7 @@ class Mixture:
 
     @classmethod
     def from_files(
-        cls, config_json: str, router_file: SafetensorsFile, experts: dict[str, Adapter], hidden_size: int
+        cls, config_json: str | bytes, router_file: SafetensorsFile, experts: dict[str, Adapter], hidden_size: int
     ) -> Mixture:
         """A mixture from an X-LoRA adapter_config.json, its router weights and its experts (loaded)."""
         source = "adapter_config.json"
@@ -357,18 +357,14 @@ class Mixture:
 def is_xlora(config_path: str) -> bool:
     """Whether the adapter_config.json at `config_path` describes an X-LoRA mixture."""
     try:
-        with open(config_path, encoding="utf-8") as f:
-            raw = json.load(f)
-    except (OSError, ValueError):
+        raw = fields.read_json(config_path)
+    except LoadError:
         return False  # not there or not JSON: the LoRA loader says what is wrong
     return isinstance(raw, dict) and raw.get("peft_type") == "XLORA"
 
 
-def _config(config_json: str) -> dict:
-    try:
-        raw = fields.obj(json.loads(config_json), "adapter_config.json")
-    except json.JSONDecodeError as e:
-        raise LoadError(f"adapter_config.json is not valid JSON ({e})") from None
+def _config(config_json: str | bytes) -> dict:
+    raw = fields.obj(fields.parse_json(config_json, "adapter_config.json"), "adapter_config.json")
     if raw.get("peft_type") != "XLORA":
         raise LoadError(f"adapter_config.json: peft_type {raw.get('peft_type')!r} is not XLORA")
     return raw

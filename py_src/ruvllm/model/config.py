@@ -121,12 +121,13 @@ class ModelConfig:
         attention_bias = fields.boolean(raw, "attention_bias", source)
         head_dim = fields.integer(raw, "head_dim", source, default=hidden // heads)
         windows = _sliding_windows(raw, architecture, layers, source)
-        bos = fields.token_ids(raw, "bos_token_id", source)
+        vocab = fields.integer(raw, "vocab_size", source)
+        bos = fields.token_ids(raw, "bos_token_id", source, vocab)
         if len(bos) > 1:
             raise fields.fail(source, "bos_token_id", "one token id", raw["bos_token_id"])
         return cls(
             architecture=architecture,
-            vocab_size=fields.integer(raw, "vocab_size", source),
+            vocab_size=vocab,
             hidden_size=hidden,
             intermediate_size=fields.integer(raw, "intermediate_size", source),
             num_hidden_layers=layers,
@@ -143,7 +144,7 @@ class ModelConfig:
             mlp_bias=fields.boolean(raw, "mlp_bias", source),
             sliding_windows=windows,
             bos_token_id=bos[0] if bos else None,
-            eos_token_ids=fields.token_ids(raw, "eos_token_id", source),
+            eos_token_ids=fields.token_ids(raw, "eos_token_id", source, vocab),
             hidden_act=act,
             qk_norm=architecture in ("Qwen3ForCausalLM", "Gemma3ForCausalLM"),
             sandwich_norms=gemma,

@@ -228,8 +228,7 @@ class Scheduler:
             made += 1
             self.metrics.generated_tokens += 1
             if not self._deliver(running.request, step):
-                self.metrics.cancelled += 1
-                self._finish(running, notify=False)
+                self._finish(running, cancelled=True)
             elif step.finish_reason is not None:
                 self._finish(running)
         return made
@@ -237,8 +236,7 @@ class Scheduler:
     def _admit(self) -> None:
         with self.changed:
             for running in [r for r in self.running if r.request.cancelled]:
-                self.metrics.cancelled += 1
-                self._finish(running, notify=False)
+                self._finish(running, cancelled=True)
             for request in [r for r in self.waiting if r.cancelled]:
                 self.waiting.remove(request)
                 request.finished = True
@@ -295,13 +293,17 @@ class Scheduler:
             sampled.append(running if running.computed == len(prompt) else None)
         return entries, sampled
 
-    def _finish(self, running: Running, error: BaseException | None = None, notify: bool = True) -> None:
+    def _finish(self, running: Running, error: BaseException | None = None, cancelled: bool = False) -> None:
+        """End a sequence: run to its end, failed (`error`, handed to its request), or `cancelled`
+        (counted as that alone, not as finished too)."""
         running.cache.release()
         self.running.remove(running)
         running.request.finished = True
-        if error is None:
+        if cancelled:
+            self.metrics.cancelled += 1
+        elif error is None:
             self.metrics.finished += 1
-        elif notify:
+        else:
             self._deliver(running.request, error)
 
     def _fail(self, request: Request, error: BaseException) -> None:

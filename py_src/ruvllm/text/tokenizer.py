@@ -34,8 +34,10 @@ class Tokenizer:
             from_str: Callable[[str], Any] | None = HFTokenizer.from_str
         except ImportError:
             from_str = None  # the same ids in plain Python
+        data = fields.obj(
+            fields.parse_json(tokenizer_json, source) if isinstance(tokenizer_json, str) else tokenizer_json, source
+        )
         try:
-            data = json.loads(tokenizer_json) if isinstance(tokenizer_json, str) else tokenizer_json
             model = data.get("model") if isinstance(data, dict) else None
             if isinstance(model, dict) and model.get("merges_by_position"):
                 from_str = None  # a GGUF document without its merges list: only the plain-Python BPE reads it
@@ -67,8 +69,8 @@ class Tokenizer:
             raise LoadError(f"{folder}: no tokenizer.json")
         config_path = os.path.join(folder, "tokenizer_config.json")
         config = fields.read_json(config_path) if os.path.exists(config_path) else {}
-        with open(path, encoding="utf-8") as f:
-            return cls(f.read(), config, path, config_path)
+        with open(path, "rb") as f:
+            return cls(fields.utf8_text(f.read(), path), config, path, config_path)
 
     @property
     def vocab_size(self) -> int:

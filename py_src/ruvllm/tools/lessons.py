@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..files.jsonfields import MAX_FILE_DEPTH, nesting_depth
 from ..learning.learn import AdaptOptions, check_reward
 from ..tools.perplexity import perplexity
 
@@ -41,6 +42,8 @@ def read_lessons(text: str, source: str) -> list[LessonLine]:
         if not raw.strip():
             continue
         where = f"{source} line {number}"
+        if nesting_depth(raw.encode("utf-8", "surrogatepass")) > MAX_FILE_DEPTH:
+            raise InvalidArgumentError(f"{where}: not JSON (nested deeper than {MAX_FILE_DEPTH} levels)")
         try:
             item = json.loads(raw)
         except json.JSONDecodeError as e:

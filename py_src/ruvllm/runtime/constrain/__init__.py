@@ -100,12 +100,13 @@ from .closing import Budgeted
 from .grammar import Grammar
 from .matcher import Matcher
 from .parser import MAX_EXPONENT_DIGITS, MAX_FRACTION_DIGITS, MAX_INDENT, MAX_INT_DIGITS, MAX_NEWLINES
-from .schema import MAX_ANY_ORDER, MAX_SCHEMA_DEPTH, json_grammar
+from .schema import MAX_ANY_ORDER, MAX_DOCUMENT_BYTES, MAX_SCHEMA_DEPTH, DocumentTooLongError, json_grammar
 from .vocabulary import Vocabulary
 
 __all__ = [
     "MAX_ANY_ORDER",
     "MAX_DFA_STATES",
+    "MAX_DOCUMENT_BYTES",
     "MAX_EXPONENT_DIGITS",
     "MAX_FRACTION_DIGITS",
     "MAX_INDENT",
@@ -113,6 +114,7 @@ __all__ = [
     "MAX_NEWLINES",
     "MAX_SCHEMA_DEPTH",
     "Budgeted",
+    "DocumentTooLongError",
     "Grammar",
     "Matcher",
     "Vocabulary",

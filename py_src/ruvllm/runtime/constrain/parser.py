@@ -8,6 +8,7 @@ it can read. The limits of what is written (whitespace, digits) are enforced her
 from __future__ import annotations
 
 from bisect import bisect_left
+from collections import deque
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -26,8 +27,23 @@ class _Rules:
     def __init__(self, nodes: Sequence, whitespace: bool = True) -> None:
         self.nodes = tuple(nodes)
         self.whitespace = whitespace  # False: the compact form, no whitespace between tokens
-        self.starts = tuple(_start_frames(self.nodes, n) for n in range(len(self.nodes)))
+        self.starts = _Starts(self.nodes)
         self.keys: dict[int, _Keys] = {}  # object node -> the trie of its declared keys (made when first read)
+
+
+class _Starts:
+    """[n]: the first frames of node n's alternatives, found when first asked for: a grammar that reads
+    few of its nodes (an enum's filter, `Grammar.accepts`) costs what it reads, not the whole schema."""
+
+    def __init__(self, nodes: tuple) -> None:
+        self.nodes = nodes
+        self.found: dict[int, tuple[tuple, ...]] = {}
+
+    def __getitem__(self, node: int) -> tuple[tuple, ...]:
+        frames = self.found.get(node)
+        if frames is None:
+            frames = self.found[node] = _start_frames(self.nodes, node)
+        return frames
 
 
 class _Keys:
@@ -277,9 +293,9 @@ def _due(spec: _Object, written: int) -> int:
 def _start_frames(nodes: Sequence, node: int) -> tuple[tuple, ...]:
     """The first frame of each alternative of a node (unions flattened, cycles ignored)."""
     frames: list[tuple] = []  # (kind, node, state, ...): a literal's frame holds the bytes matched so far
-    seen, todo = set(), [node]
+    seen, todo = set(), deque([node])
     while todo:
-        n = todo.pop(0)
+        n = todo.popleft()
         if n in seen:
             continue
         seen.add(n)

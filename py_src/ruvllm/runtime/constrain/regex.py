@@ -8,13 +8,17 @@ never written where it might not match (restrictive, never unsound). Supported: 
 `|`, `* + ? {n} {n,} {n,m}` (lazy forms too), `^` at the start and `$` at the end of the pattern or of
 a top-level alternative. A pattern is a search: without `^`/`$` anything may come before/after the
 match. Refused with `RegexError` (the caller names the keyword and path): backreferences, lookaround,
-word boundaries, `\\p{...}`, anchors elsewhere, and patterns whose DFA has more than MAX_REGEX_STATES.
+word boundaries, `\\p{...}`, anchors elsewhere, a quantifier on a quantifier (`a**`, as ECMA-262),
+patterns longer than MAX_PATTERN_CHARS or with groups nested deeper than MAX_GROUP_DEPTH (the parser
+recurses once per group), and patterns whose DFA has more than MAX_REGEX_STATES.
 """
 
 from __future__ import annotations
 
 MAX_REGEX_STATES = 2000
 MAX_NFA_STATES = 20000
+MAX_PATTERN_CHARS = 16384  # JSONSchemaBench's longest pattern has 5,153
+MAX_GROUP_DEPTH = 32  # groups within groups; JSONSchemaBench's patterns nest at most 8
 NON_ASCII = 128
 _PARTIAL = -1  # in a parsed class: some non-ASCII characters (not all); never an edge of the NFA
 _SYMBOLS = 129
@@ -100,8 +104,11 @@ class Regex:
 
 class _Parser:
     def __init__(self, source: str) -> None:
+        if len(source) > MAX_PATTERN_CHARS:
+            raise RegexError(f"the pattern has {len(source):,} characters (at most {MAX_PATTERN_CHARS:,})")
         self.s = source
         self.i = 0
+        self.depth = 0  # groups open
 
     def peek(self) -> str:
         return self.s[self.i] if self.i < len(self.s) else ""
@@ -127,6 +134,7 @@ class _Parser:
         return ("cat", items)
 
     def quantified(self, atom: tuple) -> tuple:
+        repeated = False  # (a group's own quantifier, `(a*)*`, is another matter: that is allowed)
         while True:
             ch = self.peek()
             if ch in ("*", "+", "?"):
@@ -139,9 +147,11 @@ class _Parser:
                 return atom
             if atom[0] in ("bol", "eol"):
                 raise RegexError(f"a quantifier after an anchor in {self.s!r}")
+            if repeated:
+                raise RegexError("nothing to repeat (a quantifier on a quantifier)")
             if self.peek() == "?":  # lazy: the same language
                 self.i += 1
-            atom = ("rep", atom, low, high)
+            atom, repeated = ("rep", atom, low, high), True
 
     def _counted(self) -> tuple[int, int | None] | None:
         end = self.s.find("}", self.i)
@@ -165,7 +175,11 @@ class _Parser:
                 self.i = self.s.index(">", self.i) + 1  # a named group
             elif self.peek() == "?":
                 raise RegexError(f"lookaround in {self.s!r} is not supported")
+            self.depth += 1
+            if self.depth > MAX_GROUP_DEPTH:
+                raise RegexError(f"groups nest deeper than {MAX_GROUP_DEPTH} levels")
             inner = self.alternation()
+            self.depth -= 1
             if self.take() != ")":
                 raise RegexError(f"unbalanced parenthesis in {self.s!r}")
             return inner

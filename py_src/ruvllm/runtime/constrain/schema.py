@@ -24,6 +24,20 @@ MAX_ANY_ORDER = 16  # objects with more declared properties are written in schem
 _PROPERTY_ORDERS = ("any", "schema")
 MAX_KEY_CHARS = 1_000_000  # undeclared keys of objects with maxProperties (see _Compiler.extra_key)
 
+# What one schema may cost, so that no request can make the compiler or the constraint take gigabytes or
+# minutes. Each is far above what real schemas use: JSONSchemaBench's 10,000 schemas have at most 915 KB
+# of JSON, 9,106 sub-schemas, 587 properties in one object, names of 110 bytes, 5,383 values in one enum
+# and enum/const values of 528 bytes (benchmarks/RESULTS.md, "What a schema may cost").
+MAX_SCHEMA_BYTES = 2 << 20  # the schema as compact JSON text
+MAX_NODES = 20_000  # nodes compiled (sub-schemas, with references and merges unrolled; JSONSchemaBench: 4,078)
+MAX_OBJECT_PROPERTIES = 2_000  # declared properties of one object
+MAX_LITERAL_BYTES = 4096  # a property name, or one enum/const value, as JSON text
+MAX_ENUM_VALUES = 20_000  # values of one enum
+# The longest document a grammar is compiled for when the caller does not say (a request says: its
+# max_tokens, or its context, times the longest token): a schema whose shortest document is longer, or
+# with a minLength/minItems past it, is refused, as no generation could finish it.
+MAX_DOCUMENT_BYTES = 1 << 20
+
 # Annotations and identifiers: no effect on what is valid. `format` is an annotation, as in jsonschema's
 # default validator (its values are not checked).
 _IGNORED = frozenset(
@@ -49,6 +63,10 @@ _SUPPORTED = (
     "minLength, maxLength, pattern, format (date, time, "
     "date-time, uuid, email, ipv4, ipv6, uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, and annotations"
 )
+
+
+class DocumentTooLongError(InvalidArgumentError):
+    """A schema whose shortest document is longer than the grammar may write (json_grammar's max_bytes)."""
 
 
 class _NoStringError(Exception):
@@ -97,6 +115,7 @@ def json_grammar(
     extra_properties: bool = True,
     whitespace: str = "compact",
     property_order: str = "any",
+    max_bytes: int = MAX_DOCUMENT_BYTES,
 ) -> Grammar:
     """The grammar of one JSON value, with literal text before and after it.
 
@@ -113,7 +132,11 @@ def json_grammar(
     through the properties in the order the schema's author chose). whitespace: "compact" (no whitespace between the
     tokens of the document, as XGrammar and LLGuidance write it: fewer tokens) or "flexible" (what
     the package docstring describes: indented, pretty output is possible, and JSON written by
-    `json.dumps` with its default separators is read).
+    `json.dumps` with its default separators is read). max_bytes: the longest document the grammar
+    is for (prefix and suffix aside; see MAX_DOCUMENT_BYTES): a schema whose shortest valid document
+    is longer is refused with DocumentTooLongError, naming the keyword where one does (`minLength`,
+    `minItems`), and lengths beyond it are bounded by it. Schemas past the MAX_* bounds of this module
+    are refused too, before they cost more than those bounds allow.
     """
     if property_order not in _PROPERTY_ORDERS:
         raise InvalidArgumentError(f'json_grammar: property_order must be "any" or "schema", got {property_order!r}')
@@ -122,7 +145,10 @@ def json_grammar(
     for name, text in (("prefix", prefix), ("suffix", suffix)):
         if not isinstance(text, str):
             raise InvalidArgumentError(f"json_grammar: {name} must be a string, got {type(text).__name__}")
-    compiler = _Compiler(schema, strict, extra_properties, property_order == "any")
+    if isinstance(max_bytes, bool) or not isinstance(max_bytes, int) or max_bytes < 2:
+        raise InvalidArgumentError(f"json_grammar: max_bytes must be an integer of at least 2, got {max_bytes!r}")
+    _check_size(schema)
+    compiler = _Compiler(schema, strict, extra_properties, property_order == "any", max_bytes)
     if schema is None:
         root, description = compiler.free_object(compiler.any_value()), "json_object"
     else:
@@ -142,6 +168,31 @@ def _fail(message: str, path: tuple[str, ...]) -> InvalidArgumentError:
     return InvalidArgumentError(f"json_schema: {message} {_where(path)}")
 
 
+def _check_size(schema: object) -> None:
+    """Refuse a schema longer than MAX_SCHEMA_BYTES as compact JSON, measured without recursion (and
+    without finishing a schema far past the bound, or one that holds itself)."""
+    size, todo = 0, [schema]
+    while todo and size <= MAX_SCHEMA_BYTES:
+        value = todo.pop()
+        if isinstance(value, dict):
+            size += 1 + len(value)  # braces, colons and commas
+            for key, item in value.items():
+                size += 2 + (len(key) if isinstance(key, str) else 8)
+                todo.append(item)
+        elif isinstance(value, list):
+            size += 1 + len(value)
+            todo.extend(value)
+        elif isinstance(value, str):
+            size += 2 + len(value)
+        else:
+            size += 4
+    if size > MAX_SCHEMA_BYTES:
+        raise InvalidArgumentError(
+            f"json_schema: the schema is larger than {MAX_SCHEMA_BYTES:,} bytes of JSON (the most one request "
+            "may compile)"
+        )
+
+
 def _json_texts(value: object, path: tuple[str, ...]) -> set[bytes]:
     """The ways a value of `enum`/`const` may be written: compact, non-ASCII raw or \\u-escaped, and a
     number equal to an integer with or without `.0` (JSON Schema compares numbers by value)."""
@@ -156,7 +207,12 @@ def _json_texts(value: object, path: tuple[str, ...]) -> set[bytes]:
                 text = json.dumps(v, ensure_ascii=ascii_only, separators=(",", ":"), allow_nan=False)
             except (TypeError, ValueError) as e:
                 raise _fail(f"a value of 'enum'/'const' is not JSON ({e})", path) from None
-            texts.add(text.encode("utf-8"))
+            data = text.encode("utf-8")
+            if len(data) > MAX_LITERAL_BYTES:
+                raise _fail(
+                    f"a value of 'enum'/'const' is {len(data):,} bytes of JSON (at most {MAX_LITERAL_BYTES:,})", path
+                )
+            texts.add(data)
     return texts
 
 
@@ -169,7 +225,15 @@ class _Compiler:
     slot reserved before their body, so recursion refers back to the slot. A sub-schema that no
     document can meet compiles to an empty union, with the reason kept for the error if the root is one."""
 
-    def __init__(self, root_schema: object, strict: bool, extra_properties: bool, any_order: bool = True) -> None:
+    def __init__(
+        self,
+        root_schema: object,
+        strict: bool,
+        extra_properties: bool,
+        any_order: bool = True,
+        max_bytes: int = MAX_DOCUMENT_BYTES,
+    ) -> None:
+        self.max_bytes = max_bytes
         self.resources = Resources(root_schema)
         self.strict = strict
         self.extra_properties = extra_properties
@@ -183,8 +247,25 @@ class _Compiler:
         self.regexes: dict[tuple[str, ...], Regex] = {}
 
     def add(self, node: object) -> int:
+        if len(self.nodes) >= MAX_NODES:
+            raise InvalidArgumentError(
+                f"json_schema: the schema compiles to more than {MAX_NODES:,} nodes (sub-schemas, with its "
+                "references and merges unrolled): too large to constrain one request"
+            )
         self.nodes.append(node)
         return len(self.nodes) - 1
+
+    def count(self, schema: dict, keyword: str, path: tuple[str, ...], least: int = 1) -> int:
+        """`_count`, with a minimum refused when that many characters (least 1), items (2: a comma
+        each) or properties (5) cannot fit in max_bytes, and a maximum past max_bytes lowered to it
+        (nothing longer is written anyway)."""
+        value = _count(schema, keyword, path)
+        if keyword.startswith("min") and value * least + 3 - least > self.max_bytes:
+            raise DocumentTooLongError(
+                f"json_schema: {keyword!r} {value:,} {_where(path)} needs more than the {self.max_bytes:,} bytes "
+                "a document may have"
+            )
+        return min(value, self.max_bytes) if value >= 0 else value
 
     def dead_node(self, why: str, path: tuple[str, ...]) -> int:
         node = self.add(_Union(()))
@@ -231,6 +312,12 @@ class _Compiler:
             reasons = [why for node, why in self.dead.items()]
             why = f" ({reasons[0]})" if reasons else " (every alternative needs an endless document)"
             raise InvalidArgumentError(f"json_schema: no JSON value is valid under the schema{why}")
+        least = _least_bytes(self.nodes, self.max_bytes)[root]
+        if least > self.max_bytes:
+            raise DocumentTooLongError(
+                f"json_schema: the shortest document valid under the schema needs more than the {self.max_bytes:,} "
+                "bytes a document may have"
+            )
         return Grammar(self.nodes, root, prefix, suffix, description, whitespace)
 
     def compile(self, schema: object, path: tuple[str, ...], location: Location | None, depth: int) -> int:
@@ -380,6 +467,8 @@ class _Compiler:
         values = schema.get("enum", [])
         if "enum" in schema and (not isinstance(values, list) or not values):
             raise _fail("'enum' must be a non-empty list", path)
+        if len(values) > MAX_ENUM_VALUES:
+            raise _fail(f"'enum' has {len(values):,} values (at most {MAX_ENUM_VALUES:,})", path)
         if "const" in schema:
             const = schema["const"]
             values = [v for v in values if json_equal(v, const)] if "enum" in schema else [const]
@@ -408,7 +497,7 @@ class _Compiler:
         if kind == "array":
             return self.array(schema, path, location, depth)
         if kind == "string":
-            low, high = _count(schema, "minLength", path), _count(schema, "maxLength", path)
+            low, high = self.count(schema, "minLength", path), self.count(schema, "maxLength", path)
             if high >= 0 and low > high:
                 return self.dead_node(f"'minLength' {low} is more than 'maxLength' {high}", path)
             try:
@@ -500,6 +589,11 @@ class _Compiler:
             raise _fail("'required' must be a list of strings", path)
         if not isinstance(patterns, dict):
             raise _fail("'patternProperties' must be an object", path)
+        if len(properties) > MAX_OBJECT_PROPERTIES:
+            raise _fail(f"'properties' declares {len(properties):,} (at most {MAX_OBJECT_PROPERTIES:,})", path)
+        for name in (*properties, *required):
+            if len(name.encode("utf-8", "surrogatepass")) > MAX_LITERAL_BYTES:
+                raise _fail(f"a property name of {len(name):,} characters (at most {MAX_LITERAL_BYTES:,} bytes)", path)
         extra_path, extra_location = (*path, "additionalProperties"), _child(location, "additionalProperties")
         key, names = self.key_node(schema, patterns, path)  # undeclared keys; names: which names may be keys
         if patterns:  # undeclared keys are written only where they match: additionalProperties is not needed
@@ -513,7 +607,7 @@ class _Compiler:
         dependencies = self.dependencies(schema, path)
         if dependencies and not (properties or required) and undeclared:
             raise _fail("'dependentRequired' between undeclared properties is not supported", path)
-        low, high = _count(schema, "minProperties", path), _count(schema, "maxProperties", path)
+        low, high = self.count(schema, "minProperties", path, 5), _count(schema, "maxProperties", path)
         counts = {"min_properties": low, "max_properties": high}
         if high >= 0 and low > high:
             return self.dead_node(f"'minProperties' {low} is more than 'maxProperties' {high}", path)
@@ -638,7 +732,7 @@ class _Compiler:
                 f"json_schema: 'propertyNames' {_where(path)} is supported only with pattern, minLength, "
                 "maxLength and format"
             )
-        low, high = _count(names, "minLength", path), _count(names, "maxLength", path)
+        low, high = self.count(names, "minLength", path), self.count(names, "maxLength", path)
         try:
             names_regex = self.pattern(names, (*path, "propertyNames"))
         except _NoStringError:  # no name meets it: as propertyNames false
@@ -679,7 +773,7 @@ class _Compiler:
             items, rest_keyword = schema.get("additionalItems", True), "additionalItems"
         if not isinstance(prefix_schemas, list):
             raise _fail(f"{prefix_keyword!r} must be a list of schemas", path)
-        low, high = _count(schema, "minItems", path), _count(schema, "maxItems", path)
+        low, high = self.count(schema, "minItems", path, 2), self.count(schema, "maxItems", path)
         if items is False:
             high = len(prefix_schemas) if high < 0 else min(high, len(prefix_schemas))
         if high >= 0 and low > high:
@@ -828,8 +922,8 @@ def _prune(nodes: list) -> set[int]:
                     writable = sum(p.value in productive for p in spec.properties)
                     ok = spec.min_properties <= writable + (spec.extra_value in productive)
             elif isinstance(spec, _Array):
-                items = [*spec.prefix, *([spec.item] * max(0, spec.min_items - len(spec.prefix)))]
-                ok = all(node is not None and node in productive for node in items[: spec.min_items])
+                items = [*spec.prefix[: spec.min_items], *([spec.item] if spec.min_items > len(spec.prefix) else [])]
+                ok = all(node is not None and node in productive for node in items)
             elif isinstance(spec, _Literal):
                 ok = bool(spec.values)
             else:
@@ -868,6 +962,42 @@ def _prune(nodes: list) -> set[int]:
                     high = min(high, spec.max_items)
                 nodes[n] = _Array(item if not dead else None, spec.min_items, high, spec.cap, spec.prefix[:high])
     return productive
+
+
+def _least_bytes(nodes: list, cap: int) -> list[int]:
+    """[n]: a lower bound on the bytes of node n's shortest value (cap + 1 for anything longer than
+    `cap`, or for no value at all), by rounds until nothing shortens, as `_prune`. Counted, never
+    written out: a schema asking for a billion items costs no more than one asking for ten."""
+    far = cap + 1
+    least = [far] * len(nodes)
+    changed = True
+    while changed:
+        changed = False
+        for n, spec in enumerate(nodes):
+            if isinstance(spec, _Literal):
+                value = min((len(text) for text in spec.values), default=far)
+            elif isinstance(spec, _String):
+                pattern = spec.pattern.shortest[0] if spec.pattern is not None else 0
+                value = 2 + max(spec.min_length, pattern)
+            elif isinstance(spec, _Number):
+                value = 1
+            elif isinstance(spec, _Union):
+                value = min((least[o] for o in spec.options), default=far)
+            elif isinstance(spec, _Object):
+                due = [p for j, p in enumerate(spec.properties) if p.required or spec.required_bits >> j & 1]
+                value = 1 + sum(len(p.key) + 2 + least[p.value] for p in due) + (not due)
+            elif isinstance(spec, _Array):
+                prefix = spec.prefix[: spec.min_items]
+                value = 1 + sum(1 + least[k] for k in prefix) + (not spec.min_items)
+                if spec.min_items > len(prefix):
+                    value += (spec.min_items - len(prefix)) * (1 + (far if spec.item is None else least[spec.item]))
+            else:
+                value = 1
+            value = min(value, far)
+            if value < least[n]:
+                least[n] = value
+                changed = True
+    return least
 
 
 def _multiple(schema: dict, path: tuple[str, ...]) -> Fraction:
