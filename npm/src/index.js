@@ -99,6 +99,8 @@ class EventQueue {
  * before the worker is terminated anyway (it may be inside a long synchronous step: Pyodide's boot).
  */
 const ABORT_GRACE_MS = 1000;
+// How long dispose() waits for the worker to free the model (after aborting what ran) before it ends it.
+const DISPOSE_GRACE_MS = 5000;
 
 /** Every load option checked (options.js), and what the table cannot say: a malformed hub name, kv. */
 function checkLoadOptions(options) {
@@ -381,11 +383,21 @@ export class RuvLLM {
     return resultOf(answer, request.type);
   }
 
-  /** Free the model and stop the worker. */
+  /**
+   * Free the model and stop the worker. What is under way stops first, as an abort stops it: a
+   * generation at its next token (its stream rejects with an AbortError), a lesson at its next slice.
+   */
   async dispose() {
     if (!this.#failed) {
+      for (const [id, queue] of this.#queues) {
+        this.#worker.post({ type: 'abort', id });
+        queue.push({ type: 'error', error: { type: 'abort', message: 'aborted: the model was disposed' } });
+      }
+      const id = newId();
+      const settled = this.#settled(id, DISPOSE_GRACE_MS); // a worker stuck in a long step is terminated
       try {
-        for await (const _ of this.#request({ type: 'dispose' }));
+        this.#send({ type: 'dispose', id });
+        await settled;
       } catch {
         // The worker is going away either way.
       }

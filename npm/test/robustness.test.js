@@ -4,7 +4,7 @@
 // (RUVLLM_PYODIDE_DIST or ~/.cache/ruvllm/pyodide/314.0.1); skipped, saying how to get one, without it.
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
-import { mkdtemp, open, readdir, readFile, rm } from 'node:fs/promises';
+import { mkdtemp, open, readdir, readFile, rm, symlink } from 'node:fs/promises';
 import { createServer } from 'node:http';
 import { tmpdir } from 'node:os';
 import { join, resolve } from 'node:path';
@@ -117,5 +117,62 @@ describe('SmolLM2 in Pyodide under Node, after bad input', { skip: SKIP }, () =>
     );
     const chunks = await collect(llm.chat([{ role: 'user', content: 'Hi' }], { temperature: 0, maxTokens: 3 }));
     assert.equal(chunks.length, 3);
+  });
+
+  test('a schema no answer can hold is refused naming its keyword, and the next request is answered', async () => {
+    const format = (schema) => ({ type: 'json_schema', json_schema: { name: 's', schema } });
+    const body = (schema) => ({ messages: [{ role: 'user', content: 'Hi' }], response_format: format(schema) });
+    await assert.rejects(
+      () => llm.chat.completions.create(body({ type: 'string', minLength: 1e9 })),
+      (e) =>
+        e instanceof RuvLLMError &&
+        e.type === 'invalid_argument' &&
+        e.message ===
+          "response_format.json_schema.schema: json_schema: 'minLength' 1,000,000,000 at the root needs more than the " +
+            "331,776 bytes a document may have (the context's 4,096 tokens of at most 81 bytes each)",
+    );
+    await assert.rejects(
+      () => llm.chat.completions.create(body({ type: 'string', pattern: '('.repeat(5000) + 'a' + ')'.repeat(5000) })),
+      (e) => e.type === 'invalid_argument' && /groups nest deeper than 32 levels at the root$/.test(e.message),
+    );
+    const answer = await llm.chat.completions.create({ ...body({ type: 'integer' }), max_tokens: 4, temperature: 0 });
+    assert.ok(Number.isInteger(JSON.parse(answer.choices[0].message.content)));
+  });
+
+  test('dispose() during a generation stops it at the next token, not at its end', async () => {
+    const stream = llm.generate('Once upon a time', { temperature: 0, maxTokens: 4000, ignoreEos: true });
+    let after = 0;
+    let disposed = null;
+    await assert.rejects(
+      async () => {
+        for await (const _ of stream) {
+          if (disposed) after += 1;
+          else disposed = llm.dispose();
+        }
+      },
+      (e) => e instanceof AbortError && e.message === 'aborted: the model was disposed',
+    );
+    await disposed;
+    assert.ok(after <= 2, `${after} tokens came after dispose()`); // (4000 before: the whole generation)
+    await assert.rejects(llm.tokenize('x'), (e) => e.message === 'this model was disposed');
+    llm = null;
+  });
+
+  test('a distribution folder without a runtime file is a load error that names it (the worker lives on)', async () => {
+    const folder = await mkdtemp(join(tmpdir(), 'ruvllm-dist-'));
+    try {
+      for (const name of await readdir(DIST)) {
+        if (name !== 'pyodide.asm.wasm') await symlink(join(DIST, name), join(folder, name));
+      }
+      await assert.rejects(
+        RuvLLM.load({ model: MODEL, pyodide: { indexURL: folder } }),
+        (e) =>
+          e instanceof RuvLLMError &&
+          e.type === 'load' &&
+          e.message.startsWith(`pyodide.indexURL ${folder}/ is not a Pyodide distribution: it has no pyodide.asm.wasm`),
+      );
+    } finally {
+      await rm(folder, { recursive: true, force: true });
+    }
   });
 });

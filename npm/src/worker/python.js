@@ -78,6 +78,7 @@ async function findPyodide(indexURL) {
   // only the boot snapshot needs it, so a failure to find it fails only that.
   const base = distributionBase(index);
   base.catch(() => {});
+  if (IS_NODE && index !== undefined) await checkFolder(await base, from);
   const read = async (name) => {
     try {
       return await readFrom(new URL(name, await base));
@@ -98,6 +99,27 @@ async function findPyodide(indexURL) {
   const createModule = async () =>
     (await import(/* @vite-ignore */ new URL('pyodide.asm.mjs', await base).href)).default;
   return { loader, index, from, version: loader.version, read, lock, createModule };
+}
+
+// The files Pyodide reads from its distribution as it starts. In Node, a folder without one of them made
+// Pyodide's loader fail where no caller catches it (ENOENT, and the worker gone), so they are looked for
+// first.
+const RUNTIME_FILES = ['pyodide.asm.mjs', 'pyodide.asm.wasm', 'python_stdlib.zip', 'pyodide-lock.json'];
+
+/** In Node, a distribution folder (a file: URL) must hold RUNTIME_FILES: a load error names what is missing. */
+async function checkFolder(base, from) {
+  if (!base.startsWith('file:')) return;
+  const [{ access }, { fileURLToPath }] = await Promise.all([import('node:fs/promises'), import('node:url')]);
+  const missing = [];
+  for (const name of RUNTIME_FILES) await access(fileURLToPath(new URL(name, base))).catch(() => missing.push(name));
+  if (missing.length === 0) return;
+  const what = missing.length === RUNTIME_FILES.length ? 'none of' : `no ${missing.join(', ')} among`;
+  throw new RuvLLMError(
+    'load',
+    `pyodide.indexURL ${from} is not a Pyodide distribution: it has ${what} ${RUNTIME_FILES.join(', ')}. ` +
+      `Pass a Pyodide ${PYODIDE_VERSION} distribution with NumPy (a folder or URL); docs/pyodide.md in the ` +
+      'ruvllm repository says how to make one.',
+  );
 }
 
 async function distributionBase(index) {
