@@ -201,3 +201,83 @@ result = {"code": code, "text": out.getvalue(), "bad": bad, "usage": err.getvalu
     expected = subprocess.run([sys.executable, "-m", "ruvllm", *args], capture_output=True, text=True, check=True)
     assert (got["code"], got["text"]) == (0, expected.stdout)
     assert got["bad"] == 2 and "argument --kernels: invalid choice: 'gpu'" in got["usage"]
+
+
+@pytest.fixture(scope="module")
+def bad_server():
+    """Servers that misbehave, on 127.0.0.1 (each path a model folder whose config.json is the fault):
+    silent/ never answers, drip/ sends a byte a second, short/ ends 990 bytes short of its Content-Length,
+    huge/ and huger/ announce 2^32-1 and 10^12 bytes, deep/ is JSON 100,000 levels deep."""
+    import http.server
+    import threading
+
+    stop = threading.Event()
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args) -> None:
+            pass
+
+        def do_GET(self) -> None:
+            kind = self.path.strip("/").split("/")[0]
+            if kind == "silent":
+                stop.wait(60)
+                return
+            body = b"[" * 100_000 + b"]" * 100_000 if kind == "deep" else b"{" + b" " * 998 + b"}"
+            length = {"huge": 2**32 - 1, "huger": 10**12}.get(kind, len(body))
+            self.send_response(200)
+            self.send_header("Content-Length", str(length))
+            self.end_headers()
+            if kind == "drip":
+                for b in body:
+                    if stop.wait(1):
+                        return
+                    self.wfile.write(bytes([b]))
+                    self.wfile.flush()
+            elif kind in ("short", "huge", "huger"):
+                self.wfile.write(body[:10])
+            else:
+                self.wfile.write(body)
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}/"
+    stop.set()
+    server.shutdown()
+
+
+def test_load_async_gives_up_on_servers_that_misbehave_with_one_line_each(bad_server):
+    """A server that never answers or drips a byte a second used to hang load_async for good; a body
+    cut short was a raw JsException; 2^32-1 announced bytes were allocated first ("Maximum allowed
+    dimension exceeded"); 100,000 levels of JSON were a fatal stack overflow. (Stall: 2 s here.)"""
+    errors = in_pyodide(
+        f"""
+import os
+os.environ["RUVLLM_HF_STALL_SECONDS"] = "2"
+from ruvllm import load_async
+from ruvllm.errors import RuvLLMError
+result = {{}}
+for kind in ("silent", "drip", "short", "huge", "huger", "deep"):
+    try:
+        await load_async({bad_server!r} + kind + "/")
+        result[kind] = "loaded"
+    except RuvLLMError as e:
+        result[kind] = [e.type, str(e)]
+"""
+    )
+    config = f"{bad_server}%s/config.json"
+    stall = "fewer than 2048 bytes in 2 s (RUVLLM_HF_MIN_SPEED=1024 bytes/s over RUVLLM_HF_STALL_SECONDS=2)"
+    assert errors["silent"] == ["download", f"{config % 'silent'}: no answer within 2 s (a stall: {stall})"]
+    assert errors["drip"][0] == "download"
+    assert errors["drip"][1].startswith(f"{config % 'drip'}: stalled after ")
+    assert errors["drip"][1].endswith(f" of 1,000 bytes ({stall})")
+    assert errors["short"][0] == "download"
+    assert errors["short"][1].startswith(f"{config % 'short'}: ")
+    assert "of 1,000 bytes" in errors["short"][1]  # ended, or broke off, after 10 (as the runtime reports it)
+    for kind, size in (("huge", "4,294,967,295"), ("huger", "1,000,000,000,000")):
+        assert errors[kind] == [
+            "download",
+            f"{config % kind}: the server announces {size} bytes, more than one file may hold in Pyodide's "
+            "memory (2,147,483,647: a model this large comes in shards)",
+        ]
+    assert errors["deep"] == ["load", f"{config % 'deep'} is not valid JSON (nested 100,000 levels deep; at most 100)"]

@@ -13,6 +13,7 @@ With the bridge, the only module that imports `js`/`pyodide`; it does so only in
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import sys
 import urllib.parse
@@ -30,6 +31,7 @@ from .files.gguf_model import GGUFModel
 from .files.hub import is_hub_name, parse
 from .files.store import TensorStore
 from .files.tensorfile import PieceBuffer, SafetensorsFile
+from .files.transfer import Stall
 from .model.config import ModelConfig
 from .quant.provider import DEFAULT_ARITHMETIC
 from .quant.wasm import WasmKernels
@@ -281,6 +283,11 @@ def _is_plain_path(path: str) -> bool:
     return all(part not in ("", ".", "..") and "\\" not in part for part in path.split("/"))
 
 
+# The most bytes one file may announce: one NumPy array in Pyodide's 32-bit memory holds at most this (a
+# larger model is split into shards). An announced size past it is refused before anything is allocated.
+MAX_DOWNLOAD_BYTES = 2**31 - 1
+
+
 async def _download(
     url: str,
     name: str,
@@ -290,10 +297,16 @@ async def _download(
 ) -> Any:
     """The bytes at `url` in a buffer Python owns (each piece copied once, straight into it), from the
     Cache API when the page has one and it holds them (stored there after a complete download); None
-    for an optional file the server does not have (404)."""
+    for an optional file the server does not have (404).
+
+    As the CPython downloader (files/transfer.py), a server that sends fewer than $RUVLLM_HF_MIN_SPEED
+    bytes/s over $RUVLLM_HF_STALL_SECONDS (headers included: one that never answers) is given up on;
+    a size past MAX_DOWNLOAD_BYTES is refused before it is allocated, and a body that ends short of the
+    size announced, or breaks off, is a DownloadError saying how much arrived."""
     import js
     from pyodide.ffi import JsException, to_js
 
+    stall = Stall.from_env()
     store = None
     if hasattr(js, "caches"):
         try:
@@ -303,8 +316,13 @@ async def _download(
     response: Any = await store.match(url) if store is not None else None
     cached = bool(response)
     if not cached:
+        controller = js.AbortController.new()
+        options = to_js({"signal": controller.signal}, dict_converter=js.Object.fromEntries)
         try:
-            response = await js.fetch(url)
+            response = await asyncio.wait_for(_awaited(js.fetch(url, options)), stall.seconds)
+        except TimeoutError:
+            controller.abort()
+            raise DownloadError(f"{url}: no answer within {stall.seconds:g} s (a stall: {stall.describe()})") from None
         except JsException as e:
             raise DownloadError(f"{url}: cannot fetch it ({e.message})") from None
         if response.status == 404 and optional:
@@ -314,26 +332,62 @@ async def _download(
     length = response.headers.get("content-length")
     if length is None or not str(length).isdigit():
         raise DownloadError(f"{url}: the server gave no Content-Length, so the file's size is unknown")
-    piece = PieceBuffer(int(length), url)
+    size = int(length)
+    if size > MAX_DOWNLOAD_BYTES:
+        await response.body.cancel()
+        raise DownloadError(
+            f"{url}: the server announces {size:,} bytes, more than one file may hold in Pyodide's memory "
+            f"({MAX_DOWNLOAD_BYTES:,}: a model this large comes in shards)"
+        )
+    try:
+        piece = PieceBuffer(size, url)
+    except MemoryError:
+        await response.body.cancel()
+        raise DownloadError(f"{url}: no room in Pyodide's memory for its {size:,} bytes") from None
     reader = response.body.getReader()
+    loop = asyncio.get_running_loop()
+    window, got = loop.time(), 0  # a window of stall.seconds, begun anew each time its quota is met
     try:
         while True:
-            part = await reader.read()
+            now = loop.time()
+            if got >= stall.min_bytes:
+                window, got = now, 0
+            try:
+                part = await asyncio.wait_for(_awaited(reader.read()), max(0.0, window + stall.seconds - now))
+            except TimeoutError:
+                raise DownloadError(
+                    f"{url}: stalled after {piece.filled:,} of {size:,} bytes ({stall.describe()})"
+                ) from None
+            except JsException as e:
+                raise DownloadError(
+                    f"{url}: the download broke off after {piece.filled:,} of {size:,} bytes ({e.message})"
+                ) from None
             if part.done:
                 break
             chunk = part.value
+            got += int(chunk.length)
             chunk.assign_to(piece.next_slice(int(chunk.length)))
             if on_progress is not None:
                 on_progress({"file": name, "loaded": piece.filled, "total": piece.array.size})
             if on_piece is not None:
                 on_piece(piece)
     except BaseException:
-        await reader.cancel()
+        try:
+            await reader.cancel()
+        except JsException:
+            pass  # (a stream that broke off is already closed)
         raise
-    if store is not None and not cached and piece.filled == piece.array.size:
+    if piece.filled != size:
+        raise DownloadError(f"{url}: the download ended after {piece.filled:,} of the {size:,} bytes announced")
+    if store is not None and not cached:
         try:  # (a failed write only costs the caching)
             headers = to_js({"content-length": str(piece.filled)}, dict_converter=js.Object.fromEntries)
             await store.put(url, js.Response.new(to_js(piece.array), to_js({"headers": headers})))
         except JsException:
             pass
     return piece
+
+
+async def _awaited(promise: Any) -> Any:
+    """A JavaScript promise as a coroutine (what asyncio.wait_for takes)."""
+    return await promise
