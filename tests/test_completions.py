@@ -291,3 +291,20 @@ def test_cli_generate_json_carries_logprobs(smollm2_dir, capsys):
     assert all(len(c["top_logprobs"]) == 2 and c["top_logprobs"][0]["id"] == c["id"] for c in content)
     assert main([*argv[:-1], "--logprobs", "2"]) == 1
     assert "--logprobs needs --json" in capsys.readouterr().err
+
+
+def test_constrained_output_without_max_tokens_takes_at_most_the_documented_default():
+    """A json_schema answer without max_tokens ran until the context was full (issue 35); now 512 tokens
+    at most, for json_object and required tool calls too; free text still runs to the context's end."""
+    from ruvllm.completions import CONSTRAINED_MAX_TOKENS, check
+
+    hi = [{"role": "user", "content": "Hi"}]
+    schema = {"type": "json_schema", "json_schema": {"name": "n", "schema": {"type": "object"}}}
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    assert CONSTRAINED_MAX_TOKENS == 512
+    for body in ({"response_format": schema}, {"response_format": {"type": "json_object"}},
+                 {"tools": [tool], "tool_choice": "required"}):  # fmt: skip
+        assert check({"messages": hi, **body}, "chat").max_tokens == 512
+        assert check({"messages": hi, **body, "max_tokens": 2000}, "chat").max_tokens == 2000
+    assert check({"messages": hi}, "chat").max_tokens is None
+    assert check({"messages": hi, "tools": [tool]}, "chat").max_tokens is None  # "auto": text, maybe a call

@@ -979,6 +979,27 @@ def test_only_declared_properties_are_written_without_extra_properties():
     assert np.flatnonzero(matcher.allowed()).tolist() == [BYTE0 + ord("a")]
 
 
+def test_explicit_extra_properties_writes_undeclared_keys_only_where_the_schema_says_so():
+    """response_format's mode (issue 35): a schema that lists properties and says nothing more gets only
+    those (the README's example let SmolLM2 add keys until the context was full); additionalProperties
+    true or a schema, or patternProperties, opens the object again; an object that lists nothing is free."""
+    explicit = {"extra_properties": "explicit", "whitespace": "flexible"}
+    listed = {"type": "object", "properties": {"a": {"type": "integer"}}}
+    assert reads(listed, '{"a": 1}', **explicit) and not reads(listed, '{"a": 1, "b": 2}', **explicit)
+    assert reads(listed, '{"a": 1, "b": 2}', whitespace="flexible")  # JSON Schema's reading, by default
+    opened = {**listed, "additionalProperties": True}
+    assert reads(opened, '{"a": 1, "b": 2}', **explicit)
+    typed = {**listed, "additionalProperties": {"type": "string"}}
+    assert reads(typed, '{"a": 1, "b": "x"}', **explicit) and not reads(typed, '{"a": 1, "b": 2}', **explicit)
+    patterned = {**listed, "patternProperties": {"^x": {"type": "integer"}}}
+    assert reads(patterned, '{"a": 1, "x1": 2}', **explicit) and not reads(patterned, '{"a": 1, "y": 2}', **explicit)
+    assert reads({"type": "object"}, '{"any": [1, {"b": null}]}', **explicit)
+    nested = {"type": "object", "properties": {"p": listed}, "required": ["p"]}
+    assert not reads(nested, '{"p": {"a": 1, "c": 3}}', **explicit)
+    with pytest.raises(InvalidArgumentError, match='extra_properties must be True, False or "explicit", got 1'):
+        json_grammar(listed, extra_properties=1)  # type: ignore[arg-type]
+
+
 def test_unknown_keywords_are_refused_when_strict():
     schema = {"type": "object", "properties": {"a": {"type": "integer", "x-unit": "cm"}}}
     json_grammar(schema)

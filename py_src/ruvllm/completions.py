@@ -16,7 +16,12 @@ The prompt is then tokenized (`prepare` on CPython; the browser worker tokenizes
 (`Response`), so the solo API, the worker and the batching server shape them with the same code.
 
 Defaults follow OpenAI, not ruvllm's `generate`: temperature 1, top_p 1, no top-k or min-p, and no
-max_tokens bound but the context window.
+max_tokens bound but the context window, except for constrained output (response_format json_object or
+json_schema, a required tool call): without max_tokens it takes at most CONSTRAINED_MAX_TOKENS, within
+which the document is always closed. A json_schema writes an object's declared properties only, unless
+the schema allows others explicitly (`additionalProperties` true or a schema, `patternProperties`), as
+OpenAI's structured outputs and XGrammar's strict mode do: JSON Schema's open objects, read literally,
+let a small model add keys until the context is full.
 """
 
 from __future__ import annotations
@@ -65,6 +70,9 @@ DEFAULT_ONLY = {"n", "best_of", "echo", "suffix", "frequency_penalty", "presence
                 "modalities"}  # fmt: skip
 ENDPOINTS = {"chat": "/v1/chat/completions", "text": "/v1/completions"}
 MAX_TEXT_LOGPROBS = 5  # OpenAI's bound for /v1/completions
+# max_tokens of constrained output when a request gives none: documents end well within it (the closing
+# is kept within the budget), and a model that rambles inside a string cannot run for the whole context
+CONSTRAINED_MAX_TOKENS = 512
 UNKNOWN_FIELDS = ("refuse", "ignore")
 
 
@@ -84,9 +92,10 @@ class Room:
     def max_bytes(self, max_tokens: int | None) -> int:
         return max(2, min(max_tokens or self.context, self.context) * self.token_bytes)
 
-    def why(self, max_tokens: int | None) -> str:
+    def why(self, max_tokens: int | None, defaulted: bool = False) -> str:
         if max_tokens is not None and max_tokens < self.context:
-            return f"max_tokens {max_tokens:,} of at most {self.token_bytes} bytes each"
+            which = "max_tokens" if not defaulted else "the default max_tokens of constrained output,"
+            return f"{which} {max_tokens:,} of at most {self.token_bytes} bytes each"
         return f"the context's {self.context:,} tokens of at most {self.token_bytes} bytes each"
 
 
@@ -216,7 +225,13 @@ def check(body: object, kind: object, unknown_fields: str = "refuse", room: Room
     GenerationOptions.from_kwargs(max_tokens=1 if max_tokens is None else max_tokens, **generation)  # refuse now
     # The grammars last (the costliest checks), compiled now: a schema we cannot follow is refused before
     # the answer starts, not in the middle of it.
-    bound = _Bound(MAX_DOCUMENT_BYTES, "") if room is None else _Bound(room.max_bytes(max_tokens), room.why(max_tokens))
+    bound = _Bound(MAX_DOCUMENT_BYTES, "")
+    if max_tokens is None and (_constrains(body.get("response_format")) or tool_choice not in ("none", "auto")):
+        max_tokens = CONSTRAINED_MAX_TOKENS
+        if room is not None:
+            bound = _Bound(room.max_bytes(max_tokens), room.why(max_tokens, defaulted=True))
+    elif room is not None:
+        bound = _Bound(room.max_bytes(max_tokens), room.why(max_tokens))
     grammar, call_grammar = _response_grammar(body.get("response_format"), bound), None
     if tool_choice == "auto":
         call_grammar = _call_grammar(tools, tool_choice, "\n", f"\n{TOOL_CALL_CLOSE}", bound)
@@ -422,6 +437,10 @@ class _Bound:
         return str(error)
 
 
+def _constrains(response_format: object) -> bool:
+    return isinstance(response_format, dict) and response_format.get("type") in ("json_object", "json_schema")
+
+
 def _response_grammar(response_format: object, bound: _Bound) -> Grammar | None:
     if response_format is None:
         return None
@@ -443,7 +462,7 @@ def _response_grammar(response_format: object, bound: _Bound) -> Grammar | None:
         string(spec.get("name"), "response_format.json_schema.name")
         boolean(spec.get("strict"), "response_format.json_schema.strict")
         try:
-            return json_grammar(spec["schema"], max_bytes=bound.max_bytes)
+            return json_grammar(spec["schema"], extra_properties="explicit", max_bytes=bound.max_bytes)
         except InvalidArgumentError as e:
             raise FieldError(f"response_format.json_schema.schema: {bound.explain(e)}", "response_format") from None
     raise FieldError(

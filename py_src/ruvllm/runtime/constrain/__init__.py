@@ -19,7 +19,8 @@ more than MAX_ANY_ORDER (16) declared properties: the set written is part of the
 once towards minProperties: they are not compared with each other),
 `additionalProperties` (with `properties`: undeclared keys, with
 values that follow it, may come between the declared ones unless it is false, or `json_grammar(...,
-extra_properties=False)` writes only the declared ones; with no properties listed: free keys whose
+extra_properties=False)` writes only the declared ones, and `extra_properties="explicit"` (what
+`response_format` uses) only where `additionalProperties` is written out; with no properties listed: free keys whose
 values follow `additionalProperties`, any value if it is true or if the schema says nothing about
 properties at all, but `"properties": {}` alone is the empty object), `items`, `prefixItems` (and
 draft-04 `items` lists with `additionalItems`), `minItems`, `maxItems`, `enum`, `const` (JSON values

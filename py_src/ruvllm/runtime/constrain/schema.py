@@ -112,7 +112,7 @@ def json_grammar(
     prefix: str = "",
     suffix: str = "",
     strict: bool = False,
-    extra_properties: bool = True,
+    extra_properties: bool | str = True,
     whitespace: str = "compact",
     property_order: str = "any",
     max_bytes: int = MAX_DOCUMENT_BYTES,
@@ -123,9 +123,13 @@ def json_grammar(
     (see the package docstring, `ruvllm.runtime.constrain`, for the keywords supported). prefix/suffix,
     e.g. "<tool_call>\\n" and "\\n</tool_call>", are written exactly, with no whitespace added around
     the value. strict: refuse keywords no JSON Schema draft defines (by default they are ignored, as
-    the specification says). extra_properties: undeclared properties may be written between the
+    the specification says). extra_properties: True, undeclared properties may be written between the
     declared ones where `additionalProperties` allows them (absent, true or a schema), as LLGuidance
-    does; False writes only the declared ones, as XGrammar does by default. property_order: "any"
+    does and as JSON Schema reads (its valid documents); "explicit", only where the schema says so
+    (`additionalProperties` true or a schema, or `patternProperties`: absent means none, as XGrammar's
+    strict mode and OpenAI's structured outputs write objects; `response_format` uses it); False,
+    only the declared ones whatever the schema says. (An object that declares no property at all
+    takes any key in each mode: `{"type": "object"}` is a free-form object.) property_order: "any"
     (declared properties in any order, each at most once, the required ones all before the object
     closes; objects with more than MAX_ANY_ORDER declared properties keep schema order) or "schema"
     (in schema order, as XGrammar and LLGuidance write them: fewer states, and the model is led
@@ -229,13 +233,17 @@ class _Compiler:
         self,
         root_schema: object,
         strict: bool,
-        extra_properties: bool,
+        extra_properties: bool | str,
         any_order: bool = True,
         max_bytes: int = MAX_DOCUMENT_BYTES,
     ) -> None:
         self.max_bytes = max_bytes
         self.resources = Resources(root_schema)
         self.strict = strict
+        if not (isinstance(extra_properties, bool) or extra_properties == "explicit"):
+            raise InvalidArgumentError(
+                f'json_grammar: extra_properties must be True, False or "explicit", got {extra_properties!r}'
+            )
         self.extra_properties = extra_properties
         self.any_order = any_order
         self.nodes: list = []
@@ -603,7 +611,9 @@ class _Compiler:
         # Free keys only when nothing is listed: no properties and additionalProperties allowing more
         # (explicitly, or by saying nothing at all). "properties": {} alone means the empty object.
         listed_none = "properties" not in schema or "additionalProperties" in schema or bool(patterns)
-        undeclared = extra is not False and self.extra_properties  # undeclared keys may be written
+        explicit = "additionalProperties" in schema or bool(patterns)
+        writes_extra = self.extra_properties is True or (self.extra_properties == "explicit" and explicit)
+        undeclared = extra is not False and writes_extra  # undeclared keys may be written
         dependencies = self.dependencies(schema, path)
         if dependencies and not (properties or required) and undeclared:
             raise _fail("'dependentRequired' between undeclared properties is not supported", path)
@@ -668,7 +678,7 @@ class _Compiler:
                 )
         props = tuple(_Property(_key(n), v, r) for n, v, r in listed)
         deps = {_key(k): tuple(_key(n) for n in v) for k, v in dependencies.items()}
-        if not self.extra_properties or extra is False or not (properties or patterns):
+        if not writes_extra or extra is False or not (properties or patterns):
             spec = _object_node(props, any_order=self.any_order, dependencies=deps, **counts)
         else:
             value = self.compile(extra, extra_path, extra_location, depth + 1)
