@@ -212,3 +212,24 @@ def test_a_generation_that_fails_gives_the_client_the_reason_and_the_server_goes
     answer = client.chat.completions.create(model="any", messages=chat("Hi"), max_tokens=4, temperature=0)
     expected = smollm2.create_chat_completion(chat("Hi"), max_tokens=4, temperature=0)
     assert answer.choices[0].message.content == expected["choices"][0]["message"]["content"]
+
+
+def test_a_tool_round_trip_with_the_openai_client(client, smollm2):
+    """Call, result, final answer, as the openai client's docs do it: the assistant's message (content null,
+    tool_calls) goes back as it came, then a 'tool' message. This was a 400 ("the chat_template in
+    tokenizer_config.json fails: TypeError ...") for SmolLM2's template, which writes no tools itself."""
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}  # fmt: skip
+    messages: list = chat("What is the weather in Paris?")
+    first = client.chat.completions.create(
+        model="any", messages=messages, tools=[tool], tool_choice="required", temperature=0, max_tokens=60
+    )
+    call = first.choices[0].message
+    assert first.choices[0].finish_reason == "tool_calls" and call.content is None
+    assert call.tool_calls[0].function.name == "get_weather"
+    messages += [call, {"role": "tool", "tool_call_id": call.tool_calls[0].id, "content": "Sunny, 21 C"}]
+    final = client.chat.completions.create(model="any", messages=messages, tools=[tool], temperature=0, max_tokens=24)
+    sent = [m if isinstance(m, dict) else m.model_dump(exclude_none=True) for m in messages]
+    expected = smollm2.create_chat_completion(sent, tools=[tool], temperature=0, max_tokens=24)
+    assert final.choices[0].message.content == expected["choices"][0]["message"]["content"]
+    assert final.choices[0].message.content.strip()  # an answer, in words

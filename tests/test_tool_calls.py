@@ -374,3 +374,62 @@ def test_the_schema_describes_the_text_between_the_tags():
 def test_there_is_no_call_schema_without_a_call_to_make():
     with pytest.raises(InvalidArgumentError, match='tool_choice is "none"'):
         tool_call_schema(check_tools(TOOLS), "none")
+
+
+# Chat templates of the families, as published (SmolLM2's and Gemma 3's come from their files here);
+# none but Qwen2.5's writes tool calls or results itself.
+PHI3 = (
+    "{% for message in messages %}{% if message['role'] == 'system' %}{{'<|system|>\\n' + message['content'] + "
+    "'<|end|>\\n'}}{% elif message['role'] == 'user' %}{{'<|user|>\\n' + message['content'] + '<|end|>\\n'}}"
+    "{% elif message['role'] == 'assistant' %}{{'<|assistant|>\\n' + message['content'] + '<|end|>\\n'}}{% endif %}"
+    "{% endfor %}{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% else %}{{ eos_token }}{% endif %}"
+)
+MISTRAL = (
+    "{{ bos_token }}{% for message in messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}"
+    "{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}"
+    "{% if message['role'] == 'user' %}{{ '[INST] ' + message['content'] + ' [/INST]' }}"
+    "{% elif message['role'] == 'assistant' %}{{ message['content'] + eos_token}}"
+    "{% else %}{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}{% endfor %}"
+)
+ROUND_TRIP = [
+    {"role": "user", "content": "What's the weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}},
+        {"id": "call_2", "type": "function", "function": {"name": "get-time", "arguments": '{"zone": "CET"}'}},
+    ]},
+    {"role": "tool", "tool_call_id": "call_1", "content": "Sunny, 21 C"},
+    {"role": "tool", "tool_call_id": "call_2", "content": "14:05"},
+]  # fmt: skip
+
+
+def family_templates(smollm2_dir: Path, gemma_gguf: Path) -> dict[str, str]:
+    from ruvllm.runtime.engine import open_gguf
+
+    smollm2 = json.loads((smollm2_dir / "tokenizer_config.json").read_text())["chat_template"]
+    gemma = open_gguf(str(gemma_gguf)).tokenizer_files(merges=False)[1]["chat_template"]
+    return {"smollm2": smollm2, "gemma3": gemma, "qwen2.5": QWEN2_5, "phi3": PHI3, "mistral": MISTRAL}
+
+
+def test_a_tool_round_trip_renders_in_every_family_s_template(smollm2_dir, gemma_gguf):
+    """A call (content null) and its results, as the openai client sends them back: SmolLM2's template
+    failed (None + str), Gemma's and Mistral's refused the 'tool' role, Phi-3's dropped it silently.
+    A template that does not write them itself gets them in the Hermes convention the calls are parsed in."""
+    calls = [
+        '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
+        '<tool_call>\n{"name": "get-time", "arguments": {"zone": "CET"}}\n</tool_call>',
+    ]
+    results = "<tool_response>\nSunny, 21 C\n</tool_response>\n<tool_response>\n14:05\n</tool_response>"
+    for family, source in family_templates(smollm2_dir, gemma_gguf).items():
+        template = ChatTemplate(source, {"bos_token": "<s>", "eos_token": "</s>"})
+        prompt = template.render(template_messages(ROUND_TRIP), True, TOOLS if family == "qwen2.5" else None)
+        assert template.reads_tools == ((True, True) if family == "qwen2.5" else (False, False)), family
+        assert "\n".join(calls) in prompt, (family, prompt)  # Qwen2.5's own rendering is the same text
+        assert results in prompt, (family, prompt)
+        assert prompt.index(calls[0]) < prompt.index(results), family
+
+
+def test_a_gguf_s_template_is_named_by_its_file_not_a_tokenizer_config_json_it_does_not_have(smollm2_gguf):
+    import ruvllm
+
+    model = ruvllm.load(str(smollm2_gguf))
+    assert model.tokenizer.chat_template.where == f"the chat_template in {smollm2_gguf} (GGUF metadata)"

@@ -228,6 +228,7 @@ export const SHAPES = Object.freeze({
   },
   Preparing: { fields: { preparing: 'boolean' } },
   Calibration: { fields: { ids: 'int[]' } },
+  ChatTemplateSource: { fields: { source: 'string | null (the template JavaScript renders with)' } },
   // --- not a bridge call: the JSON `ruvllm-js generate --json` prints, as `ruvllm generate --json` ----
   GenerateJson: {
     fields: {
@@ -276,6 +277,7 @@ export const BRIDGE = Object.freeze({
     cancel_learning: { args: { request_json: 'LessonKey' }, returns: 'Learned' },
     calibration_text: { args: {}, returns: 'string' },
     set_calibration: { args: { request_json: 'Calibration' }, returns: 'int (the ids kept)' },
+    set_chat_template: { args: { request_json: 'ChatTemplateSource' }, returns: 'true' },
     load_adapter: {
       args: { request_json: 'AdapterName', config_json: 'json', weights: 'bytes', state: 'bytes | null' },
       returns: 'string (its name)',

@@ -248,6 +248,7 @@ describe('OpenAI completions of SmolLM2 in Pyodide under Node', { skip: SKIP }, 
         ['chat', GREEDY_CHAT],
         ['chat', STREAMED_CHAT],
         ['text', GREEDY_TEXT],
+        ['chat', AFTER_TOOL],
       ]),
       cpython(
         [
@@ -261,9 +262,9 @@ describe('OpenAI completions of SmolLM2 in Pyodide under Node', { skip: SKIP }, 
         tooled = await RuvLLM.load({ model: MODEL, pyodide: PYODIDE, chatTemplate: template });
       })(),
     ]);
-    const [chat, streamed, text] = plain;
+    const [chat, streamed, text, afterToolOwn] = plain;
     const [toolCall, afterTool] = tools;
-    expected = { chat, streamed, text, toolCall, afterTool };
+    expected = { chat, streamed, text, toolCall, afterTool, afterToolOwn };
   });
   after(async () => Promise.all([llm?.dispose(), tooled?.dispose()]));
 
@@ -365,6 +366,15 @@ describe('OpenAI completions of SmolLM2 in Pyodide under Node', { skip: SKIP }, 
     const answer = await tooled.chat.completions.create(AFTER_TOOL);
     assert.deepEqual(answer.choices, expected.afterTool.choices);
     assert.deepEqual(counts(answer.usage), counts(expected.afterTool.usage)); // the same prompt tokens
+  });
+
+  test("a tool's result reaches a template that does not write tools itself (SmolLM2's) as in CPython", async () => {
+    // (SmolLM2's template failed on the call's content null: a 400 about tokenizer_config.json, issue 35)
+    const answer = await llm.chat.completions.create(AFTER_TOOL);
+    assert.deepEqual(answer.choices, expected.afterToolOwn.choices);
+    assert.deepEqual(counts(answer.usage), counts(expected.afterToolOwn.usage));
+    assert.equal(answer.choices[0].message.role, 'assistant');
+    assert.equal(typeof answer.choices[0].message.content, 'string');
   });
 
   test('an unknown field is an invalid_argument error naming it, streamed or not', async () => {

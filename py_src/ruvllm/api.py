@@ -338,7 +338,7 @@ def load(
         config, store = ModelConfig.from_dict(gguf.config, f"{path} (GGUF metadata)"), TensorStore([gguf])
         # Without `tokenizers`, Gemma's half a million merges are ranked as BPE needs them, never listed.
         tokenizer_json, tokenizer_config, generation_config = gguf.tokenizer_files(merges=tokenizers_installed())
-        tokenizer = Tokenizer(tokenizer_json, tokenizer_config, f"{path} (GGUF tokenizer)")
+        tokenizer = Tokenizer(tokenizer_json, tokenizer_config, f"{path} (GGUF tokenizer)", f"{path} (GGUF metadata)")
     else:
         config, store = open_model(path)
         tokenizer = Tokenizer.from_folder(path)
@@ -379,7 +379,9 @@ async def load_async(
     """
     options = load_options(context_length, compute, memory_budget, kv, kernels, arithmetic)
     fetched = await host.fetch_model(source, lambda config, store: plan_for(config, store, options), on_progress)
-    tokenizer = Tokenizer(fetched.tokenizer, fetched.tokenizer_config, f"{fetched.where} (tokenizer)")
+    gguf = fetched.where.lower().endswith(".gguf")
+    config_source = f"{fetched.where} (GGUF metadata)" if gguf else f"{fetched.where}tokenizer_config.json"
+    tokenizer = Tokenizer(fetched.tokenizer, fetched.tokenizer_config, f"{fetched.where} (tokenizer)", config_source)
     if chat_template is not None:
         tokenizer.set_chat_template(chat_template)
     return Model.of(fetched.config, fetched.store, tokenizer, fetched.generation_config, options, model_name(source))

@@ -104,6 +104,7 @@ from .runtime.generate import GenerationOptions, Prefilling
 from .session import Session
 from .text.detokenizer import StreamingDetokenizer, special_token_ids, token_byte_table
 from .text.stream import Chunk
+from .text.tool_calls import messages_for, reads_tools
 
 # The most bytes one array may hold: 2 GiB - 1 in Pyodide (wasm32). A weight file held in Pyodide's memory
 # (one thread) must fit in one.
@@ -380,6 +381,7 @@ class EngineHandle:
         self.session = Session(engine, token_bytes, special_ids)  # what api.Model shares
         self.token_bytes, self.strip_leading_space = token_bytes, strip_leading_space
         self.room = Room.of(engine.context_length, token_bytes)  # what an answer can hold, for schemas
+        self.reads_tools = (True, True)  # what JavaScript's chat template writes itself (set_chat_template)
         self.chunks: Generator[Chunk | Prefilling, None, None] | None = None
         self.response: Response | None = None  # with start_completion: the OpenAI answer being built
         self._outgoing: dict[str, bytes] = {}  # adapter_files, until take_files()
@@ -422,7 +424,10 @@ class EngineHandle:
         {"source": {messages, tools} (chat, for the chat template) or {prompt}}."""
         request = _request(request_json)
         checked = check(request.get("body"), request.get("kind"), room=self.room)
-        return {"source": json.dumps(checked.source)}
+        source = checked.source
+        if "messages" in source:
+            source = {**source, "messages": messages_for(source["messages"], *self.reads_tools)}
+        return {"source": json.dumps(source)}
 
     @_json_result
     def start_completion(self, request_json: str) -> dict:
@@ -563,6 +568,17 @@ class EngineHandle:
             if key is None or each == key:
                 self.session.cancel_learning(lesson)
         return {"lessons": self._report_lessons(), "waiting": self.learner.status().lessons}
+
+    @_json_result
+    def set_chat_template(self, request_json: str) -> bool:
+        """request: {source}: the chat template JavaScript renders with (null: none), so that the messages
+        check_completion returns are the ones it can render (tool calls and results written in the
+        Hermes convention where the template does not write them itself: tool_calls.messages_for)."""
+        source = _request(request_json).get("source")
+        if source is not None and not isinstance(source, str):
+            raise InvalidArgumentError("source must be the chat template's text or null")
+        self.reads_tools = reads_tools(source) if source else (True, True)
+        return True
 
     @_json_result
     def calibration_text(self) -> str:

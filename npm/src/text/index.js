@@ -245,6 +245,8 @@ export function createText({
   return {
     eosIds: [...eos].sort((a, b) => a - b),
     chatTemplateSource: templateSource,
+    /** The chat template's own text (null: none), for Python to know what it writes itself. */
+    chatTemplateText: template ? source : null,
     /**
      * At least how many tokens `text` has, when that is more than `tokens`, known without tokenizing it
      * (which takes a minute for megabytes); null otherwise, or when this tokenizer gives no bound.

@@ -166,6 +166,8 @@ async function withLoader(id, options, progress, signal, fill) {
     // learning keeps adapters away from what ordinary text uses: the calibration text, in ids made here
     const calibration = loaded().text.encode(callBridge(state.engine, 'calibration_text'));
     callBridge(state.engine, 'set_calibration', { ids: calibration });
+    // tool calls and results reach a template that does not write them itself as Hermes text (Python)
+    callBridge(state.engine, 'set_chat_template', { source: loaded().text.chatTemplateText });
     // the default adapter's projection is made in idle time from now on (learnWhileIdle)
     learning.preparing = callBridge(state.engine, 'prepare_learning').preparing;
     const info = {

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from datetime import datetime
 
 from ..errors import InvalidArgumentError, LoadError
+from .tool_calls import messages_for, reads_tools
 
 MAX_SECONDS = 2.0  # real templates take a few milliseconds
 MAX_CHARS = 1 << 22  # 4 Mi characters: far beyond any context window's worth of text
@@ -171,6 +172,7 @@ class ChatTemplate:
         except Exception as e:  # folding constants runs template code at compile time
             raise LoadError(f"{self.where} fails: {_describe(e)}") from None
         self.special_tokens = {k: v for k, v in special_tokens.items() if v is not None}
+        self.reads_tools = reads_tools(source)  # (calls, results) it writes itself; the rest are rewritten
 
     def render(
         self, messages: list[dict], add_generation_prompt: bool = True, tools: list[dict] | None = None, **extra: object
@@ -179,6 +181,7 @@ class ChatTemplate:
         None when there are none, as transformers' apply_chat_template passes them."""
         check_messages(messages)
         _check_tools(tools)
+        messages = messages_for(messages, *self.reads_tools)
         variables: dict[str, object] = dict(messages=messages, tools=tools, add_generation_prompt=add_generation_prompt)
         variables.update(self.special_tokens, **extra)
         parts, size = [], 0

@@ -230,3 +230,55 @@ def template_messages(messages: list[dict]) -> list[dict]:
             decoded.append(call)
         out.append({**message, "tool_calls": decoded})
     return out
+
+
+_TOOL_ROLE = re.compile(r"""(['"])tool\1""")  # a template that names the role 'tool' writes results itself
+
+
+def reads_tools(template: str) -> tuple[bool, bool]:
+    """(calls, results): whether a chat template writes an assistant message's `tool_calls`, and role "tool"
+    messages, itself (Qwen2.5's does both; SmolLM2's and Gemma 3's do neither)."""
+    return "tool_calls" in template, _TOOL_ROLE.search(template) is not None
+
+
+def messages_for(messages: list[dict], calls: bool, results: bool) -> list[dict]:
+    """OpenAI messages as a template that does not write tool calls (`calls` False) or their results
+    (`results` False) itself can take them, in the Hermes convention the calls are parsed in (as Qwen2.5's
+    template writes them): each call becomes its <tool_call> block in the assistant's text; results
+    become a user turn of <tool_response> blocks, consecutive ones and the user text that follows them in
+    one turn (templates such as Gemma's want user and assistant to alternate). Without this, a call's
+    `content: null` failed in SmolLM2's template and a "tool" message was refused by Gemma's. A content
+    of null becomes "" for such templates. The caller's messages are not changed."""
+    out: list[dict] = []
+    for message in messages:
+        role, content = message.get("role"), message.get("content")
+        if not calls and message.get("tool_calls"):
+            blocks = [_call_block(call) for call in message["tool_calls"]]
+            text = "\n".join([content, *blocks] if content else blocks)
+            message = {k: v for k, v in message.items() if k != "tool_calls"} | {"content": text}
+        elif not results and role == "tool":
+            block = f"<tool_response>\n{content or ''}\n</tool_response>"
+            if out and out[-1].get("role") == "user" and out[-1].get("_results"):
+                out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n{block}"}
+            else:
+                out.append({"role": "user", "content": block, "_results": True})
+            continue
+        elif (not results) and role == "user" and out and out[-1].get("_results"):
+            out[-1] = {**out[-1], "content": f"{out[-1]['content']}\n{content}", "_results": False}
+            continue
+        if message.get("content") is None and not calls:
+            message = {**message, "content": ""}
+        out.append(message)
+    return [{k: v for k, v in m.items() if k != "_results"} for m in out]
+
+
+def _call_block(call: dict) -> str:
+    function = call.get("function") or {}
+    arguments = function.get("arguments")
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except json.JSONDecodeError:
+            pass  # written as it came (check_messages let it through as a string)
+    body = json.dumps({"name": function.get("name"), "arguments": arguments}, ensure_ascii=False)
+    return f"{TOOL_CALL_OPEN}\n{body}\n{TOOL_CALL_CLOSE}"
