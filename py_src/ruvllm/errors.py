@@ -7,6 +7,8 @@ the way to the caller.
 
 from __future__ import annotations
 
+import sys
+
 
 class RuvLLMError(Exception):
     """Base class. `type` is one of: download, load, inference, context_full, invalid_argument."""
@@ -46,3 +48,10 @@ class InferenceError(RuvLLMError):
     """Something went wrong while running the model."""
 
     type = "inference"
+
+
+def install_advice(pip: str, micropip: str) -> str:
+    """How to install a missing package where this runs: micropip inside Pyodide (no pip there), pip elsewhere."""
+    if sys.platform == "emscripten":
+        return f"in Pyodide: import micropip; await micropip.install({micropip!r})"
+    return f"pip install {pip}"

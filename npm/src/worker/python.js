@@ -21,7 +21,8 @@ function withSlash(url) {
  * how Python started ({ from: 'snapshot' | 'fresh', cache: 'restored' | 'saved' | 'off' | 'unavailable',
  * note, ms, snapshotBytes }).
  * indexURL: a Pyodide distribution (URL, or a folder in Node). Default: in browsers the official CDN;
- * in Node the `pyodide` npm package, which fetches NumPy from the CDN on first use and caches it.
+ * in Node $RUVLLM_PYODIDE_DIST when it is set, else the `pyodide` npm package, which fetches NumPy
+ * from the CDN on first use and caches it.
  * bootCache: restore Python from a boot snapshot (snapshot.js), saving one on a boot without.
  * @param {{ indexURL?: string, bootCache?: boolean }} [options]
  */
@@ -64,7 +65,9 @@ function pyodideOptions() {
  * file), createModule() (the Emscripten module factory, pyodide.asm.mjs) }.
  */
 async function findPyodide(indexURL) {
-  const index = indexURL ? withSlash(indexURL) : IS_NODE ? undefined : DEFAULT_INDEX_URL;
+  // Node: $RUVLLM_PYODIDE_DIST (a local distribution, as ruvllm-js and the tests take it) when no indexURL
+  const given = indexURL || (IS_NODE ? globalThis.process?.env?.RUVLLM_PYODIDE_DIST : undefined);
+  const index = given ? withSlash(given) : IS_NODE ? undefined : DEFAULT_INDEX_URL;
   const from = index ?? 'the pyodide package';
   let loader;
   try {

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime
 
-from ..errors import InvalidArgumentError, LoadError
+from ..errors import InvalidArgumentError, LoadError, install_advice
 from .tool_calls import messages_for, reads_tools
 
 MAX_SECONDS = 2.0  # real templates take a few milliseconds
@@ -158,7 +158,7 @@ class ChatTemplate:
         try:
             import jinja2
         except ImportError:
-            raise LoadError("chat templates need jinja2: pip install 'ruvllm[text]'") from None
+            raise LoadError(f"chat templates need jinja2: {install_advice(repr('ruvllm[text]'), 'jinja2')}") from None
         self.where = f"the chat_template in {where}"
         self._bounds = _Bounds()
         self._errors = jinja2.exceptions.TemplateError

@@ -26,7 +26,7 @@ import unicodedata
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from ..errors import LoadError
+from ..errors import LoadError, install_advice
 from .detokenizer import byte_level_alphabet
 
 _T = TypeVar("_T")
@@ -147,8 +147,8 @@ class Matcher:
             import regex as regex_module  # type: ignore[import-untyped]
         except ImportError:
             raise LoadError(
-                f"{where}: the split pattern {pattern!r} needs the `regex` package (pip install regex) "
-                "or the `tokenizers` package"
+                f"{where}: the split pattern {pattern!r} needs the `regex` package "
+                f"({install_advice('regex', 'regex')}) or the `tokenizers` package"
             ) from None
         try:
             self.compiled = regex_module.compile(pattern)
