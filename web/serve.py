@@ -6,7 +6,10 @@ the official CDN).
     python web/serve.py [--port 8000]
 
 Every response carries COOP/COEP headers (cross-origin isolation) and the right MIME types for .mjs and
-.wasm. `/config.json` tells the page the models it can pick (those on disk), the default one and where Pyodide is.
+.wasm. `/config.json` tells the page the models it can pick (those on disk when it is asked: a model
+fetched while the server runs is listed at once), the default one and where Pyodide is;
+`/examples/pyscript/pyscript.json` tells PyScript where Pyodide is and which wheels to install (the ones
+on disk: `./build.sh serve` makes them).
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ MODELS = (
     ),
 )
 PYODIDE_VERSION = "314.0.1"
+PYODIDE_CDN = f"https://cdn.jsdelivr.net/pyodide/v{PYODIDE_VERSION}/full/"  # the npm package's default too
 # Debian's chromium in this sandbox, headless, as the browser tests and benchmarks drive it.
 CHROMIUM_ARGS = [
     "--no-sandbox",
@@ -76,12 +80,28 @@ class DemoServer(ThreadingHTTPServer):
         }
         if pyodide is not None:
             self.mounts = {"/pyodide/": pyodide, **self.mounts}
-        on_disk = [(name, url, mode) for name, url, path, mode in MODELS if (ROOT / path).exists()]
-        models = [{"name": name, "url": url, "mode": mode} for name, url, mode in on_disk]
-        self.config = {"model": DEFAULT_MODEL, "models": models, "pyodideIndexURL": "/pyodide/" if pyodide else None}
+        self.pyodide = pyodide
         self.requests: Counter[str] = Counter()  # path -> GET count, for tests
         self.lock = threading.Lock()
         super().__init__(("127.0.0.1", port), DemoHandler)
+
+    def config(self) -> dict:
+        """What the page can pick, looked at now (a model fetched by `./build.sh gemma` while the server runs
+        is listed without a restart)."""
+        on_disk = [(name, url, mode) for name, url, path, mode in MODELS if (ROOT / path).exists()]
+        models = [{"name": name, "url": url, "mode": mode} for name, url, mode in on_disk]
+        return {"model": DEFAULT_MODEL, "models": models, "pyodideIndexURL": "/pyodide/" if self.pyodide else None}
+
+    def pyscript_config(self) -> dict:
+        """examples/pyscript's PyScript config: the local Pyodide or the CDN's, and the wheels micropip
+        installs (jinja2 and MarkupSafe as ./build.sh makes them, then ours, as npm/wheel/manifest.json names it)."""
+        index = "/pyodide/" if self.pyodide else PYODIDE_CDN
+        wheels = sorted(p.name for p in (ROOT / "build" / "pyodide-wheels").glob("*.whl"))
+        ours = ROOT / "npm" / "wheel" / "manifest.json"
+        packages = [f"/pyodide-wheels/{name}" for name in sorted(wheels, key=lambda n: not n.startswith("markupsafe"))]
+        if ours.exists():
+            packages.append(f"/npm/wheel/{json.loads(ours.read_text())['file']}")
+        return {"interpreter": f"{index}pyodide.mjs", "packages_cache": "never", "packages": packages}
 
 
 class DemoHandler(SimpleHTTPRequestHandler):
@@ -108,8 +128,9 @@ class DemoHandler(SimpleHTTPRequestHandler):
         path = unquote(urlsplit(self.path).path)
         with self.server.lock:
             self.server.requests[path] += 1
-        if path == "/config.json":
-            body = json.dumps(self.server.config).encode()
+        made = {"/config.json": self.server.config, "/examples/pyscript/pyscript.json": self.server.pyscript_config}
+        if path in made:
+            body = json.dumps(made[path]()).encode()
             self.send_response(200)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
@@ -138,7 +159,10 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
     pyodide = local_pyodide()
-    server = DemoServer(args.port, pyodide)
+    try:
+        server = DemoServer(args.port, pyodide)
+    except OSError as e:  # the port is taken (or not ours to take): one line, not a traceback
+        raise SystemExit(f"cannot serve on 127.0.0.1:{args.port} ({e.strerror or e}): pick another with --port N")
     where = f"local Pyodide from {pyodide}" if pyodide else f"Pyodide {PYODIDE_VERSION} from the official CDN"
     print(f"ruvllm demo: http://127.0.0.1:{server.server_address[1]}/  ({where}; Ctrl+C stops)", flush=True)
     try:

@@ -10,9 +10,11 @@
  *     ...
  *   }
  *
- * Errors keep their `name` ('RuvLLMError', 'AbortError') and `type`; for `instanceof`, take the classes
- * from the ES module: `const { RuvLLMError } = await importModule()`.
+ * Errors are the ES module's own classes (error-classes.cjs holds them for both entries): `instanceof
+ * RuvLLMError` and `instanceof AbortError` hold here too.
  */
+
+const { RuvLLMError, AbortError } = require('./error-classes.cjs');
 
 /** The ES module itself: { RuvLLM, RuvLLMError, AbortError }. */
 function importModule() {
@@ -27,4 +29,4 @@ const RuvLLM = Object.freeze({
   },
 });
 
-module.exports = { RuvLLM, importModule };
+module.exports = { RuvLLM, importModule, RuvLLMError, AbortError };

@@ -58,16 +58,46 @@ test('require() gives RuvLLM.load and the ES module; errors are the same typed e
   try {
     await ruvllm.RuvLLM.load({ model: 'm/', temprature: 0 });
   } catch (e) {
-    console.log(e instanceof api.RuvLLMError, e.type, e.message);
+    console.log(e instanceof api.RuvLLMError, e instanceof ruvllm.RuvLLMError, e.type, e.message);
   }
 })();
 `,
   );
   assert.equal(code, 0, stderr);
   const [keys, check] = stdout.trim().split('\n');
-  assert.equal(keys, '["RuvLLM","importModule"] ["AbortError","RuvLLM","RuvLLMError"]');
+  assert.equal(keys, '["AbortError","RuvLLM","RuvLLMError","importModule"] ["AbortError","RuvLLM","RuvLLMError"]');
   assert.match(
     check,
-    /^true invalid_argument options\.temprature is not an option of RuvLLM\.load; its options are: model, /,
+    /^true true invalid_argument options\.temprature is not an option of RuvLLM\.load; its options are: model, /,
   );
+});
+
+test('TypeScript in a CommonJS project imports the error classes (it was TS2305) and type-checks', async () => {
+  const tsc = join(PACKAGE, '..', 'node_modules', '.bin', 'tsc');
+  await writeFile(
+    join(project, 'tsconfig.json'),
+    JSON.stringify({ compilerOptions: { module: 'nodenext', strict: true, noEmit: true, types: [] } }),
+  );
+  await writeFile(
+    join(project, 'main.ts'),
+    `import { RuvLLM, RuvLLMError, AbortError, importModule } from '@ruvector/ruvllm';
+export async function main(): Promise<string> {
+  try {
+    const llm = await RuvLLM.load({ model: './models/smollm2-135m-instruct/' });
+    await llm.dispose();
+    return 'loaded';
+  } catch (error) {
+    if (error instanceof RuvLLMError) return error.type;
+    if (error instanceof AbortError) return error.message;
+    const api = await importModule();
+    return error instanceof api.RuvLLMError ? 'same class' : 'other';
+  }
+}
+`,
+  );
+  try {
+    await run(tsc, ['-p', 'tsconfig.json'], { cwd: project });
+  } catch (error) {
+    assert.fail(`tsc found errors:\n${error.stdout}${error.stderr}`);
+  }
 });

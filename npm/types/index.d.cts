@@ -21,6 +21,12 @@ export declare const RuvLLM: {
   load(options: api.LoadOptions): Promise<api.RuvLLM>;
 };
 
+/** The error classes, the ES module's own (`instanceof` holds whichever entry made the error). */
+export declare const RuvLLMError: typeof api.RuvLLMError;
+export type RuvLLMError = api.RuvLLMError;
+export declare const AbortError: typeof api.AbortError;
+export type AbortError = api.AbortError;
+
 /**
  * The ES module itself ({ RuvLLM, RuvLLMError, AbortError }), e.g. for `instanceof` checks.
  * @example

@@ -1,6 +1,6 @@
 """`ruvllm chat MODEL`: an interactive chat. On a terminal: line editing and history (readline), Ctrl+C
-stops the answer being written (what it wrote stays in the conversation) and, at the prompt, leaves, as
-llama.cpp's."""
+stops the answer being written (what it wrote stays in the conversation); at the prompt it says how to
+leave, and a second Ctrl+C in a row leaves (as Node's and Python's shells do, not silently)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,8 @@ from .common import ADAPTER_HELP, add_load_options, command_main
 from .generate import add_generation_options, generation_options, load_for_generation, messages
 
 HELP = "interactive chat"
-CHAT_HELP = "commands: /clear (forget the conversation), /system TEXT, /temp T, /stats (speed on/off), /quit"
+CHAT_HELP = "commands: /help, /clear (forget the conversation), /system TEXT, /temp T, /stats (speed on/off), /quit"
+LEAVE = "(to leave: Ctrl+C again, Ctrl+D or /quit)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,19 +36,30 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:  # (Windows, Pyodide)
             pass
     print(f"ruvllm chat - {CHAT_HELP}; Ctrl+C stops an answer", file=sys.stderr)
+    interrupted = False  # the last thing at the prompt was Ctrl+C
     while True:
         try:
             line = input("> " if interactive else "")
-        except (EOFError, KeyboardInterrupt):
-            print(file=sys.stderr)
+        except EOFError:
+            print("(bye)", file=sys.stderr)
             return 0
+        except KeyboardInterrupt:
+            if interrupted:
+                print("\n(bye)", file=sys.stderr)
+                return 0
+            interrupted = True
+            print(f"\n{LEAVE}", file=sys.stderr)
+            continue
+        interrupted = False
         if not line.strip():
             continue
         if line.startswith("/"):
             command, _, value = line.strip().partition(" ")
             if command == "/quit":
                 return 0
-            if command == "/clear":
+            if command == "/help":
+                print(f"({CHAT_HELP}; Ctrl+C stops an answer; {LEAVE.strip('()')})", file=sys.stderr)
+            elif command == "/clear":
                 history = []
                 print("(conversation cleared)", file=sys.stderr)
             elif command == "/system":
