@@ -585,6 +585,31 @@ def test_the_picker_loads_the_gemma_gguf_and_its_answer_equals_cpython(browser, 
     context.close()
 
 
+def test_a_pyodide_file_that_does_not_arrive_offers_retry_and_retry_loads(browser, base_url):
+    """The runtime's own files come over the network too (the CDN, by default): one that fails to arrive
+    is a download error, which Retry may mend (it was a load error: no Retry, a reload the only way out)."""
+    context, page = open_demo(browser, "about:blank")
+    failures = []
+
+    def fail(route):
+        if failures:
+            route.fallback()
+            return
+        failures.append(route.request.url)
+        route.fulfill(status=503, body="busy")
+
+    context.route("**/pyodide.asm.wasm", fail)
+    page.goto(base_url)
+    wait_state(page, "error")
+    assert len(failures) == 1
+    assert "Pyodide" in load_error(page)
+    assert page.is_visible("[data-testid=retry]")
+    page.click("[data-testid=retry]")
+    wait_state(page, "ready")
+    assert page.is_hidden("[data-testid=retry]") and page.is_hidden("[data-testid=load-error]")
+    context.close()
+
+
 def test_retry_after_a_failed_download_loads_the_model_in_the_same_page(browser, base_url):
     context, page = open_demo(browser, "about:blank", record_load=True)
     failures = []
@@ -749,6 +774,9 @@ def test_the_page_on_a_phone(browser, base_url):
     wait_state(page, "ready")
     assert page.text_content("#messages > li.user .text") == "Give me two tips\nfor better sleep."
     assert answer(page)
+    # the box to write the next message in is on the screen, without scrolling (it was below the fold)
+    in_view = "(e) => { const r = e.getBoundingClientRect(); return r.top >= 0 && r.bottom <= innerHeight; }"
+    assert page.eval_on_selector("[data-testid=prompt]", in_view)
     page.locator("[data-testid=copy]").scroll_into_view_if_needed()
     shot(page, "phone-answer", full_page=False)
     assert page.evaluate(WRAPPED_BUTTONS) == []

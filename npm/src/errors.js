@@ -3,12 +3,30 @@
  * kind it is; an abort is an AbortError, as with fetch().
  */
 
-import classes from './error-classes.cjs';
-
 /** @typedef {'download' | 'load' | 'inference' | 'context_full' | 'invalid_argument'} RuvLLMErrorType */
 
-// (one definition for both entries: error-classes.cjs)
-export const { ERROR_TYPES, RuvLLMError, AbortError } = classes;
+export const ERROR_TYPES = Object.freeze(['download', 'load', 'inference', 'context_full', 'invalid_argument']);
+
+export class RuvLLMError extends Error {
+  /**
+   * @param {RuvLLMErrorType} type
+   * @param {string} message
+   */
+  constructor(type, message) {
+    super(message);
+    /** @type {'RuvLLMError'} */
+    this.name = 'RuvLLMError';
+    this.type = ERROR_TYPES.includes(type) ? type : 'inference';
+  }
+}
+
+export class AbortError extends Error {
+  constructor(message = 'The operation was aborted') {
+    super(message);
+    /** @type {'AbortError'} */
+    this.name = 'AbortError';
+  }
+}
 
 /** A plain object that survives postMessage, and back. */
 export function serializeError(error) {

@@ -10,11 +10,36 @@
  *     ...
  *   }
  *
- * Errors are the ES module's own classes (error-classes.cjs holds them for both entries): `instanceof
- * RuvLLMError` and `instanceof AbortError` hold here too.
+ * RuvLLMError and AbortError here are CommonJS twins of the ES module's classes (which this door cannot
+ * load synchronously): `error instanceof RuvLLMError` holds for the errors the package throws, as it
+ * looks at the error's name (and, for a RuvLLMError, its type); the ES module's own classes are
+ * `(await importModule()).RuvLLMError`.
  */
 
-const { RuvLLMError, AbortError } = require('./error-classes.cjs');
+const ERROR_TYPES = ['download', 'load', 'inference', 'context_full', 'invalid_argument'];
+
+class RuvLLMError extends Error {
+  constructor(type, message) {
+    super(message);
+    this.name = 'RuvLLMError';
+    this.type = ERROR_TYPES.includes(type) ? type : 'inference';
+  }
+
+  static [Symbol.hasInstance](value) {
+    return value instanceof Error && value.name === 'RuvLLMError' && ERROR_TYPES.includes(value.type);
+  }
+}
+
+class AbortError extends Error {
+  constructor(message = 'The operation was aborted') {
+    super(message);
+    this.name = 'AbortError';
+  }
+
+  static [Symbol.hasInstance](value) {
+    return value instanceof Error && value.name === 'AbortError';
+  }
+}
 
 /** The ES module itself: { RuvLLM, RuvLLMError, AbortError }. */
 function importModule() {

@@ -21,7 +21,10 @@ export declare const RuvLLM: {
   load(options: api.LoadOptions): Promise<api.RuvLLM>;
 };
 
-/** The error classes, the ES module's own (`instanceof` holds whichever entry made the error). */
+/**
+ * The error classes, as the CommonJS door has them: `instanceof` holds for every error the package throws
+ * (the ES module's own classes are `(await importModule()).RuvLLMError`).
+ */
 export declare const RuvLLMError: typeof api.RuvLLMError;
 export type RuvLLMError = api.RuvLLMError;
 export declare const AbortError: typeof api.AbortError;

@@ -41,9 +41,9 @@ export async function startPython({ indexURL, bootCache = true } = {}) {
   try {
     py = await dist.loader.loadPyodide({ ...pyodideOptions(), indexURL: dist.index });
   } catch (error) {
-    throw new RuvLLMError('load', `cannot start Pyodide from ${dist.from}: ${error.message}`);
+    throw new RuvLLMError(dist.fetched, `cannot start Pyodide from ${dist.from}: ${error.message}`);
   }
-  await loadNumpy(py, dist.from);
+  await loadNumpy(py, dist.from, dist.fetched);
   installWheel(py, wheel);
   const boot = { from: 'fresh', cache: bootCache ? 'unavailable' : 'off', note, snapshotBytes: null };
   return { py, boot: { ...boot, ms: performance.now() - started } };
@@ -75,7 +75,7 @@ async function findPyodide(indexURL) {
     // come from indexURL. Browsers: the loader that sits with the runtime files.
     loader = IS_NODE ? await import('pyodide') : await import(/* @vite-ignore */ `${index}pyodide.mjs`);
   } catch (error) {
-    throw new RuvLLMError('load', `cannot load Pyodide from ${from}: ${error.message}`);
+    throw new RuvLLMError(fetchedKind(index), `cannot load Pyodide from ${from}: ${error.message}`);
   }
   // The folder or URL the runtime files are read from (Node's default: the pyodide package's folder);
   // only the boot snapshot needs it, so a failure to find it fails only that.
@@ -101,7 +101,17 @@ async function findPyodide(indexURL) {
   };
   const createModule = async () =>
     (await import(/* @vite-ignore */ new URL('pyodide.asm.mjs', await base).href)).default;
-  return { loader, index, from, version: loader.version, read, lock, createModule };
+  return { loader, index, from, version: loader.version, read, lock, createModule, fetched: fetchedKind(index) };
+}
+
+/**
+ * The kind of error a distribution's file that did not arrive is: fetched over the network (a browser's,
+ * a URL, the CDN behind Node's pyodide package) it is a 'download' error, which trying again may mend
+ * (the page offers Retry); read from a folder, a 'load' error.
+ * @returns {'download' | 'load'}
+ */
+function fetchedKind(index) {
+  return !IS_NODE || index === undefined || /^https?:\/\//i.test(index) ? 'download' : 'load';
 }
 
 // The files Pyodide reads from its distribution as it starts. In Node, a folder without one of them made
@@ -146,9 +156,11 @@ async function readFrom(url) {
 /**
  * Load NumPy from the distribution's lock file. Pyodide does not throw when a wheel cannot be fetched:
  * it says so through the callbacks and leaves the package out, and all that shows next is "No module
- * named 'numpy'". Its messages name the file or URL that failed, so they become the error.
+ * named 'numpy'". Its messages name the file or URL that failed, so they become the error (of `kind`:
+ * a 'download' one for a distribution fetched over the network, fetchedKind).
+ * @param {'download' | 'load'} [kind]
  */
-async function loadNumpy(py, from) {
+async function loadNumpy(py, from, kind = 'load') {
   const said = [];
   const note = (message) => {
     if (!message.startsWith('Loading ')) said.push(message); // not the "Loading numpy" preamble
@@ -160,7 +172,7 @@ async function loadNumpy(py, from) {
   }
   if (!('numpy' in py.loadedPackages)) {
     throw new RuvLLMError(
-      'load',
+      kind,
       `cannot load numpy into Pyodide from ${from}. Pyodide said:\n  ${said.join('\n  ')}\n` +
         `To fix it, pass pyodide: { indexURL } pointing at a Pyodide ${PYODIDE_VERSION} distribution (a folder or URL) ` +
         'that holds NumPy; docs/pyodide.md in the ruvllm repository says how to make one.',
