@@ -109,8 +109,10 @@ wheel_inputs() {
   {
     find py_src -type f -not -path '*/__pycache__/*' -not -name '*.pyc' -not -name 'kernels*.wasm' \
       -not -path '*.egg-info/*' | LC_ALL=C sort | xargs sha256sum
-    sha256sum pyproject.toml README.md npm/wasm/kernels.wasm
-    [ -f npm/wasm/kernels-relaxed.wasm ] && sha256sum npm/wasm/kernels-relaxed.wasm
+    sha256sum pyproject.toml README.md
+    for kernels in npm/wasm/kernels.wasm npm/wasm/kernels-relaxed.wasm; do
+      if [ -f "$kernels" ]; then sha256sum "$kernels"; fi
+    done
   } | sha256sum | cut -d' ' -f1
 }
 
@@ -123,9 +125,10 @@ wheel() {
     return
   fi
   log "building the ruvllm wheel into npm/wheel/"
-  # the wheel carries the kernels (host.py starts them in any Pyodide); the copy in py_src is not in git
-  cp npm/wasm/kernels.wasm py_src/ruvllm/quant/kernels.wasm
-  rm -f py_src/ruvllm/quant/kernels-relaxed.wasm
+  # the wheel carries the kernels (host.py starts them in any Pyodide; without them, NumPy computes); the
+  # copy in py_src is not in git
+  rm -f py_src/ruvllm/quant/kernels.wasm py_src/ruvllm/quant/kernels-relaxed.wasm
+  [ -f npm/wasm/kernels.wasm ] && cp npm/wasm/kernels.wasm py_src/ruvllm/quant/kernels.wasm
   [ -f npm/wasm/kernels-relaxed.wasm ] && cp npm/wasm/kernels-relaxed.wasm py_src/ruvllm/quant/
   # build/lib too: setuptools reuses it, and a module removed from py_src would otherwise stay in the wheel
   rm -rf npm/wheel build/wheel build/lib
@@ -169,30 +172,82 @@ kernel_build() { # kernel_build CLANG NAME [FLAGS...]: kernels/kernels.c -> buil
   cp "$wasm" "npm/wasm/$name.wasm"
 }
 
+# The kernels' compiler: a clang that targets wasm32 and links with wasm-ld (lld). $CLANG names one (on
+# macOS, Homebrew's: CLANG=$(brew --prefix llvm)/bin/clang; Apple's own clang has no WebAssembly linker);
+# else the first that builds a probe module of: Debian's clang-19, the clang on the PATH, Homebrew's llvm.
+# The relaxed SIMD builds need a clang that has the relaxed dot (clang 14 has not; 19 has). Without any,
+# on Debian or Ubuntu apt-get installs clang and lld (and clang-19, lld-19); elsewhere, or without root or
+# sudo, the kernels are not built and build.sh says so: the package then computes on NumPy (slower; the
+# npm package's info.kernelsNote says why), everything else works.
+wasm_probe() { # wasm_probe CC relaxed|plain: whether CC compiles and links a small SIMD module
+  local cc=$1 probe intrinsic=wasm_i32x4_add flags=(-msimd128)
+  command -v "$cc" >/dev/null 2>&1 || return 1
+  [ "$2" = relaxed ] && intrinsic=wasm_i16x8_relaxed_dot_i8x16_i7x16 && flags+=(-mrelaxed-simd)
+  probe=$(mktemp -d)
+  printf '#include <wasm_simd128.h>\nv128_t f(v128_t a, v128_t b) { return %s(a, b); }\n' "$intrinsic" > "$probe/p.c"
+  "$cc" --target=wasm32 -O2 "${flags[@]}" -nostdlib -Wl,--no-entry -Wl,--export=f -o "$probe/p.wasm" "$probe/p.c" \
+    >/dev/null 2>&1
+  local ok=$?
+  rm -rf "$probe"
+  return $ok
+}
+
+find_clang() { # find_clang relaxed|plain: the first compiler that passes the probe, printed
+  local cc
+  if [ -n "${CLANG:-}" ]; then
+    wasm_probe "$CLANG" "$1" && echo "$CLANG"
+    return # (named: no other is tried)
+  fi
+  for cc in /usr/lib/llvm-19/bin/clang clang /opt/homebrew/opt/llvm/bin/clang /usr/local/opt/llvm/bin/clang; do
+    if wasm_probe "$cc" "$1"; then
+      echo "$cc"
+      return 0
+    fi
+  done
+  return 1
+}
+
+can_apt() { command -v apt-get >/dev/null 2>&1 && { [ "$(id -u)" = 0 ] || command -v sudo >/dev/null 2>&1; }; }
+
 kernels() {
-  if ! command -v clang >/dev/null 2>&1 || ! command -v wasm-ld >/dev/null 2>&1; then
+  local plain relaxed
+  plain=$(find_clang plain) || true
+  if [ -z "$plain" ] && [ -z "${CLANG:-}" ] && can_apt; then
     log "installing Debian's clang and lld (the WebAssembly kernels are compiled with them)"
-    apt_install clang lld
+    apt_install clang lld || true
+    plain=$(find_clang plain) || true
   fi
-  local clang19=/usr/lib/llvm-19/bin/clang
-  if [ ! -x "$clang19" ] || [ ! -x /usr/lib/llvm-19/bin/wasm-ld ]; then
+  if [ -z "$plain" ]; then
+    if [ -n "${CLANG:-}" ]; then
+      log "error: CLANG=$CLANG cannot build a WebAssembly SIMD module (it needs the wasm32 target and wasm-ld)"
+      exit 1
+    fi
+    log "no clang that builds WebAssembly (with wasm-ld) here: the SIMD kernels are not built, so the engine" \
+      "computes its products on NumPy (slower). To build them: on macOS 'brew install llvm lld' and" \
+      "CLANG=\$(brew --prefix llvm)/bin/clang; on Linux your distribution's clang and lld (README, 'Off Debian')"
+    return 0
+  fi
+  relaxed=$(find_clang relaxed) || true
+  if [ -z "$relaxed" ] && [ -z "${CLANG:-}" ] && can_apt; then
     log "installing Debian's clang-19 and lld-19 (the relaxed SIMD kernels are compiled with them)"
-    apt_install clang-19 lld-19 || log "no clang-19: building the plain kernels only"
+    apt_install clang-19 lld-19 || true
+    relaxed=$(find_clang relaxed) || true
   fi
+  [ -z "$relaxed" ] && log "no clang with relaxed SIMD (clang 16 or later): building the plain kernels only"
   local names=(kernels kernels-shared) name fresh=1
-  [ -x "$clang19" ] && names+=(kernels-relaxed kernels-relaxed-shared)
+  [ -n "$relaxed" ] && names+=(kernels-relaxed kernels-relaxed-shared)
   for name in "${names[@]}"; do
     [ -f "npm/wasm/$name.wasm" ] && [ "npm/wasm/$name.wasm" -nt kernels/kernels.c ] &&
       [ "npm/wasm/$name.wasm" -nt kernels/check.py ] || fresh=0
   done
   [ $fresh = 1 ] && return
-  log "compiling the WebAssembly SIMD kernels: ${names[*]/%/.wasm} into npm/wasm/"
+  log "compiling the WebAssembly SIMD kernels with $plain${relaxed:+ and $relaxed}: ${names[*]/%/.wasm} into npm/wasm/"
   mkdir -p build/kernels npm/wasm
-  kernel_build clang kernels
-  kernel_build clang kernels-shared
-  if [ -x "$clang19" ]; then
-    kernel_build "$clang19" kernels-relaxed -mrelaxed-simd -DRUVLLM_RELAXED
-    kernel_build "$clang19" kernels-relaxed-shared -mrelaxed-simd -DRUVLLM_RELAXED
+  kernel_build "$plain" kernels
+  kernel_build "$plain" kernels-shared
+  if [ -n "$relaxed" ]; then
+    kernel_build "$relaxed" kernels-relaxed -mrelaxed-simd -DRUVLLM_RELAXED
+    kernel_build "$relaxed" kernels-relaxed-shared -mrelaxed-simd -DRUVLLM_RELAXED
   else
     rm -f npm/wasm/kernels-relaxed.wasm npm/wasm/kernels-relaxed-shared.wasm
   fi

@@ -117,3 +117,18 @@ def test_the_wheel_build_sh_makes_is_the_same_bytes_from_the_same_sources(tmp_pa
         digests.append(hashlib.sha256(wheel.read_bytes()).hexdigest())
     assert digests[0] == digests[1]
     assert digests[0] == hashlib.sha256((ROOT / "npm" / "wheel" / shipped["file"]).read_bytes()).hexdigest()
+
+
+def test_a_clang_named_by_the_clang_variable_that_cannot_build_webassembly_is_refused_by_name():
+    """Off Debian (issue 35): CLANG names the kernels' compiler (Homebrew's on macOS). One that cannot build
+    a WebAssembly SIMD module is an error that names it, before anything is compiled or installed."""
+    before = {p.name: p.stat().st_mtime_ns for p in (ROOT / "npm" / "wasm").glob("*.wasm")}
+    done = subprocess.run(
+        ["bash", str(ROOT / "build.sh"), "kernels"], cwd=ROOT, env={**os.environ, "CLANG": "/bin/false"},
+        capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 1
+    assert "CLANG=/bin/false cannot build a WebAssembly SIMD module (it needs the wasm32 target and wasm-ld)" in (
+        done.stderr
+    )
+    assert {p.name: p.stat().st_mtime_ns for p in (ROOT / "npm" / "wasm").glob("*.wasm")} == before
