@@ -174,7 +174,8 @@ kernel_build() { # kernel_build CLANG NAME [FLAGS...]: kernels/kernels.c -> buil
 
 # The kernels' compiler: a clang that targets wasm32 and links with wasm-ld (lld). $CLANG names one (on
 # macOS, Homebrew's: CLANG=$(brew --prefix llvm)/bin/clang; Apple's own clang has no WebAssembly linker);
-# else the first that builds a probe module of: Debian's clang-19, the clang on the PATH, Homebrew's llvm.
+# else the first that builds a probe module of: the clang on the PATH (for the relaxed builds Debian's
+# clang-19 first), Debian's clang-19, Homebrew's llvm.
 # The relaxed SIMD builds need a clang that has the relaxed dot (clang 14 has not; 19 has). Without any,
 # on Debian or Ubuntu apt-get installs clang and lld (and clang-19, lld-19); elsewhere, or without root or
 # sudo, the kernels are not built and build.sh says so: the package then computes on NumPy (slower; the
@@ -198,7 +199,9 @@ find_clang() { # find_clang relaxed|plain: the first compiler that passes the pr
     wasm_probe "$CLANG" "$1" && echo "$CLANG"
     return # (named: no other is tried)
   fi
-  for cc in /usr/lib/llvm-19/bin/clang clang /opt/homebrew/opt/llvm/bin/clang /usr/local/opt/llvm/bin/clang; do
+  local candidates=(clang /usr/lib/llvm-19/bin/clang) # the plain kernels: Debian's default clang first
+  [ "$1" = relaxed ] && candidates=(/usr/lib/llvm-19/bin/clang clang)
+  for cc in "${candidates[@]}" /opt/homebrew/opt/llvm/bin/clang /usr/local/opt/llvm/bin/clang; do
     if wasm_probe "$cc" "$1"; then
       echo "$cc"
       return 0

@@ -41,9 +41,12 @@ TOPIC = {
     "rainbow": [r"\brainbow", r"\b(light|colou?r|sun|rain)"],
 }
 # (temperature, top_p, repetition_penalty): the page's old defaults among them (0.5, 0.9, 1.1)
-CANDIDATES = [
-    (t, p, r) for t, p, r in itertools.product((0.2, 0.3, 0.5, 0.7), (0.9,), (1.0, 1.05, 1.1))
-] + [(0.0, 1.0, 1.0), (0.0, 1.0, 1.1)]
+CANDIDATES = [(t, p, r) for t, p, r in itertools.product((0.2, 0.3, 0.5, 0.7), (0.9,), (1.0, 1.05, 1.1))] + [
+    (0.1, 0.9, 1.1),
+    (0.2, 0.8, 1.1),
+    (0.0, 1.0, 1.0),
+    (0.0, 1.0, 1.1),
+]
 
 
 def loops(text: str) -> bool:
@@ -71,6 +74,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=20)
     parser.add_argument("--max-tokens", type=int, default=96)
     parser.add_argument("--json", type=Path, help="write every answer and judgement here")
+    parser.add_argument("--settings", help="only these, e.g. 0.2/0.9/1.1,0.5/0.9/1.1 (temperature/top_p/penalty)")
     args = parser.parse_args()
 
     import ruvllm
@@ -82,7 +86,10 @@ def main() -> None:
     record: dict = {}
     print(f"{args.samples} answers per example and setting, {args.max_tokens} tokens at most", flush=True)
     print(f"{'temperature':>11} {'top_p':>5} {'penalty':>7}  " + " ".join(f"{k:>8}" for k in EXAMPLES) + "     mean")
-    for temperature, top_p, penalty in CANDIDATES:
+    chosen = CANDIDATES
+    if args.settings:
+        chosen = [tuple(float(x) for x in s.split("/")) for s in args.settings.split(",")]  # type: ignore[misc]
+    for temperature, top_p, penalty in chosen:
         shares = []
         for example, question in EXAMPLES.items():
             prompt = model.tokenizer.encode_chat([{"role": "user", "content": question}])
@@ -97,7 +104,8 @@ def main() -> None:
                 scheduler.submit(prompt, options, outputs[seed].append, model.eos_token_ids)
             while scheduler.running or scheduler.waiting:
                 scheduler.step()
-            texts = [detokenize([s.token_id for s in steps if s.token_id not in model.eos_token_ids]) for steps in outputs]
+            ends = set(model.eos_token_ids)
+            texts = [detokenize([s.token_id for s in steps if s.token_id not in ends]) for steps in outputs]
             judged = [good(example, text) for text in texts]
             shares.append(sum(judged) / len(judged))
             record[f"{temperature}/{top_p}/{penalty}/{example}"] = list(zip(texts, judged, strict=True))

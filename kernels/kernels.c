@@ -526,3 +526,62 @@ ROWS_EXACT(q4_exact_rows, 4, 0, 1)
 ROWS_FAST(q8_fast_rows, 8, 0, 1)
 ROWS_FAST(q8h_fast_rows, 8, 1, 0)
 ROWS_FAST(q4_fast_rows, 4, 0, 1)
+
+// ---- attention's mix -----------------------------------------------------------------------------------------
+//
+// y (Q, E) = p (Q, S) @ v (S, E): each output row the weighted sum of the value rows, for attention (the
+// scores are `dense`: q (Q, E) @ keys (S, E).T). Two rows of p and 16 columns of v at a time, summed in
+// registers; the columns past the last 16 (E not a multiple of 16) one by one. Every y[q, e] is summed
+// over s in ascending order, whatever Q and E.
+
+static void mix_2x16(const float *p0, const float *p1, const float *v, float *y0, float *y1, i32 S, i32 E) {
+  v128_t a0 = wasm_f32x4_splat(0), a1 = a0, a2 = a0, a3 = a0, b0 = a0, b1 = a0, b2 = a0, b3 = a0;
+  for (i32 s = 0; s < S; s++) {
+    const float *vs = v + (long)s * E;
+    const v128_t v0 = wasm_v128_load(vs), v1 = wasm_v128_load(vs + 4), v2 = wasm_v128_load(vs + 8),
+                 v3 = wasm_v128_load(vs + 12);
+    const v128_t w0 = wasm_f32x4_splat(p0[s]), w1 = wasm_f32x4_splat(p1[s]);
+    a0 = wasm_f32x4_add(a0, wasm_f32x4_mul(w0, v0)), a1 = wasm_f32x4_add(a1, wasm_f32x4_mul(w0, v1));
+    a2 = wasm_f32x4_add(a2, wasm_f32x4_mul(w0, v2)), a3 = wasm_f32x4_add(a3, wasm_f32x4_mul(w0, v3));
+    b0 = wasm_f32x4_add(b0, wasm_f32x4_mul(w1, v0)), b1 = wasm_f32x4_add(b1, wasm_f32x4_mul(w1, v1));
+    b2 = wasm_f32x4_add(b2, wasm_f32x4_mul(w1, v2)), b3 = wasm_f32x4_add(b3, wasm_f32x4_mul(w1, v3));
+  }
+  wasm_v128_store(y0, a0), wasm_v128_store(y0 + 4, a1), wasm_v128_store(y0 + 8, a2), wasm_v128_store(y0 + 12, a3);
+  wasm_v128_store(y1, b0), wasm_v128_store(y1 + 4, b1), wasm_v128_store(y1 + 8, b2), wasm_v128_store(y1 + 12, b3);
+}
+
+static void mix_1x16(const float *p0, const float *v, float *y0, i32 S, i32 E) {
+  v128_t a0 = wasm_f32x4_splat(0), a1 = a0, a2 = a0, a3 = a0;
+  for (i32 s = 0; s < S; s++) {
+    const float *vs = v + (long)s * E;
+    const v128_t w0 = wasm_f32x4_splat(p0[s]);
+    a0 = wasm_f32x4_add(a0, wasm_f32x4_mul(w0, wasm_v128_load(vs)));
+    a1 = wasm_f32x4_add(a1, wasm_f32x4_mul(w0, wasm_v128_load(vs + 4)));
+    a2 = wasm_f32x4_add(a2, wasm_f32x4_mul(w0, wasm_v128_load(vs + 8)));
+    a3 = wasm_f32x4_add(a3, wasm_f32x4_mul(w0, wasm_v128_load(vs + 12)));
+  }
+  wasm_v128_store(y0, a0), wasm_v128_store(y0 + 4, a1), wasm_v128_store(y0 + 8, a2), wasm_v128_store(y0 + 12, a3);
+}
+
+static float mix_1x1(const float *p, const float *v, i32 S, i32 E) {
+  float sum = 0.0f;
+  for (i32 s = 0; s < S; s++) sum += p[s] * v[(long)s * E];
+  return sum;
+}
+
+EXPORT(mix) void mix(const float *p, const float *v, float *y, i32 Q, i32 S, i32 E) {
+  const i32 E16 = E & ~15;
+  i32 q = 0;
+  for (; q + 2 <= Q; q += 2) {
+    const float *p0 = p + (long)q * S;
+    float *y0 = y + (long)q * E;
+    for (i32 e = 0; e < E16; e += 16) mix_2x16(p0, p0 + S, v + e, y0 + e, y0 + E + e, S, E);
+    for (i32 e = E16; e < E; e++) y0[e] = mix_1x1(p0, v + e, S, E), y0[E + e] = mix_1x1(p0 + S, v + e, S, E);
+  }
+  if (q < Q) {  // an odd last row
+    const float *p0 = p + (long)q * S;
+    float *y0 = y + (long)q * E;
+    for (i32 e = 0; e < E16; e += 16) mix_1x16(p0, v + e, y0 + e, S, E);
+    for (i32 e = E16; e < E; e++) y0[e] = mix_1x1(p0, v + e, S, E);
+  }
+}

@@ -163,3 +163,22 @@ def test_the_fast_arithmetic_is_close_to_the_exact_one(build):
     bound = (np.abs(m.dequantize() - m.mins.repeat(32, axis=1)).reshape(64, 18, 32).sum(-1) @ (step / 2)) * 1.001
     assert np.all(np.abs(fast - exact) <= bound + 1e-4)
     assert not np.array_equal(fast, exact)  # it is an approximation, and the test can tell
+
+
+@pytest.mark.parametrize("E", [64, 16, 80, 7])
+def test_attention_s_mix_is_the_weighted_sum_of_the_value_rows(build, E):
+    """mix (y = p @ v: attention's second product, with the fast arithmetic) on 1 to 9 query rows (odd and
+    even) and 1 to 300 positions; E a multiple of 16, not, and below 16. The sums are float32 in one order:
+    within 1e-5 of |p| @ |v|."""
+    rng = np.random.default_rng(E)
+    cases, expected = [], []
+    for Q, S in ((1, 1), (2, 5), (3, 300), (9, 77)):
+        p = rng.random((Q, S)).astype(np.float32)
+        p /= p.sum(axis=1, keepdims=True)
+        v = rng.standard_normal((S, E)).astype(np.float32)
+        cases.append({"call": "mix", "T": Q, "N": E, "K": S, "offset": 0, "arrays": {"x": b64(p), "w": b64(v)}})
+        p64, v64 = p.astype(np.float64), v.astype(np.float64)
+        expected.append((f"Q={Q} S={S}", p64 @ v64, np.abs(p64) @ np.abs(v64)))
+    for got, (name, reference, scale) in zip(run_kernels(build, cases), expected, strict=True):
+        err = np.abs(got.reshape(reference.shape) - reference)
+        assert np.all(err <= 1e-5 * scale + 1e-30), f"{name}: error {err.max():.3g}"

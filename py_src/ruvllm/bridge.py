@@ -217,7 +217,7 @@ class ModelLoader:
         arithmetic = check_arithmetic(raw.get("arithmetic") or DEFAULT_ARITHMETIC)
         offered: WasmKernels | PoolKernels | None = None
         if self.kernel_threads is not None and self.kernel_exports is not None:
-            offered = PoolKernels(self.kernel_threads, arithmetic)
+            offered = PoolKernels(self.kernel_threads, arithmetic, WasmKernels(self.kernel_exports, arithmetic))
         elif self.kernel_exports is not None:
             offered = WasmKernels(self.kernel_exports, arithmetic)
         self.options = LoadOptions(

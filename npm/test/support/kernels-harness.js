@@ -3,11 +3,12 @@
 // their outputs; the test compares them with NumPy's products.
 //
 // stdin: JSON {cases: [{call, T, N, K, offset, arrays: {name: base64 bytes}}]}, call one of dense,
-// q8_exact, q4_exact, q8_fast, q4_fast; arrays x (float32 T*K), w (the matrix's bytes), scales, and
-// mins when the matrix has them. stdout: JSON [base64 of y (float32 T*N)] in the order of the cases.
+// q8_exact, q4_exact, q8_fast, q4_fast, or mix (attention's: y (T, N) = x (T, K) @ w (K, N)); arrays x
+// (float32 T*K), w (the matrix's bytes), scales, and mins when the matrix has them. stdout: JSON [base64
+// of y (float32 T*N)] in the order of the cases.
 import { readFileSync } from 'node:fs';
 
-import { referenceProduct } from './kernels-reference.js';
+import { referenceMix, referenceProduct } from './kernels-reference.js';
 
 // argv: the module to run (wasm/kernels.wasm when not given; tests/test_kernels.py runs every build)
 const file = process.argv[2] ?? new URL('../../wasm/kernels.wasm', import.meta.url);
@@ -16,6 +17,11 @@ const request = JSON.parse(readFileSync(0, 'utf8'));
 
 function run({ call, T, N, K, offset, arrays }) {
   const bytes = (name) => (arrays[name] ? new Uint8Array(Buffer.from(arrays[name], 'base64')) : null);
+  if (call === 'mix') {
+    // attention's mix: x is p (T, K), w is v (K, N): y (T, N) = p @ v
+    const y = referenceMix(module, bytes('x'), bytes('w'), T, K, N);
+    return Buffer.from(y.buffer).toString('base64');
+  }
   const x = bytes('x');
   const matrix = {
     form: call.split('_')[0],

@@ -49,6 +49,23 @@ export function referenceProduct(module, m, x, T, fast, fastRows = 4) {
 }
 
 /**
+ * y = p @ v (float32, Q * E) through the `mix` export (attention's mix: p (Q, S), v (S, E)).
+ * @param {WebAssembly.Module} module kernels.wasm
+ */
+export function referenceMix(module, p, v, Q, S, E) {
+  const bytes = 4 * (Q * S + S * E + Q * E) + 3 * 16 + 1024;
+  const memory = new WebAssembly.Memory({ initial: Math.ceil(bytes / 65536) + 1 });
+  const k = /** @type {any} */ (new WebAssembly.Instance(module, { env: { memory } })).exports;
+  const pAt = 1024;
+  const vAt = pAt + Math.ceil((4 * Q * S) / 16) * 16;
+  const yAt = vAt + Math.ceil((4 * S * E) / 16) * 16;
+  new Uint8Array(memory.buffer, pAt, p.byteLength).set(p);
+  new Uint8Array(memory.buffer, vAt, v.byteLength).set(v);
+  k.mix(pAt, vAt, yAt, Q, S, E);
+  return new Float32Array(memory.buffer.slice(yAt, yAt + 4 * Q * E));
+}
+
+/**
  * Python (for Pyodide) that makes `matrices`: one random 200 x 576 float32 matrix in every form the
  * kernels compute (float32, q8, q4_0 and q4_1 as int8 codes, q4_0 and q4_1 as nibbles).
  * @param {number} seed

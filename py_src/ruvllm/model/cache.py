@@ -26,6 +26,7 @@ import numpy as np
 
 from ..errors import ContextFullError, InvalidArgumentError
 from ..quant.kvcodes import KVCodes
+from ..quant.provider import AttentionProducts
 from .config import ModelConfig
 from .kv import Cache, DenseSegment, LayerKV, QuantSegment, ResidualTap, WeightsIdentity, grow
 
@@ -68,7 +69,8 @@ class HotTier:
     """The newest positions, float32 as computed: keys and values (K, capacity, E) and their absolute
     positions (capacity,); the first `length` are in use."""
 
-    def __init__(self, kv_heads: int, head_dim: int) -> None:
+    def __init__(self, kv_heads: int, head_dim: int, products: AttentionProducts | None = None) -> None:
+        self.products = products  # attention's products over these (a kernel provider's), or NumPy's
         self.k = np.empty((kv_heads, 0, head_dim), np.float32)
         self.v = np.empty((kv_heads, 0, head_dim), np.float32)
         self.positions = np.empty(0, np.int64)
@@ -102,7 +104,7 @@ class HotTier:
 
     def segment(self) -> DenseSegment:
         n = self.length
-        return DenseSegment(self.k[:, :n], self.v[:, :n], self.positions[:n])
+        return DenseSegment(self.k[:, :n], self.v[:, :n], self.positions[:n], self.products)
 
     @property
     def nbytes(self) -> int:
@@ -170,10 +172,17 @@ class ColdTier:
 class LayerCache(LayerKV):
     """One layer's keys and values: a hot tier, and a cold tier when `KVOptions.hot_tokens` is set."""
 
-    def __init__(self, kv_heads: int, head_dim: int, max_positions: int | None, options: KVOptions) -> None:
+    def __init__(
+        self,
+        kv_heads: int,
+        head_dim: int,
+        max_positions: int | None,
+        options: KVOptions,
+        products: AttentionProducts | None = None,
+    ) -> None:
         self.options = options
         self.max_positions = max_positions  # hot + cold positions at most (None: bounded by the budget)
-        self.hot = HotTier(kv_heads, head_dim)
+        self.hot = HotTier(kv_heads, head_dim, products)
         self.cold = ColdTier(kv_heads, head_dim, COLD_FORMATS[options.cold]) if options.hot_tokens else None
 
     @property
@@ -225,13 +234,15 @@ class KVCache(Cache):
         max_positions: int | None,
         options: KVOptions | None = None,
         tap_layer: int | None = None,
+        products: AttentionProducts | None = None,
     ) -> None:
+        """products: attention's products over the float32 tier (a kernel provider's; None: NumPy)."""
         self.config = config
         self.options = options or KVOptions()
         self.max_positions = None if self.options.budget_bytes is not None else max_positions
+        K, E = config.num_key_value_heads, config.head_dim
         self.layers = [
-            LayerCache(config.num_key_value_heads, config.head_dim, self.max_positions, self.options)
-            for _ in range(config.num_hidden_layers)
+            LayerCache(K, E, self.max_positions, self.options, products) for _ in range(config.num_hidden_layers)
         ]
         self.tokens: list[int] = []
         self.owner: WeightsIdentity | None = None  # the weights_identity() the entries were computed with

@@ -72,9 +72,16 @@ def gelu_tanh(x: np.ndarray) -> np.ndarray:
 ACTIVATIONS = {"silu": silu, "gelu_pytorch_tanh": gelu_tanh}
 
 
-def softmax(x: np.ndarray) -> np.ndarray:
-    e = np.exp(x - x.max(axis=-1, keepdims=True))
-    return e / e.sum(axis=-1, keepdims=True)
+def softmax(x: np.ndarray, in_place: bool = False) -> np.ndarray:
+    """Softmax over the last axis; `in_place` overwrites x (the same values, without three temporaries
+    the size of x: attention's scores grow with the square of a prompt's length)."""
+    if not in_place:
+        e = np.exp(x - x.max(axis=-1, keepdims=True))
+        return e / e.sum(axis=-1, keepdims=True)
+    x -= x.max(axis=-1, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=-1, keepdims=True)
+    return x
 
 
 class Masks:
@@ -185,7 +192,7 @@ def attend(
     mask = masks.get(key_positions, window)
     if mask is not None:
         scores += mask
-    probs = softmax(scores).reshape(K, G * T, S)  # (K, G*T, S)
+    probs = softmax(scores, in_place=True).reshape(K, G * T, S)  # (K, G*T, S)
     if len(segments) == 1:
         out = segments[0].mix(probs)  # (K, G*T, E)
     else:

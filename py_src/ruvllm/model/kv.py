@@ -27,19 +27,33 @@ from typing import NamedTuple
 
 import numpy as np
 
+from ..quant.provider import AttentionProducts
+
 STEP = 256  # buffers grow in blocks of this many positions
 
 
 class DenseSegment:
-    """Float32 keys and values (K, S, E) at absolute `positions` (S,)."""
+    """Float32 keys and values (K, S, E) at absolute `positions` (S,); `products` computes attention's
+    products over them where a kernel provider offers that (None: NumPy)."""
 
-    def __init__(self, keys: np.ndarray, values: np.ndarray, positions: np.ndarray) -> None:
+    def __init__(
+        self,
+        keys: np.ndarray,
+        values: np.ndarray,
+        positions: np.ndarray,
+        products: AttentionProducts | None = None,
+    ) -> None:
         self.keys, self.values, self.positions = keys, values, positions
+        self.products = products
 
     def scores(self, q: np.ndarray) -> np.ndarray:
+        if self.products is not None:
+            return self.products.scores(q, self.keys)  # (K, Q, S)
         return q @ self.keys.transpose(0, 2, 1)  # (K, Q, E) @ (K, E, S) -> (K, Q, S)
 
     def mix(self, probs: np.ndarray) -> np.ndarray:
+        if self.products is not None:
+            return self.products.mix(probs, self.values)  # (K, Q, E)
         return probs @ self.values  # (K, Q, S) @ (K, S, E) -> (K, Q, E)
 
 

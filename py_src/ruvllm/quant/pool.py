@@ -29,7 +29,7 @@ import numpy as np
 
 from .matrices import DenseMatrix, Int4Matrix, Int8Matrix
 from .provider import DEFAULT_ARITHMETIC, check_arithmetic
-from .wasm import GROUPED_MAX_ROWS, address, kernel_form
+from .wasm import GROUPED_MAX_ROWS, WasmKernels, address, kernel_form
 
 
 def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
@@ -172,9 +172,13 @@ class PoolKernels:
 
     name = "wasm"
 
-    def __init__(self, api: Any, arithmetic: str = DEFAULT_ARITHMETIC) -> None:  # (a JsProxy: dynamic)
+    def __init__(
+        self, api: Any, arithmetic: str = DEFAULT_ARITHMETIC, local: WasmKernels | None = None
+    ) -> None:  # (api: a JsProxy, dynamic)
         self.api = api
         self.arithmetic = check_arithmetic(arithmetic)
+        # attention reads the KV cache in Pyodide's memory: the single-thread kernels there compute it
+        self.attention = None if local is None else local.attention
         self.threads = int(api.threads)
         self.fused: dict[int, Fused] = {}  # handle -> its group
 

@@ -37,6 +37,21 @@ class KernelProvider(Protocol):
     # keeps the parts it prepared from (the kernel thread pool, pool.py): it swaps the matrix's arrays for
     # stand-ins that read the provider's copy (pool.py RemoteArray), so the weights are held once, in the
     # provider's memory.
+    # Optional: `attention`, an AttentionProducts for attention's two products over the float32 KV cache
+    # (None: NumPy's); the engine uses it with the fast arithmetic (their sums come in another order).
+
+
+class AttentionProducts(Protocol):
+    """Attention's products over a sequence's float32 keys and values (model/kv.py DenseSegment), for
+    each key/value head: Dimension letters K key/value heads, Q query rows, S positions, E head size."""
+
+    def scores(self, q: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        """q (K, Q, E), keys (K, S, E) -> q @ keys^T (K, Q, S)."""
+        ...
+
+    def mix(self, probs: np.ndarray, values: np.ndarray) -> np.ndarray:
+        """probs (K, Q, S), values (K, S, E) -> probs @ values (K, Q, E)."""
+        ...
 
 
 def check_arithmetic(arithmetic: str) -> str:

@@ -102,6 +102,11 @@ class WasmKernels:
         assert isinstance(matrix, Int8Matrix)  # (every other form the kernels know)
         return self._quantized(matrix, codes, form)
 
+    @property
+    def attention(self) -> WasmAttention:
+        """Attention's products through these kernels (provider.AttentionProducts)."""
+        return WasmAttention(self.exports)
+
     def _dense(self, m: DenseMatrix) -> Callable[[np.ndarray], np.ndarray]:
         N, K = m.shape
         w, dense = address(m.weight), self.exports.dense
@@ -142,3 +147,33 @@ class WasmKernels:
             return y
 
         return product
+
+
+class WasmAttention:
+    """Attention's two products through the kernels, head by head: the scores with `dense` (q @ keys^T:
+    the keys are the matrix), the mix with `mix` (probs @ values). In Pyodide, NumPy multiplies these
+    at ~0.7 GFLOP/s without a BLAS, and a prompt's attention grows with the square of its length: 8-13x
+    slower than the kernels on a 1024-token prompt (benchmarks/RESULTS.md, "Long chats")."""
+
+    def __init__(self, exports: Any) -> None:
+        self.dense, self.mixer = exports.dense, exports.mix
+
+    def scores(self, q: np.ndarray, keys: np.ndarray) -> np.ndarray:
+        K, Q, E = q.shape
+        S = keys.shape[1]
+        q = np.ascontiguousarray(q, dtype=np.float32)  # (K, Q, E)
+        y = np.empty((K, Q, S), dtype=np.float32)  # (K, Q, S)
+        for h in range(K):
+            keys_h = np.ascontiguousarray(keys[h], dtype=np.float32)  # (S, E): a view of the cache, as it is
+            self.dense(address(q[h]), address(keys_h), address(y[h]), Q, S, E)
+        return y
+
+    def mix(self, probs: np.ndarray, values: np.ndarray) -> np.ndarray:
+        K, Q, S = probs.shape
+        E = values.shape[2]
+        probs = np.ascontiguousarray(probs, dtype=np.float32)  # (K, Q, S)
+        y = np.empty((K, Q, E), dtype=np.float32)  # (K, Q, E)
+        for h in range(K):
+            values_h = np.ascontiguousarray(values[h], dtype=np.float32)  # (S, E)
+            self.mixer(address(probs[h]), address(values_h), address(y[h]), Q, S, E)
+        return y

@@ -26,7 +26,7 @@ from ..model.forward import forward, hidden_batch, logits, recompute_layers
 from ..model.kv import Cache, WeightsIdentity
 from ..model.rope import inverse_frequencies
 from ..model.weights import ComputeOptions, Weights, load_weights
-from ..quant.provider import KernelProvider, resolve_kernels
+from ..quant.provider import AttentionProducts, KernelProvider, resolve_kernels
 from .planner import FORM_ORDER, PREFILL_CHUNK, MemoryPlan, choose_compute, provider_form_order
 from .threads import BlasThreads
 
@@ -197,11 +197,14 @@ class Engine:
         engine.isq_report = report
         if compute.provider is not None:
             engine.kernels, engine.arithmetic = compute.provider.name, compute.provider.arithmetic
+            if engine.arithmetic == "fast":  # (their sums come in another order than NumPy's: not exact)
+                engine.attention = getattr(compute.provider, "attention", None)
         return engine
 
     isq_report: list[dict] | None = None  # per group of matrices, after activation-aware quantization
     kernels: str = "numpy"  # what computes the matrix products: "numpy", or the kernel provider's name
     arithmetic: str = "exact"  # the provider's arithmetic (NumPy's is exact)
+    attention: AttentionProducts | None = None  # attention's products over the cache (None: NumPy's)
 
     def attach(self, wrappers: Wrappers) -> None:
         """Let `wrappers` (the LoRA adapters of learning.adapters.AdapterSet) wrap the weights; they must hold
@@ -231,7 +234,7 @@ class Engine:
         the hidden states entering the wrappers' `tap_layer` unless it has a budget (it could grow
         without end)."""
         tap = None if self.wrappers is None or self.kv.budget_bytes is not None else self.wrappers.tap_layer
-        return KVCache(self.config, self.context_length, self.kv, tap)
+        return KVCache(self.config, self.context_length, self.kv, tap, self.attention)
 
     def kept_layers(self, owner: WeightsIdentity | None, identity: WeightsIdentity) -> int:
         """How many decoder layers, from the bottom, of a cache computed with weights `owner` hold what
