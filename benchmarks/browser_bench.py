@@ -54,7 +54,11 @@ def prompt_text(length: int) -> str:
     from ruvllm.text.tokenizer import Tokenizer
 
     tokenizer = Tokenizer.from_folder(str(ROOT / "models" / "smollm2-135m-instruct"))
-    return tokenizer.decode(tokenizer.encode(calibration_text())[:length])
+    text, ids = calibration_text(), []
+    while len(ids) < length:  # (the text is ~1,000 tokens: longer prompts repeat it)
+        ids = tokenizer.encode(text)
+        text += "\n\n" + calibration_text()
+    return tokenizer.decode(ids[:length])
 
 
 def parse_config(text: str) -> dict[str, str]:

@@ -271,6 +271,8 @@ function describe(error, during) {
   ) {
     return `Out of memory: this model needs more memory than this tab can have. Close other tabs or pick a smaller model. (${message})`;
   }
+  if (error?.type === 'download' && /^cannot (start|load) Pyodide/.test(message))
+    return `Could not download the engine's runtime (Pyodide): ${message}`;
   if (error?.type === 'download') return `Could not download the model: ${message}`;
   if (error?.type === 'load') return `Could not load the model: ${message}`;
   if (error?.type === 'context_full')

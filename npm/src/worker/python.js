@@ -82,6 +82,7 @@ async function findPyodide(indexURL) {
   const base = distributionBase(index);
   base.catch(() => {});
   if (IS_NODE && index !== undefined) await checkFolder(await base, from);
+  if (/^https?:\/\//i.test(await base)) await checkServed(await base, from);
   const read = async (name) => {
     try {
       return await readFrom(new URL(name, await base));
@@ -133,6 +134,29 @@ async function checkFolder(base, from) {
       `Pass a Pyodide ${PYODIDE_VERSION} distribution with NumPy (a folder or URL); docs/pyodide.md in the ` +
       'ruvllm repository says how to make one.',
   );
+}
+
+/**
+ * That a distribution served over HTTP answers for RUNTIME_FILES (a HEAD request each): when the runtime's
+ * own .wasm answered an error status (a CDN or server that is down), Pyodide's loader caught the failure,
+ * warned on the console and never settled, and the page waited for ever. A 'download' error names the
+ * file (the page offers Retry). A server that refuses HEAD (405, 501) is given the benefit of the doubt.
+ * (One that fails between this check and the download itself still leaves Pyodide waiting.)
+ */
+async function checkServed(base, from) {
+  for (const name of RUNTIME_FILES) {
+    const url = new URL(name, base).href;
+    let response;
+    try {
+      response = await fetch(url, { method: 'HEAD', cache: 'no-store' });
+    } catch (error) {
+      throw new RuvLLMError('download', `cannot start Pyodide from ${from}: ${url}: ${error.message}`);
+    }
+    if (!response.ok && response.status !== 405 && response.status !== 501) {
+      const reason = `${url}: HTTP ${response.status} ${response.statusText}`.trim();
+      throw new RuvLLMError('download', `cannot start Pyodide from ${from}: ${reason}`);
+    }
+  }
 }
 
 async function distributionBase(index) {
