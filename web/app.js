@@ -108,8 +108,9 @@ const MODES = {
     hint: '',
     placeholder: 'Ask something…',
     welcome:
-      'Ask the model anything. It is small, so it is best at short texts and simple questions, and it ' +
-      'often gets facts wrong. It runs in this tab: nothing you type is sent anywhere. Try one of these:',
+      'Ask the model anything. Models small enough for a tab are small (the default, SmolLM2, has 135 ' +
+      'million parameters, about a thousandth of the large chat assistants): best at short texts and simple ' +
+      'questions, and often wrong on facts. It runs in this tab: nothing you type is sent anywhere. Try one of these:',
     examples: [
       'Give me two tips for better sleep.',
       'Write a short poem about the sea.',
