@@ -501,6 +501,7 @@ def test_the_welcome_text_shows_on_an_empty_chat_and_an_example_prompt_asks_it(d
     demo.click("[data-testid=clear]")
     assert demo.is_visible("[data-testid=welcome]")
     assert demo.text_content("#welcome-text").startswith("Ask the model anything.")
+    assert "135 million parameters" in demo.text_content("#welcome-text")  # the page says the model is small
     examples = demo.eval_on_selector_all("[data-testid=example]", "(buttons) => buttons.map((b) => b.textContent)")
     assert examples[0] == "Give me two tips for better sleep." and len(examples) == 4, examples
     demo.fill("[data-testid=max-tokens]", "48")
