@@ -161,7 +161,8 @@ def main() -> None:
 
     pages = [("ruvllm.html", model, options) for options in configs]
     if not args.no_peer:
-        pages += [("wllama.html", peer_model, {"threads": str(n)}) for n in peer_threads]
+        context = max(1024, -(-(args.prompt_length + args.gen_length + 64) // 512) * 512)  # wllama's n_ctx
+        pages += [("wllama.html", peer_model, {"threads": str(n), "ctx": str(context)}) for n in peer_threads]
     results, failures = [], []
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=serve.CHROMIUM_ARGS)

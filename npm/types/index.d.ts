@@ -900,7 +900,8 @@ export class RuvLLM {
   cacheStats(): Promise<CacheStats>;
 
   /**
-   * Free the model and stop the worker.
+   * Free the model and stop the worker. What is under way stops first, as an abort stops it: a
+   * generation at its next token (its stream rejects with an AbortError), a lesson at its next slice.
    * @example await llm.dispose();
    */
   dispose(): Promise<void>;

@@ -290,10 +290,6 @@ def _problem(suffix: str, path: Path) -> str | None:
     return None
 
 
-def _one_line(error: Exception) -> str:
-    return f"{type(error).__name__}: {error}".splitlines()[0][:200]
-
-
 def _fetch_folder(source: _Source, folder: Path) -> None:
     model = source.model
     config = source.fetch("config.json", folder, optional=True)
