@@ -161,19 +161,19 @@ class WasmAttention:
     def scores(self, q: np.ndarray, keys: np.ndarray) -> np.ndarray:
         K, Q, E = q.shape
         S = keys.shape[1]
-        q = np.ascontiguousarray(q, dtype=np.float32)  # (K, Q, E)
-        y = np.empty((K, Q, S), dtype=np.float32)  # (K, Q, S)
-        for h in range(K):
-            keys_h = np.ascontiguousarray(keys[h], dtype=np.float32)  # (S, E): a view of the cache, as it is
-            self.dense(address(q[h]), address(keys_h), address(y[h]), Q, S, E)
-        return y
+        return self._per_head(self.dense, q, keys, (K, Q, S), Q, S, E)  # dense(x, w, y, T=Q, N=S, K=E)
 
     def mix(self, probs: np.ndarray, values: np.ndarray) -> np.ndarray:
         K, Q, S = probs.shape
         E = values.shape[2]
-        probs = np.ascontiguousarray(probs, dtype=np.float32)  # (K, Q, S)
-        y = np.empty((K, Q, E), dtype=np.float32)  # (K, Q, E)
-        for h in range(K):
-            values_h = np.ascontiguousarray(values[h], dtype=np.float32)  # (S, E)
-            self.mixer(address(probs[h]), address(values_h), address(y[h]), Q, S, E)
+        return self._per_head(self.mixer, probs, values, (K, Q, E), Q, S, E)  # mix(p, v, y, Q, S, E)
+
+    @staticmethod
+    def _per_head(kernel: Any, a: np.ndarray, b: np.ndarray, shape: tuple[int, ...], *sizes: int) -> np.ndarray:
+        """kernel(a[h], b[h], y[h], *sizes) for each key/value head h; y of `shape`, float32."""
+        a = np.ascontiguousarray(a, dtype=np.float32)
+        y = np.empty(shape, dtype=np.float32)
+        for h in range(shape[0]):
+            b_h = np.ascontiguousarray(b[h], dtype=np.float32)  # (S, E): a view of the cache, as it is
+            kernel(address(a[h]), address(b_h), address(y[h]), *sizes)
         return y
