@@ -94,3 +94,18 @@ def test_a_second_visit_takes_the_gguf_from_the_cache_api(browser, server, base_
     assert stored == [base_url.rstrip("/") + gguf]
     assert server.requests[gguf] == before + 1  # the second visit did not ask the server
     assert second["ids"] == first["ids"]
+
+
+def test_the_page_shows_chat_py_and_says_why_it_cannot_start_when_pyscript_is_missing(browser, base_url):
+    """Before `./build.sh serve` built PyScript, /pyscript/core.js was a 404 and the page said 'Starting
+    Python...' for ever; it also promised 'the Python below (chat.py)' and showed none."""
+    context = browser.new_context()
+    context.route("**/pyscript/core.js", lambda route: route.fulfill(status=404, body="not found"))
+    page = context.new_page()
+    page.goto(f"{base_url}examples/pyscript/")
+    page.wait_for_function("document.getElementById('status').className === 'error'", timeout=60_000)
+    status = page.text_content("#status")
+    assert status.startswith("Could not load /pyscript/core.js, so Python cannot start. Run ./build.sh serve")
+    page.wait_for_function("document.getElementById('source').textContent.includes('import ruvllm')")
+    assert page.text_content("#source") == (ROOT / "examples" / "pyscript" / "chat.py").read_text()
+    context.close()
