@@ -162,7 +162,8 @@ def main() -> None:
     try:
         server = DemoServer(args.port, pyodide)
     except OSError as e:  # the port is taken (or not ours to take): one line, not a traceback
-        raise SystemExit(f"cannot serve on 127.0.0.1:{args.port} ({e.strerror or e}): pick another with --port N")
+        why = e.strerror or e
+        raise SystemExit(f"cannot serve on 127.0.0.1:{args.port} ({why}): pick another with --port N") from None
     where = f"local Pyodide from {pyodide}" if pyodide else f"Pyodide {PYODIDE_VERSION} from the official CDN"
     print(f"ruvllm demo: http://127.0.0.1:{server.server_address[1]}/  ({where}; Ctrl+C stops)", flush=True)
     try:
