@@ -129,7 +129,7 @@ describe('SmolLM2 in Pyodide under Node, after bad input', { skip: SKIP }, () =>
         e.type === 'invalid_argument' &&
         e.message ===
           "response_format.json_schema.schema: json_schema: 'minLength' 1,000,000,000 at the root needs more than the " +
-            "331,776 bytes a document may have (the context's 4,096 tokens of at most 81 bytes each)",
+            '41,472 bytes a document may have (the default max_tokens of constrained output, 512 of at most 81 bytes each)',
     );
     await assert.rejects(
       () => llm.chat.completions.create(body({ type: 'string', pattern: '('.repeat(5000) + 'a' + ')'.repeat(5000) })),
