@@ -668,7 +668,11 @@ def test_feedback_teaches_the_model_in_the_background_and_the_adapter_downloads(
         }"""
     )
     demo.click("[data-testid=thumbs-up]")
-    demo.wait_for_selector("[data-testid=learning] >> text=/step 1\\//", timeout=30_000)  # the first step landed
+    try:  # the first step landed (seconds here; the wait is long so that a loaded machine passes too)
+        demo.wait_for_selector("[data-testid=learning] >> text=/step 1\\//", timeout=LOAD_TIMEOUT_MS)
+    except Exception as error:  # what the panel said meanwhile, so that a failure says where the lesson stood
+        said = [e for e in demo.evaluate("window.__events") if e.startswith("learning: ")]
+        raise AssertionError(f"no step 1 in the learning panel; it said: {said[:5]} ... {said[-5:]}") from error
     assert demo.get_attribute("[data-testid=status]", "data-state") == "ready"  # the page is not locked
     asked = len(demo.evaluate("window.__events"))
     ask(demo, "Hello")  # a new message right away: it goes before the rest of the lesson
