@@ -656,6 +656,8 @@ def test_feedback_teaches_the_model_in_the_background_and_the_adapter_downloads(
     wait_state(demo, "ready")
     first_answer = answer(demo)
     assert demo.is_disabled("[data-testid=download-adapter]")
+    # no lesson yet: nothing to use, so the switch is neither on nor usable (issue 36)
+    assert demo.is_disabled("[data-testid=use-adapter]") and not demo.is_checked("[data-testid=use-adapter]")
     demo.evaluate(
         """() => {  // in order: each change of the learning indicator, and each answer's text as it streams
             window.__events = [];
@@ -690,7 +692,12 @@ def test_feedback_teaches_the_model_in_the_background_and_the_adapter_downloads(
     assert len(slices) <= 1, f"the answer waited for {len(slices)} learning slices: {events[sent:first_text]}"
     demo.wait_for_selector("[data-testid=learning][data-state=idle]", timeout=180_000)
     report = demo.text_content("[data-testid=learning-text]")
-    learned = r"Learned \(good answer\): log-probability of that answer \S+ → \S+ in \d+ steps, \d+\.\d s\. "
+    # what changed, in words: how much likelier the whole answer is, the per-token means named as such
+    learned = (
+        r"Good answer\. (Learned|Partly learned): this answer is now (\d+(\.\d)?x|more than 1,000x) more likely "
+        r"\(mean log-probability per token (\S+) -> (\S+)\), (and greedy decoding gives it; \d+ steps?, \d+\.\d s\.|"
+        r"but greedy decoding does not give it yet \(20 steps, the most asked\); \d+\.\d s\.) "
+    )
     assert re.fullmatch(learned + "Regenerate shows the difference.", report), report
     events = demo.evaluate("window.__events")
     assert any(e.startswith("learning: Learning") for e in events[asked + first_text :])
@@ -704,7 +711,7 @@ def test_feedback_teaches_the_model_in_the_background_and_the_adapter_downloads(
     assert all(doing.fullmatch(e) for e in said[:-1]) and said[-1] == report, said
     counted = [int(m.group(2) or m.group(3)) for m in map(doing.fullmatch, said[:-1]) if m.group(2) or m.group(3)]
     assert counted == sorted(counted) and counted[0] <= 1 < counted[-1], counted
-    before, after = (float(v) for v in report.split("answer ")[1].split(" in ")[0].split(" → "))
+    before, after = (float(v) for v in re.fullmatch(learned + ".*", report).group(4, 5))  # type: ignore[union-attr]
     assert after > before
     assert demo.get_attribute("[data-testid=thumbs-up] >> nth=0", "aria-pressed") == "true"
     # the corrected answer asked again: a second answer beside it, from the model that learned
@@ -824,7 +831,7 @@ def test_feedback_on_an_answer_the_model_already_gives_says_there_is_nothing_to_
     demo.wait_for_selector("[data-testid=learning][data-state=idle]", timeout=180_000)
     text = demo.text_content("[data-testid=learning-text]")
     expected = (
-        r"Nothing to learn \(good answer\): the model already gives this answer \(greedy decoding\); "
-        r"log-probability -\d+\.\d\d, checked in \d+\.\d s\."
+        r"Good answer\. Nothing to learn: the model already gives this answer \(greedy decoding; mean "
+        r"log-probability per token -\d+\.\d\d -> -\d+\.\d\d\), checked in \d+\.\d s\."
     )
     assert re.fullmatch(expected, text), text

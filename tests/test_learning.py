@@ -103,6 +103,54 @@ def test_bad_feedback_changes_the_answer_and_keeps_the_model(model, held_out):
     model.set_adapter(None)
 
 
+def test_a_bad_lesson_after_a_good_one_stays_after_rehearsal(model):
+    """Rehearsing an earlier Good lesson after a Bad one must not undo the Bad one: in the page, Bad
+    reported "-1.25 -> -1.24" once the Good lesson before it was rehearsed (issue 36). The sharpest case:
+    Bad on the very answer an earlier lesson called Good (the user changed their mind; the newest lesson
+    wins). Measured apart from the lesson's report, the answer ends at least NEGATIVE_DROP less likely
+    and greedy decoding no longer gives it."""
+    model.new_adapter("both")
+    question, reply = "What is the secret code?", "The secret code is BLUE-42."
+    good = model.adapt(question, reply, adapter="both", chat=True)
+    assert good.outcome == "learned" and model.reproduces(question, reply, chat=True)
+    prompt_ids, completion_ids = model.feedback_ids(question, reply, True)
+    before = model.completion_log_prob(prompt_ids, completion_ids)
+    report = model.adapt(question, reply, reward=-1.0, adapter="both", chat=True)
+    after = model.completion_log_prob(prompt_ids, completion_ids)
+    assert report.outcome == "unlearned", report
+    assert (before - after) * len(completion_ids) >= NEGATIVE_DROP, (before, after, report)
+    assert report.log_prob_after == pytest.approx(after, abs=1e-3)  # the report says what a measure finds
+    assert not model.reproduces(question, reply, chat=True)
+    model.set_adapter(None)
+
+
+def test_a_lessons_report_says_what_changed_in_words():
+    """AdaptReport.summary, which the page, `ruvllm adapt` and feedback() show: the whole answer's
+    likelihood ratio, the per-token means named as such, "No effect" below NO_EFFECT_RATIO, never
+    "Learned" then; "Nothing to learn" when greedy decoding already gave the answer."""
+    from ruvllm.learning.learn import AdaptReport
+
+    learned = AdaptReport(-2.0, -1.0, 3, 10.0, 0, 2500.0, "learned", tokens=2, reward=1.0)
+    assert learned.summary == (
+        "Learned: this answer is now 7.4x more likely (mean log-probability per token -2.00 -> -1.00), "
+        "and greedy decoding gives it; 3 steps, 2.5 s."
+    )
+    bad = AdaptReport(-1.0, -1.5, 1, 10.0, 2, 1000.0, "unlearned", tokens=40, reward=-1.0)
+    assert bad.summary.startswith("Learned: this answer is now more than 1,000x less likely (mean log-probability ")
+    assert bad.summary.endswith("and greedy decoding no longer gives it; 1 step, 1.0 s.")
+    # the page's case: -1.25 -> -1.24 on a bad answer of 10 tokens went the wrong way: no effect
+    wrong_way = AdaptReport(-1.25, -1.24, 1, 10.0, 15, 91800.0, "unlearned", tokens=10, reward=-1.0)
+    assert wrong_way.summary == (
+        "No effect: this answer is about as likely as before (mean log-probability per token -1.25 -> -1.24) "
+        "after 1 step, 91.8 s."
+    )
+    partly = AdaptReport(-3.0, -2.5, 20, 10.0, 0, 5000.0, "most_steps", tokens=4, reward=1.0)
+    assert partly.summary.startswith("Partly learned: this answer is now 7.4x more likely")
+    assert partly.summary.endswith("but greedy decoding does not give it yet (20 steps, the most asked); 5.0 s.")
+    already = AdaptReport(-0.5, -0.5, 0, 0.0, 0, 300.0, "already", tokens=4, reward=1.0)
+    assert already.summary.startswith("Nothing to learn: the model already gives this answer")
+
+
 def test_bad_feedback_is_refused(model):
     with pytest.raises(InvalidArgumentError, match=r"reward must be a non-zero number in \[-1, 1\] .*, got 0"):
         model.adapt("a", "b", reward=0)
@@ -147,3 +195,31 @@ def test_adapt_command_writes_an_adapter_that_generate_uses(smollm2_dir, tmp_pat
     assert json.loads(more.stdout)["log_prob_before"] == pytest.approx(report["log_prob_after"], abs=1e-3)
     bad = subprocess.run([*args, "--targets", "wq", "--out", str(tmp_path / "x")], capture_output=True, text=True)
     assert bad.returncode == 1 and "targets must be among q_proj" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_locality_compares_greedy_answers_before_and_after_a_lesson(model):
+    """tools/locality.py: with the model unchanged every answer is kept and their perplexity ratio is
+    1; after a lesson, each answer it calls moved is what greedy decoding now gives, and the others are
+    token for token the same."""
+    from ruvllm.tools.locality import Answers, locality_prompts
+
+    prompts = locality_prompts()
+    assert len(prompts["chat"]) == 40 and len(prompts["raw"]) == 8
+    few = {"chat": prompts["chat"][:3], "raw": prompts["raw"][:1]}
+    model.set_adapter(None)
+    answers = Answers.of(model, few, tokens=12)
+    same = answers.compare()
+    assert (same.kept, same.same_start, same.total, same.chat_total) == (4, 4, 4, 3)
+    assert same.answers_perplexity_ratio == pytest.approx(1.0, abs=1e-6) and same.moved == ()
+    model.new_adapter("locality")
+    model.adapt(*FACT_1, adapter="locality")
+    after = answers.compare()
+    assert after.kept + len(after.moved) == 4
+    moved = {text: now for text, _, now in after.moved}
+    for prompt in answers.prompts:  # greedy decoding now: what a moved answer says, a kept one token for token
+        again = [c.token_id for c in model.generate(prompt.ids, max_tokens=len(prompt.answer), temperature=0)]
+        if prompt.text in moved:
+            assert model.tokenizer.decode(again) == moved[prompt.text]
+        else:
+            assert again == prompt.answer
+    model.set_adapter(None)

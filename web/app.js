@@ -386,7 +386,10 @@ async function streamAnswer(request, role) {
   if (request.prompt !== undefined && label !== null) label.textContent = 'Model, continuing your text';
   output.dataset.testid = 'output';
   output.dataset.raw = '';
-  const options = generationSettings();
+  // the request's own seed: Regenerate asks again with it, so what differs is what a lesson changed, not chance
+  request.seed ??= Math.floor(Math.random() * 2 ** 31);
+  /** @type {ReturnType<typeof generationSettings> & { seed: number, adapter?: string | null }} */
+  const options = { ...generationSettings(), seed: request.seed };
   if (adapterReady) options.adapter = ui.useAdapter.checked ? ADAPTER : null;
   running = new AbortController();
   setStatus('generating', 'Generating…');
@@ -433,7 +436,7 @@ function addActions(item, request, reply) {
     'regenerate',
     'Regenerate',
     'regenerate',
-    'Ask the same question again (after learning, the difference shows)',
+    'Ask the same question again with the same seed: the answer differs only where a lesson changed the model',
   );
   again.addEventListener('click', () => {
     if (!running) answer(request, 'assistant regenerated');
@@ -567,11 +570,8 @@ function lessonText({ kind, progress: p }, elapsedMs) {
 
 /** A finished lesson's report (AdaptReport), in words. */
 function reportText(kind, report) {
-  const before = report.logProbBefore.toFixed(2);
-  if (report.outcome === 'already')
-    return `Nothing to learn (${kind} answer): the model already gives this answer (greedy decoding); log-probability ${before}, checked in ${seconds(report.wallMs)}.`;
-  const after = report.logProbAfter.toFixed(2);
-  return `Learned (${kind} answer): log-probability of that answer ${before} → ${after} in ${report.steps} steps, ${seconds(report.wallMs)}. Regenerate shows the difference.`;
+  const changed = report.summary.startsWith('Learned') || report.summary.startsWith('Partly');
+  return `${kind === 'good' ? 'Good' : 'Bad'} answer. ${report.summary}${changed ? ' Regenerate shows the difference.' : ''}`;
 }
 
 /** The oldest lesson under way in the panel, with the time since it was given (kept current). */

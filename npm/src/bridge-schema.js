@@ -221,6 +221,9 @@ export const SHAPES = Object.freeze({
       rehearsal_steps: 'int',
       wall_ms: 'number',
       outcome: 'string',
+      tokens: 'int',
+      reward: 'number',
+      summary: 'string',
     },
   },
   Learned: {

@@ -743,6 +743,16 @@ export interface AdaptReport {
   /** Wall time from the lesson's start to its end (waiting and preparing included), in ms. */
   wallMs: number;
   outcome: LearningOutcome;
+  /** The completion's tokens: the log-probabilities above are means over them. */
+  tokens: number;
+  /** The lesson's reward (+ good, - bad). */
+  reward: number;
+  /**
+   * What changed, in words: "Learned: this answer is now 45x more likely (…), and greedy decoding gives it;
+   * 19 steps, 22.2 s.", "No effect: …" when the whole answer's likelihood moved by less than 1.5x, "Nothing to
+   * learn: …" when greedy decoding already gave it.
+   */
+  summary: string;
 }
 
 export interface AdapterList {

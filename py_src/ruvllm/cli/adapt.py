@@ -101,10 +101,7 @@ def run(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps({**dataclasses.asdict(report), "out": args.out}))
     else:
-        print(
-            f"mean log-probability of the completion {report.log_prob_before:.3f} -> {report.log_prob_after:.3f} "
-            f"in {report.steps} steps ({report.step_ms:.0f} ms each); adapter written to {args.out}"
-        )
+        print(f"{report.summary} Adapter written to {args.out}")
     return 0
 
 

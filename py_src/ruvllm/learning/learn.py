@@ -109,6 +109,56 @@ class AdaptReport:
     # "unlearned" (it no longer gives a bad one), "most_steps" (options.steps taken, done_with not met or
     # not asked for).
     outcome: str = ""
+    tokens: int = 0  # the completion's tokens (the log-probabilities above are means over them)
+    reward: float = 1.0  # the lesson's (the sign says which way it should have moved)
+    summary: str = ""  # what changed, in words (report_summary); made from the fields above when not given
+
+    def __post_init__(self) -> None:
+        if not self.summary:
+            object.__setattr__(self, "summary", report_summary(self))
+
+    @property
+    def ratio(self) -> float:
+        """How much likelier the whole completion is now than before (below 1: less likely)."""
+        return float(np.exp(np.clip((self.log_prob_after - self.log_prob_before) * max(self.tokens, 1), -700, 700)))
+
+
+# A lesson whose completion's likelihood moved by less than this factor (either way) had no effect worth
+# a word: the panel and `ruvllm adapt` say so rather than "Learned".
+NO_EFFECT_RATIO = 1.5
+
+
+def _times(ratio: float) -> str:
+    """A likelihood ratio in words: "3x more likely", "40x less likely", "more than 1,000x more likely"."""
+    more = ratio >= 1
+    factor = ratio if more else 1 / ratio
+    way = "more" if more else "less"
+    if factor > 1000:
+        return f"more than 1,000x {way} likely"
+    return f"{factor:.1f}x {way} likely" if factor < 10 else f"{factor:.0f}x {way} likely"
+
+
+def report_summary(report: AdaptReport) -> str:
+    """What a lesson did, in words a user understands: how much likelier (or less likely) the whole
+    answer is now, whether greedy decoding gives it, in how many steps and how long; "Nothing to learn"
+    and "No effect" where that is the truth (the page, `ruvllm adapt` and `feedback()` say the same)."""
+    seconds = f"{report.wall_ms / 1000:.1f} s"
+    steps = f"{report.steps} step{'' if report.steps == 1 else 's'}"
+    means = f"mean log-probability per token {report.log_prob_before:.2f} -> {report.log_prob_after:.2f}"
+    if report.outcome == "already":
+        return (
+            f"Nothing to learn: the model already gives this answer (greedy decoding; {means}), checked in {seconds}."
+        )
+    good = report.reward > 0
+    moved = report.ratio if good else 1 / report.ratio  # above 1: the way the lesson asked
+    if moved < NO_EFFECT_RATIO:
+        return f"No effect: this answer is about as likely as before ({means}) after {steps}, {seconds}."
+    change = f"this answer is now {_times(report.ratio)} ({means})"
+    if report.outcome in ("learned", "unlearned"):
+        greedy = "greedy decoding gives it" if good else "greedy decoding no longer gives it"
+        return f"Learned: {change}, and {greedy}; {steps}, {seconds}."
+    greedy = "greedy decoding does not give it yet" if good else "greedy decoding may still give it"
+    return f"Partly learned: {change}, but {greedy} ({steps}, the most asked); {seconds}."
 
 
 def adapter_gradients(
@@ -391,9 +441,10 @@ class Lesson(_Stepwise):
             else:
                 self.outcome = "most_steps"
             memory = self.adapter.state.memory if options.rehearse else []
-            earlier = [m for m in memory if m.reward > 0]
-            # this lesson too: one that its steps did not teach gets more, with the earlier ones beside it
-            items = [*earlier, self.memory] if self.reward > 0 else earlier
+            earlier = [m for m in memory if m.reward > 0 and m != self.memory]
+            # this lesson too, last in each round: a good one its steps did not teach gets more, and the
+            # steps on earlier good lessons must not undo a bad one (measured: Bad's drop came back)
+            items = [*earlier, self.memory] if earlier or self.reward > 0 else []
             self.rehearsal = _Rehearsal(items, options.rehearse if items else 0, REHEARSAL_STEPS)
 
     def _gradients(self, tokens, scored, reward, start, keep):
@@ -410,12 +461,20 @@ class Lesson(_Stepwise):
             result, grads = yield from self._gradients(tokens, scored, item.reward, start, keep)
             if self.adapter.version == version:
                 break
-        if result.greedy or r.taken == r.cap:
+        if self._holds(item, result) or r.taken == r.cap:
             r.next(again=r.taken > 0)
         else:
             self._update(grads, result.kept)
             r.taken += 1
             self.rehearsed += 1
+
+    def _holds(self, item: Memory, result: Gradients) -> bool:
+        """Whether a rehearsed lesson still holds: greedy decoding gives a good one; this lesson, when bad,
+        is still done (done_with)."""
+        if item.reward > 0:
+            return result.greedy
+        assert self.log_prob_before is not None  # (only this lesson's own bad item is rehearsed)
+        return done_with(item.reward, result, self.log_prob_before, len(self.scored))
 
     def _update(self, grads: dict[str, np.ndarray], kept: dict | None) -> None:
         """One optimizer step: the lesson's gradient clipped, plus the kept predictions' (`kept`, by
@@ -469,7 +528,17 @@ class Lesson(_Stepwise):
         before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
         wall_ms = (time.perf_counter() - self.given) * 1000
         outcome = self.outcome or "most_steps"
-        self.report = AdaptReport(before, result.log_likelihood, self.steps, step_ms, self.rehearsed, wall_ms, outcome)
+        self.report = AdaptReport(
+            before,
+            result.log_likelihood,
+            self.steps,
+            step_ms,
+            self.rehearsed,
+            wall_ms,
+            outcome,
+            len(self.scored),
+            self.reward,
+        )
 
     @property
     def memory(self) -> Memory:
@@ -826,5 +895,7 @@ class RouteLesson(_Stepwise):
             before = last.log_likelihood if self.log_prob_before is None else self.log_prob_before
             step_ms, wall_ms = self.compute_ms / max(self.steps, 1), (time.perf_counter() - self.given) * 1000
             outcome = self.outcome or "most_steps"
-            self.report = AdaptReport(before, last.log_likelihood, self.steps, step_ms, 0, wall_ms, outcome)
+            self.report = AdaptReport(
+                before, last.log_likelihood, self.steps, step_ms, 0, wall_ms, outcome, len(self.scored), self.reward
+            )
         return self.report
