@@ -147,6 +147,11 @@ def test_a_lessons_report_says_what_changed_in_words():
     partly = AdaptReport(-3.0, -2.5, 20, 10.0, 0, 5000.0, "most_steps", tokens=4, reward=1.0)
     assert partly.summary.startswith("Partly learned: this answer is now 7.4x more likely")
     assert partly.summary.endswith("but greedy decoding does not give it yet (20 steps, the most asked); 5.0 s.")
+    # the steps ended at the cap, but greedy decoding gives it after rehearsal: the end state is what counts
+    after_rehearsal = AdaptReport(-3.0, -0.5, 20, 10.0, 4, 5000.0, "most_steps", tokens=4, reward=1.0, greedy=True)
+    assert after_rehearsal.summary.startswith("Learned: this answer is now more than 1,000x more likely")
+    still = AdaptReport(-1.0, -1.5, 20, 10.0, 0, 1000.0, "most_steps", tokens=4, reward=-1.0, greedy=True)
+    assert still.summary.endswith("but greedy decoding still gives it (20 steps, the most asked); 1.0 s.")
     already = AdaptReport(-0.5, -0.5, 0, 0.0, 0, 300.0, "already", tokens=4, reward=1.0)
     assert already.summary.startswith("Nothing to learn: the model already gives this answer")
 

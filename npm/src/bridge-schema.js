@@ -223,6 +223,7 @@ export const SHAPES = Object.freeze({
       outcome: 'string',
       tokens: 'int',
       reward: 'number',
+      greedy: 'boolean | null',
       summary: 'string',
     },
   },

@@ -747,6 +747,8 @@ export interface AdaptReport {
   tokens: number;
   /** The lesson's reward (+ good, - bad). */
   reward: number;
+  /** Whether greedy decoding gives the completion at the end (after rehearsal). */
+  greedy: boolean | null;
   /**
    * What changed, in words: "Learned: this answer is now 45x more likely (…), and greedy decoding gives it;
    * 19 steps, 22.2 s.", "No effect: …" when the whole answer's likelihood moved by less than 1.5x, "Nothing to

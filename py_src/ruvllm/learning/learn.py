@@ -111,6 +111,7 @@ class AdaptReport:
     outcome: str = ""
     tokens: int = 0  # the completion's tokens (the log-probabilities above are means over them)
     reward: float = 1.0  # the lesson's (the sign says which way it should have moved)
+    greedy: bool | None = None  # whether greedy decoding gives the completion at the end (None: not known)
     summary: str = ""  # what changed, in words (report_summary); made from the fields above when not given
 
     def __post_init__(self) -> None:
@@ -154,11 +155,15 @@ def report_summary(report: AdaptReport) -> str:
     if moved < NO_EFFECT_RATIO:
         return f"No effect: this answer is about as likely as before ({means}) after {steps}, {seconds}."
     change = f"this answer is now {_times(report.ratio)} ({means})"
-    if report.outcome in ("learned", "unlearned"):
+    # whether greedy decoding gives it at the end (rehearsal included); unknown: what the steps found
+    gives = report.greedy if report.greedy is not None else report.outcome != "unlearned" if not good else None
+    gives = report.outcome == "learned" if gives is None else gives
+    if gives == good:  # a good answer greedy decoding gives now, a bad one it no longer gives
         greedy = "greedy decoding gives it" if good else "greedy decoding no longer gives it"
         return f"Learned: {change}, and {greedy}; {steps}, {seconds}."
-    greedy = "greedy decoding does not give it yet" if good else "greedy decoding may still give it"
-    return f"Partly learned: {change}, but {greedy} ({steps}, the most asked); {seconds}."
+    greedy = "greedy decoding does not give it yet" if good else "greedy decoding still gives it"
+    cap = ", the most asked" if report.outcome == "most_steps" else ""
+    return f"Partly learned: {change}, but {greedy} ({steps}{cap}); {seconds}."
 
 
 def adapter_gradients(
@@ -538,6 +543,7 @@ class Lesson(_Stepwise):
             outcome,
             len(self.scored),
             self.reward,
+            result.greedy,
         )
 
     @property
@@ -896,6 +902,15 @@ class RouteLesson(_Stepwise):
             step_ms, wall_ms = self.compute_ms / max(self.steps, 1), (time.perf_counter() - self.given) * 1000
             outcome = self.outcome or "most_steps"
             self.report = AdaptReport(
-                before, last.log_likelihood, self.steps, step_ms, 0, wall_ms, outcome, len(self.scored), self.reward
+                before,
+                last.log_likelihood,
+                self.steps,
+                step_ms,
+                0,
+                wall_ms,
+                outcome,
+                len(self.scored),
+                self.reward,
+                last.greedy,
             )
         return self.report
