@@ -155,9 +155,10 @@ def report_summary(report: AdaptReport) -> str:
     if moved < NO_EFFECT_RATIO:
         return f"No effect: this answer is about as likely as before ({means}) after {steps}, {seconds}."
     change = f"this answer is now {_times(report.ratio)} ({means})"
-    # whether greedy decoding gives it at the end (rehearsal included); unknown: what the steps found
-    gives = report.greedy if report.greedy is not None else report.outcome != "unlearned" if not good else None
-    gives = report.outcome == "learned" if gives is None else gives
+    if report.greedy is not None:  # whether greedy decoding gives it at the end, rehearsal included
+        gives = report.greedy
+    else:  # (not known: what the lesson's own steps found)
+        gives = report.outcome == "learned" if good else report.outcome != "unlearned"
     if gives == good:  # a good answer greedy decoding gives now, a bad one it no longer gives
         greedy = "greedy decoding gives it" if good else "greedy decoding no longer gives it"
         return f"Learned: {change}, and {greedy}; {steps}, {seconds}."
