@@ -73,13 +73,11 @@ class Answers:
                 ids = _prompt_ids(model, text, chat)
                 answer = [c.token_id for c in model.generate(ids, max_tokens=tokens, temperature=0)]
                 held.append(Prompt(text, chat, ids, answer, _words(model, answer)))
-        answers = cls(model, held, 0.0)
-        answers.nll = answers._nll_and_agreement()[0]
-        return answers
+        return cls(model, held, _nll_and_agreement(model, held)[0])
 
     def compare(self) -> Locality:
         """Where the model stands now against the answers before."""
-        nll, agree = self._nll_and_agreement()
+        nll, agree = _nll_and_agreement(self.model, self.prompts)
         moved, same_start = [], 0
         for prompt, kept in zip(self.prompts, agree, strict=True):
             if kept:
@@ -100,17 +98,18 @@ class Answers:
             moved=tuple(moved),
         )
 
-    def _nll_and_agreement(self) -> tuple[float, list[bool]]:
-        """The mean NLL of every answer token, and for each answer whether greedy decoding picks all of them."""
-        engine, total, count, agree = self.model.engine, 0.0, 0, []
-        for prompt in self.prompts:
-            tokens = [*prompt.ids, *prompt.answer]
-            logits = engine.forward(tokens[:-1], 0, engine.new_cache())[len(prompt.ids) - 1 :]  # (A, V)
-            targets = np.asarray(prompt.answer)
-            nll = token_nll(logits, targets)
-            total, count = total + float(nll.sum()), count + len(targets)
-            agree.append(bool(np.all(logits.argmax(axis=-1) == targets)))
-        return total / max(count, 1), agree
+
+def _nll_and_agreement(model, prompts: list[Prompt]) -> tuple[float, list[bool]]:
+    """The mean NLL of every answer token, and for each answer whether greedy decoding picks all of them
+    (Model.completion_log_prob's forward, whose argmax is wanted too)."""
+    engine, total, count, agree = model.engine, 0.0, 0, []
+    for prompt in prompts:
+        tokens = [*prompt.ids, *prompt.answer]
+        logits = engine.forward(tokens[:-1], 0, engine.new_cache())[len(prompt.ids) - 1 :]  # (A, V)
+        targets = np.asarray(prompt.answer)
+        total, count = total + float(token_nll(logits, targets).sum()), count + len(targets)
+        agree.append(bool(np.all(logits.argmax(axis=-1) == targets)))
+    return total / max(count, 1), agree
 
 
 def _prompt_ids(model, text: str, chat: bool) -> list[int]:
