@@ -843,23 +843,6 @@ def test_the_page_on_a_phone(browser, base_url):
     context.close()
 
 
-def test_regenerate_asks_again_with_the_answers_seed(demo):
-    """Sampled answers: Regenerate reuses the first answer's seed, so with no lesson in between the
-    answer is the same, token for token; what differs after a lesson is the lesson's doing (issue 36)."""
-    demo.click("[data-testid=clear]")
-    demo.fill("[data-testid=max-tokens]", "24")
-    demo.fill("[data-testid=temperature]", "1.2")
-    try:
-        ask(demo, "Tell me a story about a dragon.")
-        wait_state(demo, "ready", 60_000)
-        first = answer(demo)
-        demo.click("[data-testid=regenerate] >> nth=0")
-        wait_state(demo, "ready", 60_000)
-        assert answer(demo) == first and first  # (without the seed, 24 tokens at 1.2 differ)
-    finally:
-        demo.fill("[data-testid=temperature]", "0")
-
-
 def test_feedback_on_an_answer_the_model_already_gives_says_there_is_nothing_to_learn(demo):
     demo.click("[data-testid=clear]")
     demo.fill("[data-testid=max-tokens]", "48")
