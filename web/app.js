@@ -436,7 +436,7 @@ function addActions(item, request, reply) {
     'regenerate',
     'Regenerate',
     'regenerate',
-    'Ask the same question again with the same seed: the answer differs only where a lesson changed the model',
+    'Ask the same question again with the same seed: what differs is mostly what a lesson changed',
   );
   again.addEventListener('click', () => {
     if (!running) answer(request, 'assistant regenerated');
