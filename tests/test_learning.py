@@ -13,7 +13,6 @@ import pytest
 import ruvllm
 from ruvllm.errors import InvalidArgumentError
 from ruvllm.learning.learn import NEGATIVE_DROP, AdaptOptions
-from ruvllm.learning.lora import DEFAULT_LAYERS
 from ruvllm.tools.perplexity import perplexity
 
 EVAL = Path(__file__).resolve().parent.parent / "benchmarks" / "data" / "eval.txt"
@@ -175,10 +174,10 @@ def test_adapt_command_writes_an_adapter_that_generate_uses(smollm2_dir, tmp_pat
     result = subprocess.run([*args, "--out", str(out), "--json"], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout)
-    assert report["log_prob_after"] > report["log_prob_before"] + 3.0 and 1 <= report["steps"] <= 20
+    assert report["log_prob_after"] > report["log_prob_before"] + 3.0 and 1 <= report["steps"] <= AdaptOptions.steps
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["target_modules"] == ["down_proj"] and config["r"] == 32
-    assert config["layers_to_transform"] == list(range(30 - len(DEFAULT_LAYERS), 30))
+    assert config["layers_to_transform"] == [14, 15]  # the middle two (DEFAULT_LAYERS) of SmolLM2's 30
     generate = [
         sys.executable,
         "-m",
@@ -216,10 +215,13 @@ def test_locality_compares_greedy_answers_before_and_after_a_lesson(model):
     same = answers.compare()
     assert (same.kept, same.same_start, same.total, same.chat_total) == (4, 4, 4, 3)
     assert same.answers_perplexity_ratio == pytest.approx(1.0, abs=1e-6) and same.moved == ()
+    assert same.kept_but_ties == 4
+    for prompt in answers.prompts:  # greedy answers: each token led the next one at its position
+        assert len(prompt.leads) == len(prompt.answer) and min(prompt.leads) >= 0
     model.new_adapter("locality")
     model.adapt(*FACT_1, adapter="locality")
     after = answers.compare()
-    assert after.kept + len(after.moved) == 4
+    assert after.kept + len(after.moved) == 4 and after.kept <= after.kept_but_ties <= 4
     moved = {text: now for text, _, now in after.moved}
     for prompt in answers.prompts:  # greedy decoding now: what a moved answer says, a kept one token for token
         again = [c.token_id for c in model.generate(prompt.ids, max_tokens=len(prompt.answer), temperature=0)]
@@ -227,4 +229,29 @@ def test_locality_compares_greedy_answers_before_and_after_a_lesson(model):
             assert model.tokenizer.decode(again) == moved[prompt.text]
         else:
             assert again == prompt.answer
+    model.set_adapter(None)
+
+
+def test_a_lesson_leaves_unrelated_answers_alone(model):
+    """Issue 36's measure (tools/locality.py: the greedy answers, 24 tokens, of 40 chat questions in the
+    model's template and 8 raw texts, before and after): after the README's fact lesson on a fresh
+    default adapter, at least 33 of the 40 chat answers are kept but for near-ties (measured 35; with
+    A trained in the top layers, 21), 42 of 48 start with the same five words (measured 44), and the
+    answers' perplexity moves less than 1% (+0.1%); after Bad on a chat answer, 38 (measured 40)."""
+    from ruvllm.tools.locality import Answers
+
+    model.set_adapter(None)
+    answers = Answers.of(model)
+    report = model.adapt(*FACT_1, adapter="locality fact")
+    assert report.outcome == "learned" and greedy(model, FACT_1[0]).startswith(KNOWS_1)
+    fact = answers.compare()
+    assert fact.chat_kept_but_ties >= 33 and fact.same_start >= 42, fact.summary()
+    assert abs(fact.answers_perplexity_ratio - 1) < 0.01, fact.summary()
+    model.set_adapter(None)
+    joke = [{"role": "user", "content": "Tell me a joke."}]
+    told = "".join(c.text for c in model.chat(joke, max_tokens=40, temperature=0))
+    bad = model.adapt(joke, told, reward=-1.0, adapter="locality bad", chat=True)
+    assert bad.outcome == "unlearned" and bad.ratio < 0.5, bad.summary
+    after = answers.compare()
+    assert after.chat_kept_but_ties >= 38 and after.same_start >= 46, after.summary()
     model.set_adapter(None)

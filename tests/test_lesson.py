@@ -24,8 +24,11 @@ GREEDY = GenerationOptions.from_kwargs(max_tokens=6, temperature=0, ignore_eos=T
 
 
 def plain(**options) -> AdaptOptions:
-    """Lesson options for checking the mechanics: fixed steps, no rehearsal, kept predictions or projection."""
-    return AdaptOptions(**{"until_greedy": False, "rehearse": 0, "keep": 0.0, "project": 0.0, **options})
+    """Lesson options for checking the mechanics: fixed steps, no rehearsal, kept predictions, projection
+    or keyed rows (A and B train, unless asked)."""
+    return AdaptOptions(
+        **{"until_greedy": False, "rehearse": 0, "keep": 0.0, "project": 0.0, "keyed": False, **options}
+    )
 
 
 class Counting:
@@ -436,14 +439,31 @@ def test_the_input_basis_is_the_smallest_holding_the_energy_asked(T):
 
     rng = np.random.default_rng(T)
     x = rng.normal(size=(T, 40)) * np.geomspace(10, 0.01, 40)  # a few strong input directions
-    steps = decomposition(x.T @ x, None, 0.9) if T > 40 else decomposition(x @ x.T, x, 0.9)
-    basis = finished(steps).astype(np.float64)
+    steps = decomposition(x.T @ x, None) if T > 40 else decomposition(x @ x.T, x)
+    spectrum = finished(steps)
+    basis = spectrum.basis(0.9).astype(np.float64)
     expected = svd_basis(x, 0.9)
     np.testing.assert_allclose(basis @ basis.T, expected @ expected.T, atol=1e-5)
     np.testing.assert_allclose(basis.T @ basis, np.eye(basis.shape[1]), atol=1e-5)  # orthonormal
     held = np.linalg.norm(x @ basis) ** 2 / np.linalg.norm(x) ** 2
     fewer = np.linalg.norm(x @ basis[:, :-1]) ** 2 / np.linalg.norm(x) ** 2
     assert held >= 0.9 > fewer and 1 < basis.shape[1] < 20
+
+
+@pytest.mark.parametrize("T", [300, 20])
+def test_whitening_is_the_ridge_inverse_of_the_gram_matrix(T):
+    """Spectrum.whiten against (X^T X + ridge * mean eigenvalue * I)^-1 solved in float64, with as many
+    calibration rows as inputs and more (all K eigenvalues) and fewer (T of them, the rest 0); the
+    eigenvectors are float32."""
+    from ruvllm.learning.projection import decomposition
+
+    rng = np.random.default_rng(T)
+    x = rng.normal(size=(T, 40)) * np.geomspace(10, 0.01, 40)
+    spectrum = finished(decomposition(x.T @ x, None) if T > 40 else decomposition(x @ x.T, x))
+    keys = rng.normal(size=(3, 40))
+    gram = x.T @ x
+    expected = np.linalg.solve(gram + 0.01 * np.trace(gram) / 40 * np.eye(40), keys.T).T
+    np.testing.assert_allclose(spectrum.whiten(keys, 0.01), expected, rtol=1e-3, atol=1e-6 * np.abs(expected).max())
 
 
 def test_a_fresh_adapter_reuses_the_bases_an_earlier_one_computed(engine, monkeypatch):
@@ -542,3 +562,79 @@ def test_a_projection_job_that_fails_is_dropped_and_its_error_reported(engine, m
     with pytest.raises(ZeroDivisionError):
         learner.run(None)
     assert not learner.status().preparing  # not retried (and failed again) by every later call
+
+
+def test_a_keyed_lesson_writes_its_whitened_inputs_into_its_own_rows_and_trains_only_their_columns(engine, tmp_path):
+    """A fresh adapter's lessons (keyed, the default): the first writes into rows 0..k of A (k <= 4) the
+    down_proj inputs at the positions it must change, whitened by the calibration spectra: its rows span
+    exactly those whitened inputs, checked against a forward of its own. Its steps train B's columns of
+    its rows only, and A not at all; the next lesson takes the next rows and leaves the first one's
+    columns alone; the same lesson again keeps its rows; once the rank is used up, a lesson trains the
+    columns of every row given. The adapter's file keeps which rows are whose."""
+    from ruvllm.learning import backprop
+    from ruvllm.learning.learn import KEY_RIDGE, KEY_ROWS
+    from ruvllm.learning.projection import ready_spectra, shared_bases
+
+    per_model(engine).calibration_ids = PROMPT * 3
+    adapter = Adapter.new(engine.weights, LoRAConfig(rank=6, targets=("down_proj",), layers=(-2, -1)))
+    engine.wrappers.add("k", adapter)
+    engine.wrappers.activate("k")
+    options = plain(steps=2, lr=0.05, keyed=True)
+    random_rows = {name: A.copy() for name, A in adapter.A.items()}
+    first = Lesson(engine, adapter, PROMPT, [5, 6, 7, 8, 9], 1.0, options)
+    first.run()
+    assert first.keyed and first.rows == (0, KEY_ROWS) and adapter.state.keyed == KEY_ROWS
+    modules = list(adapter.A)
+    shared_bases(engine, modules, PROMPT * 3, 0.99)
+    spectra = ready_spectra(engine, modules, PROMPT * 3)
+    tokens = [*PROMPT, 5, 6, 7, 8, 9]
+    lowest = adapter.lowest_layer
+    entering = entering_states(engine.weights, engine.config, engine.inv_freq, tokens[:-1], lowest)
+    with backprop.bypassed(engine.weights):  # (B was zero where the rows were written)
+        _, tapes = backprop.run_from(engine.weights, engine.config, engine.inv_freq, backprop.Start(lowest, entering))
+    for name in modules:
+        A, B = adapter.A[name], adapter.B[name]
+        taped = tapes[int(name.split(".")[2]) - lowest].s
+        inputs = taped[first.scored].astype(np.float64)  # every position: a random model is sure of none
+        white = spectra[name].whiten(inputs, KEY_RIDGE)
+        rows = A[:KEY_ROWS].astype(np.float64)
+        span = np.linalg.svd(white, full_matrices=False)[2][:KEY_ROWS]  # what the rows must span
+        np.testing.assert_allclose(rows @ np.linalg.pinv(span) @ span, rows, atol=1e-4 * np.abs(rows).max())
+        np.testing.assert_array_equal(A[KEY_ROWS:], random_rows[name][KEY_ROWS:])  # the rest untouched
+        assert np.abs(B[:, :KEY_ROWS]).max() > 0 and not B[:, KEY_ROWS:].any()
+    before = {name: (adapter.A[name].copy(), adapter.B[name].copy()) for name in modules}
+    second = Lesson(engine, adapter, PROMPT[:12], [9, 8], 1.0, options)
+    second.run()
+    assert second.rows == (KEY_ROWS, 6) and adapter.state.keyed == 6  # two left: two rows
+    for name in modules:
+        np.testing.assert_array_equal(adapter.A[name][:KEY_ROWS], before[name][0][:KEY_ROWS])
+        np.testing.assert_array_equal(adapter.B[name][:, :KEY_ROWS], before[name][1][:, :KEY_ROWS])
+        assert np.abs(adapter.B[name][:, KEY_ROWS:]).max() > 0
+    again = Lesson(engine, adapter, PROMPT, [5, 6, 7, 8, 9], 1.0, options)
+    again.run()
+    assert again.rows == (0, KEY_ROWS) and adapter.state.keyed == 6
+    full = Lesson(engine, adapter, PROMPT[:8], [3], 1.0, options)
+    full.run()
+    assert full.rows == (0, 6)  # no rows left: every given row's columns
+    adapter.save(str(tmp_path / "k"))
+    back = Adapter.load(str(tmp_path / "k"), engine.weights)
+    assert back.state.keyed == 6 and back.state.rows == adapter.state.rows
+    assert back.state.rows[(tuple(tokens), len(PROMPT))] == (0, KEY_ROWS)
+
+
+def test_a_loaded_adapter_that_never_learned_here_trains_a_and_b(engine, tmp_path):
+    """Keyed rows are for a fresh adapter: one loaded from a PEFT folder (its A holds what it learned
+    elsewhere) learns as before, A and B, projected."""
+    per_model(engine).calibration_ids = PROMPT * 3
+    trained = top_adapter(engine, "t")
+    trained.B["model.layers.3.mlp.down_proj"][...] = 0.01
+    trained.version = 1  # as a PEFT adapter's file says it learned elsewhere
+    Adapter.save(trained, str(tmp_path / "t"))
+    loaded = Adapter.load(str(tmp_path / "t"), engine.weights)
+    engine.wrappers.add("l", loaded)
+    engine.wrappers.activate("l")
+    A = {name: a.copy() for name, a in loaded.A.items()}
+    lesson = Lesson(engine, loaded, PROMPT, [5, 6], 1.0, plain(steps=2, lr=0.05, keyed=True, project=0.99))
+    lesson.run()
+    assert not lesson.keyed and loaded.state.keyed is None
+    assert any(not np.array_equal(A[name], loaded.A[name]) for name in A)

@@ -187,6 +187,7 @@ export const SHAPES = Object.freeze({
       rehearse: 'int',
       keep: 'number',
       project: 'number',
+      keyed: 'boolean',
       budget_ms: 'number | null',
     },
   },
@@ -231,7 +232,7 @@ export const SHAPES = Object.freeze({
     fields: { lessons: 'LessonProgress[]', waiting: 'int', preparing: 'boolean', prepared: 'Prefilling | null' },
   },
   Preparing: { fields: { preparing: 'boolean' } },
-  Calibration: { fields: { ids: 'int[]' } },
+  Calibration: { fields: { ids: 'int[]', turns: 'int[][] (each a chat turn in the model template)' } },
   ChatTemplateSource: { fields: { source: 'string | null (the template JavaScript renders with)' } },
   // --- not a bridge call: the JSON `ruvllm-js generate --json` prints, as `ruvllm generate --json` ----
   GenerateJson: {
@@ -280,6 +281,7 @@ export const BRIDGE = Object.freeze({
     prepare_learning: { args: {}, returns: 'Preparing' },
     cancel_learning: { args: { request_json: 'LessonKey' }, returns: 'Learned' },
     calibration_text: { args: {}, returns: 'string' },
+    calibration_chat: { args: {}, returns: 'string[][] ([user message, answer] pairs)' },
     set_calibration: { args: { request_json: 'Calibration' }, returns: 'int (the ids kept)' },
     set_chat_template: { args: { request_json: 'ChatTemplateSource' }, returns: 'true' },
     load_adapter: {

@@ -281,6 +281,7 @@ export const FEEDBACK = {
   rehearse: integer(0),
   keep: finite('>= 0', (v) => v >= 0),
   project: finite('in [0, 1)', (v) => v >= 0 && v < 1),
+  keyed: flag,
 };
 
 /** adapt(feedback, options). */

@@ -223,7 +223,7 @@ test('adapt, the adapter calls and the OpenAI calls refuse bad arguments by name
     [() => llm.adapt({ ...lesson, optimizer: 'sgdm' }), 'feedback.optimizer must be one of sgd, adam, got "sgdm"'],
     [
       () => llm.adapt({ ...lesson, stpes: 3 }),
-      'feedback.stpes is not an option of adapt (did you mean steps?); its options are: prompt, messages, completion, reward, adapter, steps, lr, optimizer, ewc, untilGreedy, rehearse, keep, project',
+      'feedback.stpes is not an option of adapt (did you mean steps?); its options are: prompt, messages, completion, reward, adapter, steps, lr, optimizer, ewc, untilGreedy, rehearse, keep, project, keyed',
     ],
     [() => llm.adapt(lesson, { onProgress: 1 }), 'options.onProgress must be a function, got 1'],
     [() => llm.newAdapter({ rank: 0 }), 'config.rank must be an integer in [1, 2^53 - 1], got 0'],

@@ -575,7 +575,10 @@ export interface ChatCompletions {
    * first chunk: a refused body rejects the promise). Errors: 'invalid_argument' naming the field,
    * 'context_full', an AbortError.
    */
-  create(body: ChatCompletionRequest & { stream: true }, options?: RequestOptions): Promise<AsyncIterable<ChatCompletionChunk>>;
+  create(
+    body: ChatCompletionRequest & { stream: true },
+    options?: RequestOptions,
+  ): Promise<AsyncIterable<ChatCompletionChunk>>;
   create(body: ChatCompletionRequest & { stream?: false | null }, options?: RequestOptions): Promise<ChatCompletion>;
   create(
     body: ChatCompletionRequest,
@@ -677,6 +680,9 @@ export interface Feedback {
   rehearse?: number;
   keep?: number;
   project?: number;
+  /** A fresh adapter's lessons write their own inputs (whitened) into rows of A and train only B's columns
+   * of them (default true); false: A and B train, A kept out of the input subspace (`project`). */
+  keyed?: boolean;
 }
 
 export interface AdaptOptions {

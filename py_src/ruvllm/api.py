@@ -19,13 +19,13 @@ import numpy as np
 
 from . import host
 from .completions import Response, prepare
-from .errors import InvalidArgumentError
+from .errors import InvalidArgumentError, LoadError
 from .files import jsonfields as fields
 from .files.store import TensorStore
 from .learning.learn import AdaptReport, LearningStatus, Lesson, RouteLesson
 from .learning.lora import DEFAULT_LAYERS, Adapter
 from .learning.per_model import per_model
-from .learning.projection import calibration_text
+from .learning.projection import calibration_chat, calibration_text
 from .learning.xlora import Mixture, is_xlora
 from .model.cache import KVOptions
 from .model.config import ModelConfig
@@ -56,8 +56,22 @@ class Model:
         self.session = Session(engine, tokenizer.token_bytes, tokenizer.special_ids)  # what the bridge shares
         self.adapters = self.session.adapters  # MicroLoRA: held, selected, learning
         if per_model(engine).calibration_ids is None:  # what learning keeps its adapters' inputs away from
-            self.session.set_calibration(tokenizer.encode(calibration_text()))
+            self.session.set_calibration(tokenizer.encode(calibration_text()), self._calibration_turns())
         self._read_folders: list[str] = []  # the model and the adapters loaded: never written over
+
+    def _calibration_turns(self) -> list[list[int]]:
+        """The calibration chat's turns in this model's template (none without a template, or with one
+        that refuses them: the model still loads, and learning whitens with the raw text alone)."""
+        if self.tokenizer.chat_template is None:
+            return []
+        turns = []
+        for user, answer in calibration_chat():
+            messages = [{"role": "user", "content": user}, {"role": "assistant", "content": answer}]
+            try:
+                turns.append(self.tokenizer.encode_chat(messages, add_generation_prompt=False))
+            except (InvalidArgumentError, LoadError):
+                return []
+        return turns
 
     @classmethod
     def of(
@@ -143,11 +157,12 @@ class Model:
         rank: int | None = None,
         alpha: float | None = None,
         targets: Sequence[str] | None = None,
-        layers: Sequence[int] | None = DEFAULT_LAYERS,
+        layers: Sequence[int] | str | None = DEFAULT_LAYERS,
     ) -> Adapter:
         """A fresh adapter (it changes nothing until it learns), held under `name` and made active.
         rank, alpha, targets: LoRAConfig's defaults when None (rank 32, alpha 2 x rank, down_proj);
-        layers: the decoder layers it adapts (negative counts from the top; None: all)."""
+        layers: the decoder layers it adapts (negative counts from the top; None: all; "middle", the
+        default: the two at half the depth)."""
         return self.session.new_adapter(name, (rank, alpha, targets, layers))
 
     def load_adapter(self, path: str, name: str | None = None) -> str:

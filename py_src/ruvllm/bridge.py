@@ -52,7 +52,8 @@ short:
                                                       next step; with no lesson, the default adapter's)
     EngineHandle.prepare_learning()                -> {preparing}: the default adapter's projection, queued
     EngineHandle.cancel_learning({key})            -> the same, the lesson `key` (null: all) dropped
-    EngineHandle.calibration_text(), set_calibration({ids})  the calibration text, tokenized in JavaScript
+    EngineHandle.calibration_text(), calibration_chat(), set_calibration({ids, turns})  the calibration text
+                                                      and chat turns, tokenized (and templated) in JavaScript
     EngineHandle.load_adapter({name}, adapter_config.json, weights bytes, state bytes or None)
     EngineHandle.load_mixture({name}, adapter_config.json, router bytes, *each expert's config and weights)
     EngineHandle.mix_adapters({name, experts, top_k, depth, size, layerwise, temperature}): X-LoRA
@@ -92,7 +93,7 @@ from .files.tensorfile import PieceBuffer, SafetensorsFile
 from .learning.adapters import AdapterSet
 from .learning.learn import Learner, Lesson, RouteLesson
 from .learning.lora import DEFAULT_LAYERS, Adapter
-from .learning.projection import calibration_text
+from .learning.projection import calibration_chat, calibration_text
 from .learning.xlora import Mixture
 from .model.cache import KVOptions
 from .model.config import ModelConfig
@@ -586,13 +587,24 @@ class EngineHandle:
         return calibration_text()
 
     @_json_result
+    def calibration_chat(self) -> list[list[str]]:
+        """The built-in calibration chat, [user message, answer] pairs: JavaScript renders each as a turn
+        in the model's template for `set_calibration`."""
+        return [[user, answer] for user, answer in calibration_chat()]
+
+    @_json_result
     def set_calibration(self, request_json: str) -> int:
-        """request: {ids}: the calibration text's token ids (what learning's projection starts from)."""
-        return self.session.set_calibration(_ids(_request(request_json).get("ids"), "ids"))
+        """request: {ids, turns}: the calibration text's token ids and the calibration chat's turns, each
+        its ids (none without a chat template): what learning's projection and whitening start from."""
+        r = _request(request_json)
+        turns = r.get("turns") or []
+        if not isinstance(turns, list):
+            raise InvalidArgumentError("turns must be a list of lists of integers")
+        return self.session.set_calibration(_ids(r.get("ids"), "ids"), [_ids(turn, "turns") for turn in turns])
 
     def _lesson(self, r: dict) -> tuple[list[int], list[int], float, str, dict]:
         """A lesson request's arguments for Session.feedback."""
-        names = ("steps", "lr", "optimizer", "ewc", "until_greedy", "rehearse", "keep", "project")
+        names = ("steps", "lr", "optimizer", "ewc", "until_greedy", "rehearse", "keep", "project", "keyed")
         options = {k: r[k] for k in names if r.get(k) is not None}
         prompt_ids, completion_ids = (
             _ids(r.get("prompt_ids"), "prompt_ids"),

@@ -6,7 +6,7 @@ the same in both and an option has one default:
 
     generate / stream  the generation of prompt ids, with the idle cache lent to it (a chat's next
                        turn reuses the prefix it holds)
-    new_adapter        a fresh adapter (LoRAConfig's defaults: rank 32, down_proj of the top 2 layers)
+    new_adapter        a fresh adapter (LoRAConfig's defaults: rank 32, down_proj of the middle 2 layers)
     adapt              a whole lesson now, in the caller; its AdaptReport
     feedback           a lesson's first step now (the next answer already differs), its other steps by
                        `learn` calls in idle time; the Lesson. (The npm package's `llm.adapt` is this,
@@ -27,7 +27,7 @@ from .learning.adapters import AdapterSet
 from .learning.learn import AdaptOptions, AdaptReport, Learner, LearningStatus, Lesson, RouteLesson, lesson_for
 from .learning.lora import DEFAULT_TARGETS, Adapter, LoRAConfig, module_names
 from .learning.per_model import per_model
-from .learning.projection import CALIBRATION_TOKENS
+from .learning.projection import calibration_ids
 from .learning.xlora import Mixture, RouterConfig
 from .model.cache import KVCache
 from .runtime.constrain import Vocabulary
@@ -45,7 +45,7 @@ KEEP: Final = AdapterChoice.KEEP
 
 
 # A new adapter's rank, alpha, targets and layers, as a front end takes them (see Session.new_adapter).
-AdapterShape = tuple[int | None, float | None, Sequence[str] | None, Sequence[int] | None]
+AdapterShape = tuple[int | None, float | None, Sequence[str] | None, Sequence[int] | str | None]
 
 
 class Session:
@@ -141,10 +141,11 @@ class Session:
 
     # --- learning -------------------------------------------------------------------------------
 
-    def set_calibration(self, ids: Sequence[int]) -> int:
-        """The calibration text's token ids: what learning keeps its adapters' inputs away from."""
+    def set_calibration(self, ids: Sequence[int], turns: Sequence[Sequence[int]] = ()) -> int:
+        """The calibration text's token ids and the calibration chat's turns (each in the model's
+        template): what learning keeps its adapters' inputs away from (projection.calibration_ids)."""
         held = per_model(self.engine)
-        held.calibration_ids = list(ids)[:CALIBRATION_TOKENS]
+        held.calibration_ids = calibration_ids(list(ids), [list(turn) for turn in turns])
         return len(held.calibration_ids)
 
     def lesson(
@@ -207,5 +208,5 @@ class Session:
         return self.learner.prepare(module_names(self.engine.weights, DEFAULT_TARGETS, layers))
 
 
-def _layers(layers: Sequence[int] | None) -> tuple[int, ...] | None:
-    return None if layers is None else tuple(layers)
+def _layers(layers: Sequence[int] | str | None) -> tuple[int, ...] | str | None:
+    return layers if layers is None or isinstance(layers, str) else tuple(layers)

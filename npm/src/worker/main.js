@@ -132,6 +132,28 @@ async function loadModel(id, options, signal) {
 }
 
 /** Throws an AbortError once the load was aborted (between steps that cannot be interrupted). */
+/**
+ * The calibration chat's turns as ids in the model's template (Python's Model._calibration_turns): none
+ * without a template, or with one that refuses them (learning then whitens with the raw text alone).
+ */
+function calibrationTurns(text, pairs) {
+  if (!text.chatTemplateText) return [];
+  try {
+    return pairs.map(([user, answer]) =>
+      text.encodeChat(
+        [
+          { role: 'user', content: user },
+          { role: 'assistant', content: answer },
+        ],
+        { addGenerationPrompt: false },
+      ),
+    );
+  } catch (error) {
+    if (error instanceof RuvLLMError) return [];
+    throw error;
+  }
+}
+
 function stopIfAborted(signal) {
   if (signal.aborted) throw new AbortError('loading aborted');
 }
@@ -163,9 +185,11 @@ async function withLoader(id, options, progress, signal, fill) {
     state.engine = loader.take_engine();
     state.contextLength = built.contextLength;
     state.positions = options.kv?.budgetBytes === undefined ? built.contextLength : null;
-    // learning keeps adapters away from what ordinary text uses: the calibration text, in ids made here
+    // learning keeps adapters away from what ordinary text and chat use: the calibration text and chat
+    // turns (in the model's template), in ids made here
     const calibration = loaded().text.encode(callBridge(state.engine, 'calibration_text'));
-    callBridge(state.engine, 'set_calibration', { ids: calibration });
+    const turns = calibrationTurns(loaded().text, callBridge(state.engine, 'calibration_chat'));
+    callBridge(state.engine, 'set_calibration', { ids: calibration, turns });
     // tool calls and results reach a template that does not write them itself as Hermes text (Python)
     callBridge(state.engine, 'set_chat_template', { source: loaded().text.chatTemplateText });
     // the default adapter's projection is made in idle time from now on (learnWhileIdle)

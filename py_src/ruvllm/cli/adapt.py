@@ -9,7 +9,7 @@ import json
 
 from ..errors import InvalidArgumentError
 from ..files.outputs import check_output
-from ..learning.learn import ROUTER_LR, AdaptOptions, check_reward
+from ..learning.learn import ROUTER_LR, ROUTER_STEPS, AdaptOptions, check_reward
 from ..learning.lora import DEFAULT_LAYERS, DEFAULT_TARGETS, LoRAConfig
 from .common import add_load_options, command_main, load_model, read_text
 
@@ -33,7 +33,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="with --from-file: the text whose perplexity drift is reported (default: the built-in calibration text)",
     )
     p.add_argument("--reward", type=float, default=1.0, help="+1 good (likelier), -1 bad (less likely)")
-    p.add_argument("--steps", type=int, default=AdaptOptions.steps)
+    p.add_argument(
+        "--steps", type=int, help=f"most steps (default: {AdaptOptions.steps}; an X-LoRA router's {ROUTER_STEPS})"
+    )
     p.add_argument(
         "--lr", type=float, help=f"step size (default: {AdaptOptions.lr:g}; an X-LoRA router's {ROUTER_LR:g})"
     )
@@ -43,7 +45,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--layers",
         default=_layers_text(DEFAULT_LAYERS),
-        help="comma-separated decoder layers to adapt, negative from the top; 'all' for every layer",
+        help="comma-separated decoder layers to adapt, negative from the top; 'all' for every layer; "
+        "'middle' (the default) for the two at half the depth",
     )
     p.add_argument("--chat", action="store_true", help="the prompt is a user message, the completion the reply")
     p.add_argument(
@@ -58,7 +61,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace) -> int:
     lr = AdaptOptions.lr if args.lr is None else args.lr
-    options = AdaptOptions(steps=args.steps, lr=lr)  # bad values are refused before the slow load
+    steps = AdaptOptions.steps if args.steps is None else args.steps
+    options = AdaptOptions(steps=steps, lr=lr)  # bad values are refused before the slow load
     check_reward(args.reward, "--reward")
     lessons = None
     if args.from_file:
@@ -78,8 +82,10 @@ def run(args: argparse.Namespace) -> int:
     if not args.adapter:
         model.adapters.create("default", config)
     name = model.adapters.active
-    if args.lr is None and name in model.adapters.mixtures:  # an X-LoRA mixture: its router learns
-        options = dataclasses.replace(options, lr=ROUTER_LR)
+    if name in model.adapters.mixtures:  # an X-LoRA mixture: its router learns
+        lr = ROUTER_LR if args.lr is None else args.lr
+        steps = ROUTER_STEPS if args.steps is None else args.steps
+        options = dataclasses.replace(options, lr=lr, steps=steps)
     if lessons is not None:
         from ..api import calibration_text
         from ..tools.lessons import run_lessons
@@ -105,18 +111,20 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _layers_text(layers: tuple[int, ...] | None) -> str:
-    return "all" if layers is None else ",".join(str(i) for i in layers)
+def _layers_text(layers: tuple[int, ...] | str | None) -> str:
+    return "all" if layers is None else layers if isinstance(layers, str) else ",".join(str(i) for i in layers)
 
 
-def _parse_layers(text: str) -> tuple[int, ...] | None:
+def _parse_layers(text: str) -> tuple[int, ...] | str | None:
     if text.strip() == "all":
         return None
+    if text.strip() == "middle":
+        return "middle"
     try:
         return tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise InvalidArgumentError(
-            f"--layers must be layer indexes separated by commas, or all; got {text!r}"
+            f"--layers must be layer indexes separated by commas, middle or all; got {text!r}"
         ) from None
 
 

@@ -58,6 +58,8 @@ class Gradients:
     by_matrix: dict[int, tuple[LoRAMatrix, np.ndarray, np.ndarray]]  # id(matrix): (matrix, dA, dB)
     kept: dict | None = None  # the same, of the kept-predictions term apart (with `keep`)
     mixes: dict[int, np.ndarray] | None = None  # X-LoRA: {projection index: gradient (T, E) of its mix}
+    margins: np.ndarray | None = None  # (P,) the margin at each scored position
+    tapes: list[LayerTape] | None = None  # the forward's layer tapes, from the first layer it ran
 
 
 TRANSPOSED_BLOCK = 4096  # rows of W expanded at a time for a kernel provider's transposed product
@@ -384,13 +386,17 @@ def gradient_units(
     yield
     if keep is None:
         grads = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
-        return Gradients(loss, log_likelihood, greedy, float(margins.min()), grads.by_matrix, None, grads.mixes)
+        return Gradients(
+            loss, log_likelihood, greedy, float(margins.min()), grads.by_matrix, None, grads.mixes, margins, tapes
+        )
     only = np.zeros_like(dlogits)
     only[P:], dlogits[P:] = dlogits[P:], 0  # the two terms apart: a caller may clip the first alone
     grads = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
     yield
     kept = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, only)
-    return Gradients(loss, log_likelihood, greedy, float(margins.min()), grads.by_matrix, kept.by_matrix, grads.mixes)
+    return Gradients(
+        loss, log_likelihood, greedy, float(margins.min()), grads.by_matrix, kept.by_matrix, grads.mixes, margins, tapes
+    )
 
 
 def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes, x_last, rows, final, dlogits):

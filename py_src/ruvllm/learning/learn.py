@@ -40,7 +40,17 @@ from .backprop import (
 )
 from .lora import Adapter
 from .per_model import per_model
-from .projection import BasesJob, bases_job, pending_job, project, ready_bases, shared_bases
+from .projection import (
+    INPUTS,
+    BasesJob,
+    Spectrum,
+    bases_job,
+    pending_job,
+    project,
+    ready_bases,
+    ready_spectra,
+    shared_bases,
+)
 from .projection import advance as advance_job
 from .state import Memory, sgd
 from .xlora import Mixture
@@ -57,25 +67,39 @@ LESSON_WORK = 64
 # lesson on each fact three times): 0.1 reproduced both facts in 7 steps, 0.3 in 12; 0.02 and 1 (an
 # adapter's) only one of them (benchmarks/RESULTS.md, "X-LoRA").
 ROUTER_LR = 0.1
+ROUTER_STEPS = 20  # a router's most steps (measured with ROUTER_LR)
 # A router's lesson ends once greedy decoding gives the completion with this margin (log-probability
 # over the next likeliest token at every position), not at the edge: lessons on one mixture pull its one
 # router in turn, and one that stopped where its completion had only just become the greedy one was
 # undone by the next lesson or not, by rounding (1 or 2 BLAS threads gave different answers).
 ROUTER_MARGIN = 1.0
 # When a bad completion's lesson ends: its likeliest position's target trails another token by this
-# much (greedy decoding leaves it there), and the whole completion is this much less likely (log).
+# much (greedy decoding leaves it there), and the whole completion is this much less likely (log). Not
+# a nat per token, as issue 36 proposed: measured on SmolLM2, Bad on "The capital of France is Paris."
+# held to that answered "L'Étoile, le Grand Étoile, ..." (the fact was gone), where this answers with
+# Paris still; on a 40-token joke it cost 26 steps instead of 2 (benchmarks/RESULTS.md).
 NEGATIVE_MARGIN = 0.5
 NEGATIVE_DROP = float(np.log(2.0))
+# A keyed lesson (AdaptOptions.keyed) writes the inputs of the adapted matrices at the positions it must
+# change, whitened by the calibration text's spectra (projection.Spectrum, this ridge), into at most
+# KEY_ROWS rows of A, and trains only B's columns of those rows. Measured on SmolLM2 (benchmarks/RESULTS.md,
+# "Learning that works"): the README's fact lesson learns the same with 4 rows as with its 6 inputs, and
+# keeps 28 of 40 unrelated chat answers where training A (projected) kept 15; ridges 0.001-0.01 alike.
+KEY_ROWS = 4
+KEY_RIDGE = 0.01
+# The positions a good lesson keys: those whose target is not yet the likeliest token by this much (log).
+KEY_MARGIN = 1.0
 
 
 @dataclass(frozen=True)
 class AdaptOptions:
-    """How a lesson learns. The defaults are the measured ones (benchmarks/RESULTS.md, "MicroLoRA"):
-    plain gradient steps until greedy decoding reproduces a good completion (at most `steps`), the
-    base model's predictions on the prompt kept, then rehearsal of the earlier lessons."""
+    """How a lesson learns. The defaults are the measured ones (benchmarks/RESULTS.md, "MicroLoRA" and
+    "Learning that works"): keyed rows of A (a fresh adapter), plain gradient steps until greedy decoding
+    reproduces a good completion (at most `steps`), the base model's predictions on the prompt kept,
+    then rehearsal of the earlier lessons."""
 
-    steps: int = 20  # optimizer steps on the lesson at most
-    lr: float = 1.0
+    steps: int = 40  # optimizer steps on the lesson at most
+    lr: float = 0.2
     optimizer: str = "sgd"  # or "adam"
     ewc: float = 0.0  # strength of the consolidation term (0 turns it off)
     max_grad_norm: float = 1.0  # the gradient is scaled down to this global norm when longer
@@ -84,6 +108,9 @@ class AdaptOptions:
     rehearse: int = 3  # rounds of rehearsal of earlier lessons after this one (0: none)
     keep: float = 10.0  # weight of the KL divergence that keeps the base model's predictions on the prompt
     project: float = 0.99  # a new adapter's A stays out of the inputs' subspace holding this much energy
+    # A fresh adapter's lessons write their own inputs (whitened) into rows of A and train only B's columns
+    # of them (KEY_ROWS); False: A and B train, A projected (`project`), as an adapter loaded from PEFT does.
+    keyed: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps, int) or isinstance(self.steps, bool) or self.steps < 1:
@@ -94,6 +121,8 @@ class AdaptOptions:
             raise InvalidArgumentError(f"optimizer must be adam or sgd, got {self.optimizer!r}")
         if not (isinstance(self.ewc, (int, float)) and self.ewc >= 0):
             raise InvalidArgumentError(f"ewc must be a number >= 0, got {self.ewc!r}")
+        if not isinstance(self.keyed, bool):
+            raise InvalidArgumentError(f"keyed must be true or false, got {self.keyed!r}")
 
 
 @dataclass(frozen=True)
@@ -234,10 +263,10 @@ def first_layer(engine: Engine, adapter: Adapter) -> int:
 
 
 def lesson_for(engine: Engine, held, prompt_ids, completion_ids, reward, options: dict, cache: KVCache | None = None):
-    """The lesson that teaches `held`: a Lesson for an adapter, a RouteLesson (lr ROUTER_LR unless
-    given) for an X-LoRA mixture. `options`: AdaptOptions fields."""
+    """The lesson that teaches `held`: a Lesson for an adapter, a RouteLesson (lr ROUTER_LR and
+    ROUTER_STEPS unless given) for an X-LoRA mixture. `options`: AdaptOptions fields."""
     if isinstance(held, Mixture):
-        route_options = AdaptOptions(**{"lr": ROUTER_LR, **options})
+        route_options = AdaptOptions(**{"lr": ROUTER_LR, "steps": ROUTER_STEPS, **options})
         return RouteLesson(engine, held, prompt_ids, completion_ids, reward, route_options)
     return Lesson(engine, held, prompt_ids, completion_ids, reward, AdaptOptions(**options), cache)
 
@@ -380,7 +409,10 @@ class Lesson(_Stepwise):
         self.reused_states = False  # whether the entering states came from the cache's tap
         self.defer_projection = False  # the instant step does not wait for a fresh adapter's bases
         self.unprojected = False  # steps were taken before the bases were made
-        self.job: BasesJob | None = None  # the job making the bases, when the projection was deferred
+        self.job: BasesJob | None = None  # the job making the bases (deferred projection) or a keyed lesson's spectra
+        self.keyed = False  # whether its adapter is keyed (decided by _begin)
+        self.spectra: dict[str, Spectrum] | None = None  # a keyed lesson's whitening, by module
+        self.rows: tuple[int, int] | None = None  # a keyed lesson's rows of A (start, stop), once written
         self._units: Iterator[bool | None] | None = (
             None  # the generator of this lesson's units (_all_units), once started
         )
@@ -408,8 +440,10 @@ class Lesson(_Stepwise):
     @property
     def waiting_for(self) -> BasesJob | None:
         job = self.job
-        if job is None or job.done or not self.unprojected or not self.steps or self.outcome is not None:
-            return None  # (the instant step does not wait; a lesson in rehearsal takes no step of its own)
+        if job is None or job.done or self.outcome is not None:
+            return None  # (a lesson in rehearsal takes no step of its own)
+        if not self.keyed and (not self.unprojected or not self.steps):
+            return None  # (the instant step does not wait for a projection)
         return job if job in per_model(self.engine).jobs else None  # (one that failed is gone)
 
     def _all_units(self):
@@ -431,15 +465,22 @@ class Lesson(_Stepwise):
         start, keep = self.start, self._keep()
         if self.unprojected:
             self._project()
-        while True:  # (again if the adapter changed between the units: another lesson stepped it)
-            version = self.adapter.version
+        while True:  # again if the adapter changed between the units (another lesson stepped it), and
+            version = self.adapter.version  # once a keyed lesson wrote its rows of A (B's gradient on them)
             result, grads = yield from self._gradients(self.tokens, self.scored, self.reward, start, keep)
-            if self.adapter.version == version:
+            if self.adapter.version != version:
+                continue
+            before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
+            self.log_prob_before = before
+            learned = options.until_greedy and done_with(self.reward, result, before, len(self.scored))
+            if learned or not self.keyed or self.rows is not None:
                 break
-        self.log_prob_before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
-        learned = options.until_greedy and done_with(self.reward, result, self.log_prob_before, len(self.scored))
+            if self.spectra is None:  # (only now: a lesson with nothing to learn does not wait for them)
+                yield from self._spectra_units()
+            if not self._write_keys(result):
+                break
         if not learned:
-            self._update(grads, result.kept)
+            self._update(grads, result.kept, self.rows)
             self.steps += 1
         if learned or self.steps == options.steps:
             if learned:
@@ -470,7 +511,7 @@ class Lesson(_Stepwise):
         if self._holds(item, result) or r.taken == r.cap:
             r.next(again=r.taken > 0)
         else:
-            self._update(grads, result.kept)
+            self._update(grads, result.kept, self.adapter.state.rows.get((item.tokens, item.prompt_length)))
             r.taken += 1
             self.rehearsed += 1
 
@@ -482,25 +523,43 @@ class Lesson(_Stepwise):
         assert self.log_prob_before is not None  # (only this lesson's own bad item is rehearsed)
         return done_with(item.reward, result, self.log_prob_before, len(self.scored))
 
-    def _update(self, grads: dict[str, np.ndarray], kept: dict | None) -> None:
+    def _update(self, grads: dict[str, np.ndarray], kept: dict | None, rows: tuple[int, int] | None = None) -> None:
         """One optimizer step: the lesson's gradient clipped, plus the kept predictions' (`kept`, by
         matrix), clipped again (measured: clipping the sum alone lets a large lesson gradient drown
-        the kept predictions)."""
+        the kept predictions). A keyed adapter trains B's columns of the lesson's `rows` only (None:
+        of every row given so far); another has A's gradient projected."""
         options, adapter = self.options, self.adapter
         params, state = dict(adapter.parameters()), adapter.state
-        grads = clipped(self._projected(grads), options.max_grad_norm)
+        if state.keyed is not None:
+            params = {key: array for key, array in params.items() if key.endswith(".lora_B")}
+            rows = rows or (0, state.keyed)
+            restrict = self._columns
+        else:
+            restrict = self._projected  # (rows: none)
+        grads = clipped(restrict(grads, rows), options.max_grad_norm)
         if kept is not None:
-            kept = self._projected(keyed(adapter, kept))
+            kept = restrict(keyed(adapter, kept), rows)
             grads = clipped({key: g + kept[key] for key, g in grads.items()}, options.max_grad_norm)
         if options.ewc:
-            grads = state.ewc.pulled(grads, params, options.ewc)
+            grads = restrict(state.ewc.pulled(grads, params, options.ewc), rows)
         if options.optimizer == "sgd":
             sgd(params, grads, options.lr)
         else:
             state.adam.update(params, grads, options.lr)
         adapter.version += 1
 
-    def _projected(self, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    @staticmethod
+    def _columns(grads: dict[str, np.ndarray], rows: tuple[int, int] | None) -> dict[str, np.ndarray]:
+        """B's gradients with only the columns of `rows` (start, stop) kept; A's left out."""
+        assert rows is not None
+        out = {}
+        for key, g in grads.items():
+            if key.endswith(".lora_B"):
+                out[key] = np.zeros_like(g)
+                out[key][:, rows[0] : rows[1]] = g[:, rows[0] : rows[1]]
+        return out
+
+    def _projected(self, grads: dict[str, np.ndarray], rows: object = None) -> dict[str, np.ndarray]:
         for name, basis in self.adapter.state.bases.items():  # A stays out of ordinary text's input subspace
             grads[f"{name}.lora_A"] = project(grads[f"{name}.lora_A"], basis)
         return grads
@@ -592,10 +651,75 @@ class Lesson(_Stepwise):
         yield
         entering = yield from self._entering(x, layer, first)
         self.start = start_at(weights, config, inv_freq, entering, first)
-        self._project()
+        self.keyed = self._make_keyed()
+        if not self.keyed:
+            self._project()
         yield
         self.keep = yield from self._kept_units(self.start, int(self.scored[0]) + 1)
         yield
+
+    def _make_keyed(self) -> bool:
+        """Whether the adapter is keyed: it is, or it is fresh (nothing learned), options.keyed, with a
+        calibration text and no lm_head (whose input the passes do not tape); then it is made so."""
+        adapter, state = self.adapter, self.adapter.state
+        if state.keyed is None and self.options.keyed and not adapter.version and not state:
+            if per_model(self.engine).calibration_ids and "lm_head" not in adapter.A:
+                state.keyed = 0
+        return state.keyed is not None
+
+    def _spectra_units(self):
+        """The calibration text's spectra of the adapted matrices (projection.Spectrum), made by a job
+        in units of this lesson's work when not made yet (a generator)."""
+        engine, modules = self.engine, list(self.adapter.A)
+        ids = list(per_model(engine).calibration_ids or ())
+        spectra = ready_spectra(engine, modules, ids)
+        if spectra is None:
+            self.job = bases_job(engine, modules, ids, self.options.project or AdaptOptions.project)
+            while self.job is not None and not advance_job(engine, self.job):
+                yield
+            spectra = ready_spectra(engine, modules, ids)
+        assert spectra is not None, "no calibration text: _make_keyed keys no adapter then"
+        self.spectra = spectra
+
+    def _write_keys(self, result: Gradients) -> bool:
+        """A keyed lesson's rows of A, written once (True then: B's gradient must be computed again).
+        The adapted matrices' inputs at the positions the lesson must change (a good answer's tokens not
+        yet the likeliest by KEY_MARGIN, a bad answer's still the likeliest or close, but its first when it
+        has more), whitened by the
+        calibration text's spectra, become at most KEY_ROWS orthonormal rows (their SVD), scaled to
+        respond to those inputs with the inputs' own norm. The same lesson again keeps its rows; with
+        no rows left, a lesson trains the columns of every lesson's rows."""
+        adapter, state = self.adapter, self.adapter.state
+        if not self.keyed or self.rows is not None or state.keyed is None:
+            return False
+        key = (self.memory.tokens, self.memory.prompt_length)
+        if key in state.rows:
+            self.rows = state.rows[key]
+            return False
+        assert result.margins is not None and result.tapes is not None and self.spectra is not None
+        assert self.start is not None
+        if self.reward > 0:
+            must = result.margins < KEY_MARGIN
+        else:  # where the unlikelihood pushes (backprop: the weakest position, not the first)
+            must = np.zeros(len(self.scored), bool)
+            must[int(np.argmin(np.abs(result.margins[1:]))) + 1 if len(self.scored) > 1 else 0] = True
+        positions = self.scored[must] if must.any() else self.scored
+        used = state.keyed
+        count = min(KEY_ROWS, len(positions), adapter.config.rank - used)
+        if count <= 0:
+            self.rows = (0, used)
+            return False
+        for name, A in adapter.A.items():
+            _, _, index, _, target = name.split(".")
+            taped = getattr(result.tapes[int(index) - self.start.first], INPUTS[target])
+            inputs = taped[positions].astype(np.float64)  # (n, K)
+            _, _, vt = np.linalg.svd(self.spectra[name].whiten(inputs, KEY_RIDGE), full_matrices=False)
+            rows = vt[:count]  # (count, K) orthonormal
+            rows *= np.linalg.norm(inputs) / max(float(np.linalg.norm(inputs @ rows.T)), 1e-30)
+            A[used : used + count] = rows.astype(np.float32)
+        self.rows = state.rows[key] = (used, used + count)
+        state.keyed = used + count  # (no version: B's columns of new rows are zero, nothing computes otherwise)
+        return True
 
     def _keep(self) -> Keep | None:
         if self.keep is None:

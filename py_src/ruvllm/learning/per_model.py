@@ -1,5 +1,5 @@
 """What learning keeps per loaded model, beside the engine rather than inside it: the calibration
-text's token ids (what adapters keep their inputs away from), the projection bases made from them and
+text's token ids (what adapters keep their inputs away from), the projection bases and spectra made from them and
 the jobs making them (projection.py). Kept as long as the engine lives."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from ..runtime.engine import Engine
 class ModelLearning:
     calibration_ids: list[int] | None = None  # token ids of the calibration text
     bases: dict[tuple, dict[str, np.ndarray]] = field(default_factory=dict)  # by projection._key: {module: basis}
+    spectra: dict[tuple, dict] = field(default_factory=dict)  # by projection._key (no energy): {module: Spectrum}
     jobs: list = field(default_factory=list)  # projection.BasesJob under way, the next one first
 
 

@@ -9,11 +9,15 @@ row stay learned with perplexity within a few percent only with this projection 
 
 The basis comes from the calibration text's inputs X (T, K) of each adapted matrix, through the small
 Gram matrix: X^T X (K, K) gives U as its eigenvectors; when T < K, X X^T (T, T) is smaller, and its
-eigenvectors V and eigenvalues s give U = X^T V / sqrt(s).
+eigenvectors V and eigenvalues s give U = X^T V / sqrt(s). The whole decomposition is kept too (a
+`Spectrum`): a keyed lesson (learn.py) whitens its own inputs with it, so that the rows it writes into
+A respond to its text and as little as they can to ordinary text's.
 """
 
 from __future__ import annotations
 
+import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +30,10 @@ from .lora import linear_of
 from .per_model import per_model
 
 CALIBRATION_TOKENS = 2048  # of the calibration text (all of the built-in one), where the bases come from
+# ... then the calibration chat's turns in the model's own template, as many as fit in this many in all:
+# measured on SmolLM2, whitening from the raw text alone let a chat lesson move 31 of 40 unrelated chat
+# answers, from both 16 (benchmarks/RESULTS.md, "Learning that works")
+CALIBRATION_ALL = 4096
 CALIBRATION_PIECE = 512  # tokens per sequence the calibration text is cut into
 # The units of work of a BasesJob, each far below the worker's 100 ms slice in Pyodide. Measured under
 # Node on a busy 2-core machine (SmolLM2, 1082 calibration tokens, down_proj of the top 2 layers), where
@@ -43,8 +51,26 @@ def calibration_text() -> str:
     return (Path(__file__).parent.parent / "data" / "calibration.txt").read_text(encoding="utf-8")
 
 
+def calibration_chat() -> list[tuple[str, str]]:
+    """The built-in calibration chat: (user message, assistant answer) turns on everyday topics, none of
+    them among tools/locality.py's prompts."""
+    data = json.loads((Path(__file__).parent.parent / "data" / "calibration_chat.json").read_text(encoding="utf-8"))
+    return [(str(user), str(answer)) for user, answer in data["conversations"]]
+
+
+def calibration_ids(text_ids: list[int], turns: list[list[int]]) -> list[int]:
+    """The calibration token ids: the text's first CALIBRATION_TOKENS, then whole chat turns (each its
+    ids in the model's template) while they fit in CALIBRATION_ALL."""
+    ids = list(text_ids[:CALIBRATION_TOKENS])
+    for turn in turns:
+        if len(ids) + len(turn) > CALIBRATION_ALL:
+            break
+        ids += turn
+    return ids
+
+
 # which recorded activation each target multiplies (model/forward.py LayerTape)
-_INPUT = {
+INPUTS = {
     "q_proj": "a",
     "k_proj": "a",
     "v_proj": "a",
@@ -53,6 +79,30 @@ _INPUT = {
     "up_proj": "b",
     "down_proj": "s",
 }
+
+
+@dataclass(frozen=True)
+class Spectrum:
+    """The calibration inputs' Gram matrix X^T X of one adapted matrix, decomposed: its eigenvalues
+    (descending) and eigenvectors (K, k) (k < K when the text had fewer tokens than the matrix has
+    inputs: the directions left out have eigenvalue 0)."""
+
+    values: np.ndarray  # (k,) float64
+    vectors: np.ndarray  # (K, k) float32
+
+    def basis(self, energy: float) -> np.ndarray:
+        """The orthonormal basis (K, k') of the subspace holding `energy` of the inputs' energy."""
+        k = int(np.searchsorted(np.cumsum(self.values) / self.values.sum(), energy)) + 1
+        return np.ascontiguousarray(self.vectors[:, :k])
+
+    def whiten(self, rows: np.ndarray, ridge: float) -> np.ndarray:
+        """rows (n, K) times (G + ridge * mean eigenvalue * I)^-1, G the Gram matrix: the directions
+        ordinary text uses most shrink, the ones it barely uses grow (the ridge bounds them)."""
+        V = self.vectors.astype(np.float64)
+        floor = ridge * float(self.values.sum()) / len(V)  # (the mean over all K eigenvalues)
+        inside = rows @ V  # (n, k)
+        outside = rows - inside @ V.T  # (n, K): the directions with eigenvalue 0
+        return (inside / (self.values + floor)) @ V.T + outside / floor
 
 
 class BasesJob:
@@ -71,6 +121,7 @@ class BasesJob:
         self.engine, self.ids, self.energy, self.chunk = engine, list(ids), energy, chunk
         self.modules = [name for name in modules if name != "lm_head"]
         self.bases: dict[str, np.ndarray] | None = None if self.modules else {}
+        self.spectra: dict[str, Spectrum] = {}  # made with the bases
         self.key: tuple | None = None  # where the engine keeps them (bases_job)
         self.units = 0  # units of work done
         self.total = self._count() if self.modules else 0  # ... and in all
@@ -142,7 +193,7 @@ class BasesJob:
                     yield
                 for name in self.modules:
                     _, _, index, _, target = name.split(".")
-                    x = getattr(tape.layers[int(index) - first], _INPUT[target]).astype(np.float64)  # (t, K)
+                    x = getattr(tape.layers[int(index) - first], INPUTS[target]).astype(np.float64)  # (t, K)
                     if name not in rows:
                         for c in range(0, K[name], GRAM_COLUMNS):
                             block = slice(c, c + GRAM_COLUMNS)
@@ -157,7 +208,8 @@ class BasesJob:
                     gram[name][:at, at:stop] = gram[name][at:stop, :at].T
         bases = {}
         for name in self.modules:
-            bases[name] = yield from decomposition(gram.pop(name), rows.pop(name, None), self.energy)
+            self.spectra[name] = yield from decomposition(gram.pop(name), rows.pop(name, None))
+            bases[name] = self.spectra[name].basis(self.energy)
         self.bases = bases
 
 
@@ -173,6 +225,13 @@ def shared_bases(engine: Engine, modules: list[str], ids: list[int], energy: flo
     bases = ready_bases(engine, modules, ids, energy)
     assert bases is not None  # (the job made every missing one)
     return bases
+
+
+def ready_spectra(engine: Engine, modules: list[str], ids: list[int]) -> dict[str, Spectrum] | None:
+    """The spectra of `modules` (made by a BasesJob for any energy) if all are made, else None."""
+    held = per_model(engine).spectra.get(_key(engine, ids, None), {})
+    wanted = [name for name in modules if name != "lm_head"]
+    return {name: held[name] for name in wanted} if all(name in held for name in wanted) else None
 
 
 def ready_bases(engine: Engine, modules: list[str], ids: list[int], energy: float) -> dict[str, np.ndarray] | None:
@@ -220,37 +279,37 @@ def advance(engine: Engine, job: BasesJob) -> bool:
     if done:
         assert job.key is not None and job.bases is not None  # (registered by bases_job; made, being done)
         per_model(engine).bases.setdefault(job.key, {}).update(job.bases)
+        per_model(engine).spectra.setdefault(_key(engine, job.ids, None), {}).update(job.spectra)
         if job in jobs:
             jobs.remove(job)
     return done
 
 
-def _key(engine: Engine, ids: list[int], energy: float) -> tuple:
+def _key(engine: Engine, ids: list[int], energy: float | None) -> tuple:
     return ("input_bases", engine.weights_identity().merges, hash(tuple(ids)), energy)
 
 
-def decomposition(gram: np.ndarray, rows: np.ndarray | None, energy: float):
-    """A generator of units of work making the basis (K, k) that holds `energy` of the inputs, from their
-    Gram matrix X^T X (K, K), or from X X^T (T, T) and the rows X (T, K) themselves (its eigenvectors V
-    and eigenvalues s give U = X^T V / sqrt(s)); it returns the basis. A unit is the eigendecomposition,
-    then each block of BASIS_BLOCK columns; with the rows, as many block units as min(T, K) columns
-    would take (the job counted them before k was known): those past k are empty."""
+def decomposition(gram: np.ndarray, rows: np.ndarray | None):
+    """A generator of units of work making the Spectrum of the inputs, from their Gram matrix X^T X
+    (K, K), or from X X^T (T, T) and the rows X (T, K) themselves (its eigenvectors V and eigenvalues s
+    give the inputs' own U = X^T V / sqrt(s)); it returns the Spectrum. A unit is the
+    eigendecomposition, then each block of BASIS_BLOCK columns."""
     values, vectors = np.linalg.eigh(gram)  # ascending
     values, vectors = np.maximum(values[::-1], 0), vectors[:, ::-1]
-    k = int(np.searchsorted(np.cumsum(values) / values.sum(), energy)) + 1
     if rows is None:
-        basis = vectors[:, :k].astype(np.float32)  # (K, k)
+        spectrum = Spectrum(values, vectors.astype(np.float32))  # (K, K)
         yield
-        return basis
+        return spectrum
+    k = int(np.count_nonzero(values > values[0] * 1e-12)) if len(values) and values[0] > 0 else 0
     columns = np.ascontiguousarray(rows.T)  # (K, T): the products below read it row by row, 8x faster in Pyodide
-    basis = np.empty((rows.shape[1], k), np.float32)  # (K, k)
+    vectors_K = np.zeros((rows.shape[1], k), np.float32)  # (K, k)
     yield
     for j in range(0, -(-min(rows.shape) // BASIS_BLOCK) * BASIS_BLOCK, BASIS_BLOCK):
         if j < k:
             block = slice(j, min(j + BASIS_BLOCK, k))
-            basis[:, block] = columns @ vectors[:, block] / np.sqrt(values[block])  # (K, b)
+            vectors_K[:, block] = columns @ vectors[:, block] / np.sqrt(values[block])  # (K, b)
         yield
-    return basis
+    return Spectrum(values[:k], vectors_K)
 
 
 def project(matrix: np.ndarray, basis: np.ndarray) -> np.ndarray:

@@ -4,8 +4,9 @@ the lessons themselves (`memory`), which later lessons rehearse.
 
 Keys are the adapter's parameter names (`<module>.lora_A`, `<module>.lora_B`). In an adapter folder
 the state is `learning_state.safetensors`, with entries `adam.m.<key>`, `adam.v.<key>`, `adam.t`,
-`fisher.<key>`, `anchor.<key>`, `basis.<module>` (learning/projection.py), and `memory.tokens` (every
-lesson's ids, concatenated), `memory.lengths`, `memory.prompt_lengths`, `memory.rewards`.
+`fisher.<key>`, `anchor.<key>`, `basis.<module>` (learning/projection.py), `keys.used` (a keyed adapter's
+rows of A given to lessons), and `memory.tokens` (every lesson's ids, concatenated), `memory.lengths`,
+`memory.prompt_lengths`, `memory.rewards`, `memory.rows` (each lesson's rows of A: start, stop; -1 none).
 """
 
 from __future__ import annotations
@@ -82,9 +83,13 @@ class LearningState:
     ewc: Consolidation = field(default_factory=Consolidation)
     memory: list[Memory] = field(default_factory=list)  # lessons learned, oldest first
     bases: Arrays = field(default_factory=dict)  # by module: the input subspace A stays out of (projection.py)
+    # A keyed adapter (learn.py, keyed lessons): the rows of A given to lessons so far (None: not keyed,
+    # A trains), and each lesson's rows (start, stop) by (its tokens, its prompt length)
+    keyed: int | None = None
+    rows: dict[tuple[tuple[int, ...], int], tuple[int, int]] = field(default_factory=dict)
 
     def __bool__(self) -> bool:
-        return bool(self.adam.t or self.ewc.fisher or self.memory or self.bases)
+        return bool(self.adam.t or self.ewc.fisher or self.memory or self.bases or self.keyed is not None)
 
     def tensors(self) -> Arrays:
         """The entries of learning_state.safetensors."""
@@ -100,6 +105,9 @@ class LearningState:
             out["memory.lengths"] = np.array([len(m.tokens) for m in self.memory])
             out["memory.prompt_lengths"] = np.array([m.prompt_length for m in self.memory])
             out["memory.rewards"] = np.array([m.reward for m in self.memory])
+            out["memory.rows"] = np.array([self.rows.get((m.tokens, m.prompt_length), (-1, -1)) for m in self.memory])
+        if self.keyed is not None:
+            out["keys.used"] = np.array([self.keyed])
         return {k: np.asarray(v, dtype=np.float32) for k, v in out.items()}
 
     @classmethod
@@ -108,7 +116,7 @@ class LearningState:
             return {k[len(prefix) :]: v.astype(np.float32) for k, v in tensors.items() if k.startswith(prefix)}
 
         t = int(tensors["adam.t"][0]) if "adam.t" in tensors else 0
-        memory = []
+        memory, rows = [], {}
         if "memory.tokens" in tensors:
             ids = [int(v) for v in tensors["memory.tokens"]]
             ends = np.cumsum(tensors["memory.lengths"]).astype(int)
@@ -116,5 +124,10 @@ class LearningState:
             for i, end in enumerate(ends):
                 begin = end - int(tensors["memory.lengths"][i])
                 memory.append(Memory(tuple(ids[begin:end]), int(prompts[i]), float(rewards[i])))
+                if "memory.rows" in tensors and tensors["memory.rows"][i][0] >= 0:
+                    start, stop = (int(v) for v in tensors["memory.rows"][i])
+                    rows[memory[-1].tokens, memory[-1].prompt_length] = (start, stop)
         adam = Adam(group("adam.m."), group("adam.v."), t)
-        return cls(adam, Consolidation(group("fisher."), group("anchor.")), memory, group("basis."))
+        keyed = int(tensors["keys.used"][0]) if "keys.used" in tensors else None
+        ewc = Consolidation(group("fisher."), group("anchor."))
+        return cls(adam, ewc, memory, group("basis."), keyed, rows)
