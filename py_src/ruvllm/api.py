@@ -161,8 +161,8 @@ class Model:
     ) -> Adapter:
         """A fresh adapter (it changes nothing until it learns), held under `name` and made active.
         rank, alpha, targets: LoRAConfig's defaults when None (rank 32, alpha 2 x rank, down_proj);
-        layers: the decoder layers it adapts (negative counts from the top; None: all; "middle", the
-        default: the two at half the depth)."""
+        layers: the decoder layers it adapts (negative counts from the top; None: all; "two-thirds", the
+        default: the two from two thirds of the depth)."""
         return self.session.new_adapter(name, (rank, alpha, targets, layers))
 
     def load_adapter(self, path: str, name: str | None = None) -> str:

@@ -6,7 +6,7 @@ the same in both and an option has one default:
 
     generate / stream  the generation of prompt ids, with the idle cache lent to it (a chat's next
                        turn reuses the prefix it holds)
-    new_adapter        a fresh adapter (LoRAConfig's defaults: rank 32, down_proj of the middle 2 layers)
+    new_adapter        a fresh adapter (LoRAConfig's defaults: rank 32, down_proj of 2 layers at 2/3 depth)
     adapt              a whole lesson now, in the caller; its AdaptReport
     feedback           a lesson's first step now (the next answer already differs), its other steps by
                        `learn` calls in idle time; the Lesson. (The npm package's `llm.adapt` is this,

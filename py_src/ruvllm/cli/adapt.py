@@ -46,7 +46,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--layers",
         default=_layers_text(DEFAULT_LAYERS),
         help="comma-separated decoder layers to adapt, negative from the top; 'all' for every layer; "
-        "'middle' (the default) for the two at half the depth",
+        "'two-thirds' (the default) for the two from two thirds of the depth",
     )
     p.add_argument("--chat", action="store_true", help="the prompt is a user message, the completion the reply")
     p.add_argument(
@@ -118,13 +118,13 @@ def _layers_text(layers: tuple[int, ...] | str | None) -> str:
 def _parse_layers(text: str) -> tuple[int, ...] | str | None:
     if text.strip() == "all":
         return None
-    if text.strip() == "middle":
-        return "middle"
+    if text.strip() == "two-thirds":
+        return "two-thirds"
     try:
         return tuple(int(v) for v in text.split(",") if v.strip())
     except ValueError:
         raise InvalidArgumentError(
-            f"--layers must be layer indexes separated by commas, middle or all; got {text!r}"
+            f"--layers must be layer indexes separated by commas, two-thirds or all; got {text!r}"
         ) from None
 
 
