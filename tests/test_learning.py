@@ -105,9 +105,10 @@ def test_bad_feedback_changes_the_answer_and_keeps_the_model(model, held_out):
 def test_a_bad_lesson_after_a_good_one_stays_after_rehearsal(model):
     """Rehearsing an earlier Good lesson after a Bad one must not undo the Bad one: in the page, Bad
     reported "-1.25 -> -1.24" once the Good lesson before it was rehearsed (issue 36). The sharpest case:
-    Bad on the very answer an earlier lesson called Good (the user changed their mind; the newest lesson
-    wins). Measured apart from the lesson's report, the answer ends at least NEGATIVE_DROP less likely
-    and greedy decoding no longer gives it."""
+    Bad on the very answer an earlier lesson called Good (the user changed their mind): the newest
+    lesson wins, and the adapter forgets the Good one (rehearsing it undid the Bad one again: with keyed
+    rows both train the same columns). Measured apart from the lesson's report, the answer ends at least
+    NEGATIVE_DROP less likely and greedy decoding no longer gives it; one lesson is remembered."""
     model.new_adapter("both")
     question, reply = "What is the secret code?", "The secret code is BLUE-42."
     good = model.adapt(question, reply, adapter="both", chat=True)
@@ -120,6 +121,7 @@ def test_a_bad_lesson_after_a_good_one_stays_after_rehearsal(model):
     assert (before - after) * len(completion_ids) >= NEGATIVE_DROP, (before, after, report)
     assert report.log_prob_after == pytest.approx(after, abs=1e-3)  # the report says what a measure finds
     assert not model.reproduces(question, reply, chat=True)
+    assert [m.reward for m in model.adapters.adapters["both"].state.memory] == [-1.0]
     model.set_adapter(None)
 
 
@@ -177,7 +179,7 @@ def test_adapt_command_writes_an_adapter_that_generate_uses(smollm2_dir, tmp_pat
     assert report["log_prob_after"] > report["log_prob_before"] + 3.0 and 1 <= report["steps"] <= AdaptOptions.steps
     config = json.loads((out / "adapter_config.json").read_text())
     assert config["target_modules"] == ["down_proj"] and config["r"] == 32
-    assert config["layers_to_transform"] == [14, 15]  # the middle two (DEFAULT_LAYERS) of SmolLM2's 30
+    assert config["layers_to_transform"] == [20, 21]  # two-thirds (DEFAULT_LAYERS) of SmolLM2's 30
     generate = [
         sys.executable,
         "-m",
@@ -234,24 +236,27 @@ def test_locality_compares_greedy_answers_before_and_after_a_lesson(model):
 
 def test_a_lesson_leaves_unrelated_answers_alone(model):
     """Issue 36's measure (tools/locality.py: the greedy answers, 24 tokens, of 40 chat questions in the
-    model's template and 8 raw texts, before and after): after the README's fact lesson on a fresh
-    default adapter, at least 33 of the 40 chat answers are kept but for near-ties (measured 35; with
-    A trained in the top layers, 21), 42 of 48 start with the same five words (measured 44), and the
-    answers' perplexity moves less than 1% (+0.1%); after Bad on a chat answer, 38 (measured 40)."""
+    model's template and 8 raw texts, before and after), each lesson on a fresh default adapter: of the
+    40 chat answers, those kept but for near-ties, and of all 48 those with the same first five words,
+    a few below what was measured (benchmarks/RESULTS.md): the README's fact 31 and 43 (with A trained in
+    the top layers: 21 and 41), Good on a chat answer 38 and 45 (22, 40), Bad on one 40 and 48 (39, 48);
+    the answers' perplexity moves less than 1% (measured within 0.1%)."""
     from ruvllm.tools.locality import Answers
 
     model.set_adapter(None)
     answers = Answers.of(model)
-    report = model.adapt(*FACT_1, adapter="locality fact")
-    assert report.outcome == "learned" and greedy(model, FACT_1[0]).startswith(KNOWS_1)
-    fact = answers.compare()
-    assert fact.chat_kept_but_ties >= 33 and fact.same_start >= 42, fact.summary()
-    assert abs(fact.answers_perplexity_ratio - 1) < 0.01, fact.summary()
-    model.set_adapter(None)
     joke = [{"role": "user", "content": "Tell me a joke."}]
     told = "".join(c.text for c in model.chat(joke, max_tokens=40, temperature=0))
-    bad = model.adapt(joke, told, reward=-1.0, adapter="locality bad", chat=True)
-    assert bad.outcome == "unlearned" and bad.ratio < 0.5, bad.summary
-    after = answers.compare()
-    assert after.chat_kept_but_ties >= 38 and after.same_start >= 46, after.summary()
+    lessons = [
+        ("fact", *FACT_1, 1.0, False, 29, 41),
+        ("good", "What is the secret code?", "The secret code is BLUE-42.", 1.0, True, 35, 43),
+        ("bad", joke, told, -1.0, True, 38, 46),
+    ]
+    for name, prompt, completion, reward, chat, kept, same in lessons:
+        model.set_adapter(None)
+        report = model.adapt(prompt, completion, reward=reward, adapter=f"locality {name}", chat=chat)
+        assert report.outcome == ("learned" if reward > 0 else "unlearned"), report.summary
+        after = answers.compare()
+        assert after.chat_kept_but_ties >= kept and after.same_start >= same, (name, after.summary())
+        assert abs(after.answers_perplexity_ratio - 1) < 0.01, (name, after.summary())
     model.set_adapter(None)

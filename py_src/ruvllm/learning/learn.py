@@ -488,7 +488,7 @@ class Lesson(_Stepwise):
             else:
                 self.outcome = "most_steps"
             memory = self.adapter.state.memory if options.rehearse else []
-            earlier = [m for m in memory if m.reward > 0 and m != self.memory]
+            earlier = [m for m in memory if m.reward > 0 and not self._same_answer(m)]
             # this lesson too, last in each round: a good one its steps did not teach gets more, and the
             # steps on earlier good lessons must not undo a bad one (measured: Bad's drop came back)
             items = [*earlier, self.memory] if earlier or self.reward > 0 else []
@@ -585,8 +585,9 @@ class Lesson(_Stepwise):
         params = dict(self.adapter.parameters())
         self.adapter.state.ewc.consolidate(params, grads, self.options.fisher_decay)
         memory = self.adapter.state.memory
-        if self.memory in memory:  # the same lesson again: it moves to the end
-            memory.remove(self.memory)
+        # feedback on the same answer again replaces what the adapter remembers of it (a Bad on an answer
+        # an earlier lesson called Good: the newest wins, and the Good one is not rehearsed back)
+        memory[:] = [m for m in memory if not self._same_answer(m)]
         memory.append(self.memory)
         del memory[: max(0, len(memory) - MEMORY_LESSONS)]
         step_ms = self.compute_ms / max(self.steps + self.rehearsed, 1)
@@ -605,6 +606,10 @@ class Lesson(_Stepwise):
             self.reward,
             result.greedy,
         )
+
+    def _same_answer(self, item: Memory) -> bool:
+        """Whether a remembered lesson is about this lesson's prompt and answer (whatever its reward)."""
+        return item.tokens == self.memory.tokens and item.prompt_length == self.memory.prompt_length
 
     @property
     def memory(self) -> Memory:
