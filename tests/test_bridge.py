@@ -235,16 +235,20 @@ def test_lessons_take_their_first_step_at_once_then_learn_in_slices(folder):
         {"name": "a", "kind": "lora", "version": 3, "rank": 32, "alpha": 64.0, "targets": ["down_proj"], "layers": [1]}
         | {"active": True}
     ]
-    assert names == {"names": ["a"], "active": "a", "versions": {"a": 3}, "learning": 0}
+    assert names == {"names": ["a"], "active": "a", "versions": {"a": 3}, "learning": 0, "preparing": False}
     idle = {"lessons": [], "waiting": 0, "preparing": False, "prepared": None}
     assert ok(handle.learn(json.dumps({"budget_ms": 10}))) == idle
 
     # the default adapter's projection, made in idle time before any lesson needs it
-    ok(handle.set_calibration(json.dumps({"ids": list(range(3, 60))})))
-    assert ok(handle.prepare_learning()) == {"preparing": True}
+    # (the text's ids, then whole chat turns while they fit)
+    assert ok(handle.set_calibration(json.dumps({"ids": list(range(3, 50)), "turns": [list(range(50, 60))]}))) == 57
+    refused = json.loads(handle.set_calibration(json.dumps({"ids": [3], "turns": [["a"]]})))
+    assert refused["error"]["message"] == "turns must be a list of integers"
+    assert ok(handle.prepare_learning()) == {"preparing": True} and ok(handle.adapter_names())["preparing"]
     one = ok(handle.learn(json.dumps({"budget_ms": 0})))  # one unit: a chunk of the calibration text, 2 layers
     assert one["preparing"] and one["prepared"]["done"] == 1 < one["prepared"]["total"]
     assert ok(handle.learn(json.dumps({"budget_ms": None}))) == idle
+    assert not ok(handle.adapter_names())["preparing"]
     assert ok(handle.prepare_learning()) == {"preparing": False}  # made: nothing left to do
 
     # the instant loop a unit at a time: the lesson's first step, then its progress in the background

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from e2e_support import PYODIDE_MARKS, demo_server, serve, url_of
+from ruvllm.learning.learn import AdaptOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 ARTIFACTS = ROOT / "test-artifacts" / "e2e"
@@ -25,6 +26,7 @@ SIMD = "relaxed SIMD" if (ROOT / "npm" / "wasm" / "kernels-relaxed.wasm").exists
 WEIGHTS = "/models/smollm2-135m-instruct/model.safetensors"
 GEMMA = "/gguf/gemma-3-270m-q4_k_m.gguf"
 LOAD_TIMEOUT_MS = 180_000
+STEPS = AdaptOptions.steps  # a lesson's most steps, as the learning panel counts them
 # The page's sampling defaults (measured on SmolLM2 against other settings: web/index.html says how). The
 # greedy tests set temperature 0 and keep the page's repetition penalty, so CPython runs with it too.
 PAGE_DEFAULTS = {"temperature": "0.2", "top-p": "0.9", "repetition-penalty": "1.1"}
@@ -721,12 +723,12 @@ def test_feedback_teaches_the_model_in_the_background_and_the_adapter_downloads(
     # what the panel said, from the click on: what it did and for how long, steps counting up, no cancel
     said = [e[len("learning: ") :] for e in events if e.startswith("learning: ")]
     doing = re.compile(
-        r"Learning from a good answer: (starting|learning, step (\d+)/20|preparing \(projection bases \d+/\d+\), "
-        r"step (\d+)/20 taken|rehearsing after step \d+/20 \(checking that the lessons so far hold; \d+ rehearsal "
-        r"steps\)|done after step \d+/20) · \d+\.\d s"
+        rf"Learning from a good answer: (starting|learning, step (\d+)/{STEPS}|preparing, once per model \(\d+/\d+\)"
+        rf"(, step (\d+)/{STEPS} taken)?|rehearsing after step \d+/{STEPS} \(checking that the lessons so far hold; "
+        rf"\d+ rehearsal steps\)|done after step \d+/{STEPS}) · \d+\.\d s"
     )
     assert all(doing.fullmatch(e) for e in said[:-1]) and said[-1] == report, said
-    counted = [int(m.group(2) or m.group(3)) for m in map(doing.fullmatch, said[:-1]) if m.group(2) or m.group(3)]
+    counted = [int(m.group(2) or m.group(4)) for m in map(doing.fullmatch, said[:-1]) if m.group(2) or m.group(4)]
     assert counted == sorted(counted) and counted[0] <= 1 < counted[-1], counted
     before, after = (float(v) for v in re.fullmatch(learned + ".*", report).group(4, 5))  # type: ignore[union-attr]
     assert after > before
@@ -740,13 +742,13 @@ def test_feedback_teaches_the_model_in_the_background_and_the_adapter_downloads(
     since = len(demo.evaluate("window.__events"))
     demo.click("[data-testid=thumbs-down] >> nth=0")
     demo.wait_for_function(  # its first step landed (from the observer's record, as above)
-        f"() => window.__events.slice({since}).some((e) => /^learning: .*step [1-9]\\d*\\/20/.test(e))",
+        f"() => window.__events.slice({since}).some((e) => /^learning: .*step [1-9]\\d*\\/{STEPS}/.test(e))",
         timeout=LOAD_TIMEOUT_MS,
     )
     demo.click("[data-testid=regenerate] >> nth=0")
     wait_state(demo, "ready", 60_000)
     label = demo.text_content("#messages > li.regenerated >> nth=-1 >> .role")
-    assert re.fullmatch(r"Model, asked again while learning \(step \d+/20 so far\)", label), label
+    assert re.fullmatch(rf"Model, asked again while learning \(step \d+/{STEPS} so far\)", label), label
     # a lesson cancelled keeps its steps and says so
     demo.click("[data-testid=cancel-learning]")
     demo.wait_for_selector("[data-testid=learning][data-state=idle]", timeout=60_000)

@@ -558,8 +558,11 @@ function lessonText({ kind, progress: p }, elapsedMs) {
   if (p === null) return `${doing}: starting · ${time}`;
   if (p.phase === 'waiting')
     return `${doing}: waiting for ${p.ahead} earlier lesson${p.ahead === 1 ? '' : 's'} · ${time}`;
-  if (p.phase === 'preparing')
-    return `${doing}: preparing (projection bases ${p.prepared.done}/${p.prepared.total}), step ${p.step}/${p.steps} taken · ${time}`;
+  if (p.phase === 'preparing') {
+    // (the calibration's spectra and bases: once per model, begun in idle time after loading)
+    const taken = p.step ? `, step ${p.step}/${p.steps} taken` : '';
+    return `${doing}: preparing, once per model (${p.prepared.done}/${p.prepared.total})${taken} · ${time}`;
+  }
   if (p.outcome === 'already')
     return `Nothing to learn from this ${kind} answer: the model already gives it (greedy decoding); checking earlier lessons · ${time}`;
   if (p.phase === 'rehearsing')

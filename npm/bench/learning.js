@@ -23,6 +23,10 @@ async function turn(llm, messages) {
 
 /** The scenario on a loaded model, for one adapter config: timings in ms. */
 export async function learningScenario(llm, config, lesson = {}) {
+  // learning's preparation, made in idle time after load (what a user reading the first answer gives it)
+  const loaded = performance.now();
+  while ((await llm.adapters()).preparing) await new Promise((resolve) => setTimeout(resolve, 100));
+  const preparingMs = performance.now() - loaded;
   await llm.newAdapter({ name: 'bench', ...config });
   const messages = [{ role: 'user', content: scenario.question }];
   const answer = await turn(llm, messages);
@@ -48,6 +52,7 @@ export async function learningScenario(llm, config, lesson = {}) {
     { onProgress: (p) => p.applied && (secondUpdateMs ??= performance.now() - again) },
   );
   return {
+    preparing_ms: preparingMs,
     second_lesson_first_update_ms: secondUpdateMs,
     first_update_ms: firstUpdateMs,
     lesson_ms: lessonMs,

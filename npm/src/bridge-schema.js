@@ -169,6 +169,7 @@ export const SHAPES = Object.freeze({
       active: 'string | null',
       versions: 'Record<string, int>',
       learning: 'int',
+      preparing: 'boolean',
       adapters: 'object[] (AdapterSet.describe)',
     },
   },

@@ -770,6 +770,11 @@ export interface AdapterList {
   versions: Record<string, number>;
   /** Lessons waiting to be learned in the background. */
   learning: number;
+  /**
+   * Whether learning's preparation (once per model, begun in idle time after load: what a fresh adapter's
+   * first lesson needs before its first step) is under way.
+   */
+  preparing: boolean;
   /** Each adapter and mixture described. */
   adapters: AdapterInfo[];
 }

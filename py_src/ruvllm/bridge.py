@@ -706,7 +706,8 @@ class EngineHandle:
 
     @_json_result
     def adapter_names(self) -> dict:
-        """The adapters and mixtures held, the active one, each one's version, the lessons waiting, and
+        """The adapters and mixtures held, the active one, each one's version, the lessons waiting,
+        whether learning's preparation (the default adapter's spectra, begun after load) is under way, and
         each one described (`adapters`: AdapterSet.describe)."""
         adapters = self.adapters
         described = adapters.describe()
@@ -715,6 +716,7 @@ class EngineHandle:
             "active": adapters.active,
             "versions": {e["name"]: e["version"] for e in described},
             "learning": self.learner.status().lessons,
+            "preparing": self.learner.preparing is not None,
             "adapters": described,
         }
 
