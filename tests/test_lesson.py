@@ -638,3 +638,35 @@ def test_a_loaded_adapter_that_never_learned_here_trains_a_and_b(engine, tmp_pat
     lesson.run()
     assert not lesson.keyed and loaded.state.keyed is None
     assert any(not np.array_equal(A[name], loaded.A[name]) for name in A)
+
+
+def test_a_keyed_lesson_s_first_step_takes_one_pass(engine, monkeypatch):
+    """The rows a keyed lesson writes have zero columns in B, so the pass that found which positions to
+    key already holds what B's gradient on them needs: the first step is that one pass, and its update
+    equals the one a second pass after writing the rows gives (the kept predictions' term included)."""
+    from ruvllm.learning import learn
+
+    per_model(engine).calibration_ids = PROMPT * 3
+    adapter = top_adapter(engine)
+    passes, original = [], learn.adapter_gradient_units
+
+    def counted(*args, **kwargs):
+        passes.append(args[6] is not None)  # (the lesson's passes keep predictions; the consolidation's not)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(learn, "adapter_gradient_units", counted)
+    options = plain(steps=1, lr=0.05, keyed=True, keep=10.0, max_grad_norm=0.0)  # (0: no clipping)
+    lesson = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, options)
+    while not lesson.applied:
+        lesson.work()
+    assert lesson.steps == 1 and passes.count(True) == 1 and lesson.rows is not None
+    start, stop = lesson.rows
+    stepped = {name: B.copy() for name, B in adapter.B.items()}
+    for B in adapter.B.values():
+        B[:, start:stop] = 0  # (before the step, with the rows written)
+    tokens, scored = lesson.tokens, lesson.scored
+    result, grads = learn.adapter_gradients(engine, adapter, tokens, scored, 1.0, lesson.start, lesson.keep)
+    kept = learn.by_key(adapter, result.kept)
+    for name in adapter.B:
+        expected = -0.05 * (grads[f"{name}.lora_B"] + kept[f"{name}.lora_B"])[:, start:stop]
+        np.testing.assert_allclose(stepped[name][:, start:stop], expected, rtol=1e-4, atol=1e-7)

@@ -70,7 +70,12 @@ const text = rule('a non-empty string', (v) => typeof v === 'string' && v.length
 const flag = rule('true or false', (v) => typeof v === 'boolean');
 const fn = rule('a function', (v) => typeof v === 'function');
 const oneOf = (choices) => rule(`one of ${choices.join(', ')}`, (v) => choices.includes(v));
-const nullable = (r) => rule(`null or ${r.expects}`, (v) => v === null || r.test(v), r.inside);
+const nullable = (r) =>
+  rule(
+    `null or ${r.expects}`,
+    (v) => v === null || r.test(v),
+    (v, path) => v === null || r.inside?.(v, path),
+  );
 
 /** An AbortSignal, by its shape (a signal from another realm or a polyfill is one too). */
 const signal = rule(

@@ -283,6 +283,9 @@ test('adapt, the adapter calls and the OpenAI calls refuse bad arguments by name
   assert.equal(await llm.completions.create({ prompt: 'x', user: undefined }), 'completion');
   assert.deepEqual(worker.posted[0].body, { prompt: 'x' });
   assert.equal(await llm.newAdapter({ name: 'a', rank: 2, layers: [-1] }), 'new_adapter');
+  // null, "every layer", as documented (its check used to read null's elements: a TypeError)
+  assert.equal(await llm.newAdapter({ name: 'b', layers: null }), 'new_adapter');
+  assert.equal(worker.posted.at(-1).config.layers, null);
 });
 
 test('a value that cannot be posted is a typed error, not a DataCloneError', async () => {

@@ -60,6 +60,8 @@ class Gradients:
     mixes: dict[int, np.ndarray] | None = None  # X-LoRA: {projection index: gradient (T, E) of its mix}
     margins: np.ndarray | None = None  # (P,) the margin at each scored position
     tapes: list[LayerTape] | None = None  # the forward's layer tapes, from the first layer it ran
+    outputs: dict[int, np.ndarray] | None = None  # id(matrix): the loss's gradient (T, N) at its output
+    kept_outputs: dict[int, np.ndarray] | None = None  # the same, of the kept-predictions term
 
 
 TRANSPOSED_BLOCK = 4096  # rows of W expanded at a time for a kernel provider's transposed product
@@ -111,6 +113,7 @@ class _Grads:
     def __init__(self) -> None:
         self.by_matrix: dict[int, tuple[LoRAMatrix, np.ndarray, np.ndarray]] = {}
         self.mixes: dict[int, np.ndarray] = {}
+        self.outputs: dict[int, np.ndarray] = {}  # dy at each LoRAMatrix's output (a keyed lesson's new rows)
 
     def linear_backward(self, lin: Linear, dy: np.ndarray, x: np.ndarray, need_input: bool = True):
         """dx for y = lin(x), given dy (T, N) (None unless `need_input`); records the adapter's dA, dB
@@ -133,6 +136,7 @@ class _Grads:
                 _, old_a, old_b = self.by_matrix[id(matrix)]
                 dA, dB = dA + old_a, dB + old_b
             self.by_matrix[id(matrix)] = (matrix, dA, dB)
+            self.outputs[id(matrix)] = dy + self.outputs.get(id(matrix), 0)
             return (yield from _transposed_units(dy, matrix.base)) + dz @ matrix.A if need_input else None  # (T, K)
         return (yield from _transposed_units(dy, matrix)) if need_input else None  # (T, K)
 
@@ -386,8 +390,9 @@ def gradient_units(
     yield
     if keep is None:
         grads = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
+        min_margin = float(margins.min())
         return Gradients(
-            loss, log_likelihood, greedy, float(margins.min()), grads.by_matrix, None, grads.mixes, margins, tapes
+            loss, log_likelihood, greedy, min_margin, grads.by_matrix, None, grads.mixes, margins, tapes, grads.outputs
         )
     only = np.zeros_like(dlogits)
     only[P:], dlogits[P:] = dlogits[P:], 0  # the two terms apart: a caller may clip the first alone
@@ -395,7 +400,17 @@ def gradient_units(
     yield
     kept = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, only)
     return Gradients(
-        loss, log_likelihood, greedy, float(margins.min()), grads.by_matrix, kept.by_matrix, grads.mixes, margins, tapes
+        loss,
+        log_likelihood,
+        greedy,
+        float(margins.min()),
+        grads.by_matrix,
+        kept.by_matrix,
+        grads.mixes,
+        margins,
+        tapes,
+        grads.outputs,
+        kept.outputs,
     )
 
 

@@ -11,6 +11,12 @@ consolidation: F is the Fisher information (squared log-likelihood gradients) ac
 lessons and `anchor` the adapter after the last one, so a new lesson moves most freely where earlier
 ones did not care, and does not erase them. Updates are SGD (default) or Adam, in place, so the
 adapter's arrays stay the ones the model reads.
+
+A fresh adapter is keyed (AdaptOptions.keyed): each lesson writes into a few rows of A its own inputs
+of the adapted matrices, whitened by the calibration inputs' second moment (projection.Spectrum), and
+trains only B's columns of those rows. LoRA is linear, so rows that answer the lesson's inputs answer
+every input pointing the same way too; whitened, they answer the directions ordinary text and chat use
+most the least, and unrelated answers stay (tools/locality.py measures it).
 """
 
 from __future__ import annotations
@@ -84,7 +90,8 @@ NEGATIVE_DROP = float(np.log(2.0))
 # change, whitened by the calibration text's spectra (projection.Spectrum, this ridge), into at most
 # KEY_ROWS rows of A, and trains only B's columns of those rows. Measured on SmolLM2 (benchmarks/RESULTS.md,
 # "Learning that works"): the README's fact lesson learns the same with 4 rows as with its 6 inputs, and
-# keeps 28 of 40 unrelated chat answers where training A (projected) kept 15; ridges 0.001-0.01 alike.
+# keeps 26 of 40 unrelated chat answers where training A (projected, top layers) kept 18; ridges
+# 0.001-0.01 alike, 0.1 and 1 worse.
 KEY_ROWS = 4
 KEY_RIDGE = 0.01
 # The positions a good lesson keys: those whose target is not yet the likeliest token by this much (log).
@@ -207,7 +214,7 @@ def adapter_gradients(
 ):
     """(backprop.Gradients, {key: gradient}) with `adapter` active in the engine's weights; the passes
     run from the adapter's lowest layer up, from `start` (backprop.start_at; default: computed). With
-    `keep`, the gradient of its term (the predictions kept) is in `keyed(adapter, result.kept)`."""
+    `keep`, the gradient of its term (the predictions kept) is in `by_key(adapter, result.kept)`."""
     return drained(adapter_gradient_units(engine, adapter, tokens, scored, reward, start, keep))
 
 
@@ -224,10 +231,10 @@ def adapter_gradient_units(
     first = first_layer(engine, adapter)
     weights, config = engine.weights, engine.config
     result = yield from gradient_units(weights, config, engine.inv_freq, tokens, scored, reward, keep, first, start)
-    return result, keyed(adapter, result.by_matrix)
+    return result, by_key(adapter, result.by_matrix)
 
 
-def keyed(adapter: Adapter, by_matrix: dict) -> dict[str, np.ndarray]:
+def by_key(adapter: Adapter, by_matrix: dict) -> dict[str, np.ndarray]:
     """Gradients by LoRAMatrix as {"<module>.lora_A" / "<module>.lora_B": gradient} of `adapter`."""
     grads = {}
     for matrix, dA, dB in by_matrix.values():
@@ -465,20 +472,19 @@ class Lesson(_Stepwise):
         start, keep = self.start, self._keep()
         if self.unprojected:
             self._project()
-        while True:  # again if the adapter changed between the units (another lesson stepped it), and
-            version = self.adapter.version  # once a keyed lesson wrote its rows of A (B's gradient on them)
+        while True:  # (again if the adapter changed between the units: another lesson stepped it)
+            version = self.adapter.version
             result, grads = yield from self._gradients(self.tokens, self.scored, self.reward, start, keep)
-            if self.adapter.version != version:
-                continue
-            before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
-            self.log_prob_before = before
-            learned = options.until_greedy and done_with(self.reward, result, before, len(self.scored))
-            if learned or not self.keyed or self.rows is not None:
+            if self.adapter.version == version:
                 break
+        before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
+        self.log_prob_before = before
+        learned = options.until_greedy and done_with(self.reward, result, before, len(self.scored))
+        if not learned and self.keyed and self.rows is None:
             if self.spectra is None:  # (only now: a lesson with nothing to learn does not wait for them)
                 yield from self._spectra_units()
-            if not self._write_keys(result):
-                break
+            if self._write_keys(result):
+                self._fresh_rows(result, grads)
         if not learned:
             self._update(grads, result.kept, self.rows)
             self.steps += 1
@@ -538,7 +544,7 @@ class Lesson(_Stepwise):
             restrict = self._projected  # (rows: none)
         grads = clipped(restrict(grads, rows), options.max_grad_norm)
         if kept is not None:
-            kept = restrict(keyed(adapter, kept), rows)
+            kept = restrict(by_key(adapter, kept), rows)
             grads = clipped({key: g + kept[key] for key, g in grads.items()}, options.max_grad_norm)
         if options.ewc:
             grads = restrict(state.ewc.pulled(grads, params, options.ewc), rows)
@@ -687,13 +693,14 @@ class Lesson(_Stepwise):
         self.spectra = spectra
 
     def _write_keys(self, result: Gradients) -> bool:
-        """A keyed lesson's rows of A, written once (True then: B's gradient must be computed again).
+        """A keyed lesson's rows of A, written once (True then: B's gradient on them is _fresh_rows').
         The adapted matrices' inputs at the positions the lesson must change (a good answer's tokens not
-        yet the likeliest by KEY_MARGIN, a bad answer's still the likeliest or close, but its first when it
-        has more), whitened by the
-        calibration text's spectra, become at most KEY_ROWS orthonormal rows (their SVD), scaled to
-        respond to those inputs with the inputs' own norm. The same lesson again keeps its rows; with
-        no rows left, a lesson trains the columns of every lesson's rows."""
+        yet the likeliest by KEY_MARGIN; for a bad one, the one position its unlikelihood pushes),
+        whitened by the calibration's spectra, become at most KEY_ROWS orthonormal rows (their SVD),
+        scaled to respond to those inputs with the inputs' own norm. Feedback on the same answer again
+        keeps its rows; with no rows left, a lesson trains the columns of every lesson's rows. (Bad keyed
+        at every position, the first left out or not, moved how "What is the capital of France?" is
+        answered: "L'Étoile, ...".)"""
         adapter, state = self.adapter, self.adapter.state
         if not self.keyed or self.rows is not None or state.keyed is None:
             return False
@@ -725,6 +732,26 @@ class Lesson(_Stepwise):
         self.rows = state.rows[key] = (used, used + count)
         state.keyed = used + count  # (no version: B's columns of new rows are zero, nothing computes otherwise)
         return True
+
+    def _fresh_rows(self, result: Gradients, grads: dict[str, np.ndarray]) -> None:
+        """B's gradient on the rows _write_keys just wrote, from the same pass: their columns of B are
+        zero, so the forward and the loss's gradient at each adapted output (dy) are what they were, and
+        dB = scale * dy^T (x A_rows^T) needs no second pass (the kept predictions' term alike)."""
+        assert self.rows is not None and self.start is not None and result.tapes is not None
+        start, stop = self.rows
+        for name, A in self.adapter.A.items():
+            _, _, index, _, target = name.split(".")
+            x = getattr(result.tapes[int(index) - self.start.first], INPUTS[target])  # (T, K)
+            z = x @ A[start:stop].T  # (T, count)
+            for outputs, by_matrix in ((result.outputs, None), (result.kept_outputs, result.kept)):
+                if outputs is None:
+                    continue
+                matrix = next(m for m, _, _ in (by_matrix or result.by_matrix).values() if m.A is A)
+                dB = matrix.scale * (outputs[id(matrix)].T @ z)  # (N, count)
+                if by_matrix is None:
+                    grads[f"{name}.lora_B"][:, start:stop] = dB
+                else:
+                    by_matrix[id(matrix)][2][:, start:stop] = dB
 
     def _keep(self) -> Keep | None:
         if self.keep is None:
