@@ -232,9 +232,10 @@ class Model:
 
         chat: `prompt` is a user message (or a list of messages), rendered with the chat template, and
         the completion is the assistant's answer, ending with the end-of-turn token. Options: steps,
-        lr, optimizer, ewc, until_greedy. An adapter called `adapter` is made (the default config) if
-        none is held yet. When the text is what the last generation produced, the hidden states it
-        computed are reused (no forward through the layers below the adapter).
+        lr, optimizer, ewc, until_greedy, rehearse, keep, project, keyed (AdaptOptions). An adapter
+        called `adapter` is made (the default config) if none is held yet. When the text is what the
+        last generation produced, the hidden states it computed are reused (no forward through the
+        layers below the adapter).
         """
         prompt_ids, completion_ids = self.feedback_ids(prompt, completion, chat)
         return self.session.adapt(prompt_ids, completion_ids, reward, adapter, options)
