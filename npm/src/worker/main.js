@@ -131,7 +131,6 @@ async function loadModel(id, options, signal) {
   });
 }
 
-/** Throws an AbortError once the load was aborted (between steps that cannot be interrupted). */
 /**
  * The calibration chat's turns as ids in the model's template (Python's Model._calibration_turns): none
  * without a template, or with one that refuses them (learning then whitens with the raw text alone).
@@ -154,6 +153,7 @@ function calibrationTurns(text, pairs) {
   }
 }
 
+/** Throws an AbortError once the load was aborted (between steps that cannot be interrupted). */
 function stopIfAborted(signal) {
   if (signal.aborted) throw new AbortError('loading aborted');
 }
