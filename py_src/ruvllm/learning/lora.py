@@ -99,8 +99,8 @@ class LoRAConfig:
         if self.layers is None:
             return list(range(count))
         if isinstance(self.layers, str):  # "two-thirds" (__post_init__ allows no other)
-            first = 2 * count // 3
-            return sorted({min(first, count - 1), min(first + 1, count - 1)})
+            first = max(min(2 * count // 3, count - 2), 0)  # (two layers whenever the model has two)
+            return sorted({first, min(first + 1, count - 1)})
         out = set()
         for i in self.layers:
             if i >= count:
