@@ -25,6 +25,7 @@ import time
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from typing import Literal
 
 import numpy as np
@@ -81,17 +82,17 @@ ROUTER_STEPS = 20  # a router's most steps (measured with ROUTER_LR)
 ROUTER_MARGIN = 1.0
 # When a bad completion's lesson ends: its likeliest position's target trails another token by this
 # much (greedy decoding leaves it there), and the whole completion is this much less likely (log). Not
-# a nat per token, as issue 36 proposed: measured on SmolLM2, Bad on "The capital of France is Paris."
-# held to that answered "L'Étoile, le Grand Étoile, ..." (the fact was gone), where this answers with
-# Paris still; on a 40-token joke it cost 26 steps instead of 2 (benchmarks/RESULTS.md).
+# a nat per token, as issue 36 proposed: measured on SmolLM2 (keyed, layers 14-15), Bad on "The capital
+# of France is Paris." held to that answered "L'Étoile, le Grand Étoile, ..." (the fact was gone), where
+# this answers with Paris still; on a 40-token joke it took 26 steps instead of 2 (benchmarks/RESULTS.md).
 NEGATIVE_MARGIN = 0.5
 NEGATIVE_DROP = float(np.log(2.0))
 # A keyed lesson (AdaptOptions.keyed) writes the inputs of the adapted matrices at the positions it must
 # change, whitened by the calibration text's spectra (projection.Spectrum, this ridge), into at most
 # KEY_ROWS rows of A, and trains only B's columns of those rows. Measured on SmolLM2 (benchmarks/RESULTS.md,
-# "Learning that works"): the README's fact lesson learns the same with 4 rows as with its 6 inputs, and
-# keeps 26 of 40 unrelated chat answers where training A (projected, top layers) kept 18; ridges
-# 0.001-0.01 alike, 0.1 and 1 worse.
+# "Learning that works"): the README's fact lesson learns the same with 4 rows as with its 6 inputs
+# (layers 14-15), and keeps 26 of 40 unrelated chat answers where training A (projected, top layers)
+# kept 18; ridges 0.0001-0.01 alike there (25-27 kept).
 KEY_ROWS = 4
 KEY_RIDGE = 0.01
 # The positions a good lesson keys: those whose target is not yet the likeliest token by this much (log).
@@ -417,7 +418,6 @@ class Lesson(_Stepwise):
         self.defer_projection = False  # the instant step does not wait for a fresh adapter's bases
         self.unprojected = False  # steps were taken before the bases were made
         self.job: BasesJob | None = None  # the job making the bases (deferred projection) or a keyed lesson's spectra
-        self.keyed = False  # whether its adapter is keyed (decided by _begin)
         self.spectra: dict[str, Spectrum] | None = None  # a keyed lesson's whitening, by module
         self.rows: tuple[int, int] | None = None  # a keyed lesson's rows of A (start, stop), once written
         self._units: Iterator[bool | None] | None = (
@@ -536,18 +536,17 @@ class Lesson(_Stepwise):
         of every row given so far); another has A's gradient projected."""
         options, adapter = self.options, self.adapter
         params, state = dict(adapter.parameters()), adapter.state
+        restrict = self._projected
         if state.keyed is not None:
             params = {key: array for key, array in params.items() if key.endswith(".lora_B")}
-            rows = rows or (0, state.keyed)
-            restrict = self._columns
-        else:
-            restrict = self._projected  # (rows: none)
-        grads = clipped(restrict(grads, rows), options.max_grad_norm)
+            columns = rows or (0, state.keyed)
+            restrict = partial(self._columns, rows=columns)
+        grads = clipped(restrict(grads), options.max_grad_norm)
         if kept is not None:
-            kept = restrict(by_key(adapter, kept), rows)
+            kept = restrict(by_key(adapter, kept))
             grads = clipped({key: g + kept[key] for key, g in grads.items()}, options.max_grad_norm)
         if options.ewc:
-            grads = restrict(state.ewc.pulled(grads, params, options.ewc), rows)
+            grads = restrict(state.ewc.pulled(grads, params, options.ewc))
         if options.optimizer == "sgd":
             sgd(params, grads, options.lr)
         else:
@@ -555,9 +554,8 @@ class Lesson(_Stepwise):
         adapter.version += 1
 
     @staticmethod
-    def _columns(grads: dict[str, np.ndarray], rows: tuple[int, int] | None) -> dict[str, np.ndarray]:
+    def _columns(grads: dict[str, np.ndarray], rows: tuple[int, int]) -> dict[str, np.ndarray]:
         """B's gradients with only the columns of `rows` (start, stop) kept; A's left out."""
-        assert rows is not None
         out = {}
         for key, g in grads.items():
             if key.endswith(".lora_B"):
@@ -565,7 +563,7 @@ class Lesson(_Stepwise):
                 out[key][:, rows[0] : rows[1]] = g[:, rows[0] : rows[1]]
         return out
 
-    def _projected(self, grads: dict[str, np.ndarray], rows: object = None) -> dict[str, np.ndarray]:
+    def _projected(self, grads: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for name, basis in self.adapter.state.bases.items():  # A stays out of ordinary text's input subspace
             grads[f"{name}.lora_A"] = project(grads[f"{name}.lora_A"], basis)
         return grads
@@ -662,21 +660,25 @@ class Lesson(_Stepwise):
         yield
         entering = yield from self._entering(x, layer, first)
         self.start = start_at(weights, config, inv_freq, entering, first)
-        self.keyed = self._make_keyed()
+        self._make_keyed()
         if not self.keyed:
             self._project()
         yield
         self.keep = yield from self._kept_units(self.start, int(self.scored[0]) + 1)
         yield
 
-    def _make_keyed(self) -> bool:
-        """Whether the adapter is keyed: it is, or it is fresh (nothing learned), options.keyed, with a
-        calibration text and no lm_head (whose input the passes do not tape); then it is made so."""
+    @property
+    def keyed(self) -> bool:
+        """Whether its adapter is keyed (its lessons write rows of A and train B's columns of them)."""
+        return self.adapter.state.keyed is not None
+
+    def _make_keyed(self) -> None:
+        """A fresh adapter (nothing learned) is made keyed by its first lesson: with options.keyed, a
+        calibration text and no lm_head (whose input the passes do not tape)."""
         adapter, state = self.adapter, self.adapter.state
         if state.keyed is None and self.options.keyed and not adapter.version and not state:
             if per_model(self.engine).calibration_ids and "lm_head" not in adapter.A:
                 state.keyed = 0
-        return state.keyed is not None
 
     def _spectra_units(self):
         """The calibration text's spectra of the adapted matrices (projection.Spectrum), made by a job
@@ -702,7 +704,7 @@ class Lesson(_Stepwise):
         at every position, the first left out or not, moved how "What is the capital of France?" is
         answered: "L'Étoile, ...".)"""
         adapter, state = self.adapter, self.adapter.state
-        if not self.keyed or self.rows is not None or state.keyed is None:
+        if state.keyed is None or self.rows is not None:
             return False
         key = (self.memory.tokens, self.memory.prompt_length)
         if key in state.rows:
