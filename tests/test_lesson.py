@@ -539,17 +539,55 @@ def test_an_instant_step_does_not_wait_for_a_fresh_adapter_s_projection(engine):
     assert again.state.bases.keys() == again.A.keys() and not learner.status().preparing
 
 
-def test_no_projection_is_prepared_for_a_model_learning_does_not_run_on(tmp_path):
-    """The worker prepares the default adapter's projection after every load: for a model whose block
-    the backward pass does not know (Gemma 3), there is nothing to prepare (and nothing may fail)."""
+def test_a_keyed_lesson_teaches_gemma_3_s_block(tmp_path):
+    """Gemma 3's block (GeGLU, a norm on each sublayer's output and on every query and key head, sliding
+    windows: the backward's gradients are checked against torch in tests/test_lora.py) learns as Llama's:
+    the worker's preparation after a load makes its spectra, and a keyed lesson makes its answer the
+    greedy one."""
     from ruvllm.learning.lora import module_names
 
     tiny_model("gemma3", tmp_path)
     engine = load_engine(str(tmp_path))
-    per_model(engine).calibration_ids = PROMPT
+    per_model(engine).calibration_ids = PROMPT * 3
     learner = Learner(AdapterSet.attached(engine), engine)
-    assert not learner.prepare(module_names(engine.weights, ("down_proj",), [0]))
-    assert not learner.status().preparing and learner.run(None).lessons == 0
+    assert learner.prepare(module_names(engine.weights, ("down_proj",), [4, 5]))
+    assert learner.run(None).lessons == 0 and not learner.status().preparing
+    adapter = Adapter.new(engine.weights, LoRAConfig(targets=("down_proj",), layers=(4, 5)))
+    engine.wrappers.add("g", adapter)
+    engine.wrappers.activate("g")
+    answer = [5, 6, 7, 8]
+    assert run(engine, PROMPT, engine.new_cache())[0][:4] != answer
+    lesson = Lesson(engine, adapter, PROMPT, answer, 1.0, AdaptOptions(rehearse=0))
+    lesson.run()
+    assert lesson.keyed and lesson.rows == (0, 4)
+    assert lesson.report is not None and lesson.report.outcome == "learned", lesson.report
+    assert run(engine, PROMPT, engine.new_cache())[0][:4] == answer
+
+
+def test_a_bad_lesson_takes_back_the_part_of_its_step_that_overshot(engine, monkeypatch):
+    """A bad lesson whose step dropped its answer far more than asked (OVERSHOOT times NEGATIVE_DROP)
+    takes back three quarters of it at a time while the answer stays dropped as a bad lesson asks: the
+    adapter ends a power of a quarter of the step the same lesson takes without taking back, and the
+    answer is dropped by no more than OVERSHOOT times what was asked."""
+    from ruvllm.learning import learn
+
+    told = run(engine, PROMPT, engine.new_cache())[0]
+    options = AdaptOptions(rehearse=0, keep=0.0, project=0.0, keyed=False, lr=9.0)
+    ends = {}
+    for take_backs in (0, learn.TAKE_BACKS):
+        monkeypatch.setattr(learn, "TAKE_BACKS", take_backs)
+        adapter = top_adapter(engine, f"b{take_backs}")
+        lesson = Lesson(engine, adapter, PROMPT, told, -1.0, options)
+        lesson.run()
+        assert lesson.report is not None and lesson.report.outcome == "unlearned" and lesson.steps == 1
+        drop = (lesson.report.log_prob_before - lesson.report.log_prob_after) * len(told)
+        ends[take_backs] = (lesson.taken_back, drop, adapter.B["model.layers.3.mlp.down_proj"].copy())
+    (none, overshot, whole), (taken, drop, kept) = ends[0], ends[learn.TAKE_BACKS]
+    assert none == 0 and overshot > learn.OVERSHOOT * learn.NEGATIVE_DROP and taken >= 1
+    assert learn.NEGATIVE_DROP <= drop <= learn.OVERSHOOT * learn.NEGATIVE_DROP or taken == learn.TAKE_BACKS
+    ratio = np.linalg.norm(kept) / np.linalg.norm(whole)
+    assert any(ratio == pytest.approx(0.25**k, rel=1e-5) for k in range(1, taken + 1)), ratio
+    np.testing.assert_allclose(kept, ratio * whole, rtol=1e-4, atol=1e-7)
 
 
 def test_a_projection_job_that_fails_is_dropped_and_its_error_reported(engine, monkeypatch):

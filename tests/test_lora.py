@@ -65,6 +65,11 @@ VARIANTS = {
     "llama top down_proj": ("llama", dict(num_hidden_layers=4), (2, 3), ("down_proj",)),
     # only the output projection: no decoder layer runs per step
     "llama lm_head": ("llama", dict(tie_word_embeddings=True), None, ("lm_head",)),
+    # a norm of every query and key head before RoPE
+    "qwen3 qk norms": ("qwen3", dict(), None, TARGETS),
+    # and GeGLU, a norm on each sublayer's output, sliding windows (8 of 24 tokens), embeddings scaled
+    "gemma3 every layer": ("gemma3", dict(), None, TARGETS),
+    "gemma3 top down_proj": ("gemma3", dict(), (4, 5), ("down_proj",)),
 }
 
 
@@ -74,7 +79,8 @@ def test_gradients_equal_torch_autograd(variant, tmp_path):
     model = tiny_model(kind, tmp_path, **overrides)
     engine = load_engine(str(tmp_path))
     adapter = random_adapter(engine, targets, layers=layers)
-    assert adapter.lowest_layer == (None if targets == ("lm_head",) else 0 if layers is None else 2)
+    lowest = None if targets == ("lm_head",) else 0 if layers is None else layers[0] % engine.config.num_hidden_layers
+    assert adapter.lowest_layer == lowest
     activated(engine, adapter)
     result, grads = adapter_gradients(engine, adapter, TOKENS, SCORED, reward=1.5)
     loss = result.loss
@@ -142,8 +148,9 @@ def test_gradients_match_finite_differences(tmp_path):
     assert checked == 24
 
 
-def test_training_forward_is_the_inference_forward(tmp_path):
-    tiny_model("qwen2", tmp_path)
+@pytest.mark.parametrize("kind", ["qwen2", "gemma3"])
+def test_training_forward_is_the_inference_forward(kind, tmp_path):
+    tiny_model(kind, tmp_path)
     engine = load_engine(str(tmp_path))
     activated(engine, random_adapter(engine))
     expected = engine.forward(TOKENS, 0, engine.new_cache())

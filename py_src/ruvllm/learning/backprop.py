@@ -35,13 +35,13 @@ G = H/K, E head size, F MLP size, V vocab, r rank.
 from __future__ import annotations
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
 from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
-from ..model.forward import LayerTape, Masks, Sequence, Tape, embed, logits, rms_norm, run_layers, silu
+from ..model.forward import ACTIVATIONS, LayerTape, Masks, Sequence, Tape, embed, logits, rms_norm, run_layers
 from ..model.rope import apply_rope, rope_tables
 from ..model.weights import Linear, Weights, linear
 from ..quant.matrices import DenseMatrix, dense_product
@@ -157,6 +157,17 @@ def _silu_grad(x: np.ndarray) -> np.ndarray:
     return sig * (1 + x * (1 - sig))
 
 
+def _gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
+    """d/dx of 0.5 x (1 + tanh(c (x + 0.044715 x^3))), c = sqrt(2 / pi) (forward.gelu_tanh)."""
+    c = np.float32(np.sqrt(2 / np.pi))
+    t = np.tanh(c * (x + np.float32(0.044715) * x * x * x))
+    return np.float32(0.5) * (1 + t) + np.float32(0.5) * x * (1 - t * t) * c * (1 + np.float32(3 * 0.044715) * x * x)
+
+
+# the gate activation's derivative, by config.hidden_act (forward.ACTIVATIONS)
+ACTIVATION_GRADS = {"silu": _silu_grad, "gelu_pytorch_tanh": _gelu_tanh_grad}
+
+
 def entering_states(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], tokens, layer: int):
     """The hidden states (T, D) entering decoder layer `layer` for `tokens` (T,) from position 0."""
     return advance(weights, config, inv_freq, embed(weights, config, np.asarray(tokens)), range(layer))
@@ -258,38 +269,39 @@ def start_at(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], 
 def run_from(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, stop: int | None = None):
     """The inference forward of layers start.first.. (to `stop`) over positions 0..T-1, from an empty
     float32 cache: (the last layer's output (T, D), the tapes of those layers)."""
-    tape = Tape()
-    first, x = start.first, start.entering
-    if start.frozen is not None:  # the first layer from its down_proj product on
-        assert start.frozen.h is not None and start.frozen.s is not None  # (start_at taped that layer)
-        x = start.frozen.h + linear(start.frozen.s, weights.layers[first].mlp.down_proj)  # (T, D)
-        tape.layers.append(start.frozen)
-        first += 1
-    T = len(x)
-    positions = np.arange(T)
-    cache = KVCache(config, T, KVOptions())
-    batch = [Sequence(slice(None), positions, cache, Masks(positions))]
-    layers = range(first, config.num_hidden_layers if stop is None else stop)
-    return run_layers(weights, config, inv_freq, x, batch, layers, tape), tape.layers
+    return drained(_run_from_units(weights, config, inv_freq, start, stop))
 
 
-def _run_from_units(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start):
-    """run_from (to the top) in units of work, a layer each; returns the same."""
+def _run_from_units(
+    weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, stop: int | None = None
+):
+    """run_from in units of work, a layer each; returns the same."""
     tape = Tape()
     first, x = start.first, start.entering
     if start.frozen is not None:
-        assert start.frozen.h is not None and start.frozen.s is not None  # (start_at taped that layer)
-        x = start.frozen.h + linear(start.frozen.s, weights.layers[first].mlp.down_proj)  # (T, D)
-        tape.layers.append(start.frozen)
+        x, frozen = _resume(weights, config, start)
+        tape.layers.append(frozen)
         first += 1
     T = len(x)
     positions = np.arange(T)
     cache = KVCache(config, T, KVOptions())
     batch = [Sequence(slice(None), positions, cache, Masks(positions))]
-    for layer in range(first, config.num_hidden_layers):
+    for layer in range(first, config.num_hidden_layers if stop is None else stop):
         yield
         x = run_layers(weights, config, inv_freq, x, batch, range(layer, layer + 1), tape)  # (T, D)
     return x, tape.layers
+
+
+def _resume(weights: Weights, config: ModelConfig, start: Start) -> tuple[np.ndarray, LayerTape]:
+    """Layer start.first's output (T, D) from its frozen down_proj input on, and its tape with that
+    product's output."""
+    frozen, layer = start.frozen, weights.layers[start.first]
+    assert frozen is not None and frozen.h is not None and frozen.s is not None  # (start_at taped that layer)
+    m = linear(frozen.s, layer.mlp.down_proj)  # (T, D)
+    if not config.sandwich_norms:
+        return frozen.h + m, frozen
+    assert layer.post_feedforward_layernorm is not None  # (sandwich_norms)
+    return frozen.h + rms_norm(m, layer.post_feedforward_layernorm, config.rms_norm_eps), replace(frozen, m=m)
 
 
 def logits_for(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], tokens: list[int]) -> np.ndarray:
@@ -432,37 +444,42 @@ def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes
     scale = np.float32(config.attention_scale)
 
     layers = zip(weights.layers[first:], tapes, inv_freq[first:], strict=True)
+    act, act_grad = ACTIVATIONS[config.hidden_act], ACTIVATION_GRADS[config.hidden_act]
+    eps, sandwich = config.rms_norm_eps, config.sandwich_norms
     for depth, (layer, tape, frequencies) in enumerate(reversed(list(layers))):
         yield
-        eps = config.rms_norm_eps
         cos, sin = rope_tables(frequencies, 0, T)
-        w = layer.self_attn
+        w, m = layer.self_attn, layer.mlp
         lowest = depth == len(tapes) - 1  # nothing below needs dx: stop where no adapter is left
         attention_adapted = _adapted(w.q_proj, w.k_proj, w.v_proj, w.o_proj)
-        # MLP: x_out = h + down(silu(gate) * up)
-        if lowest and not attention_adapted and not _adapted(layer.mlp.gate_proj, layer.mlp.up_proj):
-            grads.linear_backward(layer.mlp.down_proj, dx, tape.s, need_input=False)
+        # MLP: x_out = h + down(act(gate) * up), or h + norm(down(...)) with sandwich norms
+        dm = _rms_backward(dx, tape.m, layer.post_feedforward_layernorm, eps) if sandwich else dx  # (T, D)
+        if lowest and not attention_adapted and not _adapted(m.gate_proj, m.up_proj):
+            grads.linear_backward(m.down_proj, dm, tape.s, need_input=False)
             break
-        ds = grads.linear_backward(layer.mlp.down_proj, dx, tape.s)  # (T, F)
-        dgate = ds * tape.up * _silu_grad(tape.gate)  # (T, F)
-        dup = ds * silu(tape.gate)  # (T, F)
-        db = grads.linear_backward(layer.mlp.gate_proj, dgate, tape.b) + grads.linear_backward(
-            layer.mlp.up_proj, dup, tape.b
-        )  # (T, D)
+        ds = grads.linear_backward(m.down_proj, dm, tape.s)  # (T, F)
+        dgate = ds * tape.up * act_grad(tape.gate)  # (T, F)
+        dup = ds * act(tape.gate)  # (T, F)
+        db = grads.linear_backward(m.gate_proj, dgate, tape.b) + grads.linear_backward(m.up_proj, dup, tape.b)  # (T, D)
         if lowest and not attention_adapted:
             break
         yield  # (the layer's attention is a unit of its own)
-        dh = dx + _rms_backward(db, tape.h, layer.post_attention_layernorm, eps)  # (T, D)
-        # attention: h = x + o_proj(softmax(q k^T * scale + mask) v)
-        do = grads.linear_backward(w.o_proj, dh, tape.o)  # (T, H*E)
+        mlp_norm = layer.pre_feedforward_layernorm if sandwich else layer.post_attention_layernorm
+        dh = dx + _rms_backward(db, tape.h, mlp_norm, eps)  # (T, D)
+        # attention: h = x + o_proj(softmax(q k^T * scale + mask) v), or x + norm(o_proj(...)) with sandwich norms
+        dattended = _rms_backward(dh, tape.attended, layer.post_attention_layernorm, eps) if sandwich else dh
+        do = grads.linear_backward(w.o_proj, dattended, tape.o)  # (T, H*E)
         do = do.reshape(T, H, E).transpose(1, 0, 2).reshape(K, G * T, E)  # (K, G*T, E)
         dprobs = do @ tape.v.transpose(0, 2, 1)  # (K, G*T, T)
         dv = tape.probs.transpose(0, 2, 1) @ do  # (K, T, E), summed over the G heads
         dscores = tape.probs * (dprobs - np.sum(dprobs * tape.probs, axis=-1, keepdims=True)) * scale
-        dq = (dscores @ tape.k).reshape(H, T, E)  # (H, T, E) rotated
-        dk = dscores.transpose(0, 2, 1) @ tape.q  # (K, T, E) rotated
-        dq = apply_rope(dq, cos, -sin).transpose(1, 0, 2).reshape(T, H * E)  # the inverse rotation
-        dk = apply_rope(dk, cos, -sin).transpose(1, 0, 2).reshape(T, K * E)
+        dq = apply_rope((dscores @ tape.k).reshape(H, T, E), cos, -sin)  # (H, T, E): the inverse rotation
+        dk = apply_rope(dscores.transpose(0, 2, 1) @ tape.q, cos, -sin)  # (K, T, E)
+        if w.q_norm is not None:  # config.qk_norm: each head was normalized over E before the rotation
+            dq = _rms_backward(dq, tape.q_heads, w.q_norm, eps)
+            dk = _rms_backward(dk, tape.k_heads, w.k_norm, eps)
+        dq = dq.transpose(1, 0, 2).reshape(T, H * E)
+        dk = dk.transpose(1, 0, 2).reshape(T, K * E)
         dv = dv.transpose(1, 0, 2).reshape(T, K * E)
         da = (
             grads.linear_backward(w.q_proj, dq, tape.a)

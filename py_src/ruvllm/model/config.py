@@ -79,7 +79,7 @@ class ModelConfig:
 
     @property
     def llama_block(self) -> bool:
-        """True for the plain pre-norm SwiGLU block the backward pass and activation-aware ISQ know."""
+        """True for the plain pre-norm SwiGLU block activation-aware ISQ knows."""
         return (self.hidden_act, self.qk_norm, self.sandwich_norms, self.norm_offset, self.embed_scale) == (
             "silu",
             False,

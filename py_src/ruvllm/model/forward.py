@@ -32,16 +32,20 @@ class LayerTape:
 
     x: np.ndarray | None = None  # (T, D) layer input
     a: np.ndarray | None = None  # (T, D) after the input norm
+    q_heads: np.ndarray | None = None  # (H, T, E) queries before their norm (config.qk_norm only)
+    k_heads: np.ndarray | None = None  # (K, T, E) keys before their norm (config.qk_norm only)
     q: np.ndarray | None = None  # (K, G*T, E) rotated queries
     k: np.ndarray | None = None  # (K, S, E) rotated keys attended to
     v: np.ndarray | None = None  # (K, S, E) values attended to
     probs: np.ndarray | None = None  # (K, G*T, S)
     o: np.ndarray | None = None  # (T, H*E) attention output before o_proj
+    attended: np.ndarray | None = None  # (T, D) o_proj's output (config.sandwich_norms only)
     h: np.ndarray | None = None  # (T, D) after the attention residual
-    b: np.ndarray | None = None  # (T, D) after the post-attention norm
+    b: np.ndarray | None = None  # (T, D) the MLP's input, after its norm
     gate: np.ndarray | None = None  # (T, F)
     up: np.ndarray | None = None  # (T, F)
-    s: np.ndarray | None = None  # (T, F) silu(gate) * up
+    s: np.ndarray | None = None  # (T, F) act(gate) * up
+    m: np.ndarray | None = None  # (T, D) down_proj's output (config.sandwich_norms only)
 
 
 @dataclass
@@ -143,6 +147,8 @@ def attention(
     v = linear(x, w.v_proj).reshape(N, K, E).transpose(1, 0, 2)  # (K, N, E)
     if w.q_norm is not None:  # config.qk_norm: each head normalized over E
         assert w.k_norm is not None  # (qk_norm: both)
+        if tape is not None:
+            tape.q_heads, tape.k_heads = q, k
         q, k = rms_norm(q, w.q_norm, config.rms_norm_eps), rms_norm(k, w.k_norm, config.rms_norm_eps)
     q, k = apply_rope(q, *rope), apply_rope(k, *rope)
     if len(batch) == 1:
@@ -229,11 +235,13 @@ def block(
     a = rms_norm(x, w.input_layernorm, eps)  # (N, D)
     attended = attention(a, w.self_attn, config, rope, batch, layer, window, tape)  # (N, D)
     if config.sandwich_norms:  # Gemma 3: each sublayer's output normalized before its residual add
-        assert tape is None, "the backward pass knows the Llama block only (config.llama_block)"
         assert w.pre_feedforward_layernorm is not None and w.post_feedforward_layernorm is not None
         h = x + rms_norm(attended, w.post_attention_layernorm, eps)  # (N, D)
         b = rms_norm(h, w.pre_feedforward_layernorm, eps)  # (N, D)
-        return h + rms_norm(mlp(b, w.mlp, config), w.post_feedforward_layernorm, eps)  # (N, D)
+        m = mlp(b, w.mlp, config, tape)  # (N, D)
+        if tape is not None:
+            tape.x, tape.a, tape.attended, tape.h, tape.b, tape.m = x, a, attended, h, b, m
+        return h + rms_norm(m, w.post_feedforward_layernorm, eps)  # (N, D)
     h = x + attended  # (N, D)
     b = rms_norm(h, w.post_attention_layernorm, eps)  # (N, D)
     if tape is not None:
