@@ -585,3 +585,94 @@ EXPORT(mix) void mix(const float *p, const float *v, float *y, i32 Q, i32 S, i32
     for (i32 e = E16; e < E; e++) y0[e] = mix_1x1(p0, v + e, S, E);
   }
 }
+
+// ---- the backward pass's product: y += dy @ W ----------------------------------------------------------------
+//
+// y[:, k0:k1] (T, K) += dy[:, n0:n1] (T, N) @ W[n0:n1, k0:k1]: the gradient through a matrix (dx = dy W,
+// learning/backprop.py) read from the matrix as it is kept, with no transposed or expanded copy of W.
+// Columns T_COLS at a time (that slice of y stays in cache), rows of W four at a time, expanded from their
+// codes into the scratch (4 * min(K, T_COLS) float32) once for all T rows of dy; a row of dy whose four
+// coefficients are zero (an unlikelihood lesson's logits) adds nothing and is skipped. Each y[t, k] adds
+// the rows n in ascending order whatever T and the column range, so column slices (the thread pool's
+// units) together equal the whole product bit for bit. k0 is a multiple of 32 (GROUP); k1 too, or K.
+#define T_COLS 256
+
+// y[t, 0:width] += sum_r dy[t, r] * w[r, 0:width] over the n (1 to 4) rows r of w (row stride ldw), for
+// every t (rows of dy at stride N, of y at stride ldy). A missing row takes row 0 with coefficient 0.
+static void add_rows(const float *dy, i32 N, i32 T, i32 n, const float *w, i32 ldw, float *y, i32 ldy, i32 width) {
+  const float *w0 = w, *w1 = n > 1 ? w + ldw : w, *w2 = n > 2 ? w + 2 * ldw : w, *w3 = n > 3 ? w + 3 * ldw : w;
+  for (i32 t = 0; t < T; t++) {
+    const float *a = dy + (long)t * N;
+    const float a0 = a[0], a1 = n > 1 ? a[1] : 0.0f, a2 = n > 2 ? a[2] : 0.0f, a3 = n > 3 ? a[3] : 0.0f;
+    if (a0 == 0.0f && a1 == 0.0f && a2 == 0.0f && a3 == 0.0f) continue;
+    const v128_t c0 = wasm_f32x4_splat(a0), c1 = wasm_f32x4_splat(a1), c2 = wasm_f32x4_splat(a2),
+                 c3 = wasm_f32x4_splat(a3);
+    float *yt = y + (long)t * ldy;
+    i32 k = 0;
+    for (; k + 4 <= width; k += 4) {
+      v128_t v = wasm_v128_load(yt + k);
+      v = wasm_f32x4_add(v, wasm_f32x4_mul(c0, wasm_v128_load(w0 + k)));
+      v = wasm_f32x4_add(v, wasm_f32x4_mul(c1, wasm_v128_load(w1 + k)));
+      v = wasm_f32x4_add(v, wasm_f32x4_mul(c2, wasm_v128_load(w2 + k)));
+      v = wasm_f32x4_add(v, wasm_f32x4_mul(c3, wasm_v128_load(w3 + k)));
+      wasm_v128_store(yt + k, v);
+    }
+    for (; k < width; k++) {
+      float v = yt[k];
+      v += a0 * w0[k];
+      v += a1 * w1[k];
+      v += a2 * w2[k];
+      v += a3 * w3[k];
+      yt[k] = v;
+    }
+  }
+}
+
+EXPORT(dense_t)
+void dense_t(const float *dy, const float *w, float *y, i32 T, i32 N, i32 K, i32 n0, i32 n1, i32 k0, i32 k1) {
+  for (i32 c0 = k0; c0 < k1; c0 += T_COLS) {
+    const i32 width = k1 - c0 < T_COLS ? k1 - c0 : T_COLS;
+    for (i32 r0 = n0; r0 < n1; r0 += 4) {
+      const i32 n = n1 - r0 < 4 ? n1 - r0 : 4;
+      add_rows(dy + r0, N, T, n, w + (long)r0 * K + c0, K, y + c0, K, width);
+    }
+  }
+}
+
+__attribute__((always_inline)) static inline void quant_transposed(i32 bits, i32 halves, const float *dy,
+                                                                  const void *weights, const float *scales,
+                                                                  const float *mins, i32 offset, float *y,
+                                                                  float *scratch, i32 T, i32 N, i32 K, i32 n0,
+                                                                  i32 n1, i32 k0, i32 k1) {
+  const i32 G = K / GROUP, row_bytes = bits == 8 ? K : K / 2, SG = halves ? 2 * G : G;
+  const v128_t off = wasm_i8x16_splat((i8)offset);
+  for (i32 c0 = k0; c0 < k1; c0 += T_COLS) {
+    const i32 width = k1 - c0 < T_COLS ? k1 - c0 : T_COLS;  // a multiple of GROUP
+    for (i32 r0 = n0; r0 < n1; r0 += 4) {
+      const i32 n = n1 - r0 < 4 ? n1 - r0 : 4;
+      for (i32 r = 0; r < n; r++) {
+        const u8 *row = (const u8 *)weights + (long)(r0 + r) * row_bytes;
+        const float *sc = scales + (long)(r0 + r) * SG, *mn = mins ? mins + (long)(r0 + r) * G : 0;
+        for (i32 g = c0 / GROUP; g < (c0 + width) / GROUP; g++) {
+          v128_t a, b;
+          load_codes(bits, row, g, off, &a, &b);
+          float s0 = halves ? sc[2 * g] : sc[g], s1 = halves ? sc[2 * g + 1] : sc[g];
+          expand_group(a, b, s0, s1, mn ? mn[g] : 0.0f, mn != 0, scratch + r * width + (g * GROUP - c0));
+        }
+      }
+      add_rows(dy + r0, N, T, n, scratch, width, y + c0, K, width);
+    }
+  }
+}
+
+#define TRANSPOSED(name, bits, halves, has_mins)                                                                  \
+  EXPORT(name)                                                                                                    \
+  void name(const float *dy, const u8 *weights, const float *scales, const float *mins, i32 offset, float *y,     \
+            float *scratch, i32 T, i32 N, i32 K, i32 n0, i32 n1, i32 k0, i32 k1) {                                \
+    quant_transposed(bits, halves, dy, weights, scales, has_mins ? mins : 0, offset, y, scratch, T, N, K, n0, n1,  \
+                     k0, k1);                                                                                     \
+  }
+
+TRANSPOSED(q8_t, 8, 0, 1)
+TRANSPOSED(q8h_t, 8, 1, 0)
+TRANSPOSED(q4_t, 4, 0, 1)

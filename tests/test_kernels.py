@@ -99,7 +99,7 @@ def run_kernels(build: list[str], cases: list[dict]) -> list[np.ndarray]:
 
 def case(call: str, m, weight_bytes: np.ndarray, x: np.ndarray) -> dict:
     arrays = {"x": b64(x), "w": b64(weight_bytes)}
-    if call != "dense":
+    if not call.startswith("dense"):
         arrays["scales"] = b64(m.scales)
         if m.mins is not None:
             arrays["mins"] = b64(m.mins)
@@ -182,3 +182,48 @@ def test_attention_s_mix_is_the_weighted_sum_of_the_value_rows(build, E):
     for got, (name, reference, scale) in zip(run_kernels(build, cases), expected, strict=True):
         err = np.abs(got.reshape(reference.shape) - reference)
         assert np.all(err <= 1e-5 * scale + 1e-30), f"{name}: error {err.max():.3g}"
+
+
+def test_the_backward_s_product_adds_dy_times_w_for_every_form(build):
+    """dense_t, q8_t, q8h_t, q4_t (learning's dx = dy @ W, read from the matrix as it is kept): y[:, k0:k1]
+    += dy[:, n0:n1] @ W[n0:n1, k0:k1], columns outside left alone, within the exact tolerance; rows of dy
+    that are zero (skipped) included; column slices at multiples of 32 together equal the whole bit for bit
+    (the thread pool's units)."""
+    rng = np.random.default_rng(5)
+    cases, expected = [], []
+    for N, K in [(1, 32), (7, 96), (37, 320), (64, 576), (5, 30)]:
+        w = rng.standard_normal((N, K)).astype(np.float32)
+        for T in (1, 3, 6):
+            dy = rng.standard_normal((T, N)).astype(np.float32)
+            dy[T // 2] = 0  # a row of zeros: skipped, and still right
+            y0 = rng.standard_normal((T, K)).astype(np.float32)
+            ranges = [(0, N, 0, K), (N // 3, N, 32 if K > 64 else 0, K)]
+            for label, m, prefix, weight_bytes in forms(w):
+                W = m.dequantize().astype(np.float64)  # (N, K)
+                for n0, n1, k0, k1 in ranges:
+                    reference = y0.astype(np.float64).copy()
+                    reference[:, k0:k1] += dy[:, n0:n1].astype(np.float64) @ W[n0:n1, k0:k1]
+                    scale = np.abs(y0) + np.abs(dy.astype(np.float64)) @ np.abs(W)
+                    call = case(f"{prefix}_t", m, weight_bytes, dy)
+                    call["K"], call["range"] = K, [n0, n1, k0, k1]
+                    call["arrays"]["y"] = b64(y0)
+                    cases.append(call)
+                    expected.append((f"{label} T={T} N={N} K={K} {n0}:{n1} {k0}:{k1}", reference, scale))
+    results = run_kernels(build, cases)
+    wrong = []
+    for got, (name, reference, scale) in zip(results, expected, strict=True):
+        err = np.abs(got.reshape(reference.shape) - reference)
+        if not np.all(err <= 1e-5 * scale + 1e-30):
+            wrong.append(f"{name}: error {err.max():.3g}, allowed {1e-5 * scale.max():.3g}")
+    assert wrong == []
+    # two column slices, each over its own columns, against the whole: the same bits
+    w = rng.standard_normal((37, 320)).astype(np.float32)
+    m = Int4Matrix.from_parts("q4_1", get_format("q4_1").quantize(w))
+    dy, y0 = rng.standard_normal((5, 37)).astype(np.float32), np.zeros((5, 320), np.float32)
+    calls = []
+    for bounds in ([0, 37, 0, 320], [0, 37, 0, 96], [0, 37, 96, 320]):
+        call = case("q4_t", m, m.packed, dy)
+        call["K"], call["range"], call["arrays"]["y"] = 320, bounds, b64(y0)
+        calls.append(call)
+    whole, left, right = (y.reshape(5, 320) for y in run_kernels(build, calls))
+    np.testing.assert_array_equal(np.concatenate([left[:, :96], right[:, 96:]], axis=1), whole)

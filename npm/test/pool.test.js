@@ -12,11 +12,11 @@ import { fileURLToPath } from 'node:url';
 
 import { RuvLLMError } from '../src/errors.js';
 import { startKernels } from '../src/worker/kernels.js';
-import { Adaptive, CTL, DEFAULT_SPIN_US, announce, open, startPool, slice, work } from '../src/worker/pool.js';
+import { Adaptive, CTL, DEFAULT_SPIN_US, announce, columns, open, startPool, slice, work } from '../src/worker/pool.js';
 import { startPython } from '../src/worker/python.js';
 import { startThreads } from '../src/worker/threads.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
-import { randomMatrices, referenceProduct } from './support/kernels-reference.js';
+import { randomMatrices, referenceProduct, referenceTransposed } from './support/kernels-reference.js';
 import { NO_RELAXED, RELAXED_RUN, runTestsRelaxed } from './support/relaxed.js';
 
 // The build under test: the plain one, or (in the Node the last test below starts) the relaxed SIMD one.
@@ -167,6 +167,52 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
       }
     });
   }
+
+  test("learning's backward product (y += dy @ W) on 1, 2 and 3 threads equals the single-thread kernel bit for bit", async () => {
+    for (const K of [32, 40, 96, 1000])
+      for (const slices of [1, 2, 3, 12]) {
+        let next = 0;
+        for (let i = 0; i < slices; i++) {
+          const [k0, k1] = columns(K, i, slices);
+          if (k1 <= k0) continue;
+          assert.equal(k0, next);
+          assert.equal(k0 % 32, 0);
+          next = k1;
+        }
+        assert.equal(next, K);
+      }
+    const single = new WebAssembly.Module(readFileSync(WASM));
+    for (const threads of [1, 2, 3]) {
+      const pool = await startPool(module, { threads });
+      try {
+        const rand = random(threads * 104729);
+        for (const [form, N, K] of SHAPES) {
+          const m = matrix(form, N, K, rand);
+          const handle = place(pool, m);
+          for (const T of [1, 5]) {
+            const dy = Float32Array.from({ length: T * N }, () => 4 * rand() - 2);
+            const start = Float32Array.from({ length: T * K }, () => rand());
+            for (const rows of [
+              [0, N],
+              [Math.floor(N / 3), N],
+            ]) {
+              const y = start.slice();
+              pool.transposed(handle, dy, T, y, ...rows);
+              const want = referenceTransposed(single, m, dy, start, T, [...rows, 0, K]);
+              assert.ok(bits(y).equals(bits(want)), `${form} N=${N} K=${K} T=${T} rows ${rows}`);
+            }
+          }
+        }
+        const m = matrix('q8', 4, 32, rand);
+        assert.throws(
+          () => pool.transposed(place(pool, m), new Float32Array(4), 1, new Float32Array(32), 0, 5),
+          /rows 0..5/,
+        );
+      } finally {
+        await pool.dispose();
+      }
+    }
+  });
 
   test('a caller asleep for the last units is woken by the thread that counts the last one', async (t) => {
     // prompt-sized products: units of milliseconds, past the caller's short spin, so it sleeps (spin 0)
@@ -470,6 +516,30 @@ def fused_problems(threads_api, arithmetic):
             problems.append(f"after the group ended: member {i} differs")
     return problems
 
+def backward_problems(threads_api):
+    """Learning's backward product dy @ W (backprop._transposed_product, 64 rows of W a unit) of every
+    form: what differs between the pool and one thread (bits), or from NumPy's (values)."""
+    from ruvllm.learning import backprop
+    backprop.TRANSPOSED_BLOCK = 64
+    problems = []
+    providers = (PoolKernels(threads_api, "exact"), WasmKernels(kernel_exports, "exact"))
+    dy = np.random.default_rng(9).standard_normal((5, 200)).astype(np.float32)
+    for m in matrices:
+        got = []
+        for provider in providers:
+            twin = type(m).__new__(type(m))
+            twin.__dict__.update({k: v.copy() if isinstance(v, np.ndarray) else v for k, v in m.__dict__.items()})
+            twin.use_provider(provider)
+            if provider.transposed(twin) is None:
+                problems.append(f"{type(m).__name__}: no backward product")
+            got.append(backprop._transposed_product(dy, twin))
+        want = dy.astype(np.float64) @ m.dequantize().astype(np.float64)
+        if got[0].tobytes() != got[1].tobytes():
+            problems.append(f"{type(m).__name__}: the pool's bits differ")
+        if not np.allclose(got[1], want, rtol=1e-4, atol=1e-4):
+            problems.append(f"{type(m).__name__}: differs from NumPy's")
+    return problems
+
 def differing(threads_api):
     """Products (of every form, 1, 3 and 40 rows, exact and fast) whose bits differ between the pool and one thread."""
     differ = 0
@@ -506,6 +576,7 @@ describe(
           assert.deepEqual(py.runPython('stand_in_problems(threads_api)').toJs(), []);
           for (const arithmetic of ['exact', 'fast'])
             assert.deepEqual(py.runPython(`fused_problems(threads_api, "${arithmetic}")`).toJs(), []);
+          assert.deepEqual(py.runPython('backward_problems(threads_api)').toJs(), []);
           py.runPython('transient_blocks(threads_api)');
           const bytes = threads.pool.bytes;
           py.runPython('transient_blocks(threads_api)'); // the space of collected products is reused

@@ -45,6 +45,9 @@ export const CTL = Object.freeze({
   SCRATCH: 16, // SCRATCH + i: thread i's scratch (TILE_ROWS * K float32), i < MAX_THREADS
   WAITING: 80, // 1 while the caller sleeps for the last units of a dispatch (else nobody notifies it)
   SLEEPERS: 81, // workers asleep on GEN (the caller notifies only when some are)
+  TRANSPOSED: 82, // 1: the dispatch is learning's backward product, y += x[:, N0:N1] @ W[N0:N1] (KernelPool.transposed)
+  N0: 83,
+  N1: 84,
   JOB: 96, // JOB + JOB_WORDS * j: matrix j of the dispatch (JOB_FIELDS)
 });
 export const MAX_JOBS = 8;
@@ -89,6 +92,17 @@ export function slice(N, i, threads) {
   const lo = Math.floor((tiles * i) / threads) * TILE_ROWS;
   const hi = Math.min(N, Math.floor((tiles * (i + 1)) / threads) * TILE_ROWS);
   return [Math.min(lo, N), hi];
+}
+
+/**
+ * Columns [k0, k1) of K that unit `i` of `slices` computes in a backward product (KernelPool.transposed):
+ * whole groups of 32, spread evenly.
+ */
+export function columns(K, i, slices) {
+  const groups = Math.ceil(K / GROUP);
+  const lo = Math.floor((groups * i) / slices) * GROUP;
+  const hi = Math.min(K, Math.floor((groups * (i + 1)) / slices) * GROUP);
+  return [Math.min(lo, K), hi];
 }
 
 /** The tag of generation `gen` in the NEXT word. */
@@ -141,6 +155,14 @@ function runUnit(k, ctl, unit, i, slices) {
     ctl[at + JOB_FIELDS.N],
     ctl[at + JOB_FIELDS.K],
   ];
+  if (ctl[CTL.TRANSPOSED] === 1) {
+    const [k0, k1] = columns(K, unit % slices, slices);
+    const [n0, n1] = [ctl[CTL.N0], ctl[CTL.N1]];
+    if (k1 <= k0) return;
+    if (form === 'dense') k.dense_t(x, w, y, T, N, K, n0, n1, k0, k1);
+    else k[`${form}_t`](x, w, scales, mins, offset, y, ctl[CTL.SCRATCH + i], T, N, K, n0, n1, k0, k1);
+    return;
+  }
   const [n0, n1] = slice(N, unit % slices, slices);
   if (n1 <= n0) return;
   if (form === 'dense') k.dense_rows(x, w, y, T, N, K, n0, n1);
@@ -600,6 +622,51 @@ export class KernelPool {
       this.adaptive.record(DECODE, count, performance.now() - start, work);
     }
     outputs.forEach((y, j) => ys[j].set(new Float32Array(buffer, y, T * jobs[j].N)));
+  }
+
+  /**
+   * y (T, K) += dy[:, n0:n1] @ W[n0:n1] for matrix `handle` (learning's backward product: kernels.c
+   * `*_t`, from the copy of W the pool holds), on every thread, each taking slices of the K columns
+   * (whole groups of 32), so the bits are the single-thread kernel's at any thread count.
+   * @param {number} handle
+   * @param {Float32Array} dy (T, N)
+   * @param {number} T
+   * @param {Float32Array} y (T, K), added to
+   */
+  transposed(handle, dy, T, y, n0, n1) {
+    if (this.#disposed) throw new RuvLLMError('inference', 'the kernel threads were stopped');
+    const m = this.#matrices[handle];
+    if (!m) throw new RuvLLMError('invalid_argument', 'the matrix of this product was released');
+    if (!(0 <= n0 && n0 <= n1 && n1 <= m.N))
+      throw new RuvLLMError('invalid_argument', `rows ${n0}..${n1} are not rows of a matrix of ${m.N}`);
+    const dyBytes = align16(4 * T * m.N);
+    const at = this.#ioSpace(dyBytes + align16(4 * T * m.K));
+    const buffer = this.memory.buffer;
+    new Float32Array(buffer, at, T * m.N).set(dy.subarray(0, T * m.N));
+    new Float32Array(buffer, at + dyBytes, T * m.K).set(y.subarray(0, T * m.K));
+    const ctl = this.ctl;
+    ctl[CTL.T] = T;
+    ctl[CTL.X] = at;
+    ctl[CTL.FAST] = 0;
+    ctl[CTL.N0] = n0;
+    ctl[CTL.N1] = n1;
+    const base = CTL.JOB;
+    ctl[base + JOB_FIELDS.FORM] = m.form;
+    ctl[base + JOB_FIELDS.W] = m.w;
+    ctl[base + JOB_FIELDS.SCALES] = m.scales;
+    ctl[base + JOB_FIELDS.MINS] = m.mins;
+    ctl[base + JOB_FIELDS.OFFSET] = m.offset;
+    ctl[base + JOB_FIELDS.Y] = at + dyBytes;
+    ctl[base + JOB_FIELDS.N] = m.N;
+    ctl[base + JOB_FIELDS.K] = m.K;
+    ctl[CTL.JOBS] = 1;
+    ctl[CTL.TRANSPOSED] = 1;
+    try {
+      this.#dispatch(this.threads); // (a step's products are large: every thread)
+    } finally {
+      ctl[CTL.TRANSPOSED] = 0;
+    }
+    y.set(new Float32Array(buffer, at + dyBytes, T * m.K));
   }
 
   /**

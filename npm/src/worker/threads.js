@@ -141,6 +141,12 @@ function pythonApi(py, pool) {
     drop: (id) => files.delete(id),
     /** Forget a matrix: its parts' space is handed out again (Python: when its product is collected). */
     release: (handle) => pool.release(handle),
+    /** y (T, K) at `y` += dy[:, n0:n1] (dy (T, N) at `dy`) @ W[n0:n1], both in Pyodide's memory. */
+    transposed: (handle, dy, T, y, n0, n1) => {
+      const { N, K } = shapes[handle];
+      const buffer = heap();
+      pool.transposed(handle, new Float32Array(buffer, u(dy), T * N), T, new Float32Array(buffer, u(y), T * K), n0, n1);
+    },
     /** y (T, N) at `y` = x (T, K) at `x` @ W.T, both in Pyodide's memory. */
     product: (handle, x, T, y, fast) => {
       const { N, K } = shapes[handle];

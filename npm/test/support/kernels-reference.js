@@ -49,6 +49,38 @@ export function referenceProduct(module, m, x, T, fast, fastRows = 4) {
 }
 
 /**
+ * y + dy[:, n0:n1] @ W[n0:n1, k0:k1] in columns k0..k1 of y (float32, T * K; the others as given) through
+ * the backward pass's exports (`dense_t`, `q8_t`, `q8h_t`, `q4_t`), for matrix `m` as in referenceProduct;
+ * dy float32 (T, N), y the starting values (float32, T * K).
+ * @param {WebAssembly.Module} module kernels.wasm
+ */
+export function referenceTransposed(module, m, dy, y, T, [n0, n1, k0, k1]) {
+  const { N, K } = m;
+  const bytes = dy.byteLength + y.byteLength + m.w.byteLength + (m.scales?.byteLength ?? 0);
+  const memory = new WebAssembly.Memory({ initial: Math.ceil((2 * bytes + 16 * 4 * K + 8192) / 65536) + 1 });
+  const k = /** @type {any} */ (new WebAssembly.Instance(module, { env: { memory } })).exports;
+  let top = 1024; // address 0 means "no mins"; start past it
+  const put = (a) => {
+    const at = top;
+    top += Math.ceil(a.byteLength / 16) * 16 + 16;
+    new Uint8Array(memory.buffer, at, a.byteLength).set(new Uint8Array(a.buffer, a.byteOffset, a.byteLength));
+    return at;
+  };
+  const dyAt = put(dy);
+  const yAt = put(y);
+  if (m.form === 'dense') {
+    k.dense_t(dyAt, put(m.w), yAt, T, N, K, n0, n1, k0, k1);
+  } else {
+    const w = put(m.w);
+    const scales = put(m.scales);
+    const mins = m.mins ? put(m.mins) : 0;
+    const scratch = top;
+    k[`${m.form}_t`](dyAt, w, scales, mins, m.offset, yAt, scratch, T, N, K, n0, n1, k0, k1);
+  }
+  return new Float32Array(memory.buffer.slice(yAt, yAt + 4 * T * K));
+}
+
+/**
  * y = p @ v (float32, Q * E) through the `mix` export (attention's mix: p (Q, S), v (S, E)).
  * @param {WebAssembly.Module} module kernels.wasm
  */

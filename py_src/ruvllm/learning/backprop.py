@@ -83,10 +83,11 @@ def drained(units):
 
 def _transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
     """dy (T, N) @ W (N, K), with the matrix's own kernel; a quantized W is expanded for this product only.
-    With a kernel provider (the WebAssembly kernels in Pyodide, where NumPy has no BLAS), W is expanded
-    TRANSPOSED_BLOCK rows at a time, each block transposed into a float32 matrix the provider multiplies
-    (it computes x @ M.T): measured, NumPy alone made the output projection's backward the largest part
-    of a learning step in Pyodide."""
+    With a kernel provider (the WebAssembly kernels in Pyodide, where NumPy has no BLAS), TRANSPOSED_BLOCK
+    rows at a time: through the provider's own backward product (`transposed`: kernels.c `*_t`, from the
+    matrix as it is kept, on the pool's threads), else expanded by NumPy and transposed into a float32
+    matrix the provider multiplies. Measured in Pyodide (a chat lesson on SmolLM2, benchmarks/RESULTS.md,
+    "Gemma 3 learns"): expanding and transposing took half of each step."""
     return drained(_transposed_units(dy, matrix))
 
 
@@ -97,11 +98,17 @@ def _transposed_units(dy: np.ndarray, matrix):
         return dense_product(dy, matrix.dequantize().T, matrix.kernel)
     N, K = matrix.shape
     out = np.zeros((dy.shape[0], K), np.float32)
+    transposed = getattr(provider, "transposed", None)
+    add = None if transposed is None else transposed(matrix)
+    dy = np.ascontiguousarray(dy, dtype=np.float32)
     for start in range(0, N, TRANSPOSED_BLOCK):
         stop = min(start + TRANSPOSED_BLOCK, N)
-        block = DenseMatrix(matrix.rows(np.arange(start, stop)).T, matrix.kernel)  # (K, b)
-        block.use_provider(provider)
-        out += block(np.ascontiguousarray(dy[:, start:stop]))
+        if add is not None:
+            add(dy, out, start, stop)
+        else:
+            block = DenseMatrix(matrix.rows(np.arange(start, stop)).T, matrix.kernel)  # (K, b)
+            block.use_provider(provider)
+            out += block(np.ascontiguousarray(dy[:, start:stop]))
         if stop < N:
             yield
     return out

@@ -198,6 +198,22 @@ class PoolKernels:
         assert isinstance(matrix, Int8Matrix)  # (every other form the kernels know)
         return self._quantized(matrix, codes, form)
 
+    def transposed(self, matrix: object) -> Callable[[np.ndarray, np.ndarray, int, int], None] | None:
+        """add(dy, y, n0, n1): y (T, K) += dy[:, n0:n1] @ W[n0:n1] on the pool's threads, from the copy of
+        the matrix the pool holds (learning's backward; WasmKernels.transposed), or None for a matrix
+        this pool does not hold."""
+        product = getattr(matrix, "_product", None)
+        found = getattr(product, "pool", None)
+        if found is None or found[0] is not self:
+            return None
+        handle, run = found[1], self.api.transposed
+
+        def add(dy: np.ndarray, y: np.ndarray, n0: int, n1: int) -> None:
+            assert product is not None  # (kept alive here: its handle names the matrix in the pool)
+            run(handle, address(dy), dy.shape[0], address(y), n0, n1)
+
+        return add
+
     def take_parts(self, matrix: object, product: Callable[[np.ndarray], np.ndarray]) -> None:
         """The matrix's arrays, of which `product` (from prepare) placed copies, become stand-ins that
         read those copies: the NumPy arrays go, and the pool's memory holds the weights."""

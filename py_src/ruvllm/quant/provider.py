@@ -37,6 +37,9 @@ class KernelProvider(Protocol):
     # keeps the parts it prepared from (the kernel thread pool, pool.py): it swaps the matrix's arrays for
     # stand-ins that read the provider's copy (pool.py RemoteArray), so the weights are held once, in the
     # provider's memory.
+    # Optional: transposed(matrix), for learning's backward (dx = dy @ W): a function add(dy, y, n0, n1)
+    # that does y (T, K) += dy[:, n0:n1] @ W[n0:n1] (dy float32 (T, N), contiguous) reading the matrix as
+    # the provider keeps it, or None (then NumPy's expanded rows go through `prepare`'s product).
     # Optional: `attention`, an AttentionProducts for attention's two products over the float32 KV cache
     # (None: NumPy's); the engine uses it with the fast arithmetic (their sums come in another order).
 

@@ -23,9 +23,11 @@ from ..files.formats import GROUP
 from .matrices import DenseMatrix, Int4Matrix, Int8Matrix
 from .provider import DEFAULT_ARITHMETIC, check_arithmetic
 
-# As kernels.c: weight rows per tile of a many-row product, and the most rows contracted group by group.
+# As kernels.c: weight rows per tile of a many-row product, the most rows contracted group by group, and
+# the columns of y the backward's product (`*_t`) takes at a time (its scratch: 4 rows of that many).
 TILE_ROWS = 16
 GROUPED_MAX_ROWS = 4
+TRANSPOSED_COLUMNS = 256
 
 
 _char: Any  # ctypes.c_char (Any: its from_buffer's types do not know ndarray), or None
@@ -101,6 +103,32 @@ class WasmKernels:
             return self._dense(matrix)
         assert isinstance(matrix, Int8Matrix)  # (every other form the kernels know)
         return self._quantized(matrix, codes, form)
+
+    def transposed(self, matrix: object) -> Callable[[np.ndarray, np.ndarray, int, int], None] | None:
+        """add(dy, y, n0, n1): y (T, K) += dy[:, n0:n1] @ W[n0:n1] through kernels.c's `*_t` (learning's
+        backward, from the matrix as it is kept: no transposed copy), or None where NumPy computes it."""
+        known = kernel_form(matrix)
+        if known is None:
+            return None
+        form, codes = known
+        N, K = matrix.shape  # type: ignore[attr-defined]  # (a form the kernels know: a matrix)
+        if isinstance(matrix, DenseMatrix):
+            w, dense_t = address(matrix.weight), self.exports.dense_t
+
+            def add_dense(dy: np.ndarray, y: np.ndarray, n0: int, n1: int) -> None:
+                dense_t(address(dy), w, address(y), dy.shape[0], N, K, n0, n1, 0, K)
+
+            return add_dense
+        assert isinstance(matrix, Int8Matrix)  # (every other form the kernels know)
+        w, scales = address(codes), address(matrix.scales)
+        mins = 0 if matrix.mins is None else address(matrix.mins)
+        offset, kernel = int(matrix.offset), getattr(self.exports, f"{form}_t")
+
+        def add(dy: np.ndarray, y: np.ndarray, n0: int, n1: int) -> None:
+            scratch = self.scratch(4 * min(K, TRANSPOSED_COLUMNS))
+            kernel(address(dy), w, scales, mins, offset, address(y), scratch, dy.shape[0], N, K, n0, n1, 0, K)
+
+        return add
 
     @property
     def attention(self) -> WasmAttention:
