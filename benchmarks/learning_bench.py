@@ -8,6 +8,7 @@ until the lesson is done, and the next turn's time to first token against the sa
 feedback.
 
     .venv/bin/python benchmarks/learning_bench.py [--runtimes cpython,node,chromium] [--threads 1]
+        [--answer-tokens 40] [--chromium-threads 2]
 
 Node and Chromium need a local Pyodide distribution (docs/pyodide.md); Chromium is Debian's.
 """
@@ -32,12 +33,12 @@ SCENARIO = json.loads((ROOT / "npm" / "bench" / "learning-scenario.json").read_t
 CONFIGS = [(c["label"], c["config"], c["lesson"]) for c in SCENARIO["configs"]]
 
 
-def turn(model, messages: list[dict]) -> tuple[str, dict]:
-    chunks = list(model.chat(messages, temperature=0, max_tokens=SCENARIO["answer_tokens"], ignore_eos=True))
+def turn(model, messages: list[dict], tokens: int) -> tuple[str, dict]:
+    chunks = list(model.chat(messages, temperature=0, max_tokens=tokens, ignore_eos=True))
     return "".join(c.text for c in chunks), chunks[0].stats
 
 
-def cpython_scenario(config: dict, lesson: dict, threads: int) -> dict:
+def cpython_scenario(config: dict, lesson: dict, threads: int, tokens: int) -> dict:
     model = ruvllm.load(str(MODEL), threads=threads)  # the engine sets BLAS threads itself: the env is not enough
     started = time.perf_counter()
     model.session.prepare_learning()  # what the worker does in idle time after load
@@ -46,17 +47,17 @@ def cpython_scenario(config: dict, lesson: dict, threads: int) -> dict:
     config = {k: tuple(v) if isinstance(v, list) else v for k, v in config.items()}
     model.new_adapter("bench", **config)
     messages = [{"role": "user", "content": SCENARIO["question"]}]
-    answer, _ = turn(model, messages)
+    answer, _ = turn(model, messages, tokens)
     follow = [*messages, {"role": "assistant", "content": answer}, {"role": "user", "content": SCENARIO["follow_up"]}]
-    _, ordinary = turn(model, follow)
-    turn(model, messages)  # the cache holds the answer again, as right after it was given
+    _, ordinary = turn(model, follow, tokens)
+    turn(model, messages, tokens)  # the cache holds the answer again, as right after it was given
     started = time.perf_counter()
     options = {"until_greedy" if k == "untilGreedy" else k: v for k, v in lesson.items()}
     lesson = model.feedback(messages, answer, 1.0, "bench", **options)  # the first step, at once
     first_update_ms = (time.perf_counter() - started) * 1000
     model.learn(None)
     lesson_ms = (time.perf_counter() - started) * 1000
-    reply, after = turn(model, follow)
+    reply, after = turn(model, follow, tokens)
     started = time.perf_counter()
     model.feedback(follow, reply, 1.0, "bench", **options)  # a second lesson: the adapter exists already
     second_update_ms = (time.perf_counter() - started) * 1000
@@ -74,14 +75,15 @@ def cpython_scenario(config: dict, lesson: dict, threads: int) -> dict:
     }
 
 
-def node_results() -> list[dict]:
-    out = subprocess.run(["node", str(ROOT / "npm" / "bench" / "learning.js")], capture_output=True, text=True)
+def node_results(tokens: int) -> list[dict]:
+    script = str(ROOT / "npm" / "bench" / "learning.js")
+    out = subprocess.run(["node", script, str(tokens)], capture_output=True, text=True)
     if out.returncode:
         sys.exit(f"node: {out.stderr}")
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 
 
-def chromium_results() -> list[dict]:
+def chromium_results(tokens: int, threads: str) -> list[dict]:
     import importlib.util
 
     from playwright.sync_api import sync_playwright
@@ -99,7 +101,8 @@ def chromium_results() -> list[dict]:
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=serve.CHROMIUM_ARGS)
         page = browser.new_page()
-        page.goto(f"{base}/bench/learning.html?model=/models/smollm2-135m-instruct/")
+        query = f"model=/models/smollm2-135m-instruct/&tokens={tokens}" + (f"&threads={threads}" if threads else "")
+        page.goto(f"{base}/bench/learning.html?{query}")
         page.wait_for_function("window.__result !== undefined", timeout=1_800_000)
         result = page.evaluate("window.__result")
         browser.close()
@@ -113,18 +116,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runtimes", default="cpython,node,chromium")
     parser.add_argument("--threads", type=int, default=1, help="CPython's BLAS threads (default 1)")
+    parser.add_argument("--answer-tokens", type=int, default=SCENARIO["answer_tokens"], help="the answer's length")
+    parser.add_argument("--chromium-threads", default="", help="the page's kernel threads (default: its own, auto)")
     args = parser.parse_args()
+    tokens = args.answer_tokens
     rows = []
     for runtime in args.runtimes.split(","):
         if runtime == "cpython":
             found = [
-                {"runtime": "cpython", "adapter": label, **cpython_scenario(c, o, args.threads)}
+                {"runtime": "cpython", "adapter": label, **cpython_scenario(c, o, args.threads, tokens)}
                 for label, c, o in CONFIGS
             ]
         elif runtime == "node":
-            found = node_results()
+            found = node_results(tokens)
         else:
-            found = chromium_results()
+            found = chromium_results(tokens, args.chromium_threads)
         for row in found:
             print(json.dumps(row), flush=True)
         rows += found

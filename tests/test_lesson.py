@@ -394,6 +394,31 @@ def test_every_step_keeps_the_base_model_s_predictions_on_the_prompt(engine, mon
     assert seen == [spread, spread, None]  # two steps, then the consolidation (the lesson alone)
 
 
+def test_a_fresh_adapter_s_first_pass_gives_the_predictions_it_keeps(engine, monkeypatch):
+    """A fresh adapter (B zero) computes as the base model, so a lesson's first pass gives the base
+    model's predictions at the kept positions: they take no pass of their own, and they are the ones
+    the base model gives (its passes with the adapter bypassed); once the adapter has learned, the next
+    lesson computes them with the adapter bypassed."""
+    from ruvllm.learning import backprop, learn
+
+    passes, original = [], learn.base_prob_units
+
+    def counted(*args):
+        passes.append(args[-1])
+        return (yield from original(*args))
+
+    monkeypatch.setattr(learn, "base_prob_units", counted)
+    adapter = top_adapter(engine)
+    first = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, plain(steps=2, lr=0.05, keep=10.0))
+    first.run()
+    assert passes == [] and first.keep and first.keep.probs is not None
+    own = backprop.base_probs(engine.weights, engine.config, engine.inv_freq, first.start, first.keep.positions)
+    np.testing.assert_allclose(first.keep.probs, own, rtol=1e-4, atol=1e-7)
+    second = Lesson(engine, adapter, PROMPT[:12], [9, 8], 1.0, plain(steps=1, lr=0.05, keep=10.0))
+    second.run()
+    assert len(passes) == 1 and second.keep and second.keep.probs is not None
+
+
 def test_a_lesson_feeds_the_generation_s_cache_the_tokens_it_never_saw(engine):
     """A chat lesson's completion ends with the end-of-turn token, after the last generated token, and
     neither went through the model: the cache is fed them (one short forward), not the whole text."""

@@ -623,31 +623,7 @@ class EngineHandle:
 
     def _progress(self, key: object) -> dict:
         name, lesson = self.lessons[key]
-        report = dataclasses.asdict(lesson.report) if lesson.report else None
-        queue = [held for _, held in self.learner.queue]
-        ahead = queue.index(lesson) if lesson in queue else 0
-        phase = "waiting" if ahead and lesson.phase in ("preparing", "learning", "rehearsing") else lesson.phase
-        job = lesson.waiting_for if phase == "preparing" else None
-        note = None
-        if phase == "dropped":
-            note = f"its adapter {name!r} was replaced before the lesson finished (what it taught went with it)"
-        return {
-            "key": key,
-            "phase": phase,
-            "step": lesson.steps,
-            "steps": lesson.options.steps,
-            "rehearsed": lesson.rehearsed,
-            "version": lesson.adapter.version,
-            "done": lesson.done,
-            "applied": lesson.applied,
-            "cancelled": phase == "cancelled",
-            "outcome": lesson.outcome,
-            "elapsed_ms": round(lesson.elapsed_ms, 1),
-            "prepared": None if job is None else dict(zip(("done", "total"), job.progress, strict=True)),
-            "ahead": ahead,
-            "note": note,
-            "report": report,
-        }
+        return dataclasses.asdict(self.learner.progress(lesson, key, name))
 
     @_json_result
     def load_adapter(self, request_json: str, config_json: str, weights: Any, state: Any = None) -> str:

@@ -62,6 +62,7 @@ class Gradients:
     tapes: list[LayerTape] | None = None  # the forward's layer tapes, from the first layer it ran
     outputs: dict[int, np.ndarray] | None = None  # id(matrix): the loss's gradient (T, N) at its output
     kept_outputs: dict[int, np.ndarray] | None = None  # the same, of the kept-predictions term
+    kept_probs: np.ndarray | None = None  # (K, V) the predictions kept (a Keep without probs: this pass's)
 
 
 TRANSPOSED_BLOCK = 4096  # rows of W expanded at a time for a kernel provider's transposed product
@@ -193,10 +194,12 @@ def advance(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], x
 @dataclass
 class Keep:
     """Positions whose predictions a lesson keeps: the model's distributions there are pulled towards
-    `probs` (K, V) (the base model's), by `weight` times their mean KL divergence."""
+    `probs` (K, V) (the base model's), by `weight` times their mean KL divergence. probs None: the
+    model computes as the base model (an adapter still zero), so its predictions in the pass are the
+    ones kept (Gradients.kept_probs returns them, for the next passes)."""
 
     positions: np.ndarray  # (K,)
-    probs: np.ndarray  # (K, V)
+    probs: np.ndarray | None  # (K, V)
     weight: float
 
 
@@ -401,7 +404,8 @@ def gradient_units(
         dlogits[w] *= reward * p_target[w] / rest  # (reward < 0: the sign of -(onehot - p))
         dlogits[:w], dlogits[w + 1 : P] = 0.0, 0.0
     if keep is not None:
-        ref = keep.probs.astype(np.float64)  # (K, V)
+        kept_probs = probs[P:].astype(np.float32) if keep.probs is None else keep.probs  # (K, V)
+        ref = kept_probs.astype(np.float64)  # (K, V)
         kept = probs[P:]
         loss += keep.weight * float(np.mean(np.sum(ref * (np.log(ref + 1e-30) - np.log(kept + 1e-30)), axis=-1)))
         dlogits[P:] = (kept - ref) * (keep.weight / len(ref))
@@ -413,11 +417,13 @@ def gradient_units(
         return Gradients(
             loss, log_likelihood, greedy, min_margin, grads.by_matrix, None, grads.mixes, margins, tapes, grads.outputs
         )
-    only = np.zeros_like(dlogits)
-    only[P:], dlogits[P:] = dlogits[P:], 0  # the two terms apart: a caller may clip the first alone
+    only = dlogits[P:].copy()  # the two terms apart: a caller may clip the first alone
+    dlogits[P:] = 0
     grads = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
     yield
-    kept = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, only)
+    kept = yield from _kept_backward(
+        weights, config, inv_freq, first, tapes, x_last, keep.positions, final[P:], only, grads
+    )
     return Gradients(
         loss,
         log_likelihood,
@@ -430,7 +436,49 @@ def gradient_units(
         tapes,
         grads.outputs,
         kept.outputs,
+        kept_probs,
     )
+
+
+def _kept_backward(
+    weights: Weights, config: ModelConfig, inv_freq, first: int, tapes, x_last, positions, final, only, like: _Grads
+):
+    """_backward for the kept predictions' term alone: dlogits `only` (K, V) at `positions` (K,), the
+    prompt's. Its gradient reaches no position after the last of them (attention looks back only), so
+    the pass runs over the positions up to it; none at all where the term is zero (a fresh keyed
+    lesson's first step: the adapter computes as the base model then), its gradients then zeros shaped
+    as `like`'s. dy at the adapters' outputs (`outputs`) comes back (T, N), zero past those positions."""
+    T = len(x_last)
+    if not only.any():
+        zero = _Grads()
+        zero.by_matrix = {k: (m, np.zeros_like(dA), np.zeros_like(dB)) for k, (m, dA, dB) in like.by_matrix.items()}
+        zero.outputs = {k: np.zeros_like(dy) for k, dy in like.outputs.items()}
+        return zero
+    L = int(positions.max()) + 1
+    short = [_first_positions(tape, L, T) for tape in tapes]
+    grads = yield from _backward(weights, config, inv_freq, first, short, x_last[:L], positions, final, only)
+    for key, dy in grads.outputs.items():
+        grads.outputs[key] = np.concatenate([dy, np.zeros((T - L, dy.shape[1]), dy.dtype)])
+    return grads
+
+
+def _first_positions(tape: LayerTape, L: int, T: int) -> LayerTape:
+    """A layer's tape over positions 0..T-1 (from an empty cache) cut to positions 0..L-1."""
+    cut: dict[str, np.ndarray | None] = {}
+    for name, a in vars(tape).items():
+        if a is None:
+            cut[name] = None
+        elif name in ("q_heads", "k_heads", "k", "v"):  # (heads, T, E)
+            cut[name] = a[:, :L]
+        elif name == "q":  # (K, G*T, E): the G heads of each key/value head stacked
+            K, GT, E = a.shape
+            cut[name] = a.reshape(K, GT // T, T, E)[:, :, :L].reshape(K, -1, E)
+        elif name == "probs":  # (K, G*T, T): causal, so rows before L attend to none at or after it
+            K, GT, _ = a.shape
+            cut[name] = a.reshape(K, GT // T, T, T)[:, :, :L, :L].reshape(K, -1, L)
+        else:  # (T, ...)
+            cut[name] = a[:L]
+    return LayerTape(**cut)
 
 
 def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes, x_last, rows, final, dlogits):

@@ -24,7 +24,7 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import partial
 from typing import Literal
 
@@ -479,9 +479,14 @@ class Lesson(_Stepwise):
             self._project()
         while True:  # (again if the adapter changed between the units: another lesson stepped it)
             version = self.adapter.version
+            if keep is not None and keep.probs is None and not self._still_zero():
+                self.keep = yield from self._kept_units(start, int(self.scored[0]) + 1)
+                keep = self.keep or None
             result, grads = yield from self._gradients(self.tokens, self.scored, self.reward, start, keep)
             if self.adapter.version == version:
                 break
+        if keep is not None and keep.probs is None:  # (this first pass's own, the base model's)
+            self.keep = keep = replace(keep, probs=result.kept_probs)
         before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
         self.log_prob_before = before
         learned = options.until_greedy and done_with(self.reward, result, before, len(self.scored))
@@ -796,13 +801,20 @@ class Lesson(_Stepwise):
         return drained(self._kept_units(start, prompt_length))
 
     def _kept_units(self, start: Start, prompt_length: int):
-        """_kept in units of work (a generator that returns the same)."""
+        """_kept in units of work (a generator that returns the same). An adapter that is still zero (a
+        fresh one: B is zero) computes as the base model: its first pass gives the predictions kept."""
         if not self.options.keep or prompt_length < 2:
             return False
         positions = np.unique(np.linspace(0, prompt_length - 2, min(KEPT_POSITIONS, prompt_length - 1)).astype(int))
+        if self._still_zero():
+            return Keep(positions, None, self.options.keep)
         engine = self.engine
         probs = yield from base_prob_units(engine.weights, engine.config, engine.inv_freq, start, positions)
         return Keep(positions, probs, self.options.keep)
+
+    def _still_zero(self) -> bool:
+        """Whether the adapter computes as the base model (B zero: a fresh adapter, rows written or not)."""
+        return not any(B.any() for B in self.adapter.B.values())
 
     def _start(self) -> Start:
         """Where the passes start: the hidden states entering the adapter's lowest layer at every
@@ -874,6 +886,28 @@ def tapped_states(engine: Engine, cache: KVCache | None, tokens: list[int], firs
             return None
         engine.forward(tokens[have:], have, cache, last_only=True, weights=identity)
     return cache.tap.layer, cache.tap.read(len(tokens)).copy()
+
+
+@dataclass(frozen=True)
+class LessonProgress:
+    """Where one lesson stands, as the worker reports it to JavaScript (asdict of it crosses
+    as it is: npm/types/index.d.ts `LearningProgress`, camel-cased by the worker)."""
+
+    key: object  # the caller's name for the lesson
+    phase: str  # the lesson's (_Stepwise.phase), or "waiting" while lessons ahead of it run
+    step: int  # optimizer steps taken on it
+    steps: int  # the most it takes
+    rehearsed: int  # steps taken on earlier lessons, rehearsing them
+    version: int  # its adapter's (bumped by every step)
+    done: bool
+    applied: bool  # its first step is taken (or was not needed): the next answer uses it
+    cancelled: bool
+    outcome: str | None  # AdaptReport.outcome, once known
+    elapsed_ms: float  # wall time since it was given
+    prepared: dict | None  # while it waits for a job: {"done", "total"} units of it
+    ahead: int  # lessons before it in the queue
+    note: str | None  # why it ended, where a user needs telling (dropped)
+    report: dict | None  # dataclasses.asdict of its AdaptReport, once done
 
 
 @dataclass(frozen=True)
@@ -996,6 +1030,33 @@ class Learner:
             return False
         with self.adapters.lock:
             return bases_job(self.engine, modules, list(ids), energy) is not None
+
+    def progress(self, lesson: _Stepwise, key: object, adapter: str) -> LessonProgress:
+        """Where `lesson` (teaching `adapter`, named `key` by the caller) stands."""
+        queue = [held for _, held in self.queue]
+        ahead = queue.index(lesson) if lesson in queue else 0
+        phase = "waiting" if ahead and lesson.phase in ("preparing", "learning", "rehearsing") else lesson.phase
+        job = lesson.waiting_for if phase == "preparing" else None
+        note = None
+        if phase == "dropped":
+            note = f"its adapter {adapter!r} was replaced before the lesson finished (what it taught went with it)"
+        return LessonProgress(
+            key=key,
+            phase=phase,
+            step=lesson.steps,
+            steps=lesson.options.steps,
+            rehearsed=lesson.rehearsed,
+            version=lesson.adapter.version,
+            done=lesson.done,
+            applied=lesson.applied,
+            cancelled=phase == "cancelled",
+            outcome=lesson.outcome,
+            elapsed_ms=round(lesson.elapsed_ms, 1),
+            prepared=None if job is None else dict(zip(("done", "total"), job.progress, strict=True)),
+            ahead=ahead,
+            note=note,
+            report=asdict(lesson.report) if lesson.report else None,
+        )
 
     def status(self) -> LearningStatus:
         job = self.preparing

@@ -101,8 +101,10 @@ class Spectrum:
         V = self.vectors.astype(np.float64)
         floor = ridge * float(self.values.sum()) / len(V)  # (the mean over all K eigenvalues)
         inside = rows @ V  # (n, k)
-        outside = rows - inside @ V.T  # (n, K): the directions with eigenvalue 0
-        return (inside / (self.values + floor)) @ V.T + outside / floor
+        white = (inside / (self.values + floor)) @ V.T  # (n, K)
+        if V.shape[1] == V.shape[0]:  # every direction has its eigenvalue: nothing lies outside
+            return white
+        return white + (rows - inside @ V.T) / floor  # (the directions with eigenvalue 0)
 
 
 class BasesJob:
