@@ -40,12 +40,25 @@ def torch_adapted(model, adapter: Adapter) -> tuple[dict, dict]:
     """The torch model's parameters with every targeted weight W replaced by W + scale * B @ A, and the
     (A, B) leaves by module: the same loss in torch, for autograd."""
     leaves, params = {}, dict(model.named_parameters(remove_duplicate=False))
+    fused: dict[str, dict[int, torch.Tensor]] = {}  # Phi-3's qkv_proj and gate_up_proj: their parts' deltas
     for name in adapter.A:
         A = torch.tensor(adapter.A[name], requires_grad=True)
         B = torch.tensor(adapter.B[name], requires_grad=True)
         leaves[name] = (A, B)
-        params[f"{name}.weight"] = params[f"{name}.weight"].detach() + adapter.config.scale * (B @ A)
+        if f"{name}.weight" in params:
+            params[f"{name}.weight"] = params[f"{name}.weight"].detach() + adapter.config.scale * (B @ A)
+        else:
+            prefix, part = name.rsplit(".", 1)
+            whole, index = FUSED[part]
+            fused.setdefault(f"{prefix}.{whole}", {})[index] = adapter.config.scale * (B @ A)
+    for whole, parts in fused.items():  # (every part adapted: TARGETS)
+        params[f"{whole}.weight"] = params[f"{whole}.weight"].detach() + torch.cat([parts[i] for i in sorted(parts)])
     return leaves, params
+
+
+# where each projection lies in a fused weight: (the fused module, its place in the order of rows)
+FUSED = {"q_proj": ("qkv_proj", 0), "k_proj": ("qkv_proj", 1), "v_proj": ("qkv_proj", 2)}
+FUSED |= {"gate_proj": ("gate_up_proj", 0), "up_proj": ("gate_up_proj", 1)}
 
 
 def activated(engine, adapter: Adapter) -> AdapterSet:
@@ -67,6 +80,8 @@ VARIANTS = {
     "llama lm_head": ("llama", dict(tie_word_embeddings=True), None, ("lm_head",)),
     # a norm of every query and key head before RoPE
     "qwen3 qk norms": ("qwen3", dict(), None, TARGETS),
+    # q/k/v and gate/up stored fused
+    "phi3 fused": ("phi3", dict(), None, TARGETS),
     # and GeGLU, a norm on each sublayer's output, sliding windows (8 of 24 tokens), embeddings scaled
     "gemma3 every layer": ("gemma3", dict(), None, TARGETS),
     "gemma3 top down_proj": ("gemma3", dict(), (4, 5), ("down_proj",)),
