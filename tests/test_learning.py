@@ -245,6 +245,29 @@ def test_a_lesson_leaves_unrelated_answers_alone(model):
     assert_local(model, lessons, perplexity=0.01)
 
 
+def test_ten_facts_in_a_row_stay_learned_and_leave_most_answers_alone(model):
+    """docs/learning.md's scenario: the ten facts of benchmarks/data/facts.jsonl, one lesson each on one
+    default adapter, every one still given by greedy decoding at the end; then the 40 chat answers, a few
+    below what was measured (27 kept but for near-ties, 40 of 48 with the same first five words; issue
+    36's 36 of 40 is missed after ten lessons: benchmarks/RESULTS.md), their perplexity within 1%
+    (measured +0.3%)."""
+    from ruvllm.tools.locality import Answers
+
+    facts = [json.loads(line) for line in (EVAL.parent / "facts.jsonl").read_text().splitlines()]
+    assert len(facts) == 10
+    model.set_adapter(None)
+    answers = Answers.of(model)
+    for fact in facts:
+        model.adapt(fact["prompt"], fact["completion"], reward=fact["reward"], adapter="ten facts")
+    model.set_adapter("ten facts")
+    for fact in facts:
+        assert greedy(model, fact["prompt"], 8).startswith(fact["completion"].rstrip(".")), fact
+    after = answers.compare()
+    model.set_adapter(None)
+    assert after.chat_kept_but_ties >= 24 and after.same_start >= 38, after.summary()
+    assert abs(after.answers_perplexity_ratio - 1) < 0.01, after.summary()
+
+
 def test_a_lesson_on_gemma_3_leaves_unrelated_answers_alone(gemma_gguf):
     """The same on Gemma 3 270M (a base model: its chat answers repeat the question, then a turn of its
     own), a few below what was measured: the fact 39 and 48, Good 31 and 42, Bad 40 and 48 (one step,
