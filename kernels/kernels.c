@@ -598,33 +598,69 @@ EXPORT(mix) void mix(const float *p, const float *v, float *y, i32 Q, i32 S, i32
 #define T_COLS 256
 
 // y[t, 0:width] += sum_r dy[t, r] * w[r, 0:width] over the n (1 to 4) rows r of w (row stride ldw), for
-// every t (rows of dy at stride N, of y at stride ldy). A missing row takes row 0 with coefficient 0.
+// every t (rows of dy at stride N, of y at stride ldy). A missing row takes row 0 with coefficient 0. Two
+// rows of y at a time share each load of w; a row whose four coefficients are zero is left as it is.
+static inline void add_row(float *yt, v128_t c0, v128_t c1, v128_t c2, v128_t c3, const float *w0, const float *w1,
+                           const float *w2, const float *w3, i32 k) {
+  v128_t v = wasm_v128_load(yt + k);
+  v = wasm_f32x4_add(v, wasm_f32x4_mul(c0, wasm_v128_load(w0 + k)));
+  v = wasm_f32x4_add(v, wasm_f32x4_mul(c1, wasm_v128_load(w1 + k)));
+  v = wasm_f32x4_add(v, wasm_f32x4_mul(c2, wasm_v128_load(w2 + k)));
+  v = wasm_f32x4_add(v, wasm_f32x4_mul(c3, wasm_v128_load(w3 + k)));
+  wasm_v128_store(yt + k, v);
+}
+
+static inline void add_tail(float *yt, const float *a, i32 n, const float *w0, const float *w1, const float *w2,
+                            const float *w3, i32 k, i32 width) {
+  const float a0 = a[0], a1 = n > 1 ? a[1] : 0.0f, a2 = n > 2 ? a[2] : 0.0f, a3 = n > 3 ? a[3] : 0.0f;
+  for (; k < width; k++) {
+    float v = yt[k];
+    v += a0 * w0[k];
+    v += a1 * w1[k];
+    v += a2 * w2[k];
+    v += a3 * w3[k];
+    yt[k] = v;
+  }
+}
+
+static inline i32 all_zero(const float *a, i32 n) {
+  return a[0] == 0.0f && (n < 2 || a[1] == 0.0f) && (n < 3 || a[2] == 0.0f) && (n < 4 || a[3] == 0.0f);
+}
+
 static void add_rows(const float *dy, i32 N, i32 T, i32 n, const float *w, i32 ldw, float *y, i32 ldy, i32 width) {
   const float *w0 = w, *w1 = n > 1 ? w + ldw : w, *w2 = n > 2 ? w + 2 * ldw : w, *w3 = n > 3 ? w + 3 * ldw : w;
-  for (i32 t = 0; t < T; t++) {
-    const float *a = dy + (long)t * N;
-    const float a0 = a[0], a1 = n > 1 ? a[1] : 0.0f, a2 = n > 2 ? a[2] : 0.0f, a3 = n > 3 ? a[3] : 0.0f;
-    if (a0 == 0.0f && a1 == 0.0f && a2 == 0.0f && a3 == 0.0f) continue;
-    const v128_t c0 = wasm_f32x4_splat(a0), c1 = wasm_f32x4_splat(a1), c2 = wasm_f32x4_splat(a2),
-                 c3 = wasm_f32x4_splat(a3);
-    float *yt = y + (long)t * ldy;
-    i32 k = 0;
-    for (; k + 4 <= width; k += 4) {
-      v128_t v = wasm_v128_load(yt + k);
-      v = wasm_f32x4_add(v, wasm_f32x4_mul(c0, wasm_v128_load(w0 + k)));
-      v = wasm_f32x4_add(v, wasm_f32x4_mul(c1, wasm_v128_load(w1 + k)));
-      v = wasm_f32x4_add(v, wasm_f32x4_mul(c2, wasm_v128_load(w2 + k)));
-      v = wasm_f32x4_add(v, wasm_f32x4_mul(c3, wasm_v128_load(w3 + k)));
-      wasm_v128_store(yt + k, v);
+  const i32 W4 = width & ~3;
+  for (i32 t = 0; t < T;) {
+    const float *a = dy + (long)t * N, *b = a + N;
+    float *ya = y + (long)t * ldy, *yb = ya + ldy;
+    const i32 skip_a = all_zero(a, n), pair = t + 1 < T && !skip_a && !all_zero(b, n);
+    if (skip_a) {
+      t += 1;
+      continue;
     }
-    for (; k < width; k++) {
-      float v = yt[k];
-      v += a0 * w0[k];
-      v += a1 * w1[k];
-      v += a2 * w2[k];
-      v += a3 * w3[k];
-      yt[k] = v;
+    const v128_t a0 = wasm_f32x4_splat(a[0]), a1 = wasm_f32x4_splat(n > 1 ? a[1] : 0.0f),
+                 a2 = wasm_f32x4_splat(n > 2 ? a[2] : 0.0f), a3 = wasm_f32x4_splat(n > 3 ? a[3] : 0.0f);
+    if (!pair) {
+      for (i32 k = 0; k < W4; k += 4) add_row(ya, a0, a1, a2, a3, w0, w1, w2, w3, k);
+      add_tail(ya, a, n, w0, w1, w2, w3, W4, width);
+      t += 1;
+      continue;
     }
+    const v128_t b0 = wasm_f32x4_splat(b[0]), b1 = wasm_f32x4_splat(n > 1 ? b[1] : 0.0f),
+                 b2 = wasm_f32x4_splat(n > 2 ? b[2] : 0.0f), b3 = wasm_f32x4_splat(n > 3 ? b[3] : 0.0f);
+    for (i32 k = 0; k < W4; k += 4) {
+      const v128_t x0 = wasm_v128_load(w0 + k), x1 = wasm_v128_load(w1 + k), x2 = wasm_v128_load(w2 + k),
+                   x3 = wasm_v128_load(w3 + k);
+      v128_t u = wasm_v128_load(ya + k), v = wasm_v128_load(yb + k);
+      u = wasm_f32x4_add(u, wasm_f32x4_mul(a0, x0)), v = wasm_f32x4_add(v, wasm_f32x4_mul(b0, x0));
+      u = wasm_f32x4_add(u, wasm_f32x4_mul(a1, x1)), v = wasm_f32x4_add(v, wasm_f32x4_mul(b1, x1));
+      u = wasm_f32x4_add(u, wasm_f32x4_mul(a2, x2)), v = wasm_f32x4_add(v, wasm_f32x4_mul(b2, x2));
+      u = wasm_f32x4_add(u, wasm_f32x4_mul(a3, x3)), v = wasm_f32x4_add(v, wasm_f32x4_mul(b3, x3));
+      wasm_v128_store(ya + k, u), wasm_v128_store(yb + k, v);
+    }
+    add_tail(ya, a, n, w0, w1, w2, w3, W4, width);
+    add_tail(yb, b, n, w0, w1, w2, w3, W4, width);
+    t += 2;
   }
 }
 

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
-from ..model.forward import ACTIVATIONS, LayerTape, Masks, Sequence, Tape, embed, logits, rms_norm, run_layers
+from ..model.forward import LayerTape, Masks, Sequence, Tape, embed, logits, rms_norm, run_layers
 from ..model.rope import apply_rope, rope_tables
 from ..model.weights import Linear, Weights, linear
 from ..quant.matrices import DenseMatrix, dense_product
@@ -499,7 +499,7 @@ def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes
     scale = np.float32(config.attention_scale)
 
     layers = zip(weights.layers[first:], tapes, inv_freq[first:], strict=True)
-    act, act_grad = ACTIVATIONS[config.hidden_act], ACTIVATION_GRADS[config.hidden_act]
+    act_grad = ACTIVATION_GRADS[config.hidden_act]
     eps, sandwich = config.rms_norm_eps, config.sandwich_norms
     for depth, (layer, tape, frequencies) in enumerate(reversed(list(layers))):
         yield
@@ -514,7 +514,7 @@ def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes
             break
         ds = grads.linear_backward(m.down_proj, dm, tape.s)  # (T, F)
         dgate = ds * tape.up * act_grad(tape.gate)  # (T, F)
-        dup = ds * act(tape.gate)  # (T, F)
+        dup = ds * tape.act  # (T, F)
         db = grads.linear_backward(m.gate_proj, dgate, tape.b) + grads.linear_backward(m.up_proj, dup, tape.b)  # (T, D)
         if lowest and not attention_adapted:
             break

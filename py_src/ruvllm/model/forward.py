@@ -44,6 +44,7 @@ class LayerTape:
     b: np.ndarray | None = None  # (T, D) the MLP's input, after its norm
     gate: np.ndarray | None = None  # (T, F)
     up: np.ndarray | None = None  # (T, F)
+    act: np.ndarray | None = None  # (T, F) act(gate)
     s: np.ndarray | None = None  # (T, F) act(gate) * up
     m: np.ndarray | None = None  # (T, D) down_proj's output (config.sandwich_norms only)
 
@@ -214,9 +215,10 @@ def attend(
 
 def mlp(x: np.ndarray, w: MLP, config: ModelConfig, tape: LayerTape | None = None) -> np.ndarray:
     gate, up = linear(x, w.gate_proj), linear(x, w.up_proj)  # (T, F) each
-    s = ACTIVATIONS[config.hidden_act](gate) * up  # (T, F)
+    act = ACTIVATIONS[config.hidden_act](gate)  # (T, F)
+    s = act * up  # (T, F)
     if tape is not None:
-        tape.gate, tape.up, tape.s = gate, up, s
+        tape.gate, tape.up, tape.act, tape.s = gate, up, act, s
     return linear(s, w.down_proj)  # (T, D)
 
 
