@@ -118,6 +118,16 @@ def quantized_x(x: np.ndarray) -> np.ndarray:
     return (xq.astype(np.float64) * d).reshape(T, K)
 
 
+def outside_tolerance(results: list[np.ndarray], expected: list[tuple]) -> list[str]:
+    """The results (name, reference, scale) whose error passes the exact tolerance, 1e-5 * scale."""
+    wrong = []
+    for got, (name, reference, scale) in zip(results, expected, strict=True):
+        err = np.abs(got.reshape(reference.shape) - reference)
+        if not np.all(err <= 1e-5 * scale + 1e-30):
+            wrong.append(f"{name}: error {err.max():.3g}, allowed {1e-5 * scale.max():.3g}")
+    return wrong
+
+
 def test_every_form_and_awkward_shapes_match_numpy(build):
     rng = np.random.default_rng(0)
     cases, expected = [], []
@@ -144,12 +154,7 @@ def test_every_form_and_awkward_shapes_match_numpy(build):
                     expected.append((f"{label} {call} T={T} N={N} K={K}", reference, scale))
     results = run_kernels(build, cases)
     assert len(results) == len(expected)
-    wrong = []
-    for got, (name, reference, scale) in zip(results, expected, strict=True):
-        err = np.abs(got.reshape(reference.shape) - reference)
-        if not np.all(err <= 1e-5 * scale + 1e-30):
-            wrong.append(f"{name}: error {err.max():.3g}, allowed {1e-5 * scale.max():.3g}")
-    assert wrong == []
+    assert outside_tolerance(results, expected) == []
 
 
 def test_the_fast_arithmetic_is_close_to_the_exact_one(build):
@@ -210,12 +215,7 @@ def test_the_backward_s_product_adds_dy_times_w_for_every_form(build):
                     cases.append(call)
                     expected.append((f"{label} T={T} N={N} K={K} {n0}:{n1} {k0}:{k1}", reference, scale))
     results = run_kernels(build, cases)
-    wrong = []
-    for got, (name, reference, scale) in zip(results, expected, strict=True):
-        err = np.abs(got.reshape(reference.shape) - reference)
-        if not np.all(err <= 1e-5 * scale + 1e-30):
-            wrong.append(f"{name}: error {err.max():.3g}, allowed {1e-5 * scale.max():.3g}")
-    assert wrong == []
+    assert outside_tolerance(results, expected) == []
     # two column slices, each over its own columns, against the whole: the same bits
     w = rng.standard_normal((37, 320)).astype(np.float32)
     m = Int4Matrix.from_parts("q4_1", get_format("q4_1").quantize(w))
