@@ -491,6 +491,33 @@ def test_whitening_is_the_ridge_inverse_of_the_gram_matrix(T):
     np.testing.assert_allclose(spectrum.whiten(keys, 0.01), expected, rtol=1e-3, atol=1e-6 * np.abs(expected).max())
 
 
+@pytest.mark.parametrize("T", [300, 20])
+def test_whitening_runs_its_products_through_the_kernel_provider(T):
+    """With a kernel provider (the WebAssembly kernels in Pyodide), Spectrum.whiten's products run
+    through it (here a stand-in that counts them), to NumPy's numbers."""
+    from ruvllm.learning.projection import DenseMatrix, decomposition
+
+    class Provider:  # computes x @ M.T as the kernels do, for float32 matrices
+        name, arithmetic, calls = "numpy-stand-in", "exact", 0
+
+        def prepare(self, matrix):
+            def product(x):
+                Provider.calls += 1
+                return x @ matrix.weight.T
+
+            return product if isinstance(matrix, DenseMatrix) else None
+
+    rng = np.random.default_rng(T)
+    x = rng.normal(size=(T, 40)) * np.geomspace(10, 0.01, 40)
+    spectrum = finished(decomposition(x.T @ x, None) if T > 40 else decomposition(x @ x.T, x))
+    keys = rng.normal(size=(3, 40))
+    expected = spectrum.whiten(keys, 0.01)
+    spectrum.use_provider(Provider())
+    got = spectrum.whiten(keys, 0.01)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6 * np.abs(expected).max())
+    assert Provider.calls >= 2  # rows @ V, then back through V^T
+
+
 def test_a_fresh_adapter_reuses_the_bases_an_earlier_one_computed(engine, monkeypatch):
     from ruvllm.learning import projection
 

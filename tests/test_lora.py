@@ -404,6 +404,6 @@ def test_the_backward_s_transposed_product_through_a_kernel_provider_equals_nump
         expected = dy[:, : matrix.shape[0]] @ matrix.dequantize()
         matrix.use_provider(Provider())
         before = Provider.calls
-        got = backprop._transposed_product(dy[:, : matrix.shape[0]], matrix)
+        got = backprop.transposed_product(dy[:, : matrix.shape[0]], matrix)
         np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-5)
         assert Provider.calls - before == -(-matrix.shape[0] // 50)  # one product per block of rows

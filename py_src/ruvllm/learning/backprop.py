@@ -82,7 +82,7 @@ def drained(units):
             return end.value
 
 
-def _transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
+def transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
     """dy (T, N) @ W (N, K), with the matrix's own kernel; a quantized W is expanded for this product only.
     With a kernel provider (the WebAssembly kernels in Pyodide, where NumPy has no BLAS), TRANSPOSED_BLOCK
     rows at a time: through the provider's own backward product (`transposed`: kernels.c `*_t`, from the
@@ -93,7 +93,7 @@ def _transposed_product(dy: np.ndarray, matrix) -> np.ndarray:
 
 
 def _transposed_units(dy: np.ndarray, matrix):
-    """_transposed_product in units of work: with a kernel provider, a unit per block of rows."""
+    """transposed_product in units of work: with a kernel provider, a unit per block of rows."""
     provider = getattr(matrix, "provider", None)
     if provider is None:
         return dense_product(dy, matrix.dequantize().T, matrix.kernel)

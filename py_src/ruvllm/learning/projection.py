@@ -24,8 +24,9 @@ import numpy as np
 
 from ..model.cache import KVCache, KVOptions
 from ..model.forward import Masks, Sequence, Tape, embed, run_layers
+from ..quant.matrices import DenseMatrix
 from ..runtime.engine import Engine
-from .backprop import bypassed
+from .backprop import bypassed, transposed_product
 from .lora import linear_of
 from .per_model import per_model
 
@@ -84,27 +85,36 @@ INPUTS = {
 @dataclass(frozen=True)
 class Spectrum:
     """The calibration inputs' Gram matrix X^T X of one adapted matrix, decomposed: its eigenvalues
-    (descending) and eigenvectors (K, k) (k < K when the text had fewer tokens than the matrix has
-    inputs: the directions left out have eigenvalue 0)."""
+    (descending) and eigenvectors, as the rows of a matrix (k, K) (k < K when the text had fewer tokens
+    than the matrix has inputs: the directions left out have eigenvalue 0). Its products run as the
+    model's do (`use_provider`: the WebAssembly kernels in Pyodide, where NumPy has no BLAS; measured in
+    Pyodide, whitening a lesson's keys in float64 NumPy took 0.25 s of its first step)."""
 
     values: np.ndarray  # (k,) float64
-    vectors: np.ndarray  # (K, k) float32
+    directions: DenseMatrix  # (k, K) float32: the eigenvectors, one a row
 
     def basis(self, energy: float) -> np.ndarray:
         """The orthonormal basis (K, k') of the subspace holding `energy` of the inputs' energy."""
         k = int(np.searchsorted(np.cumsum(self.values) / self.values.sum(), energy)) + 1
-        return np.ascontiguousarray(self.vectors[:, :k])
+        return np.ascontiguousarray(self.directions.rows(np.arange(min(k, len(self.values)))).T)
+
+    def use_provider(self, provider) -> None:
+        """Let a kernel provider compute whiten's products (None: NumPy)."""
+        self.directions.use_provider(provider)
 
     def whiten(self, rows: np.ndarray, ridge: float) -> np.ndarray:
         """rows (n, K) times (G + ridge * mean eigenvalue * I)^-1, G the Gram matrix: the directions
         ordinary text uses most shrink, the ones it barely uses grow (the ridge bounds them)."""
-        V = self.vectors.astype(np.float64)
-        floor = ridge * float(self.values.sum()) / len(V)  # (the mean over all K eigenvalues)
-        inside = rows @ V  # (n, k)
-        white = (inside / (self.values + floor)) @ V.T  # (n, K)
-        if V.shape[1] == V.shape[0]:  # every direction has its eigenvalue: nothing lies outside
+        k, K = self.directions.shape
+        floor = ridge * float(self.values.sum()) / K  # (the mean over all K eigenvalues)
+        rows = np.ascontiguousarray(rows, dtype=np.float32)
+        inside = self.directions(rows).astype(np.float64)  # (n, k): rows @ V
+        scaled = np.ascontiguousarray(inside / (self.values + floor), dtype=np.float32)
+        white = transposed_product(scaled, self.directions).astype(np.float64)  # (n, K)
+        if k == K:  # every direction has its eigenvalue: nothing lies outside
             return white
-        return white + (rows - inside @ V.T) / floor  # (the directions with eigenvalue 0)
+        back = transposed_product(np.ascontiguousarray(inside, dtype=np.float32), self.directions)
+        return white + (rows - back) / floor  # (the directions with eigenvalue 0)
 
 
 class BasesJob:
@@ -211,6 +221,7 @@ class BasesJob:
         bases = {}
         for name in self.modules:
             self.spectra[name] = yield from decomposition(gram.pop(name), rows.pop(name, None))
+            self.spectra[name].use_provider(_provider(linear_of(weights, name).matrix))
             bases[name] = self.spectra[name].basis(self.energy)
         self.bases = bases
 
@@ -227,6 +238,13 @@ def shared_bases(engine: Engine, modules: list[str], ids: list[int], energy: flo
     bases = ready_bases(engine, modules, ids, energy)
     assert bases is not None  # (the job made every missing one)
     return bases
+
+
+def _provider(matrix):
+    """The kernel provider computing an adapted matrix's products (under its adapters' wrappers), if any."""
+    while hasattr(matrix, "base"):
+        matrix = matrix.base
+    return getattr(matrix, "provider", None)
 
 
 def ready_spectra(engine: Engine, modules: list[str], ids: list[int]) -> dict[str, Spectrum] | None:
@@ -299,7 +317,7 @@ def decomposition(gram: np.ndarray, rows: np.ndarray | None):
     values, vectors = np.linalg.eigh(gram)  # ascending
     values, vectors = np.maximum(values[::-1], 0), vectors[:, ::-1]
     if rows is None:
-        spectrum = Spectrum(values, vectors.astype(np.float32))  # (K, K)
+        spectrum = Spectrum(values, DenseMatrix(vectors.T))  # (K, K)
         yield
         return spectrum
     k = int(np.count_nonzero(values > values[0] * 1e-12)) if len(values) and values[0] > 0 else 0
@@ -311,7 +329,7 @@ def decomposition(gram: np.ndarray, rows: np.ndarray | None):
             block = slice(j, min(j + BASIS_BLOCK, k))
             vectors_K[:, block] = columns @ vectors[:, block] / np.sqrt(values[block])  # (K, b)
         yield
-    return Spectrum(values[:k], vectors_K)
+    return Spectrum(values[:k], DenseMatrix(vectors_K.T))
 
 
 def project(matrix: np.ndarray, basis: np.ndarray) -> np.ndarray:
