@@ -477,14 +477,15 @@ class Lesson(_Stepwise):
         start, keep = self.start, self._keep()
         if self.unprojected:
             self._project()
-        while True:  # (again if the adapter changed between the units: another lesson stepped it)
-            version = self.adapter.version
-            if keep is not None and keep.probs is None and not self._still_zero():
+
+        def attempt():
+            nonlocal keep
+            if keep is not None and keep.probs is None and not self._still_zero():  # (no longer the base model)
                 self.keep = yield from self._kept_units(start, int(self.scored[0]) + 1)
                 keep = self.keep or None
-            result, grads = yield from self._gradients(self.tokens, self.scored, self.reward, start, keep)
-            if self.adapter.version == version:
-                break
+            return (yield from self._gradients(self.tokens, self.scored, self.reward, start, keep))
+
+        result, grads = yield from self._unmoved(attempt)
         if keep is not None and keep.probs is None:  # (this first pass's own, the base model's)
             self.keep = keep = replace(keep, probs=result.kept_probs)
         before = result.log_likelihood if self.log_prob_before is None else self.log_prob_before
@@ -533,6 +534,15 @@ class Lesson(_Stepwise):
             delta *= factor
         self.adapter.version += 1
 
+    def _unmoved(self, attempt):
+        """What `attempt()` (a pass: a generator of units) returns, from a pass the adapter did not move
+        under: another lesson may step it between the units, and the pass then runs again."""
+        while True:
+            version = self.adapter.version
+            outcome = yield from attempt()
+            if self.adapter.version == version:
+                return outcome
+
     def _gradients(self, tokens, scored, reward, start, keep):
         """adapter_gradients in units of work (a generator)."""
         engine, adapter = self.engine, self.adapter
@@ -542,11 +552,7 @@ class Lesson(_Stepwise):
         r = self.rehearsal
         item = r.items[r.index]
         tokens, scored, start, keep = yield from self._recall(item)
-        while True:
-            version = self.adapter.version
-            result, grads = yield from self._gradients(tokens, scored, item.reward, start, keep)
-            if self.adapter.version == version:
-                break
+        result, grads = yield from self._unmoved(partial(self._gradients, tokens, scored, item.reward, start, keep))
         if self._holds(item, result) or r.taken == r.cap:
             r.next(again=r.taken > 0)
         else:
@@ -616,11 +622,8 @@ class Lesson(_Stepwise):
         """finish() in units of work."""
         if self.report is not None:
             return
-        while True:
-            version = self.adapter.version
-            result, grads = yield from self._gradients(self.tokens, self.scored, 1.0, self._start(), None)
-            if self.adapter.version == version:
-                break
+        start = self._start()
+        result, grads = yield from self._unmoved(partial(self._gradients, self.tokens, self.scored, 1.0, start, None))
         params = dict(self.adapter.parameters())
         self.adapter.state.ewc.consolidate(params, grads, self.options.fisher_decay)
         memory = self.adapter.state.memory
