@@ -537,9 +537,10 @@ class EngineHandle:
         return self._progress_of(key)
 
     def _progress_of(self, key: object) -> dict:
-        """Lesson `key`'s progress; one that is done or left the loop is let go."""
-        _, lesson = self.lessons[key]
-        progress = self._progress(key)
+        """Lesson `key`'s progress; one that is done or left the loop is let go (the one place a lesson
+        leaves the worker's hands)."""
+        name, lesson = self.lessons[key]
+        progress = dataclasses.asdict(self.learner.progress(lesson, key, name))
         if lesson.done or lesson.ended is not None:
             del self.lessons[key]
         return progress
@@ -614,16 +615,7 @@ class EngineHandle:
 
     def _report_lessons(self) -> list[dict]:
         """The progress of every lesson held; the finished, cancelled and dropped ones are let go."""
-        out = []
-        for key, (_, lesson) in list(self.lessons.items()):
-            out.append(self._progress(key))
-            if lesson.done or lesson.ended is not None:
-                del self.lessons[key]
-        return out
-
-    def _progress(self, key: object) -> dict:
-        name, lesson = self.lessons[key]
-        return dataclasses.asdict(self.learner.progress(lesson, key, name))
+        return [self._progress_of(key) for key in list(self.lessons)]
 
     @_json_result
     def load_adapter(self, request_json: str, config_json: str, weights: Any, state: Any = None) -> str:

@@ -368,13 +368,12 @@ async function adapt({ id, feedback }) {
     }
   } catch (error) {
     // this request fails with the error; the lesson must not go on in the background
-    learning.lessons.delete(id);
     endLessons(id, null);
     throw error;
   }
   reportLesson(progress, false);
   if (!progress.done) return KEEP_OPEN;
-  learning.lessons.delete(id);
+  endLesson(id, null);
   return undefined;
 }
 
@@ -394,11 +393,19 @@ function reportLesson(progress, background) {
   if (progress.done) send({ type: 'result', id, result: progress.report });
   const ended = progress.done || progress.phase === 'cancelled' || progress.phase === 'dropped';
   if (!background || !ended) return;
+  if (progress.done) endLesson(id, 'done');
+  else if (progress.phase === 'cancelled') endLesson(id, serializeError(new AbortError('learning cancelled')));
+  else endLesson(id, { type: 'inference', message: `learning stopped: ${progress.note}` });
+}
+
+/**
+ * Lesson `id` leaves the worker (the one way it does): its request ends with `ending`, 'done' or an
+ * error to send, or null where the caller answers the request itself.
+ */
+function endLesson(id, ending) {
   learning.lessons.delete(id);
-  if (progress.done) send({ type: 'done', id });
-  else if (progress.phase === 'cancelled')
-    send({ type: 'error', id, error: serializeError(new AbortError('learning cancelled')) });
-  else send({ type: 'error', id, error: { type: 'inference', message: `learning stopped: ${progress.note}` } });
+  if (ending === 'done') send({ type: 'done', id });
+  else if (ending) send({ type: 'error', id, error: ending });
 }
 
 /** Stop lesson `id` (an abort of its adapt request) now: the worker may be between two tokens. */
@@ -409,8 +416,7 @@ function cancelLesson(id) {
 /** End every lesson under way, each request with `error`. */
 function stopLessons(error) {
   if (state.engine) endLessons(null, error);
-  for (const id of learning.lessons) send({ type: 'error', id, error: serializeError(error) });
-  learning.lessons.clear();
+  for (const id of [...learning.lessons]) endLesson(id, serializeError(error));
 }
 
 /**
@@ -425,10 +431,8 @@ function endLessons(id, error) {
     // the lessons end below either way
   }
   for (const progress of others) {
-    if (id === null || progress.key === id) {
-      learning.lessons.delete(progress.key);
-      if (error) send({ type: 'error', id: progress.key, error: serializeError(error) });
-    } else reportLesson(progress, true);
+    if (id === null || progress.key === id) endLesson(progress.key, error ? serializeError(error) : null);
+    else reportLesson(progress, true);
   }
 }
 
