@@ -668,6 +668,17 @@ def test_feedback_teaches_the_model_in_the_background_and_the_adapter_downloads(
 
     demo.click("[data-testid=clear]")
     demo.fill("[data-testid=max-tokens]", "16")
+    demo.evaluate(  # each chat request the page sends its worker: (messages, seed)
+        """() => {
+            window.__chats = [];
+            const post = Worker.prototype.postMessage;
+            Worker.prototype.postMessage = function (message, ...rest) {
+                const { type, messages, options } = message ?? {};
+                if (type === 'chat') window.__chats.push(JSON.stringify([messages, options.seed]));
+                return post.call(this, message, ...rest);
+            };
+        }"""
+    )
     ask(demo, "What is the secret code?")
     wait_state(demo, "ready")
     first_answer = answer(demo)
@@ -738,6 +749,10 @@ def test_feedback_teaches_the_model_in_the_background_and_the_adapter_downloads(
     wait_state(demo, "ready", 60_000)
     assert demo.text_content("#messages > li.regenerated .role") == "Model, asked again after learning"
     assert answer(demo) and first_answer
+    # asked again as it was asked: the same messages with the same seed, so what differs is the lesson's
+    chats = [json.loads(c) for c in demo.evaluate("window.__chats")]
+    assert chats[-1] == chats[0] and chats[0][0][-1]["content"] == "What is the secret code?", chats
+    assert chats[1][0][-1]["content"] == "Hello" and chats[1][1] != chats[0][1], chats  # (a new question: its own seed)
     # asked again while a lesson is under way: the answer does not claim to come after learning
     since = len(demo.evaluate("window.__events"))
     demo.click("[data-testid=thumbs-down] >> nth=0")
