@@ -13,7 +13,7 @@ from ruvllm.learning.adapters import AdapterSet
 from ruvllm.learning.backprop import entering_states
 from ruvllm.learning.learn import REHEARSAL_STEPS, AdaptOptions, Learner, Lesson
 from ruvllm.learning.lora import Adapter, LoRAConfig
-from ruvllm.learning.per_model import per_model
+from ruvllm.learning.per_model import ModelLearning
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, Prefilling, generate_tokens
 
@@ -320,10 +320,11 @@ def test_the_status_says_what_a_lesson_waits_for_and_how_far_it_got(engine, monk
     """A fresh adapter's lesson: its instant step runs unprojected ("learning", step 1), then it waits for
     the projection job ("preparing", with the job's units), then learns and rehearses ("learning" step
     2, "rehearsing") and is done; elapsed wall time and phase all along."""
-    per_model(engine).calibration_ids = PROMPT * 3
+    learning = ModelLearning(engine, PROMPT * 3)
     adapter = top_adapter(engine)
-    learner = Learner(engine.wrappers, engine)
-    lesson = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, plain(steps=3, project=0.99, rehearse=1))
+    learner = Learner(engine.wrappers, learning)
+    options = plain(steps=3, project=0.99, rehearse=1)
+    lesson = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, options, learning=learning)
     lesson.defer_projection = True
     assert lesson.phase == "learning" and not lesson.applied
     lesson.step()
@@ -521,7 +522,7 @@ def test_whitening_runs_its_products_through_the_kernel_provider(T):
 def test_a_fresh_adapter_reuses_the_bases_an_earlier_one_computed(engine, monkeypatch):
     from ruvllm.learning import projection
 
-    per_model(engine).calibration_ids = PROMPT * 3
+    learning = ModelLearning(engine, PROMPT * 3)
     calls = []
 
     class Counted(projection.BasesJob):
@@ -531,9 +532,9 @@ def test_a_fresh_adapter_reuses_the_bases_an_earlier_one_computed(engine, monkey
 
     monkeypatch.setattr(projection, "BasesJob", Counted)
     first = top_adapter(engine, "a")
-    Lesson(engine, first, PROMPT, [5, 6], 1.0, plain(steps=1, project=0.99)).run()
+    Lesson(engine, first, PROMPT, [5, 6], 1.0, plain(steps=1, project=0.99), learning=learning).run()
     second = top_adapter(engine, "b")
-    Lesson(engine, second, PROMPT, [5, 6], 1.0, plain(steps=1, project=0.99)).run()
+    Lesson(engine, second, PROMPT, [5, 6], 1.0, plain(steps=1, project=0.99), learning=learning).run()
     assert calls == [list(first.A)] and first.state.bases.keys() == second.state.bases.keys() == first.A.keys()
     for name in first.A:
         np.testing.assert_array_equal(first.state.bases[name], second.state.bases[name])
@@ -570,10 +571,10 @@ def test_the_bases_made_a_chunk_at_a_time_equal_those_of_whole_pieces(engine, mo
 def test_an_instant_step_does_not_wait_for_a_fresh_adapter_s_projection(engine):
     """feedback's first step on a fresh adapter runs unprojected; the background loop makes the bases a
     chunk of calibration text at a time, before any further step, and the next step projects A."""
-    per_model(engine).calibration_ids = PROMPT * 3
+    learning = ModelLearning(engine, PROMPT * 3)
     adapter = top_adapter(engine)
-    learner = Learner(engine.wrappers, engine)
-    lesson = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, plain(steps=3, project=0.99))
+    learner = Learner(engine.wrappers, learning)
+    lesson = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, plain(steps=3, project=0.99), learning=learning)
     lesson.defer_projection = True
     lesson.step()
     assert lesson.steps == 1 and not adapter.state.bases and learner.status().preparing
@@ -585,7 +586,7 @@ def test_an_instant_step_does_not_wait_for_a_fresh_adapter_s_projection(engine):
     for name, basis in adapter.state.bases.items():
         assert np.abs(adapter.A[name] @ basis).max() < 1e-5, name
     again = top_adapter(engine, "b")  # the next fresh adapter finds them made
-    second = Lesson(engine, again, PROMPT, [5, 6, 7], 1.0, plain(steps=1, project=0.99))
+    second = Lesson(engine, again, PROMPT, [5, 6, 7], 1.0, plain(steps=1, project=0.99), learning=learning)
     second.defer_projection = True
     second.step()
     assert again.state.bases.keys() == again.A.keys() and not learner.status().preparing
@@ -600,8 +601,8 @@ def test_a_keyed_lesson_teaches_gemma_3_s_block(tmp_path):
 
     tiny_model("gemma3", tmp_path)
     engine = load_engine(str(tmp_path))
-    per_model(engine).calibration_ids = PROMPT * 3
-    learner = Learner(AdapterSet.attached(engine), engine)
+    learning = ModelLearning(engine, PROMPT * 3)
+    learner = Learner(AdapterSet.attached(engine), learning)
     assert learner.prepare(module_names(engine.weights, ("down_proj",), [4, 5]))
     assert learner.run(None).lessons == 0 and not learner.status().preparing
     adapter = Adapter.new(engine.weights, LoRAConfig(targets=("down_proj",), layers=(4, 5)))
@@ -609,7 +610,7 @@ def test_a_keyed_lesson_teaches_gemma_3_s_block(tmp_path):
     engine.wrappers.activate("g")
     answer = [5, 6, 7, 8]
     assert run(engine, PROMPT, engine.new_cache())[0][:4] != answer
-    lesson = Lesson(engine, adapter, PROMPT, answer, 1.0, AdaptOptions(rehearse=0))
+    lesson = Lesson(engine, adapter, PROMPT, answer, 1.0, AdaptOptions(rehearse=0), learning=learning)
     lesson.run()
     assert lesson.keyed and lesson.rows == (0, 4)
     assert lesson.report is not None and lesson.report.outcome == "learned", lesson.report
@@ -645,8 +646,8 @@ def test_a_bad_lesson_takes_back_the_part_of_its_step_that_overshot(engine, monk
 def test_a_projection_job_that_fails_is_dropped_and_its_error_reported(engine, monkeypatch):
     from ruvllm.learning import projection
 
-    per_model(engine).calibration_ids = PROMPT
-    learner = Learner(engine.wrappers, engine)
+    learning = ModelLearning(engine, PROMPT)
+    learner = Learner(engine.wrappers, learning)
     assert learner.prepare(["model.layers.3.mlp.down_proj"])
     monkeypatch.setattr(projection.BasesJob, "step", lambda self: 1 / 0)
     with pytest.raises(ZeroDivisionError):
@@ -665,18 +666,18 @@ def test_a_keyed_lesson_writes_its_whitened_inputs_into_its_own_rows_and_trains_
     from ruvllm.learning.learn import KEY_RIDGE, KEY_ROWS
     from ruvllm.learning.projection import ready_spectra, shared_bases
 
-    per_model(engine).calibration_ids = PROMPT * 3
+    learning = ModelLearning(engine, PROMPT * 3)
     adapter = Adapter.new(engine.weights, LoRAConfig(rank=6, targets=("down_proj",), layers=(-2, -1)))
     engine.wrappers.add("k", adapter)
     engine.wrappers.activate("k")
     options = plain(steps=2, lr=0.05, keyed=True)
     random_rows = {name: A.copy() for name, A in adapter.A.items()}
-    first = Lesson(engine, adapter, PROMPT, [5, 6, 7, 8, 9], 1.0, options)
+    first = Lesson(engine, adapter, PROMPT, [5, 6, 7, 8, 9], 1.0, options, learning=learning)
     first.run()
     assert first.keyed and first.rows == (0, KEY_ROWS) and adapter.state.keyed == KEY_ROWS
     modules = list(adapter.A)
-    shared_bases(engine, modules, PROMPT * 3, 0.99)
-    spectra = ready_spectra(engine, modules, PROMPT * 3)
+    shared_bases(learning, modules, PROMPT * 3, 0.99)
+    spectra = ready_spectra(learning, modules, PROMPT * 3)
     tokens = [*PROMPT, 5, 6, 7, 8, 9]
     lowest = adapter.lowest_layer
     entering = entering_states(engine.weights, engine.config, engine.inv_freq, tokens[:-1], lowest)
@@ -693,17 +694,17 @@ def test_a_keyed_lesson_writes_its_whitened_inputs_into_its_own_rows_and_trains_
         np.testing.assert_array_equal(A[KEY_ROWS:], random_rows[name][KEY_ROWS:])  # the rest untouched
         assert np.abs(B[:, :KEY_ROWS]).max() > 0 and not B[:, KEY_ROWS:].any()
     before = {name: (adapter.A[name].copy(), adapter.B[name].copy()) for name in modules}
-    second = Lesson(engine, adapter, PROMPT[:12], [9, 8], 1.0, options)
+    second = Lesson(engine, adapter, PROMPT[:12], [9, 8], 1.0, options, learning=learning)
     second.run()
     assert second.rows == (KEY_ROWS, 6) and adapter.state.keyed == 6  # two left: two rows
     for name in modules:
         np.testing.assert_array_equal(adapter.A[name][:KEY_ROWS], before[name][0][:KEY_ROWS])
         np.testing.assert_array_equal(adapter.B[name][:, :KEY_ROWS], before[name][1][:, :KEY_ROWS])
         assert np.abs(adapter.B[name][:, KEY_ROWS:]).max() > 0
-    again = Lesson(engine, adapter, PROMPT, [5, 6, 7, 8, 9], 1.0, options)
+    again = Lesson(engine, adapter, PROMPT, [5, 6, 7, 8, 9], 1.0, options, learning=learning)
     again.run()
     assert again.rows == (0, KEY_ROWS) and adapter.state.keyed == 6
-    full = Lesson(engine, adapter, PROMPT[:8], [3], 1.0, options)
+    full = Lesson(engine, adapter, PROMPT[:8], [3], 1.0, options, learning=learning)
     full.run()
     assert full.rows == (0, 6)  # no rows left: every given row's columns
     adapter.save(str(tmp_path / "k"))
@@ -715,7 +716,7 @@ def test_a_keyed_lesson_writes_its_whitened_inputs_into_its_own_rows_and_trains_
 def test_a_loaded_adapter_that_never_learned_here_trains_a_and_b(engine, tmp_path):
     """Keyed rows are for a fresh adapter: one loaded from a PEFT folder (its A holds what it learned
     elsewhere) learns as before, A and B, projected."""
-    per_model(engine).calibration_ids = PROMPT * 3
+    learning = ModelLearning(engine, PROMPT * 3)
     trained = top_adapter(engine, "t")
     trained.B["model.layers.3.mlp.down_proj"][...] = 0.01
     trained.version = 1  # as a PEFT adapter's file says it learned elsewhere
@@ -724,7 +725,8 @@ def test_a_loaded_adapter_that_never_learned_here_trains_a_and_b(engine, tmp_pat
     engine.wrappers.add("l", loaded)
     engine.wrappers.activate("l")
     A = {name: a.copy() for name, a in loaded.A.items()}
-    lesson = Lesson(engine, loaded, PROMPT, [5, 6], 1.0, plain(steps=2, lr=0.05, keyed=True, project=0.99))
+    options = plain(steps=2, lr=0.05, keyed=True, project=0.99)
+    lesson = Lesson(engine, loaded, PROMPT, [5, 6], 1.0, options, learning=learning)
     lesson.run()
     assert not lesson.keyed and loaded.state.keyed is None
     assert any(not np.array_equal(A[name], loaded.A[name]) for name in A)
@@ -736,7 +738,7 @@ def test_a_keyed_lesson_s_first_step_takes_one_pass(engine, monkeypatch):
     equals the one a second pass after writing the rows gives (the kept predictions' term included)."""
     from ruvllm.learning import learn
 
-    per_model(engine).calibration_ids = PROMPT * 3
+    learning = ModelLearning(engine, PROMPT * 3)
     adapter = top_adapter(engine)
     passes, original = [], learn.adapter_gradient_units
 
@@ -746,7 +748,7 @@ def test_a_keyed_lesson_s_first_step_takes_one_pass(engine, monkeypatch):
 
     monkeypatch.setattr(learn, "adapter_gradient_units", counted)
     options = plain(steps=1, lr=0.05, keyed=True, keep=10.0, max_grad_norm=0.0)  # (0: no clipping)
-    lesson = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, options)
+    lesson = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, options, learning=learning)
     while not lesson.applied:
         lesson.work()
     assert lesson.steps == 1 and passes.count(True) == 1 and lesson.rows is not None

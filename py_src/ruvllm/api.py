@@ -24,7 +24,6 @@ from .files import jsonfields as fields
 from .files.store import TensorStore
 from .learning.learn import AdaptReport, LearningStatus, Lesson, RouteLesson
 from .learning.lora import DEFAULT_LAYERS, Adapter
-from .learning.per_model import per_model
 from .learning.projection import calibration_chat, calibration_text
 from .learning.xlora import Mixture, is_xlora
 from .model.cache import KVOptions
@@ -55,8 +54,8 @@ class Model:
         self.name = name  # the model's name in OpenAI answers (the file or folder name)
         self.session = Session(engine, tokenizer.token_bytes, tokenizer.special_ids)  # what the bridge shares
         self.adapters = self.session.adapters  # MicroLoRA: held, selected, learning
-        if per_model(engine).calibration_ids is None:  # what learning keeps its adapters' inputs away from
-            self.session.set_calibration(tokenizer.encode(calibration_text()), self._calibration_turns())
+        # what learning keeps its adapters' inputs away from
+        self.session.set_calibration(tokenizer.encode(calibration_text()), self._calibration_turns())
         self._read_folders: list[str] = []  # the model and the adapters loaded: never written over
 
     def _calibration_turns(self) -> list[list[int]]:

@@ -26,7 +26,7 @@ from typing import Any, Final
 from .learning.adapters import AdapterSet
 from .learning.learn import AdaptOptions, AdaptReport, Learner, LearningStatus, Lesson, RouteLesson, lesson_for
 from .learning.lora import DEFAULT_TARGETS, Adapter, LoRAConfig, module_names
-from .learning.per_model import per_model
+from .learning.per_model import ModelLearning
 from .learning.projection import calibration_ids
 from .learning.xlora import Mixture, RouterConfig
 from .model.cache import KVCache
@@ -56,7 +56,8 @@ class Session:
         self.engine = engine
         self.token_bytes, self.special_ids = token_bytes, special_ids
         self.adapters = AdapterSet.attached(engine)
-        self.learner = Learner(self.adapters, engine)  # lessons learned in the background (feedback, learn)
+        self.learning = ModelLearning(engine)  # the calibration, and the spectra and bases made from it
+        self.learner = Learner(self.adapters, self.learning)  # lessons learned in the background (feedback, learn)
         self.idle_cache: KVCache | None = engine.new_cache()  # no generation holds it
         self.last_cache: KVCache = self.idle_cache  # the cache of the latest generation (cache_stats)
         self._cache_lock = threading.Lock()
@@ -144,9 +145,8 @@ class Session:
     def set_calibration(self, ids: Sequence[int], turns: Sequence[Sequence[int]] = ()) -> int:
         """The calibration text's token ids and the calibration chat's turns (each in the model's
         template): what learning keeps its adapters' inputs away from (projection.calibration_ids)."""
-        held = per_model(self.engine)
-        held.calibration_ids = calibration_ids(list(ids), [list(turn) for turn in turns])
-        return len(held.calibration_ids)
+        ids = self.learning.calibration_ids = calibration_ids(list(ids), [list(turn) for turn in turns])
+        return len(ids)
 
     def lesson(
         self, prompt_ids: list[int], completion_ids: list[int], reward: float, adapter: str, options: dict
@@ -156,7 +156,8 @@ class Session:
         AdaptOptions(**options)
         with self.engine.lock:
             held = self.adapters.learner(adapter)
-            return lesson_for(self.engine, held, prompt_ids, completion_ids, reward, options, self.idle_cache)
+            cache, learning = self.idle_cache, self.learning
+            return lesson_for(self.engine, held, prompt_ids, completion_ids, reward, options, cache, learning)
 
     def adapt(
         self, prompt_ids: list[int], completion_ids: list[int], reward: float, adapter: str, options: dict

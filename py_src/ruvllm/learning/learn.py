@@ -46,7 +46,7 @@ from .backprop import (
     start_at,
 )
 from .lora import Adapter
-from .per_model import per_model
+from .per_model import ModelLearning
 from .projection import (
     INPUTS,
     BasesJob,
@@ -278,13 +278,22 @@ def first_layer(engine: Engine, adapter: Adapter) -> int:
     return engine.config.num_hidden_layers if lowest is None else lowest
 
 
-def lesson_for(engine: Engine, held, prompt_ids, completion_ids, reward, options: dict, cache: KVCache | None = None):
+def lesson_for(
+    engine: Engine,
+    held,
+    prompt_ids,
+    completion_ids,
+    reward,
+    options: dict,
+    cache: KVCache | None = None,
+    learning: ModelLearning | None = None,
+):
     """The lesson that teaches `held`: a Lesson for an adapter, a RouteLesson (lr ROUTER_LR and
     ROUTER_STEPS unless given) for an X-LoRA mixture. `options`: AdaptOptions fields."""
     if isinstance(held, Mixture):
         route_options = AdaptOptions(**{"lr": ROUTER_LR, "steps": ROUTER_STEPS, **options})
         return RouteLesson(engine, held, prompt_ids, completion_ids, reward, route_options)
-    return Lesson(engine, held, prompt_ids, completion_ids, reward, AdaptOptions(**options), cache)
+    return Lesson(engine, held, prompt_ids, completion_ids, reward, AdaptOptions(**options), cache, learning)
 
 
 def check_reward(reward: object, name: str = "reward") -> float:
@@ -404,11 +413,14 @@ class Lesson(_Stepwise):
         reward: float = 1.0,
         options: AdaptOptions | None = None,
         cache: KVCache | None = None,
+        learning: ModelLearning | None = None,
     ) -> None:
         self.given = time.perf_counter()
         self.options = options or AdaptOptions()
         self.tokens, self.scored = lesson_tokens(engine, prompt_ids, completion_ids, reward)
         self.engine, self.adapter, self.reward, self.cache = engine, adapter, float(reward), cache
+        # the model's calibration and what is made from it (its Session's; None: none, nor keyed rows)
+        self.learning = learning or ModelLearning(engine)
         self.start: Start | None = None  # where each step's passes start, made by the first step
         self.keep: Keep | Literal[False] | None = None  # the predictions kept (False: none), made by the first step
         self.steps = 0  # optimizer steps on this lesson so far
@@ -456,7 +468,7 @@ class Lesson(_Stepwise):
             return None  # (a lesson in rehearsal takes no step of its own)
         if not self.keyed and (not self.unprojected or not self.steps):
             return None  # (the instant step does not wait for a projection)
-        return job if job in per_model(self.engine).jobs else None  # (one that failed is gone)
+        return job if job in self.learning.jobs else None  # (one that failed is gone)
 
     def _all_units(self):
         """Every unit of the lesson, in order: a generator that yields True where a step ends."""
@@ -715,20 +727,20 @@ class Lesson(_Stepwise):
         calibration text and no lm_head (whose input the passes do not tape)."""
         adapter, state = self.adapter, self.adapter.state
         if state.keyed is None and self.options.keyed and not adapter.version and not state:
-            if per_model(self.engine).calibration_ids and "lm_head" not in adapter.A:
+            if self.learning.calibration_ids and "lm_head" not in adapter.A:
                 state.keyed = 0
 
     def _spectra_units(self):
         """The calibration text's spectra of the adapted matrices (projection.Spectrum), made by a job
         in units of this lesson's work when not made yet (a generator)."""
-        engine, modules = self.engine, list(self.adapter.A)
-        ids = list(per_model(engine).calibration_ids or ())
-        spectra = ready_spectra(engine, modules, ids)
+        learning, modules = self.learning, list(self.adapter.A)
+        ids = list(learning.calibration_ids or ())
+        spectra = ready_spectra(learning, modules, ids)
         if spectra is None:
-            self.job = bases_job(engine, modules, ids, self.options.project or AdaptOptions.project)
-            while self.job is not None and not advance_job(engine, self.job):
+            self.job = bases_job(learning, modules, ids, self.options.project or AdaptOptions.project)
+            while self.job is not None and not advance_job(learning, self.job):
                 yield
-            spectra = ready_spectra(engine, modules, ids)
+            spectra = ready_spectra(learning, modules, ids)
         assert spectra is not None, "no calibration text: _make_keyed keys no adapter then"
         self.spectra = spectra
 
@@ -832,19 +844,19 @@ class Lesson(_Stepwise):
         come from the engine's calibration text and stay in the adapter's learning state. A lesson's
         instant step (`defer_projection`) does not wait for bases still to be made: the background loop
         makes them (a job of small steps), and the next step projects A then."""
-        adapter, engine = self.adapter, self.engine
-        ids = per_model(engine).calibration_ids
+        adapter, learning = self.adapter, self.learning
+        ids = learning.calibration_ids
         if not self.options.project or adapter.state.bases or not ids:
             return
         if adapter.version and not self.unprojected:  # it learned before, without (a loaded adapter)
             return
         modules, ids, energy = list(adapter.A), list(ids), self.options.project
-        bases = ready_bases(engine, modules, ids, energy)
+        bases = ready_bases(learning, modules, ids, energy)
         if bases is None and self.defer_projection and not self.steps:
-            self.job = bases_job(engine, modules, ids, energy)
+            self.job = bases_job(learning, modules, ids, energy)
             self.unprojected = True
             return
-        adapter.state.bases = bases if bases is not None else shared_bases(engine, modules, ids, energy)
+        adapter.state.bases = bases if bases is not None else shared_bases(learning, modules, ids, energy)
         for name, basis in adapter.state.bases.items():
             adapter.A[name][...] = project(adapter.A[name], basis)
         self.unprojected = False
@@ -939,9 +951,9 @@ class Learner:
     once by whoever adds it (the instant loop). A projection job comes first when the lesson at the
     front needs it for its next step, and runs when no lesson waits."""
 
-    def __init__(self, adapters, engine: Engine | None = None) -> None:
+    def __init__(self, adapters, learning: ModelLearning | None = None) -> None:
         self.adapters = adapters  # adapters.AdapterSet: the lessons' adapters by name
-        self.engine = engine  # whose projection jobs (projection.bases_job) the lessons may wait for
+        self.learning = learning  # whose projection jobs (projection.bases_job) the lessons may wait for
         self.queue: deque[tuple[str, _Stepwise]] = deque()
         self.finished = 0
         self.cancelled = 0
@@ -1003,9 +1015,9 @@ class Learner:
                     self.queue.popleft()
                     self.finished += 1
                 return
-        assert job is not None and self.engine is not None  # (run calls this only with a lesson or a job to work on)
+        assert job is not None and self.learning is not None  # (run calls this only with a lesson or a job)
         with self.adapters.lock:
-            advance_job(self.engine, job)
+            advance_job(self.learning, job)
 
     def cancel(self, lesson: _Stepwise | None = None) -> LearningStatus:
         """Drop `lesson` (None: every waiting lesson); what their steps taught so far stays."""
@@ -1020,19 +1032,17 @@ class Learner:
     @property
     def preparing(self) -> BasesJob | None:
         """A projection job under way (its bases are made before the next lesson step), or None."""
-        return None if self.engine is None else pending_job(self.engine)
+        return None if self.learning is None else pending_job(self.learning)
 
     def prepare(self, modules: list[str], energy: float = AdaptOptions.project) -> bool:
         """Have the bases of `modules` (a fresh adapter's projection) made in the background; True when
         there is work to do (none without a calibration text, for a model learning does not run on, or
         once they are made)."""
-        if self.engine is None:
-            return False
-        ids = per_model(self.engine).calibration_ids
-        if not ids or not energy:
+        ids = None if self.learning is None else self.learning.calibration_ids
+        if self.learning is None or not ids or not energy:
             return False
         with self.adapters.lock:
-            return bases_job(self.engine, modules, list(ids), energy) is not None
+            return bases_job(self.learning, modules, list(ids), energy) is not None
 
     def progress(self, lesson: _Stepwise, key: object, adapter: str) -> LessonProgress:
         """Where `lesson` (teaching `adapter`, named `key` by the caller) stands."""

@@ -28,7 +28,7 @@ from ..quant.matrices import DenseMatrix
 from ..runtime.engine import Engine
 from .backprop import bypassed, transposed_product
 from .lora import linear_of
-from .per_model import per_model
+from .per_model import ModelLearning
 
 CALIBRATION_TOKENS = 2048  # of the calibration text (all of the built-in one), where the bases come from
 # ... then the calibration chat's turns in the model's own template, as many as fit in this many in all:
@@ -226,16 +226,17 @@ class BasesJob:
         self.bases = bases
 
 
-def shared_bases(engine: Engine, modules: list[str], ids: list[int], energy: float) -> dict[str, np.ndarray]:
-    """The bases (BasesJob), computed once per loaded model (kept per model: per_model.py, for the weights as they are:
-    a merge into them makes new ones): every fresh adapter on the same matrices reuses them. A job
+def shared_bases(learning: ModelLearning, modules: list[str], ids: list[int], energy: float) -> dict[str, np.ndarray]:
+    """The bases (BasesJob), computed once per loaded model (kept in `learning`, its Session's, for the
+    weights as they are: a merge into them makes new ones): every fresh adapter on the same matrices
+    reuses them. A job
     making them in the background (`bases_job`) is finished here; otherwise each calibration piece
     runs as one forward (small chunks round differently, and measured, a lesson at the edge of being
     learned in its 20 steps can end either side of it)."""
-    job = bases_job(engine, modules, ids, energy, chunk=CALIBRATION_PIECE)
-    while job is not None and not advance(engine, job):
+    job = bases_job(learning, modules, ids, energy, chunk=CALIBRATION_PIECE)
+    while job is not None and not advance(learning, job):
         pass
-    bases = ready_bases(engine, modules, ids, energy)
+    bases = ready_bases(learning, modules, ids, energy)
     assert bases is not None  # (the job made every missing one)
     return bases
 
@@ -247,49 +248,52 @@ def _provider(matrix):
     return getattr(matrix, "provider", None)
 
 
-def ready_spectra(engine: Engine, modules: list[str], ids: list[int]) -> dict[str, Spectrum] | None:
+def ready_spectra(learning: ModelLearning, modules: list[str], ids: list[int]) -> dict[str, Spectrum] | None:
     """The spectra of `modules` (made by a BasesJob for any energy) if all are made, else None."""
-    held = per_model(engine).spectra.get(_key(engine, ids, None), {})
+    held = learning.spectra.get(_key(learning.engine, ids, None), {})
     wanted = [name for name in modules if name != "lm_head"]
     return {name: held[name] for name in wanted} if all(name in held for name in wanted) else None
 
 
-def ready_bases(engine: Engine, modules: list[str], ids: list[int], energy: float) -> dict[str, np.ndarray] | None:
+def ready_bases(
+    learning: ModelLearning, modules: list[str], ids: list[int], energy: float
+) -> dict[str, np.ndarray] | None:
     """The bases of `modules` if all are made, else None."""
-    held = per_model(engine).bases.get(_key(engine, ids, energy), {})
+    held = learning.bases.get(_key(learning.engine, ids, energy), {})
     wanted = [name for name in modules if name != "lm_head"]
     return {name: held[name] for name in wanted} if all(name in held for name in wanted) else None
 
 
-def bases_job(engine: Engine, modules: list[str], ids: list[int], energy: float, chunk: int = 32) -> BasesJob | None:
+def bases_job(
+    learning: ModelLearning, modules: list[str], ids: list[int], energy: float, chunk: int = 32
+) -> BasesJob | None:
     """The job making the bases of `modules` that are not made yet (`chunk` tokens a step), registered
     with the engine so the background loop advances it (`pending_job`, `advance`); None when all are
     made. A job already under way for them is returned as it is."""
-    key = _key(engine, ids, energy)
-    held = per_model(engine).bases.setdefault(key, {})
+    key = _key(learning.engine, ids, energy)
+    held = learning.bases.setdefault(key, {})
     missing = [name for name in modules if name != "lm_head" and name not in held]
     if not missing:
         return None
-    jobs = per_model(engine).jobs
+    jobs = learning.jobs
     for job in jobs:
         if job.key == key and set(missing) <= set(job.modules):
             return job
-    job = BasesJob(engine, missing, ids, energy, chunk)
+    job = BasesJob(learning.engine, missing, ids, energy, chunk)
     job.key = key
     jobs.append(job)
     return job
 
 
-def pending_job(engine: Engine) -> BasesJob | None:
+def pending_job(learning: ModelLearning) -> BasesJob | None:
     """The first job waiting to be advanced, if any."""
-    jobs = per_model(engine).jobs
-    return jobs[0] if jobs else None
+    return learning.jobs[0] if learning.jobs else None
 
 
-def advance(engine: Engine, job: BasesJob) -> bool:
+def advance(learning: ModelLearning, job: BasesJob) -> bool:
     """One step of `job`; once done, its bases join the engine's and the job leaves (as it does when a
     step fails: the error goes to the caller, not to every later call). True when done."""
-    jobs = per_model(engine).jobs
+    jobs = learning.jobs
     try:
         done = job.step()
     except Exception:
@@ -298,8 +302,8 @@ def advance(engine: Engine, job: BasesJob) -> bool:
         raise
     if done:
         assert job.key is not None and job.bases is not None  # (registered by bases_job; made, being done)
-        per_model(engine).bases.setdefault(job.key, {}).update(job.bases)
-        per_model(engine).spectra.setdefault(_key(engine, job.ids, None), {}).update(job.spectra)
+        learning.bases.setdefault(job.key, {}).update(job.bases)
+        learning.spectra.setdefault(_key(learning.engine, job.ids, None), {}).update(job.spectra)
         if job in jobs:
             jobs.remove(job)
     return done
