@@ -517,7 +517,7 @@ def fused_problems(threads_api, arithmetic):
     return problems
 
 def backward_problems(threads_api):
-    """Learning's backward product dy @ W (backprop._transposed_product, 64 rows of W a unit) of every
+    """Learning's backward product dy @ W (backprop.transposed_product, 64 rows of W a unit) of every
     form: what differs between the pool and one thread (bits), or from NumPy's (values)."""
     from ruvllm.learning import backprop
     backprop.TRANSPOSED_BLOCK = 64
@@ -532,7 +532,7 @@ def backward_problems(threads_api):
             twin.use_provider(provider)
             if provider.transposed(twin) is None:
                 problems.append(f"{type(m).__name__}: no backward product")
-            got.append(backprop._transposed_product(dy, twin))
+            got.append(backprop.transposed_product(dy, twin))
         want = dy.astype(np.float64) @ m.dequantize().astype(np.float64)
         if got[0].tobytes() != got[1].tobytes():
             problems.append(f"{type(m).__name__}: the pool's bits differ")
