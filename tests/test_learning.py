@@ -238,19 +238,20 @@ def test_a_lesson_leaves_unrelated_answers_alone(model):
     """Issue 36's measure (tools/locality.py: the greedy answers, 24 tokens, of 40 chat questions in the
     model's template and 8 raw texts, before and after), each lesson on a fresh default adapter: of the
     40 chat answers, those kept but for near-ties, and of all 48 those with the same first five words,
-    a few below what was measured (benchmarks/RESULTS.md): the README's fact 31 and 43 (with A trained in
-    the top layers: 21 and 41), Good on a chat answer 38 and 45 (22, 40), Bad on one 40 and 48 (39, 48);
-    the answers' perplexity moves less than 1% (measured within 0.1%)."""
-    lessons = [("fact", 29, 41), ("good", 35, 43), ("bad", 38, 46)]
+    a few below what was measured (benchmarks/RESULTS.md, "Gated rows"): the README's fact 40 and 48
+    (ungated: 31 and 43; with A trained in the top layers: 21 and 41), Good on a chat answer 38 and 47
+    (38, 45; 22, 40), Bad on one 40 and 48 (40, 48; 39, 48); the answers' perplexity moves less than 1%
+    (measured within 0.1%)."""
+    lessons = [("fact", 38, 46), ("good", 36, 45), ("bad", 38, 46)]
     assert_local(model, lessons, perplexity=0.01)
 
 
 def test_ten_facts_in_a_row_stay_learned_and_leave_most_answers_alone(model):
     """docs/learning.md's scenario: the ten facts of benchmarks/data/facts.jsonl, one lesson each on one
     default adapter, every one still given by greedy decoding at the end; then the 40 chat answers, a few
-    below what was measured (27 kept but for near-ties, 40 of 48 with the same first five words; issue
-    36's 36 of 40 is missed after ten lessons: benchmarks/RESULTS.md), their perplexity within 1%
-    (measured +0.3%)."""
+    below what was measured (all 40 kept, all 48 with the same first five words; ungated, 27 but for
+    near-ties and 40: benchmarks/RESULTS.md, "Gated rows"), their perplexity within 1% (measured
+    -0.0%)."""
     from ruvllm.tools.locality import Answers
 
     facts = [json.loads(line) for line in (EVAL.parent / "facts.jsonl").read_text().splitlines()]
@@ -264,18 +265,19 @@ def test_ten_facts_in_a_row_stay_learned_and_leave_most_answers_alone(model):
         assert greedy(model, fact["prompt"], 8).startswith(fact["completion"].rstrip(".")), fact
     after = answers.compare()
     model.set_adapter(None)
-    assert after.chat_kept_but_ties >= 24 and after.same_start >= 38, after.summary()
+    assert after.chat_kept_but_ties >= 38 and after.same_start >= 46, after.summary()
     assert abs(after.answers_perplexity_ratio - 1) < 0.01, after.summary()
 
 
 def test_a_lesson_on_gemma_3_leaves_unrelated_answers_alone(gemma_gguf):
     """The same on Gemma 3 270M (a base model: its chat answers repeat the question, then a turn of its
-    own), a few below what was measured: the fact 39 and 48, Good 31 and 42, Bad 40 and 48 (one step,
+    own), a few below what was measured: the fact 40 and 48, Good 37 and 45 (ungated: 31 and 42, the
+    answers' perplexity -1.2%: it learned to answer, not repeat, everywhere), Bad 40 and 48 (one step,
     taken back to a sixteenth: the step of the default size kept 10 and 30); the answers' perplexity
-    within 0.2% but after Good, -1.2% (a miss of issue 36's 1%: it answers, not only repeats)."""
+    within 1% (measured within 0.1%)."""
     gemma = ruvllm.load(str(gemma_gguf), context_length=512)
-    lessons = [("fact", 37, 46), ("good", 29, 40), ("bad", 38, 46)]
-    assert_local(gemma, lessons, perplexity=0.02)
+    lessons = [("fact", 38, 46), ("good", 35, 43), ("bad", 38, 46)]
+    assert_local(gemma, lessons, perplexity=0.01)
 
 
 def assert_local(model, expected: list[tuple[str, int, int]], perplexity: float) -> None:

@@ -656,14 +656,15 @@ def test_a_projection_job_that_fails_is_dropped_and_its_error_reported(engine, m
 
 
 def test_a_keyed_lesson_writes_its_whitened_inputs_into_its_own_rows_and_trains_only_their_columns(engine, tmp_path):
-    """A fresh adapter's lessons (keyed, the default): the first writes into rows 0..k of A (k <= 4) the
-    down_proj inputs at the positions it must change, whitened by the calibration spectra: its rows span
-    exactly those whitened inputs, checked against a forward of its own. Its steps train B's columns of
-    its rows only, and A not at all; the next lesson takes the next rows and leaves the first one's
-    columns alone; the same lesson again keeps its rows; once the rank is used up, a lesson trains the
-    columns of every row given. The adapter's file keeps which rows are whose."""
+    """A fresh adapter's lessons (keyed, the default): the first writes into rows 0..k of A (k <= 4) the down_proj
+    inputs at the positions it must change, whitened by the calibration spectra: its rows span exactly those
+    whitened inputs, checked against a forward of its own, and a gate opens them to inputs answering more than
+    KEY_GATE of the weakest of those inputs' responses (fully from that weakest). Its steps train B's columns of
+    its rows only, and A not at all; the next lesson takes the next rows (the adapter grows when fewer than
+    KEY_ROWS are left, its scale kept) and leaves the first one's columns alone; the same lesson again keeps its
+    rows. The adapter's file keeps which rows are whose, and its gates."""
     from ruvllm.learning import backprop
-    from ruvllm.learning.learn import KEY_RIDGE, KEY_ROWS
+    from ruvllm.learning.learn import KEY_GATE, KEY_RIDGE, KEY_ROWS
     from ruvllm.learning.projection import ready_spectra, shared_bases
 
     learning = ModelLearning(engine, PROMPT * 3)
@@ -693,23 +694,35 @@ def test_a_keyed_lesson_writes_its_whitened_inputs_into_its_own_rows_and_trains_
         np.testing.assert_allclose(rows @ np.linalg.pinv(span) @ span, rows, atol=1e-4 * np.abs(rows).max())
         np.testing.assert_array_equal(A[KEY_ROWS:], random_rows[name][KEY_ROWS:])  # the rest untouched
         assert np.abs(B[:, :KEY_ROWS]).max() > 0 and not B[:, KEY_ROWS:].any()
+        # gated from KEY_GATE of the weakest response among the inputs it keyed, open from that weakest
+        (gate,) = adapter.gates[name]
+        weakest = np.linalg.norm(taped[first.scored] @ A[:KEY_ROWS].T, axis=1).min()
+        assert (gate.start, gate.stop) == (0, KEY_ROWS) and gate.high == pytest.approx(weakest, rel=1e-4)
+        assert gate.low == pytest.approx(KEY_GATE * weakest, rel=1e-4)
     before = {name: (adapter.A[name].copy(), adapter.B[name].copy()) for name in modules}
+    scale = adapter.config.scale
     second = Lesson(engine, adapter, PROMPT[:12], [9, 8], 1.0, options, learning=learning)
-    second.run()
-    assert second.rows == (KEY_ROWS, 6) and adapter.state.keyed == 6  # two left: two rows
+    second.run()  # two rows left: the adapter grows to have KEY_ROWS (the lesson, of two tokens, takes two)
+    assert second.rows == (KEY_ROWS, 6) and adapter.state.keyed == 6 and adapter.config.rank == 2 * KEY_ROWS
+    assert adapter.config.scale == scale
     for name in modules:
         np.testing.assert_array_equal(adapter.A[name][:KEY_ROWS], before[name][0][:KEY_ROWS])
         np.testing.assert_array_equal(adapter.B[name][:, :KEY_ROWS], before[name][1][:, :KEY_ROWS])
         assert np.abs(adapter.B[name][:, KEY_ROWS:]).max() > 0
+    wrapped = engine.weights.layers[-1].mlp.down_proj.matrix  # the weights wrapped with the grown arrays
+    assert wrapped.A is adapter.A[modules[-1]] and wrapped.B is adapter.B[modules[-1]]
     again = Lesson(engine, adapter, PROMPT, [5, 6, 7, 8, 9], 1.0, options, learning=learning)
     again.run()
-    assert again.rows == (0, KEY_ROWS) and adapter.state.keyed == 6
-    full = Lesson(engine, adapter, PROMPT[:8], [3], 1.0, options, learning=learning)
-    full.run()
-    assert full.rows == (0, 6)  # no rows left: every given row's columns
+    assert again.rows == (0, KEY_ROWS) and adapter.state.keyed == 6 and adapter.config.rank == 2 * KEY_ROWS
+    third = Lesson(engine, adapter, PROMPT[:8], [3], 1.0, options, learning=learning)
+    third.run()
+    assert third.rows == (6, 7) and adapter.config.rank == 6 + KEY_ROWS
+    gates = adapter.gates[modules[0]]  # a gate a lesson
+    assert [(g.start, g.stop) for g in gates] == [(0, KEY_ROWS), (KEY_ROWS, 6), (6, 7)]
     adapter.save(str(tmp_path / "k"))
     back = Adapter.load(str(tmp_path / "k"), engine.weights)
-    assert back.state.keyed == 6 and back.state.rows == adapter.state.rows
+    assert back.state.keyed == 7 and back.state.rows == adapter.state.rows and back.gates == adapter.gates
+    assert back.config.rank == 6 + KEY_ROWS and back.config.scale == scale
     assert back.state.rows[(tuple(tokens), len(PROMPT))] == (0, KEY_ROWS)
 
 

@@ -16,7 +16,7 @@ from ruvllm.errors import InvalidArgumentError, LoadError
 from ruvllm.learning.adapters import AdapterSet
 from ruvllm.learning.backprop import logits_for
 from ruvllm.learning.learn import adapter_gradients
-from ruvllm.learning.lora import TARGETS, Adapter, LoRAConfig
+from ruvllm.learning.lora import TARGETS, Adapter, Gate, LoRAConfig
 from ruvllm.runtime.engine import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
@@ -112,9 +112,171 @@ def test_gradients_equal_torch_autograd(variant, tmp_path):
         np.testing.assert_allclose(grads[f"{name}.lora_B"], B.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)
 
 
+def gated_in_torch(model, adapter: Adapter) -> dict:
+    """Forward hooks that add each adapted projection's gated update to its output (torch: each gate's
+    rows scaled by its opening, a ramp from low to high of the norm of their response), and the (A, B)
+    leaves by module."""
+    leaves, modules = {}, dict(model.named_modules())
+    for name in adapter.A:
+        A = torch.tensor(adapter.A[name], requires_grad=True)
+        B = torch.tensor(adapter.B[name], requires_grad=True)
+        leaves[name] = (A, B)
+
+        def hook(module, inputs, output, A=A, B=B, gates=tuple(adapter.gates.get(name, ()))):  # noqa: B008
+            low = inputs[0] @ A.T  # (1, T, r)
+            parts = [low]
+            for gate in gates:
+                rows = low[..., gate.start : gate.stop]
+                opening = ((rows.norm(dim=-1, keepdim=True) - gate.low) / (gate.high - gate.low)).clamp(0, 1)
+                parts = [torch.cat([parts[0][..., : gate.start], rows * opening, parts[0][..., gate.stop :]], -1)]
+            return output + adapter.config.scale * parts[0] @ B.T
+
+        modules[name].register_forward_hook(hook)
+    return leaves
+
+
+def test_gated_rows_compute_and_learn_as_torch_autograd_says(tmp_path):
+    """A keyed lesson's rows are gated (lora.Gate): where an input's response to them is below the
+    gate's low they give nothing, above its high all, between a share. Two gates on two rows each,
+    ramped from 0.7 to 1.3 times the median response, shut some positions, open some and leave some
+    between: the logits and the gradients of A and B (through the openings too) equal torch's (the same
+    gates in forward hooks), and differ from the same adapter ungated."""
+    model = tiny_model("llama", tmp_path, num_hidden_layers=4)
+    engine = load_engine(str(tmp_path))
+    adapter = random_adapter(engine, ("down_proj",), rank=4, layers=(2, 3))
+    adapters = activated(engine, adapter)
+    ungated = engine.forward(TOKENS, 0, engine.new_cache())
+    seen = {}
+    for name in adapter.A:  # each adapted projection's inputs over TOKENS' positions
+        dict(model.named_modules())[name].register_forward_hook(
+            lambda m, inputs, out, name=name: seen.update({name: inputs[0][0].detach().numpy()})
+        )
+    with torch.no_grad():
+        model(torch.tensor([TOKENS]))
+    model = tiny_model("llama", tmp_path / "again", num_hidden_layers=4)  # (the same seeded model, no hooks)
+    between = 0
+    for name, x in seen.items():  # each pair of rows ramped around its median response
+        low = x @ adapter.A[name].T
+        for a in (0, 2):
+            norms = np.linalg.norm(low[:, a : a + 2], axis=1)
+            adapter.gates[name].append(Gate(a, a + 2, 0.7 * float(np.median(norms)), 1.3 * float(np.median(norms))))
+            between += int(((norms > adapter.gates[name][-1].low) & (norms < adapter.gates[name][-1].high)).sum())
+    assert between > 4  # (in the first layer's; the second's inputs move with the first's adapter)
+    adapters.apply(None)
+    adapters.apply("a")  # (the wrappers hold the adapter's lists of gates either way)
+    gated = engine.forward(TOKENS, 0, engine.new_cache())
+    assert np.abs(gated - ungated).max() > 1e-3
+    result, grads = adapter_gradients(engine, adapter, TOKENS, SCORED, reward=1.0)
+
+    leaves = gated_in_torch(model, adapter)
+    logits = model(torch.tensor([TOKENS])).logits[0]
+    np.testing.assert_allclose(gated, logits.detach().numpy(), atol=1e-4)
+    log_probs = torch.log_softmax(logits[SCORED].double(), dim=-1)
+    expected_loss = -log_probs[torch.arange(len(SCORED)), torch.tensor(TOKENS)[SCORED + 1]].mean()
+    expected_loss.backward()
+    assert result.loss == pytest.approx(expected_loss.item(), rel=1e-5)
+    for name, (A, B) in leaves.items():
+        np.testing.assert_allclose(grads[f"{name}.lora_A"], A.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)
+        np.testing.assert_allclose(grads[f"{name}.lora_B"], B.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)
+
+
+def test_an_adapter_grows_without_changing_what_it_computes(tmp_path):
+    """Adapter.grow: more rows of A and columns of B, zero, the scale kept, what learning keeps per
+    parameter padded alike; the weights wrapped again (AdapterSet.refresh) compute as before."""
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path))
+    adapter = random_adapter(engine, ("down_proj", "q_proj"), rank=2)
+    adapter.state.adam.m = {k: np.ones_like(v) for k, v in adapter.parameters()}
+    adapters = activated(engine, adapter)
+    before, scale = engine.forward(TOKENS, 0, engine.new_cache()), adapter.config.scale
+    adapter.grow(3)
+    adapters.refresh(adapter)
+    assert adapter.config.rank == 5 and adapter.config.scale == scale and adapter.version == 1
+    np.testing.assert_allclose(engine.forward(TOKENS, 0, engine.new_cache()), before, atol=1e-6)
+    for key, value in adapter.parameters():
+        moment = adapter.state.adam.m[key]
+        assert moment.shape == value.shape and moment.sum() == 2 * value.size / 5  # the old ones kept, new zero
+
+
+def test_gates_are_saved_checked_and_kept_out_of_merges_and_mixtures(tmp_path):
+    """A gated adapter's gates round-trip through adapter_config.json (`ruvllm_gates`); a malformed
+    gate is refused naming it; merging one into weights (in memory, or `ruvllm merge`'s folder) is
+    refused with the reason (no matrix computes a gate), and `ungated` merges it as the same adapter
+    without its gates computes."""
+    from ruvllm.tools.merge import merge_adapter
+
+    tiny_model("llama", tmp_path / "m")
+    engine = load_engine(str(tmp_path / "m"))
+    adapter = random_adapter(engine, ("down_proj",), rank=4, layers=(-1,))
+    name = next(iter(adapter.A))
+    adapter.gates[name] = [Gate(0, 2, 0.25, 0.5), Gate(2, 3, 1.5, 1.5)]
+    adapter.save(str(tmp_path / "a"))
+    config = json.loads((tmp_path / "a" / "adapter_config.json").read_text())
+    assert config["ruvllm_gates"] == {name: [[0, 2, 0.25, 0.5], [2, 3, 1.5, 1.5]]}
+    assert Adapter.load(str(tmp_path / "a"), engine.weights).gates == adapter.gates
+    for gates, why in (
+        (
+            {name: [[0, 9, 1.0, 2.0]]},
+            r"a gate of model\.layers\.1\.mlp\.down_proj must be \[start, stop, low, high\] "
+            r"with 0 <= start < stop <= 4 and finite 0 <= low <= high, got \[0, 9, 1\.0, 2\.0\]",
+        ),
+        ({name: [[1, 2, -1, 1]]}, r"got \[1, 2, -1, 1\]"),
+        ({name: [[1, 2, 2.0, 1.0]]}, r"got \[1, 2, 2\.0, 1\.0\]"),
+        ({name: [[1, 2, 1.0]]}, r"got \[1, 2, 1\.0\]"),
+        ({"model.layers.0.mlp.up_proj": [[0, 1, 1.0]]}, "names 'model.layers.0.mlp.up_proj', which the adapter"),
+        ([1], "ruvllm_gates must be an object of modules"),
+    ):
+        (tmp_path / "a" / "adapter_config.json").write_text(json.dumps({**config, "ruvllm_gates": gates}))
+        with pytest.raises(LoadError, match=why):
+            Adapter.load(str(tmp_path / "a"), engine.weights)
+    (tmp_path / "a" / "adapter_config.json").write_text(json.dumps(config))
+    refused = r"this adapter's lessons are gated \(each answers only inputs near its own; .*\): {} cannot hold a gate"
+    adapters = activated(engine, adapter)
+    with pytest.raises(InvalidArgumentError, match=refused.format("merging into the weights")):
+        adapters.merge("a")
+    with pytest.raises(InvalidArgumentError, match=refused.format("merging .* into a model") + ".*; --ungated merges"):
+        merge_adapter(str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "out"))
+    assert not (tmp_path / "out").exists()
+    merge_adapter(str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "out"), ungated=True)  # asked for
+    merged = load_engine(str(tmp_path / "out"))
+    for gates in adapter.gates.values():  # (the wrappers hold these lists) the adapter ungated, as merged
+        gates.clear()
+    np.testing.assert_allclose(
+        merged.forward(TOKENS, 0, merged.new_cache()), engine.forward(TOKENS, 0, engine.new_cache()), atol=1e-5
+    )
+
+
+def test_an_x_lora_expert_keeps_its_gates(tmp_path):
+    """A gated adapter mixed by X-LoRA computes, as an expert at scaling 1, what it computes alone: its
+    rows scaled by its gate's opening, in the forward and in the backward's dx."""
+    from ruvllm.learning.lora import LoRAMatrix, gated_backward, linear_of
+
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path))
+    adapter = random_adapter(engine, ("down_proj",), rank=4, layers=(-1,))
+    name = next(iter(adapter.A))
+    x = np.random.default_rng(0).normal(0, 1, (12, adapter.A[name].shape[1])).astype(np.float32)
+    low = np.linalg.norm(x @ adapter.A[name][:3].T, axis=1)
+    adapter.gates[name] = [Gate(0, 3, 0.7 * float(np.median(low)), 1.3 * float(np.median(low)))]
+    adapters = activated(engine, adapter)
+    alone = linear_of(engine.weights, name).matrix
+    assert isinstance(alone, LoRAMatrix)
+    expected, raw = alone(x), alone.gated(x)[1]
+    assert raw is not None and 0 < (low < 0.7 * np.median(low)).sum() < len(x)
+    mixture = adapters.mix("x", ["a"])
+    matrix = linear_of(engine.weights, name).matrix
+    mixture.mixes = [np.ones((len(x), 1), np.float32)] * len(mixture.modules)
+    g = mixture.config.global_scaling_weight
+    np.testing.assert_allclose(matrix(x) - alone.base(x), g * (expected - alone.base(x)), rtol=1e-5, atol=1e-6)
+    dy = np.random.default_rng(1).normal(0, 1, (len(x), alone.shape[0])).astype(np.float32)
+    back = gated_backward(dy @ adapter.B[name] * alone.scale * g, raw, adapter.gates[name])
+    np.testing.assert_allclose(matrix.backward(dy, x)[1], back @ adapter.A[name], rtol=1e-4, atol=1e-5)
+
+
 def test_bad_feedback_s_unlikelihood_gradient_equals_torch_autograd(tmp_path):
-    """reward < 0: -|reward| * log(1 - p(target)) at the weakest scored position after the first (the
-    target nearest to the likeliest other token, either side), its gradient as torch's autograd gives."""
+    """reward < 0: -|reward| * log(1 - p(target)) at the weakest scored position after the first and
+    before the last (the target nearest to the likeliest other token, either side), its gradient as
+    torch's autograd gives; the margin reported is the smallest up to that last."""
     model = tiny_model("llama", tmp_path, num_hidden_layers=4)
     engine = load_engine(str(tmp_path))
     adapter = random_adapter(engine, ("q_proj", "down_proj"), layers=(-2, -1))
@@ -129,11 +291,11 @@ def test_bad_feedback_s_unlikelihood_gradient_equals_torch_autograd(tmp_path):
     others = log_probs.detach().clone()
     others[torch.arange(len(SCORED)), targets] = -torch.inf
     margins = target.detach() - others.max(dim=-1).values  # (P,)
-    w = 1 + int(margins[1:].abs().argmin())
+    w = 1 + int(margins[1:-1].abs().argmin())
     expected_loss = -0.5 * torch.log1p(-target[w].exp())
     expected_loss.backward()
     assert result.loss == pytest.approx(expected_loss.item(), rel=1e-5)
-    assert result.margin == pytest.approx(float(margins.min()), abs=1e-5)
+    assert result.margin == pytest.approx(float(margins[:-1].min()), abs=1e-5)
     for name, (A, B) in leaves.items():
         np.testing.assert_allclose(grads[f"{name}.lora_A"], A.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)
         np.testing.assert_allclose(grads[f"{name}.lora_B"], B.grad.numpy(), rtol=2e-3, atol=2e-6, err_msg=name)

@@ -14,12 +14,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("adapter", help="the adapter folder (ours or Hugging Face PEFT)")
     p.add_argument("--out", required=True, help="the model folder to write")
     p.add_argument("--force", action="store_true", help="replace --out if it exists")
+    p.add_argument(
+        "--ungated",
+        action="store_true",
+        help="merge an adapter whose lessons are gated (ruvllm adapt's) without its gates: its rows then "
+        "answer every input (docs/learning.md, Locality)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
     from ..tools.merge import merge_adapter
 
-    merge_adapter(args.model, args.adapter, args.out, force=args.force, log=print)
+    merge_adapter(args.model, args.adapter, args.out, force=args.force, log=print, ungated=args.ungated)
     print(f"merged model written to {args.out}")
     return 0
 

@@ -112,7 +112,7 @@ class AdapterSet:
         for e in experts:
             held = self.get(e)
             A, B = {k: a.copy() for k, a in held.A.items()}, {k: b.copy() for k, b in held.B.items()}
-            copies[e] = Adapter(held.config, A, B)
+            copies[e] = Adapter(held.config, A, B, gates={k: list(g) for k, g in held.gates.items()})
         mixture = Mixture.new(copies, self.weights.embed_tokens.shape[1], config)
         with self.lock:
             self.add(name, mixture)
@@ -167,7 +167,21 @@ class AdapterSet:
             for module in adapter.A:
                 lin = linear_of(self.weights, module)
                 self._originals[module] = lin.matrix
-                lin.matrix = LoRAMatrix(lin.matrix, adapter.A[module], adapter.B[module], adapter.config.scale)
+                lin.matrix = LoRAMatrix(
+                    lin.matrix,
+                    adapter.A[module],
+                    adapter.B[module],
+                    adapter.config.scale,
+                    adapter.gates.setdefault(module, []),
+                )
+
+    def refresh(self, adapter: Adapter) -> None:
+        """Wrap the weights again if they are wrapped with `adapter`, whose arrays were replaced (it grew)."""
+        with self.lock:
+            name = self._applied
+            if name is not None and self.adapters.get(name) is adapter:
+                self.apply(None)
+                self.apply(name)
 
     def identity(self) -> WeightsIdentity:
         """What the weights compute with the active adapter (merges, its name, uid and version).
@@ -216,6 +230,7 @@ class AdapterSet:
         """Add (sign=+1) or subtract (-1) adapter `name`'s scale * B @ A into the float32 base weights, in
         place. No adapter stays active: a merged one would count twice."""
         adapter = self.get(name)
+        adapter.ungated("merging into the weights")
         with self.lock:
             self.activate(None)
             for module in adapter.A:

@@ -26,7 +26,10 @@ capital of France?" answered "The capital of France is Paris."): unlikelihood at
 hardest where the model was surest (p / (1 - p) weights its gradient), " Paris", and the model lost the
 fact; at the weakest position including the first ("The", 0.08 ahead of "L"), every chat answer started
 otherwise (German for Germany, French garbage for France); at the weakest later one (".", 0.29 ahead of
-",") the answer changes and the rest stays (benchmarks/RESULTS.md, "Bad feedback").
+",") the answer changes and the rest stays (benchmarks/RESULTS.md, "Bad feedback"). The last position is
+left out too when there are more than two: in a chat it is the end of turn, and an answer that only
+goes on past it reads the same (Bad on an answer a Good lesson had taught pushed there, once lessons
+were gated, and greedy decoding gave the same text: tests/test_learning.py).
 
 Dimension letters: T tokens, P scored positions, D hidden, H query heads, K key/value heads,
 G = H/K, E head size, F MLP size, V vocab, r rank.
@@ -45,7 +48,7 @@ from ..model.forward import LayerTape, Masks, Sequence, Tape, embed, logits, rms
 from ..model.rope import apply_rope, rope_tables
 from ..model.weights import Linear, Weights, linear
 from ..quant.matrices import DenseMatrix, dense_product
-from .lora import LoRAMatrix
+from .lora import LoRAMatrix, gated_backward
 from .xlora import MixedMatrix
 
 
@@ -115,6 +118,25 @@ def _transposed_units(dy: np.ndarray, matrix):
     return out
 
 
+def _bad_span(P: int) -> tuple[int, int]:
+    """The positions (start, stop) of a P-token bad completion where it may be changed: not its first
+    (every answer after the same prompt starts there), nor, with more than two, its last (a chat
+    answer's end of turn: ending otherwise is the same answer)."""
+    return (1 if P > 1 else 0), (P - 1 if P > 2 else P)
+
+
+def bad_position(margins: np.ndarray) -> int:
+    """Where a bad lesson pushes: in _bad_span, the target nearest the likeliest other token (either side)."""
+    start, stop = _bad_span(len(margins))
+    return start + int(np.argmin(np.abs(margins[start:stop])))
+
+
+def _min_margin(margins: np.ndarray, reward: float) -> float:
+    """The smallest margin: over every position for a good completion, over those up to the end of
+    _bad_span for a bad one (whether greedy decoding still gives it is decided there)."""
+    return float(margins.min() if reward > 0 else margins[: _bad_span(len(margins))[1]].min())
+
+
 class _Grads:
     """Accumulates dA, dB per LoRAMatrix seen in the backward pass."""
 
@@ -136,8 +158,10 @@ class _Grads:
             self.mixes[matrix.index] = self.mixes.get(matrix.index, 0) + d_mix
             return (yield from _transposed_units(dy, matrix.base)) + dx if need_input else None
         if isinstance(matrix, LoRAMatrix):
-            z = x @ matrix.A.T  # (T, r)
+            z, raw = matrix.gated(x)  # (T, r): gated, and before the gates (None: no gates)
             dz = (dy @ matrix.B) * matrix.scale  # (T, r)
+            if raw is not None:
+                dz = gated_backward(dz, raw, matrix.gates)
             dB = matrix.scale * (dy.T @ z)  # (N, r)
             dA = dz.T @ x  # (r, K)
             if id(matrix) in self.by_matrix:
@@ -397,7 +421,7 @@ def gradient_units(
         dlogits[np.arange(P), targets] -= 1.0
         dlogits[:P] *= reward / P
     else:  # at the weakest position w: d/dz -log(1 - p_w) = p_w / (1 - p_w) * (onehot_w - p)
-        w = int(np.argmin(np.abs(margins[1:]))) + 1 if P > 1 else 0  # (not the first: see the docstring)
+        w = bad_position(margins)
         rest = max(1.0 - p_target[w], 1e-12)
         loss = reward * float(np.log(rest))
         dlogits[w, targets[w]] -= 1.0
@@ -413,7 +437,7 @@ def gradient_units(
     yield
     if keep is None:
         grads = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
-        min_margin = float(margins.min())
+        min_margin = _min_margin(margins, reward)
         return Gradients(
             loss, log_likelihood, greedy, min_margin, grads.by_matrix, None, grads.mixes, margins, tapes, grads.outputs
         )
@@ -428,7 +452,7 @@ def gradient_units(
         loss,
         log_likelihood,
         greedy,
-        float(margins.min()),
+        _min_margin(margins, reward),
         grads.by_matrix,
         kept.by_matrix,
         grads.mixes,

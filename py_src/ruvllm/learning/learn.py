@@ -34,18 +34,20 @@ from ..errors import InvalidArgumentError
 from ..model.cache import KVCache, KVOptions
 from ..model.forward import embed, hidden, rms_norm
 from ..runtime.engine import Engine
+from .adapters import AdapterSet
 from .backprop import (
     Gradients,
     Keep,
     Start,
     advance,
+    bad_position,
     base_prob_units,
     drained,
     gradient_units,
     loss_and_grads,
     start_at,
 )
-from .lora import Adapter
+from .lora import Adapter, Gate, linear_of
 from .per_model import ModelLearning
 from .projection import (
     INPUTS,
@@ -105,6 +107,18 @@ KEY_ROWS = 4
 KEY_RIDGE = 0.01
 # The positions a good lesson keys: those whose target is not yet the likeliest token by this much (log).
 KEY_MARGIN = 1.0
+# A keyed lesson's rows answer no input whose response to them is below this fraction of the weakest
+# response among the lesson's own keyed inputs, and fully from that weakest up (lora.Gate). Measured
+# (benchmarks/RESULTS.md, "Gated rows"): ungated, the rows answered unrelated chat at 5-15% of a key's
+# response, and of 40 chat answers SmolLM2's fact lesson kept 26, Good 32; gated (a step) at 0.5 39 and
+# 36, at 0.75 40 and 37, ramped from 0.75 to 1 (the default) 40 and 37; Gemma 3's Good 29, then 31
+# and 36 with the steps (its chat turns share the template's positions, which the lesson keys too).
+KEY_GATE = 0.75
+# A keyed bad lesson's steps are this many times lr: gated, only the one position it keys gets the
+# rows' push. Measured on SmolLM2's joke (benchmarks/RESULTS.md, "Gated rows"): at lr 0.2 it took all
+# 40 steps and ended 1.7x less likely; at 0.5, 6 steps, 2.0x; at 1.0, 1 step, 2.2x; all 40 chat answers
+# kept each time. A step that overshoots is taken back (OVERSHOOT) as before.
+BAD_STEP = 5.0
 
 
 @dataclass(frozen=True)
@@ -516,7 +530,7 @@ class Lesson(_Stepwise):
             if self._write_keys(result):
                 self._fresh_rows(result, grads)
         if not learned:
-            self._update(grads, result.kept, self.rows)
+            self._update(grads, result.kept, self.rows, self.reward)
             self.steps += 1
         if learned or self.steps == options.steps:
             if learned:
@@ -568,7 +582,8 @@ class Lesson(_Stepwise):
         if self._holds(item, result) or r.taken == r.cap:
             r.next(again=r.taken > 0)
         else:
-            self._update(grads, result.kept, self.adapter.state.rows.get((item.tokens, item.prompt_length)))
+            rows = self.adapter.state.rows.get((item.tokens, item.prompt_length))
+            self._update(grads, result.kept, rows, item.reward)
             r.taken += 1
             self.rehearsed += 1
 
@@ -580,11 +595,14 @@ class Lesson(_Stepwise):
         assert self.log_prob_before is not None  # (only this lesson's own bad item is rehearsed)
         return done_with(item.reward, result, self.log_prob_before, len(self.scored))
 
-    def _update(self, grads: dict[str, np.ndarray], kept: dict | None, rows: tuple[int, int] | None = None) -> None:
+    def _update(
+        self, grads: dict[str, np.ndarray], kept: dict | None, rows: tuple[int, int] | None, reward: float
+    ) -> None:
         """One optimizer step: the lesson's gradient clipped, plus the kept predictions' (`kept`, by
         matrix), clipped again (measured: clipping the sum alone lets a large lesson gradient drown
         the kept predictions). A keyed adapter trains B's columns of the lesson's `rows` only (None:
-        of every row given so far); another has A's gradient projected."""
+        of every row given so far), a bad lesson's (`reward` < 0) BAD_STEP times as far; another has
+        A's gradient projected."""
         options, adapter = self.options, self.adapter
         params, state = dict(adapter.parameters()), adapter.state
         restrict = self._projected
@@ -599,10 +617,11 @@ class Lesson(_Stepwise):
         if options.ewc:
             grads = restrict(state.ewc.pulled(grads, params, options.ewc))
         was = {key: array.copy() for key, array in params.items()}
+        lr = options.lr * (BAD_STEP if reward < 0 and state.keyed is not None else 1.0)
         if options.optimizer == "sgd":
-            sgd(params, grads, options.lr)
+            sgd(params, grads, lr)
         else:
-            state.adam.update(params, grads, options.lr)
+            state.adam.update(params, grads, lr)
         self.last_step = {key: params[key] - was[key] for key in params}
         adapter.version += 1
 
@@ -724,11 +743,20 @@ class Lesson(_Stepwise):
 
     def _make_keyed(self) -> None:
         """A fresh adapter (nothing learned) is made keyed by its first lesson: with options.keyed, a
-        calibration text and no lm_head (whose input the passes do not tape)."""
+        calibration text and no lm_head (whose input the passes do not tape). A keyed adapter with fewer
+        than KEY_ROWS rows left grows (Adapter.grow) for a new lesson, up to its matrices' smaller side:
+        an earlier lesson's gated rows would not answer this one's inputs."""
         adapter, state = self.adapter, self.adapter.state
         if state.keyed is None and self.options.keyed and not adapter.version and not state:
             if self.learning.calibration_ids and "lm_head" not in adapter.A:
                 state.keyed = 0
+        if state.keyed is None or (self.memory.tokens, self.memory.prompt_length) in state.rows:
+            return
+        extra = state.keyed + KEY_ROWS - adapter.config.rank
+        side = min(min(linear_of(self.engine.weights, name).matrix.shape) for name in adapter.A)
+        if extra > 0 and adapter.config.rank + extra <= side:
+            adapter.grow(extra)
+            AdapterSet.attached(self.engine).refresh(adapter)
 
     def _spectra_units(self):
         """The calibration text's spectra of the adapted matrices (projection.Spectrum), made by a job
@@ -749,10 +777,13 @@ class Lesson(_Stepwise):
         The adapted matrices' inputs at the positions the lesson must change (a good answer's tokens not
         yet the likeliest by KEY_MARGIN; for a bad one, the one position its unlikelihood pushes),
         whitened by the calibration's spectra, become at most KEY_ROWS orthonormal rows (their SVD),
-        scaled to respond to those inputs with the inputs' own norm. Feedback on the same answer again
-        keeps its rows; with no rows left, a lesson trains the columns of every lesson's rows. (Bad keyed
-        at every position, the first left out or not, moved how "What is the capital of France?" is
-        answered: "L'Étoile, ...".)"""
+        scaled to respond to those inputs with the inputs' own norm, and gated (lora.Gate): an input
+        whose response to them is under KEY_GATE of the weakest of the lesson's gets none, one from that
+        weakest up all of it. Feedback on
+        the same answer again keeps its rows; with no rows left (the adapter grew to its matrices' smaller
+        side: _make_keyed), a lesson trains the columns of every lesson's rows. (Bad keyed at every
+        position, the first left out or not, moved how "What is the capital of France?" is answered:
+        "L'Étoile, ...".)"""
         adapter, state = self.adapter, self.adapter.state
         if state.keyed is None or self.rows is not None:
             return False
@@ -766,7 +797,7 @@ class Lesson(_Stepwise):
             must = result.margins < KEY_MARGIN
         else:  # where the unlikelihood pushes (backprop: the weakest position, not the first)
             must = np.zeros(len(self.scored), bool)
-            must[int(np.argmin(np.abs(result.margins[1:]))) + 1 if len(self.scored) > 1 else 0] = True
+            must[bad_position(result.margins)] = True
         positions = self.scored[must] if must.any() else self.scored
         used = state.keyed
         count = min(KEY_ROWS, len(positions), adapter.config.rank - used)
@@ -781,6 +812,8 @@ class Lesson(_Stepwise):
             rows = vt[:count]  # (count, K) orthonormal
             rows *= np.linalg.norm(inputs) / max(float(np.linalg.norm(inputs @ rows.T)), 1e-30)
             A[used : used + count] = rows.astype(np.float32)
+            weakest = float(np.linalg.norm(taped[positions] @ A[used : used + count].T, axis=1).min())
+            adapter.gates.setdefault(name, []).append(Gate(used, used + count, KEY_GATE * weakest, weakest))
         self.rows = state.rows[key] = (used, used + count)
         state.keyed = used + count  # (no version: B's columns of new rows are zero, nothing computes otherwise)
         return True
@@ -795,6 +828,7 @@ class Lesson(_Stepwise):
             _, _, index, _, target = name.split(".")
             x = getattr(result.tapes[int(index) - self.start.first], INPUTS[target])  # (T, K)
             z = x @ A[start:stop].T  # (T, count)
+            next(g for g in self.adapter.gates[name] if g.start == start).apply(z)
             for outputs, by_matrix in ((result.outputs, None), (result.kept_outputs, result.kept)):
                 if outputs is None:
                     continue

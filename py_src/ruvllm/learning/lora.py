@@ -9,9 +9,18 @@ B starts at zero, so a new adapter changes nothing until it learns. The adapter 
 once (adapters.AdapterSet, which swaps the wrappers in and out of the weights without reloading them,
 and merges an adapter on float32 weights into them exactly, and out again).
 
+Gates: a keyed lesson (learn.py) writes its own inputs into a few rows of A, and LoRA being linear,
+those rows also answer, a little, every input that points partly the same way: the small responses
+that move unrelated answers. So each lesson's rows carry a gate (`Gate`): an input whose response to
+those rows (its norm over them) is below the gate's `low` gets none of theirs, one from `high` up all
+of it, and one between a share in proportion. The lesson's own inputs pass (`high` is their weakest
+response); `LoRAMatrix.inner` applies it, and the backward goes through it (`gated_backward`).
+
 Files: an adapter folder holds `adapter_config.json` and `adapter_model.safetensors` in the layout of
 Hugging Face PEFT (so PEFT LoRA adapters load here and ours load in PEFT), plus, for adapters that
 learn here, `learning_state.safetensors` (the EWC Fisher information and anchor, and Adam moments).
+Gates are ruvllm's own: `ruvllm_gates` in adapter_config.json, which PEFT ignores (there the rows
+answer every input, as LoRA's do), and a merge into weights can only drop them (`ruvllm merge --ungated`).
 
 Dimension letters: T rows of x, N output features, K input features, r rank.
 """
@@ -145,24 +154,86 @@ def linear_of(weights: Weights, name: str) -> Linear:
     return getattr(getattr(weights.layers[int(index)], group), target)
 
 
-class LoRAMatrix:
-    """A base matrix plus scale * B @ A; behaves like the base matrix everywhere."""
+@dataclass(frozen=True)
+class Gate:
+    """Rows start..stop of A (one lesson's) answer an input by how strongly it answers them, s (the norm
+    of x @ A[start:stop].T): not at all below `low`, fully from `high` up, in proportion between (a
+    ramp, not a step: no input near the edge flips between two ways of computing the same thing)."""
 
-    def __init__(self, base: MatrixLike, A: np.ndarray, B: np.ndarray, scale: float) -> None:
+    start: int
+    stop: int
+    low: float
+    high: float
+
+    def opening(self, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(how open (T,) in [0, 1], its derivative with respect to s) at responses s (T,)."""
+        if self.high <= self.low:
+            return (s >= self.low).astype(np.float32), np.zeros_like(s)
+        width = np.float32(self.high - self.low)
+        opened = np.clip((s - np.float32(self.low)) / width, 0, 1).astype(np.float32)
+        return opened, ((s > self.low) & (s < self.high)).astype(np.float32) / width
+
+    def apply(self, part: np.ndarray) -> None:
+        """Scale, in place, the rows of part (T, stop - start: the gated rows' response) by the opening."""
+        part *= self.opening(np.sqrt(np.einsum("tr,tr->t", part, part)))[0][:, None]
+
+
+def gated_product(x: np.ndarray, A: np.ndarray, gates: list[Gate]) -> tuple[np.ndarray, np.ndarray | None]:
+    """(x @ A.T (T, r), each gate's rows scaled by its opening; the product before the gates, or None
+    with no gates: what gated_backward needs)."""
+    low = x @ A.T
+    if not gates:
+        return low, None
+    raw = low.copy()
+    for gate in gates:
+        gate.apply(low[:, gate.start : gate.stop])
+    return low, raw
+
+
+def gated_backward(d: np.ndarray, raw: np.ndarray, gates: list[Gate]) -> np.ndarray:
+    """The gradient with respect to x @ A.T before the gates (raw, (T, r)), given d, the gradient with
+    respect to the gated product: through each gate's opening too (it depends on the rows' response)."""
+    out = d.copy()
+    for gate in gates:
+        z, dz = raw[:, gate.start : gate.stop], d[:, gate.start : gate.stop]
+        s = np.sqrt(np.einsum("tr,tr->t", z, z))
+        opened, slope = gate.opening(s)
+        along = slope * np.einsum("tr,tr->t", dz, z) / np.maximum(s, np.float32(1e-30))
+        out[:, gate.start : gate.stop] = opened[:, None] * dz + along[:, None] * z
+    return out
+
+
+class LoRAMatrix:
+    """A base matrix plus scale * B @ A (its rows gated by `gates`); behaves like the base matrix
+    everywhere."""
+
+    def __init__(
+        self, base: MatrixLike, A: np.ndarray, B: np.ndarray, scale: float, gates: list[Gate] | None = None
+    ) -> None:
         self.base, self.A, self.B, self.scale = base, A, B, np.float32(scale)
+        self.gates = [] if gates is None else gates  # (the adapter's own list: a lesson's new gate shows here)
         self.shape = base.shape
         self.kernel = getattr(base, "kernel", "blas")
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         y = self.base(x)  # (T, N)
-        low = x @ self.A.T  # (T, r)
-        y += (low * self.scale) @ self.B.T  # (T, N)
+        y += (self.inner(x) * self.scale) @ self.B.T  # (T, N)
         return y
+
+    def inner(self, x: np.ndarray) -> np.ndarray:
+        """x @ A.T (T, r), each gated lesson's rows scaled by its gate's opening."""
+        return self.gated(x)[0]
+
+    def gated(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(inner(x), x @ A.T before the gates or None with none: gated_product)."""
+        return gated_product(x, self.A, self.gates)
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
         return self.base.rows(ids)  # an embedding lookup never goes through the adapter
 
     def dequantize(self) -> np.ndarray:
+        if self.gates:
+            raise InvalidArgumentError("a gated adapter's update is no matrix: it cannot be added into the weights")
         return self.base.dequantize() + self.scale * (self.B @ self.A)
 
     @property
@@ -180,6 +251,7 @@ class Adapter:
     state: LearningState = field(default_factory=LearningState)  # what learning keeps between lessons
     version: int = 0  # bumped on every update: the KV cache of an older version is stale
     uid: int = field(default_factory=lambda: next(_UIDS))  # tells apart adapters held under one name
+    gates: dict[str, list[Gate]] = field(default_factory=dict)  # by module: its keyed lessons' gates
     # where the passes of remembered lessons start (learn.Lesson, rehearsal): made once, not saved
     starts: dict = field(default_factory=dict, repr=False, compare=False)
 
@@ -209,6 +281,19 @@ class Adapter:
         layers = [int(name.split(".")[2]) for name in self.A if name != "lm_head"]
         return min(layers) if layers else None
 
+    def grow(self, extra: int) -> None:
+        """`extra` more rows of A and columns of B, zero: the same update with room for more lessons (the
+        scale alpha / rank stays; what learning keeps per parameter grows alike). The arrays are new:
+        weights wrapped with the old ones must be wrapped again (AdapterSet.refresh)."""
+        scale = self.config.scale
+        rank = self.config.rank + extra
+        self.config = LoRAConfig(rank, scale * rank, self.config.targets, self.config.layers)
+        for name, A in self.A.items():
+            self.A[name] = np.concatenate([A, np.zeros((extra, A.shape[1]), A.dtype)])
+            self.B[name] = np.concatenate([self.B[name], np.zeros((self.B[name].shape[0], extra), A.dtype)], axis=1)
+        self.state.grow(extra)
+        self.version += 1
+
     def parameters(self) -> list[tuple[str, np.ndarray]]:
         """(key, array) of every trainable array, in a fixed order."""
         out = []
@@ -233,6 +318,10 @@ class Adapter:
             "base_model_name_or_path": base_model,
             "ruvllm_version": self.version,
         }
+        if any(self.gates.values()):
+            config["ruvllm_gates"] = {
+                name: [[g.start, g.stop, g.low, g.high] for g in gates] for name, gates in self.gates.items() if gates
+            }
         tensors = {}
         for name in self.A:
             tensors[f"base_model.model.{name}.lora_A.weight"] = self.A[name]
@@ -310,7 +399,18 @@ class Adapter:
                 )
         state = LearningState.from_tensors({k: state_file.get(k) for k in state_file.keys()}) if state_file else None
         state = state or LearningState()
-        return cls(config, A, B, state, fields.integer(raw, "ruvllm_version", source, default=0, minimum=0))
+        version = fields.integer(raw, "ruvllm_version", source, default=0, minimum=0)
+        return cls(config, A, B, state, version, gates=read_gates(raw.get("ruvllm_gates"), A, source))
+
+    def ungated(self, what: str, remedy: str = "") -> None:
+        """Refuse (naming `what`) an adapter whose rows are gated: no matrix computes what it does."""
+        gated = [name for name, gates in self.gates.items() if gates]
+        if gated:
+            raise InvalidArgumentError(
+                f"this adapter's lessons are gated (each answers only inputs near its own; {gated[0]} and "
+                f"{len(gated) - 1} more): {what} cannot hold a gate, so every input would get the lessons' "
+                f"rows and more unrelated answers would move{remedy}"
+            )
 
     @classmethod
     def load(cls, folder: str, weights: Weights) -> Adapter:
@@ -318,6 +418,34 @@ class Adapter:
         state_path = os.path.join(folder, "learning_state.safetensors")
         state = SafetensorsFile.from_path(state_path) if os.path.exists(state_path) else None
         return cls.from_files(config_json, SafetensorsFile.from_path(model_path), weights, state)
+
+
+def read_gates(raw: object, A: dict[str, np.ndarray], source: str) -> dict[str, list[Gate]]:
+    """adapter_config.json's `ruvllm_gates` ({module: [[start, stop, low, high], ...]}), checked against
+    the adapter's modules and rank."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, dict):
+        raise LoadError(f"{source}: ruvllm_gates must be an object of modules, got {json.dumps(raw)[:80]}")
+    gates: dict[str, list[Gate]] = {}
+    for name, entries in raw.items():
+        if name not in A:
+            raise LoadError(f"{source}: ruvllm_gates names {name!r}, which the adapter does not adapt")
+        rank = A[name].shape[0]
+        gates[name] = []
+        for entry in entries if isinstance(entries, list) else [entries]:
+            valid = isinstance(entry, list) and len(entry) == 4
+            start, stop, low, high = entry if valid else (0, 0, 0, 0)
+            valid = valid and all(isinstance(v, int) and not isinstance(v, bool) for v in (start, stop))
+            valid = valid and all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in (low, high))
+            valid = valid and 0 <= start < stop <= rank and math.isfinite(high) and 0 <= low <= high
+            if not valid:
+                raise LoadError(
+                    f"{source}: a gate of {name} must be [start, stop, low, high] with 0 <= start < stop <= {rank} "
+                    f"and finite 0 <= low <= high, got {json.dumps(entry)[:80]}"
+                )
+            gates[name].append(Gate(start, stop, float(low), float(high)))
+    return gates
 
 
 def float_tensor(file: SafetensorsFile, key: str, shape: tuple[int, ...] | None = None, whose: str = "") -> np.ndarray:

@@ -91,6 +91,17 @@ class LearningState:
     def __bool__(self) -> bool:
         return bool(self.adam.t or self.ewc.fisher or self.memory or self.bases or self.keyed is not None)
 
+    def grow(self, extra: int) -> None:
+        """What it keeps per parameter, for an adapter grown by `extra` rows of A and columns of B (zero:
+        no moments, no Fisher information, anchored at zero)."""
+        for arrays in (self.adam.m, self.adam.v, self.ewc.fisher, self.ewc.anchor):
+            for key, value in arrays.items():
+                if key.endswith(".lora_A") or key.endswith(".lora_B"):
+                    axis = 0 if key.endswith(".lora_A") else 1
+                    pad = [(0, 0), (0, 0)]
+                    pad[axis] = (0, extra)
+                    arrays[key] = np.pad(value, pad)
+
     def tensors(self) -> Arrays:
         """The entries of learning_state.safetensors."""
         out = {f"adam.m.{k}": v for k, v in self.adam.m.items()}

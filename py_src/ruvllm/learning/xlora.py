@@ -44,7 +44,7 @@ from ..files.outputs import plain_name, write_files
 from ..files.tensorfile import SafetensorsFile, serialize
 from ..model.weights import Weights
 from ..quant.matrices import MatrixLike
-from .lora import TARGETS, Adapter, float_tensor, linear_of, read_folder
+from .lora import TARGETS, Adapter, float_tensor, gated_backward, gated_product, linear_of, read_folder
 
 _UIDS = itertools.count(1_000_000)  # apart from adapters' uids: identities of both kinds never collide
 _ROUTER = "internal_xlora_classifier.layers."  # PEFT's key of the router's nn.Sequential
@@ -383,7 +383,7 @@ class MixedMatrix:
     base: MatrixLike
     mixture: Mixture
     index: int
-    experts: list = field(default_factory=list)  # (expert number, A (r, K), B (N, r), scale)
+    experts: list = field(default_factory=list)  # (expert number, A (r, K), B (N, r), scale, its gates)
 
     def __post_init__(self) -> None:
         self.shape = self.base.shape
@@ -393,8 +393,8 @@ class MixedMatrix:
         y = self.base(x)  # (T, N)
         s = self.mixture.mixes[self.index]  # (T, E)
         g = np.float32(self.mixture.config.global_scaling_weight)
-        for e, A, B, scale in self.experts:
-            y += ((x @ A.T) * (s[:, e : e + 1] * (g * scale))) @ B.T  # (T, N)
+        for e, A, B, scale, gates in self.experts:
+            y += (gated_product(x, A, gates)[0] * (s[:, e : e + 1] * (g * scale))) @ B.T  # (T, N)
         return y
 
     def rows(self, ids: np.ndarray) -> np.ndarray:
@@ -414,11 +414,12 @@ class MixedMatrix:
         g = np.float32(self.mixture.config.global_scaling_weight)
         d_mix = np.zeros_like(s)
         dx = np.zeros_like(x)
-        for e, A, B, scale in self.experts:
-            low = x @ A.T  # (T, r)
+        for e, A, B, scale, gates in self.experts:
+            low, raw = gated_product(x, A, gates)  # (T, r)
             back = dy @ B  # (T, r)
             d_mix[:, e] += g * scale * np.sum(back * low, axis=1)
-            dx += (back * (s[:, e : e + 1] * (g * scale))) @ A
+            d_low = back * (s[:, e : e + 1] * (g * scale))
+            dx += (d_low if raw is None else gated_backward(d_low, raw, gates)) @ A
         return d_mix, dx
 
 
@@ -427,7 +428,7 @@ def mixed(weights: Weights, mixture: Mixture) -> dict[str, MixedMatrix]:
     out = {}
     for index, module in enumerate(mixture.modules):
         experts = [
-            (e, expert.A[module], expert.B[module], np.float32(expert.config.scale))
+            (e, expert.A[module], expert.B[module], np.float32(expert.config.scale), expert.gates.get(module, []))
             for e, expert in enumerate(mixture.experts)
             if module in expert.A
         ]

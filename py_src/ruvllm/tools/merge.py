@@ -25,9 +25,15 @@ from ..runtime.engine import is_gguf, load_engine, open_model
 
 
 def merge_adapter(
-    model: str, adapter_folder: str, out: str, force: bool = False, log: Callable[[str], None] = lambda line: None
+    model: str,
+    adapter_folder: str,
+    out: str,
+    force: bool = False,
+    log: Callable[[str], None] = lambda line: None,
+    ungated: bool = False,
 ) -> None:
-    """Write `out`: the model folder `model` with the adapter in `adapter_folder` merged into its weights."""
+    """Write `out`: the model folder `model` with the adapter in `adapter_folder` merged into its weights
+    (a gated adapter's gates dropped only with `ungated`: lora.Gate)."""
     if is_gguf(model):
         raise InvalidArgumentError(
             f"{model}: merge writes a model folder; convert the GGUF file into one first (ruvllm convert)"
@@ -35,6 +41,8 @@ def merge_adapter(
     check_output(out, force, (model, adapter_folder))  # before the slow load
     engine = load_engine(model, compute="f32")  # the adapter is checked against these shapes
     adapter = Adapter.load(adapter_folder, engine.weights)
+    if not ungated:
+        adapter.ungated(f"merging {adapter_folder} into a model", "; --ungated merges it so")
     del engine
     config_path = os.path.join(model, "config.json")
     _, store = open_model(model)
