@@ -271,7 +271,7 @@ def test_ten_facts_in_a_row_stay_learned_and_leave_most_answers_alone(model):
 
 def test_a_lesson_on_gemma_3_leaves_unrelated_answers_alone(gemma_gguf):
     """The same on Gemma 3 270M (a base model: its chat answers repeat the question, then a turn of its
-    own), a few below what was measured: the fact 40 and 48, Good 37 and 45 (ungated: 31 and 42, the
+    own), a few below what was measured: the fact 40 and 48, Good 38 and 47 (ungated: 31 and 42, the
     answers' perplexity -1.2%: it learned to answer, not repeat, everywhere), Bad 40 and 48 (one step,
     taken back to a sixteenth: the step of the default size kept 10 and 30); the answers' perplexity
     within 1% (measured within 0.1%)."""
