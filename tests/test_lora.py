@@ -198,11 +198,12 @@ def test_an_adapter_grows_without_changing_what_it_computes(tmp_path):
         assert moment.shape == value.shape and moment.sum() == 2 * value.size / 5  # the old ones kept, new zero
 
 
-def test_gates_are_saved_checked_and_kept_out_of_merges_and_mixtures(tmp_path):
+def test_gates_are_saved_checked_and_kept_out_of_merges_and_mixtures(tmp_path, capsys):
     """A gated adapter's gates round-trip through adapter_config.json (`ruvllm_gates`); a malformed
     gate is refused naming it; merging one into weights (in memory, or `ruvllm merge`'s folder) is
     refused with the reason (no matrix computes a gate), and `ungated` merges it as the same adapter
     without its gates computes."""
+    from ruvllm import cli
     from ruvllm.tools.merge import merge_adapter
 
     tiny_model("llama", tmp_path / "m")
@@ -237,7 +238,12 @@ def test_gates_are_saved_checked_and_kept_out_of_merges_and_mixtures(tmp_path):
     with pytest.raises(InvalidArgumentError, match=refused.format("merging .* into a model") + ".*; --ungated merges"):
         merge_adapter(str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "out"))
     assert not (tmp_path / "out").exists()
-    merge_adapter(str(tmp_path / "m"), str(tmp_path / "a"), str(tmp_path / "out"), ungated=True)  # asked for
+    assert cli.main(["merge", str(tmp_path / "m"), str(tmp_path / "a"), "--out", str(tmp_path / "out")]) == 1
+    err = capsys.readouterr().err  # the command says why, in one line, and how
+    assert "cannot hold a gate" in err and "--ungated merges it so" in err and "Traceback" not in err
+    assert (
+        cli.main(["merge", str(tmp_path / "m"), str(tmp_path / "a"), "--out", str(tmp_path / "out"), "--ungated"]) == 0
+    )
     merged = load_engine(str(tmp_path / "out"))
     for gates in adapter.gates.values():  # (the wrappers hold these lists) the adapter ungated, as merged
         gates.clear()
