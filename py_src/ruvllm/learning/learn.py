@@ -112,7 +112,8 @@ KEY_MARGIN = 1.0
 # (benchmarks/RESULTS.md, "Gated rows"): ungated, the rows answered unrelated chat at 5-15% of a key's
 # response, and of 40 chat answers SmolLM2's fact lesson kept 26, Good 32; gated (a step) at 0.5 39 and
 # 36, at 0.75 40 and 37, ramped from 0.75 to 1 (the default) 40 and 37; Gemma 3's Good 29, then 31
-# and 36 with the steps (its chat turns share the template's positions, which the lesson keys too).
+# and 36 with the steps, 38 with the ramp (its chat turns share the template's positions, which the
+# lesson keys too).
 KEY_GATE = 0.75
 # A keyed bad lesson's steps are this many times lr: gated, only the one position it keys gets the
 # rows' push. Measured on SmolLM2's joke (benchmarks/RESULTS.md, "Gated rows"): at lr 0.2 it took all
@@ -730,6 +731,7 @@ class Lesson(_Stepwise):
         entering = yield from self._entering(x, layer, first)
         self.start = start_at(weights, config, inv_freq, entering, first)
         self._make_keyed()
+        self._grow_for_keys()
         if not self.keyed:
             self._project()
         yield
@@ -743,13 +745,17 @@ class Lesson(_Stepwise):
 
     def _make_keyed(self) -> None:
         """A fresh adapter (nothing learned) is made keyed by its first lesson: with options.keyed, a
-        calibration text and no lm_head (whose input the passes do not tape). A keyed adapter with fewer
-        than KEY_ROWS rows left grows (Adapter.grow) for a new lesson, up to its matrices' smaller side:
-        an earlier lesson's gated rows would not answer this one's inputs."""
+        calibration text and no lm_head (whose input the passes do not tape)."""
         adapter, state = self.adapter, self.adapter.state
         if state.keyed is None and self.options.keyed and not adapter.version and not state:
             if self.learning.calibration_ids and "lm_head" not in adapter.A:
                 state.keyed = 0
+
+    def _grow_for_keys(self) -> None:
+        """A keyed adapter with fewer than KEY_ROWS rows left grows (Adapter.grow) for a new lesson, up
+        to its matrices' smaller side: an earlier lesson's gated rows would not answer this one's inputs.
+        Feedback on an answer already taught reuses its rows and grows nothing."""
+        adapter, state = self.adapter, self.adapter.state
         if state.keyed is None or (self.memory.tokens, self.memory.prompt_length) in state.rows:
             return
         extra = state.keyed + KEY_ROWS - adapter.config.rank
@@ -781,7 +787,7 @@ class Lesson(_Stepwise):
         whose response to them is under KEY_GATE of the weakest of the lesson's gets none, one from that
         weakest up all of it. Feedback on
         the same answer again keeps its rows; with no rows left (the adapter grew to its matrices' smaller
-        side: _make_keyed), a lesson trains the columns of every lesson's rows. (Bad keyed at every
+        side: _grow_for_keys), a lesson trains the columns of every lesson's rows. (Bad keyed at every
         position, the first left out or not, moved how "What is the capital of France?" is answered:
         "L'Étoile, ...".)"""
         adapter, state = self.adapter, self.adapter.state
