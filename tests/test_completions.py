@@ -1,4 +1,4 @@
-"""OpenAI shapes in the Python API (completions.py): create_chat_completion / create_completion, their
+"""OpenAI shapes in the Python API (completions/): create_chat_completion / create_completion, their
 log-probabilities against the model's own logits, schema-constrained output, and tool calls."""
 
 from __future__ import annotations
@@ -11,9 +11,8 @@ import pytest
 
 import ruvllm
 from ruvllm.cli import main
-from ruvllm.completions import ToolCallTrigger
 from ruvllm.errors import InvalidArgumentError
-from ruvllm.runtime.constrain import json_grammar
+from ruvllm.runtime.constrain import Triggered, json_grammar
 
 TEMPLATES = Path(__file__).parent / "data" / "tool_templates"
 ORDER = {
@@ -247,7 +246,7 @@ def test_auto_tool_choice_constrains_a_call_once_the_model_opens_one(qwen_templa
     jsonschema = pytest.importorskip("jsonschema")
     tokenizer = qwen_templated.tokenizer
     grammar = json_grammar({"anyOf": [_call_schema(WEATHER)]}, "\n", "\n</tool_call>")
-    trigger = ToolCallTrigger(grammar, qwen_templated.vocabulary)
+    trigger = Triggered(grammar, qwen_templated.vocabulary, "<tool_call>")
     for token in tokenizer.encode("Let me check. <tool_call>", add_special_tokens=False):
         assert trigger.allowed()[token]
         trigger.advance(token)
@@ -265,11 +264,11 @@ def test_auto_tool_choice_constrains_a_call_once_the_model_opens_one(qwen_templa
     assert call["name"] == "get_weather"
     jsonschema.validate(call["arguments"], WEATHER["function"]["parameters"])
     # with fewer tokens left than the opening tag and the shortest call take, no call is opened
-    short = ToolCallTrigger(grammar, qwen_templated.vocabulary, budget=8)
+    short = Triggered(grammar, qwen_templated.vocabulary, "<tool_call>", budget=8)
     (open_angle,) = tokenizer.encode("<", add_special_tokens=False)
     (word,) = tokenizer.encode("Sure", add_special_tokens=False)
     assert not short.allowed()[open_angle] and short.allowed()[word]
-    assert ToolCallTrigger(grammar, qwen_templated.vocabulary, budget=60).allowed()[open_angle]
+    assert Triggered(grammar, qwen_templated.vocabulary, "<tool_call>", budget=60).allowed()[open_angle]
 
 
 def _call_schema(tool: dict) -> dict:

@@ -297,16 +297,16 @@ def test_after_the_hostile_schemas_the_server_answers_a_schema_with_large_bounds
 def test_health_is_answered_while_a_schema_compiles(base, monkeypatch):
     """Schemas are compiled off the event loop: one that takes long holds neither /health nor the others.
     (Here the compile waits until /health has answered: on the event loop, that could never happen.)"""
-    import ruvllm.completions
+    import ruvllm.completions.grammars
 
-    real, started, answered = ruvllm.completions.json_grammar, threading.Event(), threading.Event()
+    real, started, answered = ruvllm.completions.grammars.json_grammar, threading.Event(), threading.Event()
 
     def slow(*args, **kwargs):
         started.set()
         answered.wait(timeout=60)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(ruvllm.completions, "json_grammar", slow)
+    monkeypatch.setattr(ruvllm.completions.grammars, "json_grammar", slow)
     results: list = []
     body = chat(temperature=0, response_format=schema_format({"type": "integer"}))
     request = threading.Thread(target=lambda: results.append(post(base, CHAT, body)))

@@ -120,7 +120,7 @@ class Model:
     def create_chat_completion(self, messages: list[dict], **body: object) -> dict | Iterator[dict]:
         """An OpenAI chat completion: `body` holds the request's other fields (max_tokens, temperature,
         top_p, stop, seed, logprobs, top_logprobs, response_format, tools, tool_choice, stream, ...; see
-        completions.py). Returns the `chat.completion` dict, or with stream=True an iterator of
+        completions/). Returns the `chat.completion` dict, or with stream=True an iterator of
         `chat.completion.chunk` dicts."""
         return self._complete({"messages": messages, **body}, "chat")
 

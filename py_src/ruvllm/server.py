@@ -1,7 +1,7 @@
 """`ruvllm serve`: an OpenAI-compatible HTTP server over one model, on Starlette + uvicorn (the
 `serve` extra), with continuous batching.
 
-    POST /v1/chat/completions, POST /v1/completions   OpenAI bodies (completions.py), SSE when stream
+    POST /v1/chat/completions, POST /v1/completions   OpenAI bodies (completions/), SSE when stream
     GET  /v1/models                                   the one model
     GET  /health                                      200 {"status": "ok"} once the model is loaded
     GET  /metrics                                     Prometheus text: requests, tokens, queue, batch, KV blocks
@@ -32,11 +32,11 @@ import time
 from collections.abc import AsyncIterator, Callable
 
 from .api import Model
-from .completions import Prepared, Response, ToolCallTrigger, prepare
+from .completions import Prepared, Response, prepare
 from .errors import ContextFullError, InvalidArgumentError, RuvLLMError
 from .files.json_body import FieldError, parse
 from .runtime.batching import Request, Scheduler
-from .runtime.constrain import Budgeted
+from .runtime.constrain import Budgeted, Triggered
 from .runtime.generate import Step
 from .text.stream import TextStream
 
@@ -66,7 +66,7 @@ MAX_BODY_BYTES = 16 << 20  # a request body; larger ones are refused (413) befor
 PREPARING_THREADS = 2  # requests prepared at once (parsed, checked, tokenized, schemas compiled)
 
 
-Constraint = Budgeted | ToolCallTrigger  # what a constrained request's steps follow
+Constraint = Budgeted | Triggered  # what a constrained request's steps follow
 
 
 def error_body(

@@ -102,6 +102,7 @@ from .grammar import Grammar
 from .matcher import Matcher
 from .parser import MAX_EXPONENT_DIGITS, MAX_FRACTION_DIGITS, MAX_INDENT, MAX_INT_DIGITS, MAX_NEWLINES
 from .schema import MAX_ANY_ORDER, MAX_DOCUMENT_BYTES, MAX_SCHEMA_DEPTH, DocumentTooLongError, json_grammar
+from .triggered import Triggered
 from .vocabulary import Vocabulary
 
 __all__ = [
@@ -118,6 +119,7 @@ __all__ = [
     "DocumentTooLongError",
     "Grammar",
     "Matcher",
+    "Triggered",
     "Vocabulary",
     "json_grammar",
 ]
