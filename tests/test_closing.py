@@ -10,7 +10,7 @@ import pytest
 
 from ruvllm.runtime.constrain import Budgeted, Matcher, Vocabulary, json_grammar
 from ruvllm.runtime.constrain.closing import closer_of, closing_tokens
-from ruvllm.runtime.constrain.parser import _complete, _step
+from ruvllm.runtime.constrain.parser import is_complete, read_byte
 from ruvllm.text.tokenizer import Tokenizer
 from test_constrain import FLAT, WALKS
 
@@ -87,8 +87,8 @@ def whole(grammar, text: bytes) -> bool:
     """Whether `text` is a whole document of the grammar (prefix and suffix included)."""
     configs = {grammar.initial_config()}
     for b in text:
-        configs = {x for config in configs for x in _step(grammar.rules, config, b)}
-    return any(_complete(grammar.rules, config) for config in configs)
+        configs = {x for config in configs for x in read_byte(grammar.rules, config, b)}
+    return any(is_complete(grammar.rules, config) for config in configs)
 
 
 def test_closings_are_accepted_by_the_parser_from_every_state_of_a_document():
@@ -100,7 +100,7 @@ def test_closings_are_accepted_by_the_parser_from_every_state_of_a_document():
         closing = closer.closing(frozenset(configs))
         assert closing is not None, text[:i]
         assert whole(grammar, text[:i] + closing), (text[:i], closing)
-        configs = {x for config in configs for x in _step(grammar.rules, config, b)}
+        configs = {x for config in configs for x in read_byte(grammar.rules, config, b)}
     assert closer.closing(frozenset(configs)) == b""
 
 

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from ruvllm.runtime.constrain import Matcher, Vocabulary, json_grammar
-from ruvllm.runtime.constrain.automaton import _Automaton
+from ruvllm.runtime.constrain.automaton import Automaton
 
 WORDS = [
     *"abcxyzAZ_-09.:@/?#=&%+T",
@@ -152,7 +152,7 @@ def test_masks_equal_the_plain_walk_at_every_count_of_a_bounded_string(schema):
     assert compared >= 26
 
 
-class _PlainWalk(_Automaton):
+class _PlainWalk(Automaton):
     """The automaton without the shortcut of key prefixes (bytes out of the key trie read from the
     undeclared key's state): its walked masks step the parser at every byte."""
 

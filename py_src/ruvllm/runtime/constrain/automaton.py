@@ -11,21 +11,21 @@ import threading
 import numpy as np
 
 from .parser import (
-    _KEY,
-    _OBJECT,
-    _PATTERN,
-    _S_CONTENT,
-    _STRING,
-    _as_undeclared,
-    _complete,
-    _keys,
-    _readable,
-    _Rules,
-    _step,
+    KEY,
+    OBJECT,
+    PATTERN,
+    S_CONTENT,
+    STRING,
+    Rules,
+    as_undeclared,
+    is_complete,
+    keys_of,
+    read_byte,
+    readable_bytes,
 )
-from .pattern_tokens import _PatternTokens
+from .pattern_tokens import PatternTokens
 from .regex import Regex
-from .vocabulary import Vocabulary, _Trie
+from .vocabulary import Trie, Vocabulary
 
 MAX_DFA_STATES = 200_000  # a grammar's cached automaton is started afresh past this many states
 
@@ -44,20 +44,20 @@ class _State:
         self.via: tuple | None = None
 
 
-class _Automaton:
+class Automaton:
     """The grammar as a DFA over bytes, built lazily as generation visits it, with each state's mask.
 
     Transitions hold state indexes, not states: no reference cycles, so an automaton is freed as soon as
     its grammar is, without waiting for the garbage collector.
     """
 
-    def __init__(self, rules: _Rules, initial: tuple, vocabulary: Vocabulary) -> None:
+    def __init__(self, rules: Rules, initial: tuple, vocabulary: Vocabulary) -> None:
         self.rules = rules
         self.vocabulary = vocabulary
         self.states: list[_State] = []
         self.index: dict[frozenset, int] = {}
         self.tables: dict[int, bytes] = {}  # 256-bit set -> its table of 256 bytes 0/1
-        self.patterns: dict[Regex, _PatternTokens] = {}
+        self.patterns: dict[Regex, PatternTokens] = {}
         self.lock = threading.Lock()  # matchers of one grammar may run in several threads
         self.initial = self.intern(frozenset([initial]))
 
@@ -70,10 +70,10 @@ class _Automaton:
             if i is not None:
                 return i
             rules = self.rules
-            complete = any(_complete(rules, c) for c in configs)
+            complete = any(is_complete(rules, c) for c in configs)
             bits = 0
             for config in configs:
-                bits |= _readable(rules, config)
+                bits |= readable_bytes(rules, config)
             table = self.tables.get(bits)
             if table is None:
                 packed = np.frombuffer(bits.to_bytes(32, "little"), np.uint8)  # (32,)
@@ -93,7 +93,7 @@ class _Automaton:
             if via and b not in via[0]:  # out of the key trie: as the undeclared key's state, which is shared
                 following = state.next[b] = self.transition(via[1], b)
             else:
-                configs = frozenset(c for config in state.configs for c in _step(self.rules, config, b))
+                configs = frozenset(c for config in state.configs for c in read_byte(self.rules, config, b))
                 following = state.next[b] = self.intern(configs) if configs else -1
         return following
 
@@ -103,13 +103,13 @@ class _Automaton:
         if len(state.configs) != 1:
             return ()
         (config,) = state.configs
-        if not config or config[-1][0] != _OBJECT or config[-1][2] != _KEY:
+        if not config or config[-1][0] != OBJECT or config[-1][2] != KEY:
             return ()
-        undeclared = _as_undeclared(self.rules, config)
+        undeclared = as_undeclared(self.rules, config)
         if undeclared is None:
             return ()
         _, n, _, _, x = config[-1]
-        return (_keys(self.rules, n).children[x], self.intern(frozenset([undeclared])))
+        return (keys_of(self.rules, n).children[x], self.intern(frozenset([undeclared])))
 
     def mask(self, i: int) -> np.ndarray:
         """(V,) bool: the tokens allowed in state i (EOS excluded; see Matcher.allowed)."""
@@ -145,7 +145,7 @@ class _Automaton:
         if not config:
             return None
         top = config[-1]
-        if top[0] not in (_STRING, _PATTERN) or top[2] != _S_CONTENT:
+        if top[0] not in (STRING, PATTERN) or top[2] != S_CONTENT:
             return None
         spec = self.rules.nodes[top[1]]
         count = top[3]
@@ -175,17 +175,17 @@ class _Automaton:
         if not config:  # complete: no token continues it (Matcher.allowed gives EOS)
             return np.zeros(vocabulary.size, bool)  # (V,)
         top = config[-1]
-        if top[0] == _STRING and top[2] == _S_CONTENT:  # plain text tokens all at once, then the others
+        if top[0] == STRING and top[2] == S_CONTENT:  # plain text tokens all at once, then the others
             spec = self.rules.nodes[top[1]]
             count = top[3]
             room = spec.max_length - count if spec.max_length >= 0 else vocabulary.max_plain_chars
             allowed = vocabulary.plain_chars <= room  # (V,)
             for chars, trie in enumerate(vocabulary.rest_tries[: room + 1]):
-                head = (_STRING, top[1], _S_CONTENT, min(count + chars, spec.cap), 0)
+                head = (STRING, top[1], S_CONTENT, min(count + chars, spec.cap), 0)
                 self._walk(trie, self.intern(frozenset([(*config[:-1], head)])), found)
-        elif top[0] == _PATTERN and top[2] == _S_CONTENT:
+        elif top[0] == PATTERN and top[2] == S_CONTENT:
             allowed = self._pattern_mask(i, config, found)
-        elif top[0] == _OBJECT and top[2] == _KEY and self._free_key(config):
+        elif top[0] == OBJECT and top[2] == KEY and self._free_key(config):
             # a key that may become an undeclared one: plain text fits wherever it leads (a declared
             # key's prefix, or a free string), so only the other tokens are walked
             allowed = vocabulary.plain_mask.copy()  # (V,)
@@ -206,13 +206,13 @@ class _Automaton:
         spec = self.rules.nodes[n]
         tokens = self.patterns.get(spec.pattern)
         if tokens is None:
-            tokens = self.patterns[spec.pattern] = _PatternTokens(spec.pattern, vocabulary)
+            tokens = self.patterns[spec.pattern] = PatternTokens(spec.pattern, vocabulary)
         ok, final = tokens.reachable(spec, count, r)  # (K + 1,)
         if vocabulary.rest_tries:
             self._walk(vocabulary.rest_tries[0], i, found)  # tokens that start with a quote, a backslash, ...
         for token, chars, node, rest in tokens.others:
             if ok[node]:
-                head = (_PATTERN, n, _S_CONTENT, min(count + chars, spec.cap), 0, int(final[node]))
+                head = (PATTERN, n, S_CONTENT, min(count + chars, spec.cap), 0, int(final[node]))
                 s = self.intern(frozenset([(*config[:-1], head)]))
                 for b in rest:
                     s = self.transition(s, b)
@@ -226,13 +226,13 @@ class _Automaton:
         """Whether any plain text may follow the key so far of the object frame on top of `config` (in
         its key phase): an undeclared key may come, and its string, unbounded and without a pattern, is
         between characters (not in an escape, nor inside a UTF-8 character)."""
-        undeclared = _as_undeclared(self.rules, config)
+        undeclared = as_undeclared(self.rules, config)
         if undeclared is None:
             return False
         kind, n, phase = undeclared[-1][:3]
-        return kind == _STRING and phase == _S_CONTENT and self.rules.nodes[n].max_length < 0
+        return kind == STRING and phase == S_CONTENT and self.rules.nodes[n].max_length < 0
 
-    def _walk(self, trie: _Trie, i: int, found: list) -> None:
+    def _walk(self, trie: Trie, i: int, found: list) -> None:
         """Depth-first over the trie and the DFA together; collects the ids of tokens that can be read."""
         first, labels, ends, states = trie.first, trie.labels, trie.ends, self.states
         todo = [(0, i)]

@@ -18,39 +18,39 @@ import numpy as np
 
 from .grammar import Grammar
 from .matcher import Matcher
-from .nodes import _Array, _Literal, _Number, _Object, _String, _Union
+from .nodes import Array, Literal, Number, Object, String, Union
 from .parser import (
-    _AFTER_COMMA,
-    _AFTER_VALUE,
-    _ARRAY,
-    _COLON,
-    _DECLARED,
-    _FIRST,
-    _KEY,
-    _LITERAL,
-    _NUMBER,
-    _OPEN,
-    _PATTERN,
-    _S_CONTENT,
-    _S_ESCAPE,
-    _S_HEX,
-    _S_OPEN,
-    _S_UTF8,
-    _STRING,
-    _TEXT,
-    _VALUE,
-    _VALUE_NEXT,
-    _can_end,
-    _closable_any,
-    _complete,
-    _due,
-    _feasible,
-    _key_text,
-    _plus_extra,
-    _Rules,
-    _step,
-    _step_number,
-    _step_pattern,
+    AFTER_COMMA,
+    AFTER_VALUE,
+    ARRAY,
+    COLON,
+    DECLARED,
+    FIRST,
+    KEY,
+    LITERAL,
+    NUMBER,
+    OPEN,
+    PATTERN,
+    S_CONTENT,
+    S_ESCAPE,
+    S_HEX,
+    S_OPEN,
+    S_UTF8,
+    STRING,
+    TEXT,
+    VALUE,
+    VALUE_NEXT,
+    Rules,
+    can_end,
+    closable_any,
+    due_properties,
+    feasible,
+    is_complete,
+    key_text,
+    plus_extra,
+    read_byte,
+    step_number,
+    step_pattern,
 )
 from .vocabulary import Vocabulary
 
@@ -62,11 +62,11 @@ _NUMBER_BYTES = b"0123456789-."
 class _Closer:
     """The closings of one grammar's configurations (cached: configurations repeat across requests)."""
 
-    def __init__(self, rules: _Rules) -> None:
+    def __init__(self, rules: Rules) -> None:
         self.rules = rules
         self.shortest = _shortest_values(rules)
         self.cache: dict[frozenset, bytes | None] = {}
-        keys = [len(p.key) for spec in rules.nodes if isinstance(spec, _Object) for p in spec.properties]
+        keys = [len(p.key) for spec in rules.nodes if isinstance(spec, Object) for p in spec.properties]
         values = [len(text) for text in self.shortest if text is not None]
         # bytes one byte read may add to a closing (it may start a value, or pick a longer property): only
         # closer to the end than (longest allowed token) x growth are tokens checked one by one
@@ -87,10 +87,10 @@ class _Closer:
     def _accepts(self, config: tuple, text: bytes) -> bool:
         configs = {config}
         for b in text:
-            configs = {c for config in configs for c in _step(self.rules, config, b)}
+            configs = {c for config in configs for c in read_byte(self.rules, config, b)}
             if not configs:
                 return False
-        return any(_complete(self.rules, c) for c in configs)
+        return any(is_complete(self.rules, c) for c in configs)
 
     def _config(self, config: tuple) -> bytes | None:
         parts = []
@@ -103,25 +103,25 @@ class _Closer:
 
     def _frame(self, frame: tuple) -> bytes | None:
         kind, nodes, shortest = frame[0], self.rules.nodes, self.shortest
-        if kind == _TEXT:
+        if kind == TEXT:
             return frame[1][frame[2] :]
-        if kind == _VALUE:
+        if kind == VALUE:
             return shortest[frame[1]]
-        if kind == _LITERAL:
+        if kind == LITERAL:
             text = frame[2]
             rest = [v[len(text) :] for v in nodes[frame[1]].values if v.startswith(text)]
             return min(rest, key=len) if rest else None
-        if kind == _NUMBER:
-            return b"" if _can_end(self.rules, frame) else _number_closing(self.rules, frame)
-        if kind == _PATTERN:
+        if kind == NUMBER:
+            return b"" if can_end(self.rules, frame) else _number_closing(self.rules, frame)
+        if kind == PATTERN:
             return _pattern_closing(self.rules, frame)
-        if kind == _STRING:
+        if kind == STRING:
             return _string_closing(nodes[frame[1]], frame)
-        if kind == _ARRAY:
+        if kind == ARRAY:
             return self._array(frame)
         return self._object(frame)
 
-    def _items(self, spec: _Array, start: int, stop: int) -> bytes | None:
+    def _items(self, spec: Array, start: int, stop: int) -> bytes | None:
         texts = []
         for k in range(start, stop):
             node = spec.prefix[k] if k < len(spec.prefix) else spec.item
@@ -136,17 +136,17 @@ class _Closer:
     def _array(self, frame: tuple) -> bytes | None:
         _, n, phase, count, _ = frame
         spec = self.rules.nodes[n]
-        if phase == _OPEN:
+        if phase == OPEN:
             return self.shortest[n]
-        if phase == _AFTER_COMMA:
+        if phase == AFTER_COMMA:
             items = self._items(spec, count, max(count + 1, spec.min_items))
             return None if items is None else items + b"]"
         items = self._items(spec, count, spec.min_items)
         if items is None:
             return None
-        return (b"," if items and phase == _AFTER_VALUE else b"") + items + b"]"
+        return (b"," if items and phase == AFTER_VALUE else b"") + items + b"]"
 
-    def _properties(self, spec: _Object, start: int) -> bytes | None:
+    def _properties(self, spec: Object, start: int) -> bytes | None:
         """The required properties from `start` on, then `}` (any order: see _rest)."""
         if spec.any_order:
             return self._rest(spec, start, True)
@@ -159,15 +159,15 @@ class _Closer:
                 texts.append(p.key + b":" + value)
         return b",".join(texts) + b"}"
 
-    def _rest(self, spec: _Object, i: int, first: bool) -> bytes | None:
+    def _rest(self, spec: Object, i: int, first: bool) -> bytes | None:
         return _rest(spec, self.shortest, i, first)
 
-    def _closable(self, spec: _Object, i: int) -> bool:
+    def _closable(self, spec: Object, i: int) -> bool:
         if spec.any_order:
-            return _closable_any(spec, i)
+            return closable_any(spec, i)
         return spec.free_value is not None or spec.closable[i]
 
-    def _after(self, spec: _Object, i: int) -> bytes | None:
+    def _after(self, spec: Object, i: int) -> bytes | None:
         """After a property's value: `}` or the required ones still due."""
         if spec.any_order:
             return self._rest(spec, i, False)
@@ -176,11 +176,11 @@ class _Closer:
         rest = self._properties(spec, i)
         return None if rest is None else b"," + rest
 
-    def _candidates(self, spec: _Object, i: int) -> list[tuple[int, int]]:
+    def _candidates(self, spec: Object, i: int) -> list[tuple[int, int]]:
         """(index, the object frame's i after it) of the declared properties that may come next."""
         if spec.any_order:
             unwritten = [j for j in range(len(spec.properties)) if not i >> j & 1]
-            return [(j, i | 1 << j) for j in unwritten if _feasible(spec, i | 1 << j)]
+            return [(j, i | 1 << j) for j in unwritten if feasible(spec, i | 1 << j)]
         if i >= len(spec.properties):
             return []
         return [(j, j + 1) for j in range(i, spec.last_candidate[i] + 1)]
@@ -190,34 +190,34 @@ class _Closer:
         spec, shortest = self.rules.nodes[n], self.shortest
         free = spec.free_value is not None
         after: bytes | None  # what follows a property's value (None: no closing known)
-        if phase == _OPEN:
+        if phase == OPEN:
             return shortest[n]
-        if phase == _FIRST:
+        if phase == FIRST:
             return b"}" if free else self._properties(spec, i)
-        if phase == _AFTER_VALUE:
+        if phase == AFTER_VALUE:
             return self._after(spec, i)
-        if phase in (_COLON, _VALUE_NEXT):
-            colon = b":" if phase == _COLON else b""
+        if phase in (COLON, VALUE_NEXT):
+            colon = b":" if phase == COLON else b""
             if free:
                 value, after = shortest[spec.free_value], b"}"
             elif spec.any_order:
                 written, j = i
                 value = shortest[spec.extra_value if j < 0 else spec.properties[j].value]
-                after = self._after(spec, _plus_extra(spec, written) if j < 0 else written | 1 << j)
+                after = self._after(spec, plus_extra(spec, written) if j < 0 else written | 1 << j)
             elif i < 0:
                 value, after = shortest[spec.extra_value], self._after(spec, -1 - i)
             else:
                 value, after = shortest[spec.properties[i].value], self._after(spec, i + 1)
             return None if value is None or after is None else colon + value + after
         options = []
-        if phase == _KEY:
-            key = _key_text(self.rules, frame)
+        if phase == KEY:
+            key = key_text(self.rules, frame)
             for j, following in self._candidates(spec, i):
                 p = spec.properties[j]
                 value, after = shortest[p.value], self._after(spec, following)
                 if p.key.startswith(key) and value is not None and after is not None:
                     options.append(p.key[len(key) :] + b":" + value + after)
-        elif phase == _AFTER_COMMA:
+        elif phase == AFTER_COMMA:
             if free:
                 key, value = shortest[spec.free_key], shortest[spec.free_value]
                 if key is not None and value is not None:
@@ -229,35 +229,35 @@ class _Closer:
                     if value is not None and after is not None:
                         options.append(p.key + b":" + value + after)
                 extra = _entry(spec, shortest, i, -1) if spec.any_order and spec.extra_value is not None else None
-                if extra is not None and _feasible(spec, extra[1]):
+                if extra is not None and feasible(spec, extra[1]):
                     after = self._after(spec, extra[1])
                     if after is not None:
                         options.append(extra[0] + after)
         return min(options, key=len) if options else None
 
 
-def _string_closing(spec: _String, frame: tuple) -> bytes:
+def _string_closing(spec: String, frame: tuple) -> bytes:
     _, _, phase, count, u = frame
-    if phase == _S_OPEN:
+    if phase == S_OPEN:
         return b'"' + b"a" * spec.min_length + b'"'
     head = b""
-    if phase == _S_ESCAPE:
+    if phase == S_ESCAPE:
         head = b"n"
-    elif phase == _S_HEX:
+    elif phase == S_HEX:
         head = b"000" if u == -1 else b"0" * (4 - u)
-    elif phase == _S_UTF8:
+    elif phase == S_UTF8:
         due, low, _ = u
         head = bytes([low] + [0x80] * (due - 1))
     return head + b"a" * max(0, spec.min_length - count) + b'"'
 
 
-def _pattern_closing(rules: _Rules, frame: tuple) -> bytes | None:
+def _pattern_closing(rules: Rules, frame: tuple) -> bytes | None:
     """The shortest text that ends a patterned string (breadth first over its frames)."""
     seen, todo = {frame}, deque([(frame, b"")])
     while todo and len(seen) < MAX_SEARCH:
         current, text = todo.popleft()
         for b in _PATTERN_BYTES:
-            for following in _step_pattern(rules, current, b):
+            for following in step_pattern(rules, current, b):
                 if following == ():
                     return text + bytes((b,))
                 if following[0] not in seen:
@@ -266,16 +266,16 @@ def _pattern_closing(rules: _Rules, frame: tuple) -> bytes | None:
     return None
 
 
-def _number_closing(rules: _Rules, frame: tuple) -> bytes | None:
+def _number_closing(rules: Rules, frame: tuple) -> bytes | None:
     """Digits that end a number: at each step a byte after which it can end if there is one, else the
     first byte that keeps it going (depth first, within MAX_SEARCH frames)."""
     visited = 0
 
     def search(current: tuple, depth: int) -> bytes | None:
         nonlocal visited
-        followings = [(b, f[0]) for b in _NUMBER_BYTES for f in _step_number(rules, current, b) if f]
+        followings = [(b, f[0]) for b in _NUMBER_BYTES for f in step_number(rules, current, b) if f]
         for b, following in followings:
-            if _can_end(rules, following):
+            if can_end(rules, following):
                 return bytes((b,))
         for b, following in followings:
             visited += 1
@@ -289,18 +289,18 @@ def _number_closing(rules: _Rules, frame: tuple) -> bytes | None:
     return search(frame, 0)
 
 
-def _shortest_values(rules: _Rules) -> list[bytes | None]:
+def _shortest_values(rules: Rules) -> list[bytes | None]:
     """Each node's shortest value as JSON text (None: none is known), by rounds until nothing shortens."""
     nodes = rules.nodes
     shortest: list[bytes | None] = [None] * len(nodes)
     for n, spec in enumerate(nodes):  # the leaves first: they need no other node
-        if isinstance(spec, _Literal) and spec.values:
+        if isinstance(spec, Literal) and spec.values:
             shortest[n] = min(spec.values, key=len)
-        elif isinstance(spec, _String) and spec.pattern is None:
+        elif isinstance(spec, String) and spec.pattern is None:
             shortest[n] = b'"' + b"a" * spec.min_length + b'"'
-        elif isinstance(spec, _String):
-            shortest[n] = _pattern_closing(rules, (_PATTERN, n, _S_OPEN, 0, 0, 0))
-        elif isinstance(spec, _Number):
+        elif isinstance(spec, String):
+            shortest[n] = _pattern_closing(rules, (PATTERN, n, S_OPEN, 0, 0, 0))
+        elif isinstance(spec, Number):
             start = rules.starts[n][0]
             shortest[n] = _number_closing(rules, start)
     changed = True
@@ -314,35 +314,35 @@ def _shortest_values(rules: _Rules) -> list[bytes | None]:
     return shortest
 
 
-def _entry(spec: _Object, shortest: list[bytes | None], i: int, j: int) -> tuple[bytes, int] | None:
+def _entry(spec: Object, shortest: list[bytes | None], i: int, j: int) -> tuple[bytes, int] | None:
     """Property j (-1: an undeclared key) written in full, and the object frame's i after it."""
     if j < 0:
         assert spec.extra_value is not None  # the callers ask for an undeclared key only when one may come
         key = shortest[spec.extra_key] if spec.extra_key is not None else b'""'
         value = shortest[spec.extra_value]
-        following = _plus_extra(spec, i)
+        following = plus_extra(spec, i)
     else:
         p = spec.properties[j]
         key, value, following = p.key, shortest[p.value], i | 1 << j
     return None if key is None or value is None else (key + b":" + value, following)
 
 
-def _rest(spec: _Object, shortest: list[bytes | None], i: int, first: bool) -> bytes | None:
+def _rest(spec: Object, shortest: list[bytes | None], i: int, first: bool) -> bytes | None:
     """Objects in any order, after `{` (first) or a value: the properties still due (or needed to reach
     minProperties: the shortest optional ones, else one undeclared key), then `}`."""
     texts: list[bytes] = []
     for _ in range(len(spec.properties) + 2):
-        if _closable_any(spec, i):
+        if closable_any(spec, i):
             return ((b"" if first else b",") + b",".join(texts) + b"}") if texts else b"}"
-        written = i & _DECLARED
-        due = _due(spec, written) & ~written
+        written = i & DECLARED
+        due = due_properties(spec, written) & ~written
         options = []
         for j in [*range(len(spec.properties)), -1]:
             if j < 0:
-                following = _plus_extra(spec, i)  # only when it counts towards minProperties
-                fits = spec.extra_value is not None and not due and following != i and _feasible(spec, following)
+                following = plus_extra(spec, i)  # only when it counts towards minProperties
+                fits = spec.extra_value is not None and not due and following != i and feasible(spec, following)
             else:
-                fits = not written >> j & 1 and _feasible(spec, i | 1 << j) and (not due or due >> j & 1)
+                fits = not written >> j & 1 and feasible(spec, i | 1 << j) and (not due or due >> j & 1)
             entry = _entry(spec, shortest, i, j) if fits else None
             if entry is not None:
                 options.append(entry)
@@ -354,13 +354,13 @@ def _rest(spec: _Object, shortest: list[bytes | None], i: int, first: bool) -> b
 
 
 def _composite(spec: object, shortest: list[bytes | None]) -> bytes | None:
-    if isinstance(spec, _Union):
+    if isinstance(spec, Union):
         options = [text for text in (shortest[o] for o in spec.options) if text is not None]
         return min(options, key=len) if options else None
-    if isinstance(spec, _Object) and spec.any_order:
+    if isinstance(spec, Object) and spec.any_order:
         rest = _rest(spec, shortest, 0, True)
         return None if rest is None else b"{" + rest
-    if isinstance(spec, _Object):
+    if isinstance(spec, Object):
         if spec.free_value is not None:
             return b"{}"
         required = [(p.key, shortest[p.value]) for p in spec.properties if p.required]
@@ -368,7 +368,7 @@ def _composite(spec: object, shortest: list[bytes | None]) -> bytes | None:
         if len(texts) < len(required):
             return None
         return b"{" + b",".join(texts) + b"}"
-    if isinstance(spec, _Array):
+    if isinstance(spec, Array):
         items = [spec.prefix[k] if k < len(spec.prefix) else spec.item for k in range(spec.min_items)]
         values = [shortest[i] for i in items if i is not None]
         texts = [text for text in values if text is not None]
@@ -491,7 +491,7 @@ class Budgeted:
     def _in_string(self) -> bool:
         """Whether every configuration is inside a string's text (not in an escape, not a pattern's)."""
         return all(
-            config and config[-1][0] == _STRING and config[-1][2] == _S_CONTENT
+            config and config[-1][0] == STRING and config[-1][2] == S_CONTENT
             for config in self.automaton.states[self.state].configs
         )
 

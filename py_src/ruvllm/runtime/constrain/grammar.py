@@ -4,8 +4,8 @@ for each vocabulary. `json_grammar` (schema.py) makes them.
 
 from __future__ import annotations
 
-from .automaton import MAX_DFA_STATES, _Automaton
-from .parser import _TEXT, _VALUE, _complete, _Rules, _step
+from .automaton import MAX_DFA_STATES, Automaton
+from .parser import TEXT, VALUE, Rules, is_complete, read_byte
 from .vocabulary import Vocabulary
 
 
@@ -16,12 +16,12 @@ class Grammar:
     def __init__(
         self, nodes: list, root: int, prefix: bytes, suffix: bytes, description: str, whitespace: bool = True
     ) -> None:
-        self.rules = _Rules(nodes, whitespace)
+        self.rules = Rules(nodes, whitespace)
         self.root = root
         self.prefix = prefix
         self.suffix = suffix
         self.description = description
-        self._automata: dict[Vocabulary, _Automaton] = {}
+        self._automata: dict[Vocabulary, Automaton] = {}
 
     def __repr__(self) -> str:
         return f"Grammar({self.description}, prefix={self.prefix!r}, suffix={self.suffix!r})"
@@ -31,20 +31,20 @@ class Grammar:
         return self.rules.whitespace
 
     def initial_config(self) -> tuple:
-        suffix = ((_TEXT, self.suffix, 0),) if self.suffix else ()
-        prefix = ((_TEXT, self.prefix, 0),) if self.prefix else ()
-        return (*suffix, (_VALUE, self.root), *prefix)
+        suffix = ((TEXT, self.suffix, 0),) if self.suffix else ()
+        prefix = ((TEXT, self.prefix, 0),) if self.prefix else ()
+        return (*suffix, (VALUE, self.root), *prefix)
 
     def accepts(self, node: int, text: bytes) -> bool:
         """Whether `text` is exactly a value of `node` (used to keep the enum values a schema allows)."""
-        configs = {((_VALUE, node),)}
+        configs = {((VALUE, node),)}
         for b in text:
-            configs = {c for config in configs for c in _step(self.rules, config, b)}
-        return any(_complete(self.rules, c) for c in configs)
+            configs = {c for config in configs for c in read_byte(self.rules, config, b)}
+        return any(is_complete(self.rules, c) for c in configs)
 
-    def automaton(self, vocabulary: Vocabulary) -> _Automaton:
+    def automaton(self, vocabulary: Vocabulary) -> Automaton:
         automaton = self._automata.get(vocabulary)
         if automaton is None or len(automaton.states) > MAX_DFA_STATES:
-            automaton = _Automaton(self.rules, self.initial_config(), vocabulary)
+            automaton = Automaton(self.rules, self.initial_config(), vocabulary)
             self._automata[vocabulary] = automaton
         return automaton

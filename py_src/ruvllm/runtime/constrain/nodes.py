@@ -13,15 +13,15 @@ from .regex import Regex
 
 
 @dataclass(frozen=True)
-class _Property:
+class Property:
     key: bytes  # the key as JSON text, quotes included
     value: int  # node id
     required: bool
 
 
 @dataclass(frozen=True)
-class _Object:
-    properties: tuple[_Property, ...]
+class Object:
+    properties: tuple[Property, ...]
     free_value: int | None  # free keys with values of this node (then `properties` is empty)
     free_key: int | None  # the string node of free keys
     last_candidate: tuple[int, ...]  # [i]: the last property that may come next after i (a required one)
@@ -37,7 +37,7 @@ class _Object:
 
 
 @dataclass(frozen=True)
-class _Array:
+class Array:
     item: int | None  # the items after `prefix`; None: no more items are allowed
     min_items: int
     max_items: int  # -1: unbounded
@@ -46,7 +46,7 @@ class _Array:
 
 
 @dataclass(frozen=True)
-class _String:
+class String:
     min_length: int
     max_length: int  # -1: unbounded
     cap: int
@@ -54,7 +54,7 @@ class _String:
 
 
 @dataclass(frozen=True)
-class _Number:
+class Number:
     integer: bool
     minimum: int | Fraction | None  # integers: int, inclusive; numbers: a Fraction, exclusive if open_min
     maximum: int | Fraction | None
@@ -64,10 +64,10 @@ class _Number:
 
 
 @dataclass(frozen=True)
-class _Literal:
+class Literal:
     values: tuple[bytes, ...]  # sorted JSON texts
 
 
 @dataclass(frozen=True)
-class _Union:
+class Union:
     options: tuple[int, ...]

@@ -1,7 +1,7 @@
 """The parser of a compiled grammar: configurations (stacks of frames) read one byte at a time.
 
-`_step(rules, config, b)` gives the configurations after byte b (none: b is not allowed), `_complete`
-says whether a configuration is a whole document, and `_readable` gives a cheap superset of the bytes
+`read_byte(rules, config, b)` gives the configurations after byte b (none: b is not allowed), `is_complete`
+says whether a configuration is a whole document, and `readable_bytes` gives a cheap superset of the bytes
 it can read. The limits of what is written (whitespace, digits) are enforced here.
 """
 
@@ -12,7 +12,7 @@ from collections import deque
 from collections.abc import Sequence
 from fractions import Fraction
 
-from .nodes import _Array, _Literal, _Number, _Object, _String, _Union
+from .nodes import Array, Literal, Number, Object, String, Union
 
 MAX_INT_DIGITS = 16
 MAX_FRACTION_DIGITS = 16
@@ -21,7 +21,7 @@ MAX_INDENT = 20  # spaces or tabs after a newline
 MAX_NEWLINES = 2
 
 
-class _Rules:
+class Rules:
     """What the parser reads: the nodes, and the first frames of each node's alternatives."""
 
     def __init__(self, nodes: Sequence, whitespace: bool = True) -> None:
@@ -58,7 +58,7 @@ class _Keys:
 
     QUOTE = 1
 
-    def __init__(self, spec: _Object) -> None:
+    def __init__(self, spec: Object) -> None:
         self.text: list[bytes] = [b""]
         self.children: list[dict[int, int]] = [{}]
         self.below: list[int] = [0]
@@ -86,19 +86,19 @@ class _Keys:
         if self.exact[t] == -1:
             self.exact[t] = j
 
-    def candidates(self, spec: _Object, i: int) -> int:
+    def candidates(self, spec: Object, i: int) -> int:
         """The properties that may come next (bit j: property j), in a key phase with i as the frame holds it."""
         bits = self._candidates.get(i)
         if bits is None:
             if spec.any_order:
                 unwritten = (j for j in range(len(spec.properties)) if not i >> j & 1)
-                bits = sum(1 << j for j in unwritten if _feasible(spec, i | 1 << j))
+                bits = sum(1 << j for j in unwritten if feasible(spec, i | 1 << j))
             else:  # properties i to last_candidate[i]
                 bits = (1 << spec.last_candidate[i] + 1) - (1 << i) if i < len(spec.properties) else 0
             self._candidates[i] = bits
         return bits
 
-    def strings(self, g: _Rules, spec: _Object, t: int) -> list[tuple]:
+    def strings(self, g: Rules, spec: Object, t: int) -> list[tuple]:
         """The frames of the undeclared key's string after reading text[t] (none: it cannot be one)."""
         frames = self._strings.get(t)
         if frames is None:
@@ -110,39 +110,39 @@ class _Keys:
         return frames
 
 
-def _keys(g: _Rules, n: int) -> _Keys:
+def keys_of(g: Rules, n: int) -> _Keys:
     keys = g.keys.get(n)
     if keys is None:
         keys = g.keys[n] = _Keys(g.nodes[n])
     return keys
 
 
-def _key_text(g: _Rules, frame: tuple) -> bytes:
+def key_text(g: Rules, frame: tuple) -> bytes:
     """The key so far of an object frame in its key phase."""
-    return _keys(g, frame[1]).text[frame[4]]
+    return keys_of(g, frame[1]).text[frame[4]]
 
 
 # A configuration is a tuple of frames, the innermost last. Frames:
-#   (_TEXT, text, offset)            literal prefix/suffix text, popped after its last byte
-#   (_VALUE, node)                   a value not started yet (only at the root)
-#   (_OBJECT, node, phase, i, x)     i: next property index; x: whitespace state, or the key so far (a
+#   (TEXT, text, offset)            literal prefix/suffix text, popped after its last byte
+#   (VALUE, node)                   a value not started yet (only at the root)
+#   (OBJECT, node, phase, i, x)     i: next property index; x: whitespace state, or the key so far (a
 #                                    node of the object's _Keys, from the opening quote);
 #                                    at the colon and value of an undeclared key, i is -1 - (next index).
-#                                    Objects in any order (_Object.any_order): i is the set of properties
+#                                    Objects in any order (Object.any_order): i is the set of properties
 #                                    written (bit j: property j), and at the colon and value (that set,
 #                                    the property's index or -1 for an undeclared key)
-#   (_ARRAY, node, phase, count, w)  w: whitespace state
-#   (_STRING, node, phase, count, u) count: characters (capped); u: \u digits, or UTF-8 bytes still due
-#   (_PATTERN, node, phase, count, u, r)  a string with a pattern: r is the state of its regex DFA
-#   (_NUMBER, node, phase, digits, value)  value: tracked only for bounded integers
-#   (_LITERAL, node, text so far)
+#   (ARRAY, node, phase, count, w)  w: whitespace state
+#   (STRING, node, phase, count, u) count: characters (capped); u: \u digits, or UTF-8 bytes still due
+#   (PATTERN, node, phase, count, u, r)  a string with a pattern: r is the state of its regex DFA
+#   (NUMBER, node, phase, digits, value)  value: tracked only for bounded integers
+#   (LITERAL, node, text so far)
 # A frame that has read its closing byte is popped. Numbers and literals end without a byte of their
 # own: when they can end, the next byte is also offered to the frame below.
 # Whitespace state: 0 nothing, 1 one space, 100 * newlines + spaces/tabs after them.
 
-_TEXT, _VALUE, _OBJECT, _ARRAY, _STRING, _NUMBER, _LITERAL, _PATTERN = range(8)
-_OPEN, _FIRST, _KEY, _COLON, _VALUE_NEXT, _AFTER_VALUE, _AFTER_COMMA = range(7)  # objects and arrays
-_S_OPEN, _S_CONTENT, _S_ESCAPE, _S_HEX, _S_UTF8 = range(5)
+TEXT, VALUE, OBJECT, ARRAY, STRING, NUMBER, LITERAL, PATTERN = range(8)
+OPEN, FIRST, KEY, COLON, VALUE_NEXT, AFTER_VALUE, AFTER_COMMA = range(7)  # objects and arrays
+S_OPEN, S_CONTENT, S_ESCAPE, S_HEX, S_UTF8 = range(5)
 _N_START, _N_MINUS, _N_ZERO, _N_INT, _N_DOT, _N_FRACTION, _N_E, _N_E_SIGN, _N_EXPONENT = range(9)
 
 _WHITESPACE = frozenset(b" \n\t")
@@ -171,45 +171,45 @@ _VALUE_FIRST = _bits(b'{["-0123456789tfn')
 # Bytes that can be inside a string (content, escapes, UTF-8): no control bytes, none that UTF-8 never uses
 _TEXT_BITS = _ANY_BYTE & ~_bits(bytes(range(0x20))) & ~_bits(b"\xc0\xc1") & ~_bits(bytes(range(0xF5, 0x100)))
 _READABLE = {
-    (_OBJECT, _OPEN): _bits(b"{"),
-    (_OBJECT, _FIRST): _WS_BITS | _bits(b'"}'),
-    (_OBJECT, _COLON): _WS_BITS | _bits(b":"),
-    (_OBJECT, _VALUE_NEXT): _WS_BITS | _VALUE_FIRST,
-    (_OBJECT, _AFTER_VALUE): _WS_BITS | _bits(b",}"),
-    (_OBJECT, _AFTER_COMMA): _WS_BITS | _bits(b'"'),
-    (_ARRAY, _OPEN): _bits(b"["),
-    (_ARRAY, _FIRST): _WS_BITS | _VALUE_FIRST | _bits(b"]"),
-    (_ARRAY, _AFTER_VALUE): _WS_BITS | _bits(b",]"),
-    (_ARRAY, _AFTER_COMMA): _WS_BITS | _VALUE_FIRST,
-    (_STRING, _S_OPEN): _bits(b'"'),
-    (_STRING, _S_CONTENT): _TEXT_BITS,
-    (_STRING, _S_ESCAPE): _bits(b'"\\/bfnrtu'),
-    (_STRING, _S_HEX): _bits(b"0123456789abcdefABCDEF"),
-    (_STRING, _S_UTF8): _bits(bytes(range(0x80, 0xC0))),
-    **{(_NUMBER, phase): _bits(b"-+.eE0123456789") for phase in range(9)},
+    (OBJECT, OPEN): _bits(b"{"),
+    (OBJECT, FIRST): _WS_BITS | _bits(b'"}'),
+    (OBJECT, COLON): _WS_BITS | _bits(b":"),
+    (OBJECT, VALUE_NEXT): _WS_BITS | _VALUE_FIRST,
+    (OBJECT, AFTER_VALUE): _WS_BITS | _bits(b",}"),
+    (OBJECT, AFTER_COMMA): _WS_BITS | _bits(b'"'),
+    (ARRAY, OPEN): _bits(b"["),
+    (ARRAY, FIRST): _WS_BITS | _VALUE_FIRST | _bits(b"]"),
+    (ARRAY, AFTER_VALUE): _WS_BITS | _bits(b",]"),
+    (ARRAY, AFTER_COMMA): _WS_BITS | _VALUE_FIRST,
+    (STRING, S_OPEN): _bits(b'"'),
+    (STRING, S_CONTENT): _TEXT_BITS,
+    (STRING, S_ESCAPE): _bits(b'"\\/bfnrtu'),
+    (STRING, S_HEX): _bits(b"0123456789abcdefABCDEF"),
+    (STRING, S_UTF8): _bits(bytes(range(0x80, 0xC0))),
+    **{(NUMBER, phase): _bits(b"-+.eE0123456789") for phase in range(9)},
 }
-_READABLE.update({(_PATTERN, phase): bits for (kind, phase), bits in list(_READABLE.items()) if kind == _STRING})
+_READABLE.update({(PATTERN, phase): bits for (kind, phase), bits in list(_READABLE.items()) if kind == STRING})
 
 
-def _readable(g: _Rules, config: tuple) -> int:
+def readable_bytes(g: Rules, config: tuple) -> int:
     """A superset of the bytes `config` can read, as a 256-bit set."""
     bits = 0
     for frame in reversed(config):
         kind = frame[0]
-        if kind == _TEXT:
+        if kind == TEXT:
             bits |= 1 << frame[1][frame[2]]
-        elif kind == _VALUE:
+        elif kind == VALUE:
             bits |= _VALUE_FIRST
-        elif kind == _LITERAL:
+        elif kind == LITERAL:
             values, text = g.nodes[frame[1]].values, frame[2]
             i = bisect_left(values, text)  # the values that start with `text` follow in a row
             while i < len(values) and values[i].startswith(text):
                 if len(values[i]) > len(text):
                     bits |= 1 << values[i][len(text)]
                 i += 1
-        elif kind == _OBJECT and frame[2] == _KEY:
+        elif kind == OBJECT and frame[2] == KEY:
             _, n, _, i, t = frame
-            spec, keys = g.nodes[n], _keys(g, n)
+            spec, keys = g.nodes[n], keys_of(g, n)
             candidates = keys.candidates(spec, i)
             for b, child in keys.children[t].items():
                 if keys.below[child] & candidates:
@@ -218,42 +218,42 @@ def _readable(g: _Rules, config: tuple) -> int:
                 bits |= _TEXT_BITS
         else:
             bits |= _READABLE[kind, frame[2]]
-        if not _can_end(g, frame):
+        if not can_end(g, frame):
             break
     return bits
 
 
-def _candidates(spec: _Object, i: int) -> list:
+def _candidates(spec: Object, i: int) -> list:
     """The declared properties that may come next (in a key phase, i as the object frame holds it)."""
     if spec.any_order:
-        return [p for j, p in enumerate(spec.properties) if not i >> j & 1 and _feasible(spec, i | 1 << j)]
+        return [p for j, p in enumerate(spec.properties) if not i >> j & 1 and feasible(spec, i | 1 << j)]
     return list(spec.properties[i : spec.last_candidate[i] + 1])
 
 
 _EXTRA = 16  # objects in any order: the bits of i from here count the undeclared keys written (capped)
-_DECLARED = (1 << _EXTRA) - 1
+DECLARED = (1 << _EXTRA) - 1
 
 
-def _counted(spec: _Object) -> bool:
+def _counted(spec: Object) -> bool:
     return spec.min_properties > 0 or spec.max_properties >= 0
 
 
-def _plus_extra(spec: _Object, i: int) -> int:
+def plus_extra(spec: Object, i: int) -> int:
     """i after one more undeclared key (counted only with min/maxProperties, up to what they need)."""
     if not _counted(spec):
         return i
     cap = spec.max_properties + 1 if spec.max_properties >= 0 else 1  # one past the most: never allowed
-    return (i & _DECLARED) | min((i >> _EXTRA) + 1, cap) << _EXTRA
+    return (i & DECLARED) | min((i >> _EXTRA) + 1, cap) << _EXTRA
 
 
-def _feasible(spec: _Object, i: int) -> bool:
+def feasible(spec: Object, i: int) -> bool:
     """Whether an object in any order can still be completed from i within min/maxProperties (the
     properties due, the count to reach, the room left)."""
     if not _counted(spec):
         return True
-    written, extras = i & _DECLARED, i >> _EXTRA
+    written, extras = i & DECLARED, i >> _EXTRA
     declared = bin(written).count("1")
-    due = bin(_due(spec, written) & ~written).count("1")
+    due = bin(due_properties(spec, written) & ~written).count("1")
     short = max(0, spec.min_properties - declared - min(extras, 1))  # undeclared keys may repeat: one counts
     available = len(spec.properties) - declared + (1 if spec.extra_value is not None and extras == 0 else 0)
     if short > available:
@@ -261,22 +261,22 @@ def _feasible(spec: _Object, i: int) -> bool:
     return spec.max_properties < 0 or declared + extras + max(due, short) <= spec.max_properties
 
 
-def _closable_any(spec: _Object, i: int) -> bool:
+def closable_any(spec: Object, i: int) -> bool:
     """Whether an object in any order may close after i: nothing due, minProperties reached."""
-    written = i & _DECLARED
-    if _due(spec, written) & ~written:
+    written = i & DECLARED
+    if due_properties(spec, written) & ~written:
         return False
     return bin(written).count("1") + min(i >> _EXTRA, 1) >= spec.min_properties
 
 
-def _can_add(spec: _Object, i: int) -> bool:
+def _can_add(spec: Object, i: int) -> bool:
     """Whether some key (declared and not written yet, or undeclared) may come next."""
-    if spec.extra_value is not None and _feasible(spec, _plus_extra(spec, i)):
+    if spec.extra_value is not None and feasible(spec, plus_extra(spec, i)):
         return True
-    return any(not i >> j & 1 and _feasible(spec, i | 1 << j) for j in range(len(spec.properties)))
+    return any(not i >> j & 1 and feasible(spec, i | 1 << j) for j in range(len(spec.properties)))
 
 
-def _due(spec: _Object, written: int) -> int:
+def due_properties(spec: Object, written: int) -> int:
     """Objects in any order: the properties that must be written before `}` (required ones, and those
     the written ones require through `dependentRequired`, in turn)."""
     due = spec.required_bits
@@ -300,41 +300,41 @@ def _start_frames(nodes: Sequence, node: int) -> tuple[tuple, ...]:
             continue
         seen.add(n)
         spec = nodes[n]
-        if isinstance(spec, _Union):
+        if isinstance(spec, Union):
             todo.extend(spec.options)
-        elif isinstance(spec, _Object):
-            frames.append((_OBJECT, n, _OPEN, 0, 0))
-        elif isinstance(spec, _Array):
-            frames.append((_ARRAY, n, _OPEN, 0, 0))
-        elif isinstance(spec, _String):
-            frames.append((_STRING, n, _S_OPEN, 0, 0) if spec.pattern is None else (_PATTERN, n, _S_OPEN, 0, 0, 0))
-        elif isinstance(spec, _Number):
+        elif isinstance(spec, Object):
+            frames.append((OBJECT, n, OPEN, 0, 0))
+        elif isinstance(spec, Array):
+            frames.append((ARRAY, n, OPEN, 0, 0))
+        elif isinstance(spec, String):
+            frames.append((STRING, n, S_OPEN, 0, 0) if spec.pattern is None else (PATTERN, n, S_OPEN, 0, 0, 0))
+        elif isinstance(spec, Number):
             bounded_decimal = not spec.integer and (spec.minimum is not None or spec.maximum is not None)
-            frames.append((_NUMBER, n, _N_START, 0, (False, Fraction(0)) if bounded_decimal else 0))
-        elif isinstance(spec, _Literal):
-            frames.append((_LITERAL, n, b""))
+            frames.append((NUMBER, n, _N_START, 0, (False, Fraction(0)) if bounded_decimal else 0))
+        elif isinstance(spec, Literal):
+            frames.append((LITERAL, n, b""))
     return tuple(frames)
 
 
-def _step(g: _Rules, config: tuple, b: int) -> list[tuple]:
+def read_byte(g: Rules, config: tuple, b: int) -> list[tuple]:
     """The configurations after reading byte b (none: b is not allowed)."""
     if not config:  # the document and its suffix are complete
         return []
     top = config[-1]
     below = config[:-1]
     out = [below + frames for frames in _STEPS[top[0]](g, top, b)]
-    if below and _can_end(g, top):
-        out.extend(_step(g, below, b))
+    if below and can_end(g, top):
+        out.extend(read_byte(g, below, b))
     return out
 
 
-def _complete(g: _Rules, config: tuple) -> bool:
-    return all(_can_end(g, frame) for frame in config)
+def is_complete(g: Rules, config: tuple) -> bool:
+    return all(can_end(g, frame) for frame in config)
 
 
-def _can_end(g: _Rules, frame: tuple) -> bool:
+def can_end(g: Rules, frame: tuple) -> bool:
     kind = frame[0]
-    if kind == _NUMBER:
+    if kind == NUMBER:
         _, n, phase, _, value = frame
         spec = g.nodes[n]
         if spec.integer:
@@ -344,14 +344,14 @@ def _can_end(g: _Rules, frame: tuple) -> bool:
                 spec, -value[1] if value[0] else value[1]
             )
         return phase in (_N_ZERO, _N_INT, _N_FRACTION, _N_EXPONENT)
-    if kind == _LITERAL:
+    if kind == LITERAL:
         values = g.nodes[frame[1]].values
         i = bisect_left(values, frame[2])
         return i < len(values) and values[i] == frame[2]
     return False
 
 
-def _start_value(g: _Rules, node: int, b: int) -> list[tuple]:
+def _start_value(g: Rules, node: int, b: int) -> list[tuple]:
     out = []
     for frame in g.starts[node]:
         out.extend(_STEPS[frame[0]](g, frame, b))
@@ -366,127 +366,127 @@ def _whitespace(w: int, b: int) -> int | None:
     return w + 1 if w >= 100 and w % 100 < MAX_INDENT else None
 
 
-def _step_text(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+def _step_text(g: Rules, frame: tuple, b: int) -> list[tuple]:
     _, text, offset = frame
     if text[offset] != b:
         return []
-    return [()] if offset + 1 == len(text) else [((_TEXT, text, offset + 1),)]
+    return [()] if offset + 1 == len(text) else [((TEXT, text, offset + 1),)]
 
 
-def _step_value(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+def _step_value(g: Rules, frame: tuple, b: int) -> list[tuple]:
     return _start_value(g, frame[1], b)
 
 
-def _step_object(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+def _step_object(g: Rules, frame: tuple, b: int) -> list[tuple]:
     _, n, phase, i, x = frame
     spec = g.nodes[n]
     if spec.any_order:
         return _step_any_order(g, spec, frame, b)
-    if phase == _KEY:  # x: the key so far, a node of the key trie
-        keys = _keys(g, n)
+    if phase == KEY:  # x: the key so far, a node of the key trie
+        keys = keys_of(g, n)
         t = keys.children[x].get(b, -1)
         if t >= 0:
             candidates = keys.candidates(spec, i)
             j = keys.exact[t]
             if j >= 0 and candidates >> j & 1:
-                return [((_OBJECT, n, _COLON, j, 0),)]
+                return [((OBJECT, n, COLON, j, 0),)]
             if keys.below[t] & candidates:
-                return [((_OBJECT, n, _KEY, i, t),)]
+                return [((OBJECT, n, KEY, i, t),)]
         if spec.extra_value is None:
             return []
         return _undeclared_key(g, spec, n, i, x, b, t)
-    if phase == _OPEN:
-        return [((_OBJECT, n, _FIRST, 0, 0),)] if b == 0x7B else []
+    if phase == OPEN:
+        return [((OBJECT, n, FIRST, 0, 0),)] if b == 0x7B else []
     if b in _WHITESPACE:
         w = _whitespace(x, b) if g.whitespace else None
-        return [] if w is None else [((_OBJECT, n, phase, i, w),)]
+        return [] if w is None else [((OBJECT, n, phase, i, w),)]
     free = spec.free_value is not None
     extra = spec.extra_value is not None
-    if phase == _FIRST or phase == _AFTER_COMMA:
+    if phase == FIRST or phase == AFTER_COMMA:
         if b == 0x22 and free:
             starts = g.starts[spec.free_key]  # the key's string frame (none: no key is allowed)
-            return [((_OBJECT, n, _COLON, 0, 0), *frames) for key in starts for frames in _STEPS[key[0]](g, key, b)]
+            return [((OBJECT, n, COLON, 0, 0), *frames) for key in starts for frames in _STEPS[key[0]](g, key, b)]
         if b == 0x22 and (i < len(spec.properties) or extra):
-            return [((_OBJECT, n, _KEY, i, _Keys.QUOTE),)]
-        return [()] if b == 0x7D and phase == _FIRST and spec.closable[i] else []
-    if phase == _COLON:
-        return [((_OBJECT, n, _VALUE_NEXT, i, 0),)] if b == 0x3A else []
-    if phase == _VALUE_NEXT:
+            return [((OBJECT, n, KEY, i, _Keys.QUOTE),)]
+        return [()] if b == 0x7D and phase == FIRST and spec.closable[i] else []
+    if phase == COLON:
+        return [((OBJECT, n, VALUE_NEXT, i, 0),)] if b == 0x3A else []
+    if phase == VALUE_NEXT:
         if i < 0:  # an undeclared key's value
-            after, value = (_OBJECT, n, _AFTER_VALUE, -1 - i, 0), spec.extra_value
+            after, value = (OBJECT, n, AFTER_VALUE, -1 - i, 0), spec.extra_value
         else:
-            after = (_OBJECT, n, _AFTER_VALUE, 0 if free else i + 1, 0)
+            after = (OBJECT, n, AFTER_VALUE, 0 if free else i + 1, 0)
             value = spec.free_value if free else spec.properties[i].value
         return [(after, *frames) for frames in _start_value(g, value, b)]
-    # _AFTER_VALUE
+    # AFTER_VALUE
     if b == 0x2C and (free or extra or i < len(spec.properties)):
-        return [((_OBJECT, n, _AFTER_COMMA, i, 0),)]
+        return [((OBJECT, n, AFTER_COMMA, i, 0),)]
     return [()] if b == 0x7D and spec.closable[i] else []
 
 
-def _step_any_order(g: _Rules, spec: _Object, frame: tuple, b: int) -> list[tuple]:
+def _step_any_order(g: Rules, spec: Object, frame: tuple, b: int) -> list[tuple]:
     """_step_object for an object whose properties may come in any order, each at most once."""
     _, n, phase, i, x = frame
-    if phase == _KEY:  # i: the properties written; x: the key so far, a node of the key trie
-        keys = _keys(g, n)
+    if phase == KEY:  # i: the properties written; x: the key so far, a node of the key trie
+        keys = keys_of(g, n)
         t = keys.children[x].get(b, -1)
         if t >= 0:
             candidates = keys.candidates(spec, i)  # not written yet, and the object can still be completed
             j = keys.exact[t]
             if j >= 0 and candidates >> j & 1:
-                return [((_OBJECT, n, _COLON, (i, j), 0),)]
+                return [((OBJECT, n, COLON, (i, j), 0),)]
             if keys.below[t] & candidates:
-                return [((_OBJECT, n, _KEY, i, t),)]
-        if spec.extra_value is None or not _feasible(spec, _plus_extra(spec, i)):
+                return [((OBJECT, n, KEY, i, t),)]
+        if spec.extra_value is None or not feasible(spec, plus_extra(spec, i)):
             return []
         return _undeclared_key(g, spec, n, i, x, b, t, (i, -1))
-    if phase == _OPEN:
-        return [((_OBJECT, n, _FIRST, 0, 0),)] if b == 0x7B else []
+    if phase == OPEN:
+        return [((OBJECT, n, FIRST, 0, 0),)] if b == 0x7B else []
     if b in _WHITESPACE:
         w = _whitespace(x, b) if g.whitespace else None
-        return [] if w is None else [((_OBJECT, n, phase, i, w),)]
-    if phase == _COLON:
-        return [((_OBJECT, n, _VALUE_NEXT, i, 0),)] if b == 0x3A else []
-    if phase == _VALUE_NEXT:
+        return [] if w is None else [((OBJECT, n, phase, i, w),)]
+    if phase == COLON:
+        return [((OBJECT, n, VALUE_NEXT, i, 0),)] if b == 0x3A else []
+    if phase == VALUE_NEXT:
         written, j = i
         if j < 0:
             assert spec.extra_value is not None  # j < 0 (an undeclared key) is only entered when it is set
             value = spec.extra_value
         else:
             value = spec.properties[j].value
-        after = (_OBJECT, n, _AFTER_VALUE, _plus_extra(spec, written) if j < 0 else written | 1 << j, 0)
+        after = (OBJECT, n, AFTER_VALUE, plus_extra(spec, written) if j < 0 else written | 1 << j, 0)
         return [(after, *frames) for frames in _start_value(g, value, b)]
-    if phase == _FIRST or phase == _AFTER_COMMA:
+    if phase == FIRST or phase == AFTER_COMMA:
         if b == 0x22 and _can_add(spec, i):
-            return [((_OBJECT, n, _KEY, i, _Keys.QUOTE),)]
-        return [()] if b == 0x7D and phase == _FIRST and _closable_any(spec, i) else []
-    # _AFTER_VALUE
+            return [((OBJECT, n, KEY, i, _Keys.QUOTE),)]
+        return [()] if b == 0x7D and phase == FIRST and closable_any(spec, i) else []
+    # AFTER_VALUE
     if b == 0x2C and _can_add(spec, i):
-        return [((_OBJECT, n, _AFTER_COMMA, i, 0),)]
-    return [()] if b == 0x7D and _closable_any(spec, i) else []
+        return [((OBJECT, n, AFTER_COMMA, i, 0),)]
+    return [()] if b == 0x7D and closable_any(spec, i) else []
 
 
 def _undeclared_key(
-    g: _Rules, spec: _Object, n: int, i: int, x: int, b: int, t: int, colon_i: int | tuple | None = None
+    g: Rules, spec: Object, n: int, i: int, x: int, b: int, t: int, colon_i: int | tuple | None = None
 ) -> list[tuple]:
     """An object key (the key so far x, a node of the key trie, then byte b, which leads to node t; -1:
     out of the trie) that is none of the next candidates: an undeclared key, if it is not (and cannot
     become) a declared one. Once it cannot, the rest of it is read by a plain string frame. colon_i:
     the object frame's i at the colon (default: -1 - i, declared order)."""
-    keys = _keys(g, n)
+    keys = keys_of(g, n)
     if t >= 0 and keys.exact[t] != -1:
         return []  # a declared key out of its place, or written twice
     following = [c for frame in keys.strings(g, spec, x) for c in _STEPS[frame[0]](g, frame, b)]
     configs = [c[-1] for c in following if c]  # the string frame of undeclared keys, after the key so far
     if t >= 0:  # it may still become a declared key: keep reading it
-        return [((_OBJECT, n, _KEY, i, t),)] if configs else []
-    colon = (_OBJECT, n, _COLON, -1 - i if colon_i is None else colon_i, 0)
+        return [((OBJECT, n, KEY, i, t),)] if configs else []
+    colon = (OBJECT, n, COLON, -1 - i if colon_i is None else colon_i, 0)
     if any(c == () for c in following) and _closes_string(keys.text[x] + bytes((b,))):
         return [(colon,)]
     return [(colon, frame) for frame in configs]
 
 
-def _as_undeclared(g: _Rules, config: tuple) -> tuple | None:
+def as_undeclared(g: Rules, config: tuple) -> tuple | None:
     """For a configuration whose top frame is an object in its key phase: the configuration that reads
     every byte leading out of the key trie as it does (the key taken as an undeclared one: the colon
     frame under the key's string frame); None if there is none (no undeclared key may come here, or its
@@ -496,15 +496,15 @@ def _as_undeclared(g: _Rules, config: tuple) -> tuple | None:
     if spec.extra_value is None:
         return None
     if spec.any_order:
-        if not _feasible(spec, _plus_extra(spec, i)):
+        if not feasible(spec, plus_extra(spec, i)):
             return None
         colon_i: int | tuple = (i, -1)
     else:
         colon_i = -1 - i
-    frames = _keys(g, n).strings(g, spec, x)
+    frames = keys_of(g, n).strings(g, spec, x)
     if len(frames) != 1:
         return None
-    return (*config[:-1], (_OBJECT, n, _COLON, colon_i, 0), frames[0])
+    return (*config[:-1], (OBJECT, n, COLON, colon_i, 0), frames[0])
 
 
 def _closes_string(key: bytes) -> bool:
@@ -513,30 +513,30 @@ def _closes_string(key: bytes) -> bool:
     return backslashes % 2 == 0
 
 
-def _step_array(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+def _step_array(g: Rules, frame: tuple, b: int) -> list[tuple]:
     _, n, phase, count, w = frame
     spec = g.nodes[n]
-    if phase == _OPEN:
-        return [((_ARRAY, n, _FIRST, 0, 0),)] if b == 0x5B else []
+    if phase == OPEN:
+        return [((ARRAY, n, FIRST, 0, 0),)] if b == 0x5B else []
     if b in _WHITESPACE:
         w = _whitespace(w, b) if g.whitespace else None
-        return [] if w is None else [((_ARRAY, n, phase, count, w),)]
-    if phase == _AFTER_VALUE:
+        return [] if w is None else [((ARRAY, n, phase, count, w),)]
+    if phase == AFTER_VALUE:
         if b == 0x2C and (spec.max_items < 0 or count < spec.max_items):
-            return [((_ARRAY, n, _AFTER_COMMA, count, 0),)]
+            return [((ARRAY, n, AFTER_COMMA, count, 0),)]
         return [()] if b == 0x5D and count >= spec.min_items else []
-    if phase == _FIRST and b == 0x5D:
+    if phase == FIRST and b == 0x5D:
         return [()] if spec.min_items == 0 else []
     item = spec.prefix[count] if count < len(spec.prefix) else spec.item
     if item is None:
         return []
-    after = (_ARRAY, n, _AFTER_VALUE, min(count + 1, spec.cap), 0)
+    after = (ARRAY, n, AFTER_VALUE, min(count + 1, spec.cap), 0)
     return [(after, *frames) for frames in _start_value(g, item, b)]
 
 
-def _step_string(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+def _step_string(g: Rules, frame: tuple, b: int) -> list[tuple]:
     _, n, phase, count, u = frame
-    if phase == _S_CONTENT:
+    if phase == S_CONTENT:
         spec = g.nodes[n]
         if b == 0x22:
             return [()] if count >= spec.min_length else []
@@ -544,54 +544,54 @@ def _step_string(g: _Rules, frame: tuple, b: int) -> list[tuple]:
             return []
         count = min(count + 1, spec.cap)  # a character starts here
         if b == 0x5C:
-            return [((_STRING, n, _S_ESCAPE, count, 0),)]
+            return [((STRING, n, S_ESCAPE, count, 0),)]
         if b < 0x80:
-            return [((_STRING, n, _S_CONTENT, count, 0),)]
+            return [((STRING, n, S_CONTENT, count, 0),)]
         lead = _UTF8_LEAD.get(b)
-        return [] if lead is None else [((_STRING, n, _S_UTF8, count, lead),)]
-    if phase == _S_UTF8:
+        return [] if lead is None else [((STRING, n, S_UTF8, count, lead),)]
+    if phase == S_UTF8:
         due, low, high = u
         if not low <= b <= high:
             return []
         more = _UTF8_MORE[due]
-        return [((_STRING, n, _S_CONTENT, count, 0) if more is None else (_STRING, n, _S_UTF8, count, more),)]
-    if phase == _S_OPEN:
-        return [((_STRING, n, _S_CONTENT, 0, 0),)] if b == 0x22 else []
-    if phase == _S_ESCAPE:
+        return [((STRING, n, S_CONTENT, count, 0) if more is None else (STRING, n, S_UTF8, count, more),)]
+    if phase == S_OPEN:
+        return [((STRING, n, S_CONTENT, 0, 0),)] if b == 0x22 else []
+    if phase == S_ESCAPE:
         if b in _ESCAPES:
-            return [((_STRING, n, _S_CONTENT, count, 0),)]
-        return [((_STRING, n, _S_HEX, count, 0),)] if b == 0x75 else []
-    # _S_HEX: u = hex digits read; -1 after a leading D, which must be followed by 0-7 (no surrogates)
+            return [((STRING, n, S_CONTENT, count, 0),)]
+        return [((STRING, n, S_HEX, count, 0),)] if b == 0x75 else []
+    # S_HEX: u = hex digits read; -1 after a leading D, which must be followed by 0-7 (no surrogates)
     if b not in _HEX or (u == -1 and b not in b"01234567"):
         return []
     if u == 0 and b in b"dD":
-        return [((_STRING, n, _S_HEX, count, -1),)]
+        return [((STRING, n, S_HEX, count, -1),)]
     digits = 2 if u == -1 else u + 1
-    return [((_STRING, n, _S_CONTENT, count, 0) if digits == 4 else (_STRING, n, _S_HEX, count, digits),)]
+    return [((STRING, n, S_CONTENT, count, 0) if digits == 4 else (STRING, n, S_HEX, count, digits),)]
 
 
 _ESCAPED = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F}  # the escapes a patterned string may use, and their character
 
 
-def _step_pattern(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+def step_pattern(g: Rules, frame: tuple, b: int) -> list[tuple]:
     """A string whose characters must match a regex; escapes only for `"`, `\\` and `/`."""
     _, n, phase, count, u, r = frame
     spec = g.nodes[n]
-    if phase == _S_OPEN:
-        return [((_PATTERN, n, _S_CONTENT, 0, 0, 0),)] if b == 0x22 else []
-    if phase == _S_UTF8:
+    if phase == S_OPEN:
+        return [((PATTERN, n, S_CONTENT, 0, 0, 0),)] if b == 0x22 else []
+    if phase == S_UTF8:
         due, low, high = u
         if not low <= b <= high:
             return []
         more = _UTF8_MORE[due]
-        return [((_PATTERN, n, _S_CONTENT, count, 0, r) if more is None else (_PATTERN, n, _S_UTF8, count, more, r),)]
-    if phase == _S_CONTENT and b == 0x22:
+        return [((PATTERN, n, S_CONTENT, count, 0, r) if more is None else (PATTERN, n, S_UTF8, count, more, r),)]
+    if phase == S_CONTENT and b == 0x22:
         return [()] if spec.pattern.accepting[r] and count >= spec.min_length else []
-    if phase == _S_CONTENT and b == 0x5C:
+    if phase == S_CONTENT and b == 0x5C:
         if all(_pattern_next(spec, count, r, symbol) < 0 for symbol in _ESCAPED.values()):
             return []
-        return [((_PATTERN, n, _S_ESCAPE, count, 0, r),)]
-    if phase == _S_ESCAPE:
+        return [((PATTERN, n, S_ESCAPE, count, 0, r),)]
+    if phase == S_ESCAPE:
         symbol = _ESCAPED.get(b, -1)
     elif b < 0x20:
         return []
@@ -604,11 +604,11 @@ def _step_pattern(g: _Rules, frame: tuple, b: int) -> list[tuple]:
         return []
     chars = min(count + 1, spec.cap)
     if symbol == 128:
-        return [((_PATTERN, n, _S_UTF8, chars, _UTF8_LEAD[b], following),)]
-    return [((_PATTERN, n, _S_CONTENT, chars, 0, following),)]
+        return [((PATTERN, n, S_UTF8, chars, _UTF8_LEAD[b], following),)]
+    return [((PATTERN, n, S_CONTENT, chars, 0, following),)]
 
 
-def _pattern_next(spec: _String, count: int, r: int, symbol: int) -> int:
+def _pattern_next(spec: String, count: int, r: int, symbol: int) -> int:
     """The regex state after one more character, if the string can still end within its lengths; else -1."""
     regex = spec.pattern
     assert regex is not None
@@ -623,7 +623,7 @@ def _pattern_next(spec: _String, count: int, r: int, symbol: int) -> int:
     return following
 
 
-def _step_number(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+def step_number(g: Rules, frame: tuple, b: int) -> list[tuple]:
     _, n, phase, digits, value = frame
     spec = g.nodes[n]
     bounded = spec.minimum is not None or spec.maximum is not None
@@ -632,7 +632,7 @@ def _step_number(g: _Rules, frame: tuple, b: int) -> list[tuple]:
         return _step_decimal(spec, frame, b, digit)
     bounded = bounded or spec.multiple_of > 1  # integers: the value is tracked
     if phase == _N_START and b == 0x2D:  # '-'
-        return [((_NUMBER, n, _N_MINUS, 0, 0),)] if spec.minimum is None or spec.minimum <= 0 else []
+        return [((NUMBER, n, _N_MINUS, 0, 0),)] if spec.minimum is None or spec.minimum <= 0 else []
     if phase in (_N_START, _N_MINUS, _N_INT) and digit >= 0:
         if phase == _N_INT and digits == MAX_INT_DIGITS:
             return []
@@ -641,25 +641,25 @@ def _step_number(g: _Rules, frame: tuple, b: int) -> list[tuple]:
         if bounded and not _reachable(spec, negative, magnitude, digits + 1):
             return []
         next_phase = _N_ZERO if phase != _N_INT and digit == 0 else _N_INT
-        return [((_NUMBER, n, next_phase, digits + 1, -magnitude if negative else magnitude),)]
+        return [((NUMBER, n, next_phase, digits + 1, -magnitude if negative else magnitude),)]
     if spec.integer:
         return []
     if b == 0x2E and phase in (_N_ZERO, _N_INT):  # '.'
-        return [((_NUMBER, n, _N_DOT, 0, 0),)]
+        return [((NUMBER, n, _N_DOT, 0, 0),)]
     if b in b"eE" and phase in (_N_ZERO, _N_INT, _N_FRACTION):
-        return [((_NUMBER, n, _N_E, 0, 0),)]
+        return [((NUMBER, n, _N_E, 0, 0),)]
     if phase == _N_E and b in b"+-":
-        return [((_NUMBER, n, _N_E_SIGN, 0, 0),)]
+        return [((NUMBER, n, _N_E_SIGN, 0, 0),)]
     if digit < 0:
         return []
     if phase == _N_DOT or (phase == _N_FRACTION and digits < MAX_FRACTION_DIGITS):
-        return [((_NUMBER, n, _N_FRACTION, digits + 1, 0),)]
+        return [((NUMBER, n, _N_FRACTION, digits + 1, 0),)]
     if phase in (_N_E, _N_E_SIGN) or (phase == _N_EXPONENT and digits < MAX_EXPONENT_DIGITS):
-        return [((_NUMBER, n, _N_EXPONENT, digits + 1, 0),)]
+        return [((NUMBER, n, _N_EXPONENT, digits + 1, 0),)]
     return []
 
 
-def _reachable(spec: _Number, negative: bool, magnitude: int, digits: int) -> bool:
+def _reachable(spec: Number, negative: bool, magnitude: int, digits: int) -> bool:
     """Whether some integer written with these leading digits (and sign) lies within the bounds."""
     longest = 0 if magnitude == 0 else MAX_INT_DIGITS - digits  # a leading 0 takes no more digits
     for more in range(longest + 1):
@@ -673,7 +673,7 @@ def _reachable(spec: _Number, negative: bool, magnitude: int, digits: int) -> bo
     return False
 
 
-def _step_decimal(spec: _Number, frame: tuple, b: int, digit: int) -> list[tuple]:
+def _step_decimal(spec: Number, frame: tuple, b: int, digit: int) -> list[tuple]:
     """A number with bounds: value is (negative, magnitude as a Fraction); no exponent is written."""
     _, n, phase, digits, (negative, magnitude) = frame
     if phase == _N_START and b == 0x2D:  # '-'
@@ -686,7 +686,7 @@ def _step_decimal(spec: _Number, frame: tuple, b: int, digit: int) -> list[tuple
         following = (_N_ZERO if phase != _N_INT and digit == 0 else _N_INT, digits + 1, (negative, magnitude))
         more = 0 if magnitude == 0 else MAX_INT_DIGITS - digits - 1  # integer digits that may still come
         return (
-            [((_NUMBER, n, *following),)]
+            [((NUMBER, n, *following),)]
             if any(_decimal_reachable(spec, negative, magnitude * 10**k, Fraction(10**k)) for k in range(more + 1))
             else []
         )
@@ -698,10 +698,10 @@ def _step_decimal(spec: _Number, frame: tuple, b: int, digit: int) -> list[tuple
         following = (_N_FRACTION, digits + 1, (negative, magnitude))
     else:
         return []
-    return [((_NUMBER, n, *following),)] if _decimal_reachable(spec, negative, magnitude, width) else []
+    return [((NUMBER, n, *following),)] if _decimal_reachable(spec, negative, magnitude, width) else []
 
 
-def _decimal_reachable(spec: _Number, negative: bool, low: Fraction | int, width: Fraction) -> bool:
+def _decimal_reachable(spec: Number, negative: bool, low: Fraction | int, width: Fraction) -> bool:
     """Whether some number of magnitude in [low, low + width), with this sign, lies within the bounds."""
     high = low + width
     if negative:  # values in (-high, -low]
@@ -714,19 +714,19 @@ def _decimal_reachable(spec: _Number, negative: bool, low: Fraction | int, width
     return top_ok and bottom_ok
 
 
-def _decimal_within(spec: _Number, value: Fraction) -> bool:
+def _decimal_within(spec: Number, value: Fraction) -> bool:
     low, high = spec.minimum, spec.maximum
     if low is not None and (value < low or (value == low and spec.open_min)):
         return False
     return high is None or not (value > high or (value == high and spec.open_max))
 
 
-def _within(spec: _Number, value: int) -> bool:
+def _within(spec: Number, value: int) -> bool:
     in_range = (spec.minimum is None or value >= spec.minimum) and (spec.maximum is None or value <= spec.maximum)
     return in_range and value % spec.multiple_of == 0
 
 
-def _step_literal(g: _Rules, frame: tuple, b: int) -> list[tuple]:
+def _step_literal(g: Rules, frame: tuple, b: int) -> list[tuple]:
     values = g.nodes[frame[1]].values
     text = frame[2] + bytes((b,))
     i = bisect_left(values, text)  # the first value starting with `text`, if any does
@@ -734,7 +734,7 @@ def _step_literal(g: _Rules, frame: tuple, b: int) -> list[tuple]:
         return []
     if values[i] == text and (i + 1 == len(values) or not values[i + 1].startswith(text)):
         return [()]  # nothing longer can follow: done
-    return [((_LITERAL, frame[1], text),)]
+    return [((LITERAL, frame[1], text),)]
 
 
 _STEPS = (
@@ -743,7 +743,7 @@ _STEPS = (
     _step_object,
     _step_array,
     _step_string,
-    _step_number,
+    step_number,
     _step_literal,
-    _step_pattern,
+    step_pattern,
 )

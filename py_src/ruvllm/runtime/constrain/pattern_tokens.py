@@ -15,12 +15,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from .nodes import _String
+from .nodes import String
 from .regex import Regex
 from .vocabulary import Vocabulary
 
 
-class _PatternTokens:
+class PatternTokens:
     """The class trie of one regex over one vocabulary's plain heads, and the regex state each class
     node leads to from any regex state (computed when first asked, then kept).
 
@@ -85,7 +85,7 @@ class _PatternTokens:
             out = self._finals[r] = np.concatenate([*levels, np.full(left, self.dead, np.int16)])
         return out
 
-    def reachable(self, spec: _String, count: int, r: int) -> tuple[np.ndarray, np.ndarray]:
+    def reachable(self, spec: String, count: int, r: int) -> tuple[np.ndarray, np.ndarray]:
         """(K + 1,) bool: whether the characters of each class node can be read by a patterned string of
         `spec` with `count` characters so far in regex state r; and the regex states they lead to.
 

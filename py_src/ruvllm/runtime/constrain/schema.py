@@ -14,8 +14,8 @@ from itertools import combinations, product
 from ...errors import InvalidArgumentError
 from .combine import MAX_COMBINATIONS, MergeError, UnsatisfiableError, json_equal, merge, reference
 from .grammar import Grammar
-from .nodes import _Array, _Literal, _Number, _Object, _Property, _String, _Union
-from .parser import MAX_INT_DIGITS, _feasible
+from .nodes import Array, Literal, Number, Object, Property, String, Union
+from .parser import MAX_INT_DIGITS, feasible
 from .regex import Regex, RegexError
 from .resolve import ROOT_URI, Location, Resources
 
@@ -276,7 +276,7 @@ class _Compiler:
         return min(value, self.max_bytes) if value >= 0 else value
 
     def dead_node(self, why: str, path: tuple[str, ...]) -> int:
-        node = self.add(_Union(()))
+        node = self.add(Union(()))
         self.dead[node] = f"{why} {_where(path)}"
         return node
 
@@ -285,16 +285,16 @@ class _Compiler:
             self._any = self.add(None)
             options = (
                 self.free_object(self._any),
-                self.add(_Array(self._any, 0, -1, 0)),
-                self.add(_String(0, -1, 0)),
-                self.add(_Number(False, None, None)),
-                self.add(_Literal((b"false", b"null", b"true"))),
+                self.add(Array(self._any, 0, -1, 0)),
+                self.add(String(0, -1, 0)),
+                self.add(Number(False, None, None)),
+                self.add(Literal((b"false", b"null", b"true"))),
             )
-            self.nodes[self._any] = _Union(options)
+            self.nodes[self._any] = Union(options)
         return self._any
 
     def free_object(self, value: int, key: int | None = None) -> int:
-        return self.add(_Object((), value, self.add(_String(0, -1, 0)) if key is None else key, (), (True,)))
+        return self.add(Object((), value, self.add(String(0, -1, 0)) if key is None else key, (), (True,)))
 
     def finish(self, root: int, prefix: bytes, suffix: bytes, description: str, whitespace: bool) -> Grammar:
         for slot, others, values, path in self.enums:  # inner ones first: keep what the other keywords allow
@@ -302,7 +302,7 @@ class _Compiler:
             if others >= 0:
                 partial = Grammar(self.nodes, others, b"", b"", "enum filter")
                 texts = {t for t in texts if partial.accepts(others, t)}
-            self.nodes[slot] = _Literal(tuple(sorted(texts)))
+            self.nodes[slot] = Literal(tuple(sorted(texts)))
             if not texts:
                 self.dead[slot] = f"no value of 'enum'/'const' is valid under the other keywords {_where(path)}"
         for node, path in self.exclusive:
@@ -418,7 +418,7 @@ class _Compiler:
             return self.refs[target]
         slot = self.refs[target] = self.add(None)
         where = target_location[1] if target_location[0] == self.resources.root_uri else (target,)
-        self.nodes[slot] = _Union((self.compile(schema, where, target_location, depth + 1),))
+        self.nodes[slot] = Union((self.compile(schema, where, target_location, depth + 1),))
         return slot
 
     def plain(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
@@ -434,7 +434,7 @@ class _Compiler:
             return self.enum(schema, path, location, depth)
         types = self.types(schema, path)
         nodes = [self.typed(t, schema, path, location, depth) for t in types]
-        return nodes[0] if len(nodes) == 1 else self.add(_Union(tuple(nodes)))
+        return nodes[0] if len(nodes) == 1 else self.add(Union(tuple(nodes)))
 
     def choice(
         self, schema: dict, choices: list[str], path: tuple[str, ...], location: Location | None, depth: int
@@ -466,7 +466,7 @@ class _Compiler:
             except MergeError as e:
                 raise _fail(str(e), path) from None
             options.append(self.plain(merged, combination[0][1], None, depth + 1))
-        node = self.add(_Union(tuple(options)))
+        node = self.add(Union(tuple(options)))
         if "oneOf" in choices:
             self.exclusive.append((node, path))
         return node
@@ -512,7 +512,7 @@ class _Compiler:
                 regex = self.pattern(schema, path)
             except _NoStringError as e:
                 return self.dead_node(str(e), path)
-            return self.add(_String(low, high, high if high >= 0 else low, regex))
+            return self.add(String(low, high, high if high >= 0 else low, regex))
         if kind == "number" and "multipleOf" in schema and _multiple(schema, path).denominator == 1:
             kind = "integer"  # multiples of an integer are integers: written as integers (not 2.0)
         if kind == "integer":
@@ -524,7 +524,7 @@ class _Compiler:
             if low > min(high, largest) or high < max(low, -largest) or -(-low // step) * step > high:
                 why = f"no integer of at most {MAX_INT_DIGITS} digits is within the bounds [{minimum}, {maximum}]"
                 return self.dead_node(why + (f" and a multiple of {schema['multipleOf']}" if step > 1 else ""), path)
-            return self.add(_Number(True, minimum, maximum, multiple_of=step))
+            return self.add(Number(True, minimum, maximum, multiple_of=step))
         if kind == "number":
             if "multipleOf" in schema:
                 raise _fail(
@@ -533,7 +533,7 @@ class _Compiler:
                     path,
                 )
             return self.number(schema, path)
-        return self.add(_Literal((b"false", b"true") if kind == "boolean" else (b"null",)))
+        return self.add(Literal((b"false", b"true") if kind == "boolean" else (b"null",)))
 
     def pattern(self, schema: dict, path: tuple[str, ...]) -> Regex | None:
         """The regex of `pattern` and of a `format` that has one (with both, the strings both match)."""
@@ -579,12 +579,12 @@ class _Compiler:
     def number(self, schema: dict, path: tuple[str, ...]) -> int:
         low, open_low, high, open_high = _decimal_bounds(schema, path)
         if low is None and high is None:
-            return self.add(_Number(False, None, None))
+            return self.add(Number(False, None, None))
         largest = 10**MAX_INT_DIGITS
         empty = low is not None and high is not None and (low > high or (low == high and (open_low or open_high)))
         if empty or (low is not None and low >= largest) or (high is not None and high <= -largest):
             return self.dead_node(f"no number of at most {MAX_INT_DIGITS} integer digits is within the bounds", path)
-        return self.add(_Number(False, low, high, open_low, open_high))
+        return self.add(Number(False, low, high, open_low, open_high))
 
     def object(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
         properties = schema.get("properties", {})
@@ -676,15 +676,15 @@ class _Compiler:
                 raise _fail(
                     f"'{keyword}' needs property_order 'any' and no more than {MAX_ANY_ORDER} declared properties", path
                 )
-        props = tuple(_Property(_key(n), v, r) for n, v, r in listed)
+        props = tuple(Property(_key(n), v, r) for n, v, r in listed)
         deps = {_key(k): tuple(_key(n) for n in v) for k, v in dependencies.items()}
         if not writes_extra or extra is False or not (properties or patterns):
             spec = _object_node(props, any_order=self.any_order, dependencies=deps, **counts)
         else:
             value = self.compile(extra, extra_path, extra_location, depth + 1)
             spec = _object_node(props, value, self.extra_key(key, high), self.any_order, deps, **counts)
-        if not _feasible(spec, 0):
-            if spec.extra_value is not None and _feasible(replace(spec, min_properties=0), 0):
+        if not feasible(spec, 0):
+            if spec.extra_value is not None and feasible(replace(spec, min_properties=0), 0):
                 raise _fail(
                     f"'minProperties' {low} beyond the declared properties and one undeclared key is not supported "
                     "(undeclared keys are not compared with each other)",
@@ -698,9 +698,9 @@ class _Compiler:
         undeclared key may not fit where the count is reached, so its node is not a plain unbounded string:
         the masks of key prefixes then walk the tokens rather than allow all plain text at once."""
         if most < 0:
-            return self.add(_String(0, -1, 0)) if key is None else key
-        spec = _String(0, -1, 0) if key is None else self.nodes[key]
-        if isinstance(spec, _String) and spec.pattern is None and spec.max_length < 0:
+            return self.add(String(0, -1, 0)) if key is None else key
+        spec = String(0, -1, 0) if key is None else self.nodes[key]
+        if isinstance(spec, String) and spec.pattern is None and spec.max_length < 0:
             return self.add(replace(spec, max_length=MAX_KEY_CHARS))
         assert key is not None  # key None: spec is the plain unbounded string, returned above
         return key
@@ -732,7 +732,7 @@ class _Compiler:
         and a test of whether a declared name meets `propertyNames`."""
         names = schema.get("propertyNames", True)
         if names is False:  # no name at all: only an empty object
-            return self.add(_Union(())), lambda name: False
+            return self.add(Union(())), lambda name: False
         if names is True:
             names = {}
         if not isinstance(names, dict) or any(
@@ -746,7 +746,7 @@ class _Compiler:
         try:
             names_regex = self.pattern(names, (*path, "propertyNames"))
         except _NoStringError:  # no name meets it: as propertyNames false
-            return self.add(_Union(())), lambda name: False
+            return self.add(Union(())), lambda name: False
         if patterns:
             schemas = list(patterns.values())
             if any(not json_equal(s, schemas[0]) for s in schemas[1:]):
@@ -767,8 +767,8 @@ class _Compiler:
         if key_regex is None and low == 0 and high < 0:
             return None, allowed
         if high >= 0 and low > high:
-            return self.add(_Union(())), allowed
-        node = self.add(_String(low, high, high if high >= 0 else low, key_regex))
+            return self.add(Union(())), allowed
+        node = self.add(String(low, high, high if high >= 0 else low, key_regex))
         return node, allowed
 
     def array(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
@@ -796,7 +796,7 @@ class _Compiler:
         )
         more = high < 0 or high > len(prefix)
         item = self.compile(items, (*path, rest_keyword), _child(location, rest_keyword), depth + 1) if more else None
-        return self.add(_Array(item, low, high, max(low, high, len(prefix)), prefix))
+        return self.add(Array(item, low, high, max(low, high, len(prefix)), prefix))
 
 
 def _match_any(regex: Regex | None, name: str) -> bool:
@@ -809,14 +809,14 @@ def _key(name: str) -> bytes:
 
 
 def _object_node(
-    props: tuple[_Property, ...],
+    props: tuple[Property, ...],
     extra_value: int | None = None,
     extra_key: int | None = None,
     any_order: bool = False,
     dependencies: dict[bytes, tuple[bytes, ...]] | None = None,
     min_properties: int = 0,
     max_properties: int = -1,
-) -> _Object:
+) -> Object:
     """dependencies: key -> the keys it requires (JSON texts), all of them among `props` (the object is
     then written in any order)."""
     needed = [i for i, p in enumerate(props) if p.required]
@@ -829,7 +829,7 @@ def _object_node(
     pairs = tuple(
         (index[key], sum(index[k] for k in keys)) for key, keys in (dependencies or {}).items() if key in index
     )
-    return _Object(
+    return Object(
         props, None, None, last, closable, extra_value, extra_key, any_order=any_order, required_bits=bits,
         dependencies=pairs, min_properties=min_properties, max_properties=max_properties,
     )  # fmt: skip
@@ -842,7 +842,7 @@ def _leaves(nodes: list, node: int) -> list[int]:
         n = todo.pop()
         if n not in seen:
             seen.add(n)
-            if isinstance(nodes[n], _Union):
+            if isinstance(nodes[n], Union):
                 todo.extend(nodes[n].options)
             else:
                 out.append(n)
@@ -850,19 +850,19 @@ def _leaves(nodes: list, node: int) -> list[int]:
 
 
 def _kind(spec: object, text: bytes = b"") -> str:
-    if isinstance(spec, _Literal):
+    if isinstance(spec, Literal):
         first = text[:1]
         return {b"{": "object", b"[": "array", b'"': "string", b"t": "true", b"f": "false", b"n": "null"}.get(
             first, "number"
         )
-    return {_Object: "object", _Array: "array", _String: "string", _Number: "number"}[type(spec)]
+    return {Object: "object", Array: "array", String: "string", Number: "number"}[type(spec)]
 
 
 def _literal_texts(nodes: list, node: int) -> set[bytes] | None:
     """The JSON texts of a node that is only literals, else None."""
     texts: set[bytes] = set()
     for leaf in _leaves(nodes, node):
-        if not isinstance(nodes[leaf], _Literal):
+        if not isinstance(nodes[leaf], Literal):
             return None
         texts.update(nodes[leaf].values)
     return texts
@@ -883,18 +883,18 @@ def _disjoint(nodes: list, a: int, b: int) -> bool:
 
 
 def _leaves_disjoint(nodes: list, x: object, y: object) -> bool:
-    if isinstance(x, _Literal) or isinstance(y, _Literal):
-        if isinstance(x, _Literal) and isinstance(y, _Literal):
+    if isinstance(x, Literal) or isinstance(y, Literal):
+        if isinstance(x, Literal) and isinstance(y, Literal):
             return not any(_same_value(t, u) for t in x.values for u in y.values)
-        literal, other = (x, y) if isinstance(x, _Literal) else (y, x)
+        literal, other = (x, y) if isinstance(x, Literal) else (y, x)
         return all(_kind(literal, t) != _kind(other) for t in literal.values)  # type: ignore[attr-defined]
     if _kind(x) != _kind(y):
         return True
-    if isinstance(x, _Number) and isinstance(y, _Number):
+    if isinstance(x, Number) and isinstance(y, Number):
         return (x.maximum is not None and y.minimum is not None and x.maximum < y.minimum) or (
             y.maximum is not None and x.minimum is not None and y.maximum < x.minimum
         )
-    if isinstance(x, _Object) and isinstance(y, _Object) and x.free_value is None and y.free_value is None:
+    if isinstance(x, Object) and isinstance(y, Object) and x.free_value is None and y.free_value is None:
         y_keys = {p.key: p for p in y.properties}
         for p in x.properties:
             q = y_keys.get(p.key)
@@ -921,9 +921,9 @@ def _prune(nodes: list) -> set[int]:
         for n, spec in enumerate(nodes):
             if n in productive:
                 continue
-            if isinstance(spec, _Union):
+            if isinstance(spec, Union):
                 ok = any(o in productive for o in spec.options)
-            elif isinstance(spec, _Object):
+            elif isinstance(spec, Object):
                 needed = spec.required_bits | sum(bits for _, bits in spec.dependencies)
                 ok = spec.free_value is not None or all(
                     p.value in productive for j, p in enumerate(spec.properties) if p.required or needed >> j & 1
@@ -931,10 +931,10 @@ def _prune(nodes: list) -> set[int]:
                 if ok and spec.min_properties:  # enough properties that can be written, for minProperties
                     writable = sum(p.value in productive for p in spec.properties)
                     ok = spec.min_properties <= writable + (spec.extra_value in productive)
-            elif isinstance(spec, _Array):
+            elif isinstance(spec, Array):
                 items = [*spec.prefix[: spec.min_items], *([spec.item] if spec.min_items > len(spec.prefix) else [])]
                 ok = all(node is not None and node in productive for node in items)
-            elif isinstance(spec, _Literal):
+            elif isinstance(spec, Literal):
                 ok = bool(spec.values)
             else:
                 ok = True
@@ -943,10 +943,10 @@ def _prune(nodes: list) -> set[int]:
                 changed = True
     for n, spec in enumerate(nodes):
         if n not in productive:
-            nodes[n] = _Union(())
-        elif isinstance(spec, _Object) and spec.free_value is not None and spec.free_value not in productive:
+            nodes[n] = Union(())
+        elif isinstance(spec, Object) and spec.free_value is not None and spec.free_value not in productive:
             nodes[n] = _object_node(())
-        elif isinstance(spec, _Object) and (
+        elif isinstance(spec, Object) and (
             any(p.value not in productive for p in spec.properties)
             or (spec.extra_value is not None and spec.extra_value not in productive)
         ):
@@ -963,14 +963,14 @@ def _prune(nodes: list) -> set[int]:
             key = spec.extra_key if extra is not None else None
             node = _object_node(kept, extra, key, spec.any_order, deps, **counts)
             nodes[n] = replace(node, excluded=excluded)
-        elif isinstance(spec, _Array):
+        elif isinstance(spec, Array):
             dead = [i for i, node in enumerate(spec.prefix) if node not in productive]
             item = spec.item if spec.item is None or spec.item in productive else None
             if dead or item != spec.item:
                 high = dead[0] if dead else len(spec.prefix) if item is None else spec.max_items
                 if spec.max_items >= 0:
                     high = min(high, spec.max_items)
-                nodes[n] = _Array(item if not dead else None, spec.min_items, high, spec.cap, spec.prefix[:high])
+                nodes[n] = Array(item if not dead else None, spec.min_items, high, spec.cap, spec.prefix[:high])
     return productive
 
 
@@ -984,19 +984,19 @@ def _least_bytes(nodes: list, cap: int) -> list[int]:
     while changed:
         changed = False
         for n, spec in enumerate(nodes):
-            if isinstance(spec, _Literal):
+            if isinstance(spec, Literal):
                 value = min((len(text) for text in spec.values), default=far)
-            elif isinstance(spec, _String):
+            elif isinstance(spec, String):
                 pattern = spec.pattern.shortest[0] if spec.pattern is not None else 0
                 value = 2 + max(spec.min_length, pattern)
-            elif isinstance(spec, _Number):
+            elif isinstance(spec, Number):
                 value = 1
-            elif isinstance(spec, _Union):
+            elif isinstance(spec, Union):
                 value = min((least[o] for o in spec.options), default=far)
-            elif isinstance(spec, _Object):
+            elif isinstance(spec, Object):
                 due = [p for j, p in enumerate(spec.properties) if p.required or spec.required_bits >> j & 1]
                 value = 1 + sum(len(p.key) + 2 + least[p.value] for p in due) + (not due)
-            elif isinstance(spec, _Array):
+            elif isinstance(spec, Array):
                 prefix = spec.prefix[: spec.min_items]
                 value = 1 + sum(1 + least[k] for k in prefix) + (not spec.min_items)
                 if spec.min_items > len(prefix):

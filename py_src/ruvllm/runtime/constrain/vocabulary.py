@@ -64,10 +64,10 @@ class Vocabulary:
             elif data[head] in _AFTER_CHARACTER:
                 rests.extend([] for _ in range(chars + 1 - len(rests)))
                 rests[chars].append((data[head:], i))
-        self.trie = _Trie(tokens)
-        self.rest_tries = [_Trie(pairs) for pairs in rests]
+        self.trie = Trie(tokens)
+        self.rest_tries = [Trie(pairs) for pairs in rests]
         # the tokens that are not plain text but may go on string text (their first byte can follow a character)
-        self.other_trie = _Trie(
+        self.other_trie = Trie(
             [(data, i) for data, i in tokens if self.plain_chars[i] == _NOT_PLAIN and data[0] in _AFTER_CHARACTER]
         )
         self.plain_mask = self.plain_chars != _NOT_PLAIN  # (V,)
@@ -101,7 +101,7 @@ def _token_id(value: object, where: str) -> int:
     return int(value)
 
 
-class _Trie:
+class Trie:
     """A byte trie of tokens in flat lists: the children of node n are first[n], first[n] + 1, ... with
     the bytes labels[n]; ends[n] holds the ids of the tokens spelled by the path to n. Node 0 is the root.
 
