@@ -616,7 +616,9 @@ def _guarded(connection_class, stall: Stall):
     return connect
 
 
-class _GuardedHTTPHandler(urllib.request.HTTPHandler):
+class _Guarded(urllib.request.AbstractHTTPHandler):
+    """A handler whose connections answer through _GuardedResponse (the HTTP and the HTTPS one below)."""
+
     def __init__(self, stall: Stall) -> None:
         super().__init__()
         self.stall = stall
@@ -625,13 +627,12 @@ class _GuardedHTTPHandler(urllib.request.HTTPHandler):
         return super().do_open(_guarded(http_class, self.stall), req, **kwargs)
 
 
-class _GuardedHTTPSHandler(urllib.request.HTTPSHandler):
-    def __init__(self, stall: Stall) -> None:
-        super().__init__()
-        self.stall = stall
+class _GuardedHTTPHandler(_Guarded, urllib.request.HTTPHandler):
+    pass
 
-    def do_open(self, http_class, req, **kwargs):
-        return super().do_open(_guarded(http_class, self.stall), req, **kwargs)
+
+class _GuardedHTTPSHandler(_Guarded, urllib.request.HTTPSHandler):
+    pass
 
 
 class _NoRedirects(urllib.request.HTTPRedirectHandler):
