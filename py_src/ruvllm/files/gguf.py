@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import LoadError
 from .ggml import GGML_TYPES, GGMLType
-from .tensorfile import BytesLike, PieceBuffer
+from .tensorfile import BytesLike, PieceBuffer, TensorFile
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -451,7 +451,7 @@ def header_size(prefix: bytes | memoryview | np.ndarray, total_size: int, source
         return None
 
 
-class GGUFFile:
+class GGUFFile(TensorFile[GGUFTensor]):
     """A parsed, validated GGUF file; `raw(name)` returns a tensor's bytes as a view into the file's buffer.
 
     `metadata` holds the key-values in file order: integers as int, floats as float, bools, strings, and
@@ -520,24 +520,10 @@ class GGUFFile:
         """The header's size with its padding: where the data section starts."""
         return self.data_offset
 
-    def keys(self) -> list[str]:
-        return list(self.tensors)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.tensors
-
-    def info(self, name: str) -> GGUFTensor:
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise LoadError(f"{self.source}: no tensor named {name!r}") from None
-
     def raw(self, name: str) -> np.ndarray:
         """The tensor's bytes as a read-only (rows, row_bytes) uint8 view, (1, nbytes) for a 1-D tensor."""
-        info = self.info(name)
-        if self.buffer is None:
-            raise LoadError(f"{self.source}: opened from its header only; tensor data not loaded ({name!r})")
-        view = self.buffer[info.begin : info.end].reshape(info.rows, info.row_bytes)
+        info, data = self._data(name)
+        view = data.reshape(info.rows, info.row_bytes)
         view.flags.writeable = False
         return view
 

@@ -20,7 +20,7 @@ import io
 import json
 import os
 from dataclasses import dataclass
-from typing import BinaryIO
+from typing import BinaryIO, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -165,7 +165,47 @@ def _no_duplicates(pairs: list[tuple[str, object]]) -> dict:
     return result
 
 
-class SafetensorsFile:
+class _Located(Protocol):
+    @property
+    def begin(self) -> int: ...  # the tensor's first byte in the file's buffer
+
+    @property
+    def end(self) -> int: ...
+
+
+Info = TypeVar("Info", bound=_Located)
+
+
+class TensorFile(Generic[Info]):
+    """What a file of named tensors is, whatever its format (SafetensorsFile, gguf.GGUFFile): where it
+    came from, its bytes (None: opened from its header only, its layout known, its data not), and each
+    tensor's layout by name."""
+
+    source: str
+    buffer: np.ndarray | None
+    tensors: dict[str, Info]
+
+    def keys(self) -> list[str]:
+        return list(self.tensors)
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.tensors
+
+    def info(self, name: str) -> Info:
+        try:
+            return self.tensors[name]
+        except KeyError:
+            raise LoadError(f"{self.source}: no tensor named {name!r}") from None
+
+    def _data(self, name: str) -> tuple[Info, np.ndarray]:
+        """The tensor's layout and its bytes, a view of the buffer."""
+        info = self.info(name)
+        if self.buffer is None:
+            raise LoadError(f"{self.source}: opened from its header only; tensor data not loaded ({name!r})")
+        return info, self.buffer[info.begin : info.end]
+
+
+class SafetensorsFile(TensorFile[TensorInfo]):
     """A parsed, validated safetensors file; `get(name)` returns a view into the file's buffer.
 
     A file opened with `header_only` has `buffer = None`: its layout is known, its data is not.
@@ -211,24 +251,10 @@ class SafetensorsFile:
         file.metadata, file.tensors = parse_header(prefix, total_size, source)
         return file
 
-    def keys(self) -> list[str]:
-        return list(self.tensors)
-
-    def __contains__(self, name: str) -> bool:
-        return name in self.tensors
-
-    def info(self, name: str) -> TensorInfo:
-        try:
-            return self.tensors[name]
-        except KeyError:
-            raise LoadError(f"{self.source}: no tensor named {name!r}") from None
-
     def get(self, name: str) -> np.ndarray:
         """The tensor as a read-only view (BF16 as raw uint16; see `bf16_to_f32`)."""
-        info = self.info(name)
-        if self.buffer is None:
-            raise LoadError(f"{self.source}: opened for its header only; tensor data is not loaded")
-        view = self.buffer[info.begin : info.end].view(DTYPES[info.dtype]).reshape(info.shape)
+        info, data = self._data(name)
+        view = data.view(DTYPES[info.dtype]).reshape(info.shape)
         view.flags.writeable = False
         return view
 
