@@ -71,7 +71,7 @@ def test_the_tap_keeps_the_hidden_states_entering_its_layer(engine):
     run(engine, PROMPT, cache)
     held = len(cache.tokens)
     assert cache.tap.layer == 2 and cache.tap.length == held == len(PROMPT) + GREEDY.max_tokens - 1
-    expected = entering_states(engine.weights, engine.config, engine.inv_freq, cache.tokens, 2)
+    expected = entering_states(engine.model, cache.tokens, 2)
     np.testing.assert_allclose(cache.tap.read(held), expected, rtol=1e-5, atol=1e-4)
 
 
@@ -239,9 +239,9 @@ class Work:
         self.units: list[dict] = [{"token_layers": 0, "rows": 0}]
         run_layers, softmax = forward.run_layers, backprop._softmax64
 
-        def counted_layers(weights, config, inv_freq, x, batch, layers, tape=None):
+        def counted_layers(model, x, batch, layers, tape=None):
             self.units[-1]["token_layers"] += len(x) * len(layers)
-            return run_layers(weights, config, inv_freq, x, batch, layers, tape)
+            return run_layers(model, x, batch, layers, tape)
 
         def counted_rows(logits):
             self.units[-1]["rows"] += len(logits)
@@ -413,7 +413,7 @@ def test_a_fresh_adapter_s_first_pass_gives_the_predictions_it_keeps(engine, mon
     first = Lesson(engine, adapter, PROMPT, [5, 6, 7], 1.0, plain(steps=2, lr=0.05, keep=10.0))
     first.run()
     assert passes == [] and first.keep and first.keep.probs is not None
-    own = backprop.base_probs(engine.weights, engine.config, engine.inv_freq, first.start, first.keep.positions)
+    own = backprop.base_probs(engine.model, first.start, first.keep.positions)
     np.testing.assert_allclose(first.keep.probs, own, rtol=1e-4, atol=1e-7)
     second = Lesson(engine, adapter, PROMPT[:12], [9, 8], 1.0, plain(steps=1, lr=0.05, keep=10.0))
     second.run()
@@ -557,8 +557,8 @@ def test_the_bases_made_a_chunk_at_a_time_equal_those_of_whole_pieces(engine, mo
     assert steps == job.total == job.units
     inputs = {name: [] for name in modules}
     for begin in (0, 40):
-        entering = entering_states(engine.weights, engine.config, engine.inv_freq, ids[begin : begin + 40], 2)
-        _, tapes = run_from(engine.weights, engine.config, engine.inv_freq, Start(2, entering))
+        entering = entering_states(engine.model, ids[begin : begin + 40], 2)
+        _, tapes = run_from(engine.model, Start(2, entering))
         inputs[modules[0]].append(tapes[0].s)
         inputs[modules[1]].append(tapes[1].a)
     for name in modules:
@@ -681,9 +681,9 @@ def test_a_keyed_lesson_writes_its_whitened_inputs_into_its_own_rows_and_trains_
     spectra = ready_spectra(learning, modules, PROMPT * 3)
     tokens = [*PROMPT, 5, 6, 7, 8, 9]
     lowest = adapter.lowest_layer
-    entering = entering_states(engine.weights, engine.config, engine.inv_freq, tokens[:-1], lowest)
+    entering = entering_states(engine.model, tokens[:-1], lowest)
     with backprop.bypassed(engine.weights):  # (B was zero where the rows were written)
-        _, tapes = backprop.run_from(engine.weights, engine.config, engine.inv_freq, backprop.Start(lowest, entering))
+        _, tapes = backprop.run_from(engine.model, backprop.Start(lowest, entering))
     for name in modules:
         A, B = adapter.A[name], adapter.B[name]
         taped = tapes[int(name.split(".")[2]) - lowest].s

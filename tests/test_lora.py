@@ -337,7 +337,7 @@ def test_training_forward_is_the_inference_forward(kind, tmp_path):
     engine = load_engine(str(tmp_path))
     activated(engine, random_adapter(engine))
     expected = engine.forward(TOKENS, 0, engine.new_cache())
-    np.testing.assert_allclose(logits_for(engine.weights, engine.config, engine.inv_freq, TOKENS), expected, atol=1e-5)
+    np.testing.assert_allclose(logits_for(engine.model, TOKENS), expected, atol=1e-5)
 
 
 def test_a_new_adapter_changes_nothing_until_it_learns(tmp_path):
@@ -527,7 +527,7 @@ def test_the_kept_predictions_term_equals_torch_autograd(tmp_path):
     rng = np.random.default_rng(9)
     ref = rng.dirichlet(np.ones(engine.config.vocab_size), 3).astype(np.float32)  # (3, V)
     keep = Keep(np.array([1, 4, 9]), ref, 10.0)  # position 9 is also scored: its row counts twice
-    result = loss_and_grads(engine.weights, engine.config, engine.inv_freq, TOKENS, SCORED, 1.0, keep, 2)
+    result = loss_and_grads(engine.model, TOKENS, SCORED, 1.0, keep, 2)
 
     leaves, params = torch_adapted(model, adapter)
     logits = torch.func.functional_call(model, params, (torch.tensor([TOKENS]),)).logits[0].double()

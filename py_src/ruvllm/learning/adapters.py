@@ -278,6 +278,6 @@ class MixedForward:
         elif len(side.tokens) > start:
             side.truncate(start)
         self.mixture.constant(len(fed))
-        h = hidden(engine.weights, engine.config, engine.inv_freq, fed, at, side)[-len(tokens) :]  # (T, D)
+        h = hidden(engine.model, fed, at, side)[-len(tokens) :]  # (T, D)
         self.mixture.route(rms_norm(h, engine.weights.norm, engine.config.rms_norm_eps))
-        return hidden(engine.weights, engine.config, engine.inv_freq, tokens, start, cache)
+        return hidden(engine.model, tokens, start, cache)

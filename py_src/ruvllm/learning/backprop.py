@@ -46,6 +46,7 @@ from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
 from ..model.forward import LayerTape, Masks, Sequence, Tape, embed, logits, rms_norm, run_layers
 from ..model.rope import apply_rope, rope_tables
+from ..model.transformer import Transformer
 from ..model.weights import Linear, Weights, linear
 from ..quant.matrices import DenseMatrix, dense_product
 from .lora import LoRAMatrix, gated_backward
@@ -200,19 +201,21 @@ def _gelu_tanh_grad(x: np.ndarray) -> np.ndarray:
 ACTIVATION_GRADS = {"silu": _silu_grad, "gelu_pytorch_tanh": _gelu_tanh_grad}
 
 
-def entering_states(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], tokens, layer: int):
+def entering_states(model: Transformer, tokens, layer: int):
     """The hidden states (T, D) entering decoder layer `layer` for `tokens` (T,) from position 0."""
-    return advance(weights, config, inv_freq, embed(weights, config, np.asarray(tokens)), range(layer))
+    weights, config = model.weights, model.config
+    return advance(model, embed(weights, config, np.asarray(tokens)), range(layer))
 
 
-def advance(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], x: np.ndarray, layers: range):
+def advance(model: Transformer, x: np.ndarray, layers: range):
     """x (T, D), entering `layers.start` at positions 0..T-1, carried through `layers` (the inference
     forward, no tape): the hidden states entering `layers.stop`."""
+    config = model.config
     if not len(layers):
         return x
     positions = np.arange(len(x))
     cache = KVCache(config, len(x), KVOptions())
-    return run_layers(weights, config, inv_freq, x, [Sequence(slice(None), positions, cache, Masks(positions))], layers)
+    return run_layers(model, x, [Sequence(slice(None), positions, cache, Masks(positions))], layers)
 
 
 @dataclass
@@ -234,16 +237,17 @@ def _softmax64(logits: np.ndarray) -> np.ndarray:
     return e / e.sum(axis=-1, keepdims=True)
 
 
-def base_probs(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, positions):
+def base_probs(model: Transformer, start: Start, positions):
     """The base model's next-token distributions (K, V) at `positions` (K,), from `start`: the passes
     with every adapter matrix bypassed (the caller holds the lock that guards the weights)."""
-    return drained(base_prob_units(weights, config, inv_freq, start, positions))
+    return drained(base_prob_units(model, start, positions))
 
 
-def base_prob_units(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, positions):
+def base_prob_units(model: Transformer, start: Start, positions):
     """base_probs in units of work, a layer each, then the output projection, each with the adapters
     bypassed while it runs only (generations may run in between)."""
-    passes = _run_from_units(weights, config, inv_freq, start)
+    weights, config = model.weights, model.config
+    passes = _run_from_units(model, start)
     while True:
         with bypassed(weights):
             try:
@@ -288,28 +292,28 @@ class Start:
     frozen: LayerTape | None = None
 
 
-def start_at(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], entering: np.ndarray, first: int):
+def start_at(model: Transformer, entering: np.ndarray, first: int):
     """The Start of passes at layer `first` entering with `entering` (T, D)."""
+    weights, config = model.weights, model.config
     if first == config.num_hidden_layers:
         return Start(first, entering)
     layer = weights.layers[first]
     w, m = layer.self_attn, layer.mlp
     if _adapted(w.q_proj, w.k_proj, w.v_proj, w.o_proj, m.gate_proj, m.up_proj):
         return Start(first, entering)
-    _, tapes = run_from(weights, config, inv_freq, Start(first, entering), stop=first + 1)
+    _, tapes = run_from(model, Start(first, entering), stop=first + 1)
     return Start(first, entering, tapes[0])
 
 
-def run_from(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, stop: int | None = None):
+def run_from(model: Transformer, start: Start, stop: int | None = None):
     """The inference forward of layers start.first.. (to `stop`) over positions 0..T-1, from an empty
     float32 cache: (the last layer's output (T, D), the tapes of those layers)."""
-    return drained(_run_from_units(weights, config, inv_freq, start, stop))
+    return drained(_run_from_units(model, start, stop))
 
 
-def _run_from_units(
-    weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], start: Start, stop: int | None = None
-):
+def _run_from_units(model: Transformer, start: Start, stop: int | None = None):
     """run_from in units of work, a layer each; returns the same."""
+    weights, config = model.weights, model.config
     tape = Tape()
     first, x = start.first, start.entering
     if start.frozen is not None:
@@ -322,7 +326,7 @@ def _run_from_units(
     batch = [Sequence(slice(None), positions, cache, Masks(positions))]
     for layer in range(first, config.num_hidden_layers if stop is None else stop):
         yield
-        x = run_layers(weights, config, inv_freq, x, batch, range(layer, layer + 1), tape)  # (T, D)
+        x = run_layers(model, x, batch, range(layer, layer + 1), tape)  # (T, D)
     return x, tape.layers
 
 
@@ -338,16 +342,15 @@ def _resume(weights: Weights, config: ModelConfig, start: Start) -> tuple[np.nda
     return frozen.h + rms_norm(m, layer.post_feedforward_layernorm, config.rms_norm_eps), replace(frozen, m=m)
 
 
-def logits_for(weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], tokens: list[int]) -> np.ndarray:
+def logits_for(model: Transformer, tokens: list[int]) -> np.ndarray:
     """All logits (T, V) of the forward the backward pass runs on."""
-    x, _ = run_from(weights, config, inv_freq, Start(0, entering_states(weights, config, inv_freq, tokens, 0)))
+    weights, config = model.weights, model.config
+    x, _ = run_from(model, Start(0, entering_states(model, tokens, 0)))
     return logits(weights, config, x)
 
 
 def loss_and_grads(
-    weights: Weights,
-    config: ModelConfig,
-    inv_freq: list[np.ndarray],
+    model: Transformer,
     tokens: list[int],
     scored: np.ndarray,
     reward: float = 1.0,
@@ -362,13 +365,11 @@ def loss_and_grads(
 
     The forward and backward run through layers `first`.. (no adapter may sit below it), from `start`
     (start_at: the hidden states entering there at positions 0..max(scored); default: computed)."""
-    return drained(gradient_units(weights, config, inv_freq, tokens, scored, reward, keep, first, start))
+    return drained(gradient_units(model, tokens, scored, reward, keep, first, start))
 
 
 def gradient_units(
-    weights: Weights,
-    config: ModelConfig,
-    inv_freq: list[np.ndarray],
+    model: Transformer,
     tokens: list[int],
     scored: np.ndarray,
     reward: float = 1.0,
@@ -381,13 +382,14 @@ def gradient_units(
     pass (forward or back) over the tokens, LOGIT_ROWS rows of the output projection with their softmax,
     or a block of the output projection's backward product (with a kernel provider); the numbers are
     loss_and_grads' own, row for row. The weights must stay as they are until it returns."""
+    weights, config = model.weights, model.config
     ids = np.asarray(tokens)  # (T',)
     T = int(scored.max()) + 1  # positions fed: the last one scored is the last one needed
     if start is None:
-        start = start_at(weights, config, inv_freq, entering_states(weights, config, inv_freq, ids[:T], first), first)
+        start = start_at(model, entering_states(model, ids[:T], first), first)
         yield
     assert start.first == first and len(start.entering) == T, "a start for other positions or another layer"
-    x_last, tapes = yield from _run_from_units(weights, config, inv_freq, start)
+    x_last, tapes = yield from _run_from_units(model, start)
     P = len(scored)
     rows = scored if keep is None else np.concatenate([scored, keep.positions])  # (R,)
     xs = x_last[rows]  # (R, D)
@@ -436,18 +438,16 @@ def gradient_units(
     dlogits = dlogits.astype(np.float32)
     yield
     if keep is None:
-        grads = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
+        grads = yield from _backward(model, first, tapes, x_last, rows, final, dlogits)
         min_margin = _min_margin(margins, reward)
         return Gradients(
             loss, log_likelihood, greedy, min_margin, grads.by_matrix, None, grads.mixes, margins, tapes, grads.outputs
         )
     only = dlogits[P:].copy()  # the two terms apart: a caller may clip the first alone
     dlogits[P:] = 0
-    grads = yield from _backward(weights, config, inv_freq, first, tapes, x_last, rows, final, dlogits)
+    grads = yield from _backward(model, first, tapes, x_last, rows, final, dlogits)
     yield
-    kept = yield from _kept_backward(
-        weights, config, inv_freq, first, tapes, x_last, keep.positions, final[P:], only, grads
-    )
+    kept = yield from _kept_backward(model, first, tapes, x_last, keep.positions, final[P:], only, grads)
     return Gradients(
         loss,
         log_likelihood,
@@ -464,9 +464,7 @@ def gradient_units(
     )
 
 
-def _kept_backward(
-    weights: Weights, config: ModelConfig, inv_freq, first: int, tapes, x_last, positions, final, only, like: _Grads
-):
+def _kept_backward(model: Transformer, first: int, tapes, x_last, positions, final, only, like: _Grads):
     """_backward for the kept predictions' term alone: dlogits `only` (K, V) at `positions` (K,), the
     prompt's. Its gradient reaches no position after the last of them (attention looks back only), so
     the pass runs over the positions up to it; none at all where the term is zero (a fresh keyed
@@ -480,7 +478,7 @@ def _kept_backward(
         return zero
     L = int(positions.max()) + 1
     short = [_first_positions(tape, L, T) for tape in tapes]
-    grads = yield from _backward(weights, config, inv_freq, first, short, x_last[:L], positions, final, only)
+    grads = yield from _backward(model, first, short, x_last[:L], positions, final, only)
     for key, dy in grads.outputs.items():
         grads.outputs[key] = np.concatenate([dy, np.zeros((T - L, dy.shape[1]), dy.dtype)])
     return grads
@@ -505,11 +503,12 @@ def _first_positions(tape: LayerTape, L: int, T: int) -> LayerTape:
     return LayerTape(**cut)
 
 
-def _backward(weights: Weights, config: ModelConfig, inv_freq, first: int, tapes, x_last, rows, final, dlogits):
+def _backward(model: Transformer, first: int, tapes, x_last, rows, final, dlogits):
     """The gradients (_Grads: by_matrix {id(matrix): (matrix, dA, dB)}, mixes) for dlogits (R, V), the
     gradient of the logits at `rows` (R,), from the forward whose last layer gave x_last (T, D) and
     whose layers from `first` left `tapes`. A generator of units of work (the output projection's blocks,
     then a layer each) that returns them."""
+    weights, config, inv_freq = model.weights, model.config, model.inv_freq
     grads = _Grads()
     T = len(x_last)
     H, K, G, E = config.num_attention_heads, config.num_key_value_heads, config.group_size, config.head_dim

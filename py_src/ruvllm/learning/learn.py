@@ -253,8 +253,7 @@ def adapter_gradient_units(
 ):
     """adapter_gradients in units of work (backprop.gradient_units): a generator that returns the same."""
     first = first_layer(engine, adapter)
-    weights, config = engine.weights, engine.config
-    result = yield from gradient_units(weights, config, engine.inv_freq, tokens, scored, reward, keep, first, start)
+    result = yield from gradient_units(engine.model, tokens, scored, reward, keep, first, start)
     return result, by_key(adapter, result.by_matrix)
 
 
@@ -274,14 +273,14 @@ def route_gradients(
     """(backprop.Gradients, {key: gradient} of the router's parameters) with `mixture` in the engine's
     weights: the scaling pass routes the tokens, the pass from the experts' lowest layer up and back
     gives the gradient of each projection's mix, and the router's own backward the rest."""
-    weights, config, inv_freq = engine.weights, engine.config, engine.inv_freq
+    weights, config = engine.weights, engine.config
     T = int(scored.max()) + 1
     fed = np.asarray(tokens[:T])
     mixture.constant(T)
-    side = hidden(weights, config, inv_freq, fed, 0, KVCache(config, T, KVOptions()))  # (T, D)
+    side = hidden(engine.model, fed, 0, KVCache(config, T, KVOptions()))  # (T, D)
     mixture.route(rms_norm(side, weights.norm, config.rms_norm_eps))
     first = mixture.lowest_layer
-    result = loss_and_grads(weights, config, inv_freq, tokens, scored, reward, None, first)
+    result = loss_and_grads(engine.model, tokens, scored, reward, None, first)
     layers = mixture.route_backward(result.mixes or {})  # [(dW, db)], in parameters() order
     keys = [key for key, _ in mixture.parameters()]
     return result, dict(zip(keys, [g for pair in layers for g in pair], strict=True))
@@ -700,7 +699,7 @@ class Lesson(_Stepwise):
             engine, first = self.engine, first_layer(self.engine, self.adapter)
             fed = list(item.tokens[: len(item.tokens) - 1])
             entering = yield from self._entering(embed(engine.weights, engine.config, np.asarray(fed)), 0, first)
-            start = start_at(engine.weights, engine.config, engine.inv_freq, entering, first)
+            start = start_at(engine.model, entering, first)
             yield
             starts[item] = start, (yield from self._kept_units(start, item.prompt_length))
             yield
@@ -713,7 +712,7 @@ class Lesson(_Stepwise):
         engine = self.engine
         per_unit = max(1, LESSON_WORK // len(x))
         for at in range(layer, first, per_unit):
-            x = advance(engine.weights, engine.config, engine.inv_freq, x, range(at, min(at + per_unit, first)))
+            x = advance(engine.model, x, range(at, min(at + per_unit, first)))
             yield
         return x
 
@@ -722,14 +721,13 @@ class Lesson(_Stepwise):
         the generation's cache, or a few layers a unit), what that layer computes the same at every step
         (backprop.start_at), the projection (or its job), the base model's predictions kept."""
         engine, first = self.engine, first_layer(self.engine, self.adapter)
-        weights, config, inv_freq = engine.weights, engine.config, engine.inv_freq
         fed = self.tokens[: int(self.scored.max()) + 1]
         tapped = tapped_states(engine, self.cache, fed, first)
         self.reused_states = tapped is not None
-        layer, x = tapped if tapped is not None else (0, embed(weights, config, np.asarray(fed)))
+        layer, x = tapped if tapped is not None else (0, embed(engine.weights, engine.config, np.asarray(fed)))
         yield
         entering = yield from self._entering(x, layer, first)
-        self.start = start_at(weights, config, inv_freq, entering, first)
+        self.start = start_at(engine.model, entering, first)
         self._make_keyed()
         self._grow_for_keys()
         if not self.keyed:
@@ -864,7 +862,7 @@ class Lesson(_Stepwise):
         if self._still_zero():
             return Keep(positions, None, self.options.keep)
         engine = self.engine
-        probs = yield from base_prob_units(engine.weights, engine.config, engine.inv_freq, start, positions)
+        probs = yield from base_prob_units(engine.model, start, positions)
         return Keep(positions, probs, self.options.keep)
 
     def _still_zero(self) -> bool:

@@ -179,7 +179,7 @@ class BasesJob:
 
     def _units(self):
         engine, T = self.engine, len(self.ids)
-        weights, config, inv_freq = engine.weights, engine.config, engine.inv_freq
+        weights, config = engine.weights, engine.config
         adapted, groups = self._layers()
         first = min(adapted)
         K = {name: linear_of(weights, name).matrix.shape[1] for name in self.modules}
@@ -200,8 +200,8 @@ class BasesJob:
                     with bypassed(weights):  # (only while the unit runs: generations run in between)
                         x = embed(weights, config, np.asarray(self.ids[at:stop])) if x is None else x
                         split = min(max(layers.start, first), layers.stop)  # taped from the lowest adapted layer on
-                        x = run_layers(weights, config, inv_freq, x, batch, range(layers.start, split))
-                        x = run_layers(weights, config, inv_freq, x, batch, range(split, layers.stop), tape)
+                        x = run_layers(engine.model, x, batch, range(layers.start, split))
+                        x = run_layers(engine.model, x, batch, range(split, layers.stop), tape)
                     yield
                 for name in self.modules:
                     _, _, index, _, target = name.split(".")

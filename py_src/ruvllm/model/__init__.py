@@ -6,6 +6,7 @@
 - `kv.py`: the interface every KV cache implements (what the forward asks of a cache), the segments.
 - `cache.py`: the KV cache of one sequence (hot float32 tier, cold int8/int4 tier, byte budget).
 - `blocks.py`: the paged cache's blocks: allocator, prefix registry (eviction order), storage.
+- `transformer.py`: the blueprint, the weights and the RoPE frequencies as one object, what the forward takes.
 - `forward.py`: attention, MLP, block, forward.
 - `paged.py`: the paged KV cache of continuous batching, with prefix sharing.
 """

@@ -23,6 +23,7 @@ import numpy as np
 from .config import ModelConfig
 from .kv import Cache, DenseSegment, LayerKV
 from .rope import apply_rope, rope_tables_at
+from .transformer import Transformer
 from .weights import MLP, Attention, DecoderLayer, Weights, linear
 
 
@@ -252,9 +253,7 @@ def block(
 
 
 def forward(
-    weights: Weights,
-    config: ModelConfig,
-    inv_freq: list[np.ndarray],
+    model: Transformer,
     tokens: np.ndarray,
     start: int,
     cache: Cache,
@@ -264,28 +263,24 @@ def forward(
 
     Returns (T, V), or (1, V) for the last token only when `last_only` (prefill needs no more).
     """
-    x = hidden(weights, config, inv_freq, tokens, start, cache)  # (T, D)
+    weights, config = model.weights, model.config
+    x = hidden(model, tokens, start, cache)  # (T, D)
     return logits(weights, config, x[-1:] if last_only else x)  # (T, V)
 
 
 def hidden(
-    weights: Weights,
-    config: ModelConfig,
-    inv_freq: list[np.ndarray],
+    model: Transformer,
     tokens: np.ndarray,
     start: int,
     cache: Cache,
     tape: Tape | None = None,
 ) -> np.ndarray:
-    """The last decoder layer's output (T, D) for `tokens` at positions start..; fills `tape` if given.
-    `inv_freq`: each layer's RoPE frequencies (rope.inverse_frequencies)."""
-    return hidden_batch(weights, config, inv_freq, [(tokens, start, cache)], tape)
+    """The last decoder layer's output (T, D) for `tokens` at positions start..; fills `tape` if given."""
+    return hidden_batch(model, [(tokens, start, cache)], tape)
 
 
 def hidden_batch(
-    weights: Weights,
-    config: ModelConfig,
-    inv_freq: list[np.ndarray],
+    model: Transformer,
     entries: Collection[tuple[np.ndarray, int, Cache]],
     tape: Tape | None = None,
 ) -> np.ndarray:
@@ -293,6 +288,7 @@ def hidden_batch(
     start, cache) placing its tokens at positions start.. of its own cache; rows in entry order, N = sum
     of T_i. Every projection is one matrix product over all N rows (continuous batching: a decode step
     of B sequences is a (B, D) product, not B vector products). A `tape` needs a single entry."""
+    weights, config = model.weights, model.config
     assert tape is None or len(entries) == 1, "the backward pass follows one sequence"
     batch, ids, at = [], [], 0
     for tokens, start, cache in entries:
@@ -306,7 +302,7 @@ def hidden_batch(
         at += len(tokens)
     tokens = ids[0] if len(ids) == 1 else np.concatenate(ids)  # (N,)
     x = embed(weights, config, tokens)  # (N, D)
-    x = run_layers(weights, config, inv_freq, x, batch, range(config.num_hidden_layers), tape)
+    x = run_layers(model, x, batch, range(config.num_hidden_layers), tape)
     for s, tokens in zip(batch, ids, strict=True):
         s.cache.record(tokens)
         s.cache.keep_within_budget()
@@ -320,9 +316,7 @@ def embed(weights: Weights, config: ModelConfig, tokens: np.ndarray) -> np.ndarr
 
 
 def run_layers(
-    weights: Weights,
-    config: ModelConfig,
-    inv_freq: list[np.ndarray],
+    model: Transformer,
     x: np.ndarray,
     batch: list[Sequence],
     layers: range,
@@ -331,6 +325,7 @@ def run_layers(
     """Decoder layers `layers` (consecutive) over x (N, D), the hidden states entering the first of them
     for the rows of every sequence in `batch`; returns the last one's output (N, D). A cache with a
     `tap` at one of these layers keeps the hidden states entering it."""
+    weights, config, inv_freq = model.weights, model.config, model.inv_freq
     positions = batch[0].positions if len(batch) == 1 else np.concatenate([s.positions for s in batch])  # (N,)
     bases = {id(f): f for f in inv_freq}  # layers share their frequency arrays: one table per distinct base
     tables = {key: rope_tables_at(f, positions) for key, f in bases.items()}  # (N, E/2) cos, sin
@@ -348,9 +343,7 @@ def run_layers(
     return x
 
 
-def recompute_layers(
-    weights: Weights, config: ModelConfig, inv_freq: list[np.ndarray], cache: Cache, positions: np.ndarray
-) -> None:
+def recompute_layers(model: Transformer, cache: Cache, positions: np.ndarray) -> None:
     """The keys and values at consecutive `positions` (T,) of the layers from `cache.tap.layer` up,
     recomputed from the hidden states the tap kept there and appended to those layers (which must
     hold exactly the positions before them: KVCache.forget_layers first). What an adapter on those
@@ -359,7 +352,7 @@ def recompute_layers(
     first = cache.tap.layer
     s = Sequence(slice(0, len(positions)), positions, cache, Masks(positions))
     entering = cache.tap.read(int(positions[-1]) + 1)[positions]  # (T, D)
-    run_layers(weights, config, inv_freq, entering, [s], range(first, config.num_hidden_layers))
+    run_layers(model, entering, [s], range(first, model.config.num_hidden_layers))
 
 
 def logits(weights: Weights, config: ModelConfig, x: np.ndarray) -> np.ndarray:

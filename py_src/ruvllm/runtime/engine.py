@@ -24,7 +24,7 @@ from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
 from ..model.forward import forward, hidden_batch, logits, recompute_layers
 from ..model.kv import Cache, WeightsIdentity
-from ..model.rope import inverse_frequencies
+from ..model.transformer import Transformer
 from ..model.weights import ComputeOptions, Weights, load_weights
 from ..quant.provider import AttentionProducts, KernelProvider, resolve_kernels
 from .planner import FORM_ORDER, PREFILL_CHUNK, MemoryPlan, choose_compute, provider_form_order
@@ -165,16 +165,22 @@ class Engine:
         kv: KVOptions | None = None,
         threads: int | None = None,
     ) -> None:
-        self.config = config
-        self.weights = weights
+        self.model = Transformer(config, weights)
         self.context_length = resolve_context(config, context_length)
         self.kv = kv or KVOptions()
-        self.inv_freq = inverse_frequencies(config)  # each layer's (E/2,)
         self.plan: MemoryPlan | None = None  # set when loaded through from_store
         self.lock = threading.RLock()  # held while computing, and while adapters change the weights
         self.threads = BlasThreads(threads)
         self.prefill_chunk = default_prefill_chunk()
         self.wrappers: Wrappers | None = None  # what wraps the weights (attach), if anything
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def weights(self) -> Weights:
+        return self.model.weights
 
     @classmethod
     def from_store(cls, config: ModelConfig, store: TensorStore, options: LoadOptions | None = None) -> Engine:
@@ -252,7 +258,7 @@ class Engine:
         with self.lock, self.threads.limit(stop - start):
             if self.wrappers is not None:
                 self.wrappers.use(weights)
-            recompute_layers(self.weights, self.config, self.inv_freq, cache, np.arange(start, stop))
+            recompute_layers(self.model, cache, np.arange(start, stop))
 
     def forward(
         self,
@@ -279,7 +285,7 @@ class Engine:
                 if routing is not None:
                     x = routing.hidden(self, tokens, start, cache)
                     return logits(self.weights, self.config, x[-1:] if last_only else x)
-            return forward(self.weights, self.config, self.inv_freq, tokens, start, cache, last_only)
+            return forward(self.model, tokens, start, cache, last_only)
 
     def forward_batch(
         self,
@@ -295,7 +301,7 @@ class Engine:
                 self.wrappers.use(weights or self.wrappers.identity())
             routing = None if self.wrappers is None else self.wrappers.routing()
             if routing is None:
-                x = hidden_batch(self.weights, self.config, self.inv_freq, entries)  # (N, D)
+                x = hidden_batch(self.model, entries)  # (N, D)
             else:  # each sequence routes its own tokens: one at a time
                 x = np.concatenate([routing.hidden(self, np.asarray(t), s, c) for t, s, c in entries])
             rows = (np.cumsum(lengths) - 1)[np.asarray(sampled, dtype=bool)]  # (R,)

@@ -23,7 +23,7 @@ from ..files.formats import get_format
 from ..model.cache import KVOptions
 from ..model.config import ModelConfig
 from ..model.forward import forward
-from ..model.rope import inverse_frequencies
+from ..model.transformer import Transformer
 from ..model.weights import ComputeOptions, Linear, Matrix, Weights, prepare_matrix
 from ..quant.matrices import DenseMatrix
 
@@ -85,9 +85,9 @@ def calibrate(weights: Weights, config: ModelConfig, ids: list[int], chunk: int 
                 lin.matrix = recorder
     try:
         cache = KVCache(config, len(ids), KVOptions())
-        inv_freq = inverse_frequencies(config)
+        model = Transformer(config, weights)
         for start in range(0, len(ids), chunk):
-            forward(weights, config, inv_freq, np.asarray(ids[start : start + chunk]), start, cache, last_only=True)
+            forward(model, np.asarray(ids[start : start + chunk]), start, cache, last_only=True)
     finally:
         for lin, matrix in originals:
             lin.matrix = matrix
