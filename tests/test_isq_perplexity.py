@@ -17,9 +17,8 @@ import torch
 import ruvllm
 import ruvllm.runtime.isq as isq
 from ruvllm.errors import InvalidArgumentError
-from ruvllm.model.transformer import Transformer
 from ruvllm.model.weights import ComputeOptions
-from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.engine import Engine, load_engine
 from ruvllm.tools.perplexity import perplexity
 
 from conftest import tiny_model
@@ -44,7 +43,7 @@ def test_activation_aware_scaling_alone_does_not_change_the_model(tmp_path, head
     weights, report = isq.quantize_activation_aware(
         scaled.weights, scaled.config, ComputeOptions(form="q4"), CALIBRATION
     )
-    scaled.model = Transformer(scaled.config, weights)
+    scaled = Engine(scaled.config, weights)
     assert {r["group"] for r in report} == (
         {"down", "gate_up", "qkv", "o"} if heads == 4 else {"down", "gate_up", "qkv"}
     )

@@ -349,23 +349,9 @@ def logits_for(model: Transformer, tokens: list[int]) -> np.ndarray:
     return logits(weights, config, x)
 
 
-def loss_and_grads(
-    model: Transformer,
-    tokens: list[int],
-    scored: np.ndarray,
-    reward: float = 1.0,
-    keep: Keep | None = None,
-    first: int = 0,
-    start: Start | None = None,
-) -> Gradients:
-    """The loss, its gradients (by LoRAMatrix) and the targets' log-likelihood for predicting tokens[p + 1]
-    from the positions p in `scored` (P,), weighted by `reward`; with `keep`, plus its weight times the
-    mean KL divergence from its reference distributions to the model's at its positions (what the
-    model predicted there stays).
-
-    The forward and backward run through layers `first`.. (no adapter may sit below it), from `start`
-    (start_at: the hidden states entering there at positions 0..max(scored); default: computed)."""
-    return drained(gradient_units(model, tokens, scored, reward, keep, first, start))
+def loss_and_grads(model: Transformer, *args, **kwargs) -> Gradients:
+    """gradient_units (its arguments) in one piece: the loss, its gradients and the log-likelihood."""
+    return drained(gradient_units(model, *args, **kwargs))
 
 
 def gradient_units(
@@ -377,11 +363,19 @@ def gradient_units(
     first: int = 0,
     start: Start | None = None,
 ):
-    """loss_and_grads in units of work, for a caller that answers requests in between (the worker's idle
-    loop): a generator that yields between units and returns the Gradients. A unit is a decoder layer's
-    pass (forward or back) over the tokens, LOGIT_ROWS rows of the output projection with their softmax,
-    or a block of the output projection's backward product (with a kernel provider); the numbers are
-    loss_and_grads' own, row for row. The weights must stay as they are until it returns."""
+    """The loss, its gradients (by LoRAMatrix) and the targets' log-likelihood for predicting tokens[p + 1]
+    from the positions p in `scored` (P,), weighted by `reward`; with `keep`, plus its weight times the
+    mean KL divergence from its reference distributions to the model's at its positions (what the
+    model predicted there stays).
+
+    The forward and backward run through layers `first`.. (no adapter may sit below it), from `start`
+    (start_at: the hidden states entering there at positions 0..max(scored); default: computed).
+
+    In units of work, for a caller that answers requests in between (the worker's idle loop): a
+    generator that yields between units and returns the Gradients (loss_and_grads drains it). A unit is
+    a decoder layer's pass (forward or back) over the tokens, LOGIT_ROWS rows of the output projection
+    with their softmax, or a block of the output projection's backward product (with a kernel provider).
+    The weights must stay as they are until it returns."""
     weights, config = model.weights, model.config
     ids = np.asarray(tokens)  # (T',)
     T = int(scored.max()) + 1  # positions fed: the last one scored is the last one needed

@@ -227,19 +227,9 @@ def report_summary(report: AdaptReport) -> str:
     return f"Partly learned: {change}, but {greedy} ({steps}{cap}); {seconds}."
 
 
-def adapter_gradients(
-    engine: Engine,
-    adapter: Adapter,
-    tokens: list[int],
-    scored: np.ndarray,
-    reward: float,
-    start: Start | None = None,
-    keep: Keep | None = None,
-):
-    """(backprop.Gradients, {key: gradient}) with `adapter` active in the engine's weights; the passes
-    run from the adapter's lowest layer up, from `start` (backprop.start_at; default: computed). With
-    `keep`, the gradient of its term (the predictions kept) is in `by_key(adapter, result.kept)`."""
-    return drained(adapter_gradient_units(engine, adapter, tokens, scored, reward, start, keep))
+def adapter_gradients(engine: Engine, adapter: Adapter, *args, **kwargs):
+    """adapter_gradient_units (its arguments) in one piece."""
+    return drained(adapter_gradient_units(engine, adapter, *args, **kwargs))
 
 
 def adapter_gradient_units(
@@ -251,7 +241,10 @@ def adapter_gradient_units(
     start: Start | None = None,
     keep: Keep | None = None,
 ):
-    """adapter_gradients in units of work (backprop.gradient_units): a generator that returns the same."""
+    """(backprop.Gradients, {key: gradient}) with `adapter` active in the engine's weights; the passes
+    run from the adapter's lowest layer up, from `start` (backprop.start_at; default: computed). With
+    `keep`, the gradient of its term (the predictions kept) is in `by_key(adapter, result.kept)`. In
+    units of work (backprop.gradient_units): a generator that returns them (adapter_gradients drains it)."""
     first = first_layer(engine, adapter)
     result = yield from gradient_units(engine.model, tokens, scored, reward, keep, first, start)
     return result, by_key(adapter, result.by_matrix)

@@ -165,7 +165,8 @@ class Engine:
         kv: KVOptions | None = None,
         threads: int | None = None,
     ) -> None:
-        self.model = Transformer(config, weights)
+        self.model = Transformer(config, weights)  # what the forward takes
+        self.config, self.weights = config, weights  # (the Transformer's: it never changes)
         self.context_length = resolve_context(config, context_length)
         self.kv = kv or KVOptions()
         self.plan: MemoryPlan | None = None  # set when loaded through from_store
@@ -173,14 +174,6 @@ class Engine:
         self.threads = BlasThreads(threads)
         self.prefill_chunk = default_prefill_chunk()
         self.wrappers: Wrappers | None = None  # what wraps the weights (attach), if anything
-
-    @property
-    def config(self) -> ModelConfig:
-        return self.model.config
-
-    @property
-    def weights(self) -> Weights:
-        return self.model.weights
 
     @classmethod
     def from_store(cls, config: ModelConfig, store: TensorStore, options: LoadOptions | None = None) -> Engine:
