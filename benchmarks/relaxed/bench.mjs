@@ -12,6 +12,8 @@
 // Plain and relaxed run in one module built by one compiler, alternately, each round in turn order;
 // the figures are medians over rounds and the median of the per-round ratios.
 
+import { random } from '../../npm/test/support/random.js';
+
 export const SHAPES = [
   [576, 576],
   [1536, 576],
@@ -32,17 +34,6 @@ function arena(memory) {
   };
 }
 
-function rng(seed) {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13;
-    s >>>= 0;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    s >>>= 0;
-    return s / 4294967296;
-  };
-}
 
 // ---- the known-answer test -------------------------------------------------------------------------------
 
@@ -95,7 +86,7 @@ export function selfTest(exports, memory) {
       [5, -5, 1000000, -1000000],
     ],
   ];
-  const r = rng(7);
+  const r = random(7);
   for (let i = 0; i < 200; i++) {
     const a = Array.from({ length: 16 }, () => Math.floor(r() * 256) - 128);
     const b = Array.from({ length: 16 }, () => Math.floor(r() * 128));
@@ -208,7 +199,7 @@ export function selfTest(exports, memory) {
 // ---- the products ----------------------------------------------------------------------------------------
 
 function makeShape(exports, memory, alloc, N, K, seed) {
-  const r = rng(seed),
+  const r = random(seed),
     G = K / GROUP;
   const m = {
     N,

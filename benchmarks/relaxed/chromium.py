@@ -2,8 +2,8 @@
 
     python benchmarks/relaxed/chromium.py [--reps 15] [--json out.json]
 
-The page and its two files (bench.mjs, build/relaxed/relaxed.wasm: build it first with
-`node benchmarks/relaxed/bench.mjs --build --reps 1`) are served from memory through Playwright's
+The page and its files (bench.mjs, the generator it imports, build/relaxed/relaxed.wasm: build it
+first with `node benchmarks/relaxed/bench.mjs --build --reps 1`) are served from memory through Playwright's
 routing, so nothing listens on a port. Chromium is Debian's, with web/serve.py's flags.
 """
 
@@ -42,6 +42,8 @@ def main() -> None:
         "/index.html": ("text/html", PAGE.replace("REPS", str(args.reps)).encode()),
         "/bench.mjs": ("text/javascript", (ROOT / "benchmarks" / "relaxed" / "bench.mjs").read_bytes()),
         "/relaxed.wasm": ("application/wasm", wasm.read_bytes()),
+        # what bench.mjs imports as ../../npm/test/support/random.js (from /bench.mjs: this path)
+        "/npm/test/support/random.js": ("text/javascript", (ROOT / "npm/test/support/random.js").read_bytes()),
     }
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)

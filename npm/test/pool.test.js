@@ -17,6 +17,7 @@ import { startPython } from '../src/worker/python.js';
 import { startThreads } from '../src/worker/threads.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
 import { randomMatrices, referenceProduct, referenceTransposed } from './support/kernels-reference.js';
+import { random } from './support/random.js';
 import { NO_RELAXED, RELAXED_RUN, runTestsRelaxed } from './support/relaxed.js';
 
 // The build under test: the plain one, or (in the Node the last test below starts) the relaxed SIMD one.
@@ -25,19 +26,6 @@ const WASM = new URL(`../wasm/${BUILD}.wasm`, import.meta.url);
 const SHARED = new URL(`../wasm/${BUILD}-shared.wasm`, import.meta.url);
 const SKIP = existsSync(WASM) && existsSync(SHARED) ? false : `the kernels are not built: ./build.sh kernels`;
 const GROUP = 32;
-
-/** A deterministic generator (xorshift32), so a failure can be re-run. */
-function random(seed) {
-  let s = seed >>> 0 || 1;
-  return () => {
-    s ^= s << 13;
-    s >>>= 0;
-    s ^= s >>> 17;
-    s ^= s << 5;
-    s >>>= 0;
-    return s / 2 ** 32;
-  };
-}
 
 /** A random matrix of `form` (N, K): its parts as typed arrays, as matrices.py keeps them. */
 function matrix(form, N, K, rand) {
