@@ -92,6 +92,7 @@ Files, in the order they build on each other:
 - `matcher.py`: Matcher, which follows one generation.
 - `closing.py`: the closing of a document from any parser state, and Budgeted: a constraint that keeps
   one within the tokens left (max_tokens).
+- `triggered.py`: Triggered, free text until a trigger tag, then one document (tool_choice "auto").
 
 Dimension letters: V vocabulary size (the width of the logits).
 """
