@@ -338,38 +338,62 @@ void q4_exact(const float *x, const u8 *packed, const float *scales, const float
 #define QUANTIZED_X_BYTES(T, K) ((T) * (4 * (K) + 12 * ((K) / GROUP)))
 #define XQ_TOP 16383.0f
 
+// One group of x quantized: the 32 floats at p as round(x / d) with d = max|x| / top (0 for a group of
+// zeros), in eight vectors of four int32 (x's order) and in four of eight int16, with d and the group's
+// float sum. quantize_x and the relaxed benchmark's variants (benchmarks/relaxed/relaxed.c) share it, so
+// they quantize alike.
+typedef struct {
+  v128_t q[8], h[4];
+  float d, sum;
+} QuantizedGroup;
+
+static inline QuantizedGroup quantize_group(const float *p, float top) {
+  QuantizedGroup out;
+  v128_t v0 = wasm_v128_load(p), v1 = wasm_v128_load(p + 4), v2 = wasm_v128_load(p + 8);
+  v128_t v3 = wasm_v128_load(p + 12), v4 = wasm_v128_load(p + 16), v5 = wasm_v128_load(p + 20);
+  v128_t v6 = wasm_v128_load(p + 24), v7 = wasm_v128_load(p + 28);
+  v128_t m = wasm_f32x4_max(wasm_f32x4_max(wasm_f32x4_abs(v0), wasm_f32x4_abs(v1)),
+                            wasm_f32x4_max(wasm_f32x4_abs(v2), wasm_f32x4_abs(v3)));
+  m = wasm_f32x4_max(m, wasm_f32x4_max(wasm_f32x4_max(wasm_f32x4_abs(v4), wasm_f32x4_abs(v5)),
+                                       wasm_f32x4_max(wasm_f32x4_abs(v6), wasm_f32x4_abs(v7))));
+  m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 2, 3, 0, 1));
+  m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 1, 0, 3, 2));
+  out.d = wasm_f32x4_extract_lane(m, 0) / top;
+  v128_t inv = wasm_f32x4_splat(out.d > 0.0f ? 1.0f / out.d : 0.0f);
+#define Q(v) wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(v, inv)))
+  out.q[0] = Q(v0), out.q[1] = Q(v1), out.q[2] = Q(v2), out.q[3] = Q(v3);
+  out.q[4] = Q(v4), out.q[5] = Q(v5), out.q[6] = Q(v6), out.q[7] = Q(v7);
+#undef Q
+  for (i32 i = 0; i < 4; i++) out.h[i] = wasm_i16x8_narrow_i32x4(out.q[2 * i], out.q[2 * i + 1]);
+  out.sum = hsum(wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_add(v0, v1), wasm_f32x4_add(v2, v3)),
+                                wasm_f32x4_add(wasm_f32x4_add(v4, v5), wasm_f32x4_add(v6, v7))));
+  return out;
+}
+
+// The sum of a quantized group's 32 integers.
+static inline i32 group_integer_sum(const v128_t *a) {
+  v128_t n = wasm_i32x4_add(wasm_i32x4_add(wasm_i32x4_add(a[0], a[1]), wasm_i32x4_add(a[2], a[3])),
+                            wasm_i32x4_add(wasm_i32x4_add(a[4], a[5]), wasm_i32x4_add(a[6], a[7])));
+  n = wasm_i32x4_add(n, wasm_i32x4_shuffle(n, n, 2, 3, 0, 1));
+  n = wasm_i32x4_add(n, wasm_i32x4_shuffle(n, n, 1, 0, 3, 2));
+  return wasm_i32x4_extract_lane(n, 0);
+}
+
 EXPORT(quantize_x) void quantize_x(const float *x, short *xq, float *d, float *xs, i32 T, i32 K) {
   const i32 G = K / GROUP;
   i8 *xb = (i8 *)(xs + T * G);
   float *sq = (float *)(xb + (long)T * 2 * K);
   for (i32 t = 0; t < T; t++) {
     for (i32 g = 0; g < G; g++) {
-      const float *p = x + (long)t * K + g * GROUP;
-      v128_t v0 = wasm_v128_load(p), v1 = wasm_v128_load(p + 4), v2 = wasm_v128_load(p + 8);
-      v128_t v3 = wasm_v128_load(p + 12), v4 = wasm_v128_load(p + 16), v5 = wasm_v128_load(p + 20);
-      v128_t v6 = wasm_v128_load(p + 24), v7 = wasm_v128_load(p + 28);
-      v128_t m = wasm_f32x4_max(wasm_f32x4_max(wasm_f32x4_abs(v0), wasm_f32x4_abs(v1)),
-                                wasm_f32x4_max(wasm_f32x4_abs(v2), wasm_f32x4_abs(v3)));
-      m = wasm_f32x4_max(m, wasm_f32x4_max(wasm_f32x4_max(wasm_f32x4_abs(v4), wasm_f32x4_abs(v5)),
-                                           wasm_f32x4_max(wasm_f32x4_abs(v6), wasm_f32x4_abs(v7))));
-      m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 2, 3, 0, 1));
-      m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 1, 0, 3, 2));
-      float amax = wasm_f32x4_extract_lane(m, 0), dg = amax / XQ_TOP;
-      v128_t inv = wasm_f32x4_splat(dg > 0.0f ? 1.0f / dg : 0.0f);
-#define Q(v) wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(v, inv)))
-      v128_t a0 = Q(v0), a1 = Q(v1), a2 = Q(v2), a3 = Q(v3), a4 = Q(v4), a5 = Q(v5), a6 = Q(v6), a7 = Q(v7);
-#undef Q
-      v128_t q0 = wasm_i16x8_narrow_i32x4(a0, a1), q1 = wasm_i16x8_narrow_i32x4(a2, a3);
-      v128_t q2 = wasm_i16x8_narrow_i32x4(a4, a5), q3 = wasm_i16x8_narrow_i32x4(a6, a7);
+      const QuantizedGroup group = quantize_group(x + (long)t * K + g * GROUP, XQ_TOP);
+      const v128_t q0 = group.h[0], q1 = group.h[1], q2 = group.h[2], q3 = group.h[3];
       short *out = xq + (long)t * K + g * GROUP;
       wasm_v128_store(out, q0);
       wasm_v128_store(out + 8, q1);
       wasm_v128_store(out + 16, q2);
       wasm_v128_store(out + 24, q3);
-      d[t * G + g] = dg;
-      v128_t s = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_add(v0, v1), wasm_f32x4_add(v2, v3)),
-                                wasm_f32x4_add(wasm_f32x4_add(v4, v5), wasm_f32x4_add(v6, v7)));
-      xs[t * G + g] = hsum(s);
+      d[t * G + g] = group.d;
+      xs[t * G + g] = group.sum;
       if (RELAXED) {
         const v128_t low = wasm_i16x8_splat(127);
         i8 *split = xb + ((long)t * G + g) * 2 * GROUP;
@@ -377,11 +401,7 @@ EXPORT(quantize_x) void quantize_x(const float *x, short *xq, float *d, float *x
         wasm_v128_store(split + 16, wasm_i8x16_narrow_i16x8(wasm_i16x8_shr(q2, 7), wasm_i16x8_shr(q3, 7)));
         wasm_v128_store(split + 32, wasm_i8x16_narrow_i16x8(wasm_v128_and(q0, low), wasm_v128_and(q1, low)));
         wasm_v128_store(split + 48, wasm_i8x16_narrow_i16x8(wasm_v128_and(q2, low), wasm_v128_and(q3, low)));
-        v128_t n = wasm_i32x4_add(wasm_i32x4_add(wasm_i32x4_add(a0, a1), wasm_i32x4_add(a2, a3)),
-                                  wasm_i32x4_add(wasm_i32x4_add(a4, a5), wasm_i32x4_add(a6, a7)));
-        n = wasm_i32x4_add(n, wasm_i32x4_shuffle(n, n, 2, 3, 0, 1));
-        n = wasm_i32x4_add(n, wasm_i32x4_shuffle(n, n, 1, 0, 3, 2));
-        sq[t * G + g] = dg * (float)wasm_i32x4_extract_lane(n, 0);
+        sq[t * G + g] = group.d * (float)group_integer_sum(group.q);
       }
     }
   }

@@ -49,25 +49,8 @@ EXPORT(quantize_x_split) void quantize_x_split(const float *x, i8 *xb, float *d,
   const float top = bits == 15 ? 16383.0f : bits == 14 ? 8191.0f : 127.0f;
   for (i32 t = 0; t < T; t++) {
     for (i32 g = 0; g < G; g++) {
-      const float *p = x + (long)t * K + g * GROUP;
-      v128_t v0 = wasm_v128_load(p), v1 = wasm_v128_load(p + 4), v2 = wasm_v128_load(p + 8);
-      v128_t v3 = wasm_v128_load(p + 12), v4 = wasm_v128_load(p + 16), v5 = wasm_v128_load(p + 20);
-      v128_t v6 = wasm_v128_load(p + 24), v7 = wasm_v128_load(p + 28);
-      v128_t m = wasm_f32x4_max(wasm_f32x4_max(wasm_f32x4_abs(v0), wasm_f32x4_abs(v1)),
-                                wasm_f32x4_max(wasm_f32x4_abs(v2), wasm_f32x4_abs(v3)));
-      m = wasm_f32x4_max(m, wasm_f32x4_max(wasm_f32x4_max(wasm_f32x4_abs(v4), wasm_f32x4_abs(v5)),
-                                           wasm_f32x4_max(wasm_f32x4_abs(v6), wasm_f32x4_abs(v7))));
-      m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 2, 3, 0, 1));
-      m = wasm_f32x4_max(m, wasm_i32x4_shuffle(m, m, 1, 0, 3, 2));
-      float amax = wasm_f32x4_extract_lane(m, 0), dg = amax / top;
-      v128_t inv = wasm_f32x4_splat(dg > 0.0f ? 1.0f / dg : 0.0f);
-#define Q(v) wasm_i32x4_trunc_sat_f32x4(wasm_f32x4_nearest(wasm_f32x4_mul(v, inv)))
-      v128_t a0 = Q(v0), a1 = Q(v1), a2 = Q(v2), a3 = Q(v3), a4 = Q(v4), a5 = Q(v5), a6 = Q(v6), a7 = Q(v7);
-#undef Q
-      v128_t isum = wasm_i32x4_add(wasm_i32x4_add(wasm_i32x4_add(a0, a1), wasm_i32x4_add(a2, a3)),
-                                   wasm_i32x4_add(wasm_i32x4_add(a4, a5), wasm_i32x4_add(a6, a7)));
-      v128_t q0 = wasm_i16x8_narrow_i32x4(a0, a1), q1 = wasm_i16x8_narrow_i32x4(a2, a3);
-      v128_t q2 = wasm_i16x8_narrow_i32x4(a4, a5), q3 = wasm_i16x8_narrow_i32x4(a6, a7);
+      const QuantizedGroup group = quantize_group(x + (long)t * K + g * GROUP, top);
+      v128_t q0 = group.h[0], q1 = group.h[1], q2 = group.h[2], q3 = group.h[3];
       i8 *out = xb + (long)t * G * stride + g * stride;
       if (bits == 8) {
         wasm_v128_store(out, wasm_i8x16_narrow_i16x8(q0, q1));
@@ -81,13 +64,9 @@ EXPORT(quantize_x_split) void quantize_x_split(const float *x, i8 *xb, float *d,
         wasm_v128_store(out + 32, wasm_i8x16_narrow_i16x8(wasm_v128_and(q0, low), wasm_v128_and(q1, low)));
         wasm_v128_store(out + 48, wasm_i8x16_narrow_i16x8(wasm_v128_and(q2, low), wasm_v128_and(q3, low)));
       }
-      v128_t s = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_add(v0, v1), wasm_f32x4_add(v2, v3)),
-                                wasm_f32x4_add(wasm_f32x4_add(v4, v5), wasm_f32x4_add(v6, v7)));
-      isum = wasm_i32x4_add(isum, wasm_i32x4_shuffle(isum, isum, 2, 3, 0, 1));
-      isum = wasm_i32x4_add(isum, wasm_i32x4_shuffle(isum, isum, 1, 0, 3, 2));
-      d[t * G + g] = dg;
-      xs[t * G + g] = hsum(s);
-      sq[t * G + g] = dg * (float)wasm_i32x4_extract_lane(isum, 0);
+      d[t * G + g] = group.d;
+      xs[t * G + g] = group.sum;
+      sq[t * G + g] = group.d * (float)group_integer_sum(group.q);
     }
   }
 }
