@@ -1,6 +1,7 @@
 """Cost of JSON-constrained decoding (runtime/constrain/) per token, against the model's own decode time.
 
-For three schemas (a flat object, nested arrays of objects, json_object) with the SmolLM2 tokenizer
+For three schemas (a flat object and nested arrays of objects, the "flat" and "nested" of
+tests/data/schemas.json that tests/test_constrain.py walks too, and json_object) with the SmolLM2 tokenizer
 (49152 tokens): documents are sampled from random logits, and the time of each `Matcher.allowed()` is
 recorded: median, p95, the first token of a request, and the worst. Every document compiles its grammar
 afresh, as a request does, so the memoized masks start empty each time. Two samplers:
@@ -28,47 +29,9 @@ from ruvllm.text.tokenizer import Tokenizer
 ROOT = Path(__file__).resolve().parent.parent
 MODEL = ROOT / "models" / "smollm2-135m-instruct"
 
-FLAT = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-        "city": {"type": "string", "maxLength": 40},
-        "role": {"enum": ["admin", "editor", "viewer"]},
-        "active": {"type": "boolean"},
-    },
-    "required": ["name", "age", "role"],
-    "additionalProperties": False,
-}
-NESTED = {
-    "type": "object",
-    "properties": {
-        "orders": {
-            "type": "array",
-            "minItems": 1,
-            "maxItems": 4,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "id": {"type": "integer"},
-                    "lines": {
-                        "type": "array",
-                        "maxItems": 3,
-                        "items": {
-                            "type": "object",
-                            "properties": {"sku": {"type": "string"}, "qty": {"type": "integer", "minimum": 1}},
-                            "required": ["sku", "qty"],
-                        },
-                    },
-                    "note": {"type": ["string", "null"]},
-                },
-                "required": ["id", "lines"],
-            },
-        }
-    },
-    "required": ["orders"],
-}
-SCHEMAS = {"flat object": FLAT, "nested arrays of objects": NESTED, "json_object": None}
+# the flat and nested schemas of tests/test_constrain.py, from the file the tests read
+SHARED = json.loads((ROOT / "tests" / "data" / "schemas.json").read_text(encoding="utf-8"))["schemas"]
+SCHEMAS = {"flat object": SHARED["flat"], "nested arrays of objects": SHARED["nested"], "json_object": None}
 
 
 def sample_documents(

@@ -15,30 +15,7 @@ from ruvllm.errors import InvalidArgumentError
 from ruvllm.runtime.constrain import Triggered, json_grammar
 
 TEMPLATES = Path(__file__).parent / "data" / "tool_templates"
-ORDER = {
-    "type": "object",
-    "properties": {
-        "customer": {"type": "string", "minLength": 1, "maxLength": 20},
-        "items": {
-            "type": "array",
-            "minItems": 1,
-            "maxItems": 3,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "product": {"enum": ["apple", "bread", "milk", 'tea "green"']},
-                    "quantity": {"type": "integer", "minimum": 1, "maximum": 12},
-                },
-                "required": ["product", "quantity"],
-                "additionalProperties": False,
-            },
-        },
-        "express": {"type": "boolean"},
-        "note": {"anyOf": [{"type": "string", "maxLength": 16}, {"type": "null"}]},
-    },
-    "required": ["customer", "items", "express"],
-    "additionalProperties": False,
-}
+ORDER = json.loads((Path(__file__).parent / "data" / "schemas.json").read_text(encoding="utf-8"))["schemas"]["order"]
 WEATHER = {
     "type": "function",
     "function": {

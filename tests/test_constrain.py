@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -135,39 +136,9 @@ class RandomLogits:
         raise AssertionError(f"no complete document in {max_tokens} tokens: {bytes(out)[:200]!r}...")
 
 
-FLAT = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string", "minLength": 1, "maxLength": 12},
-        "age": {"type": "integer", "minimum": 0, "maximum": 120},
-        "role": {"enum": ["admin", "editor", "viewer"]},
-        "email": {"type": "string", "format": "email", "maxLength": 20, "description": "an annotation"},
-        "score": {"type": "number"},
-        "active": {"type": "boolean"},
-    },
-    "required": ["name", "age", "role"],
-    "additionalProperties": False,
-}
-NESTED = {
-    "type": "object",
-    "properties": {
-        "orders": {
-            "type": "array",
-            "minItems": 1,
-            "maxItems": 3,
-            "items": {
-                "type": "object",
-                "properties": {
-                    "id": {"type": "integer", "exclusiveMinimum": 0},
-                    "tags": {"type": "array", "items": {"type": "string", "maxLength": 6}, "maxItems": 3},
-                    "note": {"type": ["string", "null"], "maxLength": 8},
-                },
-                "required": ["id", "tags"],
-            },
-        }
-    },
-    "required": ["orders"],
-}
+# the flat and nested schemas are shared with benchmarks/constrain_bench.py
+SHARED = json.loads((Path(__file__).parent / "data" / "schemas.json").read_text(encoding="utf-8"))["schemas"]
+FLAT, NESTED = SHARED["flat"], SHARED["nested"]
 TREE = {
     "$defs": {
         "node": {
