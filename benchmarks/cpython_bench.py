@@ -24,7 +24,7 @@ RUNNERS = {
     "ruvllm": """
 import json, sys, time
 from ruvllm.tools.bench import run_bench
-from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.assembly import load_engine
 ids, gen, compute = json.loads(sys.stdin.read())
 engine = load_engine(sys.argv[1], compute=compute)
 r = run_bench(engine, ids, gen)

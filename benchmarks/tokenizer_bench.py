@@ -23,7 +23,7 @@ TEXT_TOKENS, CHAT_TOKENS = 2000, 1000
 
 
 def prepare(out: Path) -> None:
-    from ruvllm.runtime.engine import open_gguf
+    from ruvllm.runtime.assembly import open_gguf
     from ruvllm.text.tokenizer import Tokenizer
 
     readme = (ROOT / "README.md").read_text(encoding="utf-8")

@@ -16,7 +16,7 @@ import ruvllm
 from ruvllm.errors import InferenceError, InvalidArgumentError, LoadError
 from ruvllm.files.tensorfile import SafetensorsFile, serialize
 from ruvllm.model.config import ModelConfig
-from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.assembly import load_engine
 
 from conftest import byte_tokenizer_json, numpy_model
 

@@ -9,7 +9,8 @@ import json
 import pytest
 
 from ruvllm.bridge import ModelLoader
-from ruvllm.runtime.engine import load_engine
+from ruvllm.errors import LoadError
+from ruvllm.runtime.assembly import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
 from conftest import byte_tokenizer_json, numpy_model
@@ -31,24 +32,46 @@ def folder(tmp_path):
     return tmp_path
 
 
-def stream_model(folder, chunk: int = 4096, sha256: str | None = None, cut: int = 0) -> tuple[ModelLoader, str]:
+def give_documents(loader: ModelLoader, folder) -> dict:
+    """Hand over the folder's JSON files as the loader asks for them (the byte tokenizer for tokenizer.json);
+    what it wants after them."""
+    while (want := ok(loader.next()))["part"] == "document":
+        path = folder / want["name"]
+        data = path.read_bytes() if path.exists() else None
+        if want["name"] == "tokenizer.json":
+            data = json.dumps(byte_tokenizer_json()).encode()
+        ok(loader.give_document(want["name"], data))
+    return want
+
+
+def give_header(loader: ModelLoader, data: bytes, name: str = "model.safetensors") -> str:
+    """Hand over a weight file's first bytes, as many as the loader says hold its header; its answer."""
+    at = ok(loader.header_size(name, len(data), data[:8]))
+    return loader.give_header(name, len(data), data[:at])
+
+
+def stream_model(
+    folder, chunk: int = 4096, sha256: str | None = None, cut: int = 0, options: dict | None = None
+) -> tuple[ModelLoader, str]:
     loader = ModelLoader()
-    ok(loader.set_config((folder / "config.json").read_text()))
-    ok(loader.set_tokenizer(json.dumps(byte_tokenizer_json())))
+    options = (options or {}) | ({"sha256": {"model.safetensors": sha256}} if sha256 else {})
+    ok(loader.set_options(json.dumps(options), None))
+    assert give_documents(loader, folder) == {"name": "model.safetensors", "part": "header", "optional": False}
     data = (folder / "model.safetensors").read_bytes()
-    request = {"name": "model.safetensors", "size": len(data), "want_sha256": sha256 is not None}
-    ok(loader.begin_file(json.dumps(request)))
+    ok(give_header(loader, data))
+    assert ok(loader.next()) == {"name": "model.safetensors", "part": "data", "optional": False}
+    ok(loader.begin_file(json.dumps({"name": "model.safetensors", "size": len(data)})))
     body = data[: len(data) - cut]
     for start in range(0, len(body), chunk):
         ok(loader.write("model.safetensors", body[start : start + chunk]))
-    return loader, loader.finish_file(json.dumps({"name": "model.safetensors", "sha256": sha256}))
+    return loader, loader.finish_file(json.dumps({"name": "model.safetensors"}))
 
 
 def test_streamed_model_generates_like_the_folder(folder):
     data = (folder / "model.safetensors").read_bytes()
-    loader, finished = stream_model(folder, sha256=hashlib.sha256(data).hexdigest())
+    loader, finished = stream_model(folder, sha256=hashlib.sha256(data).hexdigest(), options={"context_length": 64})
     assert ok(finished) == {"bytes": len(data)}
-    ok(loader.set_options(json.dumps({"context_length": 64})))
+    assert ok(loader.next()) is None
     info = ok(loader.build())
     assert info["plan"]["compute"] == "f32"
     assert info["architecture"] == "LlamaForCausalLM" and info["context_length"] == 64
@@ -83,13 +106,61 @@ def test_sha256_mismatch_is_a_download_error(folder):
     assert got["message"].startswith(f"model.safetensors: sha256 mismatch: expected {'ab' * 32}, got ")
 
 
+def test_requests_are_read_by_their_shape_each_field_checked_and_named():
+    loader = ModelLoader()
+    assert error(loader.set_options(json.dumps({"contextLength": 64}), None)) == {
+        "type": "invalid_argument",
+        "message": "unknown field 'contextLength' in the load options",
+    }
+    assert error(loader.set_options(json.dumps({"context_length": "64"}), None)) == {
+        "type": "invalid_argument",
+        "message": 'context_length in the load options must be an integer or null, got "64"',
+    }
+    assert error(loader.set_options(json.dumps({"sha256": {"m.gguf": 5}}), "m.gguf"))["message"] == (
+        "sha256 in the load options must be an object of strings or null, got an object"
+    )
+    ok(loader.set_options(json.dumps({"compute": None, "kv": None}), None))  # null: the default
+    assert loader.assembly is not None and loader.assembly.options.compute == "auto"
+
+
+def test_a_digest_for_a_file_the_model_lacks_is_refused_before_its_weights(folder):
+    loader = ModelLoader()
+    ok(loader.set_options(json.dumps({"sha256": {"model.safetensor": "ab" * 32}}), None))
+    for name in ("config.json", "tokenizer.json", "tokenizer_config.json", "generation_config.json"):
+        assert ok(loader.next())["name"] == name
+        data = (folder / name).read_bytes() if (folder / name).exists() else None
+        ok(loader.give_document(name, json.dumps(byte_tokenizer_json()).encode() if name == "tokenizer.json" else data))
+    assert error(loader.give_document("model.safetensors.index.json", None)) == {
+        "type": "invalid_argument",
+        "message": 'options.sha256 names "model.safetensor", which this model does not have; its weight files '
+        "are: model.safetensors",
+    }
+    gguf = ModelLoader().set_options(json.dumps({"sha256": {"model.safetensors": "ab" * 32}}), "m.gguf")
+    assert error(gguf)["message"].endswith("which this model does not have; its weight files are: m.gguf")
+
+
 def test_more_bytes_than_announced_is_a_download_error(folder):
     loader = ModelLoader()
-    ok(loader.begin_file(json.dumps({"name": "model.safetensors", "size": 10})))
-    ok(loader.write("model.safetensors", b"12345678"))
+    ok(loader.set_options("{}", None))
+    give_documents(loader, folder)
+    data = (folder / "model.safetensors").read_bytes()
+    ok(give_header(loader, data))
+    ok(loader.begin_file(json.dumps({"name": "model.safetensors", "size": len(data)})))
+    ok(loader.write("model.safetensors", data))
     assert error(loader.write("model.safetensors", b"abc")) == {
         "type": "download",
-        "message": "model.safetensors: received more than the announced 10 bytes",
+        "message": f"model.safetensors: received more than the announced {len(data)} bytes",
+    }
+
+
+def test_files_out_of_turn_are_refused_naming_what_was_wanted(folder):
+    loader = ModelLoader()
+    assert error(loader.next()) == {"type": "load", "message": "set_options was not called before the model's files"}
+    ok(loader.set_options("{}", None))
+    data = (folder / "model.safetensors").read_bytes()
+    assert error(give_header(loader, data)) == {
+        "type": "load",
+        "message": "model.safetensors came out of turn: the model's assembly wanted the document of config.json",
     }
 
 
@@ -98,29 +169,27 @@ def test_a_file_without_a_string_name_is_refused_before_any_byte(name):
     request = {"size": 10} if name is None else {"name": name, "size": 10}
     assert error(ModelLoader().begin_file(json.dumps(request))) == {
         "type": "invalid_argument",
-        "message": f"the request's 'name' must be a string, got {name!r}",
+        "message": f"name in the request must be a string, got {json.dumps(name)}",
     }
 
 
 def test_corrupt_weights_and_bad_config_are_load_errors(folder):
     loader = ModelLoader()
-    assert error(loader.set_config('{"architectures": ["BertModel"]}'))["message"].startswith(
+    ok(loader.set_options("{}", None))
+    assert error(loader.give_document("config.json", b'{"architectures": ["BertModel"]}'))["message"].startswith(
         "config.json: unsupported architecture BertModel"
     )
-    assert error(loader.set_config("{nope"))["type"] == "load"
-    ok(loader.set_config((folder / "config.json").read_text()))
+    assert error(loader.give_document("config.json", b"{nope"))["type"] == "load"
+    give_documents(loader, folder)
     data = bytearray((folder / "model.safetensors").read_bytes())
     data[8:30] = b"!" * 22
-    ok(loader.begin_file(json.dumps({"name": "model.safetensors", "size": len(data)})))
-    ok(loader.write("model.safetensors", bytes(data)))
-    got = error(loader.finish_file(json.dumps({"name": "model.safetensors"})))
+    got = error(give_header(loader, bytes(data)))
     assert got["type"] == "load" and got["message"].startswith("model.safetensors: the header is not valid JSON")
 
 
 def test_generation_errors_keep_their_type(folder):
-    loader, finished = stream_model(folder)
+    loader, finished = stream_model(folder, options={"context_length": 16})
     ok(finished)
-    ok(loader.set_options(json.dumps({"context_length": 16})))
     ok(loader.build())
     handle = loader.take_engine()
     too_long = {"prompt_ids": list(range(20)), "options": {}}
@@ -153,26 +222,28 @@ def test_stop_abandons_a_generation(folder):
 
 
 def test_the_plan_comes_from_headers_before_any_data(folder):
-    loader = ModelLoader()
-    ok(loader.set_config((folder / "config.json").read_text()))
-    ok(loader.set_tokenizer(json.dumps(byte_tokenizer_json())))
     data = (folder / "model.safetensors").read_bytes()
-    header_end = 8 + int.from_bytes(data[:8], "little")
-    ok(loader.add_header("model.safetensors", len(data), data[:header_end]))
-    plan = ok(loader.plan())
+
+    def plan(options: dict) -> str:
+        loader = ModelLoader()
+        ok(loader.set_options(json.dumps(options), None))
+        give_documents(loader, folder)
+        return give_header(loader, data)
+
+    dense = ok(plan({}))
     assert (
-        plan["compute"] == "f32"
-        and plan["total_bytes"] == plan["weight_bytes"] + plan["kv_bytes"] + plan["workspace_bytes"]
+        dense["compute"] == "f32"
+        and dense["total_bytes"] == dense["weight_bytes"] + dense["kv_bytes"] + dense["workspace_bytes"]
     )
-    ok(loader.set_options(json.dumps({"memory_budget": 100_000, "compute": "auto"})))
-    refused = error(loader.plan())
+    refused = error(plan({"memory_budget": 100_000, "compute": "auto"}))
     assert refused["type"] == "load" and refused["message"].startswith(
         "the model does not fit the memory budget of 0 MiB"
     )
-    ok(loader.set_options(json.dumps({"compute": "q4", "kv": {"hot_tokens": 16, "cold": "int4"}})))
-    small = ok(loader.plan())
-    assert small["compute"] == "q4" and small["weight_bytes"] < plan["weight_bytes"] / 4
-    assert error(loader.set_options(json.dumps({"kv": {"hot": 3}})))["message"] == "unknown kv option 'hot'"
+    small = ok(plan({"compute": "q4", "kv": {"hot_tokens": 16, "cold": "int4"}}))
+    assert small["compute"] == "q4" and small["weight_bytes"] < dense["weight_bytes"] / 4
+    assert (
+        error(ModelLoader().set_options(json.dumps({"kv": {"hot": 3}}), None))["message"] == "unknown kv option 'hot'"
+    )
 
 
 def test_a_long_prompt_comes_back_between_its_forward_calls_so_an_abort_can_get_in(folder):
@@ -243,7 +314,9 @@ def test_lessons_take_their_first_step_at_once_then_learn_in_slices(folder):
     # (the text's ids, then whole chat turns while they fit)
     assert ok(handle.set_calibration(json.dumps({"ids": list(range(3, 50)), "turns": [list(range(50, 60))]}))) == 57
     refused = json.loads(handle.set_calibration(json.dumps({"ids": [3], "turns": [["a"]]})))
-    assert refused["error"]["message"] == "turns must be a list of integers"
+    assert (
+        refused["error"]["message"] == "turns in the request must be a list of lists of integers, got a list of 1 item"
+    )
     assert ok(handle.prepare_learning()) == {"preparing": True} and ok(handle.adapter_names())["preparing"]
     one = ok(handle.learn(json.dumps({"budget_ms": 0})))  # one unit: a chunk of the calibration text, 2 layers
     assert one["preparing"] and one["prepared"]["done"] == 1 < one["prepared"]["total"]
@@ -277,7 +350,8 @@ def test_lessons_take_their_first_step_at_once_then_learn_in_slices(folder):
     assert (dropped["key"], dropped["phase"], dropped["cancelled"], dropped["done"]) == (10, "dropped", False, False)
     assert dropped["note"] == "its adapter 'a' was replaced before the lesson finished (what it taught went with it)"
     bad = error(handle.feedback(json.dumps({**request, "key": 9, "completion_ids": "x"})))
-    assert bad == {"type": "invalid_argument", "message": "completion_ids must be a list of integers"}
+    message = 'completion_ids in the request must be a list of integers, got "x"'
+    assert bad == {"type": "invalid_argument", "message": message}
 
 
 def test_a_file_larger_than_one_array_on_one_thread_says_to_load_with_threads(monkeypatch):
@@ -286,12 +360,11 @@ def test_a_file_larger_than_one_array_on_one_thread_says_to_load_with_threads(mo
     import ruvllm.bridge
 
     monkeypatch.setattr(ruvllm.bridge, "MAX_ARRAY_BYTES", 2**31 - 1)
-    request = {"name": "model.safetensors", "size": 3 * 2**30}
-    assert error(ModelLoader().begin_file(json.dumps(request))) == {
-        "type": "load",
-        "message": "model.safetensors is 3.0 GiB, more than one array of Pyodide's memory holds (2.0 GiB), where "
+    with pytest.raises(LoadError) as refused:
+        ModelLoader()._buffers(3 * 2**30, "model.safetensors")  # where a weight file of that size would go
+    assert str(refused.value) == (
+        "model.safetensors is 3.0 GiB, more than one array of Pyodide's memory holds (2.0 GiB), where "
         "the weight files go on one thread; load with threads: 2 or more (the files then stay outside it; a "
-        "browser page must be cross-origin isolated)",
-    }
-    request["size"] = 2**31 - 1  # the largest that fits is taken (CPython allocates it lazily)
-    assert ok(ModelLoader().begin_file(json.dumps(request))) == 2**31 - 1
+        "browser page must be cross-origin isolated)"
+    )
+    assert ModelLoader()._buffers(2**31 - 1, "model.safetensors").size == 2**31 - 1  # the largest that fits

@@ -11,7 +11,7 @@ from ruvllm.files.formats import get_format
 from ruvllm.model.weights import ComputeOptions, prepare_matrix
 from ruvllm.quant import matrices
 from ruvllm.quant.matrices import DenseMatrix, Int4Matrix, Int8Matrix
-from ruvllm.runtime.engine import load_engine, open_store
+from ruvllm.runtime.assembly import load_engine, open_store
 
 from conftest import numpy_model
 

@@ -23,7 +23,7 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from ruvllm.convert import convert
 from ruvllm.errors import InvalidArgumentError, LoadError
-from ruvllm.runtime.engine import load_engine, open_store
+from ruvllm.runtime.assembly import load_engine, open_store
 from ruvllm.text.tokenizer import Tokenizer
 
 from conftest import tiny_model

@@ -501,7 +501,7 @@ def test_a_model_that_fails_to_load_after_its_check_leaves_the_current_one(demo)
     wait_state(demo, "ready")
     pick_other_model(demo, "/broken.gguf")
     assert load_error(demo) == (
-        "Could not load the model: the GGUF file: GGUF version 0 is not supported; this reader knows versions 2 "
+        "Could not load the model: broken.gguf: GGUF version 0 is not supported; this reader knows versions 2 "
         "and 3. The current model stays loaded."
     )
     assert demo.is_hidden("[data-testid=retry]"), "the file would fail the same way"

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from ruvllm.errors import ContextFullError, InvalidArgumentError
-from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.assembly import load_engine
 from ruvllm.runtime.generate import GenerationOptions, Step, generate_tokens
 from ruvllm.text.detokenizer import StreamingDetokenizer
 from ruvllm.text.stream import generate_text

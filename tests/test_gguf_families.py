@@ -20,7 +20,7 @@ from transformers import AutoModelForCausalLM
 
 from ruvllm.errors import LoadError
 from ruvllm.files.ggml import GGML_TYPE_NAMES
-from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.assembly import load_engine
 from test_ggml_blocks import F16_FIELDS, GRID_F16_FIELDS  # where each block type keeps its f16 scales
 
 pytestmark = pytest.mark.parity

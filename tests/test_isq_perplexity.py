@@ -18,7 +18,8 @@ import ruvllm
 import ruvllm.runtime.isq as isq
 from ruvllm.errors import InvalidArgumentError
 from ruvllm.model.weights import ComputeOptions
-from ruvllm.runtime.engine import Engine, load_engine
+from ruvllm.runtime.assembly import load_engine
+from ruvllm.runtime.engine import Engine
 from ruvllm.tools.perplexity import perplexity
 
 from conftest import tiny_model

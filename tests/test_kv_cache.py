@@ -16,7 +16,7 @@ from ruvllm.model.cache import COLD_FORMATS, KVCache, KVOptions, LayerCache
 from ruvllm.model.kv import Cache, LayerKV
 from ruvllm.model.paged import PagedSequence
 from ruvllm.quant.kvcodes import pack_int4, unpack_int4
-from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.assembly import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
 from conftest import numpy_model

@@ -14,7 +14,7 @@ from ruvllm.learning.backprop import entering_states
 from ruvllm.learning.learn import REHEARSAL_STEPS, AdaptOptions, Learner, Lesson
 from ruvllm.learning.lora import Adapter, LoRAConfig
 from ruvllm.learning.per_model import ModelLearning
-from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.assembly import load_engine
 from ruvllm.runtime.generate import GenerationOptions, Prefilling, generate_tokens
 
 from conftest import numpy_model, tiny_model

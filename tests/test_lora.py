@@ -17,7 +17,7 @@ from ruvllm.learning.adapters import AdapterSet
 from ruvllm.learning.backprop import logits_for
 from ruvllm.learning.learn import adapter_gradients
 from ruvllm.learning.lora import TARGETS, Adapter, Gate, LoRAConfig
-from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.assembly import load_engine
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
 from conftest import tiny_model

@@ -38,7 +38,7 @@ def test_engine_runs_with_numpy_only(tmp_path):
     run_blocked(
         f"""
         import ruvllm
-        from ruvllm.runtime.engine import load_engine
+        from ruvllm.runtime.assembly import load_engine
         from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
         engine = load_engine({str(tmp_path)!r})
@@ -55,7 +55,7 @@ def test_convert_runs_with_numpy_only(tmp_path):
     run_blocked(
         f"""
         from ruvllm.convert import convert
-        from ruvllm.runtime.engine import load_engine
+        from ruvllm.runtime.assembly import load_engine
 
         convert({str(tmp_path / "hf")!r}, {out!r}, "q4_0")
         assert load_engine({out!r}).config.num_hidden_layers == 2

@@ -16,7 +16,7 @@ from ruvllm.files.outputs import check_output, plain_name, write_files
 from ruvllm.files.tensorfile import serialize
 from ruvllm.learning.lora import Adapter, LoRAConfig
 from ruvllm.learning.xlora import RouterConfig
-from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.assembly import load_engine
 
 from conftest import byte_tokenizer_json, numpy_model
 

@@ -13,7 +13,7 @@ pytest.importorskip("torch")
 
 import torch
 
-from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.assembly import load_engine
 
 from conftest import tiny_model
 

@@ -8,7 +8,8 @@ import pytest
 
 from ruvllm.errors import InvalidArgumentError, LoadError
 from ruvllm.model.cache import KVOptions
-from ruvllm.runtime.engine import Engine, LoadOptions, load_engine, open_store, plan_for, read_config
+from ruvllm.runtime.assembly import load_engine, open_model
+from ruvllm.runtime.engine import Engine, LoadOptions, plan_for
 from ruvllm.runtime.generate import GenerationOptions, generate_tokens
 
 from conftest import numpy_model
@@ -33,7 +34,7 @@ def test_planned_kv_bytes_are_what_a_full_cache_takes(tmp_path):
 
 
 def test_auto_picks_the_fastest_form_that_fits(smollm2_dir):
-    config, store = read_config(str(smollm2_dir)), open_store(str(smollm2_dir), header_only=True)
+    config, store = open_model(str(smollm2_dir), header_only=True)
     plans = {form: plan_for(config, store, LoadOptions(compute=form)) for form in ("f32", "q8", "q4")}
     assert plans["f32"].total_bytes > plans["q8"].total_bytes > plans["q4"].total_bytes
     assert plans["f32"].weight_bytes_by_form == {"f32": plans["f32"].weight_bytes - 576 * 61 * 4}
@@ -89,19 +90,19 @@ class CountingProvider:
 
 
 def test_with_a_kernel_provider_auto_keeps_a_quantized_model_in_its_own_form(smollm2_dir, tmp_path):
-    config, store = read_config(str(smollm2_dir)), open_store(str(smollm2_dir), header_only=True)
+    config, store = open_model(str(smollm2_dir), header_only=True)
     provider = CountingProvider()
     assert plan_for(config, store, LoadOptions(provider=provider)).compute == "q4"  # q4_1 layers, q8 embedding
     assert plan_for(config, store, LoadOptions(provider=provider, kernels="numpy")).compute == "f32"
     numpy_model("llama", tmp_path)  # float32 weights: not quantized unless asked
-    tiny_config, tiny_store = read_config(str(tmp_path)), open_store(str(tmp_path), header_only=True)
+    tiny_config, tiny_store = open_model(str(tmp_path), header_only=True)
     assert plan_for(tiny_config, tiny_store, LoadOptions(provider=provider)).compute == "f32"
 
 
 def test_the_engine_computes_every_product_through_the_provider(tmp_path):
     numpy_model("llama", tmp_path)
     provider = CountingProvider()
-    engine = Engine.from_store(read_config(str(tmp_path)), open_store(str(tmp_path)), LoadOptions(provider=provider))
+    engine = Engine.from_store(*open_model(str(tmp_path)), LoadOptions(provider=provider))
     reference = load_engine(str(tmp_path), kernels="numpy")
     assert engine.kernels == "counting" and reference.kernels == "numpy"
     assert {id(m) for m in provider.prepared} == {id(m) for m in engine.weights.matrices()}

@@ -26,7 +26,7 @@ import pytest
 
 from ruvllm.errors import LoadError
 from ruvllm.files.gguf_vocab import _BYTE_LEVEL_PRE, tokenizer_files
-from ruvllm.runtime.engine import open_gguf
+from ruvllm.runtime.assembly import open_gguf
 from ruvllm.text import pretokenize
 from ruvllm.text.pure_tokenizer import PureTokenizer
 from ruvllm.text.tokenizer import Tokenizer

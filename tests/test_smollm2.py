@@ -12,7 +12,7 @@ pytest.importorskip("transformers")
 import torch
 from transformers import AutoModelForCausalLM
 
-from ruvllm.runtime.engine import open_store
+from ruvllm.runtime.assembly import open_store
 
 pytestmark = pytest.mark.parity
 

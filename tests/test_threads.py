@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from ruvllm.errors import InvalidArgumentError
-from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.assembly import load_engine
 from ruvllm.runtime.threads import Adaptive, BlasThreads, _blas_libraries
 
 from conftest import numpy_model

@@ -403,7 +403,7 @@ ROUND_TRIP = [
 
 
 def family_templates(smollm2_dir: Path, gemma_gguf: Path) -> dict[str, str]:
-    from ruvllm.runtime.engine import open_gguf
+    from ruvllm.runtime.assembly import open_gguf
 
     smollm2 = json.loads((smollm2_dir / "tokenizer_config.json").read_text())["chat_template"]
     gemma = open_gguf(str(gemma_gguf)).tokenizer_files(merges=False)[1]["chat_template"]

@@ -19,7 +19,7 @@ from ruvllm.learning.adapters import AdapterSet
 from ruvllm.learning.learn import AdaptOptions, RouteLesson, route_gradients
 from ruvllm.learning.lora import Adapter
 from ruvllm.learning.xlora import Mixture, RouterConfig
-from ruvllm.runtime.engine import load_engine
+from ruvllm.runtime.assembly import load_engine
 
 from conftest import tiny_model
 

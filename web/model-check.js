@@ -8,11 +8,11 @@
 // Files already in the browser cache (where RuvLLM.load keeps what it downloads) answer from there, so a
 // page reloaded offline still passes.
 
-// The package's own rule for hub names and for telling a GGUF file from a folder, not written again here.
+// The package's own rule for hub names and for telling a GGUF file from a folder, a model folder's files
+// (the one layout, py_src/ruvllm/files/layout.py) and the Cache API store RuvLLM.load keeps model files
+// in (npm/README.md, "Caching"), not written again here.
+import { FOLDER_FILES, MODELS_CACHE } from '/npm/src/bridge-schema.js';
 import { isHubName, resolveModel } from '/npm/src/hub.js';
-
-/** The Cache API cache RuvLLM.load keeps model files in (npm/README.md, "Caching"). */
-const CACHE_NAME = 'ruvllm-models-v1';
 /** How long a probe waits for the server: a location that never answers is said to, not waited on. */
 const PROBE_TIMEOUT_MS = 20_000;
 const GGUF_MAGIC = 'GGUF';
@@ -36,7 +36,7 @@ export class ModelCheckError extends Error {
  */
 export async function checkModel(input, { signal } = {}) {
   const { url, kind } = locate(input);
-  const store = typeof caches === 'undefined' ? null : await caches.open(CACHE_NAME).catch(() => null);
+  const store = typeof caches === 'undefined' ? null : await caches.open(MODELS_CACHE).catch(() => null);
   const probe = (fileUrl, how) => probeFile(fileUrl, { ...how, store, signal });
   if (kind === 'gguf') {
     const file = await probe(url, { head: 4 });
@@ -50,7 +50,7 @@ export async function checkModel(input, { signal } = {}) {
     }
     return { url, kind, downloadBytes: file.size, cached: file.cached };
   }
-  const configUrl = new URL('config.json', url).href;
+  const configUrl = new URL(FOLDER_FILES.config, url).href;
   const config = await probe(configUrl, { head: 1 << 20 });
   if (config.status === 404) {
     throw new ModelCheckError(
@@ -60,10 +60,10 @@ export async function checkModel(input, { signal } = {}) {
   }
   requireOk(config, configUrl);
   requireModelConfig(config, configUrl);
-  const weightsUrl = new URL('model.safetensors', url).href;
+  const weightsUrl = new URL(FOLDER_FILES.weights, url).href;
   const weights = await probe(weightsUrl, { head: 0 });
   if (weights.status === 404) {
-    const indexUrl = new URL('model.safetensors.index.json', url).href;
+    const indexUrl = new URL(FOLDER_FILES.index, url).href;
     const index = await probe(indexUrl, { head: 0 });
     if (index.status === 404) {
       throw new ModelCheckError(

@@ -54,7 +54,8 @@ py.runPython(`
 import json, os, time
 import ruvllm.host as host
 from ruvllm.quant.wasm import WasmKernels
-from ruvllm.runtime.engine import Engine, LoadOptions, open_model
+from ruvllm.runtime.assembly import open_model
+from ruvllm.runtime.engine import Engine, LoadOptions
 from ruvllm.text.tokenizer import Tokenizer
 from ruvllm.tools.perplexity import perplexity
 

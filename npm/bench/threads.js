@@ -108,7 +108,8 @@ from ruvllm.model.config import ModelConfig
 from ruvllm.quant import matrices
 from ruvllm.quant.pool import PoolKernels
 from ruvllm.quant.wasm import WasmKernels
-from ruvllm.runtime.engine import LoadOptions, open_gguf, open_model
+from ruvllm.runtime.assembly import open_gguf, open_model
+from ruvllm.runtime.engine import LoadOptions
 from ruvllm.text.tokenizer import Tokenizer
 
 def build(provider):

@@ -12,6 +12,9 @@
  * A JavaScript module rather than JSON: the worker imports it as it is, in Node and in the browser
  * bundle, without JSON modules, and it carries the comments and JSDoc types tsc checks.
  *
+ * A request's shape names the dataclass py_src/ruvllm/bridge.py reads it into (`dataclass`: each field
+ * checked against its type there), so the two cannot drift apart.
+ *
  * Argument types: 'json' (a JSON text the caller makes: crosses without renaming), 'text', 'int',
  * 'bytes' (a typed array), 'proxy' (a JS object Python keeps), '*bytes' (any number of them), or a shape
  * name (a plain object: callBridge renames it to Python's names and sends it as JSON). A call answers
@@ -30,6 +33,7 @@
 export const SHAPES = Object.freeze({
   // --- loading -------------------------------------------------------------------------------
   LoadOptions: {
+    dataclass: 'ruvllm.bridge.LoadRequest',
     fields: {
       context_length: 'int | null',
       compute: 'string',
@@ -37,21 +41,25 @@ export const SHAPES = Object.freeze({
       kernels: 'string',
       arithmetic: 'string | null',
       kv: 'KVOptions',
+      sha256: 'Record<string, string> | null (file name -> hex digest: checked as each file arrives)',
     },
   },
-  KVOptions: { fields: { hot_tokens: 'int | null', cold: 'string', budget_bytes: 'int | null', keep: 'int' } },
-  ConfigSummary: {
-    verbatim: true,
-    note: "config.json's own names (the worker does not read them)",
-    fields: { architecture: 'string', max_position_embeddings: 'int' },
+  KVOptions: {
+    fields: { hot_tokens: 'int | null', cold: 'string', budget_bytes: 'int | null', keep: 'int' },
+  },
+  KernelsStarted: { fields: { running: 'boolean', reason: 'string | null', relaxed: 'boolean' } },
+  Want: {
+    dataclass: 'ruvllm.runtime.assembly.Want',
+    note: 'the file the loader needs next (runtime/assembly.py Want): a JSON document whole, a header, data',
+    fields: { name: 'string', part: "'document' | 'header' | 'data'", optional: 'boolean' },
   },
   GgufHeader: {
     verbatim: true,
     note: "the model folder's JSON files as a GGUF's metadata gives them: read by JavaScript as they are",
     fields: { config: 'object', tokenizer: 'object', tokenizer_config: 'object', generation_config: 'object' },
   },
-  FileStart: { fields: { name: 'string', size: 'int', want_sha256: 'boolean' } },
-  FileEnd: { fields: { name: 'string', sha256: 'string | null' } },
+  FileStart: { dataclass: 'ruvllm.bridge.FileStart', fields: { name: 'string', size: 'int' } },
+  FileEnd: { dataclass: 'ruvllm.bridge.FileEnd', fields: { name: 'string' } },
   FileDone: { fields: { bytes: 'int' } },
   MemoryPlan: {
     fields: {
@@ -90,7 +98,10 @@ export const SHAPES = Object.freeze({
       seed: 'int | null',
     },
   },
-  Start: { fields: { prompt_ids: 'int[]', eos_ids: 'int[]', options: 'GenerationOptions' } },
+  Start: {
+    dataclass: 'ruvllm.bridge.StartRequest',
+    fields: { prompt_ids: 'int[]', eos_ids: 'int[]', options: 'GenerationOptions' },
+  },
   Started: { fields: { prompt_tokens: 'int' } },
   Step: {
     note: 'a chunk, or {prefilling} between the forward calls of a long prompt, or null when done',
@@ -117,12 +128,14 @@ export const SHAPES = Object.freeze({
     },
   },
   CompletionCheck: {
+    dataclass: 'ruvllm.bridge.CompletionCheck',
     verbatim: true,
     note: 'made as JSON by the worker: an OpenAI body keeps its names (its schemas may hold any key)',
     fields: { kind: "'chat' | 'text'", body: 'object (an OpenAI request body)' },
   },
   CompletionSource: { fields: { source: 'json: {messages, tools} or {prompt}' } },
   CompletionStart: {
+    dataclass: 'ruvllm.bridge.CompletionStart',
     verbatim: true,
     note: 'made as JSON by the worker, like CompletionCheck',
     fields: {
@@ -146,10 +159,12 @@ export const SHAPES = Object.freeze({
   },
   // --- adapters and learning -----------------------------------------------------------------
   AdapterConfig: {
+    dataclass: 'ruvllm.bridge.AdapterConfig',
     fields: { name: 'string', rank: 'int', alpha: 'number | null', targets: 'string[]', layers: 'int[] | null' },
   },
   AdapterMade: { fields: { name: 'string', rank: 'int', targets: 'string[]', layers: 'int[]' } },
   MixConfig: {
+    dataclass: 'ruvllm.bridge.MixConfig',
     fields: {
       name: 'string',
       experts: 'string[]',
@@ -161,7 +176,7 @@ export const SHAPES = Object.freeze({
     },
   },
   Mixed: { fields: { name: 'string', experts: 'string[]', top_k: 'int | null' } },
-  AdapterName: { fields: { name: 'string | null' } },
+  AdapterName: { dataclass: 'ruvllm.bridge.AdapterName', fields: { name: 'string | null' } },
   AdapterFiles: { fields: { files: 'string[]' } },
   AdapterList: {
     fields: {
@@ -174,6 +189,7 @@ export const SHAPES = Object.freeze({
     },
   },
   Lesson: {
+    dataclass: 'ruvllm.bridge.LessonRequest',
     fields: {
       key: 'int (the adapt request id)',
       adapter: 'string',
@@ -192,9 +208,15 @@ export const SHAPES = Object.freeze({
       budget_ms: 'number | null',
     },
   },
-  LessonKey: { fields: { key: 'int | null', budget_ms: 'number | null' } },
-  Budget: { fields: { budget_ms: 'number | null' } },
+  LessonKey: { dataclass: 'ruvllm.bridge.LessonKey', fields: { key: 'int | null', budget_ms: 'number | null' } },
+  Budget: { dataclass: 'ruvllm.bridge.Budget', fields: { budget_ms: 'number | null' } },
   LessonProgress: {
+    note:
+      "phase: 'waiting' (behind `ahead` other lessons), 'preparing' (its next step waits for the projection " +
+      "job: `prepared` units), 'learning', 'rehearsing', 'done', 'cancelled' (cancel_learning) or 'dropped' " +
+      '(its adapter was replaced: `note` says so); applied: its first step is taken (or was found not to be ' +
+      "needed); outcome: why its steps ended (AdaptReport.outcome: 'already' is an answer greedy decoding " +
+      'already gives), once known',
     fields: {
       key: 'int',
       phase: 'string',
@@ -233,8 +255,14 @@ export const SHAPES = Object.freeze({
     fields: { lessons: 'LessonProgress[]', waiting: 'int', preparing: 'boolean', prepared: 'Prefilling | null' },
   },
   Preparing: { fields: { preparing: 'boolean' } },
-  Calibration: { fields: { ids: 'int[]', turns: 'int[][] (each a chat turn in the model template)' } },
-  ChatTemplateSource: { fields: { source: 'string | null (the template JavaScript renders with)' } },
+  Calibration: {
+    dataclass: 'ruvllm.bridge.Calibration',
+    fields: { ids: 'int[]', turns: 'int[][] (each a chat turn in the model template)' },
+  },
+  ChatTemplateSource: {
+    dataclass: 'ruvllm.bridge.ChatTemplateSource',
+    fields: { source: 'string | null (the template JavaScript renders with)' },
+  },
   // --- not a bridge call: the JSON `ruvllm-js generate --json` prints, as `ruvllm generate --json` ----
   GenerateJson: {
     fields: {
@@ -253,15 +281,14 @@ export const BRIDGE = Object.freeze({
     new_loader: { args: {}, returns: 'ModelLoader', hands: true },
   },
   ModelLoader: {
-    offer_kernels: { args: { exports: 'proxy' }, returns: 'true' },
+    start_kernels: { args: { choice: 'text' }, returns: 'KernelsStarted' },
     offer_kernel_threads: { args: { api: 'proxy' }, returns: 'true' },
-    set_config: { args: { config_json: 'json' }, returns: 'ConfigSummary' },
-    set_tokenizer: { args: { tokenizer_json: 'json' }, returns: 'int (the vocabulary size)' },
-    set_options: { args: { options_json: 'LoadOptions' }, returns: 'true' },
-    add_header: { args: { name: 'text', size: 'int', head: 'bytes' }, returns: 'true' },
-    gguf_header_size: { args: { size: 'int', head: 'bytes' }, returns: 'int | null (null: read on)' },
-    add_gguf_header: { args: { name: 'text', size: 'int', head: 'bytes' }, returns: 'GgufHeader' },
-    plan: { args: {}, returns: 'MemoryPlan' },
+    set_options: { args: { options_json: 'LoadOptions', gguf: 'text | null (null: a folder)' }, returns: 'true' },
+    next: { args: {}, returns: 'Want | null (null: every file is in)' },
+    give_document: { args: { name: 'text', data: 'bytes | null (null: missing)' }, returns: 'true' },
+    header_size: { args: { name: 'text', size: 'int', head: 'bytes' }, returns: 'int | null (null: read on)' },
+    give_header: { args: { name: 'text', size: 'int', head: 'bytes' }, returns: 'MemoryPlan | null (after the last)' },
+    gguf_documents: { args: {}, returns: 'GgufHeader' },
     begin_file: { args: { request_json: 'FileStart' }, returns: 'int (the size)' },
     write: { args: { name: 'text', chunk: 'bytes' }, returns: 'int (bytes received so far)' },
     finish_file: { args: { request_json: 'FileEnd' }, returns: 'FileDone' },
@@ -322,6 +349,47 @@ export const WORKER_REQUESTS = Object.freeze({
   load_adapter: ['url', 'name'],
   set_adapter: ['name'],
   save_adapter: ['name'],
+});
+
+/**
+ * The interfaces of types/index.d.ts that are these shapes as the JavaScript API hands them over (each
+ * field by its JavaScript name), with the fields the worker keeps to itself (`omits`):
+ * test/bridge-schema.test.js holds each interface to its shape, so a field added on one side is added on
+ * the other.
+ * @type {Readonly<Record<string, { shape: string, omits?: string[] }>>}
+ */
+export const PUBLIC_TYPES = Object.freeze({
+  KVOptions: { shape: 'KVOptions' },
+  MemoryPlan: { shape: 'MemoryPlan' },
+  CacheStats: { shape: 'CacheStats' },
+  Stats: { shape: 'Stats' },
+  LearningProgress: { shape: 'LessonProgress', omits: ['key', 'cancelled', 'note', 'report'] },
+  AdaptReport: { shape: 'AdaptReport' },
+  AdapterList: { shape: 'AdapterList' },
+  AdapterConfig: { shape: 'AdapterConfig' },
+  MixOptions: { shape: 'MixConfig', omits: ['name', 'experts'] }, // (mixAdapters' own arguments)
+});
+
+/**
+ * The Cache API store that model files are kept in, shared by the worker (files.js), the demo page's model
+ * check (web/model-check.js) and Python's own fetch in any Pyodide (py_src/ruvllm/host.py MODELS_CACHE,
+ * held to this by test/bridge-schema.test.js): a model downloaded by one is read from it by the others.
+ */
+export const MODELS_CACHE = 'ruvllm-models-v1';
+
+/**
+ * A model folder's files as py_src/ruvllm/files/layout.py names them (the one folder layout, which the
+ * Python loader follows; test/bridge-schema.test.js holds these to it): the config the worker reads before
+ * Pyodide boots, so a wrong location fails at once, the documents its text layer reads, and the files the
+ * demo page's model check probes.
+ */
+export const FOLDER_FILES = Object.freeze({
+  config: 'config.json',
+  tokenizer: 'tokenizer.json',
+  tokenizerConfig: 'tokenizer_config.json',
+  generationConfig: 'generation_config.json',
+  weights: 'model.safetensors',
+  index: 'model.safetensors.index.json',
 });
 
 /** A Python name's JavaScript twin: snake_case -> camelCase. */

@@ -12,7 +12,16 @@ import { test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 import { promisify } from 'node:util';
 
-import { BRIDGE, SHAPES, WORKER_REQUESTS, camelCase, pythonNames } from '../src/bridge-schema.js';
+import {
+  BRIDGE,
+  FOLDER_FILES,
+  MODELS_CACHE,
+  PUBLIC_TYPES,
+  SHAPES,
+  WORKER_REQUESTS,
+  camelCase,
+  pythonNames,
+} from '../src/bridge-schema.js';
 import { PYTHON_NAMES, REQUESTS, fromPython, toPython } from '../src/protocol.js';
 
 const PACKAGE = resolve(fileURLToPath(new URL('..', import.meta.url)));
@@ -111,7 +120,11 @@ dataclasses_ = {}
 for path in json.loads(sys.argv[1]):
     module, name = path.rsplit(".", 1)
     dataclasses_[path] = [f.name for f in dataclasses.fields(getattr(importlib.import_module(module), name))]
-print(json.dumps({"methods": out, "dataclasses": dataclasses_}))
+import ruvllm.host as host
+from ruvllm.files import layout
+folder = {"config": layout.CONFIG, "tokenizer": layout.TOKENIZER, "tokenizerConfig": layout.TOKENIZER_CONFIG,
+          "generationConfig": layout.GENERATION_CONFIG, "weights": layout.WEIGHTS, "index": layout.WEIGHTS_INDEX}
+print(json.dumps({"methods": out, "dataclasses": dataclasses_, "models_cache": host.MODELS_CACHE, "folder": folder}))
 `;
   const wanted = Object.values(SHAPES)
     .map((s) => s.dataclass)
@@ -134,6 +147,22 @@ print(json.dumps({"methods": out, "dataclasses": dataclasses_}))
   assert.deepEqual(Object.keys(python.methods).sort(), Object.keys(BRIDGE).sort());
   for (const shape of Object.values(SHAPES).filter((s) => s.dataclass)) {
     assert.deepEqual(Object.keys(shape.fields), python.dataclasses[shape.dataclass], `${shape.dataclass}'s fields`);
+  }
+  assert.equal(python.models_cache, MODELS_CACHE, "host.py's Cache API store is the worker's");
+  assert.deepEqual(python.folder, FOLDER_FILES, "files/layout.py's folder is the worker's and the page's");
+});
+
+test('the public types that restate a shape have its fields, by their JavaScript names', async () => {
+  const types = await readFile(join(ROOT, 'npm', 'types', 'index.d.ts'), 'utf8');
+  for (const [name, { shape, omits = [] }] of Object.entries(PUBLIC_TYPES)) {
+    const start = types.indexOf(`export interface ${name} {`);
+    assert.ok(start >= 0, `types/index.d.ts has no interface ${name}`);
+    const body = types.slice(start, types.indexOf('\n}\n', start));
+    const declared = [...body.matchAll(/^ {2}(\w+)\??:/gm)].map((m) => m[1]);
+    const wire = Object.keys(SHAPES[shape].fields)
+      .filter((field) => !omits.includes(field))
+      .map((field) => (SHAPES[shape].verbatim ? field : camelCase(field)));
+    assert.deepEqual(declared.sort(), wire.sort(), `${name} (types/index.d.ts) against the shape ${shape}`);
   }
 });
 

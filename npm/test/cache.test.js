@@ -14,7 +14,8 @@ import { fileURLToPath } from 'node:url';
 import { RuvLLM, RuvLLMError } from '../src/index.js';
 import { cacheFolder } from '../src/worker/cache-folder.js';
 import { openFile, readBytes, readJson } from '../src/worker/files.js';
-import { loadWeights } from '../src/worker/weights.js';
+import { feedLoader } from '../src/worker/weights.js';
+import { fakeLoader } from './support/loader.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
 
 const SIZE = 2 * 1024 * 1024 + 5;
@@ -98,19 +99,6 @@ async function partials() {
   return existsSync(join(cache, 'partial')) ? readdir(join(cache, 'partial')) : [];
 }
 
-/** A stand-in for ruvllm.bridge.ModelLoader that accepts every byte. */
-function fakeLoader() {
-  const ok = (value) => JSON.stringify({ ok: value });
-  let got = 0;
-  return {
-    add_header: () => ok(true),
-    plan: () => ok({ compute: 'f32' }),
-    begin_file: (name, size) => ok(size),
-    write: (name, chunk) => ok((got += chunk.length)),
-    finish_file: () => ok({ bytes: got }),
-  };
-}
-
 test('the cache folder is RUVLLM_CACHE_DIR, else $XDG_CACHE_HOME/ruvllm/models, else ~/.cache/ruvllm/models', async () => {
   assert.equal(await cacheFolder({ RUVLLM_CACHE_DIR: '/srv/models', XDG_CACHE_HOME: '/xdg' }), '/srv/models');
   assert.equal(await cacheFolder({ XDG_CACHE_HOME: '/xdg' }), '/xdg/ruvllm/models');
@@ -156,7 +144,7 @@ test('a second load of the weights asks the server nothing for them, and reports
   const events = [[], []];
   const results = [];
   for (const seen of events) {
-    results.push(await loadWeights(fakeLoader(), `${base}/m/`, { cache: true, onProgress: (p) => seen.push(p) }));
+    results.push(await feedLoader(fakeLoader(), `${base}/m/`, { cache: true, onProgress: (p) => seen.push(p) }));
   }
   assert.equal(hits.get('/m/model.safetensors'), 1);
   assert.deepEqual(
@@ -271,7 +259,7 @@ test('local folders are never cached', async () => {
   const dir = await temporaryFolder('ruvllm-local-');
   await writeFile(join(dir, 'model.safetensors'), BODY);
   assert.equal((await readBytes(dir, 'model.safetensors')).length, SIZE);
-  assert.equal((await loadWeights(fakeLoader(), dir, {})).fromCache, false);
+  assert.equal((await feedLoader(fakeLoader(), dir, {})).fromCache, false);
   assert.deepEqual(await entries(), []);
   assert.deepEqual(await partials(), []);
 });

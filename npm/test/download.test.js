@@ -11,7 +11,8 @@ import { after, before, beforeEach, test } from 'node:test';
 
 import { AbortError, RuvLLM, RuvLLMError } from '../src/index.js';
 import { openFile, readJson } from '../src/worker/files.js';
-import { loadGguf, loadWeights } from '../src/worker/weights.js';
+import { feedLoader } from '../src/worker/weights.js';
+import { fakeLoader } from './support/loader.js';
 
 const SIZE = 1 << 20;
 const BODY = new Uint8Array(SIZE);
@@ -66,20 +67,6 @@ after(async () => {
 });
 
 const partials = async () => (existsSync(join(cache, 'partial')) ? readdir(join(cache, 'partial')) : []);
-
-/** A stand-in for ruvllm.bridge.ModelLoader; `refusePlan` makes plan() fail as a plan that cannot fit does. */
-function fakeLoader({ refusePlan = false } = {}) {
-  const ok = (value) => JSON.stringify({ ok: value });
-  return {
-    add_header: () => ok(true),
-    plan: () => (refusePlan ? JSON.stringify({ error: { type: 'load', message: 'the plan does not fit' } }) : ok({})),
-    begin_file: () => ok(0),
-    write: () => ok(0),
-    finish_file: () => ok({}),
-    gguf_header_size: () => ok(64),
-    add_gguf_header: () => ok({}),
-  };
-}
 
 const stalled = (url, ms) => (e) =>
   e instanceof RuvLLMError &&
@@ -138,35 +125,15 @@ test('an abort stops a download midway with an AbortError and removes its partia
 });
 
 test('a load that fails after opening its files (a refused plan, a shard without a size) leaves no partial copy', async () => {
-  await assert.rejects(loadWeights(fakeLoader({ refusePlan: true }), `${base}/m/`, {}), /the plan does not fit/);
+  await assert.rejects(feedLoader(fakeLoader({ refusePlan: true }), `${base}/m/`, {}), /the plan does not fit/);
   assert.deepEqual(await partials(), []);
   await assert.rejects(
-    loadWeights(fakeLoader(), `${base}/shards/`, {}),
+    feedLoader(fakeLoader(), `${base}/shards/`, {}),
     (e) => e.type === 'download' && /model-2.safetensors: the server did not say how large it is/.test(e.message),
   );
   assert.deepEqual(await partials(), []);
-  await assert.rejects(
-    loadGguf(fakeLoader({ refusePlan: true }), `${base}/m/`, 'm.gguf', { onHeader() {}, onPlan() {} }),
-    /does not fit/,
-  );
+  await assert.rejects(feedLoader(fakeLoader({ gguf: 'm.gguf', refusePlan: true }), `${base}/m/`, {}), /does not fit/);
   assert.deepEqual(await partials(), []);
-});
-
-test('a sha256 for a file the model does not have is refused before the weights are fetched', async () => {
-  const digest = 'ab'.repeat(32);
-  await assert.rejects(loadWeights(fakeLoader(), `${base}/m/`, { sha256: { 'model.safetensor': digest } }), (e) => {
-    assert.equal(e.type, 'invalid_argument');
-    assert.equal(
-      e.message,
-      'options.sha256 names "model.safetensor", which this model does not have; its weight files are: model.safetensors',
-    );
-    return true;
-  });
-  assert.equal(hits.get('/m/model.safetensors'), undefined);
-  await assert.rejects(
-    loadGguf(fakeLoader(), `${base}/m/`, 'm.gguf', { sha256: { 'model.safetensors': digest } }),
-    /options.sha256 names "model.safetensors", which this model does not have; its weight files are: m.gguf/,
-  );
 });
 
 test('RuvLLM.load of a silent server fails with a download error naming the URL, then loads start afresh', async () => {

@@ -576,7 +576,7 @@ describe(
       const one = await startThreads(py, kernels, 1);
       assert.deepEqual([one.pool, one.count], [null, 1]);
       assert.match(one.reason, /threads: 1/);
-      const numpy = await startThreads(py, { exports: null, reason: null }, 2);
+      const numpy = await startThreads(py, { running: false }, 2);
       assert.deepEqual([numpy.pool, numpy.count], [null, 1]);
       assert.match(numpy.reason, /WebAssembly kernels do not run here/);
     });

@@ -7,7 +7,8 @@ import { join } from 'node:path';
 import { after, before, test } from 'node:test';
 
 import { RuvLLMError } from '../src/errors.js';
-import { loadWeights } from '../src/worker/weights.js';
+import { feedLoader } from '../src/worker/weights.js';
+import { fakeLoader } from './support/loader.js';
 
 const SIZE = 3 * 1024 * 1024 + 17;
 const BODY = Uint8Array.from({ length: SIZE }, (_, i) => (i * 31) & 255);
@@ -49,49 +50,11 @@ before(async () => {
 
 after(() => server.close());
 
-/** A stand-in for ruvllm.bridge.ModelLoader with the same JSON answers. */
-function fakeLoader() {
-  const files = {};
-  const ok = (value) => JSON.stringify({ ok: value });
-  return {
-    files,
-    headers: {},
-    add_header(name, size, head) {
-      this.headers[name] = { size, length: head.length };
-      return ok(true);
-    },
-    plan() {
-      return ok({ compute: 'f32', total_bytes: 1 });
-    },
-    begin_file(request) {
-      const { name, size } = JSON.parse(request);
-      files[name] = { size, got: 0, done: false };
-      return ok(size);
-    },
-    write(name, chunk) {
-      assert.ok(chunk instanceof Uint8Array && chunk.constructor === Uint8Array, 'chunks are plain Uint8Arrays');
-      files[name].got += chunk.length;
-      return ok(files[name].got);
-    },
-    finish_file(request) {
-      const { name } = JSON.parse(request);
-      const f = files[name];
-      if (f.got !== f.size) {
-        return JSON.stringify({
-          error: { type: 'download', message: `${name}: download incomplete: received ${f.got} of ${f.size} bytes` },
-        });
-      }
-      f.done = true;
-      return ok({ bytes: f.got });
-    },
-  };
-}
-
 test('progress climbs to the total and every byte reaches the loader', async () => {
   const loader = fakeLoader();
   const events = [];
   const plans = [];
-  const result = await loadWeights(loader, `${base}/good/`, {
+  const result = await feedLoader(loader, `${base}/good/`, {
     cache: false,
     onProgress: (p) => events.push(p),
     onPlan: (p) => plans.push(p),
@@ -118,7 +81,7 @@ test('progress climbs to the total and every byte reaches the loader', async () 
 
 test('sharded weights follow model.safetensors.index.json', async () => {
   const loader = fakeLoader();
-  const result = await loadWeights(loader, `${base}/sharded`, { cache: false });
+  const result = await feedLoader(loader, `${base}/sharded`, { cache: false });
   assert.deepEqual(Object.keys(loader.files), ['model-00001-of-00002.safetensors', 'model-00002-of-00002.safetensors']);
   assert.equal(result.total, 1001 + 1002);
 });
@@ -127,8 +90,8 @@ test('a local folder is read from disk (Node)', async () => {
   const dir = await mkdtemp(join(tmpdir(), 'ruvllm-'));
   await writeFile(join(dir, 'model.safetensors'), BODY);
   const loader = fakeLoader();
-  assert.equal((await loadWeights(loader, dir, {})).total, SIZE);
-  await assert.rejects(loadWeights(fakeLoader(), join(dir, 'nope'), {}), (e) => {
+  assert.equal((await feedLoader(loader, dir, {})).total, SIZE);
+  await assert.rejects(feedLoader(fakeLoader(), join(dir, 'nope'), {}), (e) => {
     assert.ok(e instanceof RuvLLMError);
     assert.equal(e.type, 'download');
     assert.match(e.message, /^model\.safetensors: cannot read .*nope\/model\.safetensors: no such file$/);
@@ -146,8 +109,8 @@ test('a load that fails before a local file is read closes that file cleanly and
   for (const shard of shards) await writeFile(join(dir, shard), BODY.subarray(0, 1000));
   const loader = fakeLoader();
   const message = `${shards[0]}: not a safetensors file`;
-  loader.add_header = () => JSON.stringify({ error: { type: 'load', message } }); // the second is never read
-  await assert.rejects(loadWeights(loader, dir, {}), (e) => {
+  loader.give_header = () => JSON.stringify({ error: { type: 'load', message } }); // the second is never read
+  await assert.rejects(feedLoader(loader, dir, {}), (e) => {
     assert.ok(e instanceof RuvLLMError, `expected a RuvLLMError, got ${e}`);
     assert.equal(e.type, 'load');
     assert.equal(e.message, message);
@@ -157,7 +120,7 @@ test('a load that fails before a local file is read closes that file cleanly and
 
 async function downloadError(url) {
   try {
-    await loadWeights(fakeLoader(), url, { cache: false });
+    await feedLoader(fakeLoader(), url, { cache: false });
   } catch (error) {
     assert.ok(error instanceof RuvLLMError, `expected a RuvLLMError, got ${error}`);
     assert.equal(error.type, 'download');

@@ -21,17 +21,16 @@ from . import host
 from .completions import Response, prepare
 from .errors import InvalidArgumentError, LoadError
 from .files import jsonfields as fields
-from .files.store import TensorStore
 from .learning.learn import AdaptReport, LearningStatus, Lesson, RouteLesson
 from .learning.lora import DEFAULT_LAYERS, Adapter
 from .learning.projection import calibration_chat, calibration_text
 from .learning.xlora import Mixture, is_xlora
 from .model.cache import KVOptions
-from .model.config import ModelConfig
 from .model.weights import ComputeOptions
 from .quant.provider import DEFAULT_ARITHMETIC, KernelProvider, check_arithmetic
+from .runtime.assembly import Assembly, local_assembly
 from .runtime.constrain import Vocabulary
-from .runtime.engine import Engine, LoadOptions, is_gguf, open_gguf, open_model, plan_for
+from .runtime.engine import Engine, LoadOptions
 from .runtime.generate import Constraint, GenerationOptions
 from .session import KEEP, AdapterChoice, Session
 from .text.stream import Chunk
@@ -73,17 +72,9 @@ class Model:
         return turns
 
     @classmethod
-    def of(
-        cls,
-        config: ModelConfig,
-        store: TensorStore,
-        tokenizer: Tokenizer,
-        generation_config: object,
-        options: LoadOptions,
-        name: str,
-    ) -> Model:
-        """The model of these weights and this tokenizer, loaded with `options`."""
-        engine = Engine.from_store(config, store, options)
+    def of(cls, assembly: Assembly, tokenizer: Tokenizer, generation_config: object, name: str) -> Model:
+        """The model of an assembly's files (built with its options) and this tokenizer."""
+        engine = assembly.build()
         return cls(engine, tokenizer, eos_token_ids(generation_config, engine, tokenizer), name)
 
     @property
@@ -347,24 +338,16 @@ def load(
     name = model_name(path)
     if is_hub_name(path):
         path = ensure_local(path)
-    generation_config: object  # (checked by eos_token_ids)
-    if is_gguf(path):
-        gguf = open_gguf(path)  # an unsupported architecture is the first thing to report
-        config, store = ModelConfig.from_dict(gguf.config, f"{path} (GGUF metadata)"), TensorStore([gguf])
-        # Without `tokenizers`, Gemma's half a million merges are ranked as BPE needs them, never listed.
-        tokenizer_json, tokenizer_config, generation_config = gguf.tokenizer_files(merges=tokenizers_installed())
-        tokenizer = Tokenizer(tokenizer_json, tokenizer_config, f"{path} (GGUF tokenizer)", f"{path} (GGUF metadata)")
-    else:
-        config, store = open_model(path)
-        tokenizer = Tokenizer.from_folder(path)
-        generation_path = os.path.join(path, "generation_config.json")
-        generation_config = fields.read_json(generation_path) if os.path.exists(generation_path) else {}
+    assembly = local_assembly(path)  # an unsupported architecture is the first thing to report
+    # Without `tokenizers`, Gemma's half a million merges are ranked as BPE needs them, never listed.
+    tokenizer_json, tokenizer_config, generation_config = assembly.tokenizer_files(merges=tokenizers_installed())
+    tokenizer = Tokenizer(tokenizer_json, tokenizer_config, *assembly.tokenizer_sources())
     if chat_template is not None:
         tokenizer.set_chat_template(chat_template)
     calibration = tuple(tokenizer.encode(calibration_text())) if isq == "awq" else None
     more = {"threads": threads, "isq": isq, "isq_format": isq_format, "calibration_ids": calibration}
-    options = load_options(context_length, compute, memory_budget, kv, kernels, arithmetic, **more)
-    model = Model.of(config, store, tokenizer, generation_config, options, name)
+    assembly.options = load_options(context_length, compute, memory_budget, kv, kernels, arithmetic, **more)
+    model = Model.of(assembly, tokenizer, generation_config, name)
     model._read_folders.append(path)
     return model
 
@@ -387,19 +370,19 @@ async def load_async(
 
         model = await ruvllm.load_async("hf:OWNER/REPO/FILE.gguf", on_progress=print)
 
-    A GGUF's header arrives first: a model the memory plan refuses fails before its weights download.
-    Each piece is copied once into memory Python owns; where the page has the Cache API, files read to
-    their end are kept there (the npm package's store) and read from it next time. on_progress gets
-    {"file", "loaded", "total"} (bytes) after each piece. The options are `load`'s.
+    The files are read as runtime/assembly.py asks for them: every weight file's header before any
+    tensor data, so a model the memory plan refuses fails before its weights download. Each piece is
+    copied once into memory Python owns; where the page has the Cache API, files read to their end are
+    kept there (the npm package's store) and read from it next time. on_progress gets
+    {"file", "loaded", "total"} (bytes) after each piece of the weights. The options are `load`'s.
     """
     options = load_options(context_length, compute, memory_budget, kv, kernels, arithmetic)
-    fetched = await host.fetch_model(source, lambda config, store: plan_for(config, store, options), on_progress)
-    gguf = fetched.where.lower().endswith(".gguf")
-    config_source = f"{fetched.where} (GGUF metadata)" if gguf else f"{fetched.where}tokenizer_config.json"
-    tokenizer = Tokenizer(fetched.tokenizer, fetched.tokenizer_config, f"{fetched.where} (tokenizer)", config_source)
+    assembly = await host.fetch_model(source, options, on_progress)
+    tokenizer_json, tokenizer_config, generation_config = assembly.tokenizer_files(merges=tokenizers_installed())
+    tokenizer = Tokenizer(tokenizer_json, tokenizer_config, *assembly.tokenizer_sources())
     if chat_template is not None:
         tokenizer.set_chat_template(chat_template)
-    return Model.of(fetched.config, fetched.store, tokenizer, fetched.generation_config, options, model_name(source))
+    return Model.of(assembly, tokenizer, generation_config, model_name(source))
 
 
 def load_options(

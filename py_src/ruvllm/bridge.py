@@ -7,67 +7,19 @@ returns a JSON string, `{"ok": value}` or `{"error": {"type", "message"}}` with 
 `RuvLLMError` types, so JavaScript raises the right error without parsing tracebacks; two calls hand
 over Python objects instead: `take_engine()` and `take_files()`. The calls, their arguments and the
 fields of each request and answer are defined once, in npm/src/bridge-schema.js (the worker's name
-table is made from it, and npm/test/bridge-schema.test.js holds this module and the worker to it); in
-short:
+table is made from it, and npm/test/bridge-schema.test.js holds this module and the worker to it).
 
-    new_loader()                                   -> ModelLoader
-    ModelLoader.offer_kernels(exports)             -> true (the WebAssembly SIMD kernels' exports, a JsProxy:
-                                                      before set_options, when the worker could start them)
-    ModelLoader.offer_kernel_threads(api)          -> true (the kernel thread pool, a JsProxy: before
-                                                      set_options, when the worker started one; quant/pool.py)
-    ModelLoader.set_config(config.json)            -> {architecture, max_position_embeddings}
-    ModelLoader.set_tokenizer(tokenizer.json)      -> vocabulary size (the text of each chunk is made here)
-    ModelLoader.set_options({context_length, compute, memory_budget, kernels, arithmetic,
-                             kv: {hot_tokens, cold, budget_bytes, keep}}) -> true
-    ModelLoader.add_header(name, size, bytes)      -> true (a weight file's first bytes: its header)
-    ModelLoader.gguf_header_size(size, bytes)      -> the header's size once `bytes` (a GGUF's first bytes)
-                                                      hold enough to tell, else null: the worker reads on
-    ModelLoader.add_gguf_header(name, size, bytes) -> {config, tokenizer, tokenizer_config,
-                                                      generation_config}: a GGUF's header stands for the
-                                                      model folder's JSON files (set_config, set_tokenizer)
-    ModelLoader.plan()                             -> the memory plan (a load error if it cannot fit)
-    ModelLoader.begin_file({name, size, want_sha256})
-    ModelLoader.write(name, bytes)                 -> bytes received so far
-    ModelLoader.finish_file({name, sha256})        -> {bytes}
-    ModelLoader.build()                            -> {architecture, vocab_size, context_length, ...}
-    ModelLoader.take_engine()                      -> EngineHandle (the loader lets go of it)
-    EngineHandle.start({prompt_ids, eos_ids, options: {max_tokens, temperature, ..., stop}})
-    EngineHandle.step()                            -> {text, token_id, finish_reason, stats},
-                                                      {prefilling: {done, total}}, or null when done
-    EngineHandle.check_completion({kind, body})    -> {source: '{messages, tools}' or '{prompt}'}: an OpenAI
-                                                      body checked, and what JavaScript tokenizes for it
-    EngineHandle.start_completion({kind, body, prompt_ids, eos_ids, model})  (both: JSON made by the caller,
-                                                      not renamed, since a body's schemas hold any key)
-                                                   -> then each step also has "events" (the OpenAI stream
-                                                      chunks, a JSON string: they cross without renaming)
-                                                      and the last one "result" (the whole answer)
-    EngineHandle.stop()                            -> true (an abort)
-    EngineHandle.cache_stats()                     -> {hot_positions, hot_bytes, cold_positions, ...}
-    EngineHandle.new_adapter({name, rank, alpha, targets, layers}), set_adapter({name}), adapter_names()
-    EngineHandle.feedback({key, adapter, prompt_ids, ..., budget_ms})  -> a lesson's progress, its first step
-                                                      (the instant loop) taken for about budget_ms (null: all)
-    EngineHandle.first_step({key, budget_ms})      -> its progress, the first step taken further
-    EngineHandle.learn({budget_ms})                -> {lessons: [progress], waiting, preparing, prepared}: the
-                                                      background loop (a lesson's projection job before its
-                                                      next step; with no lesson, the default adapter's)
-    EngineHandle.prepare_learning()                -> {preparing}: the default adapter's projection, queued
-    EngineHandle.cancel_learning({key})            -> the same, the lesson `key` (null: all) dropped
-    EngineHandle.calibration_text(), calibration_chat(), set_calibration({ids, turns})  the calibration text
-                                                      and chat turns, tokenized (and templated) in JavaScript
-    EngineHandle.load_adapter({name}, adapter_config.json, weights bytes, state bytes or None)
-    EngineHandle.load_mixture({name}, adapter_config.json, router bytes, *each expert's config and weights)
-    EngineHandle.mix_adapters({name, experts, top_k, depth, size, layerwise, temperature}): X-LoRA
-    EngineHandle.adapter_files({name})             -> {files: [file names]}; take_files() -> {name: bytes}
+Loading: `new_loader()`, then the loader starts the kernels (`start_kernels`), takes the thread pool's
+API if the worker started one, and the options; then the worker asks `next()` what file to hand over
+and hands it over (`give_document`; `header_size`/`give_header`; `begin_file`/`write`/`finish_file`)
+until it answers null, then `build()` and `take_engine()` (runtime/assembly.py says in what order).
 
-A lesson's progress: {key, phase, step, steps, rehearsed, version, done, applied, cancelled, outcome,
-elapsed_ms, prepared, ahead, note, report}. phase: "waiting" (behind `ahead` other lessons), "preparing"
-(its next step waits for the projection job: `prepared` {done, total} units), "learning", "rehearsing",
-"done", "cancelled" (cancel_learning) or "dropped" (its adapter was replaced: `note` says so); applied:
-its first step is taken (or was found not to be needed); outcome: why its steps ended (AdaptReport.outcome:
-"already" is a good answer greedy decoding already gives, nothing to learn), once known.
+Requests are read into the dataclasses below (`_read`: unknown fields refused, each field checked against
+its type); bridge-schema.js names each shape's dataclass, and its test holds the two to the same fields.
+A lesson's progress is the schema's LessonProgress (learning.learn.Learner.progress makes it).
 
 Weight files arrive chunk by chunk: each chunk is copied once, straight into a NumPy buffer the engine
-then reads without copying (`PieceBuffer`). A JS typed array arrives as a Pyodide JsProxy whose
+then reads without copying (runtime/assembly.py). A JS typed array arrives as a Pyodide JsProxy whose
 `assign_to` does that copy; any object with the buffer protocol works too, so this module runs (and is
 tested) on CPython as well.
 """
@@ -76,31 +28,33 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import hashlib
 import json
 import sys
 import time
+import types
+import typing
 from collections.abc import Callable, Generator
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from .completions import Response, Room, check, finish
-from .errors import DownloadError, InferenceError, InvalidArgumentError, LoadError, RuvLLMError
+from .errors import InferenceError, InvalidArgumentError, LoadError, RuvLLMError
 from .files import jsonfields as fields
-from .files.gguf import GGUFFile, header_size
 from .files.gguf_model import GGUFModel
-from .files.store import TensorStore, count_parameters
-from .files.tensorfile import PieceBuffer, SafetensorsFile
+from .files.json_body import shown
+from .files.store import count_parameters
+from .files.tensorfile import SafetensorsFile
 from .learning.adapters import AdapterSet
 from .learning.learn import Learner, Lesson, RouteLesson
 from .learning.lora import DEFAULT_LAYERS, Adapter
 from .learning.projection import calibration_chat, calibration_text
 from .learning.xlora import Mixture
 from .model.cache import KVOptions
-from .model.config import ModelConfig
 from .quant.pool import OutsideFile, PoolKernels
-from .quant.provider import DEFAULT_ARITHMETIC, check_arithmetic
+from .quant.provider import DEFAULT_ARITHMETIC, KERNEL_CHOICES, check_arithmetic
 from .quant.wasm import WasmKernels
-from .runtime.engine import Engine, LoadOptions, plan_for
+from .runtime.assembly import Arriving, Assembly, InPiece
+from .runtime.engine import Engine, LoadOptions
 from .runtime.generate import GenerationOptions, Prefilling
 from .session import Session
 from .text.detokenizer import StreamingDetokenizer, special_token_ids, token_byte_table
@@ -144,12 +98,196 @@ def _request(text: str, what: str = "request") -> dict:
     return value
 
 
-def _text(request: dict, key: str) -> str:
-    """A string field of a worker request."""
-    value = request.get(key)
-    if not isinstance(value, str):
-        raise InvalidArgumentError(f"the request's {key!r} must be a string, got {value!r}")
-    return value
+# --- the requests: each a shape of npm/src/bridge-schema.js (its `dataclass`), whose test holds these
+# classes to the shapes' fields. A field JSON gives as null, or leaves out, takes its default; where the
+# type admits None, null is that None.
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    context_length: int | None = None
+    compute: str = "auto"
+    memory_budget: int | None = None
+    kernels: str = "auto"
+    arithmetic: str = DEFAULT_ARITHMETIC
+    kv: dict | None = None
+    sha256: dict[str, str] | None = None
+
+
+@dataclass(frozen=True)
+class FileStart:
+    name: str
+    size: int
+
+
+@dataclass(frozen=True)
+class FileEnd:
+    name: str
+
+
+@dataclass(frozen=True)
+class StartRequest:
+    prompt_ids: list[int]
+    eos_ids: list[int] = dataclasses.field(default_factory=list)
+    options: dict = dataclasses.field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class CompletionCheck:
+    kind: object
+    body: object
+
+
+@dataclass(frozen=True)
+class CompletionStart:
+    kind: object
+    body: object
+    prompt_ids: list[int]
+    eos_ids: list[int] = dataclasses.field(default_factory=list)
+    model: str = "ruvllm"
+
+
+@dataclass(frozen=True)
+class AdapterConfig:
+    name: str = "default"
+    rank: int | None = None
+    alpha: float | None = None
+    targets: list[str] | None = None
+    layers: list[int] | str | None = DEFAULT_LAYERS  # (None: every layer)
+
+
+@dataclass(frozen=True)
+class MixConfig:
+    name: str = "mixture"
+    experts: list[str] | None = None
+    top_k: int | None = None
+    depth: int | None = None
+    size: int | None = None
+    layerwise: bool | None = None
+    temperature: float | None = None
+
+
+@dataclass(frozen=True)
+class AdapterName:
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class LessonRequest:
+    key: int
+    adapter: str = "default"
+    prompt_ids: list[int] = dataclasses.field(default_factory=list)
+    completion_ids: list[int] = dataclasses.field(default_factory=list)
+    reward: float = 1.0
+    steps: int | None = None
+    lr: float | None = None
+    optimizer: str | None = None
+    ewc: float | None = None
+    until_greedy: bool | None = None
+    rehearse: int | None = None
+    keep: float | None = None
+    project: float | None = None
+    keyed: bool | None = None
+    budget_ms: float | None = None
+
+    def options(self) -> dict:
+        """The lesson's options that were given (Session.feedback's keywords)."""
+        names = ("steps", "lr", "optimizer", "ewc", "until_greedy", "rehearse", "keep", "project", "keyed")
+        return {name: getattr(self, name) for name in names if getattr(self, name) is not None}
+
+
+@dataclass(frozen=True)
+class LessonKey:
+    key: int | None = None
+    budget_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Budget:
+    budget_ms: float | None = None
+
+
+@dataclass(frozen=True)
+class Calibration:
+    ids: list[int]
+    turns: list[list[int]] = dataclasses.field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ChatTemplateSource:
+    source: str | None = None
+
+
+Request = TypeVar("Request")
+
+
+def _read(kind: type[Request], text: str, what: str = "request") -> Request:
+    """The request `kind` (one of the dataclasses above) from the worker's JSON text: unknown fields
+    refused, each field checked against its type, naming it."""
+    raw = _request(text, what)
+    known = {f.name: f for f in dataclasses.fields(kind)}  # type: ignore[arg-type]
+    unknown = sorted(set(raw) - set(known))
+    if unknown:
+        raise InvalidArgumentError(f"unknown field {unknown[0]!r} in the {what}")
+    hints = typing.get_type_hints(kind)
+    given = {}
+    for name, field in known.items():
+        value = raw.get(name)
+        if value is None and not _admits(hints[name], None):
+            if field.default is dataclasses.MISSING and field.default_factory is dataclasses.MISSING:
+                raise InvalidArgumentError(f"{name} in the {what} must be {_described(hints[name])}, got null")
+            continue  # (its default)
+        if name not in raw:
+            continue
+        if not _admits(hints[name], value):
+            raise InvalidArgumentError(f"{name} in the {what} must be {_described(hints[name])}, got {shown(value)}")
+        given[name] = value
+    return kind(**given)
+
+
+def _admits(hint: object, value: object) -> bool:
+    """Whether `value` (as JSON gives it) is of the type `hint`."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_admits(arg, value) for arg in args)
+    if hint is type(None) or hint is None:
+        return value is None
+    if hint is object:
+        return True
+    if hint is bool:
+        return isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is str:
+        return isinstance(value, str)
+    if hint is dict:
+        return isinstance(value, dict)
+    if origin is dict:
+        return isinstance(value, dict) and all(_admits(args[1], v) for v in value.values())
+    if origin is list:
+        return isinstance(value, list) and all(_admits(args[0], v) for v in value)
+    raise TypeError(f"no check for {hint!r}")  # (a new field's type: add it here)
+
+
+def _described(hint: object) -> str:
+    """The type `hint` in words, for an error message."""
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_described(arg) for arg in args)
+    if origin is list:
+        return "a list of " + _plural(_described(args[0]))
+    if origin is dict:
+        return "an object of " + _plural(_described(args[1]))
+    words = {int: "an integer", float: "a number", str: "a string", bool: "true or false", type(None): "null"}
+    return words.get(hint, "an object")  # type: ignore[call-overload]
+
+
+def _plural(words: str) -> str:
+    if words.startswith("a list of "):
+        return "lists of " + words.removeprefix("a list of ")
+    return {"an integer": "integers", "a number": "numbers", "a string": "strings"}.get(words, words)
 
 
 def _bytes(data: Any) -> bytes:
@@ -158,33 +296,33 @@ def _bytes(data: Any) -> bytes:
 
 
 class ModelLoader:
-    """Receives a model's files (config first, then weights in pieces) and builds the engine."""
+    """Builds the engine from a model's files, which the worker reads and hands over as they are asked for
+    (runtime/assembly.py decides which, in what order, and what they mean: the worker only moves bytes)."""
 
     def __init__(self) -> None:
-        self.config: ModelConfig | None = None
-        self.files: dict[str, PieceBuffer | OutsideFile] = {}
-        self.hashes: dict[str, hashlib._Hash] = {}
-        self.done: list = []
-        self.options = LoadOptions()
-        self.headers: dict[str, SafetensorsFile | GGUFModel] = {}
-        self.token_bytes: tuple[list[bytes], bool] | None = None  # set_tokenizer: the detokenizer's table
-        self.special_ids: frozenset[int] = frozenset()  # added tokens marked special (never constrained text)
-        self.kernel_exports: object | None = None  # offer_kernels: the wasm module's exports
+        self.kernel_exports: object | None = None  # start_kernels: the wasm module's exports
         self.kernel_threads: object | None = None  # offer_kernel_threads: the kernel thread pool's API
+        self.assembly: Assembly | None = None  # set_options
         self._engine: EngineHandle | None = None  # built, until take_engine()
 
     @_json_result
-    def set_config(self, config_json: str) -> dict:
-        raw = fields.parse_json(config_json, "config.json")
-        self.config = ModelConfig.from_dict(raw)
-        c = self.config
-        return {"architecture": c.architecture, "max_position_embeddings": c.max_position_embeddings}
+    def start_kernels(self, choice: str) -> dict:
+        """Start the WebAssembly SIMD kernels (host.py compiles the wheel's own, checks a known answer and
+        instantiates them on Pyodide's memory) unless `choice` is "numpy"; "auto" runs without them where
+        they cannot run (`reason` says why), "wasm" refuses to. relaxed: the relaxed SIMD build runs."""
+        if choice not in KERNEL_CHOICES:
+            raise InvalidArgumentError(f"options.kernels must be {', '.join(KERNEL_CHOICES)}, got {json.dumps(choice)}")
+        if choice == "numpy":
+            return {"running": False, "reason": None, "relaxed": False}
+        from . import host
 
-    @_json_result
-    def offer_kernels(self, exports: object) -> bool:
-        """The exports of the WebAssembly SIMD kernels, instantiated on Pyodide's memory (quant/wasm.py)."""
+        exports, reason = host.kernel_exports()
+        if exports is None:
+            if choice == "wasm":
+                raise LoadError(f"cannot use the WebAssembly kernels: {reason}")
+            return {"running": False, "reason": reason, "relaxed": False}
         self.kernel_exports = exports
-        return True
+        return {"running": True, "reason": None, "relaxed": int(exports.relaxed_simd()) == 1}
 
     @_json_result
     def offer_kernel_threads(self, api: object) -> bool:
@@ -193,159 +331,125 @@ class ModelLoader:
         return True
 
     @_json_result
-    def set_tokenizer(self, tokenizer_json: str) -> int:
-        """The model's tokenizer.json: the bytes of every token, for the text of each chunk. Returns the
-        vocabulary size it describes."""
-        data = fields.obj(fields.parse_json(tokenizer_json, "tokenizer.json"), "tokenizer.json")
-        self.token_bytes, self.special_ids = token_byte_table(data), special_token_ids(data)
-        return len(self.token_bytes[0])
-
-    @_json_result
-    def set_options(self, options_json: str) -> bool:
-        """Load options: {context_length, compute, memory_budget, kernels, arithmetic,
-        kv: {hot_tokens, cold, budget_bytes, keep}}."""
-        raw = _request(options_json, "load options")
-        known = {"context_length", "compute", "memory_budget", "kernels", "arithmetic", "kv"}
-        unknown = set(raw) - known
-        if unknown:
-            raise InvalidArgumentError(f"unknown load option {sorted(unknown)[0]!r}")
-        kv_raw = raw.get("kv") or {}
+    def set_options(self, options_json: str, gguf: str | None) -> bool:
+        """Load options (the LoadOptions shape of npm/src/bridge-schema.js); gguf: the model's GGUF file
+        name (null: a folder)."""
+        r = _read(LoadRequest, options_json, "load options")
+        kv_raw = r.kv or {}
         kv_known = {"hot_tokens", "cold", "budget_bytes", "keep"}
-        if not isinstance(kv_raw, dict):
-            raise InvalidArgumentError(f"kv options must be an object, got {kv_raw!r}")
         if set(kv_raw) - kv_known:
             raise InvalidArgumentError(f"unknown kv option {sorted(set(kv_raw) - kv_known)[0]!r}")
-        arithmetic = check_arithmetic(raw.get("arithmetic") or DEFAULT_ARITHMETIC)
+        arithmetic = check_arithmetic(r.arithmetic)
         offered: WasmKernels | PoolKernels | None = None
         if self.kernel_threads is not None and self.kernel_exports is not None:
             offered = PoolKernels(self.kernel_threads, arithmetic, WasmKernels(self.kernel_exports, arithmetic))
         elif self.kernel_exports is not None:
             offered = WasmKernels(self.kernel_exports, arithmetic)
-        self.options = LoadOptions(
-            context_length=raw.get("context_length"),
-            compute=raw.get("compute") or "auto",
-            memory_budget=raw.get("memory_budget"),
+        options = LoadOptions(
+            context_length=r.context_length,
+            compute=r.compute,
+            memory_budget=r.memory_budget,
             kv=KVOptions(**kv_raw),
-            kernels=raw.get("kernels") or "auto",
+            kernels=r.kernels,
             provider=offered,
         )
+        if gguf is not None and not isinstance(gguf, str):
+            raise InvalidArgumentError(f"gguf must be a file name or null, got {gguf!r}")
+        self.assembly = Assembly(options, gguf, buffers=self._buffers, sha256=r.sha256)
+        return True
+
+    def _buffers(self, size: int, name: str) -> Arriving:
+        """Where weight file `name` arrives: JavaScript memory with the kernel thread pool (outside Pyodide's
+        heap), else one array of Pyodide's memory, which holds at most MAX_ARRAY_BYTES."""
+        if self.kernel_threads is not None and self.kernel_exports is not None:
+            return OutsideFile(self.kernel_threads, size, name)
+        if size > MAX_ARRAY_BYTES:
+            raise LoadError(
+                f"{name} is {size / 2**30:.1f} GiB, more than one array of Pyodide's memory holds "
+                f"({(MAX_ARRAY_BYTES + 1) / 2**30:.1f} GiB), where the weight files go on one thread; load with "
+                "threads: 2 or more (the files then stay outside it; a browser page must be cross-origin isolated)"
+            )
+        return InPiece(size, name)
+
+    def _assembly(self) -> Assembly:
+        if self.assembly is None:
+            raise LoadError("set_options was not called before the model's files")
+        return self.assembly
+
+    @_json_result
+    def next(self) -> dict | None:
+        """What file the assembly wants next ({name, part: document | header | data, optional}), or null:
+        every file is in, build."""
+        want = self._assembly().next()
+        return None if want is None else want.as_dict()
+
+    @_json_result
+    def give_document(self, name: str, data: object) -> bool:
+        """A folder's JSON file, whole (null: an optional one is missing)."""
+        self._assembly().give_document(name, None if data is None else _bytes(data))
         return True
 
     @_json_result
-    def add_header(self, name: str, size: int, head: object) -> bool:
-        """The first bytes of a weight file (its whole header), before its data: enough to plan."""
-        self.headers[name] = SafetensorsFile.from_header(_bytes(head), size, name)
-        return True
+    def header_size(self, name: str, size: int, head: object) -> int | None:
+        """How many first bytes of weight file `name` hold its header, or null while `head` is too short."""
+        return self._assembly().header_size(name, size, _bytes(head))
 
     @_json_result
-    def gguf_header_size(self, size: int, head: object) -> int | None:
-        """How many bytes the GGUF header takes, or None if `head` is too short to tell yet."""
-        return header_size(_bytes(head), size, "the GGUF file")
+    def give_header(self, name: str, size: int, head: object) -> dict | None:
+        """A weight file's first bytes (its whole header); after the last one, the memory plan (a load
+        error if the model cannot fit), else null."""
+        plan = self._assembly().give_header(name, size, _bytes(head))
+        return None if plan is None else plan.as_dict()
 
     @_json_result
-    def add_gguf_header(self, name: str, size: int, head: object) -> dict:
-        """A GGUF file's header: the config, tokenizer and plan come from its metadata and tensor list."""
-        model = GGUFModel(GGUFFile.from_header(_bytes(head), size, name))
-        self.config = ModelConfig.from_dict(model.config, f"{name} (GGUF metadata)")
-        tokenizer, tokenizer_config, generation_config = model.tokenizer_files()
-        self.token_bytes, self.special_ids = token_byte_table(tokenizer), special_token_ids(tokenizer)
-        self.headers[name] = model
+    def gguf_documents(self) -> dict:
+        """A GGUF's header stands for the model folder's JSON files: {config, tokenizer, tokenizer_config,
+        generation_config}, as its metadata gives them."""
+        assembly = self._assembly()
+        tokenizer, tokenizer_config, generation_config = assembly.tokenizer_files()
+        assert assembly.gguf is not None
+        header = assembly.headers[assembly.gguf]
+        assert isinstance(header, GGUFModel)
         return {
-            "config": model.config,
+            "config": header.config,
             "tokenizer": tokenizer,
             "tokenizer_config": tokenizer_config,
             "generation_config": generation_config,
         }
 
     @_json_result
-    def plan(self) -> dict:
-        """The memory plan for the headers given so far; a LoadError if it does not fit the budget."""
-        if self.config is None:
-            raise LoadError("config.json was not given before the weights")
-        return plan_for(self.config, TensorStore(list(self.headers.values())), self.options).as_dict()
-
-    @_json_result
     def begin_file(self, request_json: str) -> int:
-        """request: {name, size, want_sha256}; the file's bytes follow through `write`."""
-        r = _request(request_json)
-        name, size = _text(r, "name"), r.get("size")
-        if not isinstance(size, int) or size < 0:
-            raise InvalidArgumentError(f"{name}: size must be a non-negative integer, got {size!r}")
-        # with the kernel thread pool, a file arrives in JavaScript memory, outside Pyodide's heap
-        pool = self.kernel_threads is not None and self.kernel_exports is not None
-        if not pool and size > MAX_ARRAY_BYTES:
-            raise LoadError(
-                f"{name} is {size / 2**30:.1f} GiB, more than one array of Pyodide's memory holds "
-                f"({(MAX_ARRAY_BYTES + 1) / 2**30:.1f} GiB), where the weight files go on one thread; load with "
-                "threads: 2 or more (the files then stay outside it; a browser page must be cross-origin isolated)"
-            )
-        self.files[name] = OutsideFile(self.kernel_threads, size, name) if pool else PieceBuffer(size, name)
-        if r.get("want_sha256"):
-            self.hashes[name] = hashlib.sha256()
-        return size
+        """request: {name, size}; the file's bytes follow through `write`."""
+        r = _read(FileStart, request_json)
+        if r.size < 0:
+            raise InvalidArgumentError(f"{r.name}: size must be a non-negative integer, got {r.size}")
+        self._assembly().begin(r.name, r.size)
+        return r.size
 
     @_json_result
     def write(self, name: str, chunk: Any) -> int:
         """Append one chunk (a JsProxy of a Uint8Array, or any bytes-like object); returns bytes so far."""
-        piece = self.files[name]
-        is_js = hasattr(chunk, "assign_to")
-        length = int(chunk.length) if is_js else memoryview(chunk).nbytes
-        size = piece.size
-        if piece.filled + length > size:
-            raise DownloadError(f"{name}: received more than the announced {size} bytes")
-        if isinstance(piece, OutsideFile):
-            written = piece.write(chunk, length)
-            if name in self.hashes:
-                self.hashes[name].update(written)
-            return piece.filled
-        target = piece.next_slice(length)
-        if is_js:
-            chunk.assign_to(target)
-        else:
-            target[:] = memoryview(chunk).cast("B")
-        if name in self.hashes:
-            self.hashes[name].update(target.data)
-        return piece.filled
+        return self._assembly().write(name, chunk)
 
     @_json_result
     def finish_file(self, request_json: str) -> dict:
-        """request: {name, sha256 (or null)}: every byte arrived, and they have that digest."""
-        r = _request(request_json)
-        name, sha256 = _text(r, "name"), r.get("sha256")
-        piece = self.files[name]
-        size = piece.size
-        if piece.filled != size:
-            raise DownloadError(f"{name}: download incomplete: received {piece.filled} of {size} bytes")
-        if sha256 is not None:
-            digest = self.hashes.pop(name).hexdigest()
-            if digest != sha256.lower():
-                raise DownloadError(f"{name}: sha256 mismatch: expected {sha256.lower()}, got {digest}")
-        header = self.headers.get(name)
-        if isinstance(piece, OutsideFile):  # the header read at the start describes it; tensors read from `bytes`
-            file = header.file if isinstance(header, GGUFModel) else header
-            assert file is not None and file.buffer is None  # (add_header or add_gguf_header came first)
-            file.buffer = piece.bytes  # type: ignore[assignment]  # (read by slices, as an array is)
-            self.done.append(header)
-        elif isinstance(header, GGUFModel):
-            piece.check_complete()
-            self.done.append(GGUFModel(GGUFFile(piece.array, name)))
-        else:
-            self.done.append(piece.finish())
-        return {"bytes": piece.filled}
+        """request: {name}: every byte arrived (with the digest the options' sha256 gives it, if any)."""
+        name = _read(FileEnd, request_json).name
+        assembly = self._assembly()
+        size = assembly.arriving[name].size if name in assembly.arriving else 0
+        assembly.finish(name)
+        return {"bytes": size}
 
     @_json_result
     def build(self) -> dict:
-        if self.config is None:
-            raise LoadError("config.json was not given before the weights")
-        if not self.done:
-            raise LoadError("no weight files were given")
-        if self.token_bytes is None:
-            raise LoadError("tokenizer.json was not given before the weights")
-        store = TensorStore(self.done)
-        engine = Engine.from_store(self.config, store, self.options)
-        self.files.clear()
-        self.done.clear()  # the engine holds its own compute-form weights; the file buffers can go
-        self._engine = EngineHandle(engine, *self.token_bytes, self.special_ids)
+        assembly = self._assembly()
+        tokenizer = assembly.tokenizer_files(merges=False)[0]  # (the bytes of every token: each chunk's text)
+        where = assembly.tokenizer_sources()[0]
+        data = fields.obj(fields.parse_json(tokenizer, where) if isinstance(tokenizer, str) else tokenizer, where)
+        store = assembly.store()
+        engine = assembly.build()  # the engine holds its own compute-form weights; the file buffers can go
+        self.assembly = None
+        self._engine = EngineHandle(engine, *token_byte_table(data), special_token_ids(data))
         plan = engine.plan
         assert plan is not None  # from_store plans every engine it builds
         c = engine.config
@@ -405,27 +509,21 @@ class EngineHandle:
     def start(self, request_json: str) -> dict:
         """request: {"prompt_ids": [...], "eos_ids": [...], "options": {max_tokens, temperature, stop, ...}}"""
         started = time.perf_counter()
-        request = _request(request_json)
-        options = request.get("options", {})
-        if not isinstance(options, dict):
-            raise InvalidArgumentError("options must be an object")
-        options = GenerationOptions.from_kwargs(**options)
-        ids = request.get("prompt_ids")
-        if not isinstance(ids, list) or not all(isinstance(i, int) for i in ids):
-            raise InvalidArgumentError("prompt_ids must be a list of integers")
-        eos = _ids(request.get("eos_ids", []), "eos_ids")
+        r = _read(StartRequest, request_json)
+        options = GenerationOptions.from_kwargs(**r.options)
         self._end()
-        self.chunks = self.session.stream(ids, options, eos, self._detokenizer(), started, report_prefill=True)
-        return {"prompt_tokens": len(ids)}
+        self.chunks = self.session.stream(
+            r.prompt_ids, options, r.eos_ids, self._detokenizer(), started, report_prefill=True
+        )
+        return {"prompt_tokens": len(r.prompt_ids)}
 
     @_json_result
     def check_completion(self, request_json: str) -> dict:
         """request: {kind: "chat" | "text", body: an OpenAI request body}. Checks every field and returns
         what JavaScript tokenizes, as a JSON string (user schemas may hold any key: nothing is renamed):
         {"source": {messages, tools} (chat, for the chat template) or {prompt}}."""
-        request = _request(request_json)
-        checked = check(request.get("body"), request.get("kind"), room=self.room)
-        source = checked.source
+        r = _read(CompletionCheck, request_json)
+        source = check(r.body, r.kind, room=self.room).source
         if "messages" in source:
             source = {**source, "messages": messages_for(source["messages"], *self.reads_tools)}
         return {"source": json.dumps(source)}
@@ -435,11 +533,10 @@ class EngineHandle:
         """request: {kind, body, prompt_ids, eos_ids, model}: an OpenAI completion. `step` then also
         gives each chunk's OpenAI events ("events") and, at the end, the whole answer ("result")."""
         started = time.perf_counter()
-        request = _request(request_json)
-        checked = check(request.get("body"), request.get("kind"), room=self.room)
-        ids = _ids(request.get("prompt_ids"), "prompt_ids")
-        eos = _ids(request.get("eos_ids", []), "eos_ids")
-        prepared = finish(checked, ids, self.engine.context_length, request.get("model") or "ruvllm")
+        r = _read(CompletionStart, request_json)
+        checked = check(r.body, r.kind, room=self.room)
+        ids, eos = r.prompt_ids, r.eos_ids
+        prepared = finish(checked, ids, self.engine.context_length, r.model)
         constraint = prepared.constraint(self.session.vocabulary(eos)) if prepared.constrained else None
         self._end()
         self.chunks = self.session.stream(
@@ -506,35 +603,33 @@ class EngineHandle:
     @_json_result
     def new_adapter(self, request_json: str) -> dict:
         """request: {name, rank, alpha, targets, layers}; the new adapter becomes the active one."""
-        r = _request(request_json)
-        name = r.get("name") or "default"
-        shape = (r.get("rank"), r.get("alpha"), r.get("targets") or None, r.get("layers", DEFAULT_LAYERS))
-        adapter = self.session.new_adapter(name, shape)
+        r = _read(AdapterConfig, request_json)
+        adapter = self.session.new_adapter(r.name, (r.rank, r.alpha, r.targets or None, r.layers))
         config = adapter.config
-        return {"name": name, "rank": config.rank, "targets": list(config.targets), "layers": config.layers}
+        return {"name": r.name, "rank": config.rank, "targets": list(config.targets), "layers": config.layers}
 
     @_json_result
     def feedback(self, request_json: str) -> dict:
         """request: {key, adapter, prompt_ids, completion_ids, reward, steps, lr, ..., budget_ms}: a lesson
         whose first step is taken now (the instant loop), for about budget_ms (null: the whole of it);
         `first_step` calls take the rest of it, `learn` calls the other steps. Returns its progress."""
-        r = _request(request_json)
-        key, name = r.get("key"), r.get("adapter") or "default"
-        if key in self.lessons:
-            raise InvalidArgumentError(f"a lesson with key {key!r} is already under way")
-        lesson = self.session.feedback(*self._lesson(r), budget_ms=r.get("budget_ms"))
-        self.lessons[key] = (name, lesson)
-        return self._progress_of(key)
+        r = _read(LessonRequest, request_json)
+        if r.key in self.lessons:
+            raise InvalidArgumentError(f"a lesson with key {r.key!r} is already under way")
+        lesson = self.session.feedback(
+            r.prompt_ids, r.completion_ids, r.reward, r.adapter, r.options(), budget_ms=r.budget_ms
+        )
+        self.lessons[r.key] = (r.adapter, lesson)
+        return self._progress_of(r.key)
 
     @_json_result
     def first_step(self, request_json: str) -> dict:
         """request: {key, budget_ms}: more of lesson `key`'s first step (the instant loop). Returns its progress."""
-        r = _request(request_json)
-        if r.get("key") not in self.lessons:
-            raise InvalidArgumentError(f"no lesson with key {r.get('key')!r} is under way")
-        key = r.get("key")
-        self.session.first_step(self.lessons[key][1], r.get("budget_ms"))
-        return self._progress_of(key)
+        r = _read(LessonKey, request_json)
+        if r.key not in self.lessons:
+            raise InvalidArgumentError(f"no lesson with key {r.key!r} is under way")
+        self.session.first_step(self.lessons[r.key][1], r.budget_ms)
+        return self._progress_of(r.key)
 
     def _progress_of(self, key: object) -> dict:
         """Lesson `key`'s progress; one that is done or left the loop is let go (the one place a lesson
@@ -550,7 +645,7 @@ class EngineHandle:
         """request: {budget_ms}: units of work of the waiting lessons for about that long (at least one).
         Returns {"lessons": the progress of each lesson under way, finished, cancelled or dropped since,
         "waiting", "preparing", "prepared": the job's units done and in all, or null}."""
-        status = self.learner.run(_request(request_json).get("budget_ms"))
+        status = self.learner.run(_read(Budget, request_json).budget_ms)
         job = self.learner.preparing
         prepared = None if job is None else dict(zip(("done", "total"), job.progress, strict=True))
         lessons = self._report_lessons()
@@ -565,7 +660,7 @@ class EngineHandle:
     @_json_result
     def cancel_learning(self, request_json: str) -> dict:
         """request: {key}: drop that lesson (null: all of them). Returns the progress of those dropped."""
-        key = _request(request_json).get("key")
+        key = _read(LessonKey, request_json).key
         for each, (_, lesson) in self.lessons.items():
             if key is None or each == key:
                 self.session.cancel_learning(lesson)
@@ -576,9 +671,7 @@ class EngineHandle:
         """request: {source}: the chat template JavaScript renders with (null: none), so that the messages
         check_completion returns are the ones it can render (tool calls and results written in the
         Hermes convention where the template does not write them itself: tool_calls.messages_for)."""
-        source = _request(request_json).get("source")
-        if source is not None and not isinstance(source, str):
-            raise InvalidArgumentError("source must be the chat template's text or null")
+        source = _read(ChatTemplateSource, request_json).source
         self.reads_tools = reads_tools(source) if source else (True, True)
         return True
 
@@ -597,21 +690,8 @@ class EngineHandle:
     def set_calibration(self, request_json: str) -> int:
         """request: {ids, turns}: the calibration text's token ids and the calibration chat's turns, each
         its ids (none without a chat template): what learning's projection and whitening start from."""
-        r = _request(request_json)
-        turns = r.get("turns") or []
-        if not isinstance(turns, list):
-            raise InvalidArgumentError("turns must be a list of lists of integers")
-        return self.session.set_calibration(_ids(r.get("ids"), "ids"), [_ids(turn, "turns") for turn in turns])
-
-    def _lesson(self, r: dict) -> tuple[list[int], list[int], float, str, dict]:
-        """A lesson request's arguments for Session.feedback."""
-        names = ("steps", "lr", "optimizer", "ewc", "until_greedy", "rehearse", "keep", "project", "keyed")
-        options = {k: r[k] for k in names if r.get(k) is not None}
-        prompt_ids, completion_ids = (
-            _ids(r.get("prompt_ids"), "prompt_ids"),
-            _ids(r.get("completion_ids"), "completion_ids"),
-        )
-        return prompt_ids, completion_ids, r.get("reward", 1.0), r.get("adapter") or "default", options
+        r = _read(Calibration, request_json)
+        return self.session.set_calibration(r.ids, r.turns)
 
     def _report_lessons(self) -> list[dict]:
         """The progress of every lesson held; the finished, cancelled and dropped ones are let go."""
@@ -620,7 +700,7 @@ class EngineHandle:
     @_json_result
     def load_adapter(self, request_json: str, config_json: str, weights: Any, state: Any = None) -> str:
         """request: {name}; an adapter from its files' contents (bytes, or JS Uint8Arrays)."""
-        name = _text(_request(request_json), "name")
+        name = self._adapter_name(request_json)
         state_file = SafetensorsFile(_bytes(state), "learning_state.safetensors") if state is not None else None
         weights_file = SafetensorsFile(_bytes(weights), "adapter_model.safetensors")
         self.adapters.add(name, Adapter.from_files(config_json, weights_file, self.engine.weights, state_file))
@@ -640,31 +720,38 @@ class EngineHandle:
             weights_file = SafetensorsFile(_bytes(experts[2 * i + 1]), f"{expert}/adapter_model.safetensors")
             held[expert] = Adapter.from_files(experts[2 * i], weights_file, self.engine.weights)
         router_file = SafetensorsFile(_bytes(router), "adapter_model.safetensors")
-        name = _text(_request(request_json), "name")
+        name = self._adapter_name(request_json)
         self.adapters.add(name, Mixture.from_files(config_json, router_file, held, self.engine.config.hidden_size))
+        return name
+
+    @staticmethod
+    def _adapter_name(request_json: str) -> str:
+        name = _read(AdapterName, request_json).name
+        if name is None:
+            raise InvalidArgumentError("name in the request must be a string, got null")
         return name
 
     @_json_result
     def mix_adapters(self, request_json: str) -> dict:
         """request: {name, experts, top_k, depth, size, layerwise, temperature}: an X-LoRA mixture of held
         adapters with an even router, made active."""
-        r = _request(request_json)
+        r = _read(MixConfig, request_json)
         names = ("depth", "size", "layerwise", "temperature", "top_k")
-        name = r.get("name") or "mixture"
-        mixture = self.session.mix_adapters(name, r.get("experts"), **{k: r[k] for k in names if r.get(k) is not None})
-        return {"name": name, "experts": mixture.names, "top_k": mixture.config.top_k}
+        given = {k: getattr(r, k) for k in names if getattr(r, k) is not None}
+        mixture = self.session.mix_adapters(r.name, r.experts, **given)
+        return {"name": r.name, "experts": mixture.names, "top_k": mixture.config.top_k}
 
     @_json_result
     def set_adapter(self, request_json: str) -> str | None:
         """request: {name}: compute with that adapter from now on (null: the base model)."""
-        name = _request(request_json).get("name")
+        name = _read(AdapterName, request_json).name
         self.adapters.activate(name)
         return name
 
     @_json_result
     def adapter_files(self, request_json: str) -> dict:
         """request: {name} (null: the active adapter): its files, handed over by `take_files`."""
-        self._outgoing = self.adapters.held(_request(request_json).get("name")).files()
+        self._outgoing = self.adapters.held(_read(AdapterName, request_json).name).files()
         return {"files": list(self._outgoing)}
 
     def take_files(self) -> dict[str, bytes]:
@@ -687,12 +774,6 @@ class EngineHandle:
             "preparing": self.learner.preparing is not None,
             "adapters": described,
         }
-
-
-def _ids(value: object, name: str) -> list[int]:
-    if not isinstance(value, list) or not all(isinstance(i, int) and not isinstance(i, bool) for i in value):
-        raise InvalidArgumentError(f"{name} must be a list of integers")
-    return value
 
 
 def new_loader() -> ModelLoader:

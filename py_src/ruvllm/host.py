@@ -18,24 +18,19 @@ import functools
 import sys
 import urllib.parse
 from collections.abc import Callable
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
 import numpy as np
 
-from .errors import DownloadError, InvalidArgumentError, LoadError
-from .files import jsonfields as fields
-from .files.gguf import GGUFFile, header_size
-from .files.gguf_model import GGUFModel
+from .errors import DownloadError, InvalidArgumentError
 from .files.hub import is_hub_name, parse
-from .files.store import TensorStore
-from .files.tensorfile import PieceBuffer, SafetensorsFile
+from .files.layout import is_gguf_name
 from .files.transfer import Stall
-from .model.config import ModelConfig
 from .quant.provider import DEFAULT_ARITHMETIC
 from .quant.wasm import WasmKernels
-from .text.tokenizer import tokenizers_installed
+from .runtime.assembly import Assembly
+from .runtime.engine import LoadOptions
 
 IN_PYODIDE = sys.platform == "emscripten"
 
@@ -175,112 +170,58 @@ def kernel_exports(build: str = "auto") -> tuple[Any, str | None]:
 
 # --- fetch: a model by URL ----------------------------------------------------------------------------
 
-MODELS_CACHE = "ruvllm-models-v1"  # the Cache API store the npm package's worker keeps models in too
-
-
-@dataclass
-class Fetched:
-    """A model's files, read over fetch: what `api.load_async` builds the model from."""
-
-    config: ModelConfig
-    store: TensorStore
-    tokenizer: dict  # tokenizer.json's document (for a GGUF: made from its metadata)
-    tokenizer_config: dict
-    generation_config: dict
-    where: str  # the URL, for messages
+MODELS_CACHE = "ruvllm-models-v1"  # the Cache API store the npm worker keeps models in too (bridge-schema.js)
 
 
 Progress = Callable[[dict], None]  # {"file", "loaded", "total"} after each piece of a file
-PlanCheck = Callable[[ModelConfig, TensorStore], object]  # raises when the model cannot be loaded
 
 
-async def fetch_model(source: str, check: PlanCheck, on_progress: Progress | None = None) -> Fetched:
-    """The files of the model at `source`: a GGUF file's URL, a model folder's URL (config.json,
-    tokenizer.json, model.safetensors or its shards), or a hub name (`hf:OWNER/REPO[/FILE.gguf]`, from
-    $RUVLLM_HF_ENDPOINT or the hub). `check` sees the config and the weights' headers before their data:
-    a model it refuses is not downloaded (a sharded folder's earlier shards are, before the last one's
-    header completes the picture)."""
+async def fetch_model(source: str, options: LoadOptions, on_progress: Progress | None = None) -> Assembly:
+    """The model at `source`, assembled from its files over fetch (runtime/assembly.py): a GGUF file's URL,
+    a model folder's URL (files/layout.py), or a hub name (`hf:OWNER/REPO[/FILE.gguf]`, from
+    $RUVLLM_HF_ENDPOINT or the hub). Every weight file's header is read before any tensor data, so a model
+    the memory plan refuses is not downloaded."""
     if not IN_PYODIDE:
         raise InvalidArgumentError("load_async fetches over JavaScript's fetch, inside Pyodide; on CPython use load()")
     if is_hub_name(source):
         hub = parse(source)
         url_of: Callable[[str], str] = hub.url
         gguf = hub.file
+        where = hub.url(gguf) if gguf else hub.url("")
     else:
-        base = source if source.endswith("/") or source.lower().endswith(".gguf") else source + "/"
-        url_of, gguf = (lambda path: urllib.parse.urljoin(base, path)), (None if base.endswith("/") else "")
-    if gguf is not None:
-        return await _fetch_gguf(url_of(gguf) if gguf else source, check, on_progress)
-    return await _fetch_folder(url_of, check, on_progress)
+        base = source if source.endswith("/") or is_gguf_name(source) else source + "/"
+        url_of, gguf, where = (lambda path: urllib.parse.urljoin(base, path)), None, base
+        if is_gguf_name(base):
+            gguf, url_of = base, lambda path: base  # (the file is its own URL)
+    name = None if gguf is None else urllib.parse.unquote(gguf.rsplit("/", 1)[-1].split("?")[0]) or gguf
+    assembly = Assembly(options, name, where)
+    downloads: dict[str, _Download] = {}
+    try:
+        while (want := assembly.next()) is not None:
+            url = url_of(gguf if gguf is not None else want.name)
+            if want.part == "document":
+                assembly.give_document(want.name, await _document(url, want.optional))
+            elif want.part == "header":
+                download = downloads[want.name] = await _Download.open(url)
+                assembly.give_header(want.name, download.size, await download.header(assembly, want.name))
+            else:
+                await downloads.pop(want.name).copy_into(assembly, want.name, on_progress)
+    finally:
+        for download in downloads.values():  # (a refused plan: the tensor data is not fetched)
+            await download.cancel()
+    return assembly
 
 
-async def _fetch_gguf(url: str, check: PlanCheck, on_progress: Progress | None) -> Fetched:
-    name = urllib.parse.unquote(url.rsplit("/", 1)[-1].split("?")[0]) or url
-    header: list[GGUFModel] = []
-
-    def on_piece(piece: PieceBuffer) -> None:
-        if header:
-            return
-        at = header_size(piece.array[: piece.filled], piece.array.size, url)
-        if at is not None and piece.filled >= at:
-            model = GGUFModel(GGUFFile.from_header(piece.array[:at], piece.array.size, url))
-            check(ModelConfig.from_dict(model.config, f"{url} (GGUF metadata)"), TensorStore([model]))
-            header.append(model)
-
-    piece = await _download(url, name, on_progress, on_piece)
-    piece.check_complete()
-    model = GGUFModel(GGUFFile(piece.array, url))
-    config = ModelConfig.from_dict(model.config, f"{url} (GGUF metadata)")
-    tokenizer, tokenizer_config, generation_config = model.tokenizer_files(merges=tokenizers_installed())
-    return Fetched(config, TensorStore([model]), tokenizer, tokenizer_config, generation_config, url)
-
-
-async def _fetch_folder(url_of: Callable[[str], str], check: PlanCheck, on_progress: Progress | None) -> Fetched:
-    where = url_of("")
-
-    async def document(path: str, optional: bool = False) -> dict:
-        piece = await _download(url_of(path), path, None, optional=optional)
-        if piece is None:
-            return {}
-        return fields.obj(fields.parse_json(piece.array.tobytes(), url_of(path)), url_of(path))
-
-    config = ModelConfig.from_dict(await document("config.json"), url_of("config.json"))
-    tokenizer = await document("tokenizer.json")
-    tokenizer_config = await document("tokenizer_config.json", optional=True)
-    generation_config = await document("generation_config.json", optional=True)
-    index = await document("model.safetensors.index.json", optional=True)
-    weight_map = fields.obj(index.get("weight_map", {}), url_of("model.safetensors.index.json"))
-    shards = sorted(set(map(str, weight_map.values()))) or ["model.safetensors"]
-    for shard in shards:
-        if not _is_plain_path(shard):
-            raise LoadError(f"{url_of('model.safetensors.index.json')}: shard name {shard!r} is not a file name")
-    files: list[SafetensorsFile | GGUFModel] = []
-    for i, shard in enumerate(shards):
-        last = i == len(shards) - 1  # once its header is in, every weight file's is: the plan can be checked
-        on_piece = _check_on_header(config, files, shard, check) if last else None
-        piece = await _download(url_of(shard), shard, on_progress, on_piece)
-        files.append(piece.finish())
-    return Fetched(config, TensorStore(files), tokenizer, tokenizer_config, generation_config, where)
-
-
-def _check_on_header(
-    config: ModelConfig, files: list[SafetensorsFile | GGUFModel], name: str, check: PlanCheck
-) -> Callable[[PieceBuffer], None]:
-    """What checks the plan as soon as the header of the weight file `name` is in (`files`: the others)."""
-    checked = False
-
-    def on_piece(piece: PieceBuffer) -> None:
-        nonlocal checked
-        if not checked and piece.header() is not None:
-            checked = True
-            head = SafetensorsFile.from_header(piece.array[: piece.filled].data, piece.array.size, name)
-            check(config, TensorStore([*files, head]))
-
-    return on_piece
-
-
-def _is_plain_path(path: str) -> bool:
-    return all(part not in ("", ".", "..") and "\\" not in part for part in path.split("/"))
+async def _document(url: str, optional: bool) -> bytes | None:
+    """A small file's bytes (None: an optional one the server does not have)."""
+    download = await _Download.open(url, optional)
+    if download is None:
+        return None
+    parts = []
+    while (chunk := await download.read()) is not None:
+        parts.append(chunk.to_bytes())
+    download.check_complete()
+    return b"".join(parts)
 
 
 # The most bytes one file may announce: one NumPy array in Pyodide's 32-bit memory holds at most this (a
@@ -288,104 +229,150 @@ def _is_plain_path(path: str) -> bool:
 MAX_DOWNLOAD_BYTES = 2**31 - 1
 
 
-async def _download(
-    url: str,
-    name: str,
-    on_progress: Progress | None,
-    on_piece: Callable[[PieceBuffer], None] | None = None,
-    optional: bool = False,
-) -> Any:
-    """The bytes at `url` in a buffer Python owns (each piece copied once, straight into it), from the
-    Cache API when the page has one and it holds them (stored there after a complete download); None
-    for an optional file the server does not have (404).
+class _Download:
+    """One file read over fetch, from the Cache API when the page has one and it holds the file (stored
+    there after a complete download).
 
     As the CPython downloader (files/transfer.py), a server that sends fewer than $RUVLLM_HF_MIN_SPEED
     bytes/s over $RUVLLM_HF_STALL_SECONDS (headers included: one that never answers) is given up on;
     a size past MAX_DOWNLOAD_BYTES is refused before it is allocated, and a body that ends short of the
     size announced, or breaks off, is a DownloadError saying how much arrived."""
-    import js
-    from pyodide.ffi import JsException, to_js
 
-    stall = Stall.from_env()
-    store = None
-    if hasattr(js, "caches"):
-        try:
-            store = await js.caches.open(MODELS_CACHE)
-        except JsException:
-            store = None  # (an opaque origin, a private window): no caching
-    response: Any = await store.match(url) if store is not None else None
-    cached = bool(response)
-    if not cached:
-        controller = js.AbortController.new()
-        options = to_js({"signal": controller.signal}, dict_converter=js.Object.fromEntries)
-        try:
-            response = await asyncio.wait_for(_awaited(js.fetch(url, options)), stall.seconds)
-        except TimeoutError:
-            controller.abort()
-            raise DownloadError(f"{url}: no answer within {stall.seconds:g} s (a stall: {stall.describe()})") from None
-        except JsException as e:
-            raise DownloadError(f"{url}: cannot fetch it ({e.message})") from None
-        if response.status == 404 and optional:
-            return None
-        if not response.ok:
-            raise DownloadError(f"{url}: HTTP {response.status} {response.statusText}".rstrip())
-    length = response.headers.get("content-length")
-    if length is None or not str(length).isdigit():
-        raise DownloadError(f"{url}: the server gave no Content-Length, so the file's size is unknown")
-    size = int(length)
-    if size > MAX_DOWNLOAD_BYTES:
-        await response.body.cancel()
-        raise DownloadError(
-            f"{url}: the server announces {size:,} bytes, more than one file may hold in Pyodide's memory "
-            f"({MAX_DOWNLOAD_BYTES:,}: a model this large comes in shards)"
-        )
-    try:
-        piece = PieceBuffer(size, url)
-    except MemoryError:
-        await response.body.cancel()
-        raise DownloadError(f"{url}: no room in Pyodide's memory for its {size:,} bytes") from None
-    reader = response.body.getReader()
-    loop = asyncio.get_running_loop()
-    window, got = loop.time(), 0  # a window of stall.seconds, begun anew each time its quota is met
-    try:
-        while True:
-            now = loop.time()
-            if got >= stall.min_bytes:
-                window, got = now, 0
+    def __init__(self, url: str, response: Any, store: Any, cached: bool, stall: Stall) -> None:
+        self.url, self.response, self.store, self.cached, self.stall = url, response, store, cached, stall
+        self.size = self._size()
+        self.reader = response.body.getReader()
+        self.buffered: list[Any] = []  # chunks read for the header, written again with the data
+        self.got = 0
+        loop = asyncio.get_running_loop()
+        self.window, self.quota = loop.time(), 0  # a window of stall.seconds, begun anew each time its quota is met
+
+    @classmethod
+    async def open(cls, url: str, optional: bool = False) -> Any:
+        """The file at `url`, its size known and its body not yet read; None for an optional file the
+        server does not have (404)."""
+        import js
+        from pyodide.ffi import JsException, to_js
+
+        stall = Stall.from_env()
+        store = None
+        if hasattr(js, "caches"):
             try:
-                part = await asyncio.wait_for(_awaited(reader.read()), max(0.0, window + stall.seconds - now))
+                store = await js.caches.open(MODELS_CACHE)
+            except JsException:
+                store = None  # (an opaque origin, a private window): no caching
+        response: Any = await store.match(url) if store is not None else None
+        cached = bool(response)
+        if not cached:
+            controller = js.AbortController.new()
+            options = to_js({"signal": controller.signal}, dict_converter=js.Object.fromEntries)
+            try:
+                response = await asyncio.wait_for(_awaited(js.fetch(url, options)), stall.seconds)
             except TimeoutError:
+                controller.abort()
                 raise DownloadError(
-                    f"{url}: stalled after {piece.filled:,} of {size:,} bytes ({stall.describe()})"
+                    f"{url}: no answer within {stall.seconds:g} s (a stall: {stall.describe()})"
                 ) from None
             except JsException as e:
-                raise DownloadError(
-                    f"{url}: the download broke off after {piece.filled:,} of {size:,} bytes ({e.message})"
-                ) from None
-            if part.done:
-                break
-            chunk = part.value
-            got += int(chunk.length)
-            chunk.assign_to(piece.next_slice(int(chunk.length)))
-            if on_progress is not None:
-                on_progress({"file": name, "loaded": piece.filled, "total": piece.array.size})
-            if on_piece is not None:
-                on_piece(piece)
-    except BaseException:
+                raise DownloadError(f"{url}: cannot fetch it ({e.message})") from None
+            if response.status == 404 and optional:
+                return None
+            if not response.ok:
+                raise DownloadError(f"{url}: HTTP {response.status} {response.statusText}".rstrip())
+        return cls(url, response, store, cached, stall)
+
+    def _size(self) -> int:
+        length = self.response.headers.get("content-length")
+        if length is None or not str(length).isdigit():
+            raise DownloadError(f"{self.url}: the server gave no Content-Length, so the file's size is unknown")
+        size = int(length)
+        if size > MAX_DOWNLOAD_BYTES:
+            raise DownloadError(
+                f"{self.url}: the server announces {size:,} bytes, more than one file may hold in Pyodide's "
+                f"memory ({MAX_DOWNLOAD_BYTES:,}: a model this large comes in shards)"
+            )
+        return size
+
+    async def read(self) -> Any:
+        """The next chunk (a JsProxy of a Uint8Array), or None at the end of the body."""
+        from pyodide.ffi import JsException
+
+        loop = asyncio.get_running_loop()
+        now = loop.time()
+        if self.quota >= self.stall.min_bytes:
+            self.window, self.quota = now, 0
         try:
-            await reader.cancel()
+            part = await asyncio.wait_for(
+                _awaited(self.reader.read()), max(0.0, self.window + self.stall.seconds - now)
+            )
+        except TimeoutError:
+            raise DownloadError(
+                f"{self.url}: stalled after {self.got:,} of {self.size:,} bytes ({self.stall.describe()})"
+            ) from None
+        except JsException as e:
+            raise DownloadError(
+                f"{self.url}: the download broke off after {self.got:,} of {self.size:,} bytes ({e.message})"
+            ) from None
+        if part.done:
+            return None
+        self.got += int(part.value.length)
+        self.quota += int(part.value.length)
+        return part.value
+
+    def check_complete(self) -> None:
+        if self.got != self.size:
+            raise DownloadError(
+                f"{self.url}: the download ended after {self.got:,} of the {self.size:,} bytes announced"
+            )
+
+    async def header(self, assembly: Assembly, name: str) -> bytes:
+        """The file's first bytes, read until they hold its header (the chunks are kept for `copy_into`)."""
+        parts: list[bytes] = []
+        have, ask = 0, 8  # asked again each time twice as many bytes are in (or as many as it said)
+        while (chunk := await self.read()) is not None:
+            self.buffered.append(chunk)
+            parts.append(chunk.to_bytes())
+            have += len(parts[-1])
+            if have >= ask:
+                parts = [b"".join(parts)]
+                at = assembly.header_size(name, self.size, parts[0])
+                if at is not None and have >= at:
+                    break
+                ask = max(at or 0, 2 * ask)
+        return b"".join(parts)  # (a file that ends inside its header: the assembly says what is wrong)
+
+    async def copy_into(self, assembly: Assembly, name: str, on_progress: Progress | None) -> None:
+        """The whole file into the assembly's buffer for `name`, each piece copied once; stored in the
+        Cache API once whole."""
+        import js
+        from pyodide.ffi import JsException, to_js
+
+        try:
+            assembly.begin(name, self.size)
+        except MemoryError:
+            await self.cancel()
+            raise DownloadError(f"{self.url}: no room in Pyodide's memory for its {self.size:,} bytes") from None
+        buffered, self.buffered = self.buffered, []
+        while (chunk := buffered.pop(0) if buffered else await self.read()) is not None:
+            filled = assembly.write(name, chunk)
+            if on_progress is not None:
+                on_progress({"file": name, "loaded": filled, "total": self.size})
+        self.check_complete()
+        array = assembly.finish(name)
+        if self.store is not None and not self.cached and array is not None:
+            try:  # (a failed write only costs the caching)
+                headers = to_js({"content-length": str(self.size)}, dict_converter=js.Object.fromEntries)
+                await self.store.put(self.url, js.Response.new(to_js(array), to_js({"headers": headers})))
+            except JsException:  # (the page's storage refused it)
+                pass
+
+    async def cancel(self) -> None:
+        from pyodide.ffi import JsException
+
+        try:
+            await self.reader.cancel()
         except JsException:
             pass  # (a stream that broke off is already closed)
-        raise
-    if piece.filled != size:
-        raise DownloadError(f"{url}: the download ended after {piece.filled:,} of the {size:,} bytes announced")
-    if store is not None and not cached:
-        try:  # (a failed write only costs the caching)
-            headers = to_js({"content-length": str(piece.filled)}, dict_converter=js.Object.fromEntries)
-            await store.put(url, js.Response.new(to_js(piece.array), to_js({"headers": headers})))
-        except JsException:
-            pass
-    return piece
 
 
 async def _awaited(promise: Any) -> Any:

@@ -4,13 +4,12 @@
  * weights can be copied straight into memory that the Python side owns.
  */
 
+import { MODELS_CACHE } from '../bridge-schema.js';
 import { FolderCache, cacheFolder } from './cache-folder.js';
 import { IS_NODE } from '../env.js';
 import { AbortError, RuvLLMError } from '../errors.js';
 import { STALL_TIMEOUT_MS } from '../options.js';
 import { hubHeaders } from '../hub.js';
-
-export const CACHE_NAME = 'ruvllm-models-v1';
 
 /** True when `model` names a local folder rather than a URL (Node only). */
 export function isLocalPath(model) {
@@ -80,7 +79,7 @@ function opened({ size, chunks, fromCache, stored = Promise.resolve(false), drop
 }
 
 async function openThroughCacheApi(url, name, { cache, optional, watch }) {
-  const store = cache && typeof caches !== 'undefined' ? await caches.open(CACHE_NAME).catch(() => null) : null;
+  const store = cache && typeof caches !== 'undefined' ? await caches.open(MODELS_CACHE).catch(() => null) : null;
   const cached = (await store?.match(url)) ?? null;
   if (cached) {
     return opened({
@@ -322,10 +321,14 @@ export async function readText(base, name, options) {
 
 /** A small JSON file, parsed; a `load` error names it if it does not parse. */
 export async function readJson(base, name, options) {
-  const text = await readText(base, name, options);
-  if (text === null) return null;
+  const bytes = await readBytes(base, name, options);
+  return bytes === null ? null : parseJson(bytes, name);
+}
+
+/** The JSON document in `bytes` (file `name`); a `load` error naming the file if it is not JSON. */
+export function parseJson(bytes, name) {
   try {
-    return JSON.parse(text);
+    return JSON.parse(new TextDecoder().decode(bytes));
   } catch (error) {
     throw new RuvLLMError('load', `${name}: not valid JSON (${error.message})`);
   }

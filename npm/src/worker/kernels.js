@@ -1,40 +1,35 @@
 /**
- * The WebAssembly SIMD kernels (kernels/kernels.c in the ruvllm repository), started the way any
- * Pyodide starts them: by the wheel's own Python (ruvllm/host.py compiles the kernels.wasm the wheel
- * carries, checks a known answer on a memory of its own, and instantiates it on Pyodide's memory, so
- * the kernels read and write NumPy's arrays in place). The bridge then installs them into the engine.
+ * The WebAssembly SIMD kernels (kernels/kernels.c in the ruvllm repository) as JavaScript sees them, for
+ * the benchmarks and tests that drive them without a model. They start the way any Pyodide starts them:
+ * by the wheel's own Python (ruvllm/host.py compiles the kernels.wasm the wheel carries, checks a known
+ * answer on a memory of its own, and instantiates it on Pyodide's memory, so the kernels read and write
+ * NumPy's arrays in place). The worker has the model's loader start them (bridge.ModelLoader.start_kernels):
+ * their exports never cross to JavaScript and back.
  *
  * kernels: 'auto' uses them when this runtime validates SIMD128 and they pass the known-answer test;
  * 'wasm' requires them (a 'load' error says why they cannot run); 'numpy' never starts them. host.py
  * takes the relaxed SIMD build where the runtime validates it and it passes the test too (`relaxed`).
  */
 
-import { RuvLLMError } from '../errors.js';
-import { KERNEL_CHOICES } from '../protocol.js';
+import { callBridge } from './python.js';
 
 /**
- * The kernels' exports, instantiated on Pyodide's memory; `null` and the reason when they cannot run
- * (only for 'auto': with 'wasm' the reason is a 'load' error). relaxed: the exports are the relaxed SIMD
- * build's (the thread pool then loads its shared twin).
+ * The kernels' exports, instantiated on Pyodide's memory, by a model loader of their own (what the
+ * worker's loader does: bridge.ModelLoader.start_kernels says what each choice means); `exports: null`
+ * and the reason when they cannot run (only for 'auto': with 'wasm' the reason is a 'load' error).
+ * relaxed: the exports are the relaxed SIMD build's (the thread pool then loads its shared twin).
  * @param {any} py Pyodide, with the ruvllm wheel installed
- * @returns {Promise<{ exports: object | null, reason: string | null, relaxed: boolean }>}
+ * @param {string} [choice]
+ * @returns {{ exports: object | null, running: boolean, reason: string | null, relaxed: boolean }}
  */
-export async function startKernels(py, choice = 'auto') {
-  if (!KERNEL_CHOICES.includes(choice)) {
-    throw new RuvLLMError(
-      'invalid_argument',
-      `options.kernels must be ${KERNEL_CHOICES.join(', ')}, got ${JSON.stringify(choice)}`,
-    );
+export function startKernels(py, choice = 'auto') {
+  const bridge = py.pyimport('ruvllm.bridge');
+  const loader = bridge.new_loader();
+  bridge.destroy();
+  try {
+    const started = callBridge(loader, 'start_kernels', choice);
+    return { ...started, exports: started.running ? loader.kernel_exports : null };
+  } finally {
+    loader.destroy();
   }
-  if (choice === 'numpy') return { exports: null, reason: null, relaxed: false };
-  const host = py.pyimport('ruvllm.host');
-  const started = host.kernel_exports();
-  const [exports, reason] = started.toJs({ depth: 1 });
-  started.destroy();
-  host.destroy();
-  if (exports === null || exports === undefined) {
-    if (choice === 'wasm') throw new RuvLLMError('load', `cannot use the WebAssembly kernels: ${reason}`);
-    return { exports: null, reason, relaxed: false };
-  }
-  return { exports, reason: null, relaxed: exports.relaxed_simd() === 1 };
 }

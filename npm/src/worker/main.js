@@ -10,14 +10,14 @@
 
 import { IS_NODE } from '../env.js';
 import { AbortError, RuvLLMError, serializeError, unwrap } from '../errors.js';
+import { FOLDER_FILES } from '../bridge-schema.js';
 import { checkRequest } from '../protocol.js';
 import { createText } from '../text/index.js';
 import { MAX_CHARS } from '../text/chat-template.js';
-import { readBytes, readJson, readText } from './files.js';
-import { startKernels } from './kernels.js';
+import { parseJson, readBytes, readText } from './files.js';
 import { startThreads } from './threads.js';
 import { callBridge, heapBytes, startPython } from './python.js';
-import { loadGguf, loadWeights } from './weights.js';
+import { feedLoader } from './weights.js';
 import { modelName, resolveModel } from '../hub.js';
 
 /**
@@ -99,35 +99,27 @@ async function loadModel(id, options, signal) {
   const { url, kind } = resolveModel(options.model, { hfEndpoint: options.hfEndpoint });
   const chatTemplate = options.chatTemplate ?? null;
   state.model = modelName(options.model);
-  if (kind === 'folder') {
-    // The small files first: a wrong model location fails in milliseconds, before Pyodide boots.
-    const config = await readJson(url, 'config.json', files);
-    const tokenizerJson = await readJson(url, 'tokenizer.json', files);
-    const tokenizerConfig = (await readJson(url, 'tokenizer_config.json', { ...files, optional: true })) ?? {};
-    const generationConfig = (await readJson(url, 'generation_config.json', { ...files, optional: true })) ?? {};
-    state.text = createText({ tokenizerJson, tokenizerConfig, generationConfig, config, chatTemplate });
-    await withLoader(id, options, progress, signal, async (loader, onPlan) => {
-      callBridge(loader, 'set_config', JSON.stringify(config));
-      callBridge(loader, 'set_tokenizer', JSON.stringify(tokenizerJson)); // the text of each chunk is made in Python
-      callBridge(loader, 'set_options', loadOptions(options));
-      return loadWeights(loader, url, { ...files, sha256: options.sha256, onProgress: progress, onPlan });
-    });
-    return;
-  }
-  // A GGUF: its header holds the config and the tokenizer; Python reads it, so Pyodide boots first.
-  const { base, name } = splitLocation(url);
-  await withLoader(id, options, progress, signal, async (loader, onPlan) => {
-    callBridge(loader, 'set_options', loadOptions(options));
-    const onHeader = (header) => {
+  // A folder's first file, its config, read before Pyodide boots: a wrong model location fails in
+  // milliseconds. A GGUF's header holds its config: Python reads it, after the boot.
+  const { config, tokenizer, tokenizerConfig, generationConfig } = FOLDER_FILES;
+  /** @type {Record<string, Uint8Array | null>} */
+  const prefetched = kind === 'folder' ? { [config]: await readBytes(url, config, files) } : {};
+  const { base, name } = kind === 'folder' ? { base: url, name: null } : splitLocation(url);
+  await withLoader(id, options, progress, signal, name, (loader, onPlan) => {
+    const onDocuments = (documents) => {
+      // the text layer's own copy of each document (Python parses the bytes it was given for itself)
+      const json = (file) => (documents[file] ? parseJson(documents[file], file) : {});
+      const header = name === null ? null : callBridge(loader, 'gguf_documents');
       state.text = createText({
-        tokenizerJson: header.tokenizer,
-        tokenizerConfig: header.tokenizer_config,
-        generationConfig: header.generation_config,
-        config: header.config,
+        tokenizerJson: header?.tokenizer ?? json(tokenizer),
+        tokenizerConfig: header?.tokenizer_config ?? json(tokenizerConfig),
+        generationConfig: header?.generation_config ?? json(generationConfig),
+        config: header?.config ?? json(config),
         chatTemplate,
       });
     };
-    return loadGguf(loader, base, name, { ...files, sha256: options.sha256, onProgress: progress, onPlan, onHeader });
+    const feed = { ...files, prefetched, onDocuments, onPlan, onProgress: progress };
+    return feedLoader(loader, base, feed);
   });
 }
 
@@ -158,8 +150,11 @@ function stopIfAborted(signal) {
   if (signal.aborted) throw new AbortError('loading aborted');
 }
 
-/** Boot Pyodide and the kernels, run `fill(loader, onPlan)` (it gives the loader the model), then build. */
-async function withLoader(id, options, progress, signal, fill) {
+/**
+ * Boot Pyodide, start the kernels and the threads, run `fill(loader, onPlan)` (it gives the loader the
+ * model's files: the GGUF file `gguf`, or a folder's when null), then build.
+ */
+async function withLoader(id, options, progress, signal, gguf, fill) {
   progress({ phase: 'runtime', loaded: 0, total: 0 });
   stopIfAborted(signal);
   const bootCache = options.bootCache ?? options.cache !== false; // `cache: false` writes nothing at all
@@ -167,16 +162,17 @@ async function withLoader(id, options, progress, signal, fill) {
   const py = (state.py = python.py);
   progress({ phase: 'runtime', loaded: 0, total: 0, boot: python.boot });
   stopIfAborted(signal);
-  const kernels = await startKernels(py, options.kernels);
-  const threads = await startThreads(py, kernels, options.threads);
-  state.pool = threads.pool;
   const bridge = py.pyimport('ruvllm.bridge');
   const loader = bridge.new_loader();
   bridge.destroy();
   let done = false;
   try {
-    if (kernels.exports) unwrap(loader.offer_kernels(kernels.exports));
+    // Python starts the kernels (ruvllm/host.py compiles the wheel's own); the pool loads their shared twin
+    const kernels = callBridge(loader, 'start_kernels', options.kernels ?? 'auto');
+    const threads = await startThreads(py, kernels, options.threads);
+    state.pool = threads.pool;
     if (threads.api) unwrap(loader.offer_kernel_threads(threads.api));
+    callBridge(loader, 'set_options', loadOptions(options), gguf);
     const onPlan = (plan) => progress({ phase: 'plan', plan, loaded: 0, total: 0 });
     const download = await fill(loader, onPlan);
     progress({ phase: 'load', loaded: download.total, total: download.total });
@@ -245,6 +241,7 @@ function loadOptions(options) {
     kernels: options.kernels ?? 'auto',
     arithmetic: options.arithmetic,
     kv,
+    sha256: options.sha256 ?? null, // checked by Python as each weight file arrives
   };
 }
 

@@ -43,7 +43,8 @@ function noSharing() {
 /**
  * The pool for `threads` (the option as given), or `pool: null` and why one thread runs.
  * @param {any} py Pyodide
- * @param {{ exports: object | null, reason: string | null, relaxed?: boolean }} kernels what startKernels gave
+ * @param {{ running: boolean, relaxed?: boolean }} kernels whether the single-thread kernels run, and which
+ *   build (the loader's start_kernels, or kernels.js startKernels)
  * @param {'auto' | number | undefined} threads
  * @param {{ spin?: number }} [tuning] the pool's spin budget (pool.js DEFAULT_SPIN_US when not given)
  */
@@ -51,7 +52,7 @@ export async function startThreads(py, kernels, threads = DEFAULT_THREADS, { spi
   const one = (reason) => ({ pool: null, api: null, count: 1, reason, adaptive: false });
   const wanted = threads === 'auto' ? Math.min(await cores(), AUTO_MAX, MAX_THREADS) : threads;
   if (wanted === 1) return one(threads === 'auto' ? 'threads: this runtime reports 1 core' : 'threads: 1 (asked for)');
-  if (!kernels.exports) return one('the WebAssembly kernels do not run here (info.kernelsNote, or kernels: numpy)');
+  if (!kernels.running) return one('the WebAssembly kernels do not run here (info.kernelsNote, or kernels: numpy)');
   const why = noSharing();
   if (why) return one(why);
   // the shared twin of the build the single-thread kernels run (host.py picked it), so a product has the

@@ -1,187 +1,155 @@
 /**
- * Downloading weight files straight into Python-owned memory: the Python side allocates one buffer of
- * the file's size, and every network chunk is copied into it once, as it arrives. The weights never
- * sit in JavaScript memory as a whole.
+ * Handing a model's files to the Python loader (ruvllm.bridge.ModelLoader). The loader decides which file
+ * it needs next and in what part (py_src/ruvllm/runtime/assembly.py: a folder's JSON documents whole, then
+ * every weight file's header, then their data); this module only moves the bytes. Weight files are copied
+ * chunk by chunk straight into Python-owned memory: they never sit in JavaScript memory as a whole.
  */
 
 import { RuvLLMError } from '../errors.js';
-import { concat, openFile, readJson } from './files.js';
+import { concat, openFile, readBytes } from './files.js';
 import { callBridge } from './python.js';
 
 const PROGRESS_INTERVAL_MS = 100;
 
-/** The weight files of a model: the shards of model.safetensors.index.json, or model.safetensors. */
-export async function weightFiles(base, options) {
-  const index = await readJson(base, 'model.safetensors.index.json', { ...options, optional: true });
-  if (index === null) return ['model.safetensors'];
-  const shards = [...new Set(Object.values(index.weight_map ?? {}))];
-  if (shards.length === 0) throw new RuvLLMError('load', 'model.safetensors.index.json lists no weight files');
-  return shards;
-}
-
 /**
- * Stream every weight file into `loader` (a ruvllm.bridge.ModelLoader proxy).
- * sha256: optional { fileName: hexDigest }. onProgress receives
- * { phase: 'download', file, fileLoaded, fileTotal, loaded, total, fromCache }. The other options
- * (cache, stallTimeoutMs, signal) are openFile's. Whatever fails, every file opened is closed: no
- * download goes on and no partial copy stays.
+ * Give `loader` every file it asks for, read from the model location `base` (a GGUF file's folder when the
+ * loader was set up for one; the loader checks the digests its options name). prefetched: { fileName: bytes }
+ * already read (the config, read before Pyodide booted so a wrong location fails at once). onDocuments
+ * gets the documents' bytes ({ name: Uint8Array | null }) once they are in, before the weights (none for
+ * a GGUF, whose header holds them: then after that header); onPlan the memory plan, made once every
+ * weight file's header is in, before their data; onProgress
+ * { phase: 'download', file, fileLoaded, fileTotal, loaded, total, fromCache }. The other options (cache,
+ * stallTimeoutMs, signal, hub) are openFile's. Whatever fails, every file opened is closed: no download
+ * goes on and no partial copy stays.
  * @param {import('pyodide/ffi').PyProxy} loader
  * @param {string} base
- * @param {{ sha256?: Record<string, string>, onProgress?: (progress: object) => void,
- *   onPlan?: (plan: object) => void } & Parameters<typeof openFile>[2]} [options]
+ * @param {{ prefetched?: Record<string, Uint8Array | null>,
+ *   onDocuments?: (documents: Record<string, Uint8Array | null>) => void, onPlan?: (plan: object) => void,
+ *   onProgress?: (progress: object) => void } & Parameters<typeof openFile>[2]} [options]
+ * @returns {Promise<{ total: number, fromCache: boolean, plan: object | null }>}
  */
-export async function loadWeights(
+export async function feedLoader(
   loader,
   base,
-  { sha256 = {}, onProgress = () => {}, onPlan = () => {}, ...open } = {},
+  { prefetched = {}, onDocuments = () => {}, onPlan = () => {}, onProgress = () => {}, ...open } = {},
 ) {
-  const names = await weightFiles(base, open);
-  checkDigestNames(sha256, names);
-  const files = [];
+  /** @type {Record<string, Uint8Array | null>} */
+  const documents = {};
+  let told = false;
+  const tell = () => {
+    told = true;
+    onDocuments(documents);
+  };
+  const weights = new Map(); // weight files, opened for their header and read on for their data
+  let plan = null;
+  /** @type {{ total: number, loaded: number, lastReport: number } | null} */
+  let download = null; // once the data begins
   try {
-    for (const name of names) files.push({ name, ...(await openFile(base, name, open)) });
-    files.forEach(requireSize);
-    // Each file's header arrives first: plan (and refuse a plan that cannot fit) before the bulk.
-    for (const f of files) {
-      const { header, buffered, rest } = await readHeader(f);
-      Object.assign(f, { buffered, chunks: rest });
-      callBridge(loader, 'add_header', f.name, f.size, header);
+    for (let want = callBridge(loader, 'next'); want !== null; want = callBridge(loader, 'next')) {
+      if (want.part === 'document') {
+        const bytes =
+          want.name in prefetched
+            ? prefetched[want.name]
+            : await readBytes(base, want.name, { ...open, optional: want.optional });
+        callBridge(loader, 'give_document', want.name, bytes);
+        documents[want.name] = bytes;
+      } else if (want.part === 'header') {
+        if (!told && Object.keys(documents).length > 0) tell();
+        const file = await openWeights(base, want.name, open);
+        weights.set(want.name, file);
+        const head = await readHeader(loader, file);
+        const made = callBridge(loader, 'give_header', file.name, file.size, head); // the plan, after the last
+        if (!told && Object.keys(documents).length === 0) tell(); // a GGUF: its header held them
+        if (made !== null) onPlan((plan = made));
+      } else {
+        download ??= { total: [...weights.values()].reduce((n, f) => n + f.size, 0), loaded: 0, lastReport: 0 };
+        await streamFile(loader, weights.get(want.name), download, onProgress);
+      }
     }
-    const plan = callBridge(loader, 'plan');
-    onPlan(plan);
-    return await streamFiles(loader, files, { sha256, onProgress, plan });
   } finally {
-    await Promise.all(files.map((f) => f.close()));
-  }
-}
-
-/** A sha256 for a file the model does not have would never be checked: refused, naming the files it has. */
-function checkDigestNames(sha256, names) {
-  const unknown = Object.keys(sha256).filter((name) => !names.includes(name));
-  if (unknown.length > 0) {
-    throw new RuvLLMError(
-      'invalid_argument',
-      `options.sha256 names ${unknown.map((n) => JSON.stringify(n)).join(', ')}, which this model does not have; ` +
-        `its weight files are: ${names.join(', ')}`,
-    );
-  }
-}
-
-/**
- * A GGUF file: its header (metadata and tensor list) is read first and stands for the JSON files of a
- * model folder; `onHeader` gets { config, tokenizer, tokenizer_config, generation_config } before the
- * plan is made, so a plan that cannot fit is refused before the tensor data is fetched.
- */
-export async function loadGguf(loader, base, name, { sha256 = {}, onProgress, onPlan, onHeader, ...open }) {
-  checkDigestNames(sha256, [name]);
-  const opened = await openFile(base, name, open);
-  if (opened === null) throw new Error(`${name} was opened as optional`); // (the model file is not: a bug)
-  const file = { name, ...opened };
-  try {
-    requireSize(file);
-    const iterator = file.chunks[Symbol.asyncIterator]();
-    return await headerThenData(loader, file, iterator, { sha256, onProgress, onPlan, onHeader });
-  } finally {
-    await file.close(); // a refused header or plan: the tensor data is not fetched
-  }
-}
-
-async function headerThenData(loader, file, iterator, { sha256, onProgress, onPlan, onHeader }) {
-  const { name } = file;
-  const buffered = [];
-  let have = 0;
-  let ask = 1 << 20; // ask Python whether the header is complete at 1 MiB, 2 MiB, 4 MiB ...
-  let headerSize = null;
-  while (headerSize === null) {
-    const { value, done } = await iterator.next();
-    if (!done) {
-      buffered.push(value);
-      have += value.length;
-    }
-    if (done || have >= ask || have >= file.size) {
-      headerSize = callBridge(loader, 'gguf_header_size', file.size, concat(buffered, have));
-      ask *= 2;
-      if (headerSize === null && (done || have >= file.size))
-        throw new RuvLLMError('load', `${name}: the file ended inside its GGUF header (${have} bytes)`);
-    }
-  }
-  onHeader(callBridge(loader, 'add_gguf_header', name, file.size, concat(buffered, headerSize)));
-  const plan = callBridge(loader, 'plan');
-  onPlan(plan);
-  Object.assign(file, { buffered, chunks: { [Symbol.asyncIterator]: () => iterator } });
-  return streamFiles(loader, [file], { sha256, onProgress, plan });
-}
-
-function requireSize(f) {
-  if (f.size === null)
-    throw new RuvLLMError(
-      'download',
-      `${f.name}: the server did not say how large it is (no Content-Length, or a compressed response)`,
-    );
-}
-
-/**
- * Copy each file, chunk by chunk, into Python-owned memory, with progress and optional sha256 checks.
- * @param {import('pyodide/ffi').PyProxy} loader
- * @param {{ name: string, size: number, fromCache: boolean, stored: Promise<boolean>, buffered: Uint8Array[],
- *   chunks: AsyncIterable<Uint8Array> }[]} files (openFile's, with what readHeader read)
- * @param {{ sha256?: Record<string, string>, onProgress?: (progress: object) => void, plan: object }} options
- */
-async function streamFiles(loader, files, { sha256 = {}, onProgress = () => {}, plan }) {
-  const total = files.reduce((n, f) => n + f.size, 0);
-  let loaded = 0;
-  let lastReport = 0;
-  for (const file of files) {
-    const expected = sha256[file.name]; // a hex digest, or undefined: not checked
-    callBridge(loader, 'begin_file', { name: file.name, size: file.size, wantSha256: expected !== undefined });
-    let fileLoaded = 0;
-    const report = (force) => {
-      const now = Date.now();
-      if (!force && now - lastReport < PROGRESS_INTERVAL_MS) return;
-      lastReport = now;
-      onProgress({
-        phase: 'download',
-        file: file.name,
-        fileLoaded,
-        fileTotal: file.size,
-        loaded,
-        total,
-        fromCache: file.fromCache,
-      });
-    };
-    report(true);
-    for await (const chunk of prepend(file.buffered, file.chunks)) {
-      fileLoaded = callBridge(loader, 'write', file.name, chunk);
-      loaded += chunk.length;
-      report(false);
-    }
-    report(true);
-    callBridge(loader, 'finish_file', { name: file.name, sha256: expected });
+    await Promise.all([...weights.values()].map((f) => f.close()));
   }
   // Ready means cached: a reload right after loading must not download again.
+  const files = [...weights.values()];
   await Promise.all(files.map((f) => f.stored));
-  return { total, fromCache: files.every((f) => f.fromCache), plan };
+  return { total: download?.total ?? 0, fromCache: files.every((f) => f.fromCache), plan };
 }
 
-/** Pull chunks until the safetensors header (8-byte length + JSON) is in; keep what was read. */
-async function readHeader(file) {
-  const iterator = file.chunks[Symbol.asyncIterator]();
-  const buffered = [];
-  let have = 0;
-  let needed = 8;
-  while (have < needed) {
-    const { value, done } = await iterator.next();
-    if (done) break;
-    buffered.push(value);
-    have += value.length;
-    if (needed === 8 && have >= 8) {
-      const first = concat(buffered, 8);
-      needed = 8 + Number(new DataView(first.buffer, first.byteOffset, 8).getBigUint64(0, true));
-      if (needed > file.size) break; // a bad length: the Python side says what is wrong
-    }
+/** A weight file opened (its size known, its body not read yet). */
+async function openWeights(base, name, open) {
+  const opened = await openFile(base, name, open);
+  if (opened === null) throw new Error(`${name} was opened as optional`); // (weight files are not: a bug)
+  const file = { name, ...opened, buffered: [], chunks: opened.chunks };
+  if (file.size === null) {
+    await file.close();
+    throw new RuvLLMError(
+      'download',
+      `${name}: the server did not say how large it is (no Content-Length, or a compressed response)`,
+    );
   }
-  const header = concat(buffered, Math.min(have, needed));
-  return { header, buffered, rest: { [Symbol.asyncIterator]: () => iterator } };
+  return file;
+}
+
+/**
+ * The file's first bytes, read until they hold its header (the loader says how many that is: it is asked
+ * again each time twice as many bytes are in, or as many as it said); what was read is kept in
+ * `file.buffered` and streamed again with the data.
+ */
+async function readHeader(loader, file) {
+  const iterator = file.chunks[Symbol.asyncIterator]();
+  let have = 0;
+  let ask = 8;
+  let at = null;
+  for (;;) {
+    const { value, done } = await iterator.next();
+    if (done) break; // a file that ends inside its header: the loader says what is wrong
+    file.buffered.push(value);
+    have += value.length;
+    if (have < ask) continue;
+    at = callBridge(loader, 'header_size', file.name, file.size, concat(file.buffered, have));
+    if (at !== null && have >= at) break;
+    ask = Math.max(at ?? 0, 2 * ask);
+  }
+  file.chunks = { [Symbol.asyncIterator]: () => iterator };
+  return concat(file.buffered, Math.min(have, at ?? have));
+}
+
+/**
+ * Copy one file, chunk by chunk, into Python-owned memory, with progress.
+ * @param {import('pyodide/ffi').PyProxy} loader
+ * @param {{ name: string, size: number, fromCache: boolean, buffered: Uint8Array[],
+ *   chunks: AsyncIterable<Uint8Array> }} file
+ * @param {{ total: number, loaded: number, lastReport: number }} download the progress of all the files
+ * @param {(progress: object) => void} onProgress
+ */
+async function streamFile(loader, file, download, onProgress) {
+  callBridge(loader, 'begin_file', { name: file.name, size: file.size });
+  let fileLoaded = 0;
+  const report = (force) => {
+    const now = Date.now();
+    if (!force && now - download.lastReport < PROGRESS_INTERVAL_MS) return;
+    download.lastReport = now;
+    const { loaded, total } = download;
+    onProgress({
+      phase: 'download',
+      file: file.name,
+      fileLoaded,
+      fileTotal: file.size,
+      loaded,
+      total,
+      fromCache: file.fromCache,
+    });
+  };
+  report(true);
+  const buffered = file.buffered;
+  file.buffered = [];
+  for await (const chunk of prepend(buffered, file.chunks)) {
+    fileLoaded = callBridge(loader, 'write', file.name, chunk);
+    download.loaded += chunk.length;
+    report(false);
+  }
+  report(true);
+  callBridge(loader, 'finish_file', { name: file.name });
 }
 
 async function* prepend(first, rest) {

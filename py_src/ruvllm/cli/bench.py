@@ -61,7 +61,8 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_lengths(args: argparse.Namespace) -> None:
     """The prompt and the generated tokens must fit the context the model will be loaded with."""
-    from ..runtime.engine import open_model, resolve_context
+    from ..runtime.assembly import open_model
+    from ..runtime.engine import resolve_context
 
     local_model(args)
     config, _ = open_model(args.model, header_only=True)

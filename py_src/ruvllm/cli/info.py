@@ -20,7 +20,8 @@ def run(args: argparse.Namespace) -> int:
     import warnings
 
     from ..files.formats import get_format
-    from ..runtime.engine import DEFAULT_MAX_CONTEXT, open_model, plan_for
+    from ..runtime.assembly import open_model
+    from ..runtime.engine import DEFAULT_MAX_CONTEXT, plan_for
 
     local_model(args)
     with warnings.catch_warnings(record=True) as notes:  # what a load would warn about, listed below

@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import glob
 import os
 from collections.abc import Callable
 
-from ..errors import LoadError
-from ..files import jsonfields as fields
-from ..files.store import TensorStore, sanitize
-from ..files.tensorfile import SafetensorsFile
-from ..model.config import ModelConfig
+from ..files import layout
+from ..files.store import sanitize
+from ..runtime.assembly import local_assembly
 from . import encode, report
 from .writer import ModelFolder, write_model
 
@@ -29,13 +26,10 @@ def companion_files(folder: str) -> dict[str, bytes]:
 
 
 def convert_hf(src: str, out: str, weights: str | None, log: Callable[[str], None]) -> None:
-    config_path = os.path.join(src, "config.json")
-    config = fields.obj(fields.read_json(config_path), config_path)
-    ModelConfig.from_dict(config, config_path)  # refuse unsupported models (and damaged configs) before any work
-    files = sorted(glob.glob(os.path.join(src, "*.safetensors")))
-    if not files:
-        raise LoadError(f"{src}: no .safetensors files (PyTorch .bin checkpoints are not read)")
-    store = TensorStore([SafetensorsFile.from_path(p) for p in files])
+    assembly = local_assembly(
+        src, needs_tokenizer=False
+    )  # refuses unsupported models (and damaged configs) before any work
+    config, store = assembly.document(layout.CONFIG), assembly.store()
 
     tensors = []
     for name, stored in sanitize(store.names()).items():

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Literal, overload
 
 from ..errors import DownloadError, InvalidArgumentError, LoadError
+from . import layout
 from .jsonfields import parse_json
 from .transfer import Expected, HTTPStatusError, Progress, Stall, fetch, is_partial, read_small, write_atomically
 
@@ -44,9 +45,6 @@ DEFAULT_REVISION = "main"
 FORMS = "hf:OWNER/REPO (a model folder) or hf:OWNER/REPO/FILE.gguf (one GGUF file), with @REVISION after REPO optional"
 GGUF_MAGIC = b"GGUF"
 COMPLETE = ".complete"  # a model folder's record of its files: written last, so it means "all arrived"
-REQUIRED_FILES = ("config.json", "tokenizer.json")
-OPTIONAL_FILES = ("tokenizer_config.json", "generation_config.json")
-WEIGHTS, WEIGHTS_INDEX = "model.safetensors", "model.safetensors.index.json"
 
 # Owner, repo and revision: letters, digits, '.', '_', '-' (the hub's own rule, less its length limits).
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -298,32 +296,27 @@ def _fetch_folder(source: _Source, folder: Path) -> None:
             f"{model.name}: no config.json at {source.url('config.json')} (HTTP 404): the repo does not exist on "
             f"the hub, or it is not a model folder (for one GGUF file of a repo, name it: {model.name}/FILE.gguf)"
         )
-    files = [config, source.fetch("tokenizer.json", folder)]
-    files += [f for f in (source.fetch(n, folder, optional=True) for n in OPTIONAL_FILES) if f]
-    index = source.fetch(WEIGHTS_INDEX, folder, optional=True)
-    if index is None:
-        files.append(source.fetch(WEIGHTS, folder))
-    else:
+    files = [config, source.fetch(layout.TOKENIZER, folder)]  # (a model to run: its tokenizer is needed)
+    documents = (name for name, optional in layout.DOCUMENTS if optional and name != layout.WEIGHTS_INDEX)
+    files += [f for f in (source.fetch(name, folder, optional=True) for name in documents) if f]
+    index = source.fetch(layout.WEIGHTS_INDEX, folder, optional=True)
+    if index is not None:
         files.append(index)
-        files += [source.fetch(shard, folder) for shard in _shards(source, index)]
+    files += [source.fetch(name, folder) for name in _weight_files(source, index)]
     record = {"name": model.name, "files": {f.name: f.stat().st_size for f in files}}
     write_atomically(folder / COMPLETE, json.dumps(record, indent=1).encode())
 
 
-def _shards(source: _Source, index: Path) -> list[str]:
-    """The weight files a safetensors index names (its weight_map's values), each checked to be a plain file name."""
-    where = source.url(WEIGHTS_INDEX)
+def _weight_files(source: _Source, index: Path | None) -> list[str]:
+    """The weight files of the folder (files/layout.py): the shards its index names, or model.safetensors."""
+    if index is None:
+        return layout.weight_files(None)
+    where = source.url(layout.WEIGHTS_INDEX)
     try:
-        weight_map = parse_json(index.read_bytes(), where)["weight_map"]  # type: ignore[index]
-        shards = sorted(set(weight_map.values()))
-    except (LoadError, ValueError, KeyError, TypeError, AttributeError) as e:
+        return layout.weight_files(parse_json(index.read_bytes(), where), where)
+    except LoadError as e:
         index.unlink()  # not a usable index: fetched again next time
-        raise DownloadError(f"{where}: not a safetensors index with a weight_map ({type(e).__name__}: {e})") from None
-    for shard in shards:
-        if not isinstance(shard, str) or "/" in shard or not _is_path_segment(shard):
-            index.unlink()
-            raise DownloadError(f"{where}: weight_map names {shard!r}, not a file name in the model folder")
-    return shards
+        raise DownloadError(str(e)) from None
 
 
 def _folder_complete(folder: Path) -> bool:

@@ -1,6 +1,7 @@
 """Running a model: load, plan and compute under one lock; generate tokens.
 
-- `engine.py`: a loaded model mapping token ids to logits (Engine, load_engine, LoadOptions).
+- `engine.py`: a loaded model mapping token ids to logits (Engine, LoadOptions).
+- `assembly.py`: a model assembled from its files, the one way every front end loads (load_engine).
 - `planner.py`: the memory plan, made before anything is allocated.
 - `isq.py`: runtime quantization of float models (round to nearest, activation-aware).
 - `generate.py`: the token layer of generation (prefill, then one token per step; the Decoder).

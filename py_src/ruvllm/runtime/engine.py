@@ -1,11 +1,10 @@
-"""The engine: a loaded model that maps token ids to logits. NumPy only, no text, no I/O beyond reading
-the weight files it is given; the Pyodide worker and the CPython API both drive it through token ids.
+"""The engine: a loaded model that maps token ids to logits. NumPy only, no text, no I/O: it is built
+from the tensors it is given (assembly.py reads a model's files); the Pyodide worker and the CPython API
+both drive it through token ids.
 """
 
 from __future__ import annotations
 
-import glob
-import os
 import sys
 import threading
 from collections.abc import Sequence
@@ -14,12 +13,8 @@ from typing import Protocol
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, LoadError
-from ..files import jsonfields as fields
-from ..files.gguf import GGUFFile
-from ..files.gguf_model import GGUFModel
+from ..errors import InvalidArgumentError
 from ..files.store import TensorStore, sanitize
-from ..files.tensorfile import SafetensorsFile
 from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
 from ..model.forward import forward, hidden_batch, logits, recompute_layers
@@ -176,10 +171,12 @@ class Engine:
         self.wrappers: Wrappers | None = None  # what wraps the weights (attach), if anything
 
     @classmethod
-    def from_store(cls, config: ModelConfig, store: TensorStore, options: LoadOptions | None = None) -> Engine:
-        """Plan, check the plan against the memory budget, then prepare the weights."""
-        options = options or LoadOptions()
-        plan = plan_for(config, store, options)
+    def from_store(
+        cls, config: ModelConfig, store: TensorStore, options: LoadOptions, plan: MemoryPlan | None = None
+    ) -> Engine:
+        """Plan (unless `plan`, made for these options, is given), check the plan against the memory
+        budget, then prepare the weights."""
+        plan = plan or plan_for(config, store, options)
         compute = options.compute
         if not isinstance(compute, ComputeOptions):
             kernel = options.numpy_kernel or default_kernel()
@@ -301,68 +298,3 @@ class Engine:
             if not len(rows):
                 return np.empty((0, self.config.vocab_size), np.float32)
             return logits(self.weights, self.config, x[rows])  # (R, V)
-
-
-def read_config(folder: str) -> ModelConfig:
-    path = os.path.join(folder, "config.json")
-    if not os.path.exists(path):
-        raise LoadError(f"{folder}: no config.json (is this a model folder?)")
-    return ModelConfig.from_dict(fields.read_json(path), path)
-
-
-def is_gguf(path: str) -> bool:
-    return path.endswith(".gguf") and not os.path.isdir(path)
-
-
-def open_gguf(path: str) -> GGUFModel:
-    """The model in a GGUF file, mapped into memory: tensor data is read when it is used."""
-    if not os.path.isfile(path):
-        raise LoadError(f"{path}: GGUF file not found")
-    return GGUFModel(GGUFFile.from_path(path))
-
-
-def open_model(path: str, header_only: bool = False) -> tuple[ModelConfig, TensorStore]:
-    """The config and the tensors of a model folder or a GGUF file (header only: layout, no data)."""
-    if is_gguf(path):
-        model = open_gguf(path)
-        return ModelConfig.from_dict(model.config, f"{path} (GGUF metadata)"), TensorStore([model])
-    if not os.path.isdir(path):
-        raise LoadError(f"{path}: model folder not found")
-    return read_config(path), open_store(path, header_only)
-
-
-def open_store(folder: str, header_only: bool = False) -> TensorStore:
-    files = sorted(glob.glob(os.path.join(folder, "*.safetensors")))
-    if not files:
-        raise LoadError(f"{folder}: no .safetensors weight files")
-    return TensorStore([SafetensorsFile.from_path(p, header_only) for p in files])
-
-
-def load_engine(
-    folder: str,
-    context_length: int | None = None,
-    compute: str | ComputeOptions = "auto",
-    kv: KVOptions | None = None,
-    memory_budget: int | None = None,
-    numpy_kernel: str | None = None,
-    isq: str = "rtn",
-    calibration_ids: list[int] | None = None,
-    isq_format: str = "q4_1",
-    threads: int | None = None,
-    kernels: str = "auto",
-) -> Engine:
-    """Load a model folder or a GGUF file. See LoadOptions for the arguments."""
-    calibration = tuple(calibration_ids) if calibration_ids else None
-    options = LoadOptions(
-        context_length=context_length,
-        compute=compute,
-        memory_budget=memory_budget,
-        numpy_kernel=numpy_kernel,
-        kv=kv or KVOptions(),
-        isq=isq,
-        isq_format=isq_format,
-        calibration_ids=calibration,
-        threads=threads,
-        kernels=kernels,
-    )
-    return Engine.from_store(*open_model(folder), options)

@@ -21,7 +21,7 @@ from ..files import jsonfields as fields
 from ..files.outputs import check_output, write_folder
 from ..files.store import sanitize
 from ..learning.lora import Adapter
-from ..runtime.engine import is_gguf, load_engine, open_model
+from ..runtime.assembly import is_gguf, load_engine, open_model
 
 
 def merge_adapter(
