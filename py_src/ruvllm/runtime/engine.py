@@ -160,8 +160,7 @@ class Engine:
         kv: KVOptions | None = None,
         threads: int | None = None,
     ) -> None:
-        self.model = Transformer(config, weights)  # what the forward takes
-        self.config, self.weights = config, weights  # (the Transformer's: it never changes)
+        self.model = Transformer(config, weights)  # what the forward takes (never replaced)
         self.context_length = resolve_context(config, context_length)
         self.kv = kv or KVOptions()
         self.plan: MemoryPlan | None = None  # set when loaded through from_store
@@ -196,6 +195,14 @@ class Engine:
             if engine.arithmetic == "fast":  # (their sums come in another order than NumPy's: not exact)
                 engine.attention = getattr(compute.provider, "attention", None)
         return engine
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.model.config
+
+    @property
+    def weights(self) -> Weights:
+        return self.model.weights
 
     isq_report: list[dict] | None = None  # per group of matrices, after activation-aware quantization
     kernels: str = "numpy"  # what computes the matrix products: "numpy", or the kernel provider's name
