@@ -221,7 +221,9 @@ async def _document(url: str, optional: bool) -> bytes | None:
     while (chunk := await download.read()) is not None:
         parts.append(chunk.to_bytes())
     download.check_complete()
-    return b"".join(parts)
+    data = b"".join(parts)
+    await download.keep(data)
+    return data
 
 
 # The most bytes one file may announce: one NumPy array in Pyodide's 32-bit memory holds at most this (a
@@ -279,7 +281,11 @@ class _Download:
                 return None
             if not response.ok:
                 raise DownloadError(f"{url}: HTTP {response.status} {response.statusText}".rstrip())
-        return cls(url, response, store, cached, stall)
+        try:
+            return cls(url, response, store, cached, stall)
+        except DownloadError:  # (a size refused before anything is allocated: the body is not read)
+            await response.body.cancel()
+            raise
 
     def _size(self) -> int:
         length = self.response.headers.get("content-length")
@@ -344,9 +350,6 @@ class _Download:
     async def copy_into(self, assembly: Assembly, name: str, on_progress: Progress | None) -> None:
         """The whole file into the assembly's buffer for `name`, each piece copied once; stored in the
         Cache API once whole."""
-        import js
-        from pyodide.ffi import JsException, to_js
-
         try:
             assembly.begin(name, self.size)
         except MemoryError:
@@ -359,12 +362,21 @@ class _Download:
                 on_progress({"file": name, "loaded": filled, "total": self.size})
         self.check_complete()
         array = assembly.finish(name)
-        if self.store is not None and not self.cached and array is not None:
-            try:  # (a failed write only costs the caching)
-                headers = to_js({"content-length": str(self.size)}, dict_converter=js.Object.fromEntries)
-                await self.store.put(self.url, js.Response.new(to_js(array), to_js({"headers": headers})))
-            except JsException:  # (the page's storage refused it)
-                pass
+        if array is not None:
+            await self.keep(array)
+
+    async def keep(self, data: bytes | np.ndarray) -> None:
+        """Store the whole file in the Cache API, where the page has one and it did not come from there."""
+        import js
+        from pyodide.ffi import JsException, to_js
+
+        if self.store is None or self.cached:
+            return
+        try:  # (a failed write only costs the caching)
+            headers = to_js({"content-length": str(self.size)}, dict_converter=js.Object.fromEntries)
+            await self.store.put(self.url, js.Response.new(to_js(data), to_js({"headers": headers})))
+        except JsException:  # (the page's storage refused it)
+            pass
 
     async def cancel(self) -> None:
         from pyodide.ffi import JsException
