@@ -14,7 +14,7 @@ import gguf
 
 from ruvllm.errors import LoadError
 from ruvllm.files import gguf as gguf_module
-from ruvllm.files.gguf import GGUFFile, header_size, pieces_header
+from ruvllm.files.gguf import GGUFFile, header_size
 from ruvllm.files.tensorfile import PieceBuffer
 
 pytestmark = pytest.mark.parity
@@ -200,25 +200,26 @@ def test_header_size_is_none_until_the_tensor_infos_have_arrived(tmp_path):
         header_size(b"GX", 1000, "x.gguf")  # refused as soon as the bad byte is in
 
 
-def test_piece_buffer_filled_in_chunks(tmp_path):
+def test_a_file_written_into_a_piece_buffer_in_chunks_reads_its_header_early_and_whole_at_the_end(tmp_path):
     path = tmp_path / "sample.gguf"
     arrays = write_sample(path)
     data = path.read_bytes()
     pieces = PieceBuffer(len(data), "stream.gguf")
     rng = np.random.default_rng(1)
-    position, header = 0, None
-    while position < len(data):
-        with pytest.raises(LoadError, match=rf"stream.gguf: download incomplete: received {position} of"):
-            GGUFFile.from_pieces(pieces)
-        step = int(rng.integers(1, 97))
-        pieces.write(memoryview(data)[position : position + step])
-        position += step
-        header = header or pieces_header(pieces)
-        if position < 200:
-            assert header is None
+    header = None
+    while pieces.filled < len(data):
+        step = min(int(rng.integers(1, 97)), len(data) - pieces.filled)
+        written = pieces.write(memoryview(data)[pieces.filled : pieces.filled + step], step)
+        assert written.tobytes() == data[pieces.filled - step : pieces.filled]
+        prefix = pieces.array[: pieces.filled]  # as runtime/assembly.py reads a header while it streams
+        if header is None and header_size(prefix, len(data), "stream.gguf") is not None:
+            header = GGUFFile.from_header(prefix, len(data), "stream.gguf")
+            assert pieces.filled >= 200
     assert header is not None and header.buffer is None and header.metadata == EXPECTED_METADATA
-    f = GGUFFile.from_pieces(pieces)
+    f = GGUFFile(pieces.array, "stream.gguf")
     assert all(f.raw(name).tobytes() == array.tobytes() for name, array in arrays.items())
+    with pytest.raises(LoadError, match=rf"stream.gguf: received more than the expected {len(data)} bytes"):
+        pieces.write(b"x", 1)
 
 
 # --- bad files, built byte by byte: each refused with a message naming the key or tensor at fault.

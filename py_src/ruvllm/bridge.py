@@ -43,7 +43,7 @@ from .files import jsonfields as fields
 from .files.gguf_model import GGUFModel
 from .files.json_body import shown
 from .files.store import count_parameters
-from .files.tensorfile import SafetensorsFile
+from .files.tensorfile import PieceBuffer, SafetensorsFile
 from .learning.adapters import AdapterSet
 from .learning.learn import Learner, Lesson, RouteLesson
 from .learning.lora import DEFAULT_LAYERS, Adapter
@@ -53,7 +53,7 @@ from .model.cache import KVOptions
 from .quant.pool import OutsideFile, PoolKernels
 from .quant.provider import DEFAULT_ARITHMETIC, KERNEL_CHOICES, check_arithmetic
 from .quant.wasm import WasmKernels
-from .runtime.assembly import Arriving, Assembly, InPiece
+from .runtime.assembly import Arriving, Assembly
 from .runtime.engine import Engine, LoadOptions
 from .runtime.generate import GenerationOptions, Prefilling
 from .session import Session
@@ -369,7 +369,7 @@ class ModelLoader:
                 f"({(MAX_ARRAY_BYTES + 1) / 2**30:.1f} GiB), where the weight files go on one thread; load with "
                 "threads: 2 or more (the files then stay outside it; a browser page must be cross-origin isolated)"
             )
-        return InPiece(size, name)
+        return PieceBuffer(size, name)
 
     def _assembly(self) -> Assembly:
         if self.assembly is None:
@@ -381,7 +381,7 @@ class ModelLoader:
         """What file the assembly wants next ({name, part: document | header | data, optional}), or null:
         every file is in, build."""
         want = self._assembly().next()
-        return None if want is None else want.as_dict()
+        return None if want is None else dataclasses.asdict(want)
 
     @_json_result
     def give_document(self, name: str, data: object) -> bool:
@@ -435,10 +435,7 @@ class ModelLoader:
     def finish_file(self, request_json: str) -> dict:
         """request: {name}: every byte arrived (with the digest the options' sha256 gives it, if any)."""
         name = _read(FileEnd, request_json).name
-        assembly = self._assembly()
-        size = assembly.arriving[name].size if name in assembly.arriving else 0
-        assembly.finish(name)
-        return {"bytes": size}
+        return {"bytes": self._assembly().finish(name).size}
 
     @_json_result
     def build(self) -> dict:

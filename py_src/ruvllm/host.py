@@ -361,7 +361,7 @@ class _Download:
             if on_progress is not None:
                 on_progress({"file": name, "loaded": filled, "total": self.size})
         self.check_complete()
-        array = assembly.finish(name)
+        array = assembly.finish(name).array
         if array is not None:
             await self.keep(array)
 

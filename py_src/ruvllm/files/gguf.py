@@ -31,7 +31,7 @@ import numpy as np
 
 from ..errors import LoadError
 from .ggml import GGML_TYPES, GGMLType
-from .tensorfile import BytesLike, PieceBuffer, TensorFile
+from .tensorfile import BytesLike, TensorFile
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -501,15 +501,6 @@ class GGUFFile(TensorFile[GGUFTensor]):
         file._set(source, None, header)
         return file
 
-    @classmethod
-    def from_pieces(cls, pieces: PieceBuffer) -> GGUFFile:
-        """The file a streamed download filled in, once every byte has arrived."""
-        if pieces.filled != pieces.array.size:
-            raise LoadError(
-                f"{pieces.source}: download incomplete: received {pieces.filled} of {pieces.array.size} bytes"
-            )
-        return cls(pieces.array, pieces.source)
-
     def _set(self, source: str, buffer: np.ndarray | None, header: _Header) -> None:
         self.source, self.buffer = source, buffer
         self.version, self.metadata, self.tensors = header.version, header.metadata, header.tensors
@@ -526,11 +517,3 @@ class GGUFFile(TensorFile[GGUFTensor]):
         view = data.reshape(info.rows, info.row_bytes)
         view.flags.writeable = False
         return view
-
-
-def pieces_header(pieces: PieceBuffer) -> GGUFFile | None:
-    """The layout of a file still streaming into `pieces`, once its header has arrived; else None."""
-    prefix = pieces.array[: pieces.filled]
-    if header_size(prefix, pieces.array.size, pieces.source) is None:
-        return None
-    return GGUFFile.from_header(prefix, pieces.array.size, pieces.source)

@@ -8,8 +8,8 @@ The header maps each tensor name to `{"dtype", "shape", "data_offsets": [begin, 
 to the start of the data section, plus an optional `"__metadata__"` of string to string. The spec asks
 that the tensors cover the data section exactly: no overlaps, no holes, nothing after the last one.
 
-Sources: a path, any object with the buffer protocol (`bytes`, `bytearray`, `memoryview`, a NumPy
-array), or a `PieceBuffer`, preallocated and filled in pieces as a download streams in. Every check
+Sources: a path, or any object with the buffer protocol (`bytes`, `bytearray`, `memoryview`, a NumPy
+array, such as a `PieceBuffer`'s, preallocated and filled in pieces as a download streams in). Every check
 that can fail names the file and the tensor. `write` and `serialize` write the same format, with NumPy
 alone (the converter, adapter files, and Pyodide use them).
 """
@@ -20,7 +20,7 @@ import io
 import json
 import os
 from dataclasses import dataclass
-from typing import BinaryIO, Generic, Protocol, TypeVar
+from typing import Any, BinaryIO, Generic, Protocol, TypeVar
 
 import numpy as np
 
@@ -312,9 +312,9 @@ def serialize(
 class PieceBuffer:
     """A preallocated buffer for one file that arrives in pieces (a streamed download).
 
-    Owns one uint8 array of the file's full size; `write` appends each piece in place, so the file is
-    never held twice. `header()` parses as soon as the header bytes are in; `finish()` checks that every
-    byte arrived and returns the `SafetensorsFile`.
+    Owns one uint8 array of the file's full size; `write` copies each piece into its place, so the file is
+    never held twice. Whoever feeds it (runtime/assembly.py) parses the header from the first bytes and the
+    whole file from `array` once `filled` reaches `size`.
     """
 
     def __init__(self, size: int, source: str = "<stream>") -> None:
@@ -329,35 +329,22 @@ class PieceBuffer:
         """The file's size in bytes (as OutsideFile's, quant/pool.py)."""
         return self.array.size
 
-    def write(self, piece: BytesLike) -> int:
-        """Append `piece` (anything with the buffer protocol); returns the bytes written so far."""
-        chunk = np.frombuffer(piece, dtype=np.uint8)
-        self.next_slice(chunk.size)[:] = chunk
-        return self.filled
+    @property
+    def bytes(self) -> np.ndarray:
+        return self.array
 
-    def next_slice(self, length: int) -> np.ndarray:
-        """The next `length` bytes of the buffer, counted as filled: the caller copies a piece into it."""
+    def write(self, chunk: Any, length: int) -> memoryview:
+        """Copy `length` bytes into place: a JS typed array (a JsProxy in Pyodide, copied straight into the
+        array) or anything with the buffer protocol. Returns the bytes written, as they now are here."""
         if self.filled + length > self.array.size:
             raise LoadError(
                 f"{self.source}: received more than the expected {self.array.size} bytes "
                 f"({self.filled + length} so far)"
             )
+        target = self.array[self.filled : self.filled + length]
+        if hasattr(chunk, "assign_to"):
+            chunk.assign_to(target)
+        else:
+            target[:] = memoryview(chunk).cast("B")
         self.filled += length
-        return self.array[self.filled - length : self.filled]
-
-    def header(self) -> tuple[dict[str, str], dict[str, TensorInfo]] | None:
-        """`(metadata, tensors)` once the header has arrived, else None."""
-        if self.filled < 8:
-            return None
-        needed = 8 + int.from_bytes(self.array[:8].tobytes(), "little")
-        if self.filled < min(needed, self.array.size):
-            return None
-        return parse_header(self.array[: self.filled], self.array.size, self.source)
-
-    def check_complete(self) -> None:
-        if self.filled != self.array.size:
-            raise LoadError(f"{self.source}: download incomplete: received {self.filled} of {self.array.size} bytes")
-
-    def finish(self) -> SafetensorsFile:
-        self.check_complete()
-        return SafetensorsFile(self.array, source=self.source)
+        return target.data

@@ -22,7 +22,7 @@ import json
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, NamedTuple, Protocol
 
 import numpy as np
 
@@ -43,7 +43,7 @@ WeightFile = SafetensorsFile | GGUFModel
 
 
 class Arriving(Protocol):
-    """Where a weight file's bytes go as they arrive (a PieceBuffer's array, quant/pool.OutsideFile)."""
+    """Where a weight file's bytes go as they arrive (files/tensorfile.PieceBuffer, quant/pool.OutsideFile)."""
 
     @property
     def size(self) -> int: ...
@@ -61,31 +61,15 @@ class Arriving(Protocol):
         ...
 
 
-class InPiece:
-    """A file arriving into a PieceBuffer: one array of its size, each piece copied once, in place."""
-
-    def __init__(self, size: int, name: str) -> None:
-        self.piece = PieceBuffer(size, name)
-        self.size = size
-
-    @property
-    def filled(self) -> int:
-        return self.piece.filled
-
-    @property
-    def bytes(self) -> np.ndarray:
-        return self.piece.array
-
-    def write(self, chunk: Any, length: int) -> memoryview:
-        target = self.piece.next_slice(length)
-        if hasattr(chunk, "assign_to"):  # a JS typed array (Pyodide): copied straight into the array
-            chunk.assign_to(target)
-        else:
-            target[:] = memoryview(chunk).cast("B")
-        return target.data
-
-
 Buffers = Callable[[int, str], Arriving]  # (size, name) -> where a weight file's bytes go
+
+
+class Arrived(NamedTuple):
+    """A weight file that `Assembly.finish`ed: its size, and its bytes when they are in an array of the
+    heap (what a cache may store; None when they went outside it, to the pool's memory)."""
+
+    size: int
+    array: np.ndarray | None
 
 
 @dataclass(frozen=True)
@@ -97,9 +81,6 @@ class Want:
     name: str
     part: Literal["document", "header", "data"]
     optional: bool = False
-
-    def as_dict(self) -> dict:
-        return {"name": self.name, "part": self.part, "optional": self.optional}
 
 
 class Assembly:
@@ -117,7 +98,7 @@ class Assembly:
         options: LoadOptions | None = None,
         gguf: str | None = None,
         where: str = "",
-        buffers: Buffers = InPiece,
+        buffers: Buffers = PieceBuffer,
         sha256: dict[str, str] | None = None,
         needs_tokenizer: bool = True,
     ) -> None:
@@ -270,9 +251,8 @@ class Assembly:
             self.hashes[name].update(written)
         return arriving.filled
 
-    def finish(self, name: str) -> np.ndarray | None:
-        """Every byte of file `name` arrived (with the digest `sha256` names for it, if any). Returns its
-        bytes when they are in an array of the heap (what a cache may store), else None."""
+    def finish(self, name: str) -> Arrived:
+        """Every byte of file `name` arrived (with the digest `sha256` names for it, if any)."""
         arriving = self.arriving.pop(name, None)
         if arriving is None:
             raise LoadError(f"{self.source(name)}: finished before it was begun")
@@ -283,17 +263,17 @@ class Assembly:
             if digest != expected:
                 raise DownloadError(f"{name}: sha256 mismatch: expected {expected}, got {digest}")
         header = self.headers[name]
-        if isinstance(arriving, InPiece):  # the file parsed again, whole: its data now checked too
-            array, where = arriving.piece.array, self.source(name)
+        if isinstance(arriving, PieceBuffer):  # the file parsed again, whole: its data now checked too
+            array, where = arriving.array, self.source(name)
             self.complete[name] = (
                 GGUFModel(GGUFFile(array, where)) if name == self.gguf else SafetensorsFile(array, where)
             )
-            return array
+            return Arrived(arriving.size, array)
         file = header.file if isinstance(header, GGUFModel) else header  # bytes outside the heap, which
         assert file.buffer is None  # the header read at the start describes
         file.buffer = arriving.bytes
         self.complete[name] = header
-        return None
+        return Arrived(arriving.size, None)
 
     def give_file(self, name: str, file: WeightFile) -> MemoryPlan | None:
         """Weight file `name` whole (mapped from disk): its header and its data at once."""
