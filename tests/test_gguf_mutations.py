@@ -534,24 +534,26 @@ def no_block(index: int):
     return edit
 
 
+def no_tensor(name: str):
+    def edit(h: Header) -> None:
+        h.tensors = [t for t in h.tensors if t[0] != name.encode()]
+
+    return edit
+
+
 def nested_key(h: Header) -> None:
     h.kvs.append((b"general.nested", ARRAY, struct.pack("<IQ", ARRAY, 1) * 2999 + encode(ARRAY, (4, [7]))))
 
 
 NAN, F32, F64, U32 = float("nan"), 6, 12, 4
 HAND_MADE = {
-    "block_count 7": (
-        keys(("llama.block_count", U32, 7)),
-        "llama.block_count is 7 but the file has tensors for 30 blocks (blk.0 .. blk.29)",
-    ),
-    "block_count 1": (
-        keys(("llama.block_count", U32, 1)),
-        "llama.block_count is 1 but the file has tensors for 30 blocks (blk.0 .. blk.29)",
-    ),
-    "block_count 31": (
-        keys(("llama.block_count", U32, 31)),
-        "llama.block_count is 31 but the file has tensors for 30 blocks (blk.0 .. blk.29)",
-    ),
+    **{
+        f"block_count {count}": (
+            keys(("llama.block_count", U32, count)),
+            f"llama.block_count is {count} but the file has tensors for 30 blocks (blk.0 .. blk.29)",
+        )
+        for count in (7, 1, 31)
+    },
     "a block missing": (no_block(15), "llama.block_count is 30 but the file has no tensors for block 15 (blk.15.*)"),
     "an extra block": (
         extra_tensor("blk.30.attn_norm.weight"),
@@ -566,20 +568,19 @@ HAND_MADE = {
         "llama.block_count is 30 (blocks blk.0 .. blk.29) but the file has tensor "
         "'blk.99999999999999999999.ffn_up.weight'",
     ),
-    "a block that is not a number": (
-        rename("blk.3.attn_q.weight", "blk.x.attn_q.weight"),
-        "tensor 'blk.x.attn_q.weight' is not named blk.<block number>.<part> (as blk.0.attn_q.weight)",
-    ),
-    "a negative block": (
-        rename("blk.3.ffn_up.weight", "blk.-1.ffn_up.weight"),
-        "tensor 'blk.-1.ffn_up.weight' is not named blk.<block number>.<part> (as blk.0.attn_q.weight)",
-    ),
-    "blk without a part": (
-        rename("blk.3.attn_q.weight", "blk.attn_q"),
-        "tensor 'blk.attn_q' is not named blk.<block number>.<part> (as blk.0.attn_q.weight)",
-    ),
+    **{
+        what: (
+            rename(old, new),
+            f"tensor '{new}' is not named blk.<block number>.<part> (as blk.0.attn_q.weight)",
+        )
+        for what, old, new in (
+            ("a block that is not a number", "blk.3.attn_q.weight", "blk.x.attn_q.weight"),
+            ("a negative block", "blk.3.ffn_up.weight", "blk.-1.ffn_up.weight"),
+            ("blk without a part", "blk.3.attn_q.weight", "blk.attn_q"),
+        )
+    },
     "a tensor missing": (
-        keys(),  # replaced below: the file without blk.4.attn_v.weight
+        no_tensor("blk.4.attn_v.weight"),
         "the file has no tensor 'blk.4.attn_v.weight' (every block of a llama model has attn_norm.weight, "
         "attn_q.weight, attn_k.weight, attn_v.weight, ffn_gate.weight, ffn_up.weight, attn_output.weight, "
         "ffn_norm.weight, ffn_down.weight)",
@@ -589,88 +590,75 @@ HAND_MADE = {
         "tensor 'token_embd.weight' has shape [576, 49152] but the metadata calls for [1152, 49152] "
         "(llama.embedding_length 1152)",
     ),
-    "embedding_length 577": (
-        keys(("llama.embedding_length", U32, 577)),
-        "llama.embedding_length 577 is not a multiple of llama.attention.head_count 9, and there is no "
-        "llama.attention.key_length to give the head size",
-    ),
-    "feed_forward_length 1537": (
-        keys(("llama.feed_forward_length", U32, 1537)),
-        "tensor 'blk.0.ffn_gate.weight' has shape [576, 1536] but the metadata calls for [576, 1537] "
-        "(llama.feed_forward_length 1537)",
-    ),
-    "head_count_kv 1": (
-        keys(("llama.attention.head_count_kv", U32, 1)),
-        "tensor 'blk.0.attn_k.weight' has shape [576, 192] but the metadata calls for [576, 64] "
-        "(llama.attention.head_count_kv 1 x head size 64, the head size being llama.embedding_length 576 / "
-        "llama.attention.head_count 9)",
-    ),
-    "head_count_kv 2": (
-        keys(("llama.attention.head_count_kv", U32, 2)),
-        "llama.attention.head_count 9 is not a multiple of llama.attention.head_count_kv 2",
-    ),
-    "head_count 18": (
-        keys(("llama.attention.head_count", U32, 18)),
-        "llama.rope.dimension_count is 64, not the head size 32: partial RoPE is not supported",
-    ),
+    **{  # one key of the SmolLM2 file changed
+        f"{key.split('.')[-1]} {value}": (keys((f"llama.{key}", U32, value)), message)
+        for key, value, message in (
+            (
+                "embedding_length",
+                577,
+                "llama.embedding_length 577 is not a multiple of llama.attention.head_count 9, and there is no "
+                "llama.attention.key_length to give the head size",
+            ),
+            (
+                "feed_forward_length",
+                1537,
+                "tensor 'blk.0.ffn_gate.weight' has shape [576, 1536] but the metadata calls for [576, 1537] "
+                "(llama.feed_forward_length 1537)",
+            ),
+            (
+                "attention.head_count_kv",
+                1,
+                "tensor 'blk.0.attn_k.weight' has shape [576, 192] but the metadata calls for [576, 64] "
+                "(llama.attention.head_count_kv 1 x head size 64, the head size being llama.embedding_length "
+                "576 / llama.attention.head_count 9)",
+            ),
+            (
+                "attention.head_count_kv",
+                2,
+                "llama.attention.head_count 9 is not a multiple of llama.attention.head_count_kv 2",
+            ),
+            (
+                "attention.head_count",
+                18,
+                "llama.rope.dimension_count is 64, not the head size 32: partial RoPE is not supported",
+            ),
+            (
+                "attention.value_length",
+                32,
+                "llama.attention.value_length is 32, not the head size 64: value heads of another size are not "
+                "supported",
+            ),
+            ("vocab_size", 49153, "llama.vocab_size is 49153 but tokenizer.ggml.tokens lists 49152 tokens"),
+        )
+    },
     "key_length 32": (
         keys(("llama.attention.key_length", U32, 32), ("llama.rope.dimension_count", U32, 32)),
         "tensor 'blk.0.attn_q.weight' has shape [576, 576] but the metadata calls for [576, 288] "
         "(llama.attention.head_count 9 x head size 32, the head size being llama.attention.key_length)",
-    ),
-    "value_length 32": (
-        keys(("llama.attention.value_length", U32, 32)),
-        "llama.attention.value_length is 32, not the head size 64: value heads of another size are not supported",
-    ),
-    "vocab_size 49153": (
-        keys(("llama.vocab_size", U32, 49153)),
-        "llama.vocab_size is 49153 but tokenizer.ggml.tokens lists 49152 tokens",
     ),
     "a token more than token_embd has rows": (
         one_more_token,
         "tensor 'token_embd.weight' has shape [576, 49152] but the metadata calls for [576, 49153] "
         "(the 49153 tokens of tokenizer.ggml.tokens)",
     ),
-    "context_length 0": (
-        keys(("llama.context_length", U32, 0)),
-        "GGUF metadata llama.context_length must be an integer from 1 to 16777216, found 0",
-    ),
-    "context_length 2^31": (
-        keys(("llama.context_length", U32, 2**31)),
-        "GGUF metadata llama.context_length must be an integer from 1 to 16777216, found 2147483648",
-    ),
-    "block_count NaN": (
-        keys(("llama.block_count", F32, NAN)),
-        "GGUF metadata llama.block_count must be an integer from 1 to 2147483647, found nan",
-    ),
-    "block_count 30.0": (
-        keys(("llama.block_count", F64, 30.0)),
-        "GGUF metadata llama.block_count must be an integer from 1 to 2147483647, found 30.0",
-    ),
-    "vocab_size NaN": (
-        keys(("llama.vocab_size", F32, NAN)),
-        "GGUF metadata llama.vocab_size must be an integer from 1 to 2147483647, found nan",
-    ),
-    "head_count a string": (
-        keys(("llama.attention.head_count", STRING, "9")),
-        "GGUF metadata llama.attention.head_count must be an integer from 1 to 2147483647, found '9'",
-    ),
-    "freq_base NaN": (
-        keys(("llama.rope.freq_base", F32, NAN)),
-        "GGUF metadata llama.rope.freq_base must be a finite number > 0, found nan",
-    ),
-    "freq_base past float32": (
-        keys(("llama.rope.freq_base", F64, 1e39)),
-        "GGUF metadata llama.rope.freq_base must be a finite number > 0, found 1e+39",
-    ),
-    "norm eps 0": (
-        keys(("llama.attention.layer_norm_rms_epsilon", F32, 0.0)),
-        "GGUF metadata llama.attention.layer_norm_rms_epsilon must be a number in (0, 1), found 0.0",
-    ),
-    "norm eps -inf": (
-        keys(("llama.attention.layer_norm_rms_epsilon", F32, -float("inf"))),
-        "GGUF metadata llama.attention.layer_norm_rms_epsilon must be a number in (0, 1), found -inf",
-    ),
+    **{
+        f"{key} {found}": (
+            keys((f"llama.{key}", vtype, value)),
+            f"GGUF metadata llama.{key} must be {rule}, found {found}",
+        )
+        for key, vtype, value, found, rule in (
+            ("context_length", U32, 0, "0", "an integer from 1 to 16777216"),
+            ("context_length", U32, 2**31, "2147483648", "an integer from 1 to 16777216"),
+            ("block_count", F32, NAN, "nan", "an integer from 1 to 2147483647"),
+            ("block_count", F64, 30.0, "30.0", "an integer from 1 to 2147483647"),
+            ("vocab_size", F32, NAN, "nan", "an integer from 1 to 2147483647"),
+            ("attention.head_count", STRING, "9", "'9'", "an integer from 1 to 2147483647"),
+            ("rope.freq_base", F32, NAN, "nan", "a finite number > 0"),
+            ("rope.freq_base", F64, 1e39, "1e+39", "a finite number > 0"),
+            ("attention.layer_norm_rms_epsilon", F32, 0.0, "0.0", "a number in (0, 1)"),
+            ("attention.layer_norm_rms_epsilon", F32, -float("inf"), "-inf", "a number in (0, 1)"),
+        )
+    },
     "rope scaling yarn": (
         keys(("llama.rope.scaling.type", STRING, "yarn")),
         "llama.rope.scaling.type 'yarn' is not supported; supported: none, linear",
@@ -689,10 +677,6 @@ HAND_MADE = {
         for name, value in (("bos", 49152), ("eos", 2**32 - 1), ("eot", 49152), ("unknown", 99999), ("eom", 50000))
     },
 }
-HAND_MADE["a tensor missing"] = (
-    lambda h: setattr(h, "tensors", [t for t in h.tensors if t[0] != b"blk.4.attn_v.weight"]),
-    HAND_MADE["a tensor missing"][1],
-)
 
 
 @pytest.mark.parametrize("case", list(HAND_MADE))
