@@ -12,10 +12,16 @@ import numpy as np
 
 from .parser import (
     KEY,
+    KIND,
+    NODE,
     OBJECT,
+    OBJECT_KEY,
     PATTERN,
+    PATTERN_REGEX,
+    PHASE,
     S_CONTENT,
     STRING,
+    STRING_CHARS,
     Rules,
     as_undeclared,
     is_complete,
@@ -103,13 +109,13 @@ class Automaton:
         if len(state.configs) != 1:
             return ()
         (config,) = state.configs
-        if not config or config[-1][0] != OBJECT or config[-1][2] != KEY:
+        if not config or config[-1][KIND] != OBJECT or config[-1][PHASE] != KEY:
             return ()
         undeclared = as_undeclared(self.rules, config)
         if undeclared is None:
             return ()
-        _, n, _, _, x = config[-1]
-        return (keys_of(self.rules, n).children[x], self.intern(frozenset([undeclared])))
+        top = config[-1]
+        return (keys_of(self.rules, top[NODE]).children[top[OBJECT_KEY]], self.intern(frozenset([undeclared])))
 
     def mask(self, i: int) -> np.ndarray:
         """(V,) bool: the tokens allowed in state i (EOS excluded; see Matcher.allowed)."""
@@ -145,10 +151,10 @@ class Automaton:
         if not config:
             return None
         top = config[-1]
-        if top[0] not in (STRING, PATTERN) or top[2] != S_CONTENT:
+        if top[KIND] not in (STRING, PATTERN) or top[PHASE] != S_CONTENT:
             return None
-        spec = self.rules.nodes[top[1]]
-        count = top[3]
+        spec = self.rules.nodes[top[NODE]]
+        count = top[STRING_CHARS]
         if spec.max_length < 0 or count == spec.min_length:  # unbounded: counts are capped at the minimum
             return None
         last = spec.max_length - self.vocabulary.max_token_bytes  # a token has at most that many characters
@@ -156,7 +162,7 @@ class Automaton:
             last -= spec.pattern.farthest
         if not spec.min_length <= count <= last:
             return None
-        return (*config[:-1], (*top[:3], spec.min_length, *top[4:]))
+        return (*config[:-1], (*top[:STRING_CHARS], spec.min_length, *top[STRING_CHARS + 1 :]))
 
     def walked_mask(self, i: int) -> np.ndarray:
         """(V,) bool: the mask of state i by the plain walk of the whole trie, without the shortcuts of
@@ -175,17 +181,17 @@ class Automaton:
         if not config:  # complete: no token continues it (Matcher.allowed gives EOS)
             return np.zeros(vocabulary.size, bool)  # (V,)
         top = config[-1]
-        if top[0] == STRING and top[2] == S_CONTENT:  # plain text tokens all at once, then the others
-            spec = self.rules.nodes[top[1]]
-            count = top[3]
+        if top[KIND] == STRING and top[PHASE] == S_CONTENT:  # plain text tokens all at once, then the others
+            spec = self.rules.nodes[top[NODE]]
+            count = top[STRING_CHARS]
             room = spec.max_length - count if spec.max_length >= 0 else vocabulary.max_plain_chars
             allowed = vocabulary.plain_chars <= room  # (V,)
             for chars, trie in enumerate(vocabulary.rest_tries[: room + 1]):
-                head = (STRING, top[1], S_CONTENT, min(count + chars, spec.cap), 0)
+                head = (STRING, top[NODE], S_CONTENT, min(count + chars, spec.cap), 0)
                 self._walk(trie, self.intern(frozenset([(*config[:-1], head)])), found)
-        elif top[0] == PATTERN and top[2] == S_CONTENT:
+        elif top[KIND] == PATTERN and top[PHASE] == S_CONTENT:
             allowed = self._pattern_mask(i, config, found)
-        elif top[0] == OBJECT and top[2] == KEY and self._free_key(config):
+        elif top[KIND] == OBJECT and top[PHASE] == KEY and self._free_key(config):
             # a key that may become an undeclared one: plain text fits wherever it leads (a declared
             # key's prefix, or a free string), so only the other tokens are walked
             allowed = vocabulary.plain_mask.copy()  # (V,)
@@ -202,7 +208,8 @@ class Automaton:
         go to `found` as the parser reads them (those starting with plain characters from the state the
         characters lead to)."""
         vocabulary = self.vocabulary
-        _, n, _, count, _, r = config[-1]
+        top = config[-1]
+        n, count, r = top[NODE], top[STRING_CHARS], top[PATTERN_REGEX]
         spec = self.rules.nodes[n]
         tokens = self.patterns.get(spec.pattern)
         if tokens is None:
@@ -229,8 +236,8 @@ class Automaton:
         undeclared = as_undeclared(self.rules, config)
         if undeclared is None:
             return False
-        kind, n, phase = undeclared[-1][:3]
-        return kind == STRING and phase == S_CONTENT and self.rules.nodes[n].max_length < 0
+        string = undeclared[-1]
+        return string[KIND] == STRING and string[PHASE] == S_CONTENT and self.rules.nodes[string[NODE]].max_length < 0
 
     def _walk(self, trie: Trie, i: int, found: list) -> None:
         """Depth-first over the trie and the DFA together; collects the ids of tokens that can be read."""

@@ -23,21 +23,31 @@ from .parser import (
     AFTER_COMMA,
     AFTER_VALUE,
     ARRAY,
+    ARRAY_ITEMS,
     COLON,
     DECLARED,
     FIRST,
     KEY,
+    KIND,
     LITERAL,
+    LITERAL_TEXT,
+    NODE,
     NUMBER,
+    OBJECT_PROGRESS,
     OPEN,
     PATTERN,
+    PHASE,
     S_CONTENT,
     S_ESCAPE,
     S_HEX,
     S_OPEN,
     S_UTF8,
     STRING,
+    STRING_CHARS,
+    STRING_PARTIAL,
     TEXT,
+    TEXT_BYTES,
+    TEXT_OFFSET,
     VALUE,
     VALUE_NEXT,
     Rules,
@@ -102,21 +112,21 @@ class _Closer:
         return b"".join(parts)
 
     def _frame(self, frame: tuple) -> bytes | None:
-        kind, nodes, shortest = frame[0], self.rules.nodes, self.shortest
+        kind, nodes, shortest = frame[KIND], self.rules.nodes, self.shortest
         if kind == TEXT:
-            return frame[1][frame[2] :]
+            return frame[TEXT_BYTES][frame[TEXT_OFFSET] :]
         if kind == VALUE:
-            return shortest[frame[1]]
+            return shortest[frame[NODE]]
         if kind == LITERAL:
-            text = frame[2]
-            rest = [v[len(text) :] for v in nodes[frame[1]].values if v.startswith(text)]
+            text = frame[LITERAL_TEXT]
+            rest = [v[len(text) :] for v in nodes[frame[NODE]].values if v.startswith(text)]
             return min(rest, key=len) if rest else None
         if kind == NUMBER:
             return b"" if can_end(self.rules, frame) else _number_closing(self.rules, frame)
         if kind == PATTERN:
             return _pattern_closing(self.rules, frame)
         if kind == STRING:
-            return _string_closing(nodes[frame[1]], frame)
+            return _string_closing(nodes[frame[NODE]], frame)
         if kind == ARRAY:
             return self._array(frame)
         return self._object(frame)
@@ -134,7 +144,7 @@ class _Closer:
         return b",".join(texts)
 
     def _array(self, frame: tuple) -> bytes | None:
-        _, n, phase, count, _ = frame
+        n, phase, count = frame[NODE], frame[PHASE], frame[ARRAY_ITEMS]
         spec = self.rules.nodes[n]
         if phase == OPEN:
             return self.shortest[n]
@@ -186,7 +196,7 @@ class _Closer:
         return [(j, j + 1) for j in range(i, spec.last_candidate[i] + 1)]
 
     def _object(self, frame: tuple) -> bytes | None:
-        _, n, phase, i, _ = frame
+        n, phase, i = frame[NODE], frame[PHASE], frame[OBJECT_PROGRESS]
         spec, shortest = self.rules.nodes[n], self.shortest
         free = spec.free_value is not None
         after: bytes | None  # what follows a property's value (None: no closing known)
@@ -237,16 +247,16 @@ class _Closer:
 
 
 def _string_closing(spec: String, frame: tuple) -> bytes:
-    _, _, phase, count, u = frame
+    phase, count, partial = frame[PHASE], frame[STRING_CHARS], frame[STRING_PARTIAL]
     if phase == S_OPEN:
         return b'"' + b"a" * spec.min_length + b'"'
     head = b""
     if phase == S_ESCAPE:
         head = b"n"
     elif phase == S_HEX:
-        head = b"000" if u == -1 else b"0" * (4 - u)
+        head = b"000" if partial == -1 else b"0" * (4 - partial)
     elif phase == S_UTF8:
-        due, low, _ = u
+        due, low, _ = partial
         head = bytes([low] + [0x80] * (due - 1))
     return head + b"a" * max(0, spec.min_length - count) + b'"'
 
@@ -260,9 +270,10 @@ def _pattern_closing(rules: Rules, frame: tuple) -> bytes | None:
             for following in step_pattern(rules, current, b):
                 if following == ():
                     return text + bytes((b,))
-                if following[0] not in seen:
-                    seen.add(following[0])
-                    todo.append((following[0], text + bytes((b,))))
+                (after,) = following  # the string goes on: its one frame
+                if after not in seen:
+                    seen.add(after)
+                    todo.append((after, text + bytes((b,))))
     return None
 
 
@@ -273,7 +284,8 @@ def _number_closing(rules: Rules, frame: tuple) -> bytes | None:
 
     def search(current: tuple, depth: int) -> bytes | None:
         nonlocal visited
-        followings = [(b, f[0]) for b in _NUMBER_BYTES for f in step_number(rules, current, b) if f]
+        # (byte, the number's one frame after it): a number never ends on a byte of its own
+        followings = [(b, after) for b in _NUMBER_BYTES for (after,) in step_number(rules, current, b)]
         for b, following in followings:
             if can_end(rules, following):
                 return bytes((b,))
@@ -301,7 +313,7 @@ def _shortest_values(rules: Rules) -> list[bytes | None]:
         elif isinstance(spec, String):
             shortest[n] = _pattern_closing(rules, (PATTERN, n, S_OPEN, 0, 0, 0))
         elif isinstance(spec, Number):
-            start = rules.starts[n][0]
+            (start,) = rules.starts[n]  # a number node's one frame
             shortest[n] = _number_closing(rules, start)
     changed = True
     while changed:
@@ -491,7 +503,7 @@ class Budgeted:
     def _in_string(self) -> bool:
         """Whether every configuration is inside a string's text (not in an escape, not a pattern's)."""
         return all(
-            config and config[-1][0] == STRING and config[-1][2] == S_CONTENT
+            config and config[-1][KIND] == STRING and config[-1][PHASE] == S_CONTENT
             for config in self.automaton.states[self.state].configs
         )
 

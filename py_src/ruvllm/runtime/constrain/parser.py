@@ -68,7 +68,7 @@ class _Keys:
             self._add(p.key, 1 << j, j)
         for key in spec.excluded:
             self._add(key, 0, -2)
-        self._candidates: dict[int, int] = {}  # the object frame's i -> the properties that may come next
+        self._candidates: dict[int, int] = {}  # an object frame's progress -> the properties that may come next
         self._strings: dict[int, list[tuple]] = {}  # node -> the undeclared key's string frames after text[node]
 
     def _add(self, key: bytes, bit: int, j: int = -1) -> None:
@@ -87,7 +87,7 @@ class _Keys:
             self.exact[t] = j
 
     def candidates(self, spec: Object, i: int) -> int:
-        """The properties that may come next (bit j: property j), in a key phase with i as the frame holds it."""
+        """The properties that may come next (bit j: property j), in a key phase with i the frame's progress."""
         bits = self._candidates.get(i)
         if bits is None:
             if spec.any_order:
@@ -105,7 +105,7 @@ class _Keys:
             assert spec.extra_key is not None
             frames = list(g.starts[spec.extra_key])
             for b in self.text[t]:
-                frames = [c[-1] for frame in frames for c in _STEPS[frame[0]](g, frame, b) if c]
+                frames = [c[-1] for frame in frames for c in _STEPS[frame[KIND]](g, frame, b) if c]
             self._strings[t] = frames
         return frames
 
@@ -119,31 +119,62 @@ def keys_of(g: Rules, n: int) -> _Keys:
 
 def key_text(g: Rules, frame: tuple) -> bytes:
     """The key so far of an object frame in its key phase."""
-    return keys_of(g, frame[1]).text[frame[4]]
+    return keys_of(g, frame[NODE]).text[frame[OBJECT_KEY]]
 
 
-# A configuration is a tuple of frames, the innermost last. Frames:
-#   (TEXT, text, offset)            literal prefix/suffix text, popped after its last byte
-#   (VALUE, node)                   a value not started yet (only at the root)
-#   (OBJECT, node, phase, i, x)     i: next property index; x: whitespace state, or the key so far (a
-#                                    node of the object's _Keys, from the opening quote);
-#                                    at the colon and value of an undeclared key, i is -1 - (next index).
-#                                    Objects in any order (Object.any_order): i is the set of properties
-#                                    written (bit j: property j), and at the colon and value (that set,
-#                                    the property's index or -1 for an undeclared key)
-#   (ARRAY, node, phase, count, w)  w: whitespace state
-#   (STRING, node, phase, count, u) count: characters (capped); u: \u digits, or UTF-8 bytes still due
-#   (PATTERN, node, phase, count, u, r)  a string with a pattern: r is the state of its regex DFA
-#   (NUMBER, node, phase, digits, value)  value: tracked only for bounded integers
-#   (LITERAL, node, text so far)
-# A frame that has read its closing byte is popped. Numbers and literals end without a byte of their
-# own: when they can end, the next byte is also offered to the frame below.
-# Whitespace state: 0 nothing, 1 one space, 100 * newlines + spaces/tabs after them.
+# A configuration is a tuple of frames, the innermost last: a stack. A frame is a plain tuple, its kind
+# first (which picks its step function, _STEPS[frame[KIND]], and keeps frames of different kinds unequal);
+# its fields are read through the index constants below, one group per kind. Frames are hashable and equal
+# by value, so configurations, and the sets of them that are the automaton's states, are too. They are not
+# NamedTuples: the parser builds and reads frames at every byte of a new state, a NamedTuple costs ~0.3 us
+# more to build (CPython 3.11) and its fields more to read, and the masks of benchmarks/constrain_bench.py's
+# flat object took 7-20% longer with them (median and p95 per token).
+# A frame that has read its closing byte is popped. Numbers and literals end without a byte of their own:
+# when they can end, the next byte is also offered to the frame below.
 
-TEXT, VALUE, OBJECT, ARRAY, STRING, NUMBER, LITERAL, PATTERN = range(8)
-OPEN, FIRST, KEY, COLON, VALUE_NEXT, AFTER_VALUE, AFTER_COMMA = range(7)  # objects and arrays
-S_OPEN, S_CONTENT, S_ESCAPE, S_HEX, S_UTF8 = range(5)
+TEXT, VALUE, OBJECT, ARRAY, STRING, NUMBER, LITERAL, PATTERN = range(8)  # frame[KIND]
+KIND, NODE, PHASE = 0, 1, 2  # every frame's kind; the node of all but TEXT; the phase of all but TEXT, VALUE, LITERAL
+
+# (TEXT, text, offset): literal text (the grammar's prefix or suffix) read up to text[offset]; popped after
+# its last byte.
+TEXT_BYTES, TEXT_OFFSET = 1, 2
+
+# (VALUE, node): a value of node not started yet (only at the root).
+
+# (OBJECT, node, phase, progress, key, space):
+#   progress, in declared order (the default): the index of the next property that may come; at the COLON
+#     and VALUE_NEXT of a declared key, that key's index; of an undeclared key, -1 - (the next index).
+#     Objects in any order (Object.any_order): the set of properties written (bit j: property j; undeclared
+#     keys counted from bit _EXTRA); at the COLON and VALUE_NEXT, the pair (that set, the key's property
+#     index or -1 for an undeclared key). Objects of free keys (Object.free_value): always 0.
+#   key: in the KEY phase, the key so far: a node of the object's _Keys trie (from the opening quote); else 0.
+#   space: the whitespace since the last token (see _whitespace); 0 in the KEY phase.
+OBJECT_PROGRESS, OBJECT_KEY, OBJECT_SPACE = 3, 4, 5
+OPEN, FIRST, KEY, COLON, VALUE_NEXT, AFTER_VALUE, AFTER_COMMA = range(7)  # the phases of objects and arrays
+
+# (ARRAY, node, phase, items, space): phase OPEN, FIRST, AFTER_VALUE or AFTER_COMMA; items: the items begun
+# (capped at Array.cap); space: the whitespace since the last token.
+ARRAY_ITEMS, ARRAY_SPACE = 3, 4
+
+# (STRING, node, phase, chars, partial): chars: the characters begun (capped at String.cap); partial, the
+# character being read: in S_HEX the digits of its \u escape read so far (-1 after a leading D, which must
+# be followed by 0-7: no surrogates); in S_UTF8 (continuation bytes due, lowest and highest next byte);
+# else 0.
+# (PATTERN, node, phase, chars, partial, regex): a string whose characters must match its regex: the
+# fields of STRING (no S_HEX: the only escapes are of `"`, `\` and `/`), and the state of the regex's DFA
+# after the characters read.
+STRING_CHARS, STRING_PARTIAL, PATTERN_REGEX = 3, 4, 5
+S_OPEN, S_CONTENT, S_ESCAPE, S_HEX, S_UTF8 = range(5)  # the phases of strings and patterns
+
+# (NUMBER, node, phase, digits, value): digits: those of the part being written (integer, fraction or
+# exponent); value: an integer with bounds or multipleOf, the integer so far (signed); a number with
+# bounds, (negative, magnitude so far as a Fraction); else 0.
+NUMBER_DIGITS, NUMBER_VALUE = 3, 4
 _N_START, _N_MINUS, _N_ZERO, _N_INT, _N_DOT, _N_FRACTION, _N_E, _N_E_SIGN, _N_EXPONENT = range(9)
+
+# (LITERAL, node, text): one of the literal values of node (enum, const, true, false, null), its bytes
+# read so far.
+LITERAL_TEXT = 2
 
 _WHITESPACE = frozenset(b" \n\t")
 _ESCAPES = frozenset(b'"\\/bfnrt')
@@ -195,29 +226,28 @@ def readable_bytes(g: Rules, config: tuple) -> int:
     """A superset of the bytes `config` can read, as a 256-bit set."""
     bits = 0
     for frame in reversed(config):
-        kind = frame[0]
+        kind = frame[KIND]
         if kind == TEXT:
-            bits |= 1 << frame[1][frame[2]]
+            bits |= 1 << frame[TEXT_BYTES][frame[TEXT_OFFSET]]
         elif kind == VALUE:
             bits |= _VALUE_FIRST
         elif kind == LITERAL:
-            values, text = g.nodes[frame[1]].values, frame[2]
+            values, text = g.nodes[frame[NODE]].values, frame[LITERAL_TEXT]
             i = bisect_left(values, text)  # the values that start with `text` follow in a row
             while i < len(values) and values[i].startswith(text):
                 if len(values[i]) > len(text):
                     bits |= 1 << values[i][len(text)]
                 i += 1
-        elif kind == OBJECT and frame[2] == KEY:
-            _, n, _, i, t = frame
-            spec, keys = g.nodes[n], keys_of(g, n)
-            candidates = keys.candidates(spec, i)
-            for b, child in keys.children[t].items():
+        elif kind == OBJECT and frame[PHASE] == KEY:
+            spec, keys = g.nodes[frame[NODE]], keys_of(g, frame[NODE])
+            candidates = keys.candidates(spec, frame[OBJECT_PROGRESS])
+            for b, child in keys.children[frame[OBJECT_KEY]].items():
                 if keys.below[child] & candidates:
                     bits |= 1 << b
             if spec.extra_value is not None:
                 bits |= _TEXT_BITS
         else:
-            bits |= _READABLE[kind, frame[2]]
+            bits |= _READABLE[kind, frame[PHASE]]
         if not can_end(g, frame):
             break
     return bits
@@ -292,7 +322,7 @@ def due_properties(spec: Object, written: int) -> int:
 
 def _start_frames(nodes: Sequence, node: int) -> tuple[tuple, ...]:
     """The first frame of each alternative of a node (unions flattened, cycles ignored)."""
-    frames: list[tuple] = []  # (kind, node, state, ...): a literal's frame holds the bytes matched so far
+    frames: list[tuple] = []
     seen, todo = set(), deque([node])
     while todo:
         n = todo.popleft()
@@ -303,7 +333,7 @@ def _start_frames(nodes: Sequence, node: int) -> tuple[tuple, ...]:
         if isinstance(spec, Union):
             todo.extend(spec.options)
         elif isinstance(spec, Object):
-            frames.append((OBJECT, n, OPEN, 0, 0))
+            frames.append((OBJECT, n, OPEN, 0, 0, 0))
         elif isinstance(spec, Array):
             frames.append((ARRAY, n, OPEN, 0, 0))
         elif isinstance(spec, String):
@@ -322,7 +352,7 @@ def read_byte(g: Rules, config: tuple, b: int) -> list[tuple]:
         return []
     top = config[-1]
     below = config[:-1]
-    out = [below + frames for frames in _STEPS[top[0]](g, top, b)]
+    out = [below + frames for frames in _STEPS[top[KIND]](g, top, b)]
     if below and can_end(g, top):
         out.extend(read_byte(g, below, b))
     return out
@@ -333,32 +363,34 @@ def is_complete(g: Rules, config: tuple) -> bool:
 
 
 def can_end(g: Rules, frame: tuple) -> bool:
-    kind = frame[0]
+    kind = frame[KIND]
     if kind == NUMBER:
-        _, n, phase, _, value = frame
-        spec = g.nodes[n]
+        spec, phase, value = g.nodes[frame[NODE]], frame[PHASE], frame[NUMBER_VALUE]
         if spec.integer:
             return phase in (_N_ZERO, _N_INT) and _within(spec, value)
         if spec.minimum is not None or spec.maximum is not None:
+            negative, magnitude = value
             return phase in (_N_ZERO, _N_INT, _N_FRACTION) and _decimal_within(
-                spec, -value[1] if value[0] else value[1]
+                spec, -magnitude if negative else magnitude
             )
         return phase in (_N_ZERO, _N_INT, _N_FRACTION, _N_EXPONENT)
     if kind == LITERAL:
-        values = g.nodes[frame[1]].values
-        i = bisect_left(values, frame[2])
-        return i < len(values) and values[i] == frame[2]
+        values = g.nodes[frame[NODE]].values
+        i = bisect_left(values, frame[LITERAL_TEXT])
+        return i < len(values) and values[i] == frame[LITERAL_TEXT]
     return False
 
 
 def _start_value(g: Rules, node: int, b: int) -> list[tuple]:
     out = []
     for frame in g.starts[node]:
-        out.extend(_STEPS[frame[0]](g, frame, b))
+        out.extend(_STEPS[frame[KIND]](g, frame, b))
     return out
 
 
 def _whitespace(w: int, b: int) -> int | None:
+    """The whitespace state after byte b: 0 nothing, 1 one space, 100 * newlines + spaces/tabs after them
+    (None: b may not come here)."""
     if b == 0x0A:  # newlines come first
         return w + 100 if w == 0 or (w % 100 == 0 and w // 100 < MAX_NEWLINES) else None
     if w == 0:
@@ -367,86 +399,87 @@ def _whitespace(w: int, b: int) -> int | None:
 
 
 def _step_text(g: Rules, frame: tuple, b: int) -> list[tuple]:
-    _, text, offset = frame
+    text, offset = frame[TEXT_BYTES], frame[TEXT_OFFSET]
     if text[offset] != b:
         return []
     return [()] if offset + 1 == len(text) else [((TEXT, text, offset + 1),)]
 
 
 def _step_value(g: Rules, frame: tuple, b: int) -> list[tuple]:
-    return _start_value(g, frame[1], b)
+    return _start_value(g, frame[NODE], b)
 
 
 def _step_object(g: Rules, frame: tuple, b: int) -> list[tuple]:
-    _, n, phase, i, x = frame
+    n, phase, i = frame[NODE], frame[PHASE], frame[OBJECT_PROGRESS]
     spec = g.nodes[n]
     if spec.any_order:
         return _step_any_order(g, spec, frame, b)
-    if phase == KEY:  # x: the key so far, a node of the key trie
+    if phase == KEY:
         keys = keys_of(g, n)
-        t = keys.children[x].get(b, -1)
+        t = keys.children[frame[OBJECT_KEY]].get(b, -1)
         if t >= 0:
             candidates = keys.candidates(spec, i)
             j = keys.exact[t]
             if j >= 0 and candidates >> j & 1:
-                return [((OBJECT, n, COLON, j, 0),)]
+                return [((OBJECT, n, COLON, j, 0, 0),)]
             if keys.below[t] & candidates:
-                return [((OBJECT, n, KEY, i, t),)]
+                return [((OBJECT, n, KEY, i, t, 0),)]
         if spec.extra_value is None:
             return []
-        return _undeclared_key(g, spec, n, i, x, b, t)
+        return _undeclared_key(g, spec, frame, b, t)
     if phase == OPEN:
-        return [((OBJECT, n, FIRST, 0, 0),)] if b == 0x7B else []
+        return [((OBJECT, n, FIRST, 0, 0, 0),)] if b == 0x7B else []
     if b in _WHITESPACE:
-        w = _whitespace(x, b) if g.whitespace else None
-        return [] if w is None else [((OBJECT, n, phase, i, w),)]
+        space = _whitespace(frame[OBJECT_SPACE], b) if g.whitespace else None
+        return [] if space is None else [((OBJECT, n, phase, i, 0, space),)]
     free = spec.free_value is not None
     extra = spec.extra_value is not None
     if phase == FIRST or phase == AFTER_COMMA:
         if b == 0x22 and free:
             starts = g.starts[spec.free_key]  # the key's string frame (none: no key is allowed)
-            return [((OBJECT, n, COLON, 0, 0), *frames) for key in starts for frames in _STEPS[key[0]](g, key, b)]
+            colon = (OBJECT, n, COLON, 0, 0, 0)
+            return [(colon, *frames) for key in starts for frames in _STEPS[key[KIND]](g, key, b)]
         if b == 0x22 and (i < len(spec.properties) or extra):
-            return [((OBJECT, n, KEY, i, _Keys.QUOTE),)]
+            return [((OBJECT, n, KEY, i, _Keys.QUOTE, 0),)]
         return [()] if b == 0x7D and phase == FIRST and spec.closable[i] else []
     if phase == COLON:
-        return [((OBJECT, n, VALUE_NEXT, i, 0),)] if b == 0x3A else []
+        return [((OBJECT, n, VALUE_NEXT, i, 0, 0),)] if b == 0x3A else []
     if phase == VALUE_NEXT:
         if i < 0:  # an undeclared key's value
-            after, value = (OBJECT, n, AFTER_VALUE, -1 - i, 0), spec.extra_value
+            after, value = (OBJECT, n, AFTER_VALUE, -1 - i, 0, 0), spec.extra_value
         else:
-            after = (OBJECT, n, AFTER_VALUE, 0 if free else i + 1, 0)
+            after = (OBJECT, n, AFTER_VALUE, 0 if free else i + 1, 0, 0)
             value = spec.free_value if free else spec.properties[i].value
         return [(after, *frames) for frames in _start_value(g, value, b)]
     # AFTER_VALUE
     if b == 0x2C and (free or extra or i < len(spec.properties)):
-        return [((OBJECT, n, AFTER_COMMA, i, 0),)]
+        return [((OBJECT, n, AFTER_COMMA, i, 0, 0),)]
     return [()] if b == 0x7D and spec.closable[i] else []
 
 
 def _step_any_order(g: Rules, spec: Object, frame: tuple, b: int) -> list[tuple]:
     """_step_object for an object whose properties may come in any order, each at most once."""
-    _, n, phase, i, x = frame
-    if phase == KEY:  # i: the properties written; x: the key so far, a node of the key trie
+    n, phase, i = frame[NODE], frame[PHASE], frame[OBJECT_PROGRESS]
+    if phase == KEY:  # i: the properties written
         keys = keys_of(g, n)
-        t = keys.children[x].get(b, -1)
+        t = keys.children[frame[OBJECT_KEY]].get(b, -1)
         if t >= 0:
             candidates = keys.candidates(spec, i)  # not written yet, and the object can still be completed
             j = keys.exact[t]
             if j >= 0 and candidates >> j & 1:
-                return [((OBJECT, n, COLON, (i, j), 0),)]
+                return [((OBJECT, n, COLON, (i, j), 0, 0),)]
             if keys.below[t] & candidates:
-                return [((OBJECT, n, KEY, i, t),)]
+                return [((OBJECT, n, KEY, i, t, 0),)]
         if spec.extra_value is None or not feasible(spec, plus_extra(spec, i)):
             return []
-        return _undeclared_key(g, spec, n, i, x, b, t, (i, -1))
+        return _undeclared_key(g, spec, frame, b, t, (i, -1))
     if phase == OPEN:
-        return [((OBJECT, n, FIRST, 0, 0),)] if b == 0x7B else []
+        return [((OBJECT, n, FIRST, 0, 0, 0),)] if b == 0x7B else []
     if b in _WHITESPACE:
-        w = _whitespace(x, b) if g.whitespace else None
-        return [] if w is None else [((OBJECT, n, phase, i, w),)]
+        space = _whitespace(frame[OBJECT_SPACE], b) if g.whitespace else None
+        return [] if space is None else [((OBJECT, n, phase, i, 0, space),)]
     if phase == COLON:
-        return [((OBJECT, n, VALUE_NEXT, i, 0),)] if b == 0x3A else []
+        return [((OBJECT, n, VALUE_NEXT, i, 0, 0),)] if b == 0x3A else []
     if phase == VALUE_NEXT:
         written, j = i
         if j < 0:
@@ -454,36 +487,37 @@ def _step_any_order(g: Rules, spec: Object, frame: tuple, b: int) -> list[tuple]
             value = spec.extra_value
         else:
             value = spec.properties[j].value
-        after = (OBJECT, n, AFTER_VALUE, plus_extra(spec, written) if j < 0 else written | 1 << j, 0)
+        after = (OBJECT, n, AFTER_VALUE, plus_extra(spec, written) if j < 0 else written | 1 << j, 0, 0)
         return [(after, *frames) for frames in _start_value(g, value, b)]
     if phase == FIRST or phase == AFTER_COMMA:
         if b == 0x22 and _can_add(spec, i):
-            return [((OBJECT, n, KEY, i, _Keys.QUOTE),)]
+            return [((OBJECT, n, KEY, i, _Keys.QUOTE, 0),)]
         return [()] if b == 0x7D and phase == FIRST and closable_any(spec, i) else []
     # AFTER_VALUE
     if b == 0x2C and _can_add(spec, i):
-        return [((OBJECT, n, AFTER_COMMA, i, 0),)]
+        return [((OBJECT, n, AFTER_COMMA, i, 0, 0),)]
     return [()] if b == 0x7D and closable_any(spec, i) else []
 
 
 def _undeclared_key(
-    g: Rules, spec: Object, n: int, i: int, x: int, b: int, t: int, colon_i: int | tuple | None = None
+    g: Rules, spec: Object, frame: tuple, b: int, t: int, colon_progress: tuple[int, int] | None = None
 ) -> list[tuple]:
-    """An object key (the key so far x, a node of the key trie, then byte b, which leads to node t; -1:
-    out of the trie) that is none of the next candidates: an undeclared key, if it is not (and cannot
-    become) a declared one. Once it cannot, the rest of it is read by a plain string frame. colon_i:
-    the object frame's i at the colon (default: -1 - i, declared order)."""
+    """An object key (the key so far of the object frame, a node of the key trie, then byte b, which leads
+    to node t; -1: out of the trie) that is none of the next candidates: an undeclared key, if it is not
+    (and cannot become) a declared one. Once it cannot, the rest of it is read by a plain string frame.
+    colon_progress: the object frame's progress at the colon (default: -1 - progress, declared order)."""
+    n, i, key = frame[NODE], frame[OBJECT_PROGRESS], frame[OBJECT_KEY]
     keys = keys_of(g, n)
     if t >= 0 and keys.exact[t] != -1:
         return []  # a declared key out of its place, or written twice
-    following = [c for frame in keys.strings(g, spec, x) for c in _STEPS[frame[0]](g, frame, b)]
+    following = [c for string in keys.strings(g, spec, key) for c in _STEPS[string[KIND]](g, string, b)]
     configs = [c[-1] for c in following if c]  # the string frame of undeclared keys, after the key so far
     if t >= 0:  # it may still become a declared key: keep reading it
-        return [((OBJECT, n, KEY, i, t),)] if configs else []
-    colon = (OBJECT, n, COLON, -1 - i if colon_i is None else colon_i, 0)
-    if any(c == () for c in following) and _closes_string(keys.text[x] + bytes((b,))):
+        return [((OBJECT, n, KEY, i, t, 0),)] if configs else []
+    colon = (OBJECT, n, COLON, -1 - i if colon_progress is None else colon_progress, 0, 0)
+    if any(c == () for c in following) and _closes_string(keys.text[key] + bytes((b,))):
         return [(colon,)]
-    return [(colon, frame) for frame in configs]
+    return [(colon, string) for string in configs]
 
 
 def as_undeclared(g: Rules, config: tuple) -> tuple | None:
@@ -491,20 +525,22 @@ def as_undeclared(g: Rules, config: tuple) -> tuple | None:
     every byte leading out of the key trie as it does (the key taken as an undeclared one: the colon
     frame under the key's string frame); None if there is none (no undeclared key may come here, or its
     string has no frame or more than one)."""
-    _, n, _, i, x = config[-1]
+    top = config[-1]
+    assert top[KIND] == OBJECT
+    n, i = top[NODE], top[OBJECT_PROGRESS]
     spec = g.nodes[n]
     if spec.extra_value is None:
         return None
     if spec.any_order:
         if not feasible(spec, plus_extra(spec, i)):
             return None
-        colon_i: int | tuple = (i, -1)
+        progress: int | tuple = (i, -1)
     else:
-        colon_i = -1 - i
-    frames = keys_of(g, n).strings(g, spec, x)
+        progress = -1 - i
+    frames = keys_of(g, n).strings(g, spec, top[OBJECT_KEY])
     if len(frames) != 1:
         return None
-    return (*config[:-1], (OBJECT, n, COLON, colon_i, 0), frames[0])
+    return (*config[:-1], (OBJECT, n, COLON, progress, 0, 0), frames[0])
 
 
 def _closes_string(key: bytes) -> bool:
@@ -514,13 +550,13 @@ def _closes_string(key: bytes) -> bool:
 
 
 def _step_array(g: Rules, frame: tuple, b: int) -> list[tuple]:
-    _, n, phase, count, w = frame
+    n, phase, count = frame[NODE], frame[PHASE], frame[ARRAY_ITEMS]
     spec = g.nodes[n]
     if phase == OPEN:
         return [((ARRAY, n, FIRST, 0, 0),)] if b == 0x5B else []
     if b in _WHITESPACE:
-        w = _whitespace(w, b) if g.whitespace else None
-        return [] if w is None else [((ARRAY, n, phase, count, w),)]
+        space = _whitespace(frame[ARRAY_SPACE], b) if g.whitespace else None
+        return [] if space is None else [((ARRAY, n, phase, count, space),)]
     if phase == AFTER_VALUE:
         if b == 0x2C and (spec.max_items < 0 or count < spec.max_items):
             return [((ARRAY, n, AFTER_COMMA, count, 0),)]
@@ -535,7 +571,7 @@ def _step_array(g: Rules, frame: tuple, b: int) -> list[tuple]:
 
 
 def _step_string(g: Rules, frame: tuple, b: int) -> list[tuple]:
-    _, n, phase, count, u = frame
+    n, phase, count, partial = frame[NODE], frame[PHASE], frame[STRING_CHARS], frame[STRING_PARTIAL]
     if phase == S_CONTENT:
         spec = g.nodes[n]
         if b == 0x22:
@@ -550,7 +586,7 @@ def _step_string(g: Rules, frame: tuple, b: int) -> list[tuple]:
         lead = _UTF8_LEAD.get(b)
         return [] if lead is None else [((STRING, n, S_UTF8, count, lead),)]
     if phase == S_UTF8:
-        due, low, high = u
+        due, low, high = partial
         if not low <= b <= high:
             return []
         more = _UTF8_MORE[due]
@@ -561,12 +597,12 @@ def _step_string(g: Rules, frame: tuple, b: int) -> list[tuple]:
         if b in _ESCAPES:
             return [((STRING, n, S_CONTENT, count, 0),)]
         return [((STRING, n, S_HEX, count, 0),)] if b == 0x75 else []
-    # S_HEX: u = hex digits read; -1 after a leading D, which must be followed by 0-7 (no surrogates)
-    if b not in _HEX or (u == -1 and b not in b"01234567"):
+    # S_HEX: partial = hex digits read; -1 after a leading D, which must be followed by 0-7 (no surrogates)
+    if b not in _HEX or (partial == -1 and b not in b"01234567"):
         return []
-    if u == 0 and b in b"dD":
+    if partial == 0 and b in b"dD":
         return [((STRING, n, S_HEX, count, -1),)]
-    digits = 2 if u == -1 else u + 1
+    digits = 2 if partial == -1 else partial + 1
     return [((STRING, n, S_CONTENT, count, 0) if digits == 4 else (STRING, n, S_HEX, count, digits),)]
 
 
@@ -575,12 +611,12 @@ _ESCAPED = {0x22: 0x22, 0x5C: 0x5C, 0x2F: 0x2F}  # the escapes a patterned strin
 
 def step_pattern(g: Rules, frame: tuple, b: int) -> list[tuple]:
     """A string whose characters must match a regex; escapes only for `"`, `\\` and `/`."""
-    _, n, phase, count, u, r = frame
+    n, phase, count, r = frame[NODE], frame[PHASE], frame[STRING_CHARS], frame[PATTERN_REGEX]
     spec = g.nodes[n]
     if phase == S_OPEN:
         return [((PATTERN, n, S_CONTENT, 0, 0, 0),)] if b == 0x22 else []
     if phase == S_UTF8:
-        due, low, high = u
+        due, low, high = frame[STRING_PARTIAL]
         if not low <= b <= high:
             return []
         more = _UTF8_MORE[due]
@@ -624,7 +660,7 @@ def _pattern_next(spec: String, count: int, r: int, symbol: int) -> int:
 
 
 def step_number(g: Rules, frame: tuple, b: int) -> list[tuple]:
-    _, n, phase, digits, value = frame
+    n, phase, digits, value = frame[NODE], frame[PHASE], frame[NUMBER_DIGITS], frame[NUMBER_VALUE]
     spec = g.nodes[n]
     bounded = spec.minimum is not None or spec.maximum is not None
     digit = b - 0x30 if b in _DIGITS else -1
@@ -675,30 +711,29 @@ def _reachable(spec: Number, negative: bool, magnitude: int, digits: int) -> boo
 
 def _step_decimal(spec: Number, frame: tuple, b: int, digit: int) -> list[tuple]:
     """A number with bounds: value is (negative, magnitude as a Fraction); no exponent is written."""
-    _, n, phase, digits, (negative, magnitude) = frame
+    n, phase, digits = frame[NODE], frame[PHASE], frame[NUMBER_DIGITS]
+    negative, magnitude = frame[NUMBER_VALUE]
     if phase == _N_START and b == 0x2D:  # '-'
         negative, width = True, Fraction(10**MAX_INT_DIGITS)
-        following: tuple = (_N_MINUS, 0, (True, magnitude))
+        following = (NUMBER, n, _N_MINUS, 0, (True, magnitude))
     elif phase in (_N_START, _N_MINUS, _N_INT) and digit >= 0:
         if phase == _N_INT and digits == MAX_INT_DIGITS:
             return []
         magnitude = magnitude * 10 + digit
-        following = (_N_ZERO if phase != _N_INT and digit == 0 else _N_INT, digits + 1, (negative, magnitude))
+        next_phase = _N_ZERO if phase != _N_INT and digit == 0 else _N_INT
         more = 0 if magnitude == 0 else MAX_INT_DIGITS - digits - 1  # integer digits that may still come
-        return (
-            [((NUMBER, n, *following),)]
-            if any(_decimal_reachable(spec, negative, magnitude * 10**k, Fraction(10**k)) for k in range(more + 1))
-            else []
-        )
+        if not any(_decimal_reachable(spec, negative, magnitude * 10**k, Fraction(10**k)) for k in range(more + 1)):
+            return []
+        return [((NUMBER, n, next_phase, digits + 1, (negative, magnitude)),)]
     elif b == 0x2E and phase in (_N_ZERO, _N_INT):  # '.'
-        following, width = (_N_DOT, 0, (negative, magnitude)), Fraction(1)
+        following, width = (NUMBER, n, _N_DOT, 0, (negative, magnitude)), Fraction(1)
     elif digit >= 0 and (phase == _N_DOT or (phase == _N_FRACTION and digits < MAX_FRACTION_DIGITS)):
         width = Fraction(1, 10 ** (digits + 1))
         magnitude = magnitude + digit * width
-        following = (_N_FRACTION, digits + 1, (negative, magnitude))
+        following = (NUMBER, n, _N_FRACTION, digits + 1, (negative, magnitude))
     else:
         return []
-    return [((NUMBER, n, *following),)] if _decimal_reachable(spec, negative, magnitude, width) else []
+    return [(following,)] if _decimal_reachable(spec, negative, magnitude, width) else []
 
 
 def _decimal_reachable(spec: Number, negative: bool, low: Fraction | int, width: Fraction) -> bool:
@@ -727,17 +762,17 @@ def _within(spec: Number, value: int) -> bool:
 
 
 def _step_literal(g: Rules, frame: tuple, b: int) -> list[tuple]:
-    values = g.nodes[frame[1]].values
-    text = frame[2] + bytes((b,))
+    values = g.nodes[frame[NODE]].values
+    text = frame[LITERAL_TEXT] + bytes((b,))
     i = bisect_left(values, text)  # the first value starting with `text`, if any does
     if i == len(values) or not values[i].startswith(text):
         return []
     if values[i] == text and (i + 1 == len(values) or not values[i + 1].startswith(text)):
         return [()]  # nothing longer can follow: done
-    return [((LITERAL, frame[1], text),)]
+    return [((LITERAL, frame[NODE], text),)]
 
 
-_STEPS = (
+_STEPS = (  # [kind]: the step function of that kind of frame
     _step_text,
     _step_value,
     _step_object,
