@@ -7,8 +7,8 @@ on a first visit (nothing saved: a fresh boot that saves the boot snapshot) and 
 Each run of each runtime: a first visit with nothing saved, a second visit, and a visit with
 `bootCache: false` (a fresh boot, everything else as warm as the second visit: Chromium's HTTP cache and
 compiled-code cache, the weights in the Cache API). Under Node every visit is its own process, with its
-own cache folder per run; in Chromium a run is one new browser context (empty caches) and its visits
-are loads of the same page. --plain never passes `bootCache`, to measure a version of the package from
+own cache root ($RUVLLM_CACHE_DIR) per run; in Chromium a run is one new browser context (empty caches)
+and its visits are loads of the same page. --plain never passes `bootCache`, to measure a version of the package from
 before the boot snapshot (its third visit is then one more like the second).
 
 Figures per visit: `python` (the worker's time from the start of the boot to Python ready, info.boot.ms),
@@ -52,7 +52,7 @@ def node_runs(dist: Path, runs: int, plain: bool) -> list[dict]:
             for visit, boot_cache in VISITS:
                 args = ["node", str(ROOT / "benchmarks" / "boot_node.mjs"), str(dist), str(ROOT / MODEL)]
                 args += [boot_cache] if boot_cache and not plain else []
-                env = {**os.environ, "RUVLLM_CACHE_DIR": cache}
+                env = {**os.environ, "RUVLLM_CACHE_DIR": cache}  # a cache root of its own: the snapshot goes to boot/
                 out = subprocess.run(args, env=env, capture_output=True, text=True)
                 if out.returncode != 0:
                     sys.exit(f"node, {visit} visit: {out.stderr.strip()[-2000:]}")

@@ -50,7 +50,8 @@ def workdir(tmp_path, smollm2_dir, gemma_gguf, monkeypatch) -> Path:
     (tmp_path / "build").symlink_to(ROOT / "build")
     (tmp_path / "benchmarks").symlink_to(ROOT / "benchmarks")
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("RUVLLM_MODELS_DIR", str(tmp_path / "hub"))  # `ruvllm list` looks at a cache of its own
+    monkeypatch.setenv("RUVLLM_CACHE_DIR", str(tmp_path / "cache"))  # `ruvllm list` looks at a cache of its own
+    monkeypatch.delenv("RUVLLM_MODELS_DIR", raising=False)
     return tmp_path
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import concurrent.futures
 import hashlib
 import json
+import os
 import shutil
 import socket
 import struct
@@ -18,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+import ruvllm
 from ruvllm import cli
 from ruvllm.errors import DownloadError, InvalidArgumentError
 from ruvllm.files import hub
@@ -301,7 +303,8 @@ def local(local_hub, tmp_path, monkeypatch):
     for name in ("HF_TOKEN", "RUVLLM_HF_STALL_SECONDS", "RUVLLM_HF_MIN_SPEED"):
         monkeypatch.delenv(name, raising=False)
     monkeypatch.setenv("RUVLLM_HF_ENDPOINT", local_hub.endpoint)
-    monkeypatch.setenv("RUVLLM_MODELS_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("RUVLLM_CACHE_DIR", str(tmp_path / "cache"))  # the hub folder: tmp_path/cache/hub
+    monkeypatch.delenv("RUVLLM_MODELS_DIR", raising=False)
     return local_hub
 
 
@@ -385,15 +388,57 @@ def test_file_urls_follow_the_hub_layout_with_quoted_segments(monkeypatch):
     assert model.url("config.json") == "http://127.0.0.1:9/mirror/owner/repo/resolve/v2/config.json"
 
 
-def test_the_cache_folder_is_models_dir_else_absolute_xdg_else_home(monkeypatch, tmp_path):
-    monkeypatch.setenv("RUVLLM_MODELS_DIR", str(tmp_path / "models"))
-    assert hub.cache_folder() == tmp_path / "models"
-    monkeypatch.delenv("RUVLLM_MODELS_DIR")
+def test_the_cache_root_is_cache_dir_else_absolute_xdg_else_home_and_hub_downloads_go_to_its_hub_folder(
+    monkeypatch, tmp_path
+):
+    for name in ("RUVLLM_CACHE_DIR", "RUVLLM_MODELS_DIR"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("RUVLLM_CACHE_DIR", str(tmp_path / "root"))
+    assert hub.cache_root() == tmp_path / "root"
+    assert hub.cache_folder() == tmp_path / "root" / "hub"
+    monkeypatch.delenv("RUVLLM_CACHE_DIR")
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     assert hub.cache_folder() == tmp_path / "xdg" / "ruvllm" / "hub"
     monkeypatch.setenv("XDG_CACHE_HOME", "relative/xdg")  # the XDG spec: relative paths are ignored
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     assert hub.cache_folder() == tmp_path / "home" / ".cache" / "ruvllm" / "hub"
+    # (npm/test/shared-cache.test.js holds Node's cacheRoot to the same answers)
+
+
+@pytest.mark.parametrize(
+    "models_dir, cache_dir, advice",
+    [
+        ("models", None, "Set RUVLLM_CACHE_DIR instead and move the models of {tmp}/models into its hub/ folder"),
+        ("data/hub", None, "Set RUVLLM_CACHE_DIR={tmp}/data to keep using it"),
+        ("models", "root", "Set RUVLLM_CACHE_DIR instead and move the models of {tmp}/models into its hub/ folder"),
+    ],
+)
+def test_the_retired_models_dir_is_refused_saying_what_replaced_it(
+    local, monkeypatch, tmp_path, capsys, models_dir, cache_dir, advice
+):
+    monkeypatch.setenv("RUVLLM_MODELS_DIR", str(tmp_path / models_dir))
+    if cache_dir is None:
+        monkeypatch.delenv("RUVLLM_CACHE_DIR")
+    else:
+        monkeypatch.setenv("RUVLLM_CACHE_DIR", str(tmp_path / cache_dir))
+    with pytest.raises(InvalidArgumentError) as e:
+        hub.download(GGUF_NAME)
+    hub_folder = hub.cache_folder({k: v for k, v in os.environ.items() if k != "RUVLLM_MODELS_DIR"})
+    assert e.value.message == (
+        f"$RUVLLM_MODELS_DIR is no longer read (it is {tmp_path / models_dir}): $RUVLLM_CACHE_DIR replaced it, the "
+        f"root of everything ruvllm caches, hub downloads being kept in its hub/ folder (now {hub_folder}). "
+        f"{advice.format(tmp=tmp_path)}, and unset RUVLLM_MODELS_DIR"
+    )
+    with pytest.raises(InvalidArgumentError, match="RUVLLM_MODELS_DIR is no longer read"):
+        ruvllm.load(GGUF_NAME)
+    assert cli.main(["download", GGUF_NAME]) == 1
+    assert capsys.readouterr().err == f"ruvllm download: error: {e.value.message}\n"
+    assert local.requests == []
+
+
+def test_a_models_dir_that_is_the_hub_folder_is_taken(local, monkeypatch, tmp_path):
+    monkeypatch.setenv("RUVLLM_MODELS_DIR", str(tmp_path / "cache" / "hub"))  # what RUVLLM_CACHE_DIR gives
+    assert hub.download(GGUF_NAME) == tmp_path / "cache" / "hub" / GGUF_REPO / "main" / "tiny-f32.gguf"
 
 
 # --- downloads -----------------------------------------------------------------------------------------------------
@@ -409,14 +454,14 @@ def test_the_cache_folder_is_models_dir_else_absolute_xdg_else_home(monkeypatch,
 )
 def test_a_gguf_file_lands_at_its_documented_path_with_identical_bytes(local, tmp_path, name, repo, revision, file):
     path = hub.download(name)
-    assert path == tmp_path / "cache" / repo / revision / file
+    assert path == tmp_path / "cache" / "hub" / repo / revision / file
     assert path.read_bytes() == local.source(repo, file, revision).read_bytes()
-    assert no_temporary_files(tmp_path / "cache")
+    assert no_temporary_files(tmp_path / "cache" / "hub")
 
 
 def test_a_model_folder_lands_at_its_documented_path_with_identical_bytes(local, tmp_path):
     folder = hub.download(f"hf:{FOLDER_REPO}")
-    assert folder == tmp_path / "cache" / FOLDER_REPO / "main"
+    assert folder == tmp_path / "cache" / "hub" / FOLDER_REPO / "main"
     source = files_of(local.source(FOLDER_REPO))
     assert files_of(folder) == source
     assert set(source) == {"config.json", "generation_config.json", "tokenizer.json", "model.safetensors"}
@@ -436,7 +481,6 @@ def test_a_sharded_model_folder_brings_its_index_and_every_shard(local):
 
 def test_a_downloaded_folder_loads(local):
     pytest.importorskip("tokenizers")  # the text extra: the folder loads with its tokenizer
-    import ruvllm
 
     model = ruvllm.load(hub.ensure_local(f"hf:{FOLDER_REPO}"))
     assert model.engine.config.num_hidden_layers == 2
@@ -472,7 +516,7 @@ def test_progress_reports_each_file_from_zero_to_its_size(local, tmp_path):
 def test_cache_dir_argument_overrides_the_environment(local, tmp_path):
     path = hub.download(f"hf:{GGUF_REPO}/tiny-f32.gguf", cache_dir=tmp_path / "elsewhere")
     assert path == tmp_path / "elsewhere" / GGUF_REPO / "main" / "tiny-f32.gguf"
-    assert not (tmp_path / "cache").exists()
+    assert not (tmp_path / "cache" / "hub").exists()
 
 
 # --- failures ------------------------------------------------------------------------------------------------------
@@ -512,7 +556,7 @@ def test_an_interrupted_folder_download_resumes_with_the_files_it_lacks(local, t
     local.faults[weights] = "short"
     with pytest.raises(DownloadError, match="arrived incomplete"):
         hub.download(f"hf:{FOLDER_REPO}")
-    folder = tmp_path / "cache" / FOLDER_REPO / "main"
+    folder = tmp_path / "cache" / "hub" / FOLDER_REPO / "main"
     assert (folder / "config.json").exists()
     assert not (folder / "model.safetensors").exists()
     assert not (folder / hub.COMPLETE).exists()
@@ -528,7 +572,7 @@ def test_a_body_that_is_not_gguf_is_refused(local, tmp_path):
     local.faults[f"/{GGUF_REPO}/resolve/main/tiny-f32.gguf"] = ("redirect", f"/{FOLDER_REPO}/resolve/main/config.json")
     with pytest.raises(DownloadError, match="not a GGUF file"):
         hub.download(f"hf:{GGUF_REPO}/tiny-f32.gguf")
-    assert not (tmp_path / "cache" / GGUF_REPO / "main" / "tiny-f32.gguf").exists()
+    assert not (tmp_path / "cache" / "hub" / GGUF_REPO / "main" / "tiny-f32.gguf").exists()
 
 
 def test_server_errors_are_download_errors_with_the_status(local):
@@ -562,7 +606,7 @@ def test_a_download_cut_short_is_kept_only_as_a_partial_file_the_next_download_r
         f"{local.endpoint}{GGUF_PATH}: arrived incomplete, {half} of {size} bytes; its {half} bytes are kept and "
         "the next download resumes from them"
     )
-    folder = tmp_path / "cache" / GGUF_REPO / "main"
+    folder = tmp_path / "cache" / "hub" / GGUF_REPO / "main"
     assert not (folder / "tiny-f32.gguf").exists()
     assert hub.list_cached() == []
     assert [p.stat().st_size for p in partial_files(folder)] == [half]
@@ -570,7 +614,7 @@ def test_a_download_cut_short_is_kept_only_as_a_partial_file_the_next_download_r
     local.log.clear()
     assert hub.download(GGUF_NAME).read_bytes() == local.source(GGUF_REPO, "tiny-f32.gguf").read_bytes()
     assert [r.range for r in local.log if r.server == "cdn"] == [f"bytes={half}-"]
-    assert partial_files(tmp_path / "cache") == []
+    assert partial_files(tmp_path / "cache" / "hub") == []
 
 
 @pytest.mark.parametrize("name, path", [(GGUF_NAME, GGUF_PATH), (f"hf:{FOLDER_REPO}", CONFIG_PATH)])
@@ -581,14 +625,14 @@ def test_a_body_cut_short_without_content_length_is_not_kept_and_is_fetched_agai
         hub.download(name)
     size = source.stat().st_size
     assert e.value.message.startswith(f"{local.endpoint}{path}: arrived incomplete, {size // 2} of {size} bytes")
-    target = tmp_path / "cache" / path.lstrip("/").replace("resolve/", "")
+    target = tmp_path / "cache" / "hub" / path.lstrip("/").replace("resolve/", "")
     assert not target.exists()
     assert hub.list_cached() == []
     del local.faults[path]
     hub.download(name)
     assert target.read_bytes() == source.read_bytes()
     assert local.requested(path) == [path, path]
-    assert partial_files(tmp_path / "cache") == []
+    assert partial_files(tmp_path / "cache" / "hub") == []
 
 
 def test_a_body_without_content_length_is_taken_when_the_hubs_file_list_gives_its_size(local, tmp_path):
@@ -607,8 +651,8 @@ def test_a_body_of_unknown_size_is_refused_when_nothing_gives_its_size(local, tm
         f"{local.endpoint}{CONFIG_PATH}: the server gave no size (no Content-Length or X-Linked-Size, and the "
         "hub's file list has none), so a body cut short could not be told from a whole one"
     )
-    assert not (tmp_path / "cache" / FOLDER_REPO / "main" / "config.json").exists()
-    assert partial_files(tmp_path / "cache") == []
+    assert not (tmp_path / "cache" / "hub" / FOLDER_REPO / "main" / "config.json").exists()
+    assert partial_files(tmp_path / "cache" / "hub") == []
 
 
 @pytest.mark.parametrize(
@@ -623,8 +667,8 @@ def test_a_file_whose_hash_is_not_the_hubs_is_refused_and_not_kept(local, tmp_pa
         hub.download(name)
     assert e.value.message.startswith(f"{local.endpoint}{path}: its {what} is ")
     assert e.value.message.endswith(f", the hub says {want}: what arrived is not the file; not kept")
-    assert not (tmp_path / "cache" / path.lstrip("/").replace("resolve/", "")).exists()
-    assert partial_files(tmp_path / "cache") == []
+    assert not (tmp_path / "cache" / "hub" / path.lstrip("/").replace("resolve/", "")).exists()
+    assert partial_files(tmp_path / "cache" / "hub") == []
     del local.faults[path]
     hub.download(name)  # and fetched whole the next time
 
@@ -633,7 +677,7 @@ def test_a_config_that_is_not_json_is_refused(local, tmp_path):
     local.faults[CONFIG_PATH] = ("redirect", GGUF_PATH)
     with pytest.raises(DownloadError, match=r"config\.json: not valid JSON \(not UTF-8: byte 0x.*; not kept$"):
         hub.download(f"hf:{FOLDER_REPO}")
-    assert not (tmp_path / "cache" / FOLDER_REPO / "main" / "config.json").exists()
+    assert not (tmp_path / "cache" / "hub" / FOLDER_REPO / "main" / "config.json").exists()
 
 
 # --- misbehaving servers -------------------------------------------------------------------------------------------
@@ -659,7 +703,7 @@ def test_a_dripping_or_silent_server_ends_in_a_download_error_after_the_stall_wi
     assert "fewer than 1024 bytes in 1 s (RUVLLM_HF_MIN_SPEED=1024 bytes/s over RUVLLM_HF_STALL_SECONDS=1)" in (
         e.value.message
     )
-    assert not (tmp_path / "cache" / GGUF_REPO / "main" / "tiny-f32.gguf").exists()
+    assert not (tmp_path / "cache" / "hub" / GGUF_REPO / "main" / "tiny-f32.gguf").exists()
 
 
 def test_a_stalled_download_says_how_much_arrived_and_keeps_it(local, tmp_path, monkeypatch):
@@ -667,7 +711,7 @@ def test_a_stalled_download_says_how_much_arrived_and_keeps_it(local, tmp_path, 
     local.faults[GGUF_PATH] = "drip"
     with pytest.raises(DownloadError) as e:
         within(60, lambda: hub.download(GGUF_NAME))
-    (partial,) = partial_files(tmp_path / "cache")
+    (partial,) = partial_files(tmp_path / "cache" / "hub")
     size = local.source(GGUF_REPO, "tiny-f32.gguf").stat().st_size
     kept = partial.stat().st_size
     assert 0 < kept < size
@@ -706,8 +750,8 @@ def test_a_server_that_does_not_answer_as_the_hub_does_is_one_download_error(loc
         hub.download(GGUF_NAME)
     assert e.value.message.startswith(f"{local.endpoint}{GGUF_PATH}: {message}")
     assert e.value.message.isprintable()
-    assert not (tmp_path / "cache" / GGUF_REPO / "main" / "tiny-f32.gguf").exists()
-    assert partial_files(tmp_path / "cache") == []
+    assert not (tmp_path / "cache" / "hub" / GGUF_REPO / "main" / "tiny-f32.gguf").exists()
+    assert partial_files(tmp_path / "cache" / "hub") == []
 
 
 # --- partial files -------------------------------------------------------------------------------------------------
@@ -723,15 +767,15 @@ def test_an_interrupted_download_of_a_file_without_a_hash_leaves_no_partial_file
     local.faults[GGUF_PATH] = "anonymous+pause"  # a plain web server: nothing to check a resumed file against
     with pytest.raises(KeyboardInterrupt):
         hub.download(GGUF_NAME, progress=interrupt_midway)
-    assert not (tmp_path / "cache" / GGUF_REPO / "main" / "tiny-f32.gguf").exists()
-    assert partial_files(tmp_path / "cache") == []
+    assert not (tmp_path / "cache" / "hub" / GGUF_REPO / "main" / "tiny-f32.gguf").exists()
+    assert partial_files(tmp_path / "cache" / "hub") == []
 
 
 def test_an_interrupted_download_of_a_file_with_a_hash_resumes_from_its_partial_file(local, tmp_path):
     local.faults[GGUF_PATH] = "pause"  # half, then the rest: the interrupt comes in between
     with pytest.raises(KeyboardInterrupt):
         hub.download(GGUF_NAME, progress=interrupt_midway)
-    (partial,) = partial_files(tmp_path / "cache")
+    (partial,) = partial_files(tmp_path / "cache" / "hub")
     kept = partial.stat().st_size
     del local.faults[GGUF_PATH]
     local.log.clear()
@@ -740,7 +784,7 @@ def test_an_interrupted_download_of_a_file_with_a_hash_resumes_from_its_partial_
     assert path.read_bytes() == local.source(GGUF_REPO, "tiny-f32.gguf").read_bytes()
     assert [r.range for r in local.log if r.server == "cdn"] == [f"bytes={kept}-"]
     assert calls[0] == (path, kept, path.stat().st_size)
-    assert partial_files(tmp_path / "cache") == []
+    assert partial_files(tmp_path / "cache" / "hub") == []
 
 
 def test_a_server_that_ignores_range_sends_the_whole_file_again(local, tmp_path):
@@ -749,11 +793,11 @@ def test_a_server_that_ignores_range_sends_the_whole_file_again(local, tmp_path)
         hub.download(GGUF_NAME)
     local.faults[GGUF_PATH] = "no-range"
     assert hub.download(GGUF_NAME).read_bytes() == local.source(GGUF_REPO, "tiny-f32.gguf").read_bytes()
-    assert partial_files(tmp_path / "cache") == []
+    assert partial_files(tmp_path / "cache" / "hub") == []
 
 
 def test_stale_partial_files_of_the_target_are_removed_when_its_download_starts(local, tmp_path):
-    folder = tmp_path / "cache" / GGUF_REPO / "main"
+    folder = tmp_path / "cache" / "hub" / GGUF_REPO / "main"
     folder.mkdir(parents=True)
     stale = [folder / ".tiny-f32.gguf.k3j_x9a2.part", folder / ".tiny-f32.gguf.0123456789abcdef.part"]
     other = folder / ".other.gguf.0123456789abcdef.part"  # another file's: not this download's to remove
@@ -768,7 +812,7 @@ fcntl = pytest.importorskip("fcntl") if sys.platform != "win32" else None
 
 @pytest.mark.skipif(fcntl is None, reason="partial files are locked with fcntl.flock (POSIX)")
 def test_a_partial_file_another_download_holds_is_left_alone(local, tmp_path):
-    folder = tmp_path / "cache" / GGUF_REPO / "main"
+    folder = tmp_path / "cache" / "hub" / GGUF_REPO / "main"
     folder.mkdir(parents=True)
     busy = folder / ".tiny-f32.gguf.0123456789abcdef.part"  # another version, being downloaded right now
     with open(busy, "wb") as f:
@@ -780,7 +824,7 @@ def test_a_partial_file_another_download_holds_is_left_alone(local, tmp_path):
 @pytest.mark.skipif(fcntl is None, reason="partial files are locked with fcntl.flock (POSIX)")
 def test_a_download_of_a_version_another_download_holds_waits_for_it(local, tmp_path):
     data = local.source(GGUF_REPO, "tiny-f32.gguf").read_bytes()
-    folder = tmp_path / "cache" / GGUF_REPO / "main"
+    folder = tmp_path / "cache" / "hub" / GGUF_REPO / "main"
     folder.mkdir(parents=True)
     busy = folder / f".tiny-f32.gguf.{hashlib.sha256(data).hexdigest()[:16]}.part"
     with open(busy, "wb") as f:
@@ -883,12 +927,12 @@ def test_list_cached_names_every_complete_model_with_its_size(local, tmp_path):
 def test_ruvllm_download_prints_progress_on_stderr_and_the_path_on_stdout(local, tmp_path, capsys):
     assert cli.main(["download", f"hf:{FOLDER_REPO}"]) == 0
     out, err = capsys.readouterr()
-    assert out == f"{tmp_path / 'cache' / FOLDER_REPO / 'main'}\n"
+    assert out == f"{tmp_path / 'cache' / 'hub' / FOLDER_REPO / 'main'}\n"
     assert "downloading config.json" in err
     assert "downloading model.safetensors" in err
     assert cli.main(["download", f"hf:{FOLDER_REPO}"]) == 0  # cached: same path, nothing downloaded
     out, err = capsys.readouterr()
-    assert out == f"{tmp_path / 'cache' / FOLDER_REPO / 'main'}\n"
+    assert out == f"{tmp_path / 'cache' / 'hub' / FOLDER_REPO / 'main'}\n"
     assert err == ""
 
 
@@ -910,7 +954,7 @@ def test_ruvllm_download_fails_with_one_line(local, capsys, name, message):
 
 
 def test_ruvllm_list_shows_name_kind_size_and_path(local, tmp_path, capsys):
-    cache = tmp_path / "cache"
+    cache = tmp_path / "cache" / "hub"
     assert cli.main(["list"]) == 0
     assert capsys.readouterr().out == f"no models in {cache}\n"
     gguf_path = hub.download(f"hf:{GGUF_REPO}/tiny-f32.gguf")
@@ -936,7 +980,7 @@ def test_ruvllm_list_shows_partial_files_after_the_models(local, tmp_path, capsy
     capsys.readouterr()
     assert cli.main(["list"]) == 0
     lines = [line.split() for line in capsys.readouterr().out.splitlines()]
-    (partial,) = partial_files(tmp_path / "cache")
+    (partial,) = partial_files(tmp_path / "cache" / "hub")
     assert [line[:2] for line in lines] == [[f"hf:{FOLDER_REPO}", "folder"], [GGUF_NAME, "partial"]]
     assert lines[0][-1] == str(folder)
     assert lines[1][-1] == str(partial)

@@ -67,6 +67,44 @@ export function parseHubName(name) {
 }
 
 /**
+ * The canonical `hf:` form of a hub model (the revision shown only when it is not `main`), as hub.py's
+ * HubModel.name.
+ *
+ *   hubName({ owner: 'owner', repo: 'repo', revision: 'v1', file: null }); // 'hf:owner/repo@v1'
+ *
+ * @param {HubModel} model
+ * @returns {string}
+ */
+export function hubName({ owner, repo, revision, file }) {
+  const at = revision === DEFAULT_REVISION ? '' : `@${revision}`;
+  return `${HF_PREFIX}${owner}/${repo}${at}${file === null ? '' : `/${file}`}`;
+}
+
+/**
+ * @typedef {object} HubLocation  where the files of a model location are in the hub: its file NAME is the
+ *   file `dir + NAME` of the repo at the revision
+ * @property {string} owner
+ * @property {string} repo
+ * @property {string} revision
+ * @property {string} dir  '' (a model folder: the repo's top), or the folder of a GGUF file, ending in '/'
+ */
+
+/**
+ * Where the files of `model` are in the hub, for an `hf:` name; null for any other model. Node keeps them
+ * in the cache root's hub folder, where CPython's `ruvllm download` does (worker/hub-folder.js).
+ *
+ *   hubLocation('hf:owner/repo@v1/sub/x.gguf'); // { owner: 'owner', repo: 'repo', revision: 'v1', dir: 'sub/' }
+ *
+ * @param {string} model
+ * @returns {HubLocation | null}
+ */
+export function hubLocation(model) {
+  if (!isHubName(model)) return null;
+  const { owner, repo, revision, file } = parseHubName(model);
+  return { owner, repo, revision, dir: file === null ? '' : file.slice(0, file.lastIndexOf('/') + 1) };
+}
+
+/**
  * Where a model is: an `hf:` name becomes its hub URL; any other URL or path is returned as it is, a GGUF
  * file if it ends in `.gguf`, a model folder otherwise.
  *

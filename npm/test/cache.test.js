@@ -1,4 +1,5 @@
-// The Node file cache: files given by URL are kept on disk, checked before use, written atomically.
+// The Node file cache: files given by URL are kept on disk (the cache root's urls/ folder), checked before
+// use, written atomically. (test/shared-cache.test.js: the root's rule and its hub/ folder, shared with CPython.)
 // The cache logic runs against a local server that counts requests; the last tests load the real model
 // in Pyodide and need a local distribution (skipped, with how to get one, without it).
 import assert from 'node:assert/strict';
@@ -12,7 +13,7 @@ import { after, before, beforeEach, describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 import { RuvLLM, RuvLLMError } from '../src/index.js';
-import { cacheFolder } from '../src/worker/cache-folder.js';
+import { cacheRoot } from '../src/worker/cache-folder.js';
 import { openFile, readBytes, readJson } from '../src/worker/files.js';
 import { feedLoader } from '../src/worker/weights.js';
 import { fakeLoader } from './support/loader.js';
@@ -71,14 +72,15 @@ after(async () => {
   await Promise.all(made.map((dir) => rm(dir, { recursive: true, force: true })));
 });
 
-let cache; // this test's cache folder (RUVLLM_CACHE_DIR)
+let cache; // this test's cache root (RUVLLM_CACHE_DIR): entries by URL are in its urls/ folder
 beforeEach(async () => {
   cache = await temporaryFolder('ruvllm-cache-');
   process.env.RUVLLM_CACHE_DIR = cache;
   hits.clear();
 });
 
-const entryOf = (url) => join(cache, createHash('sha256').update(url).digest('hex'));
+const urls = () => join(cache, 'urls');
+const entryOf = (url) => join(urls(), createHash('sha256').update(url).digest('hex'));
 
 async function read(url, options = {}) {
   const slash = url.lastIndexOf('/') + 1;
@@ -89,22 +91,22 @@ async function read(url, options = {}) {
   return { bytes: Buffer.concat(parts), fromCache: file.fromCache, size: file.size };
 }
 
-/** The cache folder's entries (partial/ holds downloads under way, and is listed separately). */
+/** The entries by URL (partial/ holds downloads under way, and is listed separately). */
 async function entries() {
-  if (!existsSync(cache)) return [];
-  return (await readdir(cache)).filter((name) => name !== 'partial');
+  if (!existsSync(urls())) return [];
+  return (await readdir(urls())).filter((name) => name !== 'partial');
 }
 
 async function partials() {
-  return existsSync(join(cache, 'partial')) ? readdir(join(cache, 'partial')) : [];
+  return existsSync(join(urls(), 'partial')) ? readdir(join(urls(), 'partial')) : [];
 }
 
-test('the cache folder is RUVLLM_CACHE_DIR, else $XDG_CACHE_HOME/ruvllm/models, else ~/.cache/ruvllm/models', async () => {
-  assert.equal(await cacheFolder({ RUVLLM_CACHE_DIR: '/srv/models', XDG_CACHE_HOME: '/xdg' }), '/srv/models');
-  assert.equal(await cacheFolder({ XDG_CACHE_HOME: '/xdg' }), '/xdg/ruvllm/models');
-  assert.equal(await cacheFolder({ XDG_CACHE_HOME: 'relative' }), join(homedir(), '.cache', 'ruvllm', 'models')); // XDG: relative is ignored
-  assert.equal(await cacheFolder({}), join(homedir(), '.cache', 'ruvllm', 'models'));
-  assert.equal(await cacheFolder({ RUVLLM_CACHE_DIR: 'here' }), resolve('here'));
+test('the cache root is RUVLLM_CACHE_DIR, else $XDG_CACHE_HOME/ruvllm, else ~/.cache/ruvllm', async () => {
+  assert.equal(await cacheRoot({ RUVLLM_CACHE_DIR: '/srv/cache', XDG_CACHE_HOME: '/xdg' }), '/srv/cache');
+  assert.equal(await cacheRoot({ XDG_CACHE_HOME: '/xdg' }), '/xdg/ruvllm');
+  assert.equal(await cacheRoot({ XDG_CACHE_HOME: 'relative' }), join(homedir(), '.cache', 'ruvllm')); // XDG: relative is ignored
+  assert.equal(await cacheRoot({}), join(homedir(), '.cache', 'ruvllm'));
+  assert.equal(await cacheRoot({ RUVLLM_CACHE_DIR: 'here' }), resolve('here'));
 });
 
 test('a file given by URL is downloaded once, then read from the cache folder', async () => {
@@ -118,7 +120,8 @@ test('a file given by URL is downloaded once, then read from the cache folder', 
   assert.deepEqual(new Uint8Array(second.bytes), BODY);
   assert.equal(hits.get('/m/model.safetensors'), 1);
 
-  // one folder per URL, named by its sha256: the bytes and what was recorded about them
+  // one folder per URL in the root's urls/, named by its sha256: the bytes and what was recorded about them
+  assert.deepEqual(await readdir(cache), ['urls']);
   assert.deepEqual(await entries(), [createHash('sha256').update(url).digest('hex')]);
   assert.deepEqual((await readdir(entryOf(url))).sort(), ['data', 'entry.json']);
   const entry = JSON.parse(await readFile(join(entryOf(url), 'entry.json'), 'utf8'));
@@ -266,8 +269,8 @@ test('local folders are never cached', async () => {
 
 test('downloads left behind by a stopped run are cleared once an hour old', async () => {
   // a worker that is terminated (an aborted load) runs no cleanup: its partial download stays behind
-  const stale = join(cache, 'partial', 'stale');
-  const fresh = join(cache, 'partial', 'fresh');
+  const stale = join(urls(), 'partial', 'stale');
+  const fresh = join(urls(), 'partial', 'fresh');
   for (const dir of [stale, fresh]) {
     await mkdir(dir, { recursive: true });
     await writeFile(join(dir, 'data'), 'half a file');

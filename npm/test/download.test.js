@@ -66,7 +66,8 @@ after(async () => {
   await Promise.all(made.map((dir) => rm(dir, { recursive: true, force: true })));
 });
 
-const partials = async () => (existsSync(join(cache, 'partial')) ? readdir(join(cache, 'partial')) : []);
+const partial = () => join(cache, 'urls', 'partial'); // downloads under way (cache-folder.js)
+const partials = async () => (existsSync(partial()) ? readdir(partial()) : []);
 
 const stalled = (url, ms) => (e) =>
   e instanceof RuvLLMError &&

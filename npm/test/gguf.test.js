@@ -59,7 +59,8 @@ describe('Gemma 3 GGUF in Pyodide under Node', { skip: SKIP }, () => {
   let llm;
   before(async () => {
     hub = await hubServer();
-    process.env.RUVLLM_CACHE_DIR = await mkdtemp(join(tmpdir(), 'ruvllm-gguf-cache-'));
+    const cache = await mkdtemp(join(tmpdir(), 'ruvllm-gguf-cache-'));
+    process.env.RUVLLM_CACHE_DIR = cache;
     const phases = [];
     llm = await RuvLLM.load({
       model: NAME,
@@ -74,6 +75,9 @@ describe('Gemma 3 GGUF in Pyodide under Node', { skip: SKIP }, () => {
       ['Gemma3ForCausalLM', 268098176, 'built-in gemma', 'wasm'],
     );
     assert.equal(llm.info.downloadedBytes, statSync(GGUF).size);
+    // kept where CPython's `ruvllm download` of the same name keeps it (a plain server: its size checked)
+    const kept = join(cache, 'hub', 'google', 'gemma-3-270m-GGUF', 'main', 'gemma-3-270m-q4_k_m.gguf');
+    assert.equal(statSync(kept).size, statSync(GGUF).size);
   });
   after(async () => {
     await llm?.dispose();

@@ -3,7 +3,17 @@ import http from 'node:http';
 import { test } from 'node:test';
 
 import { RuvLLMError } from '../src/errors.js';
-import { HF_FORMS, hubHeaders, hubToken, isHubName, modelName, parseHubName, resolveModel } from '../src/hub.js';
+import {
+  HF_FORMS,
+  hubHeaders,
+  hubLocation,
+  hubName,
+  hubToken,
+  isHubName,
+  modelName,
+  parseHubName,
+  resolveModel,
+} from '../src/hub.js';
 
 test('hf: names of a folder resolve to the base URL of the repo at its revision', () => {
   assert.deepEqual(resolveModel('hf:HuggingFaceTB/SmolLM2-135M-Instruct'), {
@@ -38,6 +48,22 @@ test('parseHubName gives owner, repo, revision and file', () => {
   assert.ok(isHubName('hf:x'));
   assert.ok(!isHubName('https://host/hf:x'));
   assert.ok(!isHubName(undefined));
+});
+
+test("hubLocation says where a model's files are in its repo (Node keeps them there); hubName is the canonical form", () => {
+  assert.deepEqual(hubLocation('hf:owner/repo'), { owner: 'owner', repo: 'repo', revision: 'main', dir: '' });
+  assert.deepEqual(hubLocation('hf:owner/repo@v2/sub/dir/x.gguf'), {
+    owner: 'owner',
+    repo: 'repo',
+    revision: 'v2',
+    dir: 'sub/dir/',
+  });
+  assert.equal(hubLocation('hf:owner/repo/x.gguf').dir, '');
+  assert.equal(hubLocation('https://host/models/x.gguf'), null);
+  for (const name of ['hf:owner/repo', 'hf:owner/repo@v2', 'hf:owner/repo@v2/sub/x.gguf']) {
+    assert.equal(hubName(parseHubName(name)), name); // hub.py's HubModel.name
+  }
+  assert.equal(hubName(parseHubName('hf:owner/repo@main/x.gguf')), 'hf:owner/repo/x.gguf');
 });
 
 test('other models are returned as they are, a GGUF file when they end in .gguf', () => {

@@ -56,7 +56,7 @@ export interface Progress {
   file?: string;
   fileLoaded?: number;
   fileTotal?: number;
-  /** True when the bytes come from the cache (the browser's Cache API, Node's cache folder) rather than the network. */
+  /** True when the bytes come from the cache (the browser's Cache API, Node's cache root) rather than the network. */
   fromCache?: boolean;
   /** How Python started ('runtime', once it has: the same as `info.boot`). */
   boot?: BootReport;
@@ -126,9 +126,11 @@ export interface LoadOptions {
   signal?: AbortSignal;
   /**
    * Keep files downloaded by URL so the next load does not download them again. Browsers: the Cache API.
-   * Node: a folder, `$RUVLLM_CACHE_DIR`, else `$XDG_CACHE_HOME/ruvllm/models`, else `~/.cache/ruvllm/models`,
-   * whose files are checked (size and sha256) before every use; delete it to clear the cache. Folder paths
-   * are never cached. Default true; false neither reads nor writes the cache.
+   * Node: the cache root shared with the Python package, `$RUVLLM_CACHE_DIR`, else `$XDG_CACHE_HOME/ruvllm`,
+   * else `~/.cache/ruvllm`: `hf:` names in its `hub/` folder, where `ruvllm download` keeps them (each file
+   * checked before it is put there), other URLs in `urls/` (checked, size and sha256, before every use);
+   * delete it to clear the cache. `$RUVLLM_MODELS_DIR` (retired) is refused. Folder paths are never
+   * cached. Default true; false neither reads nor writes the cache.
    * @example
    * await RuvLLM.load({ model: 'https://host/models/smollm2/', cache: false }); // always from the network
    */
@@ -137,7 +139,7 @@ export interface LoadOptions {
    * Start Python from a boot snapshot: memory of Pyodide with NumPy and ruvllm imported, saved by the first
    * load and restored by later ones (about 2-3 s instead of 10-20 s on a busy machine; `info.boot` says
    * which happened). Browsers keep it in the Cache API (cache `ruvllm-boot-v1`), Node in the cache
-   * folder's `boot/` (see `cache`); about 37 MB, one per version of this package. A snapshot that is damaged
+   * root's `boot/` (see `cache`); about 37 MB, one per version of this package. A snapshot that is damaged
    * is made again; one that does not restore is never tried again for this version: those loads start
    * Python afresh and say why in `info.boot.note`. Default: `cache` (true); false neither reads nor writes one.
    * @example

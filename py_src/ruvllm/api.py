@@ -316,7 +316,8 @@ def load(
     arithmetic: str = DEFAULT_ARITHMETIC,
 ) -> Model:
     """Load a model: a GGUF file (`x.gguf`), a ruvllm or plain Hugging Face safetensors model folder, or
-    a hub name (`hf:OWNER/REPO/FILE.gguf`, `hf:OWNER/REPO`: downloaded into the cache folder once).
+    a hub name (`hf:OWNER/REPO/FILE.gguf`, `hf:OWNER/REPO`: downloaded once into the cache root's hub
+    folder, files/hub.py).
 
     compute: how weights live in memory ("f32", "q8", "q4"; "auto": the fastest that fits
     `memory_budget` bytes, f32 without a budget). kv: the two-tier KV cache (KVOptions).

@@ -1,6 +1,6 @@
 /**
  * Where boot snapshots are kept (snapshot.js makes and restores them): the Cache API in browsers (cache
- * `ruvllm-boot-v1`), the cache folder's `boot/` sub-folder in Node. One entry per key (the Pyodide
+ * `ruvllm-boot-v1`), the cache root's `boot/` folder in Node (cache-folder.js). One entry per key (the Pyodide
  * version, our wheel's and NumPy's sha256); storing one removes the entries of other keys, so an
  * updated package leaves no old snapshot behind.
  *
@@ -16,7 +16,7 @@
  */
 
 import { IS_NODE } from '../env.js';
-import { cacheFolder } from './cache-folder.js';
+import { CACHE_FOLDERS, cacheFolder } from './cache-folder.js';
 
 export const BOOT_CACHE_NAME = 'ruvllm-boot-v1';
 const MAGIC = new TextEncoder().encode('RUVBOOT1');
@@ -82,10 +82,9 @@ export async function openBootCache() {
   }
 }
 
-/** Node: <cache folder>/boot, the cache folder being the one of model files (cache-folder.js). */
+/** Node: the cache root's boot folder, <root>/boot (cache-folder.js). */
 export async function bootFolder(env = process.env) {
-  const { join } = await import('node:path');
-  return join(await cacheFolder(env), 'boot');
+  return cacheFolder(CACHE_FOLDERS.boot, env);
 }
 
 /** Entries as files `<key>.snapshot`, written under a unique name and renamed into place (atomic). */

@@ -1,10 +1,23 @@
 /**
- * The cache folder of Node: model files downloaded by URL, kept on disk and checked before every use
- * (the Cache API plays this part in browsers; files.js picks one or the other). Node modules are
- * imported on first use, so this module also loads, unused, in browsers.
+ * The cache root of Node: model files downloaded by URL, kept on disk and checked (the Cache API plays
+ * this part in browsers; files.js picks one or the other), and boot snapshots. The root is shared with
+ * CPython's ruvllm (ruvllm/files/hub.py):
+ *
+ *   <root>/hub/<owner>/<repo>/<revision>/<path>    files of hf: names, as both runtimes write them (hub-folder.js)
+ *   <root>/urls/<sha256 of the URL>/               files given by URL, one entry each (FolderCache below)
+ *   <root>/boot/                                   boot snapshots (boot-cache.js)
+ *
+ * Node modules are imported on first use, so this module also loads, unused, in browsers.
  */
 
+import { RuvLLMError } from '../errors.js';
+
 const STALE_PARTIAL_MS = 60 * 60 * 1000;
+
+/** The root's folders: hub downloads (the layout CPython writes), entries by URL, boot snapshots. */
+export const CACHE_FOLDERS = Object.freeze({ hub: 'hub', urls: 'urls', boot: 'boot' });
+const CACHE_DIR_ENV = 'RUVLLM_CACHE_DIR';
+const RETIRED_ENV = 'RUVLLM_MODELS_DIR'; // the hub folder itself, until the two runtimes shared one root
 
 /**
  * @typedef {{ fs: typeof import('node:fs').promises, path: typeof import('node:path'), os: typeof import('node:os'),
@@ -14,7 +27,7 @@ const STALE_PARTIAL_MS = 60 * 60 * 1000;
 /** @type {Promise<NodeModules> | null} */
 let nodeModules = null;
 /** node:fs/promises, node:path, node:os and node:crypto, imported on first use: this file runs in browsers too. */
-function node() {
+export function node() {
   nodeModules ??= Promise.all([import('node:fs'), import('node:path'), import('node:os'), import('node:crypto')]).then(
     ([fs, path, os, crypto]) => ({ fs: fs.promises, path, os, crypto }),
   );
@@ -22,27 +35,62 @@ function node() {
 }
 
 /** Errors of the file system (they have a code) mean "no caching"; anything else is a bug and goes on. */
-function rethrowBug(error) {
+export function rethrowBug(error) {
   if (error?.code === undefined && !(error instanceof SyntaxError)) throw error;
 }
 
 /**
- * Where Node keeps downloaded model files: $RUVLLM_CACHE_DIR, else $XDG_CACHE_HOME/ruvllm/models (only
- * an absolute XDG_CACHE_HOME counts, as the XDG spec says), else ~/.cache/ruvllm/models.
+ * The root of everything ruvllm keeps on disk: $RUVLLM_CACHE_DIR, else $XDG_CACHE_HOME/ruvllm (only an
+ * absolute XDG_CACHE_HOME counts, as the XDG spec says), else ~/.cache/ruvllm; absolute and normalised,
+ * symlinks left as they are, a leading `~` meaning $HOME. The same rule as cache_root in
+ * ruvllm/files/hub.py (test/shared-cache.test.js holds the two to the same answers). An `invalid_argument`
+ * RuvLLMError when the retired $RUVLLM_MODELS_DIR is set to another folder than the hub folder this gives:
+ * it is never ignored in silence.
+ *
+ *   await cacheRoot({ XDG_CACHE_HOME: '/xdg' }); // '/xdg/ruvllm'
  */
-export async function cacheFolder(env = process.env) {
+export async function cacheRoot(env = process.env) {
   const { path, os } = await node();
-  if (env.RUVLLM_CACHE_DIR) return path.resolve(env.RUVLLM_CACHE_DIR);
-  const xdg = env.XDG_CACHE_HOME && path.isAbsolute(env.XDG_CACHE_HOME) ? env.XDG_CACHE_HOME : null;
-  return path.join(xdg ?? path.join(os.homedir(), '.cache'), 'ruvllm', 'models');
+  const home = env.HOME || os.homedir();
+  const absolute = (where) => path.resolve(where === '~' || where.startsWith('~/') ? home + where.slice(1) : where);
+  const xdg = env.XDG_CACHE_HOME ?? '';
+  let root;
+  if (env[CACHE_DIR_ENV]) root = absolute(env[CACHE_DIR_ENV]);
+  else if (path.isAbsolute(xdg)) root = absolute(path.join(xdg, 'ruvllm'));
+  else root = absolute(path.join(home, '.cache', 'ruvllm'));
+  const hub = path.join(root, CACHE_FOLDERS.hub);
+  const retired = env[RETIRED_ENV];
+  if (retired && absolute(retired) !== hub) {
+    throw new RuvLLMError('invalid_argument', retiredMessage(path, absolute(retired), hub));
+  }
+  return root;
+}
+
+/** The folder `name` (one of CACHE_FOLDERS) of the cache root. */
+export async function cacheFolder(name, env = process.env) {
+  const { path } = await node();
+  return path.join(await cacheRoot(env), name);
+}
+
+/** What a $RUVLLM_MODELS_DIR of `modelsDir` is told, the hub folder being `hub` (hub.py says the same). */
+function retiredMessage(path, modelsDir, hub) {
+  const advice =
+    path.basename(modelsDir) === CACHE_FOLDERS.hub
+      ? `Set ${CACHE_DIR_ENV}=${path.dirname(modelsDir)} to keep using it`
+      : `Set ${CACHE_DIR_ENV} instead and move the models of ${modelsDir} into its ${CACHE_FOLDERS.hub}/ folder`;
+  return (
+    `$${RETIRED_ENV} is no longer read (it is ${modelsDir}): $${CACHE_DIR_ENV} replaced it, the root of ` +
+    `everything ruvllm caches, hub downloads being kept in its ${CACHE_FOLDERS.hub}/ folder (now ${hub}). ${advice}, ` +
+    `and unset ${RETIRED_ENV}`
+  );
 }
 
 /**
- * The cache folder, one entry per file URL:
+ * Files given by URL, one entry per URL in the root's urls/ folder:
  *
- *   <folder>/<sha256 of the URL>/data          the file's bytes
- *   <folder>/<sha256 of the URL>/entry.json    { url, size, sha256, etag?, lastModified? }
- *   <folder>/partial/<unique>/                 a download under way (data, then entry.json)
+ *   urls/<sha256 of the URL>/data          the file's bytes
+ *   urls/<sha256 of the URL>/entry.json    { url, size, sha256, etag?, lastModified? }
+ *   urls/partial/<unique>/                 a download under way (data, then entry.json)
  *
  * An entry appears whole or not at all: a download is written under partial/, and its folder is renamed
  * into place (atomic within one file system) once the body ended with the size the server announced.
@@ -54,6 +102,11 @@ export async function cacheFolder(env = process.env) {
 export class FolderCache {
   constructor(folder) {
     this.folder = folder;
+  }
+
+  /** The cache of files given by URL under the cache root (cacheRoot: throws for a retired variable). */
+  static async open(env = process.env) {
+    return new FolderCache(await cacheFolder(CACHE_FOLDERS.urls, env));
   }
 
   async entryPath(url) {
@@ -90,7 +143,7 @@ export class FolderCache {
     return null;
   }
 
-  /** A CacheWriter for the download of `url`, or null when the folder cannot be written. */
+  /** A DiskWriter for the download of `url`, or null when the folder cannot be written. */
   async writer(url, response) {
     const { fs, path, crypto } = await node();
     const partial = path.join(this.folder, 'partial');
@@ -103,8 +156,17 @@ export class FolderCache {
       const handle = await fs.open(path.join(dir, 'data'), 'wx');
       const version = { etag: response.headers.get('etag'), lastModified: response.headers.get('last-modified') };
       for (const key of Object.keys(version)) if (version[key] === null) delete version[key];
-      const hash = crypto.createHash('sha256');
-      return new CacheWriter({ handle, dir, target: await this.entryPath(url), url, version, hash });
+      const target = await this.entryPath(url);
+      const where = /** @type {string} */ (dir);
+      /** The entry, renamed into place whole; false (dropped) when another run stored this URL first. */
+      const commit = async ({ size, digest }) => {
+        const entry = { url, size, sha256: digest, ...version };
+        await fs.writeFile(path.join(where, 'entry.json'), JSON.stringify(entry));
+        await fs.rename(where, target); // ENOTEMPTY: another run stored this URL first
+        return true;
+      };
+      const drop = () => fs.rm(where, { recursive: true, force: true });
+      return new DiskWriter({ handle, hash: crypto.createHash('sha256'), commit, drop });
     } catch (error) {
       rethrowBug(error); // read-only disk, no permission, a file where the folder should be
       if (dir !== null) await fs.rm(dir, { recursive: true, force: true }).catch(rethrowBug);
@@ -113,35 +175,40 @@ export class FolderCache {
   }
 }
 
-/** One download copied into the cache folder as it streams by; an entry only if it completes. */
-class CacheWriter {
+/**
+ * One download copied to disk as it streams by, made a cached file by `commit` only if it completes.
+ * commit({ size, digest }) (the bytes written and the hash's hex digest) puts the copy in place and
+ * resolves to true, or to false when the copy is not to be kept; drop() removes the copy. Both may fail
+ * with an error of the file system: that costs the caching, never the load.
+ */
+export class DiskWriter {
   #handle;
-  #dir;
-  #target;
-  #url;
-  #version; // what the server said of the file's version (etag, lastModified), kept for reference
   #hash;
+  #commit;
+  #drop;
   #bytes = 0;
   #failed = false;
   #finished = false;
   #settle;
-  /** Settles once the download ended: true if it became an entry. */
+  /** Settles once the download ended: true if it became a cached file. */
   stored = new Promise((resolve) => {
     this.#settle = resolve;
   });
 
-  constructor({ handle, dir, target, url, version, hash }) {
-    this.#hash = hash;
+  /**
+   * @param {{ handle: import('node:fs/promises').FileHandle, hash: import('node:crypto').Hash,
+   *   commit: (copy: { size: number, digest: string }) => Promise<boolean>, drop: () => Promise<unknown> }} parts
+   */
+  constructor({ handle, hash, commit, drop }) {
     this.#handle = handle;
-    this.#dir = dir;
-    this.#target = target;
-    this.#url = url;
-    this.#version = version;
+    this.#hash = hash;
+    this.#commit = commit;
+    this.#drop = drop;
   }
 
   /**
    * Pass `chunks` through, writing each to disk (never more than one chunk held here). After the last
-   * one, with `size` bytes (null: the server did not say), the copy becomes an entry; a download that
+   * one, with `size` bytes (null: the server did not say), the copy is committed; a download that
    * failed, or that the reader stopped, is dropped.
    */
   async *copy(chunks, size) {
@@ -177,19 +244,14 @@ class CacheWriter {
   async #finish(complete) {
     if (this.#finished) return false;
     this.#finished = true;
-    const { fs, path } = await node();
     try {
       await this.#handle.close();
-      if (complete && !this.#failed) {
-        const entry = { url: this.#url, size: this.#bytes, sha256: this.#hash.digest('hex'), ...this.#version };
-        await fs.writeFile(path.join(this.#dir, 'entry.json'), JSON.stringify(entry));
-        await fs.rename(this.#dir, this.#target);
+      if (complete && !this.#failed && (await this.#commit({ size: this.#bytes, digest: this.#hash.digest('hex') })))
         return true;
-      }
     } catch (error) {
-      rethrowBug(error); // ENOTEMPTY: another run stored this URL first; any other: no caching
+      rethrowBug(error); // the copy could not be put in place: no caching
     }
-    await fs.rm(this.#dir, { recursive: true, force: true }).catch(rethrowBug);
+    await this.#drop().catch(rethrowBug);
     return false;
   }
 }
@@ -205,6 +267,16 @@ async function sha256Of(handle) {
     hash.update(buffer.subarray(0, bytesRead));
     position += bytesRead;
   }
+}
+
+/** True when the file or folder at `where` has not changed for an hour: left by a run that stopped. */
+export async function isStale(where, now = Date.now()) {
+  const { fs } = await node();
+  const changed = await fs.stat(where).then(
+    (s) => s.mtimeMs,
+    () => now,
+  );
+  return now - changed > STALE_PARTIAL_MS;
 }
 
 /**

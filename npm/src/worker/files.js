@@ -1,11 +1,13 @@
 /**
- * Reading a model's files from a URL (fetch, kept in the Cache API in browsers and in a cache folder in
- * Node) or, in Node, from a folder. Bodies are streamed: callers get the size first, then chunks, so
- * weights can be copied straight into memory that the Python side owns.
+ * Reading a model's files from a URL (fetch, kept in the Cache API in browsers and in the cache root in
+ * Node: the files of `hf:` names in its hub folder, where CPython's ruvllm keeps them too, any other URL's
+ * in its urls folder) or, in Node, from a folder. Bodies are streamed: callers get the size first, then
+ * chunks, so weights can be copied straight into memory that the Python side owns.
  */
 
 import { MODELS_CACHE } from '../bridge-schema.js';
-import { FolderCache, cacheFolder } from './cache-folder.js';
+import { FolderCache } from './cache-folder.js';
+import { HubFolder } from './hub-folder.js';
 import { IS_NODE } from '../env.js';
 import { AbortError, RuvLLMError } from '../errors.js';
 import { STALL_TIMEOUT_MS } from '../options.js';
@@ -32,21 +34,27 @@ export function fileLocation(base, name) {
  * Network reads wait at most `stallTimeoutMs` for the server's next byte (the headers, then each piece
  * of the body), then fail with a `download` error naming the URL; aborting `signal` stops them with an
  * AbortError.
+ *
+ * hub.location: where the files of `base` are in the hub (an `hf:` name's, hub.js's hubLocation). In Node
+ * they are then read from and written to the cache root's hub folder, as CPython's `ruvllm download` does.
  * @param {string} base
  * @param {string} name
  * @param {{ cache?: boolean, optional?: boolean, stallTimeoutMs?: number, signal?: AbortSignal,
- *   hub?: { hfEndpoint?: string, hfToken?: string } }} [options]
+ *   hub?: { hfEndpoint?: string, hfToken?: string, location?: import('../hub.js').HubLocation | null } }} [options]
  */
 export async function openFile(base, name, { cache = true, optional = false, ...network } = {}) {
   const where = fileLocation(base, name);
   if (isLocalPath(base)) return openLocal(where, name, optional);
+  const hub = network.hub ?? {};
   const watch = {
     stallTimeoutMs: network.stallTimeoutMs ?? STALL_TIMEOUT_MS,
     signal: network.signal,
-    headers: hubHeaders(where, network.hub ?? {}), // HF_TOKEN for the hub only (hub.js)
+    headers: (/** @type {string} */ url) => hubHeaders(url, hub), // HF_TOKEN for the hub only (hub.js)
   };
-  if (IS_NODE) return openThroughFolder(where, name, { cache, optional, watch });
-  return openThroughCacheApi(where, name, { cache, optional, watch });
+  if (!IS_NODE) return openThroughCacheApi(where, name, { cache, optional, watch });
+  const { location } = hub;
+  const hubFile = location ? { ...location, path: location.dir + name } : null;
+  return openThroughFolder(where, name, { cache, optional, watch, hubFile });
 }
 
 /**
@@ -132,9 +140,15 @@ function copyIntoCache(store, url, response, chunks) {
   return { chunks: copy(), stored, drop };
 }
 
-async function openThroughFolder(url, name, { cache, optional, watch }) {
-  const folder = cache ? new FolderCache(await cacheFolder()) : null;
-  const hit = await folder?.read(url);
+/**
+ * Node: the file from the cache root, else downloaded and stored there. A file of the hub (`hubFile`:
+ * owner, repo, revision, path) is kept in its hub folder (hub-folder.js), any other URL in its urls folder.
+ */
+async function openThroughFolder(url, name, { cache, optional, watch, hubFile }) {
+  const hub = cache && hubFile ? await HubFolder.open() : null;
+  const urls = cache && !hubFile ? await FolderCache.open() : null;
+  if (optional && hub && hubFile && (await hub.absent(hubFile))) return null; // its folder's record says so
+  const hit = hub && hubFile ? await hub.read(hubFile) : await urls?.read(url);
   if (hit) {
     return opened({
       size: hit.size,
@@ -143,12 +157,15 @@ async function openThroughFolder(url, name, { cache, optional, watch }) {
       dropUnread: async () => void hit.stream.destroy(), // (not destroy's answer: the stream, no promise)
     });
   }
-  const fetched = await download(url, name, optional, watch);
+  const fetched = await download(url, name, optional, { ...watch, hub: hubFile !== null });
   if (fetched === null) return null;
-  const { response } = fetched;
+  const { response, said } = fetched;
   const size = declaredSize(response);
   const chunks = streamChunks(response.body, name, fetched);
-  const writer = await folder?.writer(url, response); // null when the folder cannot be written
+  const writer = // null when the folder cannot be written
+    hub && hubFile
+      ? await hub.writer(hubFile, { ...said, size: said.size ?? size })
+      : await urls?.writer(url, response);
   if (!writer) return opened({ size, chunks, fromCache: false, dropUnread: () => fetched.stop() });
   return opened({
     size,
@@ -160,11 +177,13 @@ async function openThroughFolder(url, name, { cache, optional, watch }) {
 }
 
 /**
- * Fetch `url`: resolves to { response, url, read(promise), stop() }, or to null for a missing optional
+ * Fetch `url`: resolves to { response, said, read(promise), stop() }, or to null for a missing optional
  * file; a `download` error otherwise. Every wait on the server (`read` wraps the body's reads) fails
- * after `stallTimeoutMs` without a byte; `signal` aborts them all.
+ * after `stallTimeoutMs` without a byte; `signal` aborts them all. `headers(url)`: a request's headers.
+ * With `hub` (a file of the hub, in Node), redirects are followed here, so that `said` holds what the hub
+ * said of the file (hubSays); otherwise fetch follows them and nothing is said.
  */
-async function download(url, name, optional, { stallTimeoutMs, signal, headers = {} }) {
+async function download(url, name, optional, { stallTimeoutMs, signal, headers, hub = false }) {
   if (signal?.aborted) throw new AbortError('loading aborted');
   const controller = new AbortController();
   const onAbort = () => controller.abort();
@@ -197,8 +216,19 @@ async function download(url, name, optional, { stallTimeoutMs, signal, headers =
     controller.abort();
   };
   let response;
+  let said = NOTHING_SAID;
   try {
-    response = await read(fetch(url, { signal: controller.signal, headers }));
+    if (!hub) response = await read(fetch(url, { signal: controller.signal, headers: headers(url) }));
+    else {
+      // (identity: a size the hub announces is the body's, as transfer.py asks)
+      const ask = (here) =>
+        fetch(here, {
+          signal: controller.signal,
+          headers: { ...headers(here), 'Accept-Encoding': 'identity' },
+          redirect: 'manual',
+        });
+      ({ response, said } = await followHub(url, name, (here) => read(ask(here))));
+    }
   } catch (error) {
     await stop();
     if (error instanceof RuvLLMError || error instanceof AbortError) throw error;
@@ -212,7 +242,64 @@ async function download(url, name, optional, { stallTimeoutMs, signal, headers =
   if (!response.ok) {
     throw new RuvLLMError('download', `${name}: ${url} answered HTTP ${response.status} ${response.statusText}`.trim());
   }
-  return { response, read, stop };
+  return { response, said, read, stop };
+}
+
+const REDIRECTS = new Set([301, 302, 303, 307, 308]);
+const MAX_REDIRECTS = 10; // transfer.py's
+/** @type {import('./hub-folder.js').HubExpected} */
+const NOTHING_SAID = Object.freeze({ size: null, sha256: null, gitBlob: null });
+
+/**
+ * The answer with the file's bytes, redirects followed (`ask(url)` fetches one without following), and what
+ * the hub said of the file in its first answer that carries X-Repo-Commit (hubSays).
+ * @param {string} url
+ * @param {string} name
+ * @param {(url: string) => Promise<Response>} ask
+ */
+async function followHub(url, name, ask) {
+  /** @type {import('./hub-folder.js').HubExpected | null} */
+  let said = null;
+  for (let here = url, hops = 0; ; hops++) {
+    const response = await ask(here);
+    said ??= hubSays(response);
+    const location = response.headers.get('location');
+    if (!REDIRECTS.has(response.status) || location === null) return { response, said: said ?? NOTHING_SAID };
+    await response.body?.cancel().catch(() => {});
+    if (hops === MAX_REDIRECTS) {
+      throw new RuvLLMError(
+        'download',
+        `${name}: ${url}: more than ${MAX_REDIRECTS} redirects (a loop?), the last to ${here}`,
+      );
+    }
+    here = new URL(location, here).href;
+    if (!/^https?:$/.test(new URL(here).protocol)) {
+      throw new RuvLLMError('download', `${name}: ${url} redirected to ${here}, not an http(s) URL`);
+    }
+  }
+}
+
+/**
+ * What the hub says of a file in an answer that carries X-Repo-Commit (transfer.py's _note_hub), or null for
+ * another answer: its size (X-Linked-Size, else the Content-Length of an answer that is not a redirect), and
+ * X-Linked-Etag or ETag as the sha256 of a large file (64 hex digits) or the git blob id of a small one (40).
+ * @param {Response} response
+ * @returns {import('./hub-folder.js').HubExpected | null}
+ */
+function hubSays(response) {
+  const { headers } = response;
+  if (!headers.get('x-repo-commit')) return null;
+  const etag = (headers.get('x-linked-etag') || headers.get('etag') || '').trim().replace(/^W\//, '');
+  const tag = etag.replace(/^"|"$/g, '').toLowerCase();
+  const hex = /^[0-9a-f]+$/.test(tag) ? tag : '';
+  const linked = (headers.get('x-linked-size') ?? '').trim();
+  let size = /^[0-9]+$/.test(linked) ? Number(linked) : null;
+  if (size === null && !REDIRECTS.has(response.status)) size = declaredSize(response);
+  return {
+    size,
+    sha256: hex.length === 64 ? hex : null,
+    gitBlob: hex.length === 40 && size !== null ? hex : null,
+  };
 }
 
 /** The body's size in bytes, or null if the response does not say (or is compressed). */

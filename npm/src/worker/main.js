@@ -18,7 +18,9 @@ import { parseJson, readBytes, readText } from './files.js';
 import { startThreads } from './threads.js';
 import { callBridge, heapBytes, startPython } from './python.js';
 import { feedLoader } from './weights.js';
-import { modelName, resolveModel } from '../hub.js';
+import { cacheRoot } from './cache-folder.js';
+import { recordHubFolder } from './hub-folder.js';
+import { hubLocation, modelName, resolveModel } from '../hub.js';
 
 /**
  * The worker's end of its channel: Node's parentPort, or in browsers the worker's global scope (which
@@ -94,9 +96,13 @@ async function load({ id, options }) {
 
 async function loadModel(id, options, signal) {
   const progress = (p) => send({ type: 'progress', id, progress: p });
-  const hub = { hfEndpoint: options.hfEndpoint, hfToken: options.hfToken };
+  // an hf: name's files are kept in the cache root's hub folder, where CPython's `ruvllm download` keeps them
+  const location = hubLocation(options.model);
+  const hub = { hfEndpoint: options.hfEndpoint, hfToken: options.hfToken, location };
   const files = { cache: options.cache !== false, stallTimeoutMs: options.stallTimeoutMs, signal, hub };
   const { url, kind } = resolveModel(options.model, { hfEndpoint: options.hfEndpoint });
+  // the environment's cache root read before anything else: a retired $RUVLLM_MODELS_DIR fails at once
+  if (IS_NODE && (files.cache || options.bootCache)) await cacheRoot();
   const chatTemplate = options.chatTemplate ?? null;
   state.model = modelName(options.model);
   // A folder's first file, its config, read before Pyodide boots: a wrong model location fails in
@@ -105,7 +111,7 @@ async function loadModel(id, options, signal) {
   /** @type {Record<string, Uint8Array | null>} */
   const prefetched = kind === 'folder' ? { [config]: await readBytes(url, config, files) } : {};
   const { base, name } = kind === 'folder' ? { base: url, name: null } : splitLocation(url);
-  await withLoader(id, options, progress, signal, name, (loader, onPlan) => {
+  await withLoader(id, options, progress, signal, name, async (loader, onPlan) => {
     const onDocuments = (documents) => {
       // the text layer's own copy of each document (Python parses the bytes it was given for itself)
       const json = (file) => (documents[file] ? parseJson(documents[file], file) : {});
@@ -119,7 +125,10 @@ async function loadModel(id, options, signal) {
       });
     };
     const feed = { ...files, prefetched, onDocuments, onPlan, onProgress: progress };
-    return feedLoader(loader, base, feed);
+    const read = await feedLoader(loader, base, feed);
+    // a hub folder read whole gets hub.py's record of it, so neither runtime asks the hub for it again
+    if (IS_NODE && files.cache && location && name === null) await recordHubFolder(location, read.files);
+    return read;
   });
 }
 

@@ -20,13 +20,14 @@ const PROGRESS_INTERVAL_MS = 100;
  * weight file's header is in, before their data; onProgress
  * { phase: 'download', file, fileLoaded, fileTotal, loaded, total, fromCache }. The other options (cache,
  * stallTimeoutMs, signal, hub) are openFile's. Whatever fails, every file opened is closed: no download
- * goes on and no partial copy stays.
+ * goes on and no partial copy stays. Resolves to the bytes of the weights (`total`), whether they all came
+ * from the cache, the memory plan, and `files`: every file read (documents and weights), name -> size.
  * @param {import('pyodide/ffi').PyProxy} loader
  * @param {string} base
  * @param {{ prefetched?: Record<string, Uint8Array | null>,
  *   onDocuments?: (documents: Record<string, Uint8Array | null>) => void, onPlan?: (plan: object) => void,
  *   onProgress?: (progress: object) => void } & Parameters<typeof openFile>[2]} [options]
- * @returns {Promise<{ total: number, fromCache: boolean, plan: object | null }>}
+ * @returns {Promise<{ total: number, fromCache: boolean, plan: object | null, files: Record<string, number> }>}
  */
 export async function feedLoader(
   loader,
@@ -41,6 +42,8 @@ export async function feedLoader(
     onDocuments(documents);
   };
   const weights = new Map(); // weight files, opened for their header and read on for their data
+  /** @type {Record<string, number>} */
+  const read = {}; // every file read: name -> size
   let plan = null;
   /** @type {{ total: number, loaded: number, lastReport: number } | null} */
   let download = null; // once the data begins
@@ -53,6 +56,7 @@ export async function feedLoader(
             : await readBytes(base, want.name, { ...open, optional: want.optional });
         callBridge(loader, 'give_document', want.name, bytes);
         documents[want.name] = bytes;
+        if (bytes !== null) read[want.name] = bytes.length;
       } else if (want.part === 'header') {
         if (!told && Object.keys(documents).length > 0) tell();
         const file = await openWeights(base, want.name, open);
@@ -72,7 +76,8 @@ export async function feedLoader(
   // Ready means cached: a reload right after loading must not download again.
   const files = [...weights.values()];
   await Promise.all(files.map((f) => f.stored));
-  return { total: download?.total ?? 0, fromCache: files.every((f) => f.fromCache), plan };
+  for (const file of files) read[file.name] = file.size;
+  return { total: download?.total ?? 0, fromCache: files.every((f) => f.fromCache), plan, files: read };
 }
 
 /** A weight file opened (its size known, its body not read yet). */

@@ -8,9 +8,11 @@ Accepted forms (REVISION, a branch, tag or commit, defaults to `main`):
     hf:OWNER/REPO@REVISION/FILE.gguf
 
 A file lives at `{endpoint}/{owner}/{repo}/resolve/{revision}/{path}`, the Hugging Face hub's layout; the
-endpoint is $RUVLLM_HF_ENDPOINT, else https://huggingface.co. Downloads go to the cache folder
-($RUVLLM_MODELS_DIR, else $XDG_CACHE_HOME/ruvllm/hub, else ~/.cache/ruvllm/hub) as
-`<cache>/<owner>/<repo>/<revision>/<path>`.
+endpoint is $RUVLLM_HF_ENDPOINT, else https://huggingface.co. Downloads go to the hub folder of the cache
+root (`cache_root`: $RUVLLM_CACHE_DIR, else $XDG_CACHE_HOME/ruvllm, else ~/.cache/ruvllm) as
+`<root>/hub/<owner>/<repo>/<revision>/<path>`. The npm package reads and writes `hf:` names in the same
+folder the same way (npm/src/worker/hub-folder.js), so a model downloaded by either runtime is read by the
+other without a request.
 
 A file is renamed to its final path only once it has arrived whole and checked (files/transfer.py: the
 size and, where the hub gives it, the sha256 or git blob id; then its format: a GGUF's magic, JSON that
@@ -30,6 +32,7 @@ import json
 import os
 import re
 import urllib.parse
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, overload
@@ -45,6 +48,9 @@ DEFAULT_REVISION = "main"
 FORMS = "hf:OWNER/REPO (a model folder) or hf:OWNER/REPO/FILE.gguf (one GGUF file), with @REVISION after REPO optional"
 GGUF_MAGIC = b"GGUF"
 COMPLETE = ".complete"  # a model folder's record of its files: written last, so it means "all arrived"
+CACHE_DIR_ENV = "RUVLLM_CACHE_DIR"
+RETIRED_ENV = "RUVLLM_MODELS_DIR"  # the hub folder itself, until the two runtimes shared one root
+HUB_FOLDER = "hub"  # the root's folder of hub downloads (the npm package keeps urls/ and boot/ beside it)
 
 # Owner, repo and revision: letters, digits, '.', '_', '-' (the hub's own rule, less its length limits).
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
@@ -138,13 +144,57 @@ def hub_endpoint() -> str:
     return endpoint
 
 
-def cache_folder() -> Path:
-    """$RUVLLM_MODELS_DIR, else $XDG_CACHE_HOME/ruvllm/hub (only an absolute one counts), else ~/.cache/ruvllm/hub."""
-    if os.environ.get("RUVLLM_MODELS_DIR"):
-        return Path(os.environ["RUVLLM_MODELS_DIR"]).expanduser().resolve()
-    xdg = os.environ.get("XDG_CACHE_HOME", "")
-    base = Path(xdg) if os.path.isabs(xdg) else Path.home() / ".cache"
-    return base / "ruvllm" / "hub"
+def cache_root(environ: Mapping[str, str] | None = None) -> Path:
+    """The root of everything ruvllm keeps on disk: $RUVLLM_CACHE_DIR, else $XDG_CACHE_HOME/ruvllm (only an
+    absolute XDG_CACHE_HOME counts, as the XDG spec says), else ~/.cache/ruvllm; absolute and normalised,
+    symlinks left as they are, a leading `~` meaning $HOME.
+
+        <root>/hub/<owner>/<repo>/<revision>/<path>    hub downloads, by this module and the npm package
+        <root>/urls/<sha256 of the URL>/               the npm package's files given by URL
+        <root>/boot/                                   the npm package's boot snapshots
+
+    The same rule as cacheRoot in npm/src/worker/cache-folder.js (npm/test/shared-cache.test.js holds the two
+    to the same answers). InvalidArgumentError when the retired $RUVLLM_MODELS_DIR is set to another folder
+    than the hub folder this gives: it is never ignored in silence.
+    """
+    env = os.environ if environ is None else environ
+    home = env.get("HOME") or str(Path.home())
+
+    def absolute(path: str) -> str:
+        if path == "~" or path.startswith("~/"):
+            path = home + path[1:]
+        return os.path.abspath(path)
+
+    xdg = env.get("XDG_CACHE_HOME", "")
+    if env.get(CACHE_DIR_ENV):
+        root = absolute(env[CACHE_DIR_ENV])
+    elif os.path.isabs(xdg):
+        root = absolute(os.path.join(xdg, "ruvllm"))
+    else:
+        root = absolute(os.path.join(home, ".cache", "ruvllm"))
+    hub = os.path.join(root, HUB_FOLDER)
+    if env.get(RETIRED_ENV) and absolute(env[RETIRED_ENV]) != hub:
+        raise InvalidArgumentError(retired_message(absolute(env[RETIRED_ENV]), hub))
+    return Path(root)
+
+
+def retired_message(models_dir: str, hub: str) -> str:
+    """What a $RUVLLM_MODELS_DIR of `models_dir` is told, the hub folder being `hub` (cache-folder.js says the same)."""
+    parent, name = os.path.split(models_dir)
+    if name == HUB_FOLDER:
+        advice = f"Set {CACHE_DIR_ENV}={parent} to keep using it"
+    else:
+        advice = f"Set {CACHE_DIR_ENV} instead and move the models of {models_dir} into its {HUB_FOLDER}/ folder"
+    return (
+        f"${RETIRED_ENV} is no longer read (it is {models_dir}): ${CACHE_DIR_ENV} replaced it, the root of "
+        f"everything ruvllm caches, hub downloads being kept in its {HUB_FOLDER}/ folder (now {hub}). {advice}, "
+        f"and unset {RETIRED_ENV}"
+    )
+
+
+def cache_folder(environ: Mapping[str, str] | None = None) -> Path:
+    """Where hub downloads are kept: the `hub` folder of `cache_root`."""
+    return cache_root(environ) / HUB_FOLDER
 
 
 def download(name: str, cache_dir: str | os.PathLike | None = None, progress: Progress | None = None) -> Path:
@@ -153,7 +203,8 @@ def download(name: str, cache_dir: str | os.PathLike | None = None, progress: Pr
     progress(path, done_bytes, total_bytes or None) is called as each file arrives (first with the bytes
     already there: 0, or those of a partial file it resumes).
     Raises DownloadError (what could not be fetched and why) and InvalidArgumentError (a malformed name,
-    or a malformed $RUVLLM_HF_ENDPOINT, $RUVLLM_HF_STALL_SECONDS or $RUVLLM_HF_MIN_SPEED).
+    a malformed $RUVLLM_HF_ENDPOINT, $RUVLLM_HF_STALL_SECONDS or $RUVLLM_HF_MIN_SPEED, or the retired
+    $RUVLLM_MODELS_DIR).
     """
     model = parse(name)
     folder = model.folder(Path(cache_dir) if cache_dir is not None else cache_folder())
