@@ -88,6 +88,7 @@ Files, in the order they build on each other:
 - `grammar.py`: Grammar, a compiled grammar that caches its automata.
 - `resolve.py`: where sub-schemas live ($id, $anchor, JSON pointers).
 - `combine.py`: allOf (and keywords beside $ref/anyOf) merged into one schema; JSON equality.
+- `keywords.py`: each type's keywords read and checked into typed values, before schema.py emits nodes.
 - `schema.py`: json_grammar, JSON Schema to Grammar, and what it refuses.
 - `matcher.py`: Matcher, which follows one generation.
 - `closing.py`: the closing of a document from any parser state, and Budgeted: a constraint that keeps

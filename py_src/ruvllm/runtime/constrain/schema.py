@@ -1,22 +1,38 @@
 """JSON Schema to grammar: `json_grammar` compiles a schema (or None: any JSON object) to nodes, and
 refuses what is not supported with an `InvalidArgumentError` naming the keyword and where it is.
+
+This module walks the schema: references (resolve.py), allOf merged (combine.py), anyOf/oneOf, enum and
+const; each type's own keywords are read and checked by keywords.py, and the nodes emitted from what it
+reads.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
 from dataclasses import replace
-from fractions import Fraction
 from itertools import combinations, product
 
 from ...errors import InvalidArgumentError
 from .combine import MAX_COMBINATIONS, MergeError, UnsatisfiableError, json_equal, merge, reference
 from .grammar import Grammar
+from .keywords import (
+    HANDLED,
+    MAX_LITERAL_BYTES,
+    REFUSED,
+    ArraySchema,
+    DocumentTooLongError,
+    KeyNames,
+    KeywordReader,
+    NoValueError,
+    ObjectSchema,
+    check_keywords,
+    fail,
+    types_of,
+    where,
+)
 from .nodes import Array, Literal, Number, Object, Property, String, Union
 from .parser import MAX_INT_DIGITS, feasible
-from .regex import Regex, RegexError
 from .resolve import ROOT_URI, Location, Resources
 
 MAX_SCHEMA_DEPTH = 100  # sub-schemas (and references, allOf parts) followed within each other
@@ -27,84 +43,15 @@ MAX_KEY_CHARS = 1_000_000  # undeclared keys of objects with maxProperties (see 
 # What one schema may cost, so that no request can make the compiler or the constraint take gigabytes or
 # minutes. Each is far above what real schemas use: JSONSchemaBench's 10,000 schemas have at most 915 KB
 # of JSON, 9,106 sub-schemas, 587 properties in one object, names of 110 bytes, 5,383 values in one enum
-# and enum/const values of 528 bytes (benchmarks/RESULTS.md, "What a schema may cost").
+# and enum/const values of 528 bytes (benchmarks/RESULTS.md, "What a schema may cost"). keywords.py holds
+# the two it checks as it reads: MAX_OBJECT_PROPERTIES and MAX_LITERAL_BYTES.
 MAX_SCHEMA_BYTES = 2 << 20  # the schema as compact JSON text
 MAX_NODES = 20_000  # nodes compiled (sub-schemas, with references and merges unrolled; JSONSchemaBench: 4,078)
-MAX_OBJECT_PROPERTIES = 2_000  # declared properties of one object
-MAX_LITERAL_BYTES = 4096  # a property name, or one enum/const value, as JSON text
 MAX_ENUM_VALUES = 20_000  # values of one enum
 # The longest document a grammar is compiled for when the caller does not say (a request says: its
 # max_tokens, or its context, times the longest token): a schema whose shortest document is longer, or
 # with a minLength/minItems past it, is refused, as no generation could finish it.
 MAX_DOCUMENT_BYTES = 1 << 20
-
-# Annotations and identifiers: no effect on what is valid. `format` is an annotation, as in jsonschema's
-# default validator (its values are not checked).
-_IGNORED = frozenset(
-    {"title", "description", "default", "examples", "$schema", "$id", "id", "$comment", "deprecated"}
-    | {"readOnly", "writeOnly", "$anchor", "$dynamicAnchor", "$recursiveAnchor", "$vocabulary", "$defs"}
-    | {"definitions", "contentMediaType", "contentEncoding", "contentSchema"}
-)
-_HANDLED = frozenset(
-    {"type", "enum", "const", "anyOf", "oneOf", "allOf", "$ref", "properties", "required", "additionalProperties"}
-    | {"items", "prefixItems", "additionalItems", "minItems", "maxItems", "minLength", "maxLength", "uniqueItems"}
-    | {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum", "if", "then", "else", "minContains"}
-    | {"maxContains", "pattern", "format", "patternProperties", "propertyNames", "dependentRequired", "dependencies"}
-    | {"minProperties", "maxProperties", "multipleOf"}
-)
-_REFUSED = frozenset(  # constraints JSON Schema defines that are not supported (yet)
-    {"dependentSchemas", "not", "contains", "unevaluatedProperties"}
-    | {"unevaluatedItems", "$dynamicRef", "$recursiveRef"}
-)
-_SUPPORTED = (
-    "type, properties, required, additionalProperties, items, prefixItems, minItems, maxItems, enum, const, "
-    "anyOf, oneOf, allOf, $ref (with $id, $anchor), dependentRequired (and draft-04 dependencies lists), "
-    "minProperties, maxProperties, multipleOf (integers), "
-    "minLength, maxLength, pattern, format (date, time, "
-    "date-time, uuid, email, ipv4, ipv6, uri), minimum, maximum, exclusiveMinimum, exclusiveMaximum, and annotations"
-)
-
-
-class DocumentTooLongError(InvalidArgumentError):
-    """A schema whose shortest document is longer than the grammar may write (json_grammar's max_bytes)."""
-
-
-class _NoStringError(Exception):
-    """No string meets a schema's string keywords together: its string node is a dead one."""
-
-
-# `format` values written by these patterns (other formats are annotations, not checked).
-_DATE = (  # days by month (29 February in every year)
-    r"\d{4}-((0[13578]|1[02])-(0[1-9]|[12]\d|3[01])|(0[469]|11)-(0[1-9]|[12]\d|30)|02-(0[1-9]|1\d|2\d))"
-)
-_TIME = r"([01]\d|2[0-3]):[0-5]\d:([0-5]\d|60)(\.\d+)?([zZ]|[+-]([01]\d|2[0-3]):[0-5]\d)"
-_OCTET = r"(25[0-5]|2[0-4]\d|1\d\d|[1-9]?\d)"
-_HEX4 = "[0-9a-fA-F]{1,4}"
-_ATOM = r"[A-Za-z0-9!#$%&'*+/=?^_`{|}~-]+"
-_LABEL = r"[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?"
-FORMATS = {
-    "date": f"^{_DATE}$",
-    "time": f"^{_TIME}$",
-    "date-time": f"^{_DATE}[tT]{_TIME}$",
-    "uuid": "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
-    "email": rf"^{_ATOM}(\.{_ATOM})*@{_LABEL}(\.{_LABEL})*$",
-    "ipv4": rf"^({_OCTET}\.){{3}}{_OCTET}$",
-    "ipv6": "^("
-    + "|".join(
-        [f"({_HEX4}:){{7}}{_HEX4}", f"({_HEX4}:){{1,7}}:", f"::({_HEX4}:){{0,6}}{_HEX4}"]
-        + [f"({_HEX4}:){{1,{k}}}(:{_HEX4}){{1,{7 - k}}}" for k in range(1, 7)]
-        + ["::"]
-    )
-    + ")$",
-    "uri": r"^[A-Za-z][A-Za-z0-9+.-]*:[^\s\"<>\\^`{|}]*$",
-}
-_KEYWORDS_OF = {
-    "object": ("properties", "required", "additionalProperties", "minProperties", "maxProperties"),
-    "array": ("items", "prefixItems", "minItems", "maxItems"),
-    "string": ("minLength", "maxLength", "pattern", "format"),
-    "number": ("minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"),
-}
-_TYPES = ("object", "array", "string", "integer", "number", "boolean", "null")
 
 
 def json_grammar(
@@ -164,14 +111,6 @@ def json_grammar(
     return compiler.finish(root, prefix.encode("utf-8"), suffix.encode("utf-8"), description, whitespace == "flexible")
 
 
-def _where(path: tuple[str, ...]) -> str:
-    return "at " + ".".join(path) if path else "at the root"
-
-
-def _fail(message: str, path: tuple[str, ...]) -> InvalidArgumentError:
-    return InvalidArgumentError(f"json_schema: {message} {_where(path)}")
-
-
 def _check_size(schema: object) -> None:
     """Refuse a schema longer than MAX_SCHEMA_BYTES as compact JSON, measured without recursion (and
     without finishing a schema far past the bound, or one that holds itself)."""
@@ -210,10 +149,10 @@ def _json_texts(value: object, path: tuple[str, ...]) -> set[bytes]:
             try:
                 text = json.dumps(v, ensure_ascii=ascii_only, separators=(",", ":"), allow_nan=False)
             except (TypeError, ValueError) as e:
-                raise _fail(f"a value of 'enum'/'const' is not JSON ({e})", path) from None
+                raise fail(f"a value of 'enum'/'const' is not JSON ({e})", path) from None
             data = text.encode("utf-8")
             if len(data) > MAX_LITERAL_BYTES:
-                raise _fail(
+                raise fail(
                     f"a value of 'enum'/'const' is {len(data):,} bytes of JSON (at most {MAX_LITERAL_BYTES:,})", path
                 )
             texts.add(data)
@@ -252,7 +191,7 @@ class _Compiler:
         self.dead: dict[int, str] = {}  # node -> why no value meets it
         self.exclusive: list[tuple[int, tuple[str, ...]]] = []  # oneOf unions, checked in `finish`
         self._any: int | None = None
-        self.regexes: dict[tuple[str, ...], Regex] = {}
+        self.read = KeywordReader(max_bytes)  # each type's keywords, read and checked
 
     def add(self, node: object) -> int:
         if len(self.nodes) >= MAX_NODES:
@@ -263,21 +202,9 @@ class _Compiler:
         self.nodes.append(node)
         return len(self.nodes) - 1
 
-    def count(self, schema: dict, keyword: str, path: tuple[str, ...], least: int = 1) -> int:
-        """`_count`, with a minimum refused when that many characters (least 1), items (2: a comma
-        each) or properties (5) cannot fit in max_bytes, and a maximum past max_bytes lowered to it
-        (nothing longer is written anyway)."""
-        value = _count(schema, keyword, path)
-        if keyword.startswith("min") and value * least + 3 - least > self.max_bytes:
-            raise DocumentTooLongError(
-                f"json_schema: {keyword!r} {value:,} {_where(path)} needs more than the {self.max_bytes:,} bytes "
-                "a document may have"
-            )
-        return min(value, self.max_bytes) if value >= 0 else value
-
     def dead_node(self, why: str, path: tuple[str, ...]) -> int:
         node = self.add(Union(()))
-        self.dead[node] = f"{why} {_where(path)}"
+        self.dead[node] = f"{why} {where(path)}"
         return node
 
     def any_value(self) -> int:
@@ -304,12 +231,12 @@ class _Compiler:
                 texts = {t for t in texts if partial.accepts(others, t)}
             self.nodes[slot] = Literal(tuple(sorted(texts)))
             if not texts:
-                self.dead[slot] = f"no value of 'enum'/'const' is valid under the other keywords {_where(path)}"
+                self.dead[slot] = f"no value of 'enum'/'const' is valid under the other keywords {where(path)}"
         for node, path in self.exclusive:
             options = self.nodes[node].options
             for i, j in combinations(range(len(options)), 2):
                 if not _disjoint(self.nodes, options[i], options[j]):
-                    raise _fail(
+                    raise fail(
                         f"'oneOf' options {i} and {j} may both match one document (only options that exclude "
                         "each other by type, value or a required property's value are supported; 'anyOf' if "
                         "overlaps do not matter)",
@@ -330,17 +257,17 @@ class _Compiler:
 
     def compile(self, schema: object, path: tuple[str, ...], location: Location | None, depth: int) -> int:
         if depth > MAX_SCHEMA_DEPTH:
-            raise _fail(f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels (sub-schemas and references)", path)
+            raise fail(f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels (sub-schemas and references)", path)
         if schema is True:
             return self.any_value()
         if schema is False:
             return self.dead_node("the schema is false", path)
         if not isinstance(schema, dict):
-            raise _fail(f"a schema must be an object or a boolean, got {json.dumps(schema)[:60]}", path)
+            raise fail(f"a schema must be an object or a boolean, got {json.dumps(schema)[:60]}", path)
         if location is not None:
             location = self.resources.enter(schema, location)
-        self.check_keywords(schema, path)
-        constraining = [k for k in schema if k in _HANDLED or k in _REFUSED]
+        check_keywords(schema, path, self.strict)
+        constraining = [k for k in schema if k in HANDLED or k in REFUSED]
         if constraining == ["$ref"]:
             return self.ref(schema["$ref"], path, location, depth)
         if "$ref" in schema or "allOf" in schema:
@@ -350,29 +277,18 @@ class _Compiler:
             except UnsatisfiableError as e:
                 return self.dead_node(str(e), path)
             except MergeError as e:
-                raise _fail(str(e), path) from None
+                raise fail(str(e), path) from None
             return self.plain(merged, path, None, depth + 1)
         return self.plain(schema, path, location, depth)
-
-    def check_keywords(self, schema: dict, path: tuple[str, ...]) -> None:
-        for key in schema:
-            if key in _REFUSED or (key == "if" and ("then" in schema or "else" in schema)):
-                raise InvalidArgumentError(
-                    f"json_schema: {key!r} {_where(path)} is not supported (supported: {_SUPPORTED})"
-                )
-            if self.strict and key not in _HANDLED and key not in _IGNORED:
-                raise InvalidArgumentError(
-                    f"json_schema: {key!r} {_where(path)} is not a keyword of JSON Schema (refused with strict=True)"
-                )
 
     def flatten(
         self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int
     ) -> list[tuple[dict, Location | None]]:
         """The parts whose meeting is `schema`: its own keywords, its `$ref` target's, its `allOf`'s."""
         if depth > MAX_SCHEMA_DEPTH:
-            raise _fail(f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels (sub-schemas and references)", path)
-        self.check_keywords(schema, path)
-        own = {k: v for k, v in schema.items() if (k in _HANDLED or k in _REFUSED) and k not in ("$ref", "allOf")}
+            raise fail(f"the schema nests deeper than {MAX_SCHEMA_DEPTH} levels (sub-schemas and references)", path)
+        check_keywords(schema, path, self.strict)
+        own = {k: v for k, v in schema.items() if (k in HANDLED or k in REFUSED) and k not in ("$ref", "allOf")}
         parts: list[tuple[dict, Location | None]] = [(own, location)]
         if "$ref" in schema:
             _, target, target_location = self.lookup(schema["$ref"], path, location)
@@ -380,7 +296,7 @@ class _Compiler:
         if "allOf" in schema:
             options = schema["allOf"]
             if not isinstance(options, list) or not options:
-                raise _fail("'allOf' must be a non-empty list of schemas", path)
+                raise fail("'allOf' must be a non-empty list of schemas", path)
             for i, sub in enumerate(options):
                 sub_path, sub_location = (*path, "allOf", str(i)), _child(location, "allOf", str(i))
                 parts.extend(self.parts_of(sub, sub_path, sub_location, depth + 1))
@@ -390,11 +306,11 @@ class _Compiler:
         self, schema: object, path: tuple[str, ...], location: Location | None, depth: int
     ) -> list[tuple[dict, Location | None]]:
         if schema is False:
-            raise UnsatisfiableError(f"the schema {_where(path)} is false")
+            raise UnsatisfiableError(f"the schema {where(path)} is false")
         if schema is True:
             return []
         if not isinstance(schema, dict):
-            raise _fail(f"a schema must be an object or a boolean, got {json.dumps(schema)[:60]}", path)
+            raise fail(f"a schema must be an object or a boolean, got {json.dumps(schema)[:60]}", path)
         if location is not None:
             location = self.resources.enter(schema, location)
         return self.flatten(schema, path, location, depth)
@@ -403,13 +319,13 @@ class _Compiler:
         self, reference: object, path: tuple[str, ...], location: Location | None
     ) -> tuple[str, object, Location]:
         if not isinstance(reference, str):
-            raise _fail(f"'$ref' must be a string, got {json.dumps(reference)[:60]}", path)
+            raise fail(f"'$ref' must be a string, got {json.dumps(reference)[:60]}", path)
         base = location[0] if location is not None else ROOT_URI
         found = self.resources.resolve(reference, base)
         if found is None and self.resources.outside(reference, base):
-            raise _fail(f"'$ref' {reference!r} points to another document (references are not fetched)", path)
+            raise fail(f"'$ref' {reference!r} points to another document (references are not fetched)", path)
         if found is None:
-            raise _fail(f"'$ref' {reference!r} points to nothing", path)
+            raise fail(f"'$ref' {reference!r} points to nothing", path)
         return found
 
     def ref(self, reference: object, path: tuple[str, ...], location: Location | None, depth: int) -> int:
@@ -423,16 +339,16 @@ class _Compiler:
 
     def plain(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
         """A schema without `$ref`/`allOf` of its own."""
-        schema = {k: v for k, v in schema.items() if k in _HANDLED or k in _REFUSED}
+        schema = {k: v for k, v in schema.items() if k in HANDLED or k in REFUSED}
         choices = [k for k in ("anyOf", "oneOf") if k in schema]
         for keyword in choices:
             if not isinstance(schema[keyword], list) or not schema[keyword]:
-                raise _fail(f"{keyword!r} must be a non-empty list of schemas", path)
+                raise fail(f"{keyword!r} must be a non-empty list of schemas", path)
         if choices:
             return self.choice(schema, choices, path, location, depth)
         if "enum" in schema or "const" in schema:
             return self.enum(schema, path, location, depth)
-        types = self.types(schema, path)
+        types = types_of(schema, path)
         nodes = [self.typed(t, schema, path, location, depth) for t in types]
         return nodes[0] if len(nodes) == 1 else self.add(Union(tuple(nodes)))
 
@@ -448,7 +364,7 @@ class _Compiler:
         ]
         combinations = math.prod(len(options) for options in lists)
         if combinations > MAX_COMBINATIONS:
-            raise _fail(f"'anyOf' beside 'oneOf' makes {combinations} options (at most {MAX_COMBINATIONS})", path)
+            raise fail(f"'anyOf' beside 'oneOf' makes {combinations} options (at most {MAX_COMBINATIONS})", path)
         options = []
         for combination in product(*lists):
             if not others and len(combination) == 1:
@@ -464,7 +380,7 @@ class _Compiler:
                 options.append(self.dead_node(str(e), combination[0][1]))
                 continue
             except MergeError as e:
-                raise _fail(str(e), path) from None
+                raise fail(str(e), path) from None
             options.append(self.plain(merged, combination[0][1], None, depth + 1))
         node = self.add(Union(tuple(options)))
         if "oneOf" in choices:
@@ -474,9 +390,9 @@ class _Compiler:
     def enum(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
         values = schema.get("enum", [])
         if "enum" in schema and (not isinstance(values, list) or not values):
-            raise _fail("'enum' must be a non-empty list", path)
+            raise fail("'enum' must be a non-empty list", path)
         if len(values) > MAX_ENUM_VALUES:
-            raise _fail(f"'enum' has {len(values):,} values (at most {MAX_ENUM_VALUES:,})", path)
+            raise fail(f"'enum' has {len(values):,} values (at most {MAX_ENUM_VALUES:,})", path)
         if "const" in schema:
             const = schema["const"]
             values = [v for v in values if json_equal(v, const)] if "enum" in schema else [const]
@@ -485,148 +401,53 @@ class _Compiler:
         self.enums.append((slot, self.plain(others, path, location, depth) if others else -1, values, path))
         return slot
 
-    def types(self, schema: dict, path: tuple[str, ...]) -> list[str]:
-        """The types a schema allows: those of `type`, or all (each keyword constrains its own type)."""
-        if "type" not in schema:
-            return list(_TYPES)
-        types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
-        if not types:
-            raise _fail("'type' is an empty list", path)
-        for t in types:
-            if t not in _TYPES:
-                raise _fail(f"'type' {t!r} is not a JSON Schema type (one of {', '.join(_TYPES)})", path)
-        if "number" in types and "integer" in types:
-            types = [t for t in types if t != "integer"]
-        return list(dict.fromkeys(types))
-
     def typed(self, kind: str, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
-        if kind == "object":
-            return self.object(schema, path, location, depth)
-        if kind == "array":
-            return self.array(schema, path, location, depth)
-        if kind == "string":
-            low, high = self.count(schema, "minLength", path), self.count(schema, "maxLength", path)
-            if high >= 0 and low > high:
-                return self.dead_node(f"'minLength' {low} is more than 'maxLength' {high}", path)
-            try:
-                regex = self.pattern(schema, path)
-            except _NoStringError as e:
-                return self.dead_node(str(e), path)
-            return self.add(String(low, high, high if high >= 0 else low, regex))
-        if kind == "number" and "multipleOf" in schema and _multiple(schema, path).denominator == 1:
-            kind = "integer"  # multiples of an integer are integers: written as integers (not 2.0)
-        if kind == "integer":
-            minimum, maximum = _integer_bounds(schema, path)
-            largest = 10**MAX_INT_DIGITS - 1
-            low = minimum if minimum is not None else -largest
-            high = maximum if maximum is not None else largest
-            step = _multiple(schema, path).numerator if "multipleOf" in schema else 1  # n * q / p whole: p | n
-            if low > min(high, largest) or high < max(low, -largest) or -(-low // step) * step > high:
-                why = f"no integer of at most {MAX_INT_DIGITS} digits is within the bounds [{minimum}, {maximum}]"
-                return self.dead_node(why + (f" and a multiple of {schema['multipleOf']}" if step > 1 else ""), path)
-            return self.add(Number(True, minimum, maximum, multiple_of=step))
-        if kind == "number":
-            if "multipleOf" in schema:
-                raise _fail(
-                    f"'multipleOf' {schema['multipleOf']} for numbers is supported only when it is a whole "
-                    "number (then integers are written)",
-                    path,
-                )
-            return self.number(schema, path)
-        return self.add(Literal((b"false", b"true") if kind == "boolean" else (b"null",)))
+        """The node of one type's keywords, read and checked (keywords.py), then emitted."""
+        if kind in ("boolean", "null"):
+            return self.add(Literal((b"false", b"true") if kind == "boolean" else (b"null",)))
+        try:
+            if kind == "object":
+                read: ObjectSchema | ArraySchema | String | Number = self.read.object(schema, path)
+            elif kind == "array":
+                read = self.read.array(schema, path)
+            elif kind == "string":
+                read = self.read.string(schema, path)
+            else:
+                read = self.read.number(schema, kind, path)
+        except NoValueError as e:
+            return self.dead_node(str(e), path)
+        if isinstance(read, ObjectSchema):
+            return self.object(read, path, location, depth)
+        if isinstance(read, ArraySchema):
+            return self.array(read, path, location, depth)
+        return self.add(read)
 
-    def pattern(self, schema: dict, path: tuple[str, ...]) -> Regex | None:
-        """The regex of `pattern` and of a `format` that has one (with both, the strings both match)."""
-        source = schema.get("pattern")
-        shape = FORMATS.get(schema["format"]) if isinstance(schema.get("format"), str) else None
-        if source is not None and shape is not None:
-            key = (source if isinstance(source, str) else json.dumps(source), "format", shape)
-            regex = self.regexes.get(key)
-            if regex is None:
-                first, second = (
-                    self.pattern({"pattern": source}, path),
-                    self.pattern({"format": schema["format"]}, path),
-                )
-                assert first is not None and second is not None
-                try:
-                    regex = Regex.both(first, second)
-                except RegexError as e:
-                    raise _fail(
-                        f"'pattern' {str(source)[:60]!r} with 'format' {schema['format']!r}: {e}", path
-                    ) from None
-                if regex is None:
-                    raise _NoStringError(
-                        f"no string matches both 'pattern' {str(source)[:60]!r} and 'format' {schema['format']!r}"
-                    )
-                self.regexes[key] = regex
-            return regex
-        keyword = "pattern"
-        if source is None and shape is not None:
-            source, keyword = shape, "format"
-        if source is None:
-            return None
-        sources = tuple(source) if isinstance(source, list) else (source,)
-        if not all(isinstance(s, str) for s in sources):
-            raise _fail(f"'pattern' must be a string, got {json.dumps(source)[:60]}", path)
-        regex = self.regexes.get(sources)
-        if regex is None:
-            try:
-                regex = self.regexes[sources] = Regex(*sources)
-            except RegexError as e:
-                raise _fail(f"{keyword!r} {' | '.join(sources)[:80]!r}: {e}", path) from None
-        return regex
-
-    def number(self, schema: dict, path: tuple[str, ...]) -> int:
-        low, open_low, high, open_high = _decimal_bounds(schema, path)
-        if low is None and high is None:
-            return self.add(Number(False, None, None))
-        largest = 10**MAX_INT_DIGITS
-        empty = low is not None and high is not None and (low > high or (low == high and (open_low or open_high)))
-        if empty or (low is not None and low >= largest) or (high is not None and high <= -largest):
-            return self.dead_node(f"no number of at most {MAX_INT_DIGITS} integer digits is within the bounds", path)
-        return self.add(Number(False, low, high, open_low, open_high))
-
-    def object(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
-        properties = schema.get("properties", {})
-        required = schema.get("required", [])
-        extra = schema.get("additionalProperties", True)
-        patterns = schema.get("patternProperties", {})
-        if not isinstance(properties, dict):
-            raise _fail("'properties' must be an object", path)
-        if not isinstance(required, list) or not all(isinstance(r, str) for r in required):
-            raise _fail("'required' must be a list of strings", path)
-        if not isinstance(patterns, dict):
-            raise _fail("'patternProperties' must be an object", path)
-        if len(properties) > MAX_OBJECT_PROPERTIES:
-            raise _fail(f"'properties' declares {len(properties):,} (at most {MAX_OBJECT_PROPERTIES:,})", path)
-        for name in (*properties, *required):
-            if len(name.encode("utf-8", "surrogatepass")) > MAX_LITERAL_BYTES:
-                raise _fail(f"a property name of {len(name):,} characters (at most {MAX_LITERAL_BYTES:,} bytes)", path)
-        extra_path, extra_location = (*path, "additionalProperties"), _child(location, "additionalProperties")
-        key, names = self.key_node(schema, patterns, path)  # undeclared keys; names: which names may be keys
+    def object(self, schema: ObjectSchema, path: tuple[str, ...], location: Location | None, depth: int) -> int:
+        properties, required, names, patterns = schema.properties, schema.required, schema.names, schema.patterns
+        extra, extra_path = schema.additional, (*path, "additionalProperties")
+        extra_location = _child(location, "additionalProperties")
+        key = self.key_node(names)  # undeclared keys (None: any key)
         if patterns:  # undeclared keys are written only where they match: additionalProperties is not needed
             pattern, sub = next(iter(patterns.items()))
             extra = reference(sub, _child(location, "patternProperties", pattern))
             extra_path, extra_location = (*path, "patternProperties", pattern), None
-        # Free keys only when nothing is listed: no properties and additionalProperties allowing more
-        # (explicitly, or by saying nothing at all). "properties": {} alone means the empty object.
-        listed_none = "properties" not in schema or "additionalProperties" in schema or bool(patterns)
-        explicit = "additionalProperties" in schema or bool(patterns)
-        writes_extra = self.extra_properties is True or (self.extra_properties == "explicit" and explicit)
+        writes_extra = self.extra_properties is True or (self.extra_properties == "explicit" and schema.explicit)
         undeclared = extra is not False and writes_extra  # undeclared keys may be written
-        dependencies = self.dependencies(schema, path)
+        dependencies = dict(schema.dependencies)
         if dependencies and not (properties or required) and undeclared:
-            raise _fail("'dependentRequired' between undeclared properties is not supported", path)
-        low, high = self.count(schema, "minProperties", path, 5), _count(schema, "maxProperties", path)
+            raise fail("'dependentRequired' between undeclared properties is not supported", path)
+        low, high = schema.min_properties, schema.max_properties
         counts = {"min_properties": low, "max_properties": high}
         if high >= 0 and low > high:
             return self.dead_node(f"'minProperties' {low} is more than 'maxProperties' {high}", path)
-        if not properties and not required and extra is not False and listed_none:
+        # Free keys only when nothing is listed: no properties and additionalProperties allowing more
+        # (explicitly, or by saying nothing at all). "properties": {} alone means the empty object.
+        if not properties and not required and extra is not False and not schema.closed_if_empty:
             value = self.compile(extra, extra_path, extra_location, depth + 1)
             if low == 0 and high < 0:
                 return self.free_object(value, key)
             if low > 1:
-                raise _fail(
+                raise fail(
                     f"'minProperties' {low} on an object without declared properties is not supported (at most "
                     "1: undeclared keys are not compared with each other)",
                     path,
@@ -637,19 +458,19 @@ class _Compiler:
         listed = []
         for name, sub in properties.items():
             sub_path, sub_location = (*path, "properties", name), _child(location, "properties", name)
-            if not names(name):
+            if not names.allows(name):
                 node = self.dead_node(f"the property {name!r} is not allowed by 'propertyNames'", path)
-            elif patterns and _match_any(self.pattern({"pattern": list(patterns)}, path), name):
+            elif names.matches_patterns(name):
                 both = {"allOf": [reference(sub, sub_location), extra]}  # a listed name matching the pattern
                 node = self.compile(both, sub_path, None, depth + 1)
             else:
                 node = self.compile(sub, sub_path, sub_location, depth + 1)
             listed.append((name, node, name in required))
-        for name in dict.fromkeys(required):
+        for name in required:
             if name not in properties:
-                if extra is False or not names(name):
+                if extra is False or not names.allows(name):
                     return self.dead_node(f"the required property {name!r} is not in 'properties'", path)
-                if patterns and not _match_any(self.pattern({"pattern": list(patterns)}, path), name):
+                if patterns and not names.matches_patterns(name):
                     return self.dead_node(f"the required property {name!r} matches no 'patternProperties'", path)
                 listed.append((name, self.compile(extra, extra_path, extra_location, depth + 1), True))
         names_listed = {name for name, _, _ in listed}
@@ -658,14 +479,12 @@ class _Compiler:
                 del dependencies[trigger]  # never written: nothing it requires matters
                 continue
             for name in needs:
-                fits = names(name) and (
-                    not patterns or _match_any(self.pattern({"pattern": list(patterns)}, path), name)
-                )
+                fits = names.allows(name) and (not patterns or names.matches_patterns(name))
                 if name not in names_listed and undeclared and fits and trigger in names_listed:
                     listed.append((name, self.compile(extra, extra_path, extra_location, depth + 1), False))
                     names_listed.add(name)
             if trigger not in names_listed or any(name not in names_listed for name in needs):
-                raise _fail(
+                raise fail(
                     "'dependentRequired' is supported between declared properties (or undeclared ones the "
                     f"schema allows), not for {trigger!r}",
                     path,
@@ -673,7 +492,7 @@ class _Compiler:
         uses = (("dependentRequired", dependencies), ("minProperties", low), ("maxProperties", high >= 0))
         for keyword, used in uses:
             if used and not (self.any_order and len(listed) <= MAX_ANY_ORDER):
-                raise _fail(
+                raise fail(
                     f"'{keyword}' needs property_order 'any' and no more than {MAX_ANY_ORDER} declared properties", path
                 )
         props = tuple(Property(_key(n), v, r) for n, v, r in listed)
@@ -685,7 +504,7 @@ class _Compiler:
             spec = _object_node(props, value, self.extra_key(key, high), self.any_order, deps, **counts)
         if not feasible(spec, 0):
             if spec.extra_value is not None and feasible(replace(spec, min_properties=0), 0):
-                raise _fail(
+                raise fail(
                     f"'minProperties' {low} beyond the declared properties and one undeclared key is not supported "
                     "(undeclared keys are not compared with each other)",
                     path,
@@ -705,102 +524,25 @@ class _Compiler:
         assert key is not None  # key None: spec is the plain unbounded string, returned above
         return key
 
-    def dependencies(self, schema: dict, path: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
-        """`dependentRequired`, and draft-04 `dependencies` in its list form: name -> the names it requires."""
-        out: dict[str, tuple[str, ...]] = {}
-        for keyword in ("dependentRequired", "dependencies"):
-            value = schema.get(keyword, {})
-            if not isinstance(value, dict):
-                raise _fail(f"{keyword!r} must be an object", path)
-            for name, needs in value.items():
-                if keyword == "dependencies" and (needs is True or needs == {}):
-                    continue  # a schema every object meets
-                if keyword == "dependencies" and not isinstance(needs, list):
-                    raise InvalidArgumentError(
-                        f"json_schema: 'dependencies' with a schema (not a list of names) {_where(path)} is not "
-                        f"supported (supported: {_SUPPORTED})"
-                    )
-                if not isinstance(needs, list) or not all(isinstance(n, str) for n in needs):
-                    raise _fail(f"{keyword!r} must map names to lists of names, got {json.dumps(needs)[:60]}", path)
-                needs = tuple(n for n in dict.fromkeys(needs) if n != name)
-                if needs:
-                    out[name] = tuple(dict.fromkeys((*out.get(name, ()), *needs)))
-        return out
+    def key_node(self, names: KeyNames) -> int | None:
+        """The string node of undeclared keys (None: any key), from `propertyNames` and `patternProperties`."""
+        if names.none or (names.max_length >= 0 and names.min_length > names.max_length):
+            return self.add(Union(()))  # no name at all: only an empty object
+        regex = names.patterns if names.patterns is not None else names.pattern
+        if regex is None and names.min_length == 0 and names.max_length < 0:
+            return None
+        low, high = names.min_length, names.max_length
+        return self.add(String(low, high, high if high >= 0 else low, regex))
 
-    def key_node(self, schema: dict, patterns: dict, path: tuple[str, ...]) -> tuple[int | None, Callable]:
-        """The string node of undeclared keys (None: any key), from `patternProperties` and `propertyNames`,
-        and a test of whether a declared name meets `propertyNames`."""
-        names = schema.get("propertyNames", True)
-        if names is False:  # no name at all: only an empty object
-            return self.add(Union(())), lambda name: False
-        if names is True:
-            names = {}
-        if not isinstance(names, dict) or any(
-            k not in ("type", "pattern", "minLength", "maxLength", "format") and k not in _IGNORED for k in names
-        ):
-            raise InvalidArgumentError(
-                f"json_schema: 'propertyNames' {_where(path)} is supported only with pattern, minLength, "
-                "maxLength and format"
-            )
-        low, high = self.count(names, "minLength", path), self.count(names, "maxLength", path)
-        try:
-            names_regex = self.pattern(names, (*path, "propertyNames"))
-        except _NoStringError:  # no name meets it: as propertyNames false
-            return self.add(Union(())), lambda name: False
-        if patterns:
-            schemas = list(patterns.values())
-            if any(not json_equal(s, schemas[0]) for s in schemas[1:]):
-                raise InvalidArgumentError(
-                    f"json_schema: 'patternProperties' {_where(path)} with different schemas for different "
-                    "patterns is not supported"
-                )
-            if names_regex is not None:
-                raise InvalidArgumentError(
-                    f"json_schema: 'patternProperties' {_where(path)} beside a 'propertyNames' pattern is not supported"
-                )
-        key_regex = self.pattern({"pattern": list(patterns)}, (*path, "patternProperties")) if patterns else names_regex
-
-        def allowed(name: str) -> bool:
-            fits = low <= len(name) and (high < 0 or len(name) <= high)
-            return fits and (names_regex is None or names_regex.matches(name))
-
-        if key_regex is None and low == 0 and high < 0:
-            return None, allowed
-        if high >= 0 and low > high:
-            return self.add(Union(())), allowed
-        node = self.add(String(low, high, high if high >= 0 else low, key_regex))
-        return node, allowed
-
-    def array(self, schema: dict, path: tuple[str, ...], location: Location | None, depth: int) -> int:
-        if schema.get("uniqueItems") is True:
-            raise InvalidArgumentError(
-                f"json_schema: 'uniqueItems' {_where(path)} is not supported (supported: {_SUPPORTED})"
-            )
-        items, rest_keyword = schema.get("items", True), "items"
-        prefix_keyword = "prefixItems" if "prefixItems" in schema else "items" if isinstance(items, list) else None
-        prefix_schemas = schema.get(prefix_keyword, []) if prefix_keyword else []
-        if prefix_keyword == "items":  # draft-04 tuples: items is the list, additionalItems the rest
-            items, rest_keyword = schema.get("additionalItems", True), "additionalItems"
-        if not isinstance(prefix_schemas, list):
-            raise _fail(f"{prefix_keyword!r} must be a list of schemas", path)
-        low, high = self.count(schema, "minItems", path, 2), self.count(schema, "maxItems", path)
-        if items is False:
-            high = len(prefix_schemas) if high < 0 else min(high, len(prefix_schemas))
-        if high >= 0 and low > high:
-            return self.dead_node(f"'minItems' {low} is more than 'maxItems' {high} (or the items allowed)", path)
+    def array(self, schema: ArraySchema, path: tuple[str, ...], location: Location | None, depth: int) -> int:
+        keyword, rest, low, high = schema.prefix_keyword, schema.rest_keyword, schema.min_items, schema.max_items
         prefix = tuple(
-            self.compile(
-                s, (*path, str(prefix_keyword), str(i)), _child(location, str(prefix_keyword), str(i)), depth + 1
-            )
-            for i, s in enumerate(prefix_schemas[: high if high >= 0 else None])
+            self.compile(s, (*path, keyword, str(i)), _child(location, keyword, str(i)), depth + 1)
+            for i, s in enumerate(schema.prefix)
         )
         more = high < 0 or high > len(prefix)
-        item = self.compile(items, (*path, rest_keyword), _child(location, rest_keyword), depth + 1) if more else None
+        item = self.compile(schema.rest, (*path, rest), _child(location, rest), depth + 1) if more else None
         return self.add(Array(item, low, high, max(low, high, len(prefix)), prefix))
-
-
-def _match_any(regex: Regex | None, name: str) -> bool:
-    return regex is not None and regex.matches(name)
 
 
 def _key(name: str) -> bytes:
@@ -1008,67 +750,3 @@ def _least_bytes(nodes: list, cap: int) -> list[int]:
                 least[n] = value
                 changed = True
     return least
-
-
-def _multiple(schema: dict, path: tuple[str, ...]) -> Fraction:
-    """`multipleOf`, a positive number, exactly (0.1 is 1/10, not the double nearest it)."""
-    value = schema["multipleOf"]
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value) or value <= 0:
-        raise _fail(f"'multipleOf' must be a number above 0, got {json.dumps(value)[:60]}", path)
-    return Fraction(str(value)) if isinstance(value, float) else Fraction(value)
-
-
-def _count(schema: dict, keyword: str, path: tuple[str, ...]) -> int:
-    """A non-negative integer keyword; when absent, 0 for a minimum and -1 (none) for a maximum."""
-    if keyword not in schema:
-        return 0 if keyword.startswith("min") else -1
-    value = schema[keyword]
-    if isinstance(value, float) and value.is_integer():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise _fail(f"{keyword!r} must be a non-negative integer, got {value!r}", path)
-    return value
-
-
-def _bound_keywords(schema: dict, path: tuple[str, ...]) -> list[tuple[str, float | int, bool]]:
-    """The bounds present, as (keyword, value, exclusive), with draft-04's boolean exclusive* read."""
-    out = []
-    for keyword in _KEYWORDS_OF["number"]:
-        if keyword not in schema:
-            continue
-        value = schema[keyword]
-        if isinstance(value, bool) and keyword.startswith("exclusive"):
-            continue  # draft-04: a flag on minimum/maximum, read below
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-            raise _fail(f"{keyword!r} must be a finite number, got {value!r}", path)
-        if keyword in ("minimum", "maximum"):
-            flag = schema.get("exclusive" + keyword[0].upper() + keyword[1:])
-            out.append((keyword, value, flag is True))
-        else:
-            out.append(("minimum" if keyword == "exclusiveMinimum" else "maximum", value, True))
-    return out
-
-
-def _integer_bounds(schema: dict, path: tuple[str, ...]) -> tuple[int | None, int | None]:
-    low = high = None
-    for keyword, value, exclusive in _bound_keywords(schema, path):
-        if keyword == "minimum":
-            bound = math.floor(value) + 1 if exclusive else math.ceil(value)
-            low = bound if low is None else max(low, bound)
-        else:
-            bound = math.ceil(value) - 1 if exclusive else math.floor(value)
-            high = bound if high is None else min(high, bound)
-    return low, high
-
-
-def _decimal_bounds(schema: dict, path: tuple[str, ...]) -> tuple[Fraction | None, bool, Fraction | None, bool]:
-    low: Fraction | None = None
-    high: Fraction | None = None
-    open_low = open_high = False
-    for keyword, value, exclusive in _bound_keywords(schema, path):
-        bound = Fraction(value)
-        if keyword == "minimum" and (low is None or bound > low or (bound == low and exclusive)):
-            low, open_low = bound, exclusive
-        elif keyword == "maximum" and (high is None or bound < high or (bound == high and exclusive)):
-            high, open_high = bound, exclusive
-    return low, open_low, high, open_high
