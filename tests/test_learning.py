@@ -41,6 +41,16 @@ def held_out(model) -> tuple[list[int], float]:
     return eval_ids, perplexity(model.engine, eval_ids, 1024).perplexity
 
 
+@pytest.fixture(scope="module")
+def base_answers(model):
+    """The base model's greedy answers to the locality prompts (tools/locality.py), computed once for the
+    tests that compare against them (~75 s on SmolLM2): `compare` reads them and changes nothing."""
+    from ruvllm.tools.locality import Answers
+
+    model.set_adapter(None)
+    return Answers.of(model)
+
+
 def test_a_new_fact_is_learned_with_the_defaults_without_breaking_the_model(model, held_out):
     eval_ids, base_ppl = held_out
     assert not greedy(model, FACT_1[0]).startswith(FACT_1[1])
@@ -234,7 +244,7 @@ def test_locality_compares_greedy_answers_before_and_after_a_lesson(model):
     model.set_adapter(None)
 
 
-def test_a_lesson_leaves_unrelated_answers_alone(model):
+def test_a_lesson_leaves_unrelated_answers_alone(model, base_answers):
     """Issue 36's measure (tools/locality.py: the greedy answers, 24 tokens, of 40 chat questions in the
     model's template and 8 raw texts, before and after), each lesson on a fresh default adapter: of the
     40 chat answers, those kept but for near-ties, and of all 48 those with the same first five words,
@@ -243,27 +253,23 @@ def test_a_lesson_leaves_unrelated_answers_alone(model):
     (38, 45; 22, 40), Bad on one 40 and 48 (40, 48; 39, 48); the answers' perplexity moves less than 1%
     (measured within 0.1%)."""
     lessons = [("fact", 38, 46), ("good", 36, 45), ("bad", 38, 46)]
-    assert_local(model, lessons, perplexity=0.01)
+    assert_local(model, base_answers, lessons, perplexity=0.01)
 
 
-def test_ten_facts_in_a_row_stay_learned_and_leave_most_answers_alone(model):
+def test_ten_facts_in_a_row_stay_learned_and_leave_most_answers_alone(model, base_answers):
     """docs/learning.md's scenario: the ten facts of benchmarks/data/facts.jsonl, one lesson each on one
     default adapter, every one still given by greedy decoding at the end; then the 40 chat answers, a few
     below what was measured (all 40 kept, all 48 with the same first five words; ungated, 27 but for
     near-ties and 40: benchmarks/RESULTS.md, "Gated rows"), their perplexity within 1% (measured
     -0.0%)."""
-    from ruvllm.tools.locality import Answers
-
     facts = [json.loads(line) for line in (EVAL.parent / "facts.jsonl").read_text().splitlines()]
     assert len(facts) == 10
-    model.set_adapter(None)
-    answers = Answers.of(model)
     for fact in facts:
         model.adapt(fact["prompt"], fact["completion"], reward=fact["reward"], adapter="ten facts")
     model.set_adapter("ten facts")
     for fact in facts:
         assert greedy(model, fact["prompt"], 8).startswith(fact["completion"].rstrip(".")), fact
-    after = answers.compare()
+    after = base_answers.compare()
     model.set_adapter(None)
     assert after.chat_kept_but_ties >= 38 and after.same_start >= 46, after.summary()
     assert abs(after.answers_perplexity_ratio - 1) < 0.01, after.summary()
@@ -275,18 +281,18 @@ def test_a_lesson_on_gemma_3_leaves_unrelated_answers_alone(gemma_gguf):
     answers' perplexity -1.2%: it learned to answer, not repeat, everywhere), Bad 40 and 48 (one step,
     taken back to a sixteenth: the step of the default size kept 10 and 30); the answers' perplexity
     within 1% (measured within 0.1%)."""
-    gemma = ruvllm.load(str(gemma_gguf), context_length=512)
-    lessons = [("fact", 38, 46), ("good", 35, 43), ("bad", 38, 46)]
-    assert_local(gemma, lessons, perplexity=0.01)
-
-
-def assert_local(model, expected: list[tuple[str, int, int]], perplexity: float) -> None:
-    """Each lesson of `expected` (name, chat answers kept but for near-ties, answers with the same first
-    five words at least) on a fresh default adapter, its answers' perplexity within `perplexity`."""
     from ruvllm.tools.locality import Answers
 
+    gemma = ruvllm.load(str(gemma_gguf), context_length=512)
+    lessons = [("fact", 38, 46), ("good", 35, 43), ("bad", 38, 46)]
+    assert_local(gemma, Answers.of(gemma), lessons, perplexity=0.01)
+
+
+def assert_local(model, answers, expected: list[tuple[str, int, int]], perplexity: float) -> None:
+    """Each lesson of `expected` (name, chat answers kept but for near-ties, answers with the same first
+    five words at least) on a fresh default adapter, against the base model's `answers` (Answers), its
+    answers' perplexity within `perplexity`."""
     model.set_adapter(None)
-    answers = Answers.of(model)
     joke = [{"role": "user", "content": "Tell me a joke."}]
     told = "".join(c.text for c in model.chat(joke, max_tokens=40, temperature=0))
     lessons = {
