@@ -59,7 +59,12 @@ test('progress climbs to the total and every byte reaches the loader', async () 
     onProgress: (p) => events.push(p),
     onPlan: (p) => plans.push(p),
   });
-  assert.deepEqual(result, { total: SIZE, fromCache: false, plan: { compute: 'f32', totalBytes: 1 } });
+  assert.deepEqual(result, {
+    total: SIZE,
+    fromCache: false,
+    plan: { compute: 'f32', totalBytes: 1 },
+    files: { 'model.safetensors': SIZE }, // every file read, name -> size (a hub folder's .complete record)
+  });
   assert.equal(plans.length, 1);
   // The first 8 bytes announce a 100-byte header: exactly 108 bytes went to planning, then everything.
   assert.deepEqual(loader.headers['model.safetensors'], { size: SIZE, length: 108 });
