@@ -732,3 +732,288 @@ __attribute__((always_inline)) static inline void quant_transposed(i32 bits, i32
 TRANSPOSED(q8_t, 8, 0, 1)
 TRANSPOSED(q8h_t, 8, 1, 0)
 TRANSPOSED(q4_t, 4, 0, 1)
+
+// ---- the decode plan's steps ----------------------------------------------------------------------------------
+//
+// Everything of a token's forward (py_src/ruvllm/model/forward.py) besides the products above, over float32
+// rows. Rows of x are at stride ldx (floats); `heads` groups of E values per row where a step works per head.
+// No libm: exp and tanh are written here (docs/kernels.md gives their precision). Each step is exported for
+// the tests; run_plan runs a whole token's list of them.
+
+// e^x for 4 lanes: x = n ln2 + r (|r| <= ln2 / 2), e^r by Cephes' expf polynomial (degree 6, within ~1 ulp),
+// 2^n put into the exponent bits. x below -87.3 gives 0, above ln(2^127.5) e^88.376 (no infinity).
+static inline v128_t exp4(v128_t x) {
+  const v128_t lo = wasm_f32x4_splat(-87.3f), hi = wasm_f32x4_splat(88.3762626647949f);
+  v128_t under = wasm_f32x4_lt(x, lo);
+  x = wasm_f32x4_min(wasm_f32x4_max(x, lo), hi);
+  v128_t n = wasm_f32x4_nearest(wasm_f32x4_mul(x, wasm_f32x4_splat(1.44269504088896341f)));
+  v128_t r = wasm_f32x4_sub(x, wasm_f32x4_mul(n, wasm_f32x4_splat(0.693359375f)));
+  r = wasm_f32x4_sub(r, wasm_f32x4_mul(n, wasm_f32x4_splat(-2.12194440e-4f)));
+  v128_t p = wasm_f32x4_splat(1.9875691500e-4f);
+  p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(1.3981999507e-3f));
+  p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(8.3334519073e-3f));
+  p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(4.1665795894e-2f));
+  p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(1.6666665459e-1f));
+  p = wasm_f32x4_add(wasm_f32x4_mul(p, r), wasm_f32x4_splat(5.0000001201e-1f));
+  p = wasm_f32x4_add(wasm_f32x4_add(wasm_f32x4_mul(wasm_f32x4_mul(p, r), r), r), wasm_f32x4_splat(1.0f));
+  v128_t scale = wasm_i32x4_shl(wasm_i32x4_add(wasm_i32x4_trunc_sat_f32x4(n), wasm_i32x4_splat(127)), 23);
+  return wasm_v128_andnot(wasm_f32x4_mul(p, scale), under);
+}
+
+// tanh for 4 lanes as 1 - 2 / (e^2x + 1): absolute error within ~1.2e-7 (what SiLU and GELU-tanh need; the
+// relative error near 0 is larger, where the activations multiply it by x).
+static inline v128_t tanh4(v128_t x) {
+  v128_t e = exp4(wasm_f32x4_add(x, x));
+  return wasm_f32x4_sub(wasm_f32x4_splat(1.0f), wasm_f32x4_div(wasm_f32x4_splat(2.0f), wasm_f32x4_add(e, wasm_f32x4_splat(1.0f))));
+}
+
+static inline float lane0(v128_t v) { return wasm_f32x4_extract_lane(v, 0); }
+
+EXPORT(exp_f32) void exp_f32(const float *x, float *y, i32 n) {
+  i32 i = 0;
+  for (; i + 4 <= n; i += 4) wasm_v128_store(y + i, exp4(wasm_v128_load(x + i)));
+  for (; i < n; i++) y[i] = lane0(exp4(wasm_f32x4_splat(x[i])));
+}
+
+EXPORT(tanh_f32) void tanh_f32(const float *x, float *y, i32 n) {
+  i32 i = 0;
+  for (; i + 4 <= n; i += 4) wasm_v128_store(y + i, tanh4(wasm_v128_load(x + i)));
+  for (; i < n; i++) y[i] = lane0(tanh4(wasm_f32x4_splat(x[i])));
+}
+
+// y = x / sqrt(mean(x^2) + eps) * w over each group of E values (`heads` groups in a row), as forward.rms_norm
+// forms it (a division, then the product with the weight); y may be x.
+EXPORT(rms_norm)
+void rms_norm(const float *x, const float *w, float *y, i32 rows, i32 heads, i32 E, i32 ldx, i32 ldy, float eps) {
+  for (i32 r = 0; r < rows; r++) {
+    for (i32 h = 0; h < heads; h++) {
+      const float *v = x + (long)r * ldx + h * E;
+      float *out = y + (long)r * ldy + h * E;
+      float s = dot(v, v, E);
+      float root = __builtin_sqrtf(s / (float)E + eps);
+      v128_t d = wasm_f32x4_splat(root);
+      i32 i = 0;
+      for (; i + 4 <= E; i += 4)
+        wasm_v128_store(out + i, wasm_f32x4_mul(wasm_f32x4_div(wasm_v128_load(v + i), d), wasm_v128_load(w + i)));
+      for (; i < E; i++) out[i] = v[i] / root * w[i];
+    }
+  }
+}
+
+// RoPE in place, Hugging Face's halves: (x[i], x[i + E/2]) rotated by the angle whose cos and sin are
+// row r's (rows, E/2) tables, in every head; as rope.apply_rope forms it (no fused multiply-add: the same bits).
+EXPORT(rope) void rope(float *x, const float *cos, const float *sin, i32 rows, i32 heads, i32 E, i32 ldx) {
+  const i32 half = E / 2;
+  for (i32 r = 0; r < rows; r++) {
+    const float *c = cos + (long)r * half, *s = sin + (long)r * half;
+    for (i32 h = 0; h < heads; h++) {
+      float *a = x + (long)r * ldx + h * E, *b = a + half;
+      i32 i = 0;
+      for (; i + 4 <= half; i += 4) {
+        v128_t x1 = wasm_v128_load(a + i), x2 = wasm_v128_load(b + i), ci = wasm_v128_load(c + i), si = wasm_v128_load(s + i);
+        wasm_v128_store(a + i, wasm_f32x4_sub(wasm_f32x4_mul(x1, ci), wasm_f32x4_mul(x2, si)));
+        wasm_v128_store(b + i, wasm_f32x4_add(wasm_f32x4_mul(x2, ci), wasm_f32x4_mul(x1, si)));
+      }
+      for (; i < half; i++) {
+        float x1 = a[i], x2 = b[i];
+        a[i] = x1 * c[i] - x2 * s[i];
+        b[i] = x2 * c[i] + x1 * s[i];
+      }
+    }
+  }
+}
+
+// The gated MLP's middle: y (rows, F) = act(gate) * up, from gu (rows, 2F): gate then up in each row.
+// kind 0: SiLU, x (0.5 + 0.5 tanh(x / 2)); kind 1: GELU's tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+static inline v128_t activate(i32 kind, v128_t g) {
+  const v128_t half = wasm_f32x4_splat(0.5f);
+  if (kind == 0) return wasm_f32x4_mul(g, wasm_f32x4_add(half, wasm_f32x4_mul(half, tanh4(wasm_f32x4_mul(half, g)))));
+  v128_t cube = wasm_f32x4_mul(wasm_f32x4_mul(wasm_f32x4_splat(0.044715f), g), wasm_f32x4_mul(g, g));
+  v128_t inner = wasm_f32x4_mul(wasm_f32x4_splat(0.7978845608028654f), wasm_f32x4_add(g, cube));
+  return wasm_f32x4_mul(wasm_f32x4_mul(half, g), wasm_f32x4_add(wasm_f32x4_splat(1.0f), tanh4(inner)));
+}
+
+EXPORT(gated) void gated(i32 kind, const float *gu, float *y, i32 rows, i32 F) {
+  for (i32 r = 0; r < rows; r++) {
+    const float *g = gu + (long)r * 2 * F, *u = g + F;
+    float *out = y + (long)r * F;
+    i32 i = 0;
+    for (; i + 4 <= F; i += 4) wasm_v128_store(out + i, wasm_f32x4_mul(activate(kind, wasm_v128_load(g + i)), wasm_v128_load(u + i)));
+    for (; i < F; i++) out[i] = lane0(wasm_f32x4_mul(activate(kind, wasm_f32x4_splat(g[i])), wasm_f32x4_splat(u[i])));
+  }
+}
+
+// y[r, 0:n] += x[r, 0:n] (rows at stride ldy and ldx)
+EXPORT(add_to) void add_to(float *y, const float *x, i32 rows, i32 n, i32 ldy, i32 ldx) {
+  for (i32 r = 0; r < rows; r++) {
+    float *a = y + (long)r * ldy;
+    const float *b = x + (long)r * ldx;
+    i32 i = 0;
+    for (; i + 4 <= n; i += 4) wasm_v128_store(a + i, wasm_f32x4_add(wasm_v128_load(a + i), wasm_v128_load(b + i)));
+    for (; i < n; i++) a[i] += b[i];
+  }
+}
+
+// y[r, 0:n] = x[r, 0:n]
+static void copy_rows(float *y, const float *x, i32 rows, i32 n, i32 ldy, i32 ldx) {
+  for (i32 r = 0; r < rows; r++) {
+    float *a = y + (long)r * ldy;
+    const float *b = x + (long)r * ldx;
+    i32 i = 0;
+    for (; i + 4 <= n; i += 4) wasm_v128_store(a + i, wasm_v128_load(b + i));
+    for (; i < n; i++) a[i] = b[i];
+  }
+}
+
+// Attention of T new rows over a layer's cached keys and values (KV, capacity, E), whose slots 0..count-1
+// hold positions first..first+count-1 (the new rows' keys already written). Row t (position pos0 + t), query
+// head h (key/value head h / (H / KV)) at q + t ldq + h E, sees the slots at or before its position, and with
+// a window only the last `window` of them; its output goes to out + t ldo + h E. Each query's scores are
+// dot products times `scale`, then exp(score - max) / sum, then the values summed in slot order;
+// scratch holds one query's scores (count floats).
+EXPORT(attend)
+void attend(const float *q, i32 ldq, const float *keys, const float *values, i32 capacity, float *out, i32 ldo,
+            float *scratch, i32 T, i32 H, i32 KV, i32 E, i32 count, i32 pos0, i32 first, i32 window, float scale) {
+  const i32 G = H / KV, E16 = E & ~15;
+  for (i32 h = 0; h < H; h++) {
+    const float *k = keys + (long)(h / G) * capacity * E, *v = values + (long)(h / G) * capacity * E;
+    for (i32 t = 0; t < T; t++) {
+      const i32 position = pos0 + t;
+      i32 hi = position - first + 1, lo = 0;
+      if (hi > count) hi = count;
+      if (window > 0 && position - window + 1 - first > lo) lo = position - window + 1 - first;
+      const float *qt = q + (long)t * ldq + h * E;
+      float *o = out + (long)t * ldo + h * E;
+      float top = -3.0e38f;
+      for (i32 j = lo; j < hi; j++) {
+        float s = dot(qt, k + (long)j * E, E) * scale;
+        scratch[j - lo] = s;
+        top = s > top ? s : top;
+      }
+      const i32 S = hi - lo;
+      v128_t total = wasm_f32x4_splat(0.0f), m = wasm_f32x4_splat(top);
+      i32 j = 0;
+      for (; j + 4 <= S; j += 4) {
+        v128_t e = exp4(wasm_f32x4_sub(wasm_v128_load(scratch + j), m));
+        wasm_v128_store(scratch + j, e);
+        total = wasm_f32x4_add(total, e);
+      }
+      float sum = hsum(total);
+      for (; j < S; j++) sum += scratch[j] = lane0(exp4(wasm_f32x4_splat(scratch[j] - top)));
+      v128_t d = wasm_f32x4_splat(sum);
+      for (j = 0; j + 4 <= S; j += 4) wasm_v128_store(scratch + j, wasm_f32x4_div(wasm_v128_load(scratch + j), d));
+      for (; j < S; j++) scratch[j] /= sum;
+      const float *vs = v + (long)lo * E;
+      for (i32 e = 0; e < E16; e += 16) mix_1x16(scratch, vs + e, o + e, S, E);
+      for (i32 e = E16; e < E; e++) o[e] = mix_1x1(scratch, vs + e, S, E);
+    }
+  }
+}
+
+// ---- the decode plan: a token's steps, run in one call -------------------------------------------------------
+//
+// py_src/ruvllm/model/plan.py writes a model's forward once, at load, as a program: steps of STEP_WORDS int32
+// words, an opcode then its operands (addresses, sizes, float32 bits), ending with PLAN_END. Each call runs
+// it for the rows the state gives:
+//   state[0] T        new rows (tokens) in the activations
+//   state[1] pos0     the absolute position of row 0
+//   state[2] count    slots of the cache in use once the new rows' keys and values are written
+//   state[3] first    the position of slot 0 (slots hold consecutive positions)
+//   state[4] last     1: the tail steps (final norm, logits) take the last row only
+//   state[5] logits   0: stop before the logits product (the caller multiplies the normed rows itself)
+// A layer's cache is a table entry of three words: its keys' and values' addresses (KV, capacity, E each)
+// and the capacity; the entry is read at each call, so buffers that grew are found where they are now.
+#define STEP_WORDS 16
+enum { PLAN_END, PLAN_NORM, PLAN_PRODUCT, PLAN_BIAS, PLAN_ROPE, PLAN_APPEND, PLAN_ATTEND, PLAN_ADD, PLAN_GATED, PLAN_COPY };
+enum { FORM_DENSE, FORM_Q8, FORM_Q8H, FORM_Q4 };
+#define PRODUCT_QUANTIZE 1  // quantize x first (the first product of those that share it)
+#define PRODUCT_TAIL 2      // the logits: the tail rows; skipped when the state says so
+
+#define AT(type, word) ((type *)(__SIZE_TYPE__)(unsigned)(word))
+
+static inline float bits_float(i32 word) {
+  union { i32 i; float f; } u;
+  u.i = word;
+  return u.f;
+}
+
+// A product step: [op, form, w, scales, mins, offset, N, K, x, y, ldy, xq, flags, scratch]. Few rows take the
+// fast arithmetic (x quantized into xq: QUANTIZED_X_BYTES(T, K)); more go through the exact tiles (scratch:
+// TILE_ROWS * K floats).
+static void plan_product(const i32 *s, i32 T) {
+  const i32 form = s[1], offset = s[5], N = s[6], K = s[7], ldy = s[10], flags = s[12];
+  const void *w = AT(const void, s[2]);
+  const float *scales = AT(const float, s[3]), *mins = AT(const float, s[4]), *x = AT(const float, s[8]);
+  float *y = AT(float, s[9]), *scratch = AT(float, s[13]);
+  if (form == FORM_DENSE) {
+    dense_block(x, T, (const float *)w, N, K, y, ldy);
+    return;
+  }
+  if (T > GROUPED_MAX_ROWS) {
+    if (form == FORM_Q8) quant_exact(8, 0, x, w, scales, mins, offset, y, scratch, T, N, K, ldy);
+    else if (form == FORM_Q8H) quant_exact(8, 1, x, w, scales, 0, offset, y, scratch, T, N, K, ldy);
+    else quant_exact(4, 0, x, w, scales, mins, offset, y, scratch, T, N, K, ldy);
+    return;
+  }
+  const i32 G = K / GROUP;
+  short *xq = AT(short, s[11]);
+  float *d = (float *)(xq + T * K), *xs = d + T * G;
+  if (flags & PRODUCT_QUANTIZE) quantize_x(x, xq, d, xs, T, K);
+  if (form == FORM_Q8) quant_fast(8, 0, xq, d, xs, w, scales, mins, offset, y, T, N, K, ldy);
+  else if (form == FORM_Q8H) quant_fast(8, 1, xq, d, xs, w, scales, 0, offset, y, T, N, K, ldy);
+  else quant_fast(4, 0, xq, d, xs, w, scales, mins, offset, y, T, N, K, ldy);
+}
+
+EXPORT(run_plan) void run_plan(const i32 *program, const i32 *state) {
+  const i32 T = state[0], pos0 = state[1], count = state[2], first = state[3], last = state[4], logits = state[5];
+  for (const i32 *s = program; s[0] != PLAN_END; s += STEP_WORDS) {
+    switch (s[0]) {
+      case PLAN_NORM: {  // [op, x, w, y, heads, E, ldx, ldy, eps, tail]
+        const float *x = AT(const float, s[1]);
+        i32 rows = T;
+        if (s[9] && last) x += (long)(T - 1) * s[6], rows = 1;
+        rms_norm(x, AT(const float, s[2]), AT(float, s[3]), rows, s[4], s[5], s[6], s[7], bits_float(s[8]));
+        break;
+      }
+      case PLAN_PRODUCT:
+        if (s[12] & PRODUCT_TAIL) {
+          if (logits) plan_product(s, last ? 1 : T);
+        } else {
+          plan_product(s, T);
+        }
+        break;
+      case PLAN_BIAS:  // [op, y, b, N, ldy]
+        for (i32 t = 0; t < T; t++) add_to(AT(float, s[1]) + (long)t * s[4], AT(const float, s[2]), 1, s[3], 0, 0);
+        break;
+      case PLAN_ROPE:  // [op, x, cos, sin, heads, E, ldx]
+        rope(AT(float, s[1]), AT(const float, s[2]), AT(const float, s[3]), T, s[4], s[5], s[6]);
+        break;
+      case PLAN_APPEND: {  // [op, src, ld, table, KV, E, which]: rows' keys (which 0) or values (1) into slots
+        const i32 *entry = AT(const i32, s[3]);
+        const i32 KV = s[4], E = s[5], capacity = entry[2];
+        float *cache = AT(float, entry[s[6]]);
+        for (i32 h = 0; h < KV; h++)
+          copy_rows(cache + ((long)h * capacity + count - T) * E, AT(const float, s[1]) + h * E, T, E, E, s[2]);
+        break;
+      }
+      case PLAN_ATTEND: {  // [op, q, ldq, table, out, ldo, H, KV, E, window, scale, scratch]
+        const i32 *entry = AT(const i32, s[3]);
+        attend(AT(const float, s[1]), s[2], AT(const float, entry[0]), AT(const float, entry[1]), entry[2],
+               AT(float, s[4]), s[5], AT(float, s[11]), T, s[6], s[7], s[8], count, pos0, first, s[9],
+               bits_float(s[10]));
+        break;
+      }
+      case PLAN_ADD:  // [op, y, x, n]
+        add_to(AT(float, s[1]), AT(const float, s[2]), T, s[3], s[3], s[3]);
+        break;
+      case PLAN_GATED:  // [op, kind, gu, y, F]
+        gated(s[1], AT(const float, s[2]), AT(float, s[3]), T, s[4]);
+        break;
+      case PLAN_COPY:  // [op, y, x, n, ldy]: rows of x (n floats each) to y at stride ldy
+        copy_rows(AT(float, s[1]), AT(const float, s[2]), T, s[3], s[4], s[3]);
+        break;
+      default:
+        return;  // (an unknown step: plan.py writes none)
+    }
+  }
+}

@@ -28,7 +28,7 @@ from ..errors import ContextFullError, InvalidArgumentError
 from ..quant.kvcodes import KVCodes
 from ..quant.provider import AttentionProducts
 from .config import ModelConfig
-from .kv import Cache, DenseSegment, LayerKV, QuantSegment, ResidualTap, WeightsIdentity, grow
+from .kv import Cache, DenseSegment, Empty, LayerKV, QuantSegment, ResidualTap, WeightsIdentity, grow
 
 COLD_FORMATS = {"int8": 8, "int4": 4}
 
@@ -67,19 +67,23 @@ class KVOptions:
 
 class HotTier:
     """The newest positions, float32 as computed: keys and values (K, capacity, E) and their absolute
-    positions (capacity,); the first `length` are in use."""
+    positions (capacity,); the first `length` are in use. Keys and values are allocated by `empty` (the
+    decode plan's kernel memory, where the plan writes them: model/plan.py)."""
 
-    def __init__(self, kv_heads: int, head_dim: int, products: AttentionProducts | None = None) -> None:
+    def __init__(
+        self, kv_heads: int, head_dim: int, products: AttentionProducts | None = None, empty: Empty = np.empty
+    ) -> None:
         self.products = products  # attention's products over these (a kernel provider's), or NumPy's
-        self.k = np.empty((kv_heads, 0, head_dim), np.float32)
-        self.v = np.empty((kv_heads, 0, head_dim), np.float32)
+        self.empty = empty
+        self.k = empty((kv_heads, 0, head_dim), np.float32)
+        self.v = empty((kv_heads, 0, head_dim), np.float32)
         self.positions = np.empty(0, np.int64)
         self.length = 0
 
     def reserve(self, count: int, limit: int | None) -> None:
         """Room for `count` more positions (the buffers grow in blocks of STEP, at most to `limit`)."""
         needed = self.length + count
-        self.k, self.v = grow(self.k, needed, limit, 1), grow(self.v, needed, limit, 1)
+        self.k, self.v = grow(self.k, needed, limit, 1, self.empty), grow(self.v, needed, limit, 1, self.empty)
         self.positions = grow(self.positions, needed, limit, 0)
 
     def append(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> None:
@@ -179,10 +183,11 @@ class LayerCache(LayerKV):
         max_positions: int | None,
         options: KVOptions,
         products: AttentionProducts | None = None,
+        empty: Empty = np.empty,
     ) -> None:
         self.options = options
         self.max_positions = max_positions  # hot + cold positions at most (None: bounded by the budget)
-        self.hot = HotTier(kv_heads, head_dim, products)
+        self.hot = HotTier(kv_heads, head_dim, products, empty)
         self.cold = ColdTier(kv_heads, head_dim, COLD_FORMATS[options.cold]) if options.hot_tokens else None
 
     @property
@@ -235,14 +240,17 @@ class KVCache(Cache):
         options: KVOptions | None = None,
         tap_layer: int | None = None,
         products: AttentionProducts | None = None,
+        empty: Empty = np.empty,
     ) -> None:
-        """products: attention's products over the float32 tier (a kernel provider's; None: NumPy)."""
+        """products: attention's products over the float32 tier (a kernel provider's; None: NumPy);
+        empty: where the float32 tier's buffers come from (kv.grow)."""
         self.config = config
         self.options = options or KVOptions()
         self.max_positions = None if self.options.budget_bytes is not None else max_positions
         K, E = config.num_key_value_heads, config.head_dim
         self.layers = [
-            LayerCache(K, E, self.max_positions, self.options, products) for _ in range(config.num_hidden_layers)
+            LayerCache(K, E, self.max_positions, self.options, products, empty)
+            for _ in range(config.num_hidden_layers)
         ]
         self.tokens: list[int] = []
         self.owner: WeightsIdentity | None = None  # the weights_identity() the entries were computed with

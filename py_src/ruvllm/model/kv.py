@@ -22,14 +22,15 @@ B sequences, Q = G*T rows of queries per key/value head.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from typing import NamedTuple
+from collections.abc import Callable, Sequence
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from ..quant.provider import AttentionProducts
 
 STEP = 256  # buffers grow in blocks of this many positions
+Empty = Callable[[tuple[int, ...], Any], np.ndarray]  # np.empty's shape and dtype: where buffers come from
 
 
 class DenseSegment:
@@ -129,8 +130,9 @@ class Cache(ABC):
         raise NotImplementedError(f"{type(self).__name__} has no batched decode attention")
 
 
-def grow(array: np.ndarray, needed: int, limit: int | None, axis: int) -> np.ndarray:
-    """`array` with room for `needed` entries along `axis` (blocks of STEP), its contents kept."""
+def grow(array: np.ndarray, needed: int, limit: int | None, axis: int, empty: Empty = np.empty) -> np.ndarray:
+    """`array` with room for `needed` entries along `axis` (blocks of STEP), its contents kept; a new
+    buffer comes from `empty` (np.empty, or a kernel memory's: model/plan.py)."""
     if needed <= array.shape[axis]:
         return array
     capacity = -(-needed // STEP) * STEP
@@ -138,7 +140,7 @@ def grow(array: np.ndarray, needed: int, limit: int | None, axis: int) -> np.nda
         capacity = min(capacity, max(limit, needed))
     shape = list(array.shape)
     shape[axis] = capacity
-    new = np.empty(shape, dtype=array.dtype)
+    new = empty(tuple(shape), array.dtype)
     index = [slice(None)] * array.ndim
     index[axis] = slice(0, array.shape[axis])
     new[tuple(index)] = array

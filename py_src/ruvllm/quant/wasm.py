@@ -14,6 +14,7 @@ Dimension letters: T rows of x, N output features, K input features, G = K / 32 
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
@@ -130,6 +131,11 @@ class WasmKernels:
 
         return add
 
+    @functools.cached_property
+    def memory(self) -> HeapMemory:
+        """The memory the decode plan runs in (Pyodide's heap)."""
+        return HeapMemory(self.exports)
+
     @property
     def attention(self) -> WasmAttention:
         """Attention's products through these kernels (provider.AttentionProducts)."""
@@ -175,6 +181,23 @@ class WasmKernels:
             return y
 
         return product
+
+
+class HeapMemory:
+    """Pyodide's heap as the kernels' memory (model/plan.py KernelMemory): the kernels were instantiated
+    on it, so every NumPy array is in it and its address is its data pointer."""
+
+    def __init__(self, exports: Any) -> None:
+        self.exports = exports
+
+    def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> np.ndarray:
+        return np.empty(shape, dtype)
+
+    def address(self, a: np.ndarray) -> int:
+        return address(a)
+
+    def place(self, a: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(a)
 
 
 class WasmAttention:

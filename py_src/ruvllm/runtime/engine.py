@@ -18,6 +18,7 @@ from ..files.store import TensorStore, sanitize
 from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
 from ..model.forward import forward, hidden_batch, logits, recompute_layers
+from ..model.plan import DecodePlan, plan_refusal
 from ..model.kv import Cache, WeightsIdentity
 from ..model.transformer import Transformer
 from ..model.weights import ComputeOptions, Weights, load_weights
@@ -94,7 +95,9 @@ class LoadOptions:
     the machine's memory: planner.py), "f32", "q8", "q4", or ComputeOptions (refused if it does not fit
     them). kernels: "auto", "wasm" or "numpy" (quant/provider.py), choosing between NumPy and
     `provider`, the kernel provider the runtime offers (the Pyodide bridge passes the WebAssembly one);
-    numpy_kernel: how NumPy multiplies when it does ("blas" or "einsum"; None: the better one here)."""
+    numpy_kernel: how NumPy multiplies when it does ("blas" or "einsum"; None: the better one here).
+    plan: run each forward as one call of the kernels' decode plan (model/plan.py) where the provider
+    offers a memory for it and the arithmetic is fast; False: the NumPy forward drives the products."""
 
     context_length: int | None = None
     compute: str | ComputeOptions = "auto"
@@ -107,6 +110,7 @@ class LoadOptions:
     threads: int | None = None  # BLAS threads for prompt processing (threads.py); None: the available CPUs
     kernels: str = "auto"
     provider: KernelProvider | None = None
+    plan: bool = True
 
     def __post_init__(self) -> None:
         if self.isq not in ("rtn", "awq"):
@@ -194,7 +198,25 @@ class Engine:
             engine.kernels, engine.arithmetic = compute.provider.name, compute.provider.arithmetic
             if engine.arithmetic == "fast":  # (their sums come in another order than NumPy's: not exact)
                 engine.attention = getattr(compute.provider, "attention", None)
+        engine.use_plan(options.plan, compute.provider)
         return engine
+
+    def use_plan(self, wanted: bool, provider: KernelProvider | None) -> None:
+        """Build the decode plan (model/plan.py) if `wanted` and this engine can run it, else say why not
+        in `plan_note`."""
+        self.decode_plan = None
+        memory = getattr(provider, "memory", None)
+        if not wanted:
+            self.plan_note = "off (plan=False)"
+        elif provider is None or memory is None:
+            self.plan_note = "no kernel memory to run it in (NumPy computes, or the kernel thread pool does)"
+        else:
+            refusal = plan_refusal(self.model, provider.arithmetic)
+            if refusal is None:
+                self.decode_plan = DecodePlan(self.model, memory, PREFILL_CHUNK, self.context_length)
+                self.plan_note = None
+            else:
+                self.plan_note = refusal
 
     @property
     def config(self) -> ModelConfig:
@@ -208,6 +230,8 @@ class Engine:
     kernels: str = "numpy"  # what computes the matrix products: "numpy", or the kernel provider's name
     arithmetic: str = "exact"  # the provider's arithmetic (NumPy's is exact)
     attention: AttentionProducts | None = None  # attention's products over the cache (None: NumPy's)
+    decode_plan: DecodePlan | None = None  # the forward as one kernels call (use_plan), where it runs
+    plan_note: str | None = "off (no kernels)"  # why there is no decode_plan (None: there is one)
 
     def attach(self, wrappers: Wrappers) -> None:
         """Let `wrappers` (the LoRA adapters of learning.adapters.AdapterSet) wrap the weights; they must hold
@@ -237,7 +261,8 @@ class Engine:
         the hidden states entering the wrappers' `tap_layer` unless it has a budget (it could grow
         without end)."""
         tap = None if self.wrappers is None or self.kv.budget_bytes is not None else self.wrappers.tap_layer
-        return KVCache(self.config, self.context_length, self.kv, tap, self.attention)
+        empty = np.empty if self.decode_plan is None else self.decode_plan.memory.empty
+        return KVCache(self.config, self.context_length, self.kv, tap, self.attention, empty)
 
     def kept_layers(self, owner: WeightsIdentity | None, identity: WeightsIdentity) -> int:
         """How many decoder layers, from the bottom, of a cache computed with weights `owner` hold what
@@ -282,6 +307,9 @@ class Engine:
                 if routing is not None:
                     x = routing.hidden(self, tokens, start, cache)
                     return logits(self.weights, self.config, x[-1:] if last_only else x)
+            plan = self.decode_plan
+            if plan is not None and self.wrappers is None and plan.refusal(cache) is None:
+                return plan.forward(tokens, start, cache, last_only)
             return forward(self.model, tokens, start, cache, last_only)
 
     def forward_batch(

@@ -1,0 +1,243 @@
+"""The decode plan (model/plan.py, kernels.c `run_plan`) against the NumPy forward.
+
+The kernels run on CPython through wasmtime (tests/kernel_host.py), on arrays that live in their memory
+as Pyodide's heap lives in theirs, so these are the steps the browser and Node run, bit for bit (the
+plain build has no nondeterministic instruction; the relaxed build's are used where they are exact).
+
+- Each new step against NumPy: RMSNorm (whole rows and per head, at a stride), RoPE (the same bits as
+  rope.apply_rope), the gated activations, exp and tanh, attention over a cache (grouped queries,
+  sliding windows, rows that see different prefixes), with awkward sizes.
+- The whole plan against the NumPy forward for a tiny random model of every family and every compute
+  form: a prompt (every row's logits, in chunks smaller than the prompt), then decoding past Gemma's
+  and Mistral's windows, then a rewind and a different continuation.
+
+Tolerances: the steps between products are float32 in another order than NumPy's (and exp/tanh within
+a few ulp); the plan's products are the fast arithmetic's (x at 15 bits per group of 32), which moves a
+logit by ~1e-4 of the logits' scale. The bounds below are a few times what the first run measured.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ruvllm.model.cache import KVCache
+from ruvllm.model.forward import attention_mask, gelu_tanh, rms_norm, silu, softmax
+from ruvllm.model.plan import DecodePlan, plan_refusal
+from ruvllm.model.rope import apply_rope, rope_tables_at
+from ruvllm.runtime.assembly import load_engine
+
+kernel_host = pytest.importorskip("kernel_host", reason="tests/kernel_host.py")
+from kernel_host import KernelHost, kernel_wasm_paths  # noqa: E402
+
+from conftest import tiny_model  # noqa: E402
+from test_parity import VARIANTS  # noqa: E402
+
+WASMS = kernel_wasm_paths()
+pytestmark = pytest.mark.skipif(not WASMS, reason="the WebAssembly kernels are not built (./build.sh kernels)")
+
+
+class HostMemory:
+    """The wasmtime host as the plan's KernelMemory."""
+
+    def __init__(self, host: KernelHost) -> None:
+        self.host, self.exports = host, host.exports
+
+    def empty(self, shape, dtype=np.float32) -> np.ndarray:
+        return self.host.empty(shape, dtype)
+
+    def address(self, a: np.ndarray) -> int:
+        return self.host.address(a)
+
+    def place(self, a: np.ndarray) -> np.ndarray:
+        return self.host.put(np.ascontiguousarray(a))
+
+
+class HostProvider:
+    """What Engine.use_plan reads of a kernel provider: its arithmetic and its memory."""
+
+    name, arithmetic = "wasm", "fast"
+
+    def __init__(self, memory: HostMemory) -> None:
+        self.memory = memory
+
+
+@pytest.fixture(scope="module", params=[p.name for p in WASMS])
+def host(request) -> KernelHost:
+    return KernelHost(next(p for p in WASMS if p.name == request.param))
+
+
+def put(host: KernelHost, a: np.ndarray) -> tuple[np.ndarray, int]:
+    """A copy of `a` in the kernels' memory and its address (the copy must be kept while the address is
+    used: its block is handed out again once it is garbage)."""
+    kept = host.put(np.ascontiguousarray(a))
+    return kept, host.address(kept)
+
+
+# ---- each step -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("rows, heads, E, extra", [(1, 1, 576, 0), (3, 4, 16, 5), (2, 3, 7, 1), (5, 1, 64, 0)])
+def test_rms_norm_matches_numpy(host, rows, heads, E, extra):
+    rng = np.random.default_rng(rows * 100 + E)
+    ld = heads * E + extra  # rows at a stride wider than their heads
+    x = rng.normal(0, 2, (rows, ld)).astype(np.float32)
+    w = rng.uniform(0.5, 1.5, E).astype(np.float32)
+    xs, at_x = put(host, x)
+    ws, at_w = put(host, w)
+    y = host.zeros((rows, ld))
+    host.exports.rms_norm(at_x, at_w, host.address(y), rows, heads, E, ld, ld, 1e-6)
+    want = rms_norm(x[:, : heads * E].reshape(rows, heads, E), w, 1e-6).reshape(rows, heads * E)
+    np.testing.assert_allclose(y[:, : heads * E], want, rtol=2e-6, atol=1e-6)
+    assert not y[:, heads * E :].any(), "a norm wrote past its heads"
+
+
+@pytest.mark.parametrize("rows, heads, E", [(1, 9, 64), (3, 2, 16), (2, 1, 10)])
+def test_rope_has_numpys_bits(host, rows, heads, E):
+    rng = np.random.default_rng(E)
+    x = rng.normal(0, 1, (rows, heads * E)).astype(np.float32)
+    inv = 1.0 / 10000 ** (np.arange(0, E, 2) / E)
+    cos, sin = rope_tables_at(inv, np.arange(40, 40 + rows))
+    xs, at_x = put(host, x)
+    cos_kept, at_c = put(host, cos)
+    sin_kept, at_s = put(host, sin)
+    host.exports.rope(at_x, at_c, at_s, rows, heads, E, heads * E)
+    want = apply_rope(x.reshape(rows, heads, E).transpose(1, 0, 2), cos, sin).transpose(1, 0, 2).reshape(rows, -1)
+    assert np.array_equal(xs, want), "RoPE in the kernels must give rope.apply_rope's bits"
+
+
+def test_exp_and_tanh_precision(host):
+    x = np.concatenate([np.linspace(-90, 90, 20001), [-1e-6, 0, 1e-6, -200, 200]]).astype(np.float32)
+    xs, at_x = put(host, x)
+    y = host.zeros(len(x))
+    host.exports.exp_f32(at_x, host.address(y), len(x))
+    want = np.exp(x.astype(np.float64))
+    finite = (x > -87.3) & (x < 88.37)
+    rel = np.abs(y[finite] - want[finite]) / want[finite]
+    assert rel.max() < 4e-7, f"exp's largest relative error {rel.max():.3g}"
+    assert (y[x < -87.3] == 0).all()
+    host.exports.tanh_f32(at_x, host.address(y), len(x))
+    err = np.abs(y - np.tanh(x.astype(np.float64)))
+    assert err.max() < 2.5e-7, f"tanh's largest absolute error {err.max():.3g}"
+
+
+@pytest.mark.parametrize("kind, reference", [(0, silu), (1, gelu_tanh)])
+def test_gated_activations(host, kind, reference):
+    rng = np.random.default_rng(kind)
+    rows, F = 3, 37
+    gu = rng.normal(0, 3, (rows, 2 * F)).astype(np.float32)
+    gu_kept, at = put(host, gu)
+    y = host.zeros((rows, F))
+    host.exports.gated(kind, at, host.address(y), rows, F)
+    g, u = gu[:, :F].astype(np.float64), gu[:, F:].astype(np.float64)
+    want = reference(g) * u  # in float64
+    # tanh's absolute error (~1.2e-7) times |g| and |u|, where 0.5 + 0.5 tanh cancels (large negative g)
+    bound = 4e-7 * np.abs(g * u) + 2e-6 * np.abs(want)
+    assert (np.abs(y - want) <= bound).all(), f"largest error {np.abs(y - want).max():.3g}"
+
+
+@pytest.mark.parametrize("T, H, KV, E, window", [(1, 9, 3, 64, 0), (5, 4, 2, 16, 0), (6, 4, 4, 20, 3), (1, 2, 1, 8, 4)])
+def test_attend_matches_numpy(host, T, H, KV, E, window):
+    """Queries at the last T of `count` positions attend over a cache (KV, capacity, E) as forward.attend
+    does: scaled scores, the causal (and window) mask, softmax, the mix."""
+    rng = np.random.default_rng(T * H + E)
+    count, capacity, pos0 = 11, 16, 11 - T
+    keys = rng.normal(0, 1, (KV, capacity, E)).astype(np.float32)
+    values = rng.normal(0, 1, (KV, capacity, E)).astype(np.float32)
+    width = (H + 2 * KV) * E  # queries inside a q/k/v row, as the plan holds them
+    rows = rng.normal(0, 1, (T, width)).astype(np.float32)
+    rows_kept, at_q = put(host, rows)
+    keys_kept, at_k = put(host, keys)
+    values_kept, at_v = put(host, values)
+    out = host.zeros((T, H * E))
+    scratch = host.zeros(capacity)
+    scale = E**-0.5
+    host.exports.attend(
+        at_q, width, at_k, at_v, capacity, host.address(out), H * E, host.address(scratch),
+        T, H, KV, E, count, pos0, 0, window, scale,
+    )  # fmt: skip
+    q = rows[:, : H * E].reshape(T, KV, H // KV, E).transpose(1, 2, 0, 3)  # (KV, G, T, E)
+    scores = np.einsum("kgte,kse->kgts", q, keys[:, :count]) * np.float32(scale)
+    mask = attention_mask(np.arange(pos0, pos0 + T), np.arange(count), window or None)
+    if mask is not None:
+        scores += mask
+    want = np.einsum("kgts,kse->tkge", softmax(scores), values[:, :count]).reshape(T, H * E)
+    np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
+
+
+# ---- the whole plan --------------------------------------------------------------------------------------
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, what: str) -> None:
+    scale = np.abs(want).max()
+    err = np.abs(got - want).max()
+    assert err <= 3e-3 * scale, f"{what}: the plan's logits differ by {err:.3g} (scale {scale:.3g})"
+    # the top token the same, or the reference's two candidates within what the logits may differ by
+    rows = np.arange(len(want))
+    margin = want[rows, want.argmax(-1)] - want[rows, got.argmax(-1)]
+    assert (margin <= 2 * err).all(), f"{what}: the plan's top token differs by {margin.max():.3g} (not a near-tie)"
+
+
+CASES = [(variant, compute, WASMS[0].name) for variant in VARIANTS for compute in ("f32", "q8", "q4")]
+CASES += [(variant, "q4", w.name) for w in WASMS[1:] for variant in VARIANTS]  # (the relaxed build: its q4 dot)
+
+
+@pytest.mark.parametrize("variant, compute, build", CASES)
+def test_plan_logits_match_the_numpy_forward(tmp_path, variant, compute, build):
+    """test_parity's tiny models of every family and switch (GQA/MQA, RoPE scalings, biases, sliding
+    windows, q/k norms, Gemma 3's sandwich norms and two RoPE bases): a prompt of 7 in chunks of 3
+    (every row's logits), 8 decoding steps past the windows, then a rewind of 5 positions and a 2-token
+    continuation (the last row's logits), each against the NumPy forward on a cache of its own."""
+    kind, overrides = VARIANTS[variant]
+    tiny_model(kind, tmp_path, **overrides)
+    engine = load_engine(str(tmp_path), compute=compute, kernels="numpy")
+    assert plan_refusal(engine.model, "fast") is None
+    memory = HostMemory(KernelHost(next(p for p in WASMS if p.name == build)))
+    plan = DecodePlan(engine.model, memory, rows=3, context=engine.context_length)
+    prompt = np.random.default_rng(1).integers(0, engine.config.vocab_size, 7)
+    reference = engine.new_cache()
+    planned = KVCache(engine.config, engine.context_length, engine.kv, None, None, memory.empty)
+    want = engine.forward(prompt, 0, reference)  # (7, V) through the NumPy forward
+    got = plan.forward(prompt, 0, planned)
+    assert got.shape == want.shape
+    assert_close(got, want, "the prompt")
+    tokens = list(prompt)
+    for step in range(8):
+        token = np.array([int(want[-1].argmax())])
+        want = engine.forward(token, len(tokens), reference)
+        got = plan.forward(token, len(tokens), planned)
+        assert_close(got, want, f"decoding step {step}")
+        tokens.append(int(token[0]))
+    assert planned.tokens == reference.tokens == tokens
+    other = np.array([3, 5])
+    want = engine.forward(other, len(tokens) - 5, reference, last_only=True)
+    got = plan.forward(other, len(tokens) - 5, planned, last_only=True)
+    assert got.shape == want.shape == (1, engine.config.vocab_size)
+    assert_close(got, want, "after a rewind")
+    assert planned.layers[0].hot.length == len(tokens) - 3 == len(planned.tokens)
+
+
+def test_the_engine_runs_its_forward_through_the_plan(tmp_path):
+    """Engine.use_plan with a provider that has a kernel memory: new caches live in that memory, forward
+    goes through the plan (a cache the plan cannot serve, one with a cold tier, through NumPy), and
+    plan=False or the exact arithmetic keep the NumPy forward, saying why."""
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path), compute="q4", kernels="numpy")
+    assert engine.decode_plan is None and engine.plan_note
+    host = KernelHost(WASMS[0])
+    provider = HostProvider(HostMemory(host))
+    engine.use_plan(True, provider)
+    assert engine.decode_plan is not None and engine.plan_note is None
+    cache = engine.new_cache()
+    ids = np.array([1, 2, 3, 4, 5])
+    got = engine.forward(ids, 0, cache, last_only=True)
+    host.address(cache.layers[0].hot.k)  # (in the kernels' memory, or this raises)
+    numpy_engine = load_engine(str(tmp_path), compute="q4", kernels="numpy")
+    want = numpy_engine.forward(ids, 0, numpy_engine.new_cache(), last_only=True)
+    assert_close(got, want, "the engine's forward")
+    assert not np.array_equal(got, want), "the plan's arithmetic is not NumPy's: this forward did not run it"
+    engine.use_plan(False, provider)
+    assert engine.decode_plan is None and engine.plan_note == "off (plan=False)"
+    provider.arithmetic = "exact"
+    engine.use_plan(True, provider)
+    assert engine.decode_plan is None and "exact" in engine.plan_note
