@@ -921,6 +921,8 @@ void attend(const float *q, i32 ldq, const float *keys, const float *values, i32
 //   state[3] first    the position of slot 0 (slots hold consecutive positions)
 //   state[4] last     1: the tail steps (final norm, logits) take the last row only
 //   state[5] logits   0: stop before the logits product (the caller multiplies the normed rows itself)
+//   state[6] tap      the layer whose entering rows are copied out (learning's residual tap), or -1
+//   state[7] tapped   where they go: row 0's address
 // A layer's cache is a table entry of three words: its keys' and values' addresses (KV, capacity, E each)
 // and the capacity; the entry is read at each call, so buffers that grew are found where they are now.
 #define STEP_WORDS 16
@@ -1009,8 +1011,8 @@ EXPORT(run_plan) void run_plan(const i32 *program, const i32 *state) {
       case PLAN_GATED:  // [op, kind, gu, y, F]
         gated(s[1], AT(const float, s[2]), AT(float, s[3]), T, s[4]);
         break;
-      case PLAN_COPY:  // [op, y, x, n, ldy]: rows of x (n floats each) to y at stride ldy
-        copy_rows(AT(float, s[1]), AT(const float, s[2]), T, s[3], s[4], s[3]);
+      case PLAN_COPY:  // [op, layer, x, n]: the rows entering `layer`, when it is the tapped one
+        if (state[6] == s[1]) copy_rows(AT(float, state[7]), AT(const float, s[2]), T, s[3], s[3], s[3]);
         break;
       default:
         return;  // (an unknown step: plan.py writes none)

@@ -187,7 +187,8 @@ def test_plan_logits_match_the_numpy_forward(tmp_path, variant, compute, build):
     """test_parity's tiny models of every family and switch (GQA/MQA, RoPE scalings, biases, sliding
     windows, q/k norms, Gemma 3's sandwich norms and two RoPE bases): a prompt of 7 in chunks of 3
     (every row's logits), 8 decoding steps past the windows, then a rewind of 5 positions and a 2-token
-    continuation (the last row's logits), each against the NumPy forward on a cache of its own."""
+    continuation (the last row's logits), each against the NumPy forward on a cache of its own; the
+    hidden states the caches' residual taps keep (learning's) alike."""
     kind, overrides = VARIANTS[variant]
     tiny_model(kind, tmp_path, **overrides)
     engine = load_engine(str(tmp_path), compute=compute, kernels="numpy")
@@ -195,8 +196,9 @@ def test_plan_logits_match_the_numpy_forward(tmp_path, variant, compute, build):
     memory = HostMemory(KernelHost(next(p for p in WASMS if p.name == build)))
     plan = DecodePlan(engine.model, memory, rows=3, context=engine.context_length)
     prompt = np.random.default_rng(1).integers(0, engine.config.vocab_size, 7)
-    reference = engine.new_cache()
-    planned = KVCache(engine.config, engine.context_length, engine.kv, None, None, memory.empty)
+    tap = engine.config.num_hidden_layers - 1  # learning's residual tap, written by the plan too
+    reference = KVCache(engine.config, engine.context_length, engine.kv, tap)
+    planned = KVCache(engine.config, engine.context_length, engine.kv, tap, None, memory.empty)
     want = engine.forward(prompt, 0, reference)  # (7, V) through the NumPy forward
     got = plan.forward(prompt, 0, planned)
     assert got.shape == want.shape
@@ -209,6 +211,9 @@ def test_plan_logits_match_the_numpy_forward(tmp_path, variant, compute, build):
         assert_close(got, want, f"decoding step {step}")
         tokens.append(int(token[0]))
     assert planned.tokens == reference.tokens == tokens
+    assert planned.tap is not None and reference.tap is not None
+    entering, want_entering = planned.tap.read(len(tokens)), reference.tap.read(len(tokens))
+    assert np.abs(entering - want_entering).max() <= 3e-3 * np.abs(want_entering).max(), "the residual tap"
     other = np.array([3, 5])
     want = engine.forward(other, len(tokens) - 5, reference, last_only=True)
     got = plan.forward(other, len(tokens) - 5, planned, last_only=True)

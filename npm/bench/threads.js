@@ -14,6 +14,8 @@
 // --spin sets the pool threads' spin budget (default: pool.js DEFAULT_SPIN_US; 0: sleep at once).
 // --versus relaxed: the plain kernels against the relaxed SIMD build instead, both on one thread (Node 20
 // needs --experimental-wasm-relaxed-simd: `npm run bench:simd` passes it).
+// --versus plan: one thread without the decode plan (plan=False: the NumPy forward drives each product)
+// against one thread with it (`npm run bench:plan`).
 // --prefill TOKENS: prompts instead of decoding: each round, a prompt of TOKENS ids in chunks of 32 (as
 // the engine prefills in Pyodide) on one side, then on the other, timed whole with the products' share.
 import { dirname, basename, resolve } from 'node:path';
@@ -50,10 +52,12 @@ if (values.spin !== undefined && !/^[0-9]+$/.test(values.spin))
 if (!values.model || !existsSync(values.model)) fail(`--model ${values.model}: no such GGUF file or model folder`);
 if (!existsSync(resolve(values.pyodide, 'pyodide.asm.wasm')))
   fail(`no Pyodide distribution at ${values.pyodide}: set RUVLLM_PYODIDE_DIST (docs/pyodide.md)`);
-if (!['threads', 'relaxed'].includes(values.versus)) fail(`--versus must be threads or relaxed, got ${values.versus}`);
+if (!['threads', 'relaxed', 'plan'].includes(values.versus))
+  fail(`--versus must be threads, relaxed or plan, got ${values.versus}`);
 const THREADS = Number(values.threads);
 if (THREADS < 2) fail('--threads must be 2 or more: the pool is compared with one thread');
 const SIMD = values.versus === 'relaxed';
+const PLAN = values.versus === 'plan';
 
 const { py } = await startPython({ indexURL: values.pyodide });
 const kernels = await startKernels(py, 'wasm');
@@ -66,13 +70,13 @@ function build(name) {
   return exports ?? fail(`the ${name} kernels do not run here: ${reason}`);
 }
 const spin = values.spin === undefined ? undefined : Number(values.spin);
-const threads = SIMD ? null : await startThreads(py, kernels, THREADS, { spin });
+const threads = SIMD || PLAN ? null : await startThreads(py, kernels, THREADS, { spin });
 if (threads && !threads.api) fail(`no kernel thread pool: ${threads.reason}`);
 
 // side 0 and side 1: their labels, and what their kernels' time is taken from (the single-thread
 // exports' calls; the pool's run)
-const labels = SIMD ? ['plain SIMD', 'relaxed SIMD'] : ['1 thread', `${THREADS} threads`];
-const where = SIMD ? ['in the kernels', 'in the kernels'] : ['in the kernels', "in the pool's run"];
+const labels = SIMD ? ['plain SIMD', 'relaxed SIMD'] : PLAN ? ['no plan', 'the plan'] : ['1 thread', `${THREADS} threads`];
+const where = SIMD || PLAN ? ['in the kernels', 'in the kernels'] : ['in the kernels', "in the pool's run"];
 const inKernels = [0, 0];
 function timed(f, side) {
   return (...args) => {
@@ -91,8 +95,12 @@ py.FS.mkdirTree('/host');
 py.FS.mount(py.FS.filesystems.NODEFS, { root: dirname(model) }, '/host');
 py.globals.set('path', `/host/${basename(model)}`);
 py.globals.set('exports', timedExports(SIMD ? build('plain') : kernels.exports, 0));
-py.globals.set('other', SIMD ? timedExports(build('relaxed'), 1) : threads.api);
+py.globals.set(
+  'other',
+  SIMD ? timedExports(build('relaxed'), 1) : PLAN ? timedExports(kernels.exports, 1) : threads.api,
+);
 py.globals.set('simd', SIMD);
+py.globals.set('versus_plan', PLAN);
 py.globals.set('tokens', Number(values.tokens));
 py.globals.set('prompt_tokens', Number(values.prefill ?? 0));
 py.globals.set('kernel_ms', () => {
@@ -103,32 +111,25 @@ py.globals.set('kernel_ms', () => {
 py.runPython(`
 import json, os, time
 from ruvllm.api import Model
-from ruvllm.files.store import TensorStore
-from ruvllm.model.config import ModelConfig
 from ruvllm.quant import matrices
 from ruvllm.quant.pool import PoolKernels
 from ruvllm.quant.wasm import WasmKernels
-from ruvllm.runtime.assembly import open_gguf, open_model
+from ruvllm.runtime.assembly import local_assembly
 from ruvllm.runtime.engine import LoadOptions
 from ruvllm.text.tokenizer import Tokenizer
 
-def build(provider):
-    if path.endswith(".gguf"):
-        gguf = open_gguf(path)
-        config, store = ModelConfig.from_dict(gguf.config, path), TensorStore([gguf])
-        tokenizer_json, tokenizer_config, generation = gguf.tokenizer_files(merges=False)
-    else:
-        config, store = open_model(path)
-        tokenizer_json, generation = json.load(open(f"{path}/tokenizer.json")), {}
-        named = f"{path}/tokenizer_config.json"
-        tokenizer_config = json.load(open(named)) if os.path.exists(named) else {}
+def build(provider, plan):
+    assembly = local_assembly(path)
+    tokenizer_json, tokenizer_config, generation = assembly.tokenizer_files(merges=False)
     # raw text only: Pyodide's wheel has no jinja2 for a chat template
     tokenizer_config = {k: v for k, v in tokenizer_config.items() if k != "chat_template"}
-    tokenizer = Tokenizer(tokenizer_json, tokenizer_config, path)
-    return Model.of(config, store, tokenizer, generation, LoadOptions(kernels="wasm", provider=provider), "bench")
+    tokenizer = Tokenizer(tokenizer_json, tokenizer_config, *assembly.tokenizer_sources())
+    assembly.options = LoadOptions(kernels="wasm", provider=provider, plan=plan)
+    return Model.of(assembly, tokenizer, generation, "bench")
 
-providers = [WasmKernels(exports, "fast"), WasmKernels(other, "fast") if simd else PoolKernels(other, "fast")]
-one, two = build(providers[0]), build(providers[1])
+second = WasmKernels(other, "fast") if simd or versus_plan else PoolKernels(other, "fast")
+providers = [WasmKernels(exports, "fast"), second]
+one, two = build(providers[0], not versus_plan), build(providers[1], True)
 
 in_products = [0.0, 0.0]  # per side: seconds in products, as Python sees them
 def timed(call):

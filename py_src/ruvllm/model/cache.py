@@ -254,7 +254,7 @@ class KVCache(Cache):
         ]
         self.tokens: list[int] = []
         self.owner: WeightsIdentity | None = None  # the weights_identity() the entries were computed with
-        self.tap = None if tap_layer is None else ResidualTap(tap_layer, config.hidden_size, self.max_positions)
+        self.tap = None if tap_layer is None else ResidualTap(tap_layer, config.hidden_size, self.max_positions, empty)
 
     @property
     def length(self) -> int:

@@ -153,9 +153,10 @@ class ResidualTap:
     above that layer (no forward through the layers below per step), and after such an adapter
     changed, only the layers from there up are recomputed from it (the keys and values below stay)."""
 
-    def __init__(self, layer: int, hidden_size: int, max_positions: int | None) -> None:
+    def __init__(self, layer: int, hidden_size: int, max_positions: int | None, empty: Empty = np.empty) -> None:
         self.layer = layer
-        self.values = np.empty((0, hidden_size), np.float32)  # (capacity, D)
+        self.empty = empty  # where the buffer comes from (kv.grow)
+        self.values = empty((0, hidden_size), np.float32)  # (capacity, D)
         self.length = 0
         self.max_positions = max_positions
 
@@ -163,7 +164,7 @@ class ResidualTap:
         """x (T, D) entering the layer at consecutive `positions` (T,) starting at or before `length`."""
         start, end = int(positions[0]), int(positions[-1]) + 1
         assert start <= self.length, f"position {start} would leave a gap after {self.length}"
-        self.values = grow(self.values, end, self.max_positions, 0)
+        self.values = grow(self.values, end, self.max_positions, 0, self.empty)
         self.values[start:end] = x
         self.length = max(self.length, end)  # rewriting held positions (a recompute) keeps the later ones
 

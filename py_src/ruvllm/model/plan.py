@@ -19,7 +19,7 @@ cache and either can continue what the other started.
 
 What the plan does not run goes to the NumPy forward, which stays the reference (`plan_refusal`,
 `DecodePlan.refusal`): a matrix form the kernels do not compute, the exact arithmetic, adapters, and
-caches with a cold tier or a residual tap.
+caches with a cold tier. Learning's residual tap (kv.ResidualTap) is written by the plan.
 
 Dimension letters as forward.py: T rows, D hidden, H query heads, K key/value heads, E head size,
 F MLP size, V vocab; L layers.
@@ -35,6 +35,7 @@ from ..quant.matrices import DenseMatrix
 from ..quant.wasm import TILE_ROWS, kernel_form
 from .cache import KVCache
 from .forward import embed
+from .kv import grow
 from .rope import rope_tables_at
 from .transformer import Transformer
 from .weights import Linear
@@ -45,7 +46,7 @@ FORMS = {"dense": 0, "q8": 1, "q8h": 2, "q4": 3}  # kernels.c's FORM_*
 QUANTIZE, TAIL = 1, 2  # a product's flags: quantize x first; the logits (the tail rows)
 ACTIVATION_KINDS = {"silu": 0, "gelu_pytorch_tanh": 1}
 FAST_ROWS = 4  # kernels.c GROUPED_MAX_ROWS: up to this many rows take the fast arithmetic
-STATE_T, STATE_POS0, STATE_COUNT, STATE_FIRST, STATE_LAST, STATE_LOGITS = range(6)
+STATE_WORDS = 8  # kernels.c run_plan's state: T, pos0, count, first, last, logits, tap, tapped
 
 
 class KernelMemory(Protocol):
@@ -124,7 +125,7 @@ class DecodePlan:
         self.scratch = empty(TILE_ROWS * widest)
         self.scores = empty(max(context, 16))
         self.table = empty((c.num_hidden_layers, 3), np.int32)  # each layer's keys, values, capacity
-        self.state = empty(8, np.int32)
+        self.state = empty(STATE_WORDS, np.int32)
         self.bases = {id(f): f for f in model.inv_freq}  # one pair of tables per distinct RoPE base
         self.rope = {key: (empty((rows, E // 2)), empty((rows, E // 2))) for key in self.bases}
         self.held: list[tuple[np.ndarray, np.ndarray] | None] = [None] * c.num_hidden_layers
@@ -180,6 +181,7 @@ class DecodePlan:
             attn, mlp = layer.self_attn, layer.mlp
             cos, sin = (at(t) for t in self.rope[id(self.model.inv_freq[i])])
             entry = at(self.table) + 12 * i
+            steps.append([COPY, i, x, D])  # (learning's residual tap, when it is at this layer)
             steps.append(norm(x, layer.input_layernorm, a))
             steps += product(attn.q_proj, a, qkv, width, QUANTIZE)
             steps += product(attn.k_proj, a, qkv + 4 * H * E, width, 0)
@@ -221,8 +223,6 @@ class DecodePlan:
             return f"a {type(cache).__name__} (the plan reads a KVCache's float32 tier)"
         if cache.options.hot_tokens is not None:
             return "a cache with a cold tier"
-        if cache.tap is not None:
-            return "a cache that keeps a residual tap (learning)"
         return None
 
     def forward(self, tokens: np.ndarray, start: int, cache: KVCache, last_only: bool = False) -> np.ndarray:
@@ -260,7 +260,12 @@ class DecodePlan:
             self.rope[key][0][:T], self.rope[key][1][:T] = cos, sin
         length = layers[0].hot.length
         assert length == start, f"the cache holds {length} positions, the plan writes at {start}"
-        self.state[:6] = (T, start, length + T, 0, int(last), int(logits))
+        tap, tapped = cache.tap, 0
+        if tap is not None:  # ResidualTap.write's bookkeeping; the plan copies the rows
+            tap.values = grow(tap.values, start + T, tap.max_positions, 0, tap.empty)
+            tap.length = max(tap.length, start + T)
+            tapped = self.memory.address(tap.values) + 4 * start * tap.values.shape[1]
+        self.state[:] = (T, start, length + T, 0, int(last), int(logits), -1 if tap is None else tap.layer, tapped)
         self.run(self.at_program, self.at_state)
         for layer in layers:
             hot = layer.hot

@@ -231,6 +231,7 @@ class Engine:
     arithmetic: str = "exact"  # the provider's arithmetic (NumPy's is exact)
     attention: AttentionProducts | None = None  # attention's products over the cache (None: NumPy's)
     decode_plan: DecodePlan | None = None  # the forward as one kernels call (use_plan), where it runs
+    plan_merges = 0  # the adapter merges the decode plan's weights include (WeightsIdentity.merges)
     plan_note: str | None = "off (no kernels)"  # why there is no decode_plan (None: there is one)
 
     def attach(self, wrappers: Wrappers) -> None:
@@ -301,16 +302,30 @@ class Engine:
             raise InvalidArgumentError("tokens must be a non-empty 1-D sequence of ids")
         self.check_ids(tokens)
         with self.lock, self.threads.limit(len(tokens)):
+            identity = BASE_WEIGHTS
             if self.wrappers is not None:
-                self.wrappers.use(weights or self.wrappers.identity())
+                identity = weights or self.wrappers.identity()
+                self.wrappers.use(identity)
                 routing = self.wrappers.routing()
                 if routing is not None:
                     x = routing.hidden(self, tokens, start, cache)
                     return logits(self.weights, self.config, x[-1:] if last_only else x)
-            plan = self.decode_plan
-            if plan is not None and self.wrappers is None and plan.refusal(cache) is None:
+            plan = self._plan_for(identity)
+            if plan is not None and plan.refusal(cache) is None:
                 return plan.forward(tokens, start, cache, last_only)
             return forward(self.model, tokens, start, cache, last_only)
+
+    def _plan_for(self, identity: WeightsIdentity) -> DecodePlan | None:
+        """The decode plan for the weights `identity` names, if it runs them: the base weights, the plan
+        built again after an adapter was merged into them (their arrays were replaced); None while an
+        adapter wraps them (its products are not in the plan)."""
+        plan = self.decode_plan
+        if plan is None or identity.adapter is not None:
+            return None
+        if identity.merges != self.plan_merges:
+            self.decode_plan = plan = DecodePlan(self.model, plan.memory, plan.rows, self.context_length)
+            self.plan_merges = identity.merges
+        return plan
 
     def forward_batch(
         self,
