@@ -926,7 +926,7 @@ void attend(const float *q, i32 ldq, const float *keys, const float *values, i32
 // A layer's cache is a table entry of three words: its keys' and values' addresses (KV, capacity, E each)
 // and the capacity; the entry is read at each call, so buffers that grew are found where they are now.
 #define STEP_WORDS 16
-enum { PLAN_END, PLAN_NORM, PLAN_PRODUCT, PLAN_BIAS, PLAN_ROPE, PLAN_APPEND, PLAN_ATTEND, PLAN_ADD, PLAN_GATED, PLAN_COPY };
+enum { PLAN_END, PLAN_NORM, PLAN_PRODUCT, PLAN_BIAS, PLAN_ROPE, PLAN_APPEND, PLAN_ATTEND, PLAN_ADD, PLAN_GATED, PLAN_COPY, PLAN_LORA };
 enum { FORM_DENSE, FORM_Q8, FORM_Q8H, FORM_Q4 };
 #define PRODUCT_QUANTIZE 1  // quantize x first (the first product of those that share it)
 #define PRODUCT_TAIL 2      // the logits: the tail rows; skipped when the state says so
@@ -964,6 +964,38 @@ static void plan_product(const i32 *s, i32 T) {
   if (form == FORM_Q8) quant_fast(8, 0, xq, d, xs, w, scales, mins, offset, y, T, N, K, ldy);
   else if (form == FORM_Q8H) quant_fast(8, 1, xq, d, xs, w, scales, 0, offset, y, T, N, K, ldy);
   else quant_fast(4, 0, xq, d, xs, w, scales, mins, offset, y, T, N, K, ldy);
+}
+
+// A LoRA adapter on a product's output (learning/lora.py LoRAMatrix): y (rows at stride ldy) += scale *
+// gated(x @ A.T) @ B.T, with A (r, K) and B (N, r) float32. low (T, r) and tmp (T, N) are buffers; each of
+// the `count` gates (four words: rows start, stop, then float32 low and high) scales its rows of a row of
+// x @ A.T by how open it is at their norm s: clip((s - low) / (high - low), 0, 1), or s >= low when
+// high <= low (lora.Gate).
+EXPORT(lora)
+void lora(const float *x, const float *A, i32 r, i32 K, const float *B, i32 N, float *y, i32 ldy, float scale,
+          float *low, float *tmp, const i32 *gates, i32 count, i32 T) {
+  dense_block(x, T, A, r, K, low, r);
+  for (i32 t = 0; t < T; t++) {
+    float *row = low + (long)t * r;
+    for (i32 g = 0; g < count; g++) {
+      const i32 *gate = gates + 4 * g;
+      const float lo = bits_float(gate[2]), hi = bits_float(gate[3]);
+      float *part = row + gate[0];
+      const i32 n = gate[1] - gate[0];
+      const float s = __builtin_sqrtf(dot(part, part, n));
+      float open;
+      if (hi <= lo) {
+        open = s >= lo ? 1.0f : 0.0f;
+      } else {
+        open = (s - lo) / (hi - lo);
+        open = open < 0.0f ? 0.0f : open > 1.0f ? 1.0f : open;
+      }
+      for (i32 i = 0; i < n; i++) part[i] *= open;
+    }
+    for (i32 i = 0; i < r; i++) row[i] *= scale;
+  }
+  dense_block(low, T, B, N, r, tmp, N);
+  add_to(y, tmp, T, N, ldy, N);
 }
 
 EXPORT(run_plan) void run_plan(const i32 *program, const i32 *state) {
@@ -1010,6 +1042,10 @@ EXPORT(run_plan) void run_plan(const i32 *program, const i32 *state) {
         break;
       case PLAN_GATED:  // [op, kind, gu, y, F]
         gated(s[1], AT(const float, s[2]), AT(float, s[3]), T, s[4]);
+        break;
+      case PLAN_LORA:  // [op, x, A, r, K, B, N, y, ldy, scale, low, tmp, gates, count]
+        lora(AT(const float, s[1]), AT(const float, s[2]), s[3], s[4], AT(const float, s[5]), s[6], AT(float, s[7]),
+             s[8], bits_float(s[9]), AT(float, s[10]), AT(float, s[11]), AT(const i32, s[12]), s[13], T);
         break;
       case PLAN_COPY:  // [op, layer, x, n]: the rows entering `layer`, when it is the tapped one
         if (state[6] == s[1]) copy_rows(AT(float, state[7]), AT(const float, s[2]), T, s[3], s[3], s[3]);

@@ -29,9 +29,9 @@ from ruvllm.runtime.assembly import load_engine
 
 kernel_host = pytest.importorskip("kernel_host", reason="tests/kernel_host.py")
 from kernel_host import KernelHost, kernel_wasm_paths  # noqa: E402
+from test_parity import VARIANTS  # noqa: E402
 
 from conftest import tiny_model  # noqa: E402
-from test_parity import VARIANTS  # noqa: E402
 
 WASMS = kernel_wasm_paths()
 pytestmark = pytest.mark.skipif(not WASMS, reason="the WebAssembly kernels are not built (./build.sh kernels)")
@@ -67,11 +67,10 @@ def host(request) -> KernelHost:
     return KernelHost(next(p for p in WASMS if p.name == request.param))
 
 
-def put(host: KernelHost, a: np.ndarray) -> tuple[np.ndarray, int]:
-    """A copy of `a` in the kernels' memory and its address (the copy must be kept while the address is
-    used: its block is handed out again once it is garbage)."""
-    kept = host.put(np.ascontiguousarray(a))
-    return kept, host.address(kept)
+def put(host: KernelHost, a: np.ndarray) -> np.ndarray:
+    """A copy of `a` in the kernels' memory (kept by the caller while the kernels use its address: its
+    block is handed out again once it is garbage)."""
+    return host.put(np.ascontiguousarray(a))
 
 
 # ---- each step -------------------------------------------------------------------------------------------
@@ -83,8 +82,10 @@ def test_rms_norm_matches_numpy(host, rows, heads, E, extra):
     ld = heads * E + extra  # rows at a stride wider than their heads
     x = rng.normal(0, 2, (rows, ld)).astype(np.float32)
     w = rng.uniform(0.5, 1.5, E).astype(np.float32)
-    xs, at_x = put(host, x)
-    ws, at_w = put(host, w)
+    xs = put(host, x)
+    at_x = host.address(xs)
+    ws = put(host, w)
+    at_w = host.address(ws)
     y = host.zeros((rows, ld))
     host.exports.rms_norm(at_x, at_w, host.address(y), rows, heads, E, ld, ld, 1e-6)
     want = rms_norm(x[:, : heads * E].reshape(rows, heads, E), w, 1e-6).reshape(rows, heads * E)
@@ -98,9 +99,12 @@ def test_rope_has_numpys_bits(host, rows, heads, E):
     x = rng.normal(0, 1, (rows, heads * E)).astype(np.float32)
     inv = 1.0 / 10000 ** (np.arange(0, E, 2) / E)
     cos, sin = rope_tables_at(inv, np.arange(40, 40 + rows))
-    xs, at_x = put(host, x)
-    cos_kept, at_c = put(host, cos)
-    sin_kept, at_s = put(host, sin)
+    xs = put(host, x)
+    at_x = host.address(xs)
+    cos_kept = put(host, cos)
+    at_c = host.address(cos_kept)
+    sin_kept = put(host, sin)
+    at_s = host.address(sin_kept)
     host.exports.rope(at_x, at_c, at_s, rows, heads, E, heads * E)
     want = apply_rope(x.reshape(rows, heads, E).transpose(1, 0, 2), cos, sin).transpose(1, 0, 2).reshape(rows, -1)
     assert np.array_equal(xs, want), "RoPE in the kernels must give rope.apply_rope's bits"
@@ -108,7 +112,8 @@ def test_rope_has_numpys_bits(host, rows, heads, E):
 
 def test_exp_and_tanh_precision(host):
     x = np.concatenate([np.linspace(-90, 90, 20001), [-1e-6, 0, 1e-6, -200, 200]]).astype(np.float32)
-    xs, at_x = put(host, x)
+    xs = put(host, x)
+    at_x = host.address(xs)
     y = host.zeros(len(x))
     host.exports.exp_f32(at_x, host.address(y), len(x))
     want = np.exp(x.astype(np.float64))
@@ -126,7 +131,8 @@ def test_gated_activations(host, kind, reference):
     rng = np.random.default_rng(kind)
     rows, F = 3, 37
     gu = rng.normal(0, 3, (rows, 2 * F)).astype(np.float32)
-    gu_kept, at = put(host, gu)
+    gu_kept = put(host, gu)
+    at = host.address(gu_kept)
     y = host.zeros((rows, F))
     host.exports.gated(kind, at, host.address(y), rows, F)
     g, u = gu[:, :F].astype(np.float64), gu[:, F:].astype(np.float64)
@@ -146,9 +152,12 @@ def test_attend_matches_numpy(host, T, H, KV, E, window):
     values = rng.normal(0, 1, (KV, capacity, E)).astype(np.float32)
     width = (H + 2 * KV) * E  # queries inside a q/k/v row, as the plan holds them
     rows = rng.normal(0, 1, (T, width)).astype(np.float32)
-    rows_kept, at_q = put(host, rows)
-    keys_kept, at_k = put(host, keys)
-    values_kept, at_v = put(host, values)
+    rows_kept = put(host, rows)
+    at_q = host.address(rows_kept)
+    keys_kept = put(host, keys)
+    at_k = host.address(keys_kept)
+    values_kept = put(host, values)
+    at_v = host.address(values_kept)
     out = host.zeros((T, H * E))
     scratch = host.zeros(capacity)
     scale = E**-0.5
@@ -200,14 +209,15 @@ def test_plan_logits_match_the_numpy_forward(tmp_path, variant, compute, build):
     reference = KVCache(engine.config, engine.context_length, engine.kv, tap)
     planned = KVCache(engine.config, engine.context_length, engine.kv, tap, None, memory.empty)
     want = engine.forward(prompt, 0, reference)  # (7, V) through the NumPy forward
-    got = plan.forward(prompt, 0, planned)
+    program = plan.program("base")
+    got = plan.forward(program, prompt, 0, planned)
     assert got.shape == want.shape
     assert_close(got, want, "the prompt")
     tokens = list(prompt)
     for step in range(8):
         token = np.array([int(want[-1].argmax())])
         want = engine.forward(token, len(tokens), reference)
-        got = plan.forward(token, len(tokens), planned)
+        got = plan.forward(program, token, len(tokens), planned)
         assert_close(got, want, f"decoding step {step}")
         tokens.append(int(token[0]))
     assert planned.tokens == reference.tokens == tokens
@@ -216,7 +226,7 @@ def test_plan_logits_match_the_numpy_forward(tmp_path, variant, compute, build):
     assert np.abs(entering - want_entering).max() <= 3e-3 * np.abs(want_entering).max(), "the residual tap"
     other = np.array([3, 5])
     want = engine.forward(other, len(tokens) - 5, reference, last_only=True)
-    got = plan.forward(other, len(tokens) - 5, planned, last_only=True)
+    got = plan.forward(program, other, len(tokens) - 5, planned, last_only=True)
     assert got.shape == want.shape == (1, engine.config.vocab_size)
     assert_close(got, want, "after a rewind")
     assert planned.layers[0].hot.length == len(tokens) - 3 == len(planned.tokens)
@@ -246,3 +256,44 @@ def test_the_engine_runs_its_forward_through_the_plan(tmp_path):
     provider.arithmetic = "exact"
     engine.use_plan(True, provider)
     assert engine.decode_plan is None and "exact" in engine.plan_note
+
+
+@pytest.mark.parametrize("compute", ["f32", "q4"])
+def test_plan_runs_lora_adapters_with_their_gates(tmp_path, compute):
+    """Weights wrapped with LoRA adapters (learning/lora.py LoRAMatrix) on attention and MLP matrices, two
+    of them gated (a ramp and a step, at thresholds some rows pass and some do not): the plan's program
+    for them gives the NumPy forward's logits, and the base program still gives the base model's."""
+    from ruvllm.learning.lora import Gate, LoRAMatrix
+
+    tiny_model("qwen3", tmp_path)
+    engine = load_engine(str(tmp_path), compute=compute, kernels="numpy")
+    memory = HostMemory(KernelHost(WASMS[0]))
+    plan = DecodePlan(engine.model, memory, rows=4, context=engine.context_length)
+    base_program = plan.program("base")
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(0, engine.config.vocab_size, 6)
+    base = engine.forward(prompt, 0, engine.new_cache())
+    r, layer = 8, engine.weights.layers[1]
+    originals = {}
+    for owner, name in ((layer.self_attn, "q_proj"), (layer.self_attn, "v_proj"), (layer.mlp, "down_proj")):
+        linear = getattr(owner, name)
+        N, K = linear.matrix.shape
+        A = rng.normal(0, 0.3, (r, K)).astype(np.float32)
+        B = rng.normal(0, 0.3, (N, r)).astype(np.float32)
+        gates = {  # (the rows' responses here: q_proj's 2.5-6.6, down_proj's 5-23)
+            "q_proj": [Gate(0, 4, 3.0, 6.0), Gate(4, 8, 4.0, 4.0)],
+            "down_proj": [Gate(0, 4, 12.0, 20.0), Gate(4, 8, 9.0, 9.0)],
+        }.get(name, [])
+        originals[name] = (linear, linear.matrix)
+        linear.matrix = LoRAMatrix(linear.matrix, A, B, 2.0, gates)
+    try:
+        want = engine.forward(prompt, 0, engine.new_cache())
+        assert np.abs(want - base).max() > 0.05, "the adapters change nothing: this test could not fail"
+        planned = KVCache(engine.config, engine.context_length, engine.kv, None, None, memory.empty)
+        got = plan.forward(plan.program("adapted"), prompt, 0, planned)
+        assert_close(got, want, "adapted weights")
+    finally:
+        for linear, matrix in originals.values():
+            linear.matrix = matrix
+    planned = KVCache(engine.config, engine.context_length, engine.kv, None, None, memory.empty)
+    assert_close(plan.forward(base_program, prompt, 0, planned), base, "the base program after them")

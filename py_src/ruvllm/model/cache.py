@@ -249,8 +249,7 @@ class KVCache(Cache):
         self.max_positions = None if self.options.budget_bytes is not None else max_positions
         K, E = config.num_key_value_heads, config.head_dim
         self.layers = [
-            LayerCache(K, E, self.max_positions, self.options, products, empty)
-            for _ in range(config.num_hidden_layers)
+            LayerCache(K, E, self.max_positions, self.options, products, empty) for _ in range(config.num_hidden_layers)
         ]
         self.tokens: list[int] = []
         self.owner: WeightsIdentity | None = None  # the weights_identity() the entries were computed with

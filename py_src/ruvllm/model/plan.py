@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..quant.matrices import DenseMatrix
+from ..quant.matrices import DenseMatrix, Int8Matrix
 from ..quant.wasm import TILE_ROWS, kernel_form
 from .cache import KVCache
 from .forward import embed
@@ -41,7 +41,7 @@ from .transformer import Transformer
 from .weights import Linear
 
 STEP_WORDS = 16  # kernels.c: each step's words
-END, NORM, PRODUCT, BIAS, ROPE, APPEND, ATTEND, ADD, GATED, COPY = range(10)  # kernels.c's PLAN_*
+END, NORM, PRODUCT, BIAS, ROPE, APPEND, ATTEND, ADD, GATED, COPY, LORA = range(11)  # kernels.c's PLAN_*
 FORMS = {"dense": 0, "q8": 1, "q8h": 2, "q4": 3}  # kernels.c's FORM_*
 QUANTIZE, TAIL = 1, 2  # a product's flags: quantize x first; the logits (the tail rows)
 ACTIVATION_KINDS = {"silu": 0, "gelu_pytorch_tanh": 1}
@@ -79,7 +79,8 @@ def quantized_x_bytes(rows: int, K: int) -> int:
 
 
 def plan_refusal(model: Transformer, arithmetic: str) -> str | None:
-    """Why the plan cannot run this model with this arithmetic, or None when it can."""
+    """Why the plan cannot run this model with this arithmetic, or None when it can (the weights as they
+    are wrapped now: `weights_refusal`)."""
     config = model.config
     if arithmetic != "fast":
         return "the exact arithmetic keeps the NumPy forward's order of operations (the plan computes fast)"
@@ -87,11 +88,19 @@ def plan_refusal(model: Transformer, arithmetic: str) -> str | None:
         return f"the activation {config.hidden_act!r} has no kernel step"
     if config.head_dim % 2:
         return f"head size {config.head_dim} is odd (RoPE rotates halves)"
+    return weights_refusal(model)
+
+
+def weights_refusal(model: Transformer) -> str | None:
+    """Why the plan cannot run the model's weights as they are now (a form the kernels do not compute,
+    a wrapper that is not a plain LoRA adapter), or None."""
     for name, linear in _linears(model):
-        if kernel_form(linear.matrix) is None:
-            return f"{name} is kept in a form the kernels do not compute ({type(linear.matrix).__name__})"
-        if not isinstance(linear.matrix, DenseMatrix) and linear.matrix.shape[1] % 32:
-            return f"{name}'s input size {linear.matrix.shape[1]} is not a multiple of 32"
+        wrapped = low_rank(linear.matrix)
+        base = linear.matrix if wrapped is None else wrapped.base
+        if kernel_form(base) is None:
+            return f"{name} is kept in a form the kernels do not compute ({type(base).__name__})"
+        if not isinstance(base, DenseMatrix) and base.shape[1] % 32:
+            return f"{name}'s input size {base.shape[1]} is not a multiple of 32"
     return None
 
 
@@ -102,14 +111,148 @@ def _linears(model: Transformer):
     yield "lm_head", model.weights.lm_head
 
 
+class LowRank(Protocol):
+    """A LoRA adapter's wrapper of a matrix (learning/lora.py LoRAMatrix): y = base(x) + scale *
+    gated(x @ A.T) @ B.T, each gate (start, stop, low, high: lora.Gate) scaling its rows of x @ A.T."""
+
+    base: Any
+    A: np.ndarray  # (r, K)
+    B: np.ndarray  # (N, r)
+    scale: np.float32
+    gates: list[Any]
+
+
+def low_rank(matrix: object) -> LowRank | None:
+    """The matrix as a LoRA wrapper, if it is one. Seen by its parts: the model layer does not import
+    the learning layer."""
+    if all(hasattr(matrix, name) for name in ("base", "A", "B", "scale", "gates")):
+        return matrix  # type: ignore[return-value]  # (it has a LowRank's parts)
+    return None
+
+
+class Program:
+    """The steps of one set of weights (the base, or the base wrapped with an adapter) as kernels.c
+    reads them, in the kernels' memory, with the arrays they read (`placed`)."""
+
+    def __init__(self, plan: DecodePlan) -> None:
+        self.plan = plan
+        self.placed: list[np.ndarray] = []  # the weights' arrays the steps read, in the kernels' memory
+        self.lora: tuple[np.ndarray, np.ndarray] | None = None  # low (rows, r), tmp (rows, N) for adapters
+        steps = self._steps()
+        self.words = plan.memory.empty((len(steps) + 1, STEP_WORDS), np.int32)
+        self.words[:] = 0
+        for i, step in enumerate(steps):
+            self.words[i, : len(step)] = step
+        self.at = plan.memory.address(self.words)
+
+    def _place(self, a: np.ndarray, dtype: Any = None) -> int:
+        kept = self.plan.memory.place(np.asarray(a, dtype))
+        self.placed.append(kept)
+        return self.plan.memory.address(kept)
+
+    def _steps(self) -> list[list[int]]:
+        plan, place = self.plan, self._place
+        c, w, at = plan.model.config, plan.model.weights, plan.memory.address
+        D, H, K, E, F = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size
+        eps = f32_bits(c.rms_norm_eps)
+        x, a, qkv, att, o, gu, s = (at(b) for b in (plan.x, plan.a, plan.qkv, plan.att, plan.o, plan.gu, plan.s))
+        width = plan.width
+        adapters = [m for _, linear in _linears(plan.model) if (m := low_rank(linear.matrix)) is not None]
+        if adapters:
+            r = max(m.A.shape[0] for m in adapters)
+            N = max(m.B.shape[0] for m in adapters)
+            self.lora = plan.memory.empty((plan.rows, r)), plan.memory.empty((plan.rows, N))
+
+        def norm(src: int, weight: np.ndarray, dst: int, heads: int = 1, size: int = D, ld: int = D, tail: int = 0):
+            return [NORM, src, place(weight, np.float32), dst, heads, size, ld, ld, eps, tail]
+
+        def product(linear: Linear, src: int, dst: int, ldy: int, flags: int) -> list[list[int]]:
+            wrapped = low_rank(linear.matrix)
+            m = linear.matrix if wrapped is None else wrapped.base
+            known = kernel_form(m)
+            assert known is not None  # (weights_refusal checked every matrix)
+            form, codes = known
+            if isinstance(m, DenseMatrix):
+                parts = [place(codes, np.float32), 0, 0, 0]
+            else:
+                assert isinstance(m, Int8Matrix)  # (every other form the kernels know)
+                mins = 0 if m.mins is None else place(m.mins, np.float32)
+                parts = [place(codes), place(m.scales, np.float32), mins, int(m.offset)]
+            N, Kin = m.shape
+            steps = [[PRODUCT, FORMS[form], *parts, N, Kin, src, dst, ldy, at(plan.xq), flags, at(plan.scratch)]]
+            if wrapped is not None:
+                assert self.lora is not None
+                gates = np.array(
+                    [[g.start, g.stop, f32_bits(g.low), f32_bits(g.high)] for g in wrapped.gates] or [[0] * 4],
+                    np.int32,
+                )
+                low, tmp = (at(b) for b in self.lora)
+                A, B = place(wrapped.A, np.float32), place(wrapped.B, np.float32)
+                r = wrapped.A.shape[0]
+                scale = f32_bits(float(wrapped.scale))
+                steps.append([LORA, src, A, r, Kin, B, N, dst, ldy, scale, low, tmp, place(gates), len(wrapped.gates)])
+            if linear.bias is not None:
+                steps.append([BIAS, dst, place(linear.bias, np.float32), N, ldy])
+            return steps
+
+        steps: list[list[int]] = []
+        for i, layer in enumerate(w.layers):
+            attn, mlp = layer.self_attn, layer.mlp
+            cos, sin = (at(t) for t in plan.rope[id(plan.model.inv_freq[i])])
+            entry = at(plan.table) + 12 * i
+            steps.append([COPY, i, x, D])  # (learning's residual tap, when it is at this layer)
+            steps.append(norm(x, layer.input_layernorm, a))
+            steps += product(attn.q_proj, a, qkv, width, QUANTIZE)
+            steps += product(attn.k_proj, a, qkv + 4 * H * E, width, 0)
+            steps += product(attn.v_proj, a, qkv + 4 * (H + K) * E, width, 0)
+            if attn.q_norm is not None and attn.k_norm is not None:
+                steps.append(norm(qkv, attn.q_norm, qkv, H, E, width))
+                steps.append(norm(qkv + 4 * H * E, attn.k_norm, qkv + 4 * H * E, K, E, width))
+            steps.append([ROPE, qkv, cos, sin, H, E, width])
+            steps.append([ROPE, qkv + 4 * H * E, cos, sin, K, E, width])
+            steps.append([APPEND, qkv + 4 * H * E, width, entry, K, E, 0])
+            steps.append([APPEND, qkv + 4 * (H + K) * E, width, entry, K, E, 1])
+            window, scale = c.sliding_windows[i] or 0, f32_bits(c.attention_scale)
+            steps.append([ATTEND, qkv, width, entry, att, H * E, H, K, E, window, scale, at(plan.scores)])
+            steps += product(attn.o_proj, att, o, D, QUANTIZE)
+            if c.sandwich_norms:
+                assert layer.pre_feedforward_layernorm is not None and layer.post_feedforward_layernorm is not None
+                steps.append(norm(o, layer.post_attention_layernorm, o))
+                steps.append([ADD, x, o, D])
+                steps.append(norm(x, layer.pre_feedforward_layernorm, a))
+            else:
+                steps.append([ADD, x, o, D])
+                steps.append(norm(x, layer.post_attention_layernorm, a))
+            steps += product(mlp.gate_proj, a, gu, 2 * F, QUANTIZE)
+            steps += product(mlp.up_proj, a, gu + 4 * F, 2 * F, 0)
+            steps.append([GATED, ACTIVATION_KINDS[c.hidden_act], gu, s, F])
+            steps += product(mlp.down_proj, s, o, D, QUANTIZE)
+            if c.sandwich_norms:
+                steps.append(norm(o, layer.post_feedforward_layernorm, o))  # type: ignore[arg-type]
+            steps.append([ADD, x, o, D])
+        steps.append(norm(x, w.norm, a, tail=1))
+        steps += product(w.lm_head, a, at(plan.logits), c.vocab_size, QUANTIZE | TAIL)
+        return steps
+
+
 class DecodePlan:
-    """One model's forward as a kernels.c program over buffers in `memory`, for up to `rows` new rows a
-    call (longer inputs go in chunks of that many)."""
+    """One model's forward as kernels.c programs over buffers in `memory`, for up to `rows` new rows a
+    call (longer inputs go in chunks of that many): one program for each set of weights it has run (the
+    base weights, each adapter's version), the last few kept."""
+
+    KEPT = 4  # programs kept (switching between adapters rebuilds none of these)
 
     def __init__(self, model: Transformer, memory: KernelMemory, rows: int, context: int) -> None:
         self.model, self.memory, self.rows = model, memory, rows
         c = model.config
-        D, H, K, E, F, V = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size, c.vocab_size
+        D, H, K, E, F, V = (
+            c.hidden_size,
+            c.num_attention_heads,
+            c.num_key_value_heads,
+            c.head_dim,
+            c.intermediate_size,
+            c.vocab_size,
+        )
         self.width = (H + 2 * K) * E  # a row of q, k and v
         empty = memory.empty
         self.x = empty((rows, D))  # the residual stream
@@ -129,91 +272,20 @@ class DecodePlan:
         self.bases = {id(f): f for f in model.inv_freq}  # one pair of tables per distinct RoPE base
         self.rope = {key: (empty((rows, E // 2)), empty((rows, E // 2))) for key in self.bases}
         self.held: list[tuple[np.ndarray, np.ndarray] | None] = [None] * c.num_hidden_layers
-        self.placed: list[np.ndarray] = []  # the weights' arrays the steps read
-        steps = self._steps()
-        self.program = empty((len(steps) + 1, STEP_WORDS), np.int32)
-        self.program[:] = 0
-        for i, step in enumerate(steps):
-            self.program[i, : len(step)] = step
+        self.programs: dict[object, Program | str] = {}  # by weights key: the program, or why there is none
         self.run = memory.exports.run_plan
-        self.at_program, self.at_state = memory.address(self.program), memory.address(self.state)
+        self.at_state = memory.address(self.state)
 
-    # ---- building ----
-
-    def _steps(self) -> list[list[int]]:
-        c, w, at = self.model.config, self.model.weights, self.memory.address
-
-        def place(a: np.ndarray, dtype: Any = None) -> int:
-            kept = self.memory.place(np.asarray(a, dtype))
-            self.placed.append(kept)
-            return at(kept)
-
-        D, H, K, E, F = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.intermediate_size
-        eps = f32_bits(c.rms_norm_eps)
-        x, a, qkv, att, o, gu, s = (at(b) for b in (self.x, self.a, self.qkv, self.att, self.o, self.gu, self.s))
-        width = self.width
-
-        def norm(src: int, weight: np.ndarray, dst: int, heads: int = 1, size: int = D, ld: int = D, tail: int = 0):
-            return [NORM, src, place(weight, np.float32), dst, heads, size, ld, ld, eps, tail]
-
-        def product(linear: Linear, src: int, dst: int, ldy: int, flags: int) -> list[list[int]]:
-            form, codes = kernel_form(linear.matrix)  # type: ignore[misc]  # (plan_refusal checked every one)
-            m = linear.matrix
-            N, Kin = m.shape  # type: ignore[union-attr]
-            if form == "dense":
-                parts = [place(codes, np.float32), 0, 0, 0]
-            else:
-                mins = getattr(m, "mins", None)
-                parts = [
-                    place(codes),
-                    place(m.scales, np.float32),  # type: ignore[union-attr]
-                    0 if mins is None else place(mins, np.float32),
-                    int(m.offset),  # type: ignore[union-attr]
-                ]
-            step = [PRODUCT, FORMS[form], *parts, N, Kin, src, dst, ldy, at(self.xq), flags, at(self.scratch)]
-            steps = [step]
-            if linear.bias is not None:
-                steps.append([BIAS, dst, place(linear.bias, np.float32), N, ldy])
-            return steps
-
-        steps: list[list[int]] = []
-        for i, layer in enumerate(w.layers):
-            attn, mlp = layer.self_attn, layer.mlp
-            cos, sin = (at(t) for t in self.rope[id(self.model.inv_freq[i])])
-            entry = at(self.table) + 12 * i
-            steps.append([COPY, i, x, D])  # (learning's residual tap, when it is at this layer)
-            steps.append(norm(x, layer.input_layernorm, a))
-            steps += product(attn.q_proj, a, qkv, width, QUANTIZE)
-            steps += product(attn.k_proj, a, qkv + 4 * H * E, width, 0)
-            steps += product(attn.v_proj, a, qkv + 4 * (H + K) * E, width, 0)
-            if attn.q_norm is not None and attn.k_norm is not None:
-                steps.append(norm(qkv, attn.q_norm, qkv, H, E, width))
-                steps.append(norm(qkv + 4 * H * E, attn.k_norm, qkv + 4 * H * E, K, E, width))
-            steps.append([ROPE, qkv, cos, sin, H, E, width])
-            steps.append([ROPE, qkv + 4 * H * E, cos, sin, K, E, width])
-            steps.append([APPEND, qkv + 4 * H * E, width, entry, K, E, 0])
-            steps.append([APPEND, qkv + 4 * (H + K) * E, width, entry, K, E, 1])
-            window = c.sliding_windows[i] or 0
-            steps.append([ATTEND, qkv, width, entry, att, H * E, H, K, E, window, f32_bits(c.attention_scale), at(self.scores)])
-            steps += product(attn.o_proj, att, o, D, QUANTIZE)
-            if c.sandwich_norms:
-                assert layer.pre_feedforward_layernorm is not None and layer.post_feedforward_layernorm is not None
-                steps.append(norm(o, layer.post_attention_layernorm, o))
-                steps.append([ADD, x, o, D])
-                steps.append(norm(x, layer.pre_feedforward_layernorm, a))
-            else:
-                steps.append([ADD, x, o, D])
-                steps.append(norm(x, layer.post_attention_layernorm, a))
-            steps += product(mlp.gate_proj, a, gu, 2 * F, QUANTIZE)
-            steps += product(mlp.up_proj, a, gu + 4 * F, 2 * F, 0)
-            steps.append([GATED, ACTIVATION_KINDS[c.hidden_act], gu, s, F])
-            steps += product(mlp.down_proj, s, o, D, QUANTIZE)
-            if c.sandwich_norms:
-                steps.append(norm(o, layer.post_feedforward_layernorm, o))  # type: ignore[arg-type]
-            steps.append([ADD, x, o, D])
-        steps.append(norm(x, w.norm, a, tail=1))
-        steps += product(w.lm_head, a, at(self.logits), c.vocab_size, QUANTIZE | TAIL)
-        return steps
+    def program(self, key: object) -> Program | str:
+        """The program of the model's weights as they are now, which `key` names (an Engine's
+        WeightsIdentity), built on first use; or why the plan cannot run them."""
+        found = self.programs.pop(key, None)
+        if found is None:
+            found = weights_refusal(self.model) or Program(self)
+        self.programs[key] = found  # (the most recent last)
+        while len(self.programs) > self.KEPT:
+            del self.programs[next(iter(self.programs))]
+        return found
 
     # ---- running ----
 
@@ -225,9 +297,11 @@ class DecodePlan:
             return "a cache with a cold tier"
         return None
 
-    def forward(self, tokens: np.ndarray, start: int, cache: KVCache, last_only: bool = False) -> np.ndarray:
-        """forward.forward's logits for `tokens` at positions start.. of `cache`: (T, V), or (1, V) for the
-        last token only."""
+    def forward(
+        self, program: Program, tokens: np.ndarray, start: int, cache: KVCache, last_only: bool = False
+    ) -> np.ndarray:
+        """forward.forward's logits for `tokens` at positions start.. of `cache` through `program` (this
+        plan's, for the weights as they are now): (T, V), or (1, V) for the last token only."""
         if start < len(cache.tokens):
             cache.truncate(start)  # rewinding: what came after `start` is forgotten
         T, out = len(tokens), []
@@ -236,14 +310,14 @@ class DecodePlan:
             n = len(chunk)
             wanted = not last_only or at + n == T
             direct = wanted and (last_only or n == 1)  # the plan's own logits product serves one row
-            self._run(chunk, start + at, cache, last=last_only, logits=direct)
+            self._run(program, chunk, start + at, cache, last=last_only, logits=direct)
             if direct:
                 out.append(self.logits.copy())
             elif wanted:
                 out.append(self.model.weights.lm_head(self.a[:n]))
         return out[0] if len(out) == 1 else np.concatenate(out)
 
-    def _run(self, tokens: np.ndarray, start: int, cache: KVCache, last: bool, logits: bool) -> None:
+    def _run(self, program: Program, tokens: np.ndarray, start: int, cache: KVCache, last: bool, logits: bool) -> None:
         T = len(tokens)
         cache.reserve(T)
         layers = cache.layers
@@ -266,7 +340,7 @@ class DecodePlan:
             tap.length = max(tap.length, start + T)
             tapped = self.memory.address(tap.values) + 4 * start * tap.values.shape[1]
         self.state[:] = (T, start, length + T, 0, int(last), int(logits), -1 if tap is None else tap.layer, tapped)
-        self.run(self.at_program, self.at_state)
+        self.run(program.at, self.at_state)
         for layer in layers:
             hot = layer.hot
             hot.positions[length : length + T] = positions

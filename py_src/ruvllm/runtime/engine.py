@@ -18,8 +18,8 @@ from ..files.store import TensorStore, sanitize
 from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
 from ..model.forward import forward, hidden_batch, logits, recompute_layers
-from ..model.plan import DecodePlan, plan_refusal
 from ..model.kv import Cache, WeightsIdentity
+from ..model.plan import DecodePlan, Program, plan_refusal
 from ..model.transformer import Transformer
 from ..model.weights import ComputeOptions, Weights, load_weights
 from ..quant.provider import AttentionProducts, KernelProvider, resolve_kernels
@@ -231,7 +231,7 @@ class Engine:
     arithmetic: str = "exact"  # the provider's arithmetic (NumPy's is exact)
     attention: AttentionProducts | None = None  # attention's products over the cache (None: NumPy's)
     decode_plan: DecodePlan | None = None  # the forward as one kernels call (use_plan), where it runs
-    plan_merges = 0  # the adapter merges the decode plan's weights include (WeightsIdentity.merges)
+    plan_merges = 0  # the adapter merges the decode plan's programs include (WeightsIdentity.merges)
     plan_note: str | None = "off (no kernels)"  # why there is no decode_plan (None: there is one)
 
     def attach(self, wrappers: Wrappers) -> None:
@@ -310,22 +310,15 @@ class Engine:
                 if routing is not None:
                     x = routing.hidden(self, tokens, start, cache)
                     return logits(self.weights, self.config, x[-1:] if last_only else x)
-            plan = self._plan_for(identity)
+            plan = self.decode_plan
             if plan is not None and plan.refusal(cache) is None:
-                return plan.forward(tokens, start, cache, last_only)
+                if identity.merges != self.plan_merges:  # the base weights' arrays were replaced
+                    plan.programs.clear()
+                    self.plan_merges = identity.merges
+                program = plan.program(identity)
+                if isinstance(program, Program):
+                    return plan.forward(program, tokens, start, cache, last_only)
             return forward(self.model, tokens, start, cache, last_only)
-
-    def _plan_for(self, identity: WeightsIdentity) -> DecodePlan | None:
-        """The decode plan for the weights `identity` names, if it runs them: the base weights, the plan
-        built again after an adapter was merged into them (their arrays were replaced); None while an
-        adapter wraps them (its products are not in the plan)."""
-        plan = self.decode_plan
-        if plan is None or identity.adapter is not None:
-            return None
-        if identity.merges != self.plan_merges:
-            self.decode_plan = plan = DecodePlan(self.model, plan.memory, plan.rows, self.context_length)
-            self.plan_merges = identity.merges
-        return plan
 
     def forward_batch(
         self,
