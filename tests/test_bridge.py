@@ -75,6 +75,8 @@ def test_streamed_model_generates_like_the_folder(folder):
     info = ok(loader.build())
     assert info["plan"]["compute"] == "f32"
     assert info["architecture"] == "LlamaForCausalLM" and info["context_length"] == 64
+    # CPython's NumPy kernels offer no memory to run the decode plan in: the info says why not
+    assert info["decode_plan"] is False and info["plan_note"].startswith("no kernel memory to run it in")
     handle = loader.take_engine()
     request = {"prompt_ids": [1, 2, 3], "eos_ids": [], "options": {"max_tokens": 6, "temperature": 0}}
     assert ok(handle.start(json.dumps(request))) == {"prompt_tokens": 3}
@@ -119,6 +121,12 @@ def test_requests_are_read_by_their_shape_each_field_checked_and_named():
     assert error(loader.set_options(json.dumps({"sha256": {"m.gguf": 5}}), "m.gguf"))["message"] == (
         "sha256 in the load options must be an object of strings or null, got an object"
     )
+    assert error(loader.set_options(json.dumps({"plan": "no"}), None)) == {
+        "type": "invalid_argument",
+        "message": 'plan in the load options must be true or false, got "no"',
+    }
+    ok(loader.set_options(json.dumps({"plan": False}), None))
+    assert loader.assembly is not None and loader.assembly.options.plan is False
     ok(loader.set_options(json.dumps({"compute": None, "kv": None}), None))  # null: the default
     assert loader.assembly is not None and loader.assembly.options.compute == "auto"
 

@@ -78,6 +78,16 @@ def test_kernels_and_arithmetic_choose_what_computes(smollm2_dir):
     assert bad.returncode == 2 and "argument --kernels: invalid choice: 'gpu'" in bad.stderr
 
 
+def test_no_plan_turns_the_decode_plan_off():
+    """--no-plan reaches the load options (default: the plan runs where the kernels offer a memory)."""
+    from ruvllm.cli.common import Parser, add_load_options, load_options
+
+    parser = Parser(prog="ruvllm generate")
+    add_load_options(parser)
+    assert load_options(parser.parse_args([])).plan is True
+    assert load_options(parser.parse_args(["--no-plan"])).plan is False
+
+
 def test_generate_with_system_prompt_and_sampling_options(smollm2_dir, smollm2):
     args = ["generate", str(smollm2_dir), "--prompt", "Hi", "--chat", "--system", "You are a pirate.", "--json"]
     sampled = [

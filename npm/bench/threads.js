@@ -75,7 +75,11 @@ if (threads && !threads.api) fail(`no kernel thread pool: ${threads.reason}`);
 
 // side 0 and side 1: their labels, and what their kernels' time is taken from (the single-thread
 // exports' calls; the pool's run)
-const labels = SIMD ? ['plain SIMD', 'relaxed SIMD'] : PLAN ? ['no plan', 'the plan'] : ['1 thread', `${THREADS} threads`];
+const labels = SIMD
+  ? ['plain SIMD', 'relaxed SIMD']
+  : PLAN
+    ? ['no plan', 'the plan']
+    : ['1 thread', `${THREADS} threads`];
 const where = SIMD || PLAN ? ['in the kernels', 'in the kernels'] : ['in the kernels', "in the pool's run"];
 const inKernels = [0, 0];
 function timed(f, side) {
@@ -142,6 +146,17 @@ def timed(call):
 for cls in (matrices.DenseMatrix, matrices.Int8Matrix):
     cls.__call__ = timed(cls.__call__)
 
+from ruvllm.model import plan as decode_plan
+in_plan = [0.0, 0.0]  # per side: seconds in the decode plan's forward, as Python sees it
+def timed_plan(call):
+    def forward(self, *args, **kwargs):
+        started = time.perf_counter()
+        y = call(self, *args, **kwargs)
+        in_plan[[p.memory for p in providers].index(self.memory)] += time.perf_counter() - started
+        return y
+    return forward
+decode_plan.DecodePlan.forward = timed_plan(decode_plan.DecodePlan.forward)
+
 def stream(model):
     return model.generate("The history of the city is", max_tokens=tokens, temperature=0, ignore_eos=True)
 
@@ -157,10 +172,10 @@ def round_():
         done = next(b, None) is None or done
         t2 = time.perf_counter()
         if done:
-            return json.dumps({"spent": spent, "steps": steps - 4, "products": in_products})
+            return json.dumps({"spent": spent, "steps": steps - 4, "products": in_products, "plan": in_plan})
         steps += 1
         if steps == 4:
-            in_products[:] = [0.0, 0.0]; kernel_ms()
+            in_products[:] = [0.0, 0.0]; in_plan[:] = [0.0, 0.0]; kernel_ms()
         if steps > 4:
             spent[0] += t1 - t0; spent[1] += t2 - t1
 
@@ -198,13 +213,16 @@ const round = py.globals.get('round_');
 round(); // warm-up
 console.log(`${basename(model)}: ${labels[0]} against ${labels[1]}, stepped token by token`);
 for (let r = 1; r <= Number(values.rounds); r++) {
-  const { spent, steps, products } = JSON.parse(round());
+  const { spent, steps, products, plan } = JSON.parse(round());
   const ms = (s) => ((1000 * s) / steps).toFixed(2);
   const inside = JSON.parse(py.globals.get('kernel_ms')()).map((t) => (t / steps).toFixed(2));
+  // the decode plan's forward as Python sees it, where a side runs it (its kernels' time is run_plan's)
+  const planned = (side) => (plan[side] > 0 ? `; the plan's forward ${ms(plan[side])} ms` : '');
   console.log(
     `round ${r}, ${steps} tokens: ${labels[0]} ${ms(spent[0])} ms/token, ${labels[1]} ${ms(spent[1])} ms/token: ` +
       `${(spent[0] / spent[1]).toFixed(2)}x; products as Python sees them ${ms(products[0])} ms on ` +
-      `${labels[0]} (${inside[0]} ${where[0]}), ${ms(products[1])} ms on ${labels[1]} (${inside[1]} ${where[1]})`,
+      `${labels[0]} (${inside[0]} ${where[0]}${planned(0)}), ${ms(products[1])} ms on ${labels[1]} ` +
+      `(${inside[1]} ${where[1]}${planned(1)})`,
   );
 }
 await threads?.pool.dispose();

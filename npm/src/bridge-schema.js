@@ -40,6 +40,7 @@ export const SHAPES = Object.freeze({
       memory_budget: 'int | null',
       kernels: 'string',
       arithmetic: 'string | null',
+      plan: 'boolean',
       kv: 'KVOptions',
       sha256: 'Record<string, string> | null (file name -> hex digest: checked as each file arrives)',
     },
@@ -81,6 +82,8 @@ export const SHAPES = Object.freeze({
       plan: 'MemoryPlan',
       kernels: 'string',
       arithmetic: 'string',
+      decode_plan: 'boolean (each forward is one call of the kernels decode plan)',
+      plan_note: 'string | null (why it does not: null when it does)',
     },
   },
   // --- generation ----------------------------------------------------------------------------

@@ -213,6 +213,7 @@ export const LOAD_OPTIONS = {
   compute: oneOf(COMPUTE_FORMS),
   kernels: oneOf(KERNEL_CHOICES),
   arithmetic: oneOf(ARITHMETIC),
+  plan: flag,
   threads: rule(`'auto' or an integer in [1, ${MAX_THREADS}]`, (v) => v === 'auto' || integer(1, MAX_THREADS).test(v)),
   memoryBudget: integer(1),
   kv: options(KV_OPTIONS, 'kv'),

@@ -37,6 +37,7 @@ test('arguments map onto load and generate options', () => {
     'fast',
     '--threads',
     '2',
+    '--no-plan',
   ]);
   assert.deepEqual(args, {
     model: 'm/',
@@ -46,9 +47,10 @@ test('arguments map onto load and generate options', () => {
     json: true,
     pyodide: '/p',
     contextLength: undefined,
-    load: { compute: 'q4', kernels: 'wasm', arithmetic: 'fast', threads: 2 },
+    load: { compute: 'q4', kernels: 'wasm', arithmetic: 'fast', threads: 2, plan: false },
     options: { maxTokens: 12, temperature: 0, seed: 3, ignoreEos: true },
   });
+  assert.equal(parse(['generate', 'm/', '--prompt', 'Hi']).load.plan, true); // (the default)
 });
 
 async function usageError(args) {

@@ -177,6 +177,12 @@ export interface LoadOptions {
    */
   arithmetic?: 'exact' | 'fast';
   /**
+   * Run each forward as one call of the kernels' decode plan (default true; on one thread: the thread
+   * pool's products are still driven one by one); false: Python drives each product. Ignored without the
+   * WebAssembly kernels.
+   */
+  plan?: boolean;
+  /**
    * How many threads compute the matrix products with the WebAssembly kernels: an integer from 1 to 64,
    * or 'auto' (the default: the logical cores, at most 8; each kind of product then runs on one thread
    * or all of them, whichever measures faster, since a busy machine can make more threads slower). More
@@ -634,6 +640,10 @@ export interface ModelInfo {
   kernels: 'wasm' | 'numpy';
   /** The kernels' arithmetic ('exact' for NumPy). */
   arithmetic: 'exact' | 'fast';
+  /** Whether each forward runs as one call of the kernels' decode plan (`LoadOptions.plan`). */
+  decodePlan: boolean;
+  /** Why the decode plan does not run (e.g. "off (plan=False)", or no kernel memory to run it in), or null. */
+  planNote: string | null;
   /** With kernels 'auto': why the WebAssembly kernels are not used, or null. */
   kernelsNote: string | null;
   /**

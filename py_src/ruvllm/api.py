@@ -314,6 +314,7 @@ def load(
     kernels: str = "auto",
     chat_template: str | None = None,
     arithmetic: str = DEFAULT_ARITHMETIC,
+    plan: bool = True,
 ) -> Model:
     """Load a model: a GGUF file (`x.gguf`), a ruvllm or plain Hugging Face safetensors model folder, or
     a hub name (`hf:OWNER/REPO/FILE.gguf`, `hf:OWNER/REPO`: downloaded once into the cache root's hub
@@ -332,6 +333,8 @@ def load(
     chat_template: a Jinja chat template to use instead of the model's own (or for a model without one).
     arithmetic: the WebAssembly kernels' ("fast": int16 products when decoding; "exact": NumPy's values
     summed in another order; docs/kernels.md). NumPy's is exact.
+    plan: run each forward as one call of the kernels' decode plan (docs/kernels.md; where the kernels
+    offer a memory for it: the WebAssembly kernels on one thread); False: Python drives each product.
     """
     from .files.hub import ensure_local, is_hub_name  # (here: the Pyodide worker never imports it)
 
@@ -347,7 +350,7 @@ def load(
         tokenizer.set_chat_template(chat_template)
     calibration = tuple(tokenizer.encode(calibration_text())) if isq == "awq" else None
     more = {"threads": threads, "isq": isq, "isq_format": isq_format, "calibration_ids": calibration}
-    assembly.options = load_options(context_length, compute, memory_budget, kv, kernels, arithmetic, **more)
+    assembly.options = load_options(context_length, compute, memory_budget, kv, kernels, arithmetic, plan, **more)
     model = Model.of(assembly, tokenizer, generation_config, name)
     model._read_folders.append(path)
     return model
@@ -363,6 +366,7 @@ async def load_async(
     kv: KVOptions | None = None,
     kernels: str = "auto",
     arithmetic: str = DEFAULT_ARITHMETIC,
+    plan: bool = True,
     chat_template: str | None = None,
 ) -> Model:
     """Load a model over fetch, inside Pyodide (a notebook, a PyScript page, a console; browsers and
@@ -377,7 +381,7 @@ async def load_async(
     kept there (the npm package's store) and read from it next time. on_progress gets
     {"file", "loaded", "total"} (bytes) after each piece of the weights. The options are `load`'s.
     """
-    options = load_options(context_length, compute, memory_budget, kv, kernels, arithmetic)
+    options = load_options(context_length, compute, memory_budget, kv, kernels, arithmetic, plan)
     assembly = await host.fetch_model(source, options, on_progress)
     tokenizer_json, tokenizer_config, generation_config = assembly.tokenizer_files(merges=tokenizers_installed())
     tokenizer = Tokenizer(tokenizer_json, tokenizer_config, *assembly.tokenizer_sources())
@@ -393,10 +397,13 @@ def load_options(
     kv: KVOptions | None,
     kernels: str,
     arithmetic: str,
+    plan: bool = True,
     **more: Any,
 ) -> LoadOptions:
     """`load`'s options as the engine takes them, with the kernel provider this runtime offers (more:
     LoadOptions' other fields)."""
+    if not isinstance(plan, bool):
+        raise InvalidArgumentError(f"plan must be True or False, got {plan!r}")
     provider, kv = host_kernels(kernels, arithmetic), kv or KVOptions()
     return LoadOptions(
         context_length=context_length,
@@ -405,6 +412,7 @@ def load_options(
         kv=kv,
         kernels=kernels,
         provider=provider,
+        plan=plan,
         **more,
     )
 

@@ -110,6 +110,7 @@ class LoadRequest:
     memory_budget: int | None = None
     kernels: str = "auto"
     arithmetic: str = DEFAULT_ARITHMETIC
+    plan: bool = True
     kv: dict | None = None
     sha256: dict[str, str] | None = None
 
@@ -352,6 +353,7 @@ class ModelLoader:
             kv=KVOptions(**kv_raw),
             kernels=r.kernels,
             provider=offered,
+            plan=r.plan,
         )
         if gguf is not None and not isinstance(gguf, str):
             raise InvalidArgumentError(f"gguf must be a file name or null, got {gguf!r}")
@@ -459,6 +461,8 @@ class ModelLoader:
             "plan": plan.as_dict(),
             "kernels": engine.kernels,
             "arithmetic": engine.arithmetic,
+            "decode_plan": engine.decode_plan is not None,  # ("plan" is the memory plan above)
+            "plan_note": engine.plan_note,
         }
 
     def take_engine(self) -> EngineHandle:

@@ -249,6 +249,7 @@ function loadOptions(options) {
     memoryBudget: budget,
     kernels: options.kernels ?? 'auto',
     arithmetic: options.arithmetic,
+    plan: options.plan,
     kv,
     sha256: options.sha256 ?? null, // checked by Python as each weight file arrives
   };

@@ -111,6 +111,13 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
         default=DEFAULT_ARITHMETIC,
         help="the WebAssembly kernels' arithmetic (docs/kernels.md); NumPy's is exact",
     )
+    p.add_argument(
+        "--no-plan",
+        dest="plan",
+        action="store_false",
+        help="drive each product from Python instead of running the forward as one call of the kernels' decode "
+        "plan (docs/kernels.md)",
+    )
 
 
 def load_options(args: argparse.Namespace) -> LoadOptions:
@@ -119,7 +126,7 @@ def load_options(args: argparse.Namespace) -> LoadOptions:
     from ..api import load_options as options_of
 
     kv = KVOptions(hot_tokens=args.hot_tokens, cold=args.cold, budget_bytes=args.kv_budget, keep=args.keep)
-    more = {"isq": args.isq, "isq_format": args.isq_format, "threads": args.threads}
+    more = {"isq": args.isq, "isq_format": args.isq_format, "threads": args.threads, "plan": args.plan}
     return options_of(args.context_length, args.compute, args.memory_budget, kv, args.kernels, args.arithmetic, **more)
 
 
@@ -143,6 +150,7 @@ def load_model(args: argparse.Namespace):
         o.kernels,
         chat_template=template,
         arithmetic=args.arithmetic,
+        plan=args.plan,
     )
     if getattr(args, "adapter", None):
         model.set_adapter(model.load_adapter(args.adapter))

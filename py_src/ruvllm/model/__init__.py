@@ -8,5 +8,6 @@
 - `blocks.py`: the paged cache's blocks: allocator, prefix registry (eviction order), storage.
 - `transformer.py`: the blueprint, the weights and the RoPE frequencies as one object, what the forward takes.
 - `forward.py`: attention, MLP, block, forward.
+- `plan.py`: the decode plan: the whole forward as one program of kernel steps, run in one call.
 - `paged.py`: the paged KV cache of continuous batching, with prefix sharing.
 """
