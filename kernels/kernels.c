@@ -865,32 +865,124 @@ static void copy_rows(float *y, const float *x, i32 rows, i32 n, i32 ldy, i32 ld
   }
 }
 
-// Attention of T new rows over a layer's cached keys and values (KV, capacity, E), whose slots 0..count-1
-// hold positions first..first+count-1 (the new rows' keys already written). Row t (position pos0 + t), query
-// head h (key/value head h / (H / KV)) at q + t ldq + h E, sees the slots at or before its position, and with
-// a window only the last `window` of them; its output goes to out + t ldo + h E. Each query's scores are
-// dot products times `scale`, then exp(score - max) / sum, then the values summed in slot order;
-// scratch holds one query's scores (count floats).
+// An address from an int32 word (a plan's step, a cache's entry), and float32 bits from one.
+#define AT(type, word) ((type *)(__SIZE_TYPE__)(unsigned)(word))
+
+static inline float bits_float(i32 word) {
+  union { i32 i; float f; } u;
+  u.i = word;
+  return u.f;
+}
+
+// A layer's KV cache as attention reads it: ENTRY_WORDS int32 words (model/plan.py writes them).
+//   [0] keys, [1] values: the float32 tier (KV, capacity, E) each; [2] its capacity; [3] slots in use (the
+//   new rows' already written); [4] the position of slot 0 (its slots hold consecutive positions);
+//   [5] key codes, [6] value codes: the cold tier (KV, cold capacity, E) int8, or (KV, cold capacity, E/2)
+//   int4 (byte j: codes j and j + E/2, each + 8, low nibble first); [7] key scales, [8] value scales
+//   (KV, cold capacity) float32: x = scale * code; [9] its capacity; [10] slots in use; [11] their
+//   positions (int32, ascending, all before the float32 tier's); [12] code bits, 8 or 4.
+#define ENTRY_WORDS 16
+
+static inline v128_t i8_lanes_to_f32(v128_t v, i32 part) {  // lanes 4 part .. 4 part + 3 of 16 int8
+  v128_t h = part < 2 ? wasm_i16x8_extend_low_i8x16(v) : wasm_i16x8_extend_high_i8x16(v);
+  return small_to_f32((part & 1) ? wasm_i32x4_extend_high_i16x8(h) : wasm_i32x4_extend_low_i16x8(h));
+}
+
+// The 16 codes at `row` from value c (int8), or from byte c of an int4 row (nibble 0: values c..c+15 of
+// the first half, 1: of the second), as int8 lanes.
+static inline v128_t cold_codes16(const u8 *row, i32 c, i32 bits, i32 nibble) {
+  v128_t p = wasm_v128_load(row + c);
+  if (bits == 8) return p;
+  p = nibble ? wasm_u8x16_shr(p, 4) : wasm_v128_and(p, wasm_i8x16_splat(15));
+  return wasm_i8x16_sub(p, wasm_i8x16_splat(8));
+}
+
+static inline float cold_code(const u8 *row, i32 e, i32 bits, i32 E) {
+  if (bits == 8) return (float)((const i8 *)row)[e];
+  const i32 half = E / 2;
+  return (float)((e < half ? row[e] & 15 : row[e - half] >> 4) - 8);
+}
+
+// q . codes of one cold row (E values)
+static float cold_dot(const float *q, const u8 *row, i32 E, i32 bits) {
+  const i32 span = bits == 8 ? E : E / 2, S16 = span & ~15;
+  v128_t acc = wasm_f32x4_splat(0.0f);
+  for (i32 c = 0; c < S16; c += 16) {
+    for (i32 nibble = 0; nibble < (bits == 8 ? 1 : 2); nibble++) {
+      v128_t codes = cold_codes16(row, c, bits, nibble);
+      const float *qc = q + c + nibble * span;
+      for (i32 part = 0; part < 4; part++)
+        acc = wasm_f32x4_add(acc, wasm_f32x4_mul(i8_lanes_to_f32(codes, part), wasm_v128_load(qc + 4 * part)));
+    }
+  }
+  float sum = hsum(acc);
+  for (i32 c = S16; c < span; c++) {
+    sum += q[c] * cold_code(row, c, bits, E);
+    if (bits == 4) sum += q[c + span] * cold_code(row, c + span, bits, E);
+  }
+  return sum;
+}
+
+// o += w * codes of one cold row
+static void cold_mix(float *o, float w, const u8 *row, i32 E, i32 bits) {
+  const i32 span = bits == 8 ? E : E / 2, S16 = span & ~15;
+  const v128_t wv = wasm_f32x4_splat(w);
+  for (i32 c = 0; c < S16; c += 16) {
+    for (i32 nibble = 0; nibble < (bits == 8 ? 1 : 2); nibble++) {
+      v128_t codes = cold_codes16(row, c, bits, nibble);
+      float *oc = o + c + nibble * span;
+      for (i32 part = 0; part < 4; part++)
+        wasm_v128_store(oc + 4 * part, wasm_f32x4_add(wasm_v128_load(oc + 4 * part),
+                                                      wasm_f32x4_mul(wv, i8_lanes_to_f32(codes, part))));
+    }
+  }
+  for (i32 c = S16; c < span; c++) {
+    o[c] += w * cold_code(row, c, bits, E);
+    if (bits == 4) o[c + span] += w * cold_code(row, c + span, bits, E);
+  }
+}
+
+// Attention of T new rows over a layer's cache (`entry`, above). Row t (position pos0 + t), query head h
+// (key/value head h / (H / KV)) at q + t ldq + h E, sees the cached positions at or before its own, and
+// with a window only those less than `window` before it; its output goes to out + t ldo + h E. Its scores:
+// the dot product with each key (a cold key's: with its codes, times its scale) times `scale`; then
+// exp(score - max) / their sum; then the values summed: the float32 tier's in slot order, then the cold
+// tier's added. scratch holds one query's scores (cold slots in use + float32 slots in use floats).
 EXPORT(attend)
-void attend(const float *q, i32 ldq, const float *keys, const float *values, i32 capacity, float *out, i32 ldo,
-            float *scratch, i32 T, i32 H, i32 KV, i32 E, i32 count, i32 pos0, i32 first, i32 window, float scale) {
-  const i32 G = H / KV, E16 = E & ~15;
+void attend(const float *q, i32 ldq, const i32 *entry, float *out, i32 ldo, float *scratch, i32 T, i32 H, i32 KV,
+            i32 E, i32 pos0, i32 window, float scale) {
+  const i32 G = H / KV, E16 = E & ~15, capacity = entry[2], count = entry[3], first = entry[4];
+  const i32 bits = entry[12], cold_capacity = entry[9], cold_count = entry[10];
+  const i32 width = bits == 8 ? E : E / 2, *cold_positions = AT(const i32, entry[11]);
   for (i32 h = 0; h < H; h++) {
-    const float *k = keys + (long)(h / G) * capacity * E, *v = values + (long)(h / G) * capacity * E;
+    const long head = (long)(h / G);
+    const float *k = AT(const float, entry[0]) + head * capacity * E, *v = AT(const float, entry[1]) + head * capacity * E;
+    const u8 *ck = AT(const u8, entry[5]) + head * cold_capacity * width, *cv = AT(const u8, entry[6]) + head * cold_capacity * width;
+    const float *cks = AT(const float, entry[7]) + head * cold_capacity, *cvs = AT(const float, entry[8]) + head * cold_capacity;
     for (i32 t = 0; t < T; t++) {
       const i32 position = pos0 + t;
-      i32 hi = position - first + 1, lo = 0;
+      i32 hi = position - first + 1, lo = 0, clo = cold_count;
       if (hi > count) hi = count;
-      if (window > 0 && position - window + 1 - first > lo) lo = position - window + 1 - first;
+      if (window > 0) {
+        if (position - window + 1 - first > lo) lo = position - window + 1 - first;
+        for (clo = 0; clo < cold_count && position - cold_positions[clo] >= window;) clo++;
+      } else {
+        clo = 0;
+      }
       const float *qt = q + (long)t * ldq + h * E;
       float *o = out + (long)t * ldo + h * E;
+      const i32 C = cold_count - clo, S = C + (hi > lo ? hi - lo : 0);
       float top = -3.0e38f;
-      for (i32 j = lo; j < hi; j++) {
-        float s = dot(qt, k + (long)j * E, E) * scale;
-        scratch[j - lo] = s;
+      for (i32 j = clo; j < cold_count; j++) {
+        float s = cold_dot(qt, ck + (long)j * width, E, bits) * cks[j] * scale;
+        scratch[j - clo] = s;
         top = s > top ? s : top;
       }
-      const i32 S = hi - lo;
+      for (i32 j = lo; j < hi; j++) {
+        float s = dot(qt, k + (long)j * E, E) * scale;
+        scratch[C + j - lo] = s;
+        top = s > top ? s : top;
+      }
       v128_t total = wasm_f32x4_splat(0.0f), m = wasm_f32x4_splat(top);
       i32 j = 0;
       for (; j + 4 <= S; j += 4) {
@@ -903,9 +995,11 @@ void attend(const float *q, i32 ldq, const float *keys, const float *values, i32
       v128_t d = wasm_f32x4_splat(sum);
       for (j = 0; j + 4 <= S; j += 4) wasm_v128_store(scratch + j, wasm_f32x4_div(wasm_v128_load(scratch + j), d));
       for (; j < S; j++) scratch[j] /= sum;
-      const float *vs = v + (long)lo * E;
-      for (i32 e = 0; e < E16; e += 16) mix_1x16(scratch, vs + e, o + e, S, E);
-      for (i32 e = E16; e < E; e++) o[e] = mix_1x1(scratch, vs + e, S, E);
+      const float *vs = v + (long)lo * E, *p = scratch + C;
+      const i32 hot = S - C;
+      for (i32 e = 0; e < E16; e += 16) mix_1x16(p, vs + e, o + e, hot, E);
+      for (i32 e = E16; e < E; e++) o[e] = mix_1x1(p, vs + e, hot, E);
+      for (j = clo; j < cold_count; j++) cold_mix(o, scratch[j - clo] * cvs[j], cv + (long)j * width, E, bits);
     }
   }
 }
@@ -917,27 +1011,19 @@ void attend(const float *q, i32 ldq, const float *keys, const float *values, i32
 // it for the rows the state gives:
 //   state[0] T        new rows (tokens) in the activations
 //   state[1] pos0     the absolute position of row 0
-//   state[2] count    slots of the cache in use once the new rows' keys and values are written
-//   state[3] first    the position of slot 0 (slots hold consecutive positions)
-//   state[4] last     1: the tail steps (final norm, logits) take the last row only
-//   state[5] logits   0: stop before the logits product (the caller multiplies the normed rows itself)
-//   state[6] tap      the layer whose entering rows are copied out (learning's residual tap), or -1
-//   state[7] tapped   where they go: row 0's address
-// A layer's cache is a table entry of three words: its keys' and values' addresses (KV, capacity, E each)
-// and the capacity; the entry is read at each call, so buffers that grew are found where they are now.
+//   state[2] last     1: the tail steps (final norm, logits) take the last row only
+//   state[3] logits   0: stop before the logits product (the caller multiplies the normed rows itself)
+//   state[4] tap      the layer whose entering rows are copied out (learning's residual tap), or -1
+//   state[5] tapped   where they go: row 0's address
+//   state[6] scores   attention's scratch (one query's scores)
+// A layer's cache is a table entry (attend's `entry`), read at each call, so buffers that grew are found
+// where they are now; the new rows' keys and values go to the float32 tier's slots count - T .. count - 1.
 #define STEP_WORDS 16
 enum { PLAN_END, PLAN_NORM, PLAN_PRODUCT, PLAN_BIAS, PLAN_ROPE, PLAN_APPEND, PLAN_ATTEND, PLAN_ADD, PLAN_GATED, PLAN_COPY, PLAN_LORA };
 enum { FORM_DENSE, FORM_Q8, FORM_Q8H, FORM_Q4 };
 #define PRODUCT_QUANTIZE 1  // quantize x first (the first product of those that share it)
 #define PRODUCT_TAIL 2      // the logits: the tail rows; skipped when the state says so
 
-#define AT(type, word) ((type *)(__SIZE_TYPE__)(unsigned)(word))
-
-static inline float bits_float(i32 word) {
-  union { i32 i; float f; } u;
-  u.i = word;
-  return u.f;
-}
 
 // A product step: [op, form, w, scales, mins, offset, N, K, x, y, ldy, xq, flags, scratch]. Few rows take the
 // fast arithmetic (x quantized into xq: QUANTIZED_X_BYTES(T, K)); more go through the exact tiles (scratch:
@@ -999,7 +1085,7 @@ void lora(const float *x, const float *A, i32 r, i32 K, const float *B, i32 N, f
 }
 
 EXPORT(run_plan) void run_plan(const i32 *program, const i32 *state) {
-  const i32 T = state[0], pos0 = state[1], count = state[2], first = state[3], last = state[4], logits = state[5];
+  const i32 T = state[0], pos0 = state[1], last = state[2], logits = state[3];
   for (const i32 *s = program; s[0] != PLAN_END; s += STEP_WORDS) {
     switch (s[0]) {
       case PLAN_NORM: {  // [op, x, w, y, heads, E, ldx, ldy, eps, tail]
@@ -1022,21 +1108,18 @@ EXPORT(run_plan) void run_plan(const i32 *program, const i32 *state) {
       case PLAN_ROPE:  // [op, x, cos, sin, heads, E, ldx]
         rope(AT(float, s[1]), AT(const float, s[2]), AT(const float, s[3]), T, s[4], s[5], s[6]);
         break;
-      case PLAN_APPEND: {  // [op, src, ld, table, KV, E, which]: rows' keys (which 0) or values (1) into slots
+      case PLAN_APPEND: {  // [op, src, ld, entry, KV, E, which]: rows' keys (which 0) or values (1) into slots
         const i32 *entry = AT(const i32, s[3]);
-        const i32 KV = s[4], E = s[5], capacity = entry[2];
+        const i32 KV = s[4], E = s[5], capacity = entry[2], count = entry[3];
         float *cache = AT(float, entry[s[6]]);
         for (i32 h = 0; h < KV; h++)
           copy_rows(cache + ((long)h * capacity + count - T) * E, AT(const float, s[1]) + h * E, T, E, E, s[2]);
         break;
       }
-      case PLAN_ATTEND: {  // [op, q, ldq, table, out, ldo, H, KV, E, window, scale, scratch]
-        const i32 *entry = AT(const i32, s[3]);
-        attend(AT(const float, s[1]), s[2], AT(const float, entry[0]), AT(const float, entry[1]), entry[2],
-               AT(float, s[4]), s[5], AT(float, s[11]), T, s[6], s[7], s[8], count, pos0, first, s[9],
-               bits_float(s[10]));
+      case PLAN_ATTEND:  // [op, q, ldq, entry, out, ldo, H, KV, E, window, scale]
+        attend(AT(const float, s[1]), s[2], AT(const i32, s[3]), AT(float, s[4]), s[5], AT(float, state[6]), T, s[6],
+               s[7], s[8], pos0, s[9], bits_float(s[10]));
         break;
-      }
       case PLAN_ADD:  // [op, y, x, n]
         add_to(AT(float, s[1]), AT(const float, s[2]), T, s[3], s[3], s[3]);
         break;
@@ -1048,7 +1131,7 @@ EXPORT(run_plan) void run_plan(const i32 *program, const i32 *state) {
              s[8], bits_float(s[9]), AT(float, s[10]), AT(float, s[11]), AT(const i32, s[12]), s[13], T);
         break;
       case PLAN_COPY:  // [op, layer, x, n]: the rows entering `layer`, when it is the tapped one
-        if (state[6] == s[1]) copy_rows(AT(float, state[7]), AT(const float, s[2]), T, s[3], s[3], s[3]);
+        if (state[4] == s[1]) copy_rows(AT(float, state[5]), AT(const float, s[2]), T, s[3], s[3], s[3]);
         break;
       default:
         return;  // (an unknown step: plan.py writes none)

@@ -18,13 +18,17 @@ logit by ~1e-4 of the logits' scale. The bounds below are a few times what the f
 
 from __future__ import annotations
 
+import copy
+
 import numpy as np
 import pytest
 
-from ruvllm.model.cache import KVCache
+from ruvllm.model.cache import KVCache, KVOptions
 from ruvllm.model.forward import attention_mask, gelu_tanh, rms_norm, silu, softmax
+from ruvllm.model.kv import DenseSegment, QuantSegment
 from ruvllm.model.plan import DecodePlan, plan_refusal
 from ruvllm.model.rope import apply_rope, rope_tables_at
+from ruvllm.quant.kvcodes import KVCodes
 from ruvllm.runtime.assembly import load_engine
 
 kernel_host = pytest.importorskip("kernel_host", reason="tests/kernel_host.py")
@@ -142,35 +146,59 @@ def test_gated_activations(host, kind, reference):
     assert (np.abs(y - want) <= bound).all(), f"largest error {np.abs(y - want).max():.3g}"
 
 
-@pytest.mark.parametrize("T, H, KV, E, window", [(1, 9, 3, 64, 0), (5, 4, 2, 16, 0), (6, 4, 4, 20, 3), (1, 2, 1, 8, 4)])
-def test_attend_matches_numpy(host, T, H, KV, E, window):
-    """Queries at the last T of `count` positions attend over a cache (KV, capacity, E) as forward.attend
-    does: scaled scores, the causal (and window) mask, softmax, the mix."""
-    rng = np.random.default_rng(T * H + E)
-    count, capacity, pos0 = 11, 16, 11 - T
+@pytest.mark.parametrize("cold_bits", [0, 8, 4])
+@pytest.mark.parametrize(
+    "T, H, KV, E, window", [(1, 9, 3, 64, 0), (5, 4, 2, 16, 0), (6, 4, 4, 20, 3), (1, 2, 1, 8, 4), (2, 2, 1, 48, 9)]
+)
+def test_attend_matches_numpy(host, T, H, KV, E, window, cold_bits):
+    """Queries at the last T of a cache's positions attend over both its tiers as forward.attend does (the
+    segments' scores, scaled, the causal and window mask, softmax, the mix): the float32 tier (KV,
+    capacity, E) holding consecutive positions, and a cold tier of int8 or int4 codes (KVCodes) at
+    positions with a gap (evicted ones), some outside the window."""
+    rng = np.random.default_rng(T * H + E + cold_bits)
+    count, capacity, first = 11, 16, 20  # float32 slots in use, positions 20..30
+    pos0 = first + count - T
     keys = rng.normal(0, 1, (KV, capacity, E)).astype(np.float32)
     values = rng.normal(0, 1, (KV, capacity, E)).astype(np.float32)
     width = (H + 2 * KV) * E  # queries inside a q/k/v row, as the plan holds them
-    rows = rng.normal(0, 1, (T, width)).astype(np.float32)
-    rows_kept = put(host, rows)
-    at_q = host.address(rows_kept)
-    keys_kept = put(host, keys)
-    at_k = host.address(keys_kept)
-    values_kept = put(host, values)
-    at_v = host.address(values_kept)
+    rows = put(host, rng.normal(0, 1, (T, width)).astype(np.float32))
+    kept = [put(host, keys), put(host, values)]
+    entry = host.zeros(16, np.int32)
+    entry[:5] = (host.address(kept[0]), host.address(kept[1]), capacity, count, first)
+    entry[12] = 8
+    key_positions = np.arange(first, first + count)
+    segments = [DenseSegment(keys[:, :count], values[:, :count], key_positions)]
+    if cold_bits:
+        codes = KVCodes(cold_bits)
+        cold_positions = np.array([0, 1, 2, 3, 9, 12, 15, 19], np.int32)  # sinks, then a gap
+        C, cold_capacity = len(cold_positions), 10
+        k_codes, k_scales = codes.quantize(rng.normal(0, 1, (KV, cold_capacity, E)).astype(np.float32))
+        v_codes, v_scales = codes.quantize(rng.normal(0, 1, (KV, cold_capacity, E)).astype(np.float32))
+        kept += [put(host, a) for a in (k_codes, v_codes, k_scales, v_scales, cold_positions)]
+        entry[5:9] = [host.address(a) for a in kept[2:6]]
+        entry[9:13] = (cold_capacity, C, host.address(kept[6]), cold_bits)
+        cold = QuantSegment(
+            codes.unpack(k_codes[:, :C]), k_scales[:, :C], codes.unpack(v_codes[:, :C]), v_scales[:, :C], cold_positions
+        )
+        segments.insert(0, cold)
+        key_positions = np.concatenate([cold_positions, key_positions])
     out = host.zeros((T, H * E))
-    scratch = host.zeros(capacity)
+    scratch = host.zeros(64)
     scale = E**-0.5
     host.exports.attend(
-        at_q, width, at_k, at_v, capacity, host.address(out), H * E, host.address(scratch),
-        T, H, KV, E, count, pos0, 0, window, scale,
+        host.address(rows), width, host.address(entry), host.address(out), H * E, host.address(scratch),
+        T, H, KV, E, pos0, window, scale,
     )  # fmt: skip
-    q = rows[:, : H * E].reshape(T, KV, H // KV, E).transpose(1, 2, 0, 3)  # (KV, G, T, E)
-    scores = np.einsum("kgte,kse->kgts", q, keys[:, :count]) * np.float32(scale)
-    mask = attention_mask(np.arange(pos0, pos0 + T), np.arange(count), window or None)
+    G = H // KV
+    q = rows[:, : H * E].reshape(T, KV, G, E).transpose(1, 2, 0, 3).reshape(KV, G * T, E)  # as attend stacks it
+    scores = np.concatenate([s.scores(q) for s in segments], axis=-1).reshape(KV, G, T, -1) * np.float32(scale)
+    mask = attention_mask(np.arange(pos0, pos0 + T), key_positions, window or None)
     if mask is not None:
         scores += mask
-    want = np.einsum("kgts,kse->tkge", softmax(scores), values[:, :count]).reshape(T, H * E)
+    probs = softmax(scores).reshape(KV, G * T, -1)
+    bounds = np.cumsum([len(s.positions) for s in segments])[:-1]
+    mixed = sum(s.mix(p) for s, p in zip(segments, np.split(probs, bounds, axis=-1), strict=True))
+    want = mixed.reshape(KV, G, T, E).transpose(2, 0, 1, 3).reshape(T, H * E)
     np.testing.assert_allclose(out, want, rtol=1e-5, atol=2e-6)
 
 
@@ -297,3 +325,49 @@ def test_plan_runs_lora_adapters_with_their_gates(tmp_path, compute):
             linear.matrix = matrix
     planned = KVCache(engine.config, engine.context_length, engine.kv, None, None, memory.empty)
     assert_close(plan.forward(base_program, prompt, 0, planned), base, "the base program after them")
+
+
+@pytest.mark.parametrize("cold", ["int8", "int4"])
+@pytest.mark.parametrize("kind", ["gemma3", "llama"])
+def test_plan_over_a_long_chat_with_both_tiers(tmp_path, kind, cold):
+    """A long chat through the plan on a cache with a cold tier and a byte budget (positions migrate to
+    int8/int4 codes in batches, the oldest are evicted but for the sinks), Gemma 3's sliding windows
+    reaching into the cold tier, turns that rewind into the previous answer. Each forward's logits against
+    the NumPy forward on a copy of the plan's cache as it was (a key the plan computed 1e-4 away from
+    NumPy's can round to another int4 code, and the two caches would then drift apart), and the cache's
+    bookkeeping (positions per tier, evictions) against a cache the NumPy forward kept all along. Float32
+    weights: their products have no quantized x, whose error (1e-4 of a row's largest value) this random
+    model, over forty positions, once amplified past the tolerance (as it would without the plan)."""
+    tiny_model(kind, tmp_path)
+    engine = load_engine(str(tmp_path), compute="f32", kernels="numpy")
+    budget = 40 * engine.kv.hot_bytes_per_position(engine.config) // 8  # (about 40 cold positions)
+    kv = KVOptions(hot_tokens=6, cold=cold, migrate_batch=3, keep=2, budget_bytes=budget)
+    memory = HostMemory(KernelHost(WASMS[0]))
+    plan = DecodePlan(engine.model, memory, rows=4, context=engine.context_length)
+    program = plan.program("base")
+    kept_all_along = KVCache(engine.config, engine.context_length, kv)
+    planned = KVCache(engine.config, engine.context_length, kv, None, None, memory.empty)
+    in_numpy = {id(planned.layers[0].hot.empty): np.empty}  # (deepcopy: the copy's buffers in NumPy's memory)
+    rng = np.random.default_rng(3)
+    tokens: list[int] = []
+
+    def step(ids: np.ndarray, start: int, what: str) -> np.ndarray:
+        want = engine.forward(ids, start, copy.deepcopy(planned, in_numpy), last_only=True)
+        got = plan.forward(program, ids, start, planned, last_only=True)
+        engine.forward(ids, start, kept_all_along, last_only=True)
+        assert_close(got, want, what)
+        return got
+
+    for turn in range(4):
+        start = max(0, len(tokens) - 2 * turn)  # a rewind into the last answer (none at first)
+        del tokens[start:]
+        prompt = rng.integers(0, engine.config.vocab_size, 5)
+        logits = step(prompt, start, f"turn {turn}'s prompt")
+        tokens += prompt.tolist()
+        for n in range(9):
+            token = int(logits[-1].argmax())
+            logits = step(np.array([token]), len(tokens), f"turn {turn}, step {n}")
+            tokens.append(token)
+        assert planned.stats() == kept_all_along.stats()
+    stats = planned.stats()
+    assert stats["cold_positions"] > 0 and stats["evicted_positions"] > 0, stats

@@ -118,16 +118,18 @@ class HotTier:
 class ColdTier:
     """Older positions as integer codes with one float32 scale per (head, position): x = scale * code.
     Codes are int8 (K, capacity, E), or for int4 two per byte (K, capacity, E/2) in the weights' nibble
-    order; the first `length` positions are in use."""
+    order; the first `length` positions are in use, at `positions` (int32: the decode plan reads them).
+    Its buffers come from `empty` (as HotTier's)."""
 
-    def __init__(self, kv_heads: int, head_dim: int, bits: int) -> None:
+    def __init__(self, kv_heads: int, head_dim: int, bits: int, empty: Empty = np.empty) -> None:
         self.codes = KVCodes(bits)
+        self.empty = empty
         width = self.codes.width(head_dim)
-        self.k_codes = np.empty((kv_heads, 0, width), self.codes.dtype)
-        self.v_codes = np.empty((kv_heads, 0, width), self.codes.dtype)
-        self.k_scales = np.empty((kv_heads, 0), np.float32)
-        self.v_scales = np.empty((kv_heads, 0), np.float32)
-        self.positions = np.empty(0, np.int64)
+        self.k_codes = empty((kv_heads, 0, width), self.codes.dtype)
+        self.v_codes = empty((kv_heads, 0, width), self.codes.dtype)
+        self.k_scales = empty((kv_heads, 0), np.float32)
+        self.v_scales = empty((kv_heads, 0), np.float32)
+        self.positions = empty((0,), np.int32)
         self.length = 0
         self.dropped = 0  # positions evicted over the cache's life
 
@@ -136,9 +138,9 @@ class ColdTier:
         k_codes, k_scales = self.codes.quantize(k)  # (K, T, width), (K, T): per (head, position)
         v_codes, v_scales = self.codes.quantize(v)
         start, end = self.length, self.length + k.shape[1]
-        self.k_codes, self.v_codes = grow(self.k_codes, end, None, 1), grow(self.v_codes, end, None, 1)
-        self.k_scales, self.v_scales = grow(self.k_scales, end, None, 1), grow(self.v_scales, end, None, 1)
-        self.positions = grow(self.positions, end, None, 0)
+        for name in ("k_codes", "v_codes", "k_scales", "v_scales"):
+            setattr(self, name, grow(getattr(self, name), end, None, 1, self.empty))
+        self.positions = grow(self.positions, end, None, 0, self.empty)
         self.k_codes[:, start:end], self.k_scales[:, start:end] = k_codes, k_scales
         self.v_codes[:, start:end], self.v_scales[:, start:end] = v_codes, v_scales
         self.positions[start:end] = positions
@@ -188,7 +190,7 @@ class LayerCache(LayerKV):
         self.options = options
         self.max_positions = max_positions  # hot + cold positions at most (None: bounded by the budget)
         self.hot = HotTier(kv_heads, head_dim, products, empty)
-        self.cold = ColdTier(kv_heads, head_dim, COLD_FORMATS[options.cold]) if options.hot_tokens else None
+        self.cold = ColdTier(kv_heads, head_dim, COLD_FORMATS[options.cold], empty) if options.hot_tokens else None
 
     @property
     def length(self) -> int:
@@ -207,14 +209,19 @@ class LayerCache(LayerKV):
     def update_and_fetch(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> list:
         """Store k, v (K, T, E) at absolute `positions` (T,), then return the segments attention reads:
         cold (quantized) then hot, in position order."""
-        hot = self.options.hot_tokens
-        if hot is not None and self.cold is not None and self.hot.length >= hot + self.options.migrate_batch:
-            self.cold.append(*self.hot.take_oldest(self.hot.length - hot))  # before writing: hot stays bounded
+        self.migrate()
         self.reserve(k.shape[1])
         self.hot.append(k, v, positions)
         if self.cold is not None and self.cold.length:
             return [self.cold.segment(), self.hot.segment()]
         return [self.hot.segment()]
+
+    def migrate(self) -> None:
+        """Before new positions are written: once the hot tier holds a migration batch past `hot_tokens`,
+        its oldest go to the cold tier (so it stays bounded)."""
+        hot = self.options.hot_tokens
+        if hot is not None and self.cold is not None and self.hot.length >= hot + self.options.migrate_batch:
+            self.cold.append(*self.hot.take_oldest(self.hot.length - hot))
 
     def truncate(self, position: int) -> None:
         """Forget every entry at an absolute position >= `position` (rewinding for prefix reuse)."""

@@ -33,7 +33,7 @@ import numpy as np
 
 from ..quant.matrices import DenseMatrix, Int8Matrix
 from ..quant.wasm import TILE_ROWS, kernel_form
-from .cache import KVCache
+from .cache import KVCache, LayerCache
 from .forward import embed
 from .kv import grow
 from .rope import rope_tables_at
@@ -46,7 +46,8 @@ FORMS = {"dense": 0, "q8": 1, "q8h": 2, "q4": 3}  # kernels.c's FORM_*
 QUANTIZE, TAIL = 1, 2  # a product's flags: quantize x first; the logits (the tail rows)
 ACTIVATION_KINDS = {"silu": 0, "gelu_pytorch_tanh": 1}
 FAST_ROWS = 4  # kernels.c GROUPED_MAX_ROWS: up to this many rows take the fast arithmetic
-STATE_WORDS = 8  # kernels.c run_plan's state: T, pos0, count, first, last, logits, tap, tapped
+STATE_WORDS = 8  # kernels.c run_plan's state: T, pos0, last, logits, tap, tapped, scores
+ENTRY_WORDS = 16  # kernels.c: a layer's cache as attention reads it (both tiers)
 
 
 class KernelMemory(Protocol):
@@ -199,7 +200,7 @@ class Program:
         for i, layer in enumerate(w.layers):
             attn, mlp = layer.self_attn, layer.mlp
             cos, sin = (at(t) for t in plan.rope[id(plan.model.inv_freq[i])])
-            entry = at(plan.table) + 12 * i
+            entry = at(plan.table) + 4 * ENTRY_WORDS * i
             steps.append([COPY, i, x, D])  # (learning's residual tap, when it is at this layer)
             steps.append(norm(x, layer.input_layernorm, a))
             steps += product(attn.q_proj, a, qkv, width, QUANTIZE)
@@ -213,7 +214,7 @@ class Program:
             steps.append([APPEND, qkv + 4 * H * E, width, entry, K, E, 0])
             steps.append([APPEND, qkv + 4 * (H + K) * E, width, entry, K, E, 1])
             window, scale = c.sliding_windows[i] or 0, f32_bits(c.attention_scale)
-            steps.append([ATTEND, qkv, width, entry, att, H * E, H, K, E, window, scale, at(plan.scores)])
+            steps.append([ATTEND, qkv, width, entry, att, H * E, H, K, E, window, scale])
             steps += product(attn.o_proj, att, o, D, QUANTIZE)
             if c.sandwich_norms:
                 assert layer.pre_feedforward_layernorm is not None and layer.post_feedforward_layernorm is not None
@@ -266,12 +267,13 @@ class DecodePlan:
         widest = max(D, F, H * E)
         self.xq = empty(quantized_x_bytes(FAST_ROWS, widest), np.uint8)
         self.scratch = empty(TILE_ROWS * widest)
-        self.scores = empty(max(context, 16))
-        self.table = empty((c.num_hidden_layers, 3), np.int32)  # each layer's keys, values, capacity
+        self.scores = empty(max(context, 16))  # attention's scratch: one query's scores (grows with the cache)
+        self.table = empty((c.num_hidden_layers, ENTRY_WORDS), np.int32)  # each layer's cache (kernels.c)
+        self.table[:] = 0
         self.state = empty(STATE_WORDS, np.int32)
         self.bases = {id(f): f for f in model.inv_freq}  # one pair of tables per distinct RoPE base
         self.rope = {key: (empty((rows, E // 2)), empty((rows, E // 2))) for key in self.bases}
-        self.held: list[tuple[np.ndarray, np.ndarray] | None] = [None] * c.num_hidden_layers
+        self.held: list[tuple[np.ndarray, ...] | None] = [None] * c.num_hidden_layers  # what the table points at
         self.programs: dict[object, Program | str] = {}  # by weights key: the program, or why there is none
         self.run = memory.exports.run_plan
         self.at_state = memory.address(self.state)
@@ -289,12 +291,32 @@ class DecodePlan:
 
     # ---- running ----
 
+    def _point_at(self, i: int, layer: LayerCache) -> None:
+        """Layer i's table entry at its cache's buffers, where they are now (they move when they grow)."""
+        hot, cold = layer.hot, layer.cold
+        arrays = (
+            (hot.k, hot.v)
+            if cold is None
+            else (hot.k, hot.v, cold.k_codes, cold.v_codes, cold.k_scales, cold.v_scales, cold.positions)
+        )
+        held = self.held[i]
+        if held is not None and len(held) == len(arrays) and all(a is b for a, b in zip(held, arrays, strict=True)):
+            return
+        address = self.memory.address
+        entry = self.table[i]
+        entry[:] = 0
+        entry[0], entry[1], entry[2] = address(hot.k), address(hot.v), hot.k.shape[1]
+        entry[12] = 8
+        if cold is not None:
+            entry[5], entry[6] = address(cold.k_codes), address(cold.v_codes)
+            entry[7], entry[8] = address(cold.k_scales), address(cold.v_scales)
+            entry[9], entry[11], entry[12] = cold.k_codes.shape[1], address(cold.positions), cold.codes.bits
+        self.held[i] = arrays
+
     def refusal(self, cache: object) -> str | None:
         """Why this cache cannot go through the plan (the NumPy forward takes it), or None."""
         if not isinstance(cache, KVCache):
-            return f"a {type(cache).__name__} (the plan reads a KVCache's float32 tier)"
-        if cache.options.hot_tokens is not None:
-            return "a cache with a cold tier"
+            return f"a {type(cache).__name__} (the plan reads a KVCache's tiers)"
         return None
 
     def forward(
@@ -304,6 +326,8 @@ class DecodePlan:
         plan's, for the weights as they are now): (T, V), or (1, V) for the last token only."""
         if start < len(cache.tokens):
             cache.truncate(start)  # rewinding: what came after `start` is forgotten
+        for layer in cache.layers:
+            layer.migrate()  # once a forward, before writing (as LayerCache.update_and_fetch does)
         T, out = len(tokens), []
         for at in range(0, T, self.rows):
             chunk = tokens[at : at + self.rows]
@@ -319,31 +343,34 @@ class DecodePlan:
 
     def _run(self, program: Program, tokens: np.ndarray, start: int, cache: KVCache, last: bool, logits: bool) -> None:
         T = len(tokens)
-        cache.reserve(T)
         layers = cache.layers
+        cache.reserve(T)
         for i, layer in enumerate(layers):
-            hot = layer.hot
-            held = self.held[i]
-            if held is None or held[0] is not hot.k or held[1] is not hot.v:
-                self.table[i] = (self.memory.address(hot.k), self.memory.address(hot.v), hot.k.shape[1])
-                self.held[i] = (hot.k, hot.v)
+            self._point_at(i, layer)
+        hot, cold = layers[0].hot, layers[0].cold
+        length = hot.length
+        self.table[:, 3] = length + T  # float32 slots in use once the new rows are written
+        self.table[:, 4] = hot.positions[0] if length else start  # the position of slot 0
+        self.table[:, 10] = 0 if cold is None else cold.length
+        needed = length + T + (0 if cold is None else cold.length)
+        if needed > self.scores.size:
+            self.scores = self.memory.empty(2 * needed)
         self.x[:T] = embed(self.model.weights, self.model.config, tokens)
         positions = np.arange(start, start + T)
         for key, frequencies in self.bases.items():
             cos, sin = rope_tables_at(frequencies, positions)
             self.rope[key][0][:T], self.rope[key][1][:T] = cos, sin
-        length = layers[0].hot.length
-        assert length == start, f"the cache holds {length} positions, the plan writes at {start}"
+        assert len(cache.tokens) == start, f"the cache holds {len(cache.tokens)} positions, the plan writes at {start}"
         tap, tapped = cache.tap, 0
         if tap is not None:  # ResidualTap.write's bookkeeping; the plan copies the rows
             tap.values = grow(tap.values, start + T, tap.max_positions, 0, tap.empty)
             tap.length = max(tap.length, start + T)
             tapped = self.memory.address(tap.values) + 4 * start * tap.values.shape[1]
-        self.state[:] = (T, start, length + T, 0, int(last), int(logits), -1 if tap is None else tap.layer, tapped)
+        layer = -1 if tap is None else tap.layer
+        self.state[:7] = (T, start, int(last), int(logits), layer, tapped, self.memory.address(self.scores))
         self.run(program.at, self.at_state)
-        for layer in layers:
-            hot = layer.hot
-            hot.positions[length : length + T] = positions
-            hot.length = length + T
+        for each in layers:
+            each.hot.positions[length : length + T] = positions
+            each.hot.length = length + T
         cache.record(tokens)
         cache.keep_within_budget()
