@@ -366,8 +366,8 @@ class DecodePlan:
             tap.values = grow(tap.values, start + T, tap.max_positions, 0, tap.empty)
             tap.length = max(tap.length, start + T)
             tapped = self.memory.address(tap.values) + 4 * start * tap.values.shape[1]
-        layer = -1 if tap is None else tap.layer
-        self.state[:7] = (T, start, int(last), int(logits), layer, tapped, self.memory.address(self.scores))
+        tap_layer = -1 if tap is None else tap.layer
+        self.state[:7] = (T, start, int(last), int(logits), tap_layer, tapped, self.memory.address(self.scores))
         self.run(program.at, self.at_state)
         for each in layers:
             each.hot.positions[length : length + T] = positions
