@@ -3,11 +3,12 @@ model, same prompt, greedy, in the same headless Chromium, in the same run.
 
     (cd benchmarks/browser && npm install)      # the wllama peer, from the npm registry
     .venv/bin/python benchmarks/browser_bench.py [--prompt-length 128] [--gen-length 64] [--runs 2] [--json OUT]
-        [--configs q4:wasm:fast,q4:wasm:exact,f32:numpy,q4:wasm:fast:2] [--peer-threads 1,2]
+        [--configs q4:wasm:fast,q4:wasm:exact,f32:numpy,q4:wasm:fast:2,q4:wasm:fast:1:noplan] [--peer-threads 1,2]
         [--model /models/NAME/ | --gguf /gguf/NAME.gguf] [--no-peer] [--page-timeout 600]
 
-Each ruvllm config is COMPUTE:KERNELS[:ARITHMETIC[:THREADS]] (the load options compute, kernels, arithmetic,
-threads; THREADS is an integer or auto, default 1). --model serves another folder of models/ (e.g. a synthetic
+Each ruvllm config is COMPUTE:KERNELS[:ARITHMETIC[:THREADS[:noplan]]] (the load options compute, kernels,
+arithmetic, threads; THREADS is an integer or auto, default 1; noplan: plan false, the products driven from
+Python instead of the decode plan's one call a forward). --model serves another folder of models/ (e.g. a synthetic
 one from benchmarks/synthetic_model.py) to ruvllm; --gguf NAME serves build/downloads/NAME (as web/serve.py
 does, under /gguf/) to both engines; without either, ruvllm reads the demo folder and wllama the demo's GGUF.
 --peer-threads lists wllama's thread counts (wllama 3.x starts its multi-thread build when asked for more
@@ -62,11 +63,13 @@ def prompt_text(length: int) -> str:
 
 
 def parse_config(text: str) -> dict[str, str]:
-    """COMPUTE:KERNELS[:ARITHMETIC[:THREADS]] -> the ruvllm page's query options."""
+    """COMPUTE:KERNELS[:ARITHMETIC[:THREADS[:noplan]]] -> the ruvllm page's query options."""
     parts = text.split(":")
-    if not 2 <= len(parts) <= 4 or not all(parts[:2]):
-        raise ValueError(f"--configs: {text!r} is not COMPUTE:KERNELS[:ARITHMETIC[:THREADS]]")
-    options = dict(zip(("compute", "kernels", "arithmetic", "threads"), parts, strict=False))
+    if not 2 <= len(parts) <= 5 or not all(parts[:2]) or parts[4:] not in ([], ["noplan"]):
+        raise ValueError(f"--configs: {text!r} is not COMPUTE:KERNELS[:ARITHMETIC[:THREADS[:noplan]]]")
+    if parts[4:]:
+        parts[4] = "false"
+    options = dict(zip(("compute", "kernels", "arithmetic", "threads", "plan"), parts, strict=False))
     options.setdefault("threads", "1")
     options["arithmetic"] = options.get("arithmetic") or "fast"
     if options["threads"] != "auto" and not (options["threads"].isdigit() and int(options["threads"]) >= 1):
