@@ -17,9 +17,12 @@ NumPy views of. Keys and values are kept in the cache's own float32 tier (cache.
 by the memory's `empty` (Engine.new_cache), so the plan and the NumPy forward read and write the same
 cache and either can continue what the other started.
 
-What the plan does not run goes to the NumPy forward, which stays the reference (`plan_refusal`,
-`DecodePlan.refusal`): a matrix form the kernels do not compute, the exact arithmetic, adapters, and
-caches with a cold tier. Learning's residual tap (kv.ResidualTap) is written by the plan.
+The plan runs both tiers of the cache (the cold one's int8/int4 codes too), LoRA adapters with their
+gates (a program per weights identity: Engine.forward), and writes learning's residual tap
+(kv.ResidualTap). What it does not run goes to the NumPy forward, which stays the reference
+(`plan_refusal`, `weights_refusal`, `DecodePlan.refusal`): the exact arithmetic, a matrix form the
+kernels do not compute, X-LoRA mixtures (their routing runs its own passes), a cache that is not a
+KVCache (the paged cache of batching).
 
 Dimension letters as forward.py: T rows, D hidden, H query heads, K key/value heads, E head size,
 F MLP size, V vocab; L layers.
