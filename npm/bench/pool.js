@@ -6,7 +6,8 @@
 import { readFileSync } from 'node:fs';
 import { performance } from 'node:perf_hooks';
 
-import { DEFAULT_SPIN_US, startPool } from '../src/worker/pool.js';
+import { DEFAULT_SPIN_US } from '../src/worker/pool-protocol.js';
+import { startPool } from '../src/worker/pool.js';
 
 const threads = Number(process.argv[2] ?? 2);
 const rounds = Number(process.argv[3] ?? 5);

@@ -11,7 +11,7 @@
 // products: their time as Python sees them (each matrix's __call__, wrapped here) and inside the kernels
 // (the single-thread exports' calls; the pool's `run`), the difference being what the products cost on
 // their way from Python.
-// --spin sets the pool threads' spin budget (default: pool.js DEFAULT_SPIN_US; 0: sleep at once).
+// --spin sets the pool threads' spin budget (default: pool-protocol.js DEFAULT_SPIN_US; 0: sleep at once).
 // --versus relaxed: the plain kernels against the relaxed SIMD build instead, both on one thread (Node 20
 // needs --experimental-wasm-relaxed-simd: `npm run bench:simd` passes it).
 // --versus plan: one thread without the decode plan (plan=False: the NumPy forward drives each product)

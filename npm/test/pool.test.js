@@ -12,7 +12,9 @@ import { fileURLToPath } from 'node:url';
 
 import { RuvLLMError } from '../src/errors.js';
 import { startKernels } from '../src/worker/kernels.js';
-import { Adaptive, CTL, DEFAULT_SPIN_US, announce, columns, open, startPool, slice, work } from '../src/worker/pool.js';
+import { startPool } from '../src/worker/pool.js';
+import { Adaptive } from '../src/worker/pool-chooser.js';
+import { CTL, DEFAULT_SPIN_US, announce, columns, open, slice, work } from '../src/worker/pool-protocol.js';
 import { startPython } from '../src/worker/python.js';
 import { startThreads } from '../src/worker/threads.js';
 import { DIST, HAVE_DIST } from './support/dist.js';

@@ -1,12 +1,13 @@
 /**
  * One extra thread of the kernel thread pool (pool.js): instantiates kernels-shared.wasm on the pool's
  * shared memory, says it is ready, then loops: wait for the next dispatch (a spin of at most the
- * pool's SPIN microseconds, then Atomics.wait), take units of it until none is left (pool.js `work`).
- * It leaves the loop when the pool sets STOP, and is then terminated. No message per product.
+ * pool's SPIN microseconds, then Atomics.wait), take units of it until none is left (`work`, in
+ * pool-protocol.js, all it imports of the pool). It leaves the loop when the pool sets STOP, and is then
+ * terminated. No message per product.
  */
 
 import { IS_NODE } from '../env.js';
-import { CTL, waitWhile, work } from './pool.js';
+import { CONTROL_BYTES, CTL, waitWhile, work } from './pool-protocol.js';
 
 /** @type {any} the worker's channel: Node's parentPort, or the worker's global scope in browsers */
 const port = IS_NODE ? (await import('node:worker_threads')).parentPort : globalThis;
@@ -19,7 +20,7 @@ function serve({ module, memory, id }) {
     port.postMessage({ error: `cannot instantiate the kernels: ${error.message}` });
     return;
   }
-  const ctl = new Int32Array(memory.buffer, 0, 1024);
+  const ctl = new Int32Array(memory.buffer, 0, CONTROL_BYTES / 4);
   let seen = Atomics.load(ctl, CTL.GEN);
   port.postMessage({ ready: true });
   for (;;) {

@@ -6,9 +6,10 @@
  *
  * The thread count: an integer from 1 to MAX_THREADS (every product on all of them), or 'auto': the
  * logical cores (navigator.hardwareConcurrency, os.availableParallelism()), at most AUTO_MAX, each
- * product on one thread or all, whichever measures faster (pool.js Adaptive). One thread runs when
- * the WebAssembly kernels do not (kernels: 'numpy', or no SIMD128), when this page is not cross-origin
- * isolated (no SharedArrayBuffer to share with workers), or when 1 is asked; `reason` says which.
+ * product on one thread or all, whichever measures faster (pool-chooser.js Adaptive). One thread runs
+ * when the WebAssembly kernels do not (kernels: 'numpy', or no SIMD128), when this page is not
+ * cross-origin isolated (no SharedArrayBuffer to share with workers), or when 1 is asked; `reason` says
+ * which.
  */
 
 import { IS_NODE } from '../env.js';
@@ -22,8 +23,9 @@ export const AUTO_MAX = 8;
 /**
  * The default: 'auto', every core the runtime reports (at most AUTO_MAX) where memory can be shared, as
  * wllama and onnxruntime-web use threads by default on an isolated page. Decoding still runs on one
- * thread where that measures faster (a small model's short products in a busy tab: pool.js Adaptive), so
- * a page or program that gains nothing from more threads loses little (benchmarks/RESULTS.md, issue 25).
+ * thread where that measures faster (a small model's short products in a busy tab: pool-chooser.js
+ * Adaptive), so a page or program that gains nothing from more threads loses little (benchmarks/RESULTS.md,
+ * issue 25).
  */
 export const DEFAULT_THREADS = 'auto';
 
@@ -46,7 +48,8 @@ function noSharing() {
  * @param {{ running: boolean, relaxed?: boolean }} kernels whether the single-thread kernels run, and which
  *   build (the loader's start_kernels, or kernels.js startKernels)
  * @param {'auto' | number | undefined} threads
- * @param {{ spin?: number }} [tuning] the pool's spin budget (pool.js DEFAULT_SPIN_US when not given)
+ * @param {{ spin?: number }} [tuning] the pool's spin budget (pool-protocol.js DEFAULT_SPIN_US when not
+ *   given)
  */
 export async function startThreads(py, kernels, threads = DEFAULT_THREADS, { spin } = {}) {
   const one = (reason) => ({ pool: null, api: null, count: 1, reason, adaptive: false });
