@@ -294,17 +294,22 @@ class DecodePlan:
 
     # ---- running ----
 
+    @staticmethod
+    def _buffers(layer: LayerCache) -> tuple[np.ndarray, ...]:
+        hot, cold = layer.hot, layer.cold
+        if cold is None:
+            return hot.k, hot.v
+        return hot.k, hot.v, cold.k_codes, cold.v_codes, cold.k_scales, cold.v_scales, cold.positions
+
+    def _points_at(self, layer: LayerCache) -> bool:
+        """Whether the first layer's table entry points at this layer's buffers."""
+        held, arrays = self.held[0], self._buffers(layer)
+        return held is not None and len(held) == len(arrays) and all(a is b for a, b in zip(held, arrays, strict=True))
+
     def _point_at(self, i: int, layer: LayerCache) -> None:
         """Layer i's table entry at its cache's buffers, where they are now (they move when they grow)."""
         hot, cold = layer.hot, layer.cold
-        arrays = (
-            (hot.k, hot.v)
-            if cold is None
-            else (hot.k, hot.v, cold.k_codes, cold.v_codes, cold.k_scales, cold.v_scales, cold.positions)
-        )
-        held = self.held[i]
-        if held is not None and len(held) == len(arrays) and all(a is b for a, b in zip(held, arrays, strict=True)):
-            return
+        arrays = self._buffers(layer)
         address = self.memory.address
         entry = self.table[i]
         entry[:] = 0
@@ -347,11 +352,17 @@ class DecodePlan:
     def _run(self, program: Program, tokens: np.ndarray, start: int, cache: KVCache, last: bool, logits: bool) -> None:
         T = len(tokens)
         layers = cache.layers
-        cache.reserve(T)
-        for i, layer in enumerate(layers):
-            self._point_at(i, layer)
         hot, cold = layers[0].hot, layers[0].cold
         length = hot.length
+        # Every layer's tiers grow, migrate and shrink together (KVCache moves them in step), so the
+        # first layer's say whether the room must grow (or the context is full: reserve raises) and
+        # whether any buffer moved. (A token's Python outside the plan's call: ~1 ms in Pyodide.)
+        limit = cache.max_positions
+        if length + T > hot.k.shape[1] or (limit is not None and layers[0].length + T > limit):
+            cache.reserve(T)
+        if not self._points_at(layers[0]):
+            for i, layer in enumerate(layers):
+                self._point_at(i, layer)
         self.table[:, 3] = length + T  # float32 slots in use once the new rows are written
         self.table[:, 4] = hot.positions[0] if length else start  # the position of slot 0
         self.table[:, 10] = 0 if cold is None else cold.length
