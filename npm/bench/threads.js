@@ -152,7 +152,7 @@ def timed_plan(call):
     def forward(self, *args, **kwargs):
         started = time.perf_counter()
         y = call(self, *args, **kwargs)
-        in_plan[[p.memory for p in providers].index(self.memory)] += time.perf_counter() - started
+        in_plan[[getattr(p, "memory", None) for p in providers].index(self.memory)] += time.perf_counter() - started
         return y
     return forward
 decode_plan.DecodePlan.forward = timed_plan(decode_plan.DecodePlan.forward)
