@@ -1102,8 +1102,8 @@ EXPORT(run_plan) void run_plan(const i32 *program, const i32 *state) {
           plan_product(s, T);
         }
         break;
-      case PLAN_BIAS:  // [op, y, b, N, ldy]
-        for (i32 t = 0; t < T; t++) add_to(AT(float, s[1]) + (long)t * s[4], AT(const float, s[2]), 1, s[3], 0, 0);
+      case PLAN_BIAS:  // [op, y, b, N, ldy]: b added to each row (a row stride of 0 reads it again)
+        add_to(AT(float, s[1]), AT(const float, s[2]), T, s[3], s[4], 0);
         break;
       case PLAN_ROPE:  // [op, x, cos, sin, heads, E, ldx]
         rope(AT(float, s[1]), AT(const float, s[2]), AT(const float, s[3]), T, s[4], s[5], s[6]);

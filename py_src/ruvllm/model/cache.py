@@ -90,6 +90,11 @@ class HotTier:
         """Store k, v (K, T, E) at `positions` (T,) after the positions held (room must be reserved)."""
         end = self.length + k.shape[1]
         self.k[:, self.length : end], self.v[:, self.length : end] = k, v
+        self.occupy(positions)
+
+    def occupy(self, positions: np.ndarray) -> None:
+        """Count the slots after those held as positions (T,), their keys and values written there."""
+        end = self.length + len(positions)
         self.positions[self.length : end] = positions
         self.length = end
 
@@ -250,7 +255,7 @@ class KVCache(Cache):
         empty: Empty = np.empty,
     ) -> None:
         """products: attention's products over the float32 tier (a kernel provider's; None: NumPy);
-        empty: where the float32 tier's buffers come from (kv.grow)."""
+        empty: where the tiers' and the tap's buffers come from (kv.grow)."""
         self.config = config
         self.options = options or KVOptions()
         self.max_positions = None if self.options.budget_bytes is not None else max_positions

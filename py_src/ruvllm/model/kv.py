@@ -162,11 +162,15 @@ class ResidualTap:
 
     def write(self, positions: np.ndarray, x: np.ndarray) -> None:
         """x (T, D) entering the layer at consecutive `positions` (T,) starting at or before `length`."""
-        start, end = int(positions[0]), int(positions[-1]) + 1
+        self.rows(int(positions[0]), int(positions[-1]) + 1)[:] = x
+
+    def rows(self, start: int, end: int) -> np.ndarray:
+        """The rows of positions start..end-1 (end - start, D), to be written now (the decode plan writes
+        them itself), with room made and the length counting them."""
         assert start <= self.length, f"position {start} would leave a gap after {self.length}"
         self.values = grow(self.values, end, self.max_positions, 0, self.empty)
-        self.values[start:end] = x
         self.length = max(self.length, end)  # rewriting held positions (a recompute) keeps the later ones
+        return self.values[start:end]
 
     def read(self, stop: int) -> np.ndarray:
         """Positions 0..stop-1 (S, D)."""

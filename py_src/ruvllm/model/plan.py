@@ -35,10 +35,9 @@ from typing import Any, Protocol
 import numpy as np
 
 from ..quant.matrices import DenseMatrix, Int8Matrix
-from ..quant.wasm import TILE_ROWS, kernel_form
+from ..quant.wasm import GROUPED_MAX_ROWS, TILE_ROWS, kernel_form
 from .cache import KVCache, LayerCache
 from .forward import embed
-from .kv import grow
 from .rope import rope_tables_at
 from .transformer import Transformer
 from .weights import Linear
@@ -48,7 +47,6 @@ END, NORM, PRODUCT, BIAS, ROPE, APPEND, ATTEND, ADD, GATED, COPY, LORA = range(1
 FORMS = {"dense": 0, "q8": 1, "q8h": 2, "q4": 3}  # kernels.c's FORM_*
 QUANTIZE, TAIL = 1, 2  # a product's flags: quantize x first; the logits (the tail rows)
 ACTIVATION_KINDS = {"silu": 0, "gelu_pytorch_tanh": 1}
-FAST_ROWS = 4  # kernels.c GROUPED_MAX_ROWS: up to this many rows take the fast arithmetic
 STATE_WORDS = 8  # kernels.c run_plan's state: T, pos0, last, logits, tap, tapped, scores
 ENTRY_WORDS = 16  # kernels.c: a layer's cache as attention reads it (both tiers)
 
@@ -268,7 +266,7 @@ class DecodePlan:
         self.s = empty((rows, F))
         self.logits = empty((1, V))
         widest = max(D, F, H * E)
-        self.xq = empty(quantized_x_bytes(FAST_ROWS, widest), np.uint8)
+        self.xq = empty(quantized_x_bytes(GROUPED_MAX_ROWS, widest), np.uint8)
         self.scratch = empty(TILE_ROWS * widest)
         self.scores = empty(max(context, 16))  # attention's scratch: one query's scores (grows with the cache)
         self.table = empty((c.num_hidden_layers, ENTRY_WORDS), np.int32)  # each layer's cache (kernels.c)
@@ -375,16 +373,12 @@ class DecodePlan:
             cos, sin = rope_tables_at(frequencies, positions)
             self.rope[key][0][:T], self.rope[key][1][:T] = cos, sin
         assert len(cache.tokens) == start, f"the cache holds {len(cache.tokens)} positions, the plan writes at {start}"
-        tap, tapped = cache.tap, 0
-        if tap is not None:  # ResidualTap.write's bookkeeping; the plan copies the rows
-            tap.values = grow(tap.values, start + T, tap.max_positions, 0, tap.empty)
-            tap.length = max(tap.length, start + T)
-            tapped = self.memory.address(tap.values) + 4 * start * tap.values.shape[1]
+        tap = cache.tap
+        tapped = 0 if tap is None else self.memory.address(tap.rows(start, start + T))  # (the plan copies them)
         tap_layer = -1 if tap is None else tap.layer
         self.state[:7] = (T, start, int(last), int(logits), tap_layer, tapped, self.memory.address(self.scores))
         self.run(program.at, self.at_state)
         for each in layers:
-            each.hot.positions[length : length + T] = positions
-            each.hot.length = length + T
+            each.hot.occupy(positions)  # (the plan wrote their keys and values)
         cache.record(tokens)
         cache.keep_within_budget()
