@@ -948,13 +948,14 @@ static void cold_mix(float *o, float w, const u8 *row, i32 E, i32 bits) {
 // the dot product with each key (a cold key's: with its codes, times its scale) times `scale`; then
 // exp(score - max) / their sum; then the values summed: the float32 tier's in slot order, then the cold
 // tier's added. scratch holds one query's scores (cold slots in use + float32 slots in use floats).
-EXPORT(attend)
-void attend(const float *q, i32 ldq, const i32 *entry, float *out, i32 ldo, float *scratch, i32 T, i32 H, i32 KV,
-            i32 E, i32 pos0, i32 window, float scale) {
+// attend_heads: query heads h0 <= h < h1 only (the thread pool's units; each head's rows are computed alike
+// whichever unit holds them).
+static void attend_heads(const float *q, i32 ldq, const i32 *entry, float *out, i32 ldo, float *scratch, i32 T,
+                         i32 H, i32 KV, i32 E, i32 pos0, i32 window, float scale, i32 h0, i32 h1) {
   const i32 G = H / KV, E16 = E & ~15, capacity = entry[2], count = entry[3], first = entry[4];
   const i32 bits = entry[12], cold_capacity = entry[9], cold_count = entry[10];
   const i32 width = bits == 8 ? E : E / 2, *cold_positions = AT(const i32, entry[11]);
-  for (i32 h = 0; h < H; h++) {
+  for (i32 h = h0; h < h1; h++) {
     const long head = (long)(h / G);
     const float *k = AT(const float, entry[0]) + head * capacity * E, *v = AT(const float, entry[1]) + head * capacity * E;
     const u8 *ck = AT(const u8, entry[5]) + head * cold_capacity * width, *cv = AT(const u8, entry[6]) + head * cold_capacity * width;
@@ -1004,6 +1005,12 @@ void attend(const float *q, i32 ldq, const i32 *entry, float *out, i32 ldo, floa
   }
 }
 
+EXPORT(attend)
+void attend(const float *q, i32 ldq, const i32 *entry, float *out, i32 ldo, float *scratch, i32 T, i32 H, i32 KV,
+            i32 E, i32 pos0, i32 window, float scale) {
+  attend_heads(q, ldq, entry, out, ldo, scratch, T, H, KV, E, pos0, window, scale, 0, H);
+}
+
 // ---- the decode plan: a token's steps, run in one call -------------------------------------------------------
 //
 // py_src/ruvllm/model/plan.py writes a model's forward once, at load, as a program: steps of STEP_WORDS int32
@@ -1015,7 +1022,8 @@ void attend(const float *q, i32 ldq, const i32 *entry, float *out, i32 ldo, floa
 //   state[3] logits   0: stop before the logits product (the caller multiplies the normed rows itself)
 //   state[4] tap      the layer whose entering rows are copied out (learning's residual tap), or -1
 //   state[5] tapped   where they go: row 0's address
-//   state[6] scores   attention's scratch (one query's scores)
+//   state[6] scores   attention's scratch (one query's scores), thread i's at scores + i * state[7] floats
+//   state[7] stride   floats of each thread's scores
 // A layer's cache is a table entry (attend's `entry`), read at each call, so buffers that grew are found
 // where they are now; the new rows' keys and values go to the float32 tier's slots count - T .. count - 1.
 #define STEP_WORDS 16
@@ -1025,31 +1033,47 @@ enum { FORM_DENSE, FORM_Q8, FORM_Q8H, FORM_Q4 };
 #define PRODUCT_TAIL 2      // the logits: the tail rows; skipped when the state says so
 
 
-// A product step: [op, form, w, scales, mins, offset, N, K, x, y, ldy, xq, flags, scratch]. Few rows take the
-// fast arithmetic (x quantized into xq: QUANTIZED_X_BYTES(T, K)); more go through the exact tiles (scratch:
-// TILE_ROWS * K floats).
-static void plan_product(const i32 *s, i32 T) {
-  const i32 form = s[1], offset = s[5], N = s[6], K = s[7], ldy = s[10], flags = s[12];
-  const void *w = AT(const void, s[2]);
-  const float *scales = AT(const float, s[3]), *mins = AT(const float, s[4]), *x = AT(const float, s[8]);
-  float *y = AT(float, s[9]), *scratch = AT(float, s[13]);
-  if (form == FORM_DENSE) {
-    dense_block(x, T, (const float *)w, N, K, y, ldy);
-    return;
-  }
-  if (T > GROUPED_MAX_ROWS) {
-    if (form == FORM_Q8) quant_exact(8, 0, x, w, scales, mins, offset, y, scratch, T, N, K, ldy);
-    else if (form == FORM_Q8H) quant_exact(8, 1, x, w, scales, 0, offset, y, scratch, T, N, K, ldy);
-    else quant_exact(4, 0, x, w, scales, mins, offset, y, scratch, T, N, K, ldy);
-    return;
-  }
-  const i32 G = K / GROUP;
+// A product step: [op, form, w, scales, mins, offset, N, K, x, y, ldy, xq, flags, scratch, scratch stride]. Few
+// rows take the fast arithmetic (x quantized into xq: QUANTIZED_X_BYTES(T, K), by the first product of those
+// that share it); more go through the exact tiles (scratch: TILE_ROWS * K floats per thread, thread i's at
+// scratch + i * stride floats). The rows of a step: T, or 1 for the logits of the last row only.
+static inline i32 product_rows(const i32 *s, const i32 *state) {
+  return (s[12] & PRODUCT_TAIL) && state[2] ? 1 : state[0];
+}
+
+// Quantize a product step's x when the step says so and its rows take the fast arithmetic.
+static void product_quantize(const i32 *s, i32 T) {
+  if (!(s[12] & PRODUCT_QUANTIZE) || s[1] == FORM_DENSE || T > GROUPED_MAX_ROWS) return;
+  const i32 K = s[7], G = K / GROUP;
   short *xq = AT(short, s[11]);
-  float *d = (float *)(xq + T * K), *xs = d + T * G;
-  if (flags & PRODUCT_QUANTIZE) quantize_x(x, xq, d, xs, T, K);
-  if (form == FORM_Q8) quant_fast(8, 0, xq, d, xs, w, scales, mins, offset, y, T, N, K, ldy);
-  else if (form == FORM_Q8H) quant_fast(8, 1, xq, d, xs, w, scales, 0, offset, y, T, N, K, ldy);
-  else quant_fast(4, 0, xq, d, xs, w, scales, mins, offset, y, T, N, K, ldy);
+  float *d = (float *)(xq + T * K);
+  quantize_x(AT(const float, s[8]), xq, d, d + T * G, T, K);
+}
+
+// Output features n0 <= n < n1 of a product step (x quantized already), with thread `thread`'s scratch. n0 is
+// a multiple of TILE_ROWS, so every output is summed as the whole product sums it (the row slices above).
+static void product_part(const i32 *s, i32 T, i32 n0, i32 n1, i32 thread) {
+  const i32 form = s[1], offset = s[5], K = s[7], ldy = s[10], n = n1 - n0, G = K / GROUP;
+  const float *x = AT(const float, s[8]);
+  float *y = AT(float, s[9]) + n0, *scratch = AT(float, s[13]) + (long)thread * s[14];
+  if (form == FORM_DENSE) {
+    dense_block(x, T, AT(const float, s[2]) + (long)n0 * K, n, K, y, ldy);
+    return;
+  }
+  const u8 *w = AT(const u8, s[2]) + (long)n0 * (form == FORM_Q4 ? K / 2 : K);
+  const float *scales = AT(const float, s[3]) + (long)n0 * (form == FORM_Q8H ? 2 * G : G);
+  const float *mins = form == FORM_Q8H || !s[4] ? 0 : AT(const float, s[4]) + (long)n0 * G;
+  if (T > GROUPED_MAX_ROWS) {
+    if (form == FORM_Q8) quant_exact(8, 0, x, w, scales, mins, offset, y, scratch, T, n, K, ldy);
+    else if (form == FORM_Q8H) quant_exact(8, 1, x, w, scales, 0, offset, y, scratch, T, n, K, ldy);
+    else quant_exact(4, 0, x, w, scales, mins, offset, y, scratch, T, n, K, ldy);
+    return;
+  }
+  const short *xq = AT(const short, s[11]);
+  const float *d = (const float *)(xq + T * K), *xs = d + T * G;
+  if (form == FORM_Q8) quant_fast(8, 0, xq, d, xs, w, scales, mins, offset, y, T, n, K, ldy);
+  else if (form == FORM_Q8H) quant_fast(8, 1, xq, d, xs, w, scales, 0, offset, y, T, n, K, ldy);
+  else quant_fast(4, 0, xq, d, xs, w, scales, mins, offset, y, T, n, K, ldy);
 }
 
 // A LoRA adapter on a product's output (learning/lora.py LoRAMatrix): y (rows at stride ldy) += scale *
@@ -1084,57 +1108,193 @@ void lora(const float *x, const float *A, i32 r, i32 K, const float *B, i32 N, f
   add_to(y, tmp, T, N, ldy, N);
 }
 
-EXPORT(run_plan) void run_plan(const i32 *program, const i32 *state) {
+// One step whole, on the calling thread (thread 0's scratch).
+static void plan_step(const i32 *s, const i32 *state) {
   const i32 T = state[0], pos0 = state[1], last = state[2], logits = state[3];
-  for (const i32 *s = program; s[0] != PLAN_END; s += STEP_WORDS) {
-    switch (s[0]) {
-      case PLAN_NORM: {  // [op, x, w, y, heads, E, ldx, ldy, eps, tail]
-        const float *x = AT(const float, s[1]);
-        i32 rows = T;
-        if (s[9] && last) x += (long)(T - 1) * s[6], rows = 1;
-        rms_norm(x, AT(const float, s[2]), AT(float, s[3]), rows, s[4], s[5], s[6], s[7], bits_float(s[8]));
-        break;
-      }
-      case PLAN_PRODUCT:
-        if (s[12] & PRODUCT_TAIL) {
-          if (logits) plan_product(s, last ? 1 : T);
-        } else {
-          plan_product(s, T);
-        }
-        break;
-      case PLAN_BIAS:  // [op, y, b, N, ldy]: b added to each row (a row stride of 0 reads it again)
-        add_to(AT(float, s[1]), AT(const float, s[2]), T, s[3], s[4], 0);
-        break;
-      case PLAN_ROPE:  // [op, x, cos, sin, heads, E, ldx]
-        rope(AT(float, s[1]), AT(const float, s[2]), AT(const float, s[3]), T, s[4], s[5], s[6]);
-        break;
-      case PLAN_APPEND: {  // [op, src, ld, entry, KV, E, which]: rows' keys (which 0) or values (1) into slots
-        const i32 *entry = AT(const i32, s[3]);
-        const i32 KV = s[4], E = s[5], capacity = entry[2], count = entry[3];
-        float *cache = AT(float, entry[s[6]]);
-        for (i32 h = 0; h < KV; h++)
-          copy_rows(cache + ((long)h * capacity + count - T) * E, AT(const float, s[1]) + h * E, T, E, E, s[2]);
-        break;
-      }
-      case PLAN_ATTEND:  // [op, q, ldq, entry, out, ldo, H, KV, E, window, scale]
-        attend(AT(const float, s[1]), s[2], AT(const i32, s[3]), AT(float, s[4]), s[5], AT(float, state[6]), T, s[6],
-               s[7], s[8], pos0, s[9], bits_float(s[10]));
-        break;
-      case PLAN_ADD:  // [op, y, x, n]
-        add_to(AT(float, s[1]), AT(const float, s[2]), T, s[3], s[3], s[3]);
-        break;
-      case PLAN_GATED:  // [op, kind, gu, y, F]
-        gated(s[1], AT(const float, s[2]), AT(float, s[3]), T, s[4]);
-        break;
-      case PLAN_LORA:  // [op, x, A, r, K, B, N, y, ldy, scale, low, tmp, gates, count]
-        lora(AT(const float, s[1]), AT(const float, s[2]), s[3], s[4], AT(const float, s[5]), s[6], AT(float, s[7]),
-             s[8], bits_float(s[9]), AT(float, s[10]), AT(float, s[11]), AT(const i32, s[12]), s[13], T);
-        break;
-      case PLAN_COPY:  // [op, layer, x, n]: the rows entering `layer`, when it is the tapped one
-        if (state[4] == s[1]) copy_rows(AT(float, state[5]), AT(const float, s[2]), T, s[3], s[3], s[3]);
-        break;
-      default:
-        return;  // (an unknown step: plan.py writes none)
+  switch (s[0]) {
+    case PLAN_NORM: {  // [op, x, w, y, heads, E, ldx, ldy, eps, tail]
+      const float *x = AT(const float, s[1]);
+      i32 rows = T;
+      if (s[9] && last) x += (long)(T - 1) * s[6], rows = 1;
+      rms_norm(x, AT(const float, s[2]), AT(float, s[3]), rows, s[4], s[5], s[6], s[7], bits_float(s[8]));
+      break;
     }
+    case PLAN_PRODUCT:
+      if (!(s[12] & PRODUCT_TAIL) || logits) {
+        const i32 rows = product_rows(s, state);
+        product_quantize(s, rows);
+        product_part(s, rows, 0, s[6], 0);
+      }
+      break;
+    case PLAN_BIAS:  // [op, y, b, N, ldy]: b added to each row (a row stride of 0 reads it again)
+      add_to(AT(float, s[1]), AT(const float, s[2]), T, s[3], s[4], 0);
+      break;
+    case PLAN_ROPE:  // [op, x, cos, sin, heads, E, ldx]
+      rope(AT(float, s[1]), AT(const float, s[2]), AT(const float, s[3]), T, s[4], s[5], s[6]);
+      break;
+    case PLAN_APPEND: {  // [op, src, ld, entry, KV, E, which]: rows' keys (which 0) or values (1) into slots
+      const i32 *entry = AT(const i32, s[3]);
+      const i32 KV = s[4], E = s[5], capacity = entry[2], count = entry[3];
+      float *cache = AT(float, entry[s[6]]);
+      for (i32 h = 0; h < KV; h++)
+        copy_rows(cache + ((long)h * capacity + count - T) * E, AT(const float, s[1]) + h * E, T, E, E, s[2]);
+      break;
+    }
+    case PLAN_ATTEND:  // [op, q, ldq, entry, out, ldo, H, KV, E, window, scale]
+      attend(AT(const float, s[1]), s[2], AT(const i32, s[3]), AT(float, s[4]), s[5], AT(float, state[6]), T, s[6],
+             s[7], s[8], pos0, s[9], bits_float(s[10]));
+      break;
+    case PLAN_ADD:  // [op, y, x, n]
+      add_to(AT(float, s[1]), AT(const float, s[2]), T, s[3], s[3], s[3]);
+      break;
+    case PLAN_GATED:  // [op, kind, gu, y, F]
+      gated(s[1], AT(const float, s[2]), AT(float, s[3]), T, s[4]);
+      break;
+    case PLAN_LORA:  // [op, x, A, r, K, B, N, y, ldy, scale, low, tmp, gates, count]
+      lora(AT(const float, s[1]), AT(const float, s[2]), s[3], s[4], AT(const float, s[5]), s[6], AT(float, s[7]),
+           s[8], bits_float(s[9]), AT(float, s[10]), AT(float, s[11]), AT(const i32, s[12]), s[13], T);
+      break;
+    case PLAN_COPY:  // [op, layer, x, n]: the rows entering `layer`, when it is the tapped one
+      if (state[4] == s[1]) copy_rows(AT(float, state[5]), AT(const float, s[2]), T, s[3], s[3], s[3]);
+      break;
+    default:
+      break;  // (an unknown step: plan.py writes none)
   }
 }
+
+EXPORT(run_plan) void run_plan(const i32 *program, const i32 *state) {
+  for (const i32 *s = program; s[0] != PLAN_END; s += STEP_WORDS) plan_step(s, state);
+}
+
+// ---- the decode plan on the kernel thread pool (kernels-shared.wasm) ----------------------------------------
+//
+// run_plan_pool runs a program as run_plan does, on `count` threads of the pool (npm/src/worker/pool.js) that
+// share this memory: the thread that calls it walks the steps and runs the small ones alone; each step that
+// splits is a dispatch of the pool's protocol (pool-protocol.js: the control block `ctl`, a generation, units
+// claimed one at a time by a compare-and-swap on a word tagged with it, counted done), which the pool's
+// workers take part in from their loop, calling plan_unit for each unit they claim. What splits: a run of
+// products sharing x (q, k, v; gate, up) as one dispatch, each product's output features in slices of whole
+// tiles; attention by query head (and row blocks in a prompt); the gated MLP's rows in a prompt. Every
+// output is computed by the same code whichever thread takes its unit, so the bits are run_plan's at any
+// thread count. The caller spins for the others' last units (they take microseconds), then sleeps on the
+// done count in slices of 100 ms; a dispatch with no unit done in 60 s, or a unit that failed in a worker,
+// ends the call with a negative result (JavaScript then stops the pool).
+#ifdef __wasm_atomics__
+enum { CTL_GEN = 0, CTL_DONE = 1, CTL_FAILED = 3, CTL_NEXT = 12, CTL_UNITS = 13, CTL_SLICES = 14, CTL_WAITING = 80,
+       CTL_SLEEPERS = 81, CTL_PLAN = 85, CTL_PLAN_STATE = 86 };  // pool-protocol.js CTL: the same words
+#define SLICES_PER_THREAD 4  // pool.js: units per thread of each product, so one that starts late still finds work
+#define FINISH_SPIN 200000   // loads of the done count before the caller sleeps (~0.1-1 ms)
+#define CHECK_NS 100000000LL // the caller's sleeps last at most this long before it looks again
+#define STALL_CHECKS 600     // ... and this many without a unit done is a stall (60 s)
+
+static inline i32 load(i32 *word) { return __atomic_load_n(word, __ATOMIC_SEQ_CST); }
+static inline void store(i32 *word, i32 value) { __atomic_store_n(word, value, __ATOMIC_SEQ_CST); }
+
+// The rows [r0, r1) of T that part `part` of `parts` covers.
+static inline i32 part_start(i32 T, i32 part, i32 parts) { return (i32)((long)T * part / parts); }
+
+// Unit `unit` of the plan dispatch in the control block, on thread `thread`. Called by the workers (through
+// pool-protocol.js runUnit) and by the caller.
+EXPORT(plan_unit) void plan_unit(i32 *ctl, i32 unit, i32 thread) {
+  const i32 slices = ctl[CTL_SLICES], part = unit % slices;
+  const i32 *s = AT(const i32, ctl[CTL_PLAN]) + (long)(unit / slices) * STEP_WORDS, *state = AT(const i32, ctl[CTL_PLAN_STATE]);
+  const i32 T = state[0];
+  switch (s[0]) {
+    case PLAN_PRODUCT: {
+      const i32 N = s[6], tiles = (N + TILE_ROWS - 1) / TILE_ROWS;
+      const i32 n0 = (i32)((long)tiles * part / slices) * TILE_ROWS, n1 = (i32)((long)tiles * (part + 1) / slices) * TILE_ROWS;
+      if (n0 < N) product_part(s, product_rows(s, state), n0, n1 < N ? n1 : N, thread);
+      break;
+    }
+    case PLAN_ATTEND: {  // slices: H heads times row blocks
+      const i32 H = s[6], blocks = slices / H, h = part % H, b = part / H;
+      const i32 t0 = part_start(T, b, blocks), t1 = part_start(T, b + 1, blocks);
+      const float *q = AT(const float, s[1]) + (long)t0 * s[2];
+      float *out = AT(float, s[4]) + (long)t0 * s[5], *scores = AT(float, state[6]) + (long)thread * state[7];
+      attend_heads(q, s[2], AT(const i32, s[3]), out, s[5], scores, t1 - t0, H, s[7], s[8], state[1] + t0, s[9],
+                   bits_float(s[10]), h, h + 1);
+      break;
+    }
+    case PLAN_GATED: {  // slices: row blocks
+      const i32 F = s[4], t0 = part_start(T, part, slices), t1 = part_start(T, part + 1, slices);
+      gated(s[1], AT(const float, s[2]) + (long)t0 * 2 * F, AT(float, s[3]) + (long)t0 * F, t1 - t0, F);
+      break;
+    }
+    default:
+      break;
+  }
+}
+
+// Run `steps` steps from `s` as one dispatch of `slices` units each on `count` threads, the caller among them.
+// 0, or -1 (no progress for STALL_CHECKS sleeps: the caller gives up), or -2 (a worker's unit failed).
+static i32 dispatch(i32 *ctl, const i32 *s, i32 steps, i32 slices, i32 count) {
+  const i32 units = steps * slices, gen = load(ctl + CTL_GEN) + 1, tag = (gen & 0x7fff) << 16;
+  ctl[CTL_PLAN] = (i32)(__SIZE_TYPE__)s;
+  store(ctl + CTL_NEXT, 0xffff);  // announce (closed first: pool-protocol.js announce says why), then open
+  store(ctl + CTL_SLICES, slices);
+  store(ctl + CTL_UNITS, units);
+  store(ctl + CTL_DONE, 0);
+  store(ctl + CTL_NEXT, tag);
+  store(ctl + CTL_GEN, gen);
+  if (load(ctl + CTL_SLEEPERS) > 0) __builtin_wasm_memory_atomic_notify(ctl + CTL_GEN, (unsigned)(count - 1));
+  for (;;) {  // claim units as the workers do (pool-protocol.js work)
+    const i32 next = load(ctl + CTL_NEXT);
+    if ((next & ~0xffff) != tag || (next & 0xffff) >= units) break;
+    if (__sync_val_compare_and_swap(ctl + CTL_NEXT, next, next + 1) != next) continue;
+    plan_unit(ctl, next & 0xffff, 0);
+    __atomic_fetch_add(ctl + CTL_DONE, 1, __ATOMIC_SEQ_CST);
+  }
+  for (i32 n = 0; n < FINISH_SPIN && load(ctl + CTL_DONE) != units; n++) {
+  }
+  for (i32 seen = -1, still = 0;;) {
+    const i32 done = load(ctl + CTL_DONE);
+    if (done == units) break;
+    if (done != seen) seen = done, still = 0;
+    else if (++still > STALL_CHECKS) return -1;
+    __atomic_fetch_add(ctl + CTL_WAITING, 1, __ATOMIC_SEQ_CST);
+    __builtin_wasm_memory_atomic_wait32(ctl + CTL_DONE, done, CHECK_NS);
+    __atomic_fetch_sub(ctl + CTL_WAITING, 1, __ATOMIC_SEQ_CST);
+  }
+  if (load(ctl + CTL_FAILED)) {
+    store(ctl + CTL_FAILED, 0);
+    return -2;
+  }
+  return 0;
+}
+
+// The products from s on that share its x (and its rows): the first quantizes it, the others do not.
+static i32 product_run(const i32 *s) {
+  i32 n = 1;
+  while (s[n * STEP_WORDS] == PLAN_PRODUCT && !(s[n * STEP_WORDS + 12] & PRODUCT_QUANTIZE) &&
+         s[n * STEP_WORDS + 8] == s[8] && (s[n * STEP_WORDS + 12] & PRODUCT_TAIL) == (s[12] & PRODUCT_TAIL))
+    n++;
+  return n;
+}
+
+EXPORT(run_plan_pool) i32 run_plan_pool(const i32 *program, const i32 *state, i32 *ctl, i32 count) {
+  const i32 T = state[0];
+  i32 failed = 0;
+  ctl[CTL_PLAN_STATE] = (i32)(__SIZE_TYPE__)state;
+  for (const i32 *s = program; s[0] != PLAN_END && !failed;) {
+    i32 steps = 1;
+    if (count < 2) {
+      plan_step(s, state);
+    } else if (s[0] == PLAN_PRODUCT) {
+      steps = product_run(s);
+      if (!(s[12] & PRODUCT_TAIL) || state[3]) {
+        product_quantize(s, product_rows(s, state));
+        failed = dispatch(ctl, s, steps, SLICES_PER_THREAD * count, count);
+      }
+    } else if (s[0] == PLAN_ATTEND) {
+      failed = dispatch(ctl, s, 1, s[6] * (T > GROUPED_MAX_ROWS ? count : 1), count);
+    } else if (s[0] == PLAN_GATED && T > GROUPED_MAX_ROWS) {
+      failed = dispatch(ctl, s, 1, T < 2 * count ? T : 2 * count, count);
+    } else {
+      plan_step(s, state);
+    }
+    s += steps * STEP_WORDS;
+  }
+  ctl[CTL_PLAN] = 0;  // (the pool's own products read this word: not a plan dispatch)
+  return failed;
+}
+#endif

@@ -44,17 +44,24 @@ pytestmark = pytest.mark.skipif(not WASMS, reason="the WebAssembly kernels are n
 class HostMemory:
     """The wasmtime host as the plan's KernelMemory."""
 
+    threads = 1
+
     def __init__(self, host: KernelHost) -> None:
         self.host, self.exports = host, host.exports
 
     def empty(self, shape, dtype=np.float32) -> np.ndarray:
         return self.host.empty(shape, dtype)
 
+    staged = empty
+
     def address(self, a: np.ndarray) -> int:
         return self.host.address(a)
 
-    def place(self, a: np.ndarray) -> np.ndarray:
-        return self.host.put(np.ascontiguousarray(a))
+    def place(self, a: np.ndarray, dtype=None) -> np.ndarray:
+        return self.host.put(np.ascontiguousarray(a, dtype))
+
+    def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list) -> None:
+        self.exports.run_plan(program, self.address(state))
 
 
 class HostProvider:

@@ -92,7 +92,10 @@ function timed(f, side) {
 }
 const timedExports = (exports, side) =>
   Object.fromEntries(Object.entries(exports).map(([name, f]) => [name, typeof f === 'function' ? timed(f, side) : f]));
-if (threads) threads.pool.run = timed(threads.pool.run.bind(threads.pool), 1);
+if (threads) {
+  threads.pool.run = timed(threads.pool.run.bind(threads.pool), 1);
+  threads.pool.plan = timed(threads.pool.plan.bind(threads.pool), 1);
+}
 
 const model = resolve(values.model);
 py.FS.mkdirTree('/host');

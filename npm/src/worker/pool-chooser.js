@@ -25,6 +25,8 @@ class Phase {
 
 /** Adaptive's phase for decoding rows (T <= GROUPED_MAX_ROWS). */
 export const DECODE = 'decode';
+/** Adaptive's phase for a decode plan's calls of a few rows (KernelPool.plan): one per token. */
+export const PLAN = 'plan';
 
 /**
  * One thread or all of them for the dispatches of a phase (the pool has one: decoding), whichever

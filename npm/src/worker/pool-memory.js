@@ -81,7 +81,14 @@ export class PoolMemory {
     return at;
   }
 
-  /** Hand out again the region `place` made at `at` (nothing for 0, or an address `place` did not make). */
+  /** `bytes` bytes of the pool memory that `free` hands out again (a decode plan's buffers): their address. */
+  region(bytes) {
+    const at = this.alloc(bytes);
+    this.#sizes.set(at, bytes);
+    return at;
+  }
+
+  /** Hand out again the region `place` or `region` made at `at` (nothing for 0, or an address they did not make). */
   free(at) {
     const bytes = this.#sizes.get(at);
     if (!at || bytes === undefined) return;

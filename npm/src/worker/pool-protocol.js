@@ -29,6 +29,8 @@ export const CTL = Object.freeze({
   TRANSPOSED: 82, // 1: the dispatch is learning's backward product, y += x[:, N0:N1] @ W[N0:N1] (KernelPool.transposed)
   N0: 83,
   N1: 84,
+  PLAN: 85, // a decode plan's dispatch: its first step's address (kernels.c run_plan_pool); 0: a product
+  PLAN_STATE: 86, // the plan's state (kernels.c run_plan)
   JOB: 96, // JOB + JOB_WORDS * j: matrix j of the dispatch (JOB_FIELDS)
 });
 export const MAX_JOBS = 8;
@@ -104,11 +106,16 @@ export function open(ctl, gen) {
 
 /**
  * Unit `unit` of the dispatch described in the control block (`slices` per matrix): one slice of one
- * matrix, computed with thread `i`'s scratch.
+ * matrix, computed with thread `i`'s scratch; or, in a decode plan's dispatch, the unit kernels.c cuts
+ * (plan_unit).
  * @param {Record<string, Function>} k the instance's exports
  * @param {Int32Array} ctl
  */
 export function runUnit(k, ctl, unit, i, slices) {
+  if (ctl[CTL.PLAN] !== 0) {
+    k.plan_unit(0, unit, i); // (the control block is at address 0)
+    return;
+  }
   const T = ctl[CTL.T];
   const fast = ctl[CTL.FAST] === 1 && T <= GROUPED_MAX_ROWS;
   const x = ctl[CTL.X];

@@ -29,7 +29,7 @@
 import { IS_NODE } from '../env.js';
 import { RuvLLMError } from '../errors.js';
 import { MAX_THREADS } from '../protocol.js';
-import { Adaptive, DECODE } from './pool-chooser.js';
+import { Adaptive, DECODE, PLAN } from './pool-chooser.js';
 import { PAGE, PoolMemory, align16, sharedMemory } from './pool-memory.js';
 import {
   CONTROL_BYTES,
@@ -170,6 +170,16 @@ export class KernelPool {
     return this.#space.place(bytes);
   }
 
+  /** `bytes` bytes of the pool memory until `free`: their address. */
+  region(bytes) {
+    return this.#space.region(bytes);
+  }
+
+  /** Hand out again what `place` or `region` made at `at`. */
+  free(at) {
+    this.#space.free(at);
+  }
+
   /** Forget matrix `handle` and hand its placed parts out again. */
   release(handle) {
     const m = this.#matrices[handle];
@@ -302,6 +312,34 @@ export class KernelPool {
       ctl[CTL.TRANSPOSED] = 0;
     }
     y.set(new Float32Array(buffer, at + dyBytes, T * m.K));
+  }
+
+  /**
+   * Run a decode plan's program (kernels.c run_plan_pool): `program` and `state` are addresses in the pool
+   * memory, the state's T its rows. Its steps that split run on every thread, or on one where 'auto'
+   * measured that faster (the PLAN phase: a token is one dispatch of Adaptive's; a prompt chunk takes its
+   * best count, as `run` does).
+   * @param {number} program
+   * @param {number} state
+   * @param {number} T
+   */
+  plan(program, state, T) {
+    if (this.#disposed) throw new RuvLLMError('inference', 'the kernel threads were stopped');
+    let count = this.threads;
+    if (this.adaptive) count = T > GROUPED_MAX_ROWS ? this.adaptive.best(PLAN) : this.adaptive.choose(PLAN);
+    this.dispatches.set(count, (this.dispatches.get(count) ?? 0) + 1);
+    const start = performance.now();
+    const result = this.exports.run_plan_pool(program, state, 0, count);
+    if (this.adaptive && T <= GROUPED_MAX_ROWS) this.adaptive.record(PLAN, count, performance.now() - start, T);
+    if (result === -1) {
+      void this.dispose();
+      throw new RuvLLMError(
+        'inference',
+        `the kernel threads stopped: a step of the decode plan made no progress for ${STALL_MS / 1000} s; ` +
+          'load with threads: 1 to compute without them',
+      );
+    }
+    if (result !== 0) throw new RuvLLMError('inference', 'a kernel thread failed on a step of the decode plan');
   }
 
   /**

@@ -131,6 +131,37 @@ function pythonApi(py, pool) {
     fetch: (at, bytes, address) => {
       new Uint8Array(heap(), u(address), bytes).set(new Uint8Array(pool.memory.buffer, u(at), bytes));
     },
+    /** `bytes` bytes of the pool's memory, until `free` (the decode plan's buffers and cache): their address. */
+    region: (bytes) => pool.region(bytes),
+    free: (at) => pool.free(u(at)),
+    /** `bytes` bytes at `address` of Pyodide's memory, copied to `at` of the pool's. */
+    write: (address, bytes, at) => {
+      new Uint8Array(pool.memory.buffer, u(at), bytes).set(new Uint8Array(heap(), u(address), bytes));
+    },
+    /** `bytes` bytes at `from` of the pool's memory, copied to `to` there (the regions may overlap). */
+    move: (from, to, bytes) => {
+      new Uint8Array(pool.memory.buffer).copyWithin(u(to), u(from), u(from) + bytes);
+    },
+    /**
+     * A decode plan's call (KernelPool.plan): `count` copies described at `copies` of Pyodide's memory
+     * (int32 rows: direction, address in Pyodide's memory, address in the pool's, bytes; direction 0 is
+     * copied in before the call, 1 out after it), then the program at `program` with the state at
+     * `state` (pool addresses) for T rows.
+     */
+    plan: (program, state, T, copies, count) => {
+      const rows = new Int32Array(heap(), u(copies), 4 * count).slice();
+      const shared = pool.memory.buffer;
+      for (let i = 0; i < count; i++) {
+        const [into, address, at, bytes] = [rows[4 * i], rows[4 * i + 1], rows[4 * i + 2], rows[4 * i + 3]];
+        if (into === 0) new Uint8Array(shared, u(at), bytes).set(new Uint8Array(heap(), u(address), bytes));
+      }
+      pool.plan(u(program), u(state), T);
+      const buffer = heap();
+      for (let i = 0; i < count; i++) {
+        const [into, address, at, bytes] = [rows[4 * i], rows[4 * i + 1], rows[4 * i + 2], rows[4 * i + 3]];
+        if (into === 1) new Uint8Array(buffer, u(address), bytes).set(new Uint8Array(shared, u(at), bytes));
+      }
+    },
     /** A buffer of `bytes` bytes in JavaScript memory for a weight file arriving (OutsideFile): its number. */
     file: (bytes) => {
       files.set(++fileNumber, new Uint8Array(bytes));

@@ -112,8 +112,8 @@ class HotTier:
         self.length = int(np.searchsorted(self.positions[: self.length], position))
 
     def segment(self) -> DenseSegment:
-        n = self.length
-        return DenseSegment(self.k[:, :n], self.v[:, :n], self.positions[:n], self.products)
+        n = self.length  # (np.asarray: a kernel pool's buffers are read into the heap; views of NumPy's stay views)
+        return DenseSegment(np.asarray(self.k[:, :n]), np.asarray(self.v[:, :n]), self.positions[:n], self.products)
 
     @property
     def nbytes(self) -> int:
@@ -172,8 +172,11 @@ class ColdTier:
 
     def segment(self) -> QuantSegment:
         n = self.length
-        k, v = self.codes.unpack(self.k_codes[:, :n]), self.codes.unpack(self.v_codes[:, :n])  # (K, S, E)
-        return QuantSegment(k, self.k_scales[:, :n], v, self.v_scales[:, :n], self.positions[:n])
+        k, v = self.codes.unpack(np.asarray(self.k_codes[:, :n])), self.codes.unpack(np.asarray(self.v_codes[:, :n]))
+        k_scales, v_scales, positions = (
+            np.asarray(a) for a in (self.k_scales[:, :n], self.v_scales[:, :n], self.positions[:n])
+        )
+        return QuantSegment(k, k_scales, v, v_scales, positions)  # (k, v: (K, S, E))
 
     @property
     def nbytes(self) -> int:

@@ -52,27 +52,46 @@ ENTRY_WORDS = 16  # kernels.c: a layer's cache as attention reads it (both tiers
 
 
 class KernelMemory(Protocol):
-    """Where the kernels read and write, as NumPy sees it."""
+    """Where the kernels read and write, as NumPy sees it: Pyodide's heap on one thread (quant/wasm.py
+    HeapMemory), or the kernel thread pool's shared memory (quant/pool.py PoolMemory), which Python reaches
+    by copies."""
 
-    exports: Any  # the kernels' exported functions (kernels.c), called with addresses and sizes
+    threads: int  # the threads that may run a program's steps at once (each has its own scratch)
 
-    def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> np.ndarray:
-        """A new array in the kernels' memory."""
+    def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> Any:
+        """A new array in the kernels' memory (an ndarray, or a stand-in that copies what is read or
+        assigned: pool.PoolArray)."""
         ...
 
-    def address(self, a: np.ndarray) -> int:
-        """The kernels' address of an array in their memory."""
+    def staged(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> np.ndarray:
+        """A new NumPy array that Python fills before a call or reads after it, which the kernels see at
+        `address` (in their memory, or a copy there that `run` refreshes)."""
         ...
 
-    def place(self, a: np.ndarray) -> np.ndarray:
-        """`a` itself where it is in the kernels' memory (and C-contiguous), else a copy there: what the
-        plan's steps read weights from (the plan keeps it)."""
+    def address(self, a: Any) -> int:
+        """The kernels' address of an array from `empty`, `staged` (or a view of one) or `place`."""
+        ...
+
+    def place(self, a: Any, dtype: Any = None) -> Any:
+        """`a` (as `dtype`) itself where it is in the kernels' memory already (and contiguous), else a
+        copy there: what the plan's steps read weights from (the plan keeps it)."""
+        ...
+
+    def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list) -> None:
+        """kernels.c run_plan(program, state) for `rows` rows, after copying the staged views `inputs`
+        into the kernels' memory, then `outputs` out of it (where the two differ)."""
         ...
 
 
 def f32_bits(value: float) -> int:
     """A float32's bits as the int32 word a step carries."""
     return int(np.array([value], np.float32).view(np.int32)[0])
+
+
+def word(value: int) -> int:
+    """An address (or any value below 2^32) as the int32 word a step or table carries: the kernels read
+    words as unsigned addresses, and a memory may pass 2 GiB."""
+    return value - (1 << 32) if value >= 1 << 31 else value
 
 
 def quantized_x_bytes(rows: int, K: int) -> int:
@@ -141,14 +160,14 @@ class Program:
         self.placed: list[np.ndarray] = []  # the weights' arrays the steps read, in the kernels' memory
         self.lora: tuple[np.ndarray, np.ndarray] | None = None  # low (rows, r), tmp (rows, N) for adapters
         steps = self._steps()
-        self.words = plan.memory.empty((len(steps) + 1, STEP_WORDS), np.int32)
-        self.words[:] = 0
+        words = np.zeros((len(steps) + 1, STEP_WORDS), np.int32)
         for i, step in enumerate(steps):
-            self.words[i, : len(step)] = step
+            words[i, : len(step)] = [word(v) for v in step]
+        self.words = plan.memory.place(words)
         self.at = plan.memory.address(self.words)
 
-    def _place(self, a: np.ndarray, dtype: Any = None) -> int:
-        kept = self.plan.memory.place(np.asarray(a, dtype))
+    def _place(self, a: Any, dtype: Any = None) -> int:
+        kept = self.plan.memory.place(a, dtype)
         self.placed.append(kept)
         return self.plan.memory.address(kept)
 
@@ -168,7 +187,9 @@ class Program:
         def norm(src: int, weight: np.ndarray, dst: int, heads: int = 1, size: int = D, ld: int = D, tail: int = 0):
             return [NORM, src, place(weight, np.float32), dst, heads, size, ld, ld, eps, tail]
 
-        def product(linear: Linear, src: int, dst: int, ldy: int, flags: int) -> list[list[int]]:
+        def product(linear: Linear, src: int, dst: int, ldy: int, flags: int) -> tuple[list[int], list[list[int]]]:
+            """The product step, and the steps after it: its adapter, its bias (after every product
+            sharing its x, so those run as one dispatch of the thread pool: each writes its own columns)."""
             wrapped = low_rank(linear.matrix)
             m = linear.matrix if wrapped is None else wrapped.base
             known = kernel_form(m)
@@ -181,7 +202,9 @@ class Program:
                 mins = 0 if m.mins is None else place(m.mins, np.float32)
                 parts = [place(codes), place(m.scales, np.float32), mins, int(m.offset)]
             N, Kin = m.shape
-            steps = [[PRODUCT, FORMS[form], *parts, N, Kin, src, dst, ldy, at(plan.xq), flags, at(plan.scratch)]]
+            step = [PRODUCT, FORMS[form], *parts, N, Kin, src, dst, ldy, at(plan.xq), flags, at(plan.scratch)]
+            step.append(plan.scratch_stride)
+            after: list[list[int]] = []
             if wrapped is not None:
                 assert self.lora is not None
                 gates = np.array(
@@ -192,10 +215,14 @@ class Program:
                 A, B = place(wrapped.A, np.float32), place(wrapped.B, np.float32)
                 r = wrapped.A.shape[0]
                 scale = f32_bits(float(wrapped.scale))
-                steps.append([LORA, src, A, r, Kin, B, N, dst, ldy, scale, low, tmp, place(gates), len(wrapped.gates)])
+                after.append([LORA, src, A, r, Kin, B, N, dst, ldy, scale, low, tmp, place(gates), len(wrapped.gates)])
             if linear.bias is not None:
-                steps.append([BIAS, dst, place(linear.bias, np.float32), N, ldy])
-            return steps
+                after.append([BIAS, dst, place(linear.bias, np.float32), N, ldy])
+            return step, after
+
+        def products(*each: tuple[list[int], list[list[int]]]) -> list[list[int]]:
+            """Products sharing x, then what comes after each."""
+            return [step for step, _ in each] + [later for _, after in each for later in after]
 
         steps: list[list[int]] = []
         for i, layer in enumerate(w.layers):
@@ -204,9 +231,11 @@ class Program:
             entry = at(plan.table) + 4 * ENTRY_WORDS * i
             steps.append([COPY, i, x, D])  # (learning's residual tap, when it is at this layer)
             steps.append(norm(x, layer.input_layernorm, a))
-            steps += product(attn.q_proj, a, qkv, width, QUANTIZE)
-            steps += product(attn.k_proj, a, qkv + 4 * H * E, width, 0)
-            steps += product(attn.v_proj, a, qkv + 4 * (H + K) * E, width, 0)
+            steps += products(
+                product(attn.q_proj, a, qkv, width, QUANTIZE),
+                product(attn.k_proj, a, qkv + 4 * H * E, width, 0),
+                product(attn.v_proj, a, qkv + 4 * (H + K) * E, width, 0),
+            )
             if attn.q_norm is not None and attn.k_norm is not None:
                 steps.append(norm(qkv, attn.q_norm, qkv, H, E, width))
                 steps.append(norm(qkv + 4 * H * E, attn.k_norm, qkv + 4 * H * E, K, E, width))
@@ -216,7 +245,7 @@ class Program:
             steps.append([APPEND, qkv + 4 * (H + K) * E, width, entry, K, E, 1])
             window, scale = c.sliding_windows[i] or 0, f32_bits(c.attention_scale)
             steps.append([ATTEND, qkv, width, entry, att, H * E, H, K, E, window, scale])
-            steps += product(attn.o_proj, att, o, D, QUANTIZE)
+            steps += products(product(attn.o_proj, att, o, D, QUANTIZE))
             if c.sandwich_norms:
                 assert layer.pre_feedforward_layernorm is not None and layer.post_feedforward_layernorm is not None
                 steps.append(norm(o, layer.post_attention_layernorm, o))
@@ -225,15 +254,16 @@ class Program:
             else:
                 steps.append([ADD, x, o, D])
                 steps.append(norm(x, layer.post_attention_layernorm, a))
-            steps += product(mlp.gate_proj, a, gu, 2 * F, QUANTIZE)
-            steps += product(mlp.up_proj, a, gu + 4 * F, 2 * F, 0)
+            steps += products(
+                product(mlp.gate_proj, a, gu, 2 * F, QUANTIZE), product(mlp.up_proj, a, gu + 4 * F, 2 * F, 0)
+            )
             steps.append([GATED, ACTIVATION_KINDS[c.hidden_act], gu, s, F])
-            steps += product(mlp.down_proj, s, o, D, QUANTIZE)
+            steps += products(product(mlp.down_proj, s, o, D, QUANTIZE))
             if c.sandwich_norms:
                 steps.append(norm(o, layer.post_feedforward_layernorm, o))  # type: ignore[arg-type]
             steps.append([ADD, x, o, D])
         steps.append(norm(x, w.norm, a, tail=1))
-        steps += product(w.lm_head, a, at(plan.logits), c.vocab_size, QUANTIZE | TAIL)
+        steps += products(product(w.lm_head, a, at(plan.logits), c.vocab_size, QUANTIZE | TAIL))
         return steps
 
 
@@ -256,28 +286,29 @@ class DecodePlan:
             c.vocab_size,
         )
         self.width = (H + 2 * K) * E  # a row of q, k and v
-        empty = memory.empty
-        self.x = empty((rows, D))  # the residual stream
-        self.a = empty((rows, D))  # a norm's output, a sublayer's input
+        empty, staged, threads = memory.empty, memory.staged, memory.threads
+        self.x = staged((rows, D))  # the residual stream
+        self.a = staged((rows, D))  # a norm's output, a sublayer's input
         self.qkv = empty((rows, self.width))
         self.att = empty((rows, H * E))
         self.o = empty((rows, D))  # a sublayer's output
         self.gu = empty((rows, 2 * F))  # gate then up
         self.s = empty((rows, F))
-        self.logits = empty((1, V))
+        self.logits = staged((1, V))
         widest = max(D, F, H * E)
         self.xq = empty(quantized_x_bytes(GROUPED_MAX_ROWS, widest), np.uint8)
-        self.scratch = empty(TILE_ROWS * widest)
-        self.scores = empty(max(context, 16))  # attention's scratch: one query's scores (grows with the cache)
-        self.table = empty((c.num_hidden_layers, ENTRY_WORDS), np.int32)  # each layer's cache (kernels.c)
+        self.scratch_stride = TILE_ROWS * widest  # floats of each thread's scratch (a prompt's exact tiles)
+        self.scratch = empty(threads * self.scratch_stride)
+        # attention's scratch: each thread's scores of one query, grown with the cache
+        self.scores_stride = max(context, 16)
+        self.scores = empty(threads * self.scores_stride)
+        self.table = staged((c.num_hidden_layers, ENTRY_WORDS), np.int32)  # each layer's cache (kernels.c)
         self.table[:] = 0
-        self.state = empty(STATE_WORDS, np.int32)
+        self.state = staged(STATE_WORDS, np.int32)
         self.bases = {id(f): f for f in model.inv_freq}  # one pair of tables per distinct RoPE base
-        self.rope = {key: (empty((rows, E // 2)), empty((rows, E // 2))) for key in self.bases}
+        self.rope = {key: (staged((rows, E // 2)), staged((rows, E // 2))) for key in self.bases}
         self.held: list[tuple[np.ndarray, ...] | None] = [None] * c.num_hidden_layers  # what the table points at
         self.programs: dict[object, Program | str] = {}  # by weights key: the program, or why there is none
-        self.run = memory.exports.run_plan
-        self.at_state = memory.address(self.state)
 
     def program(self, key: object) -> Program | str:
         """The program of the model's weights as they are now, which `key` names (an Engine's
@@ -311,12 +342,12 @@ class DecodePlan:
         address = self.memory.address
         entry = self.table[i]
         entry[:] = 0
-        entry[0], entry[1], entry[2] = address(hot.k), address(hot.v), hot.k.shape[1]
+        entry[0], entry[1], entry[2] = word(address(hot.k)), word(address(hot.v)), hot.k.shape[1]
         entry[12] = 8
         if cold is not None:
-            entry[5], entry[6] = address(cold.k_codes), address(cold.v_codes)
-            entry[7], entry[8] = address(cold.k_scales), address(cold.v_scales)
-            entry[9], entry[11], entry[12] = cold.k_codes.shape[1], address(cold.positions), cold.codes.bits
+            entry[5], entry[6] = word(address(cold.k_codes)), word(address(cold.v_codes))
+            entry[7], entry[8] = word(address(cold.k_scales)), word(address(cold.v_scales))
+            entry[9], entry[11], entry[12] = cold.k_codes.shape[1], word(address(cold.positions)), cold.codes.bits
         self.held[i] = arrays
 
     def refusal(self, cache: object) -> str | None:
@@ -340,14 +371,18 @@ class DecodePlan:
             n = len(chunk)
             wanted = not last_only or at + n == T
             direct = wanted and (last_only or n == 1)  # the plan's own logits product serves one row
-            self._run(program, chunk, start + at, cache, last=last_only, logits=direct)
+            self._run(program, chunk, start + at, cache, last=last_only, logits=direct, normed=wanted and not direct)
             if direct:
                 out.append(self.logits.copy())
             elif wanted:
                 out.append(self.model.weights.lm_head(self.a[:n]))
         return out[0] if len(out) == 1 else np.concatenate(out)
 
-    def _run(self, program: Program, tokens: np.ndarray, start: int, cache: KVCache, last: bool, logits: bool) -> None:
+    def _run(
+        self, program: Program, tokens: np.ndarray, start: int, cache: KVCache, last: bool, logits: bool, normed: bool
+    ) -> None:
+        """Run `program` over `tokens` at `start`; then `logits` holds the last row's logits (logits), or
+        `a` the final norm's rows (normed)."""
         T = len(tokens)
         layers = cache.layers
         hot, cold = layers[0].hot, layers[0].cold
@@ -365,8 +400,9 @@ class DecodePlan:
         self.table[:, 4] = hot.positions[0] if length else start  # the position of slot 0
         self.table[:, 10] = 0 if cold is None else cold.length
         needed = length + T + (0 if cold is None else cold.length)
-        if needed > self.scores.size:
-            self.scores = self.memory.empty(2 * needed)
+        if needed > self.scores_stride:
+            self.scores_stride = 2 * needed
+            self.scores = self.memory.empty(self.memory.threads * self.scores_stride)
         self.x[:T] = embed(self.model.weights, self.model.config, tokens)
         positions = np.arange(start, start + T)
         for key, frequencies in self.bases.items():
@@ -376,8 +412,11 @@ class DecodePlan:
         tap = cache.tap
         tapped = 0 if tap is None else self.memory.address(tap.rows(start, start + T))  # (the plan copies them)
         tap_layer = -1 if tap is None else tap.layer
-        self.state[:7] = (T, start, int(last), int(logits), tap_layer, tapped, self.memory.address(self.scores))
-        self.run(program.at, self.at_state)
+        scores = self.memory.address(self.scores)
+        self.state[:] = (T, start, int(last), int(logits), tap_layer, word(tapped), word(scores), self.scores_stride)
+        rope = [table[:T] for pair in self.rope.values() for table in pair]
+        outputs = [self.logits] if logits else [self.a[: 1 if last else T]] if normed else []
+        self.memory.run(program.at, self.state, T, [self.x[:T], *rope, self.table, self.state], outputs)
         for each in layers:
             each.hot.occupy(positions)  # (the plan wrote their keys and values)
         cache.record(tokens)

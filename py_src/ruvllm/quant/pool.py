@@ -18,6 +18,7 @@ JsProxy in Pyodide; nothing here imports `js`. Addresses are NumPy data pointers
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import operator
@@ -48,6 +49,7 @@ class RemoteArray:
         self, fetch: Callable[[int, int, int], object], owner: object, at: int, shape: tuple[int, ...], dtype: Any
     ) -> None:
         self.fetch, self.owner, self.at = fetch, owner, at
+        self.pool: object = None  # the kernel pool whose memory holds it, if one does (PoolKernels._stand_in)
         self.shape, self.dtype = shape, np.dtype(dtype)
         self.ndim = len(shape)
         self.size = math.prod(shape)
@@ -100,6 +102,164 @@ class RemoteArray:
         for lo, hi in zip([0, *starts.tolist()], [*starts.tolist(), ids.size], strict=True):
             self._rows(int(ids[lo]), int(ids[lo]) + hi - lo, out[lo:hi])
         return out.reshape(*index.shape, *self.shape[1:])
+
+
+class PoolArray:
+    """An array whose one copy is in the kernel thread pool's memory (PoolMemory.empty: the decode plan's
+    buffers, the KV cache's tiers and the residual tap when the plan runs on the pool). Indexing with
+    integers and slices of step 1 gives a view (another PoolArray over the same bytes); reading it
+    (np.asarray, `copy`, any other index) copies into a new NumPy array in the heap; assigning to a view
+    copies the value in, one call per contiguous run. That is all cache.py and kv.py do with their buffers,
+    so the cache works the same in either memory; only the plan reads it where it is."""
+
+    def __init__(
+        self, memory: PoolMemory, at: int, shape: tuple[int, ...], dtype: Any, strides: tuple[int, ...], base: object
+    ) -> None:
+        self.memory, self.at, self.shape, self.dtype = memory, at, shape, np.dtype(dtype)
+        self.strides, self.base = strides, base  # (base: what holds the region, freed when it goes)
+        self.ndim, self.size = len(shape), math.prod(shape)
+        self.nbytes = self.size * self.dtype.itemsize
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def _runs(self) -> list[tuple[int, int, int]]:
+        """(address in the pool, offset in a C-ordered copy, bytes) of each contiguous run of the view."""
+        if not self.size:
+            return []
+        d, run = self.ndim, self.dtype.itemsize
+        while d and (self.shape[d - 1] == 1 or self.strides[d - 1] == run):
+            run *= self.shape[d - 1]
+            d -= 1
+        starts = [
+            self.at + sum(i * s for i, s in zip(index, self.strides, strict=False))
+            for index in np.ndindex(*self.shape[:d])
+        ]
+        return [(at, k * run, run) for k, at in enumerate(starts)]
+
+    def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
+        a = self.copy()
+        return a if dtype is None else a.astype(dtype, copy=False)
+
+    def copy(self) -> np.ndarray:
+        out = np.empty(self.shape, self.dtype)
+        fetch, to = self.memory.fetch, address(out)
+        for at, offset, n in self._runs():
+            fetch(at, n, to + offset)
+        return out
+
+    def _view(self, index: Any) -> PoolArray | None:
+        """The view `index` selects, or None when it is not integers and slices of step 1."""
+        index = index if isinstance(index, tuple) else (index,)
+        if index == (Ellipsis,):
+            index = ()
+        if len(index) > self.ndim:
+            return None
+        at, shape, strides = self.at, [], []
+        for axis, i in enumerate(index):
+            n, stride = self.shape[axis], self.strides[axis]
+            if isinstance(i, slice):
+                r0, r1, step = i.indices(n)
+                if step != 1:
+                    return None
+                at += r0 * stride
+                shape.append(max(0, r1 - r0))
+                strides.append(stride)
+            elif isinstance(i, int | np.integer):
+                k = operator.index(i)
+                if not -n <= k < n:
+                    raise IndexError(f"index {k} is out of bounds for axis {axis} with size {n}")
+                at += (k % n) * stride
+            else:
+                return None
+        shape += self.shape[len(index) :]
+        strides += self.strides[len(index) :]
+        return PoolArray(self.memory, at, tuple(shape), self.dtype, tuple(strides), self.base)
+
+    def __getitem__(self, index: Any) -> PoolArray | np.ndarray:
+        view = self._view(index)
+        return np.asarray(self)[index] if view is None else view
+
+    def __setitem__(self, index: Any, value: Any) -> None:
+        view = self._view(index)
+        if view is None:
+            raise TypeError(f"a PoolArray is assigned through integers and slices of step 1, not {index!r}")
+        source = np.ascontiguousarray(np.broadcast_to(np.asarray(value, dtype=self.dtype), view.shape))
+        write, source_at = self.memory.write, address(source)
+        for at, offset, n in view._runs():
+            write(source_at + offset, n, at)
+
+
+class PoolMemory:
+    """The kernel thread pool's shared memory as the decode plan's KernelMemory (model/plan.py): the plan's
+    buffers and the KV cache are PoolArrays there; the arrays Python fills or reads every call are NumPy
+    arrays in the heap with a twin region in the pool (`staged`), which each call copies (`run`: in and
+    out in the one call from Python, with the plan's run on the pool's threads between). The weights of
+    the matrices the pool holds are read where they are (their RemoteArray stand-ins); the rest (norms,
+    biases, adapters) are copied there once per program."""
+
+    def __init__(self, kernels: PoolKernels) -> None:
+        api = kernels.api
+        self.kernels, self.threads = kernels, kernels.threads
+        self.fetch, self.write, self._region, self._free, self._plan = (
+            api.fetch,
+            api.write,
+            api.region,
+            api.free,
+            api.plan,
+        )
+        self._staged: list[tuple[int, int, int, np.ndarray]] = []  # (heap address, bytes, pool address, array)
+        self._copies = np.empty((0, 4), np.uint32)
+
+    def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> PoolArray:
+        shape = (shape,) if isinstance(shape, int) else tuple(shape)
+        dtype = np.dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        at = int(self._region(max(nbytes, 16)))
+        owner = _Region()
+        weakref.finalize(owner, self._free, at).atexit = False
+        strides: list[int] = []
+        step = dtype.itemsize
+        for n in reversed(shape):
+            strides.insert(0, step)
+            step *= n
+        return PoolArray(self, at, shape, dtype, tuple(strides), owner)
+
+    def staged(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> np.ndarray:
+        a = np.zeros(shape, dtype)
+        self._staged.append((address(a), a.nbytes, int(self._region(max(a.nbytes, 16))), a))
+        return a
+
+    def address(self, a: Any) -> int:
+        if isinstance(a, PoolArray | RemoteArray):
+            return a.at
+        at = address(a)
+        for heap, nbytes, pool, _ in self._staged:
+            if heap <= at < heap + max(nbytes, 1):
+                return pool + at - heap
+        raise ValueError("this array is not in the kernel pool's memory (nor staged for it)")
+
+    def place(self, a: Any, dtype: Any = None) -> Any:
+        if isinstance(a, RemoteArray) and getattr(a, "pool", None) is self.kernels:
+            if dtype is None or a.dtype == np.dtype(dtype):
+                return a  # (a matrix's part the pool holds: read where it is)
+        a = np.ascontiguousarray(a, dtype)
+        kept = self.empty(a.shape, a.dtype)
+        kept[...] = a
+        return kept
+
+    def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list) -> None:
+        views = [(0, v) for v in inputs] + [(1, v) for v in outputs]
+        if len(self._copies) < len(views):
+            self._copies = np.empty((len(views), 4), np.uint32)
+        copies = self._copies
+        for i, (direction, view) in enumerate(views):
+            copies[i] = direction, address(view) & 0xFFFFFFFF, self.address(view), view.nbytes
+        self._plan(program, self.address(state), rows, address(copies), len(views))
+
+
+class _Region:
+    """What a PoolArray's region lives as long as (its views hold it)."""
 
 
 class OutsideFile:
@@ -231,7 +391,14 @@ class PoolKernels:
             matrix.mins = self._stand_in(product, at["mins"], matrix.mins)  # type: ignore[assignment]
 
     def _stand_in(self, product: object, at: int, a: np.ndarray | RemoteArray) -> RemoteArray:
-        return RemoteArray(self.api.fetch, product, at, tuple(a.shape), a.dtype)
+        stand_in = RemoteArray(self.api.fetch, product, at, tuple(a.shape), a.dtype)
+        stand_in.pool = self  # (in this pool's memory: the decode plan reads it there, PoolMemory.place)
+        return stand_in
+
+    @functools.cached_property
+    def memory(self) -> PoolMemory:
+        """The memory the decode plan runs in: the pool's."""
+        return PoolMemory(self)
 
     def fuse(self, matrices: list[object]) -> bool:
         """Declare that these matrices multiply the same x one after another (Fused). Only matrices whose

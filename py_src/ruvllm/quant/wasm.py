@@ -185,7 +185,9 @@ class WasmKernels:
 
 class HeapMemory:
     """Pyodide's heap as the kernels' memory (model/plan.py KernelMemory): the kernels were instantiated
-    on it, so every NumPy array is in it and its address is its data pointer."""
+    on it, so every NumPy array is in it, its address is its data pointer, and nothing is copied."""
+
+    threads = 1
 
     def __init__(self, exports: Any) -> None:
         self.exports = exports
@@ -193,11 +195,16 @@ class HeapMemory:
     def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> np.ndarray:
         return np.empty(shape, dtype)
 
+    staged = empty
+
     def address(self, a: np.ndarray) -> int:
         return address(a)
 
-    def place(self, a: np.ndarray) -> np.ndarray:
-        return np.ascontiguousarray(a)
+    def place(self, a: np.ndarray, dtype: Any = None) -> np.ndarray:
+        return np.ascontiguousarray(a, dtype)
+
+    def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list) -> None:
+        self.exports.run_plan(program, address(state))
 
 
 class WasmAttention:

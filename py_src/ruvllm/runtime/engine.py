@@ -209,7 +209,7 @@ class Engine:
         if not wanted:
             self.plan_note = "off (plan=False)"
         elif provider is None or memory is None:
-            self.plan_note = "no kernel memory to run it in (NumPy computes, or the kernel thread pool does)"
+            self.plan_note = "no kernel memory to run it in (NumPy computes)"
         else:
             refusal = plan_refusal(self.model, provider.arithmetic)
             if refusal is None:
