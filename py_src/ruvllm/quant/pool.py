@@ -151,7 +151,7 @@ class PoolArray:
     def _view(self, index: Any) -> PoolArray | None:
         """The view `index` selects, or None when it is not integers and slices of step 1."""
         index = index if isinstance(index, tuple) else (index,)
-        if index == (Ellipsis,):
+        if len(index) == 1 and index[0] is Ellipsis:  # (not ==: an array in the index compares elementwise)
             index = ()
         if len(index) > self.ndim:
             return None
@@ -165,7 +165,7 @@ class PoolArray:
                 at += r0 * stride
                 shape.append(max(0, r1 - r0))
                 strides.append(stride)
-            elif isinstance(i, int | np.integer):
+            elif isinstance(i, int | np.integer) and not isinstance(i, bool | np.bool_):
                 k = operator.index(i)
                 if not -n <= k < n:
                     raise IndexError(f"index {k} is out of bounds for axis {axis} with size {n}")
@@ -208,7 +208,7 @@ class PoolMemory:
             api.free,
             api.plan,
         )
-        self._staged: list[tuple[int, int, int, np.ndarray]] = []  # (heap address, bytes, pool address, array)
+        self._staged: dict[int, tuple[int, int]] = {}  # heap address -> (bytes, pool address) of each staged array
         self._copies = np.empty((0, 4), np.uint32)
 
     def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> PoolArray:
@@ -227,14 +227,20 @@ class PoolMemory:
 
     def staged(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> np.ndarray:
         a = np.zeros(shape, dtype)
-        self._staged.append((address(a), a.nbytes, int(self._region(max(a.nbytes, 16))), a))
+        heap, at = address(a), int(self._region(max(a.nbytes, 16)))
+        self._staged[heap] = a.nbytes, at
+        weakref.finalize(a, self._unstage, heap, at).atexit = False  # (its twin goes with it)
         return a
+
+    def _unstage(self, heap: int, at: int) -> None:
+        self._staged.pop(heap, None)
+        self._free(at)
 
     def address(self, a: Any) -> int:
         if isinstance(a, PoolArray | RemoteArray):
             return a.at
         at = address(a)
-        for heap, nbytes, pool, _ in self._staged:
+        for heap, (nbytes, pool) in self._staged.items():
             if heap <= at < heap + max(nbytes, 1):
                 return pool + at - heap
         raise ValueError("this array is not in the kernel pool's memory (nor staged for it)")
