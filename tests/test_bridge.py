@@ -314,6 +314,8 @@ def test_lessons_take_their_first_step_at_once_then_learn_in_slices(folder):
         {"name": "a", "kind": "lora", "version": 3, "rank": 32, "alpha": 64.0, "targets": ["down_proj"], "layers": [1]}
         | {"active": True}
     ]
+    # (CPython has no kernels, so no decode plan: the note says why, as info's plan_note does)
+    assert names.pop("plan_note") == handle.engine.plan_note and names.pop("decode_plan") is False
     assert names == {"names": ["a"], "active": "a", "versions": {"a": 3}, "learning": 0, "preparing": False}
     idle = {"lessons": [], "waiting": 0, "preparing": False, "prepared": None}
     assert ok(handle.learn(json.dumps({"budget_ms": 10}))) == idle

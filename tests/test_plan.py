@@ -334,6 +334,40 @@ def test_plan_runs_lora_adapters_with_their_gates(tmp_path, compute):
     assert_close(plan.forward(base_program, prompt, 0, planned), base, "the base program after them")
 
 
+def test_an_x_lora_mixture_falls_back_to_the_numpy_forward_and_says_so(tmp_path):
+    """With an X-LoRA mixture active, the engine's forwards run NumPy's (the router's passes), bit for bit
+    what they are without a plan, and plan_now says why; with a plain adapter active again, the plan runs."""
+    from ruvllm.learning.adapters import AdapterSet
+    from ruvllm.learning.lora import LoRAConfig
+    from ruvllm.runtime.engine import MIXTURE_NOTE
+
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path), compute="f32", kernels="numpy")
+    engine.use_plan(True, HostProvider(HostMemory(KernelHost(WASMS[0]))))
+    adapters = AdapterSet(engine.weights)
+    engine.attach(adapters)
+    rng = np.random.default_rng(3)
+    for name in ("a", "b"):
+        adapter = adapters.create(name, LoRAConfig(rank=4, targets=("q_proj", "down_proj")))
+        for B in adapter.B.values():
+            B[...] = rng.normal(0, 0.3, B.shape)
+    assert engine.plan_now() is None  # (b, a LoRA adapter, is active)
+    adapters.mix("x", ["a", "b"])
+    assert engine.plan_now() == MIXTURE_NOTE
+    prompt = rng.integers(0, engine.config.vocab_size, 5)
+    mixed = engine.forward(prompt, 0, engine.new_cache())
+    plan, engine.decode_plan = engine.decode_plan, None
+    try:
+        assert np.array_equal(mixed, engine.forward(prompt, 0, engine.new_cache()))
+    finally:
+        engine.decode_plan = plan
+    adapters.activate("a")
+    assert engine.plan_now() is None
+    planned = engine.forward(prompt, 0, engine.new_cache())
+    assert engine.decode_plan is not None and engine.decode_plan.programs, "the plan did not run the adapter"
+    assert not np.array_equal(planned, mixed)
+
+
 @pytest.mark.parametrize("cold", ["int8", "int4"])
 @pytest.mark.parametrize("kind", ["gemma3", "llama"])
 def test_plan_over_a_long_chat_with_both_tiers(tmp_path, kind, cold):

@@ -189,6 +189,8 @@ export const SHAPES = Object.freeze({
       learning: 'int',
       preparing: 'boolean',
       adapters: 'object[] (AdapterSet.describe)',
+      decode_plan: 'boolean (whether a forward with the active one runs through the decode plan)',
+      plan_note: 'string | null (why not: an X-LoRA mixture, or info.plan_note)',
     },
   },
   Lesson: {

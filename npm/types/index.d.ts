@@ -789,6 +789,13 @@ export interface AdapterList {
   preparing: boolean;
   /** Each adapter and mixture described. */
   adapters: AdapterInfo[];
+  /**
+   * Whether a forward with the active adapter runs through the decode plan now (info.decodePlan says
+   * so at load): an X-LoRA mixture routes its tokens in passes of its own, which the NumPy forward runs.
+   */
+  decodePlan: boolean;
+  /** Why not (null when it does): the mixture, or info.planNote. */
+  planNote: string | null;
 }
 
 /** A held LoRA adapter, or an X-LoRA mixture of adapters routed per token. */

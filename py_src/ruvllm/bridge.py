@@ -763,10 +763,12 @@ class EngineHandle:
     @_json_result
     def adapter_names(self) -> dict:
         """The adapters and mixtures held, the active one, each one's version, the lessons waiting,
-        whether learning's preparation (the default adapter's spectra, begun after load) is under way, and
-        each one described (`adapters`: AdapterSet.describe)."""
+        whether learning's preparation (the default adapter's spectra, begun after load) is under way,
+        each one described (`adapters`: AdapterSet.describe), and whether forwards with the active one run
+        through the decode plan (an X-LoRA mixture does not), or why not."""
         adapters = self.adapters
         described = adapters.describe()
+        note = self.engine.plan_now()
         return {
             "names": [e["name"] for e in described],
             "active": adapters.active,
@@ -774,6 +776,8 @@ class EngineHandle:
             "learning": self.learner.status().lessons,
             "preparing": self.learner.preparing is not None,
             "adapters": described,
+            "decode_plan": note is None,  # whether a forward with the active one runs through the plan
+            "plan_note": note,
         }
 
 

@@ -201,6 +201,10 @@ class AdapterSet:
                 )
             self.apply(name)
 
+    def mixing(self) -> bool:
+        """Whether the active adapter is an X-LoRA mixture."""
+        return self.active in self.mixtures
+
     def routing(self) -> MixedForward | None:
         """How a forward runs when the weights are wrapped with a mixture now (it routes each forward's
         tokens), or None."""

@@ -32,6 +32,12 @@ DEFAULT_MAX_CONTEXT = 4096  # cache positions reserved at most by default (memor
 BASE_WEIGHTS = WeightsIdentity(0, None, 0, 0)  # a model no adapter has touched
 
 
+MIXTURE_NOTE = (
+    "the active adapter is an X-LoRA mixture: its router runs passes of its own over the weights, so the NumPy "
+    "forward computes it (the decode plan runs again once a LoRA adapter, or none, is active)"
+)
+
+
 class Wrappers(Protocol):
     """What may wrap an engine's weights (learning.adapters.AdapterSet): the engine asks it which weights a
     computation uses and has it put them in place. The runtime layer never imports the learning layer."""
@@ -50,6 +56,10 @@ class Wrappers(Protocol):
 
     def routing(self) -> Routing | None:
         """What mixes the weights per token in place now (an X-LoRA mixture), if anything."""
+        ...
+
+    def mixing(self) -> bool:
+        """Whether the active weights are an X-LoRA mixture (routed per token by passes of its own)."""
         ...
 
     @property
@@ -217,6 +227,15 @@ class Engine:
                 self.plan_note = None
             else:
                 self.plan_note = refusal
+
+    def plan_now(self) -> str | None:
+        """Why a forward with the weights active now does not run through the decode plan (the NumPy
+        forward computes it), or None when it does."""
+        if self.decode_plan is None:
+            return self.plan_note
+        if self.wrappers is not None and self.wrappers.mixing():
+            return MIXTURE_NOTE
+        return None
 
     @property
     def config(self) -> ModelConfig:
