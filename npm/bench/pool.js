@@ -1,6 +1,7 @@
 // A quick figure for the kernel thread pool (src/worker/pool.js): what one dispatch costs (a tiny
 // product), and a SmolLM2-shaped q4 decode product set (q, k, v, o, gate, up, down of one layer,
-// times 30 layers) on 1 thread and on 2+ threads with and without the spin, interleaved. The machine's
+// times 30 layers) on 1 thread and on 2+ threads with and without the spin, interleaved; and what a
+// decode plan's step costs to hand to the threads. The machine's
 // load changes these a lot: run `uptime` beside it and repeat.
 //   node bench/pool.js [THREADS=2] [ROUNDS=5] [SPIN=DEFAULT_SPIN_US microseconds before a thread sleeps]
 import { readFileSync } from 'node:fs';
@@ -63,6 +64,32 @@ const [one, many, spun] = [await tiny(1, 0), await tiny(threads, 0), await tiny(
 console.log(
   `tiny product (a dispatch): ${one.toFixed(1)} µs on 1 thread, ${many.toFixed(1)} µs on ${threads}, ` +
     `${spun.toFixed(1)} µs on ${threads} with the spin`,
+);
+
+// what a decode plan's step costs to hand to the threads (kernels.c run_plan_pool): a program of tiny
+// product steps (16 x 32 float32, one row; each its own dispatch), on 1 thread (run alone) and on `threads`
+async function planSteps(n, spin) {
+  const STEPS = 200;
+  const pool = await startPool(module, { threads: n, spin });
+  const w = pool.place(new Float32Array(16 * 32).fill(0.5));
+  const [x, y] = [pool.place(new Float32Array(32).fill(1)), pool.region(4 * 16)];
+  const program = new Int32Array(16 * (STEPS + 1)); // kernels.c PLAN_PRODUCT (2), FORM_DENSE (0), QUANTIZE (1)
+  for (let i = 0; i < STEPS; i++) program.set([2, 0, w, 0, 0, 0, 16, 32, x, y, 16, 0, 1, 0, 0], 16 * i);
+  const at = pool.place(program);
+  const state = pool.place(new Int32Array([1, 0, 0, 1, -1, 0, 0, 0]));
+  const times = [];
+  for (let i = 0; i < 500; i++) {
+    const t0 = performance.now();
+    pool.plan(at, state, 1);
+    times.push(performance.now() - t0);
+  }
+  await pool.dispose();
+  return (median(times) * 1000) / STEPS;
+}
+const [alone, handed] = [await planSteps(1, spin), await planSteps(threads, spin)];
+console.log(
+  `a decode plan's tiny step: ${alone.toFixed(2)} µs run alone, ${handed.toFixed(2)} µs handed to ${threads} ` +
+    `threads (spinning): ${(handed - alone).toFixed(2)} µs a dispatch`,
 );
 
 const x = new Float32Array(1536).map((_, i) => Math.sin(i));

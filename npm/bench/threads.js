@@ -2,7 +2,7 @@
 // by token in one process, so that a shared machine's changing speed (here it swings 2x within seconds,
 // which drowns a 10% difference between two separate runs) falls on both alike.
 //
-//   RUVLLM_PYODIDE_DIST=... npm run bench:threads -- --model FILE.gguf|DIR [--threads 2] [--tokens 64]
+//   RUVLLM_PYODIDE_DIST=... npm run bench:threads -- --model FILE.gguf|DIR [--threads 2|auto] [--tokens 64]
 //        [--rounds 3] [--spin MICROSECONDS] [--versus relaxed] [--prefill TOKENS]
 //
 // One Pyodide loads the model twice: with the single-thread WebAssembly kernels (weights in Pyodide's
@@ -43,7 +43,7 @@ function fail(message) {
   console.error(message);
   process.exit(1);
 }
-for (const name of ['threads', 'tokens', 'rounds'])
+for (const name of values.threads === 'auto' ? ['tokens', 'rounds'] : ['threads', 'tokens', 'rounds'])
   if (!/^[1-9][0-9]*$/.test(values[name])) fail(`--${name} must be a positive integer, got ${values[name]}`);
 if (values.prefill !== undefined && !/^[1-9][0-9]*$/.test(values.prefill))
   fail(`--prefill must be a positive number of prompt tokens, got ${values.prefill}`);
@@ -54,8 +54,10 @@ if (!existsSync(resolve(values.pyodide, 'pyodide.asm.wasm')))
   fail(`no Pyodide distribution at ${values.pyodide}: set RUVLLM_PYODIDE_DIST (docs/pyodide.md)`);
 if (!['threads', 'relaxed', 'plan'].includes(values.versus))
   fail(`--versus must be threads, relaxed or plan, got ${values.versus}`);
-const THREADS = Number(values.threads);
-if (THREADS < 2) fail('--threads must be 2 or more: the pool is compared with one thread');
+// 'auto': the pool of every core (at most AUTO_MAX), each step on one thread or all, whichever measures faster
+const ADAPTIVE = values.threads === 'auto';
+const THREADS = ADAPTIVE ? 'auto' : Number(values.threads);
+if (THREADS < 2) fail('--threads must be 2 or more (or auto): the pool is compared with one thread');
 const SIMD = values.versus === 'relaxed';
 const PLAN = values.versus === 'plan';
 
@@ -79,7 +81,7 @@ const labels = SIMD
   ? ['plain SIMD', 'relaxed SIMD']
   : PLAN
     ? ['no plan', 'the plan']
-    : ['1 thread', `${THREADS} threads`];
+    : ['1 thread', ADAPTIVE ? `'auto' (${threads.count} threads)` : `${THREADS} threads`];
 const where = SIMD || PLAN ? ['in the kernels', 'in the kernels'] : ['in the kernels', "in the pool's run"];
 const inKernels = [0, 0];
 function timed(f, side) {
@@ -228,4 +230,5 @@ for (let r = 1; r <= Number(values.rounds); r++) {
       `(${inside[1]} ${where[1]}${planned(1)})`,
   );
 }
+if (threads) console.log(`calls by thread count: ${JSON.stringify(Object.fromEntries(threads.pool.dispatches))}`);
 await threads?.pool.dispose();

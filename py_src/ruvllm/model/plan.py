@@ -78,8 +78,8 @@ class KernelMemory(Protocol):
         ...
 
     def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list) -> None:
-        """kernels.c run_plan(program, state) for `rows` rows, after copying the staged views `inputs`
-        into the kernels' memory, then `outputs` out of it (where the two differ)."""
+        """kernels.c run_plan(program, state) for `rows` rows, after copying `inputs` into the kernels'
+        memory, then `outputs` out of it (where the two differ): (staged array, bytes from its start)."""
         ...
 
 
@@ -414,9 +414,18 @@ class DecodePlan:
         tap_layer = -1 if tap is None else tap.layer
         scores = self.memory.address(self.scores)
         self.state[:] = (T, start, int(last), int(logits), tap_layer, word(tapped), word(scores), self.scores_stride)
-        rope = [table[:T] for pair in self.rope.values() for table in pair]
-        outputs = [self.logits] if logits else [self.a[: 1 if last else T]] if normed else []
-        self.memory.run(program.at, self.state, T, [self.x[:T], *rope, self.table, self.state], outputs)
+
+        def rows(a: np.ndarray, n: int = T) -> tuple[np.ndarray, int]:  # a staged array's first n rows
+            return a, n * a.shape[1] * a.itemsize
+
+        inputs = [
+            rows(self.x),
+            *(rows(t) for pair in self.rope.values() for t in pair),
+            rows(self.table, len(self.table)),
+        ]
+        inputs.append((self.state, self.state.nbytes))
+        outputs = [rows(self.logits, 1)] if logits else [rows(self.a)] if normed else []
+        self.memory.run(program.at, self.state, T, inputs, outputs)
         for each in layers:
             each.hot.occupy(positions)  # (the plan wrote their keys and values)
         cache.record(tokens)

@@ -209,7 +209,7 @@ class PoolMemory:
             api.plan,
         )
         self._staged: dict[int, tuple[int, int]] = {}  # heap address -> (bytes, pool address) of each staged array
-        self._copies = np.empty((0, 4), np.uint32)
+        self._tables: dict[tuple, tuple[np.ndarray, int, int, int]] = {}  # run's tables of copies, kept
 
     def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> PoolArray:
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -234,6 +234,7 @@ class PoolMemory:
 
     def _unstage(self, heap: int, at: int) -> None:
         self._staged.pop(heap, None)
+        self._tables.clear()  # (they name arrays by id, which a new array may take)
         self._free(at)
 
     def address(self, a: Any) -> int:
@@ -255,13 +256,18 @@ class PoolMemory:
         return kept
 
     def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list) -> None:
-        views = [(0, v) for v in inputs] + [(1, v) for v in outputs]
-        if len(self._copies) < len(views):
-            self._copies = np.empty((len(views), 4), np.uint32)
-        copies = self._copies
-        for i, (direction, view) in enumerate(views):
-            copies[i] = direction, address(view) & 0xFFFFFFFF, self.address(view), view.nbytes
-        self._plan(program, self.address(state), rows, address(copies), len(views))
+        # the copies' table for these inputs and outputs, made once (each address costs microseconds in
+        # Pyodide; a token's table is the same every time, a prompt's chunks take a few)
+        key = (*((id(a), n) for a, n in inputs), None, *((id(a), n) for a, n in outputs))
+        table = self._tables.get(key)
+        if table is None:
+            if len(self._tables) >= 64:
+                self._tables.clear()
+            copies = [(0, a, n) for a, n in inputs] + [(1, a, n) for a, n in outputs]
+            each = np.array([(d, address(a) & 0xFFFFFFFF, self.address(a), n) for d, a, n in copies], np.uint32)
+            self._tables[key] = table = (each, address(each), len(copies), self.address(state))
+        _, at, count, state_at = table
+        self._plan(program, state_at, rows, at, count)
 
 
 class _Region:
