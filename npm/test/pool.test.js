@@ -13,7 +13,7 @@ import { fileURLToPath } from 'node:url';
 import { RuvLLMError } from '../src/errors.js';
 import { startKernels } from '../src/worker/kernels.js';
 import { startPool } from '../src/worker/pool.js';
-import { Adaptive } from '../src/worker/pool-chooser.js';
+import { Adaptive, PLAN } from '../src/worker/pool-chooser.js';
 import { CTL, DEFAULT_SPIN_US, announce, columns, open, slice, work } from '../src/worker/pool-protocol.js';
 import { startPython } from '../src/worker/python.js';
 import { startThreads } from '../src/worker/threads.js';
@@ -252,6 +252,10 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
     for (let i = 0; i < 12; i++) epoch((count) => (count === 4 ? 5e-6 : 2e-6)); // the machine got busy
     assert.deepEqual([a.choose('decode'), a.best('decode')], [1, 1]);
     assert.deepEqual([a.choose('other'), a.best('other')], [4, 4]); // each phase on its own: all first
+    // a decode plan's calls (each a whole token) take epochs of PLAN_EPOCH calls
+    for (let i = 0; i < Adaptive.PLAN_EPOCH; i++) a.record(PLAN, a.choose(PLAN), 10, 1);
+    assert.equal(a.choose(PLAN), 1);
+    assert.ok(Adaptive.PLAN_EPOCH < Adaptive.EPOCH);
     // a dispatch recorded on a count other than the phase's (chosen before its epoch ended) is not counted
     const b = new Adaptive(2);
     b.record('decode', 1, 1, 1);

@@ -5,16 +5,20 @@
 
 /** One phase's state in Adaptive. */
 class Phase {
-  /** @param {number} count the count its dispatches run on first */
-  constructor(count) {
+  /**
+   * @param {number} count the count its dispatches run on first
+   * @param {number} epoch dispatches in a row on one count
+   */
+  constructor(count, epoch) {
     this.count = count; // the count its dispatches run on now
+    this.epoch = epoch;
   }
   /** @type {Map<number, Map<number, number>>} by size class, then count: milliseconds per unit of work */
   per = new Map();
   /** @type {Map<number, number>} by size class: the work seen, its weight in the comparison */
   weight = new Map();
   /** @type {Map<number, { ms: number, work: number }>} this epoch's time and work by size class */
-  epoch = new Map();
+  spent = new Map();
   dispatches = 0; // in this epoch
   epochs = 0;
   measured = new Set(); // the counts an epoch has run on
@@ -29,8 +33,9 @@ export const DECODE = 'decode';
 export const PLAN = 'plan';
 
 /**
- * One thread or all of them for the dispatches of a phase (the pool has one: decoding), whichever
- * measured faster, in epochs: EPOCH dispatches in a row run on one count, timed per unit of work
+ * One thread or all of them for the dispatches of a phase (the pool has two: decoding's products, and
+ * the decode plan's calls, each a token), whichever measured faster, in epochs: EPOCH dispatches (a
+ * plan's: PLAN_EPOCH calls) in a row run on one count, timed per unit of work
  * (milliseconds / (T * N * K)) for each size class of product (the work rounded to a power of two, as a
  * small product pays more for its synchronisation than a large one), and the counts are compared over
  * the classes, weighted by the work each has seen. All threads are tried for an epoch, then one (a
@@ -50,6 +55,14 @@ export const PLAN = 'plan';
  */
 export class Adaptive {
   static EPOCH = 32;
+  /**
+   * A decode plan's call is a whole token (16-30 ms for the small models), not one product: its epochs
+   * are 8 calls, so a try of the other count costs 8 tokens. Measured on a busy machine (another process
+   * holding one of the two cores), SmolLM2 stepped token by token: with epochs of 32, a third of the first
+   * 384 tokens ran on 2 threads (the first epoch and the tries), and 'auto' decoded at 0.84-0.93x of one
+   * thread (benchmarks/RESULTS.md, issue 38 session 2).
+   */
+  static PLAN_EPOCH = 8;
   static FIRST_INTERVAL = 2;
   static MOST_INTERVAL = 64;
 
@@ -64,7 +77,7 @@ export class Adaptive {
   #phase(key) {
     let phase = this.phases.get(key);
     if (!phase) {
-      phase = new Phase(this.most);
+      phase = new Phase(this.most, key === PLAN ? Adaptive.PLAN_EPOCH : Adaptive.EPOCH);
       this.phases.set(key, phase);
     }
     return phase;
@@ -103,23 +116,23 @@ export class Adaptive {
     const phase = this.#phase(key);
     if (count !== phase.count) return; // (chosen before its epoch ended)
     const size = Math.round(Math.log2(work));
-    const seen = phase.epoch.get(size);
+    const seen = phase.spent.get(size);
     if (seen) {
       seen.ms += ms;
       seen.work += work;
     } else {
-      phase.epoch.set(size, { ms, work });
+      phase.spent.set(size, { ms, work });
     }
-    if (++phase.dispatches < Adaptive.EPOCH) return;
+    if (++phase.dispatches < phase.epoch) return;
     const before = phase.measured.size === 2 ? this.#best(phase) : null;
-    for (const [size, { ms, work }] of phase.epoch) {
+    for (const [size, { ms, work }] of phase.spent) {
       const per = phase.per.get(size) ?? new Map();
       const old = per.get(count);
       per.set(count, old === undefined || phase.probing ? ms / work : 0.5 * (old + ms / work));
       phase.per.set(size, per);
       phase.weight.set(size, (phase.weight.get(size) ?? 0) + work);
     }
-    phase.epoch.clear();
+    phase.spent.clear();
     phase.dispatches = 0;
     phase.epochs += 1;
     phase.measured.add(count);
