@@ -372,6 +372,28 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
     }
   });
 
+  test('a decode plan whose step traps is an inference error, and the pool then computes products right', async () => {
+    const pool = await startPool(module, { threads: 3 });
+    try {
+      // one product step (kernels.c PLAN_PRODUCT, dense, quantize) whose weights lie past the memory
+      const [x, y] = [pool.place(new Float32Array(32)), pool.region(4 * 256)];
+      const step = [2, 0, 2 ** 31 - 4096, 0, 0, 0, 256, 32, x, y, 256, 0, 1, 0, 0, 0];
+      const program = pool.place(new Int32Array([...step, ...new Array(16).fill(0)]));
+      const state = pool.place(new Int32Array([1, 0, 0, 1, -1, 0, 0, 0]));
+      assert.throws(
+        () => pool.plan(program, state, 1),
+        (e) => e instanceof RuvLLMError && e.type === 'inference' && /decode plan/.test(e.message),
+      );
+      const m = matrix('q8', 64, 32, random(6));
+      const input = new Float32Array(32).fill(0.5);
+      const out = new Float32Array(64);
+      pool.run([place(pool, m)], input, 1, [out]); // (not read as a step of the plan: PLAN was cleared)
+      assert.ok(bits(out).equals(bits(reference(m, input, 1, false))));
+    } finally {
+      await pool.dispose();
+    }
+  });
+
   test('a wrong thread count is an invalid_argument error', async () => {
     for (const threads of [0, 1.5, 65, NaN])
       await assert.rejects(

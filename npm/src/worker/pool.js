@@ -329,7 +329,14 @@ export class KernelPool {
     if (this.adaptive) count = T > GROUPED_MAX_ROWS ? this.adaptive.best(PLAN) : this.adaptive.choose(PLAN);
     this.dispatches.set(count, (this.dispatches.get(count) ?? 0) + 1);
     const start = performance.now();
-    const result = this.exports.run_plan_pool(program, state, 0, count);
+    let result;
+    try {
+      result = this.exports.run_plan_pool(program, state, 0, count);
+    } catch {
+      throw new RuvLLMError('inference', 'a kernel thread failed on a step of the decode plan');
+    } finally {
+      this.ctl[CTL.PLAN] = 0; // (a trap leaves it set, and the pool's own products read it)
+    }
     if (this.adaptive && T <= GROUPED_MAX_ROWS) this.adaptive.record(PLAN, count, performance.now() - start, T);
     if (result === -1) {
       void this.dispose();
