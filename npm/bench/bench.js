@@ -3,7 +3,8 @@
 //
 //   RUVLLM_PYODIDE_DIST=... npm run bench -- [--model DIR|FILE.gguf] [--prompt-length N] [--gen-length M]
 //        [--compute auto,f32,q8,q4] [--kernels auto,wasm,numpy] [--arithmetic exact,fast] [--threads 1,2]
-//        [--runs R] [--warmup] [--cpython-compute f32] [--no-cpython] [--hot-tokens H --cold int8|int4] [--json]
+//        [--runs R] [--warmup] [--cpython-compute f32] [--no-cpython] [--no-plan] [--hot-tokens H --cold int8|int4]
+//        [--json]
 //
 // --compute, --kernels, --arithmetic and --threads take comma-separated lists: Pyodide runs every combination
 // (arithmetic only matters to the wasm kernels; threads is the load option: 1..64 or auto). --model is a model
@@ -14,7 +15,8 @@
 // the weights when threads > 1); peak RSS is the process's high-water mark so far, so it only grows down the
 // table. With more than one thread count the ratios to the first (e.g. 2 vs 1 threads) follow the table, run by
 // run. CPython runs with --cpython-compute (default f32, its fastest form with OpenBLAS) on 1 thread and on 2,
-// unless --no-cpython (a 3B model on CPython is slow and large).
+// unless --no-cpython (a 3B model on CPython is slow and large). --no-plan loads with plan: false (each product
+// driven from Python, not the decode plan).
 //
 // Issue 25's rows (see benchmarks/README.md):
 //   npm run bench -- --model ../build/downloads/SmolLM2-135M-Instruct.Q4_1.gguf --kernels wasm --threads 1,2 \
@@ -42,6 +44,7 @@ const { values } = parseArgs({
     warmup: { type: 'boolean', default: false },
     'cpython-compute': { type: 'string', default: 'f32' },
     'no-cpython': { type: 'boolean', default: false },
+    'no-plan': { type: 'boolean', default: false },
     'hot-tokens': { type: 'string' },
     cold: { type: 'string', default: 'int8' },
     json: { type: 'boolean', default: false },
@@ -90,6 +93,7 @@ async function pyodideRun(compute, kernels, arithmetic, threads) {
     kernels,
     arithmetic,
     threads,
+    plan: !values['no-plan'],
     kv: HOT ? { hotTokens: HOT, cold: values.cold } : undefined,
   });
   const loadMs = performance.now() - started;
@@ -105,7 +109,7 @@ async function pyodideRun(compute, kernels, arithmetic, threads) {
   const how = info.kernels === 'wasm' ? `wasm ${info.arithmetic}` : 'numpy';
   const count = info.threads?.count ?? 1;
   return {
-    runtime: `Pyodide ${info.plan.compute} ${how} ${threads}t`,
+    runtime: `Pyodide ${info.plan.compute} ${how} ${threads}t${info.decodePlan ? '' : ' (no plan)'}`,
     config: [compute, kernels, arithmetic].join(':'),
     compute: info.plan.compute,
     threads_asked: threads,
