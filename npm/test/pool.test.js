@@ -372,6 +372,69 @@ describe('the kernel thread pool', { skip: SKIP }, () => {
     }
   });
 
+  test("a decode plan's steps on 1, 2 and 3 threads (run_plan_pool) give run_plan's bits", async () => {
+    // A program of the steps that split, over random buffers in the pool memory (kernels.c's layouts, as
+    // model/plan.py writes them): q, k and v products sharing x (q4, q8, dense), attention over a cache of
+    // 37 positions (3 query heads a key/value head), the gated MLP, and the logits of the last row.
+    const rand = random(9);
+    const floats = (n) => Float32Array.from({ length: n }, () => rand() * 2 - 1);
+    const [D, H, KV, E, F, V, S] = [64, 6, 2, 16, 96, 70, 37];
+    const products = [matrix('q4', H * E, D, rand), matrix('q8', KV * E, D, rand), matrix('dense', KV * E, D, rand)];
+    const [down, lmHead] = [matrix('q8h', D, F, rand), matrix('q4', V, D, rand)];
+    const [k, v] = [floats(KV * S * E), floats(KV * S * E)];
+    for (const T of [1, 7]) {
+      const [xs, gus] = [floats(T * D), floats(T * 2 * F)];
+      const outputs = {};
+      for (const count of [0, 1, 2, 3]) {
+        // count 0: run_plan itself, on a pool of one thread
+        const pool = await startPool(module, { threads: Math.max(count, 1) });
+        try {
+          const at = (a) => pool.place(a);
+          const parts = (m) => [at(m.w), m.scales ? at(m.scales) : 0, m.mins ? at(m.mins) : 0, m.offset ?? 0];
+          const forms = { dense: 0, q8: 1, q8h: 2, q4: 3 };
+          const x = at(xs);
+          const qkv = pool.region(4 * T * (H + 2 * KV) * E);
+          const att = pool.region(4 * T * H * E);
+          const gu = at(gus);
+          const s = pool.region(4 * T * F);
+          const logits = pool.region(4 * V);
+          const xq = pool.region(T * (4 * 2 * F + 12 * ((2 * F) / 32)));
+          const stride = 16 * 2 * F;
+          const scratch = pool.region(4 * 3 * stride);
+          const scores = pool.region(4 * 3 * 64);
+          const entry = at(new Int32Array([at(k), at(v), S, S, 0, 0, 0, 0, 0, 0, 0, 0, 8, 0, 0, 0]));
+          const width = (H + 2 * KV) * E;
+          const product = (m, src, dst, ldy, flags) =>
+            [2, forms[m.form], ...parts(m), m.N, m.K, src, dst, ldy, xq, flags, scratch, stride].concat([0]);
+          const steps = [
+            product(products[0], x, qkv, width, 1),
+            product(products[1], x, qkv + 4 * H * E, width, 0),
+            product(products[2], x, qkv + 4 * (H + KV) * E, width, 0),
+            [6, qkv, width, entry, att, H * E, H, KV, E, 0, new Int32Array(new Float32Array([0.25]).buffer)[0]],
+            [8, 0, gu, s, F],
+            product(down, s, x, D, 1),
+            product(lmHead, x, logits, V, 3), // the logits: QUANTIZE | TAIL, the last row only
+          ];
+          const words = new Int32Array(16 * (steps.length + 1)); // (the last step: END)
+          steps.forEach((step, n) => words.set(step, 16 * n));
+          const program = at(words);
+          const state = at(new Int32Array([T, S - T, 1, 1, -1, 0, scores, 64]));
+          if (count === 0) pool.exports.run_plan(program, state);
+          else pool.plan(program, state, T);
+          const read = (address, n) => new Uint8Array(pool.memory.buffer, address, n).slice();
+          outputs[count] = [read(qkv, 4 * T * width), read(att, 4 * T * H * E), read(s, 4 * T * F), read(x, 4 * T * D)];
+          outputs[count].push(read(logits, 4 * V));
+        } finally {
+          await pool.dispose();
+        }
+      }
+      for (const count of [1, 2, 3])
+        outputs[count].forEach((got, i) =>
+          assert.ok(Buffer.from(got).equals(Buffer.from(outputs[0][i])), `T ${T}, ${count} threads, output ${i}`),
+        );
+    }
+  });
+
   test('a decode plan whose step traps is an inference error, and the pool then computes products right', async () => {
     const pool = await startPool(module, { threads: 3 });
     try {
