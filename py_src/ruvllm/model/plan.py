@@ -12,8 +12,11 @@ the logits. The arithmetic is the kernels' fast one (docs/kernels.md): the same 
 path, the steps between them in float32 SIMD, with exp and tanh of their own.
 
 `KernelMemory` is where the plan's buffers live and how the kernels are called: Pyodide's heap itself
-(quant/wasm.py `HeapMemory`: a NumPy array's address is its data pointer), or any memory a host gives
-NumPy views of. Keys and values are kept in the cache's own float32 tier (cache.HotTier), allocated
+(quant/wasm.py `HeapMemory`: a NumPy array's address is its data pointer), any memory a host gives
+NumPy views of, or the kernel thread pool's shared memory (quant/pool.py `PoolMemory`: its buffers are
+PoolArrays that Python reads and assigns by copies, and the arrays Python fills or reads each call are
+staged: copied in and out by the one call, kernels.c `run_plan_pool`, whose large steps the pool's
+threads share). Keys and values are kept in the cache's own tiers (cache.HotTier, ColdTier), allocated
 by the memory's `empty` (Engine.new_cache), so the plan and the NumPy forward read and write the same
 cache and either can continue what the other started.
 
