@@ -138,10 +138,6 @@ function pythonApi(py, pool) {
     write: (address, bytes, at) => {
       new Uint8Array(pool.memory.buffer, u(at), bytes).set(new Uint8Array(heap(), u(address), bytes));
     },
-    /** `bytes` bytes at `from` of the pool's memory, copied to `to` there (the regions may overlap). */
-    move: (from, to, bytes) => {
-      new Uint8Array(pool.memory.buffer).copyWithin(u(to), u(from), u(from) + bytes);
-    },
     /**
      * A decode plan's call (KernelPool.plan): `count` copies described at `copies` of Pyodide's memory
      * (int32 rows: direction, address in Pyodide's memory, address in the pool's, bytes; direction 0 is
