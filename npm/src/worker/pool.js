@@ -22,8 +22,8 @@
  * The pool's parts: pool-protocol.js, the control block and what the caller and the workers both run
  * (claiming, computing and counting units; waiting); pool-memory.js, the shared memory and its regions;
  * pool-chooser.js, the thread count of each dispatch under 'auto'; pool-worker.js, a worker's loop. This
- * file holds the pool itself (its matrices, `run` and `transposed`, the caller's side of a dispatch) and
- * starts it.
+ * file holds the pool itself (its matrices, `run`, `transposed` and a decode plan's `plan`, the caller's side
+ * of a dispatch) and starts it.
  */
 
 import { IS_NODE } from '../env.js';
