@@ -196,7 +196,12 @@ class PoolMemory:
     arrays in the heap with a twin region in the pool (`staged`), which each call copies (`run`: in and
     out in the one call from Python, with the plan's run on the pool's threads between). The weights of
     the matrices the pool holds are read where they are (their RemoteArray stand-ins); the rest (norms,
-    biases, adapters) are copied there once per program."""
+    biases, adapters) are copied there once per program.
+
+    Any memory with the same calls can stand in for the pool's (`kernels.api`: region, free, fetch, write
+    and plan; `kernels.threads`): the WebGPU executor's is one (npm/src/worker/gpu/executor.js)."""
+
+    TABLE_DTYPE: Any = np.uint32  # run's table of copies: Pyodide's addresses are 32-bit
 
     def __init__(self, kernels: PoolKernels) -> None:
         api = kernels.api
@@ -264,7 +269,8 @@ class PoolMemory:
             if len(self._tables) >= 64:
                 self._tables.clear()
             copies = [(0, a, n) for a, n in inputs] + [(1, a, n) for a, n in outputs]
-            each = np.array([(d, address(a) & 0xFFFFFFFF, self.address(a), n) for d, a, n in copies], np.uint32)
+            mask = int(np.iinfo(self.TABLE_DTYPE).max)  # (Pyodide's pointers past 2 GiB are negative)
+            each = np.array([(d, address(a) & mask, self.address(a), n) for d, a, n in copies], self.TABLE_DTYPE)
             self._tables[key] = table = (each, address(each), len(copies), self.address(state))
         _, at, count, state_at = table
         self._plan(program, state_at, rows, at, count)

@@ -1,0 +1,61 @@
+/**
+ * A WebGPU device for the decode plan: the browser's (navigator.gpu, in the worker too), or in Node the
+ * `webgpu` package's (Dawn), installed beside this one. The device asks for the adapter's largest
+ * buffers, so a model's matrices fit in as few bindings as the GPU allows.
+ */
+
+import { IS_NODE } from '../../env.js';
+
+/** @type {GPU | null} Node's (Dawn's) GPU entry point, made once. */
+let dawnGpu = null;
+
+/**
+ * The runtime's GPU entry point, or why there is none.
+ * @returns {Promise<{ gpu: GPU | null, reason: string | null }>}
+ */
+async function entry() {
+  if (!IS_NODE) {
+    const gpu = globalThis.navigator?.gpu ?? null;
+    return { gpu, reason: gpu ? null : 'this browser offers no WebGPU (navigator.gpu) in workers' };
+  }
+  let dawn;
+  try {
+    dawn = await import('webgpu');
+  } catch {
+    return { gpu: null, reason: "Node has no WebGPU of its own: install the 'webgpu' package (Dawn) to use the GPU" };
+  }
+  Object.assign(globalThis, dawn.globals); // (GPUBufferUsage and the other constants the executor reads)
+  // Dawn's entry point is kept for the process's life: collected, it takes its devices with it (a crash)
+  dawnGpu ??= dawn.create([]);
+  return { gpu: dawnGpu, reason: null };
+}
+
+/**
+ * A device, with what its adapter says of itself; or `device: null` and why not.
+ * @returns {Promise<{ device: GPUDevice | null, adapter: object | null, reason: string | null }>}
+ */
+export async function requestGpu() {
+  const { gpu, reason } = await entry();
+  if (!gpu) return { device: null, adapter: null, reason };
+  const adapter = await gpu.requestAdapter({ powerPreference: 'high-performance' });
+  if (!adapter) return { device: null, adapter: null, reason: 'WebGPU offers no adapter here' };
+  const limits = adapter.limits;
+  const device = await adapter.requestDevice({
+    requiredLimits: {
+      maxStorageBufferBindingSize: limits.maxStorageBufferBindingSize,
+      maxBufferSize: limits.maxBufferSize,
+      maxStorageBuffersPerShaderStage: limits.maxStorageBuffersPerShaderStage,
+    },
+  });
+  const info = adapter.info ?? {};
+  const described = {
+    vendor: info.vendor ?? '',
+    architecture: info.architecture ?? '',
+    device: info.device ?? '',
+    description: info.description ?? '',
+    features: [...adapter.features].sort(),
+    maxBindingBytes: device.limits.maxStorageBufferBindingSize,
+    maxBufferBytes: device.limits.maxBufferSize,
+  };
+  return { device, adapter: described, reason: null };
+}

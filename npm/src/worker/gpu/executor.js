@@ -1,0 +1,564 @@
+/**
+ * The decode plan on a WebGPU device: the memory the plan's buffers, the KV cache and the weights live
+ * in, and the executor of its programs (py_src/ruvllm/model/plan.py writes them; kernels.c run_plan is the
+ * CPU's executor of the same programs).
+ *
+ * Memory: Python sees the kernels' memory as addresses (KernelMemory). Here an address is virtual: each
+ * `region` is a GPU buffer of its own at a range of a 32-bit address space handed out as the thread
+ * pool's memory hands out its regions (pool-memory.js), so the plan's steps, which carry addresses and
+ * offsets into them (qkv + 4 H E), resolve to a buffer and an offset. `write` and `fetch` copy bytes in
+ * and out; `plan` runs a program for T rows: the call's inputs written, every step a few dispatches in
+ * one compute pass, one submit, and one readback of the outputs asked for.
+ *
+ * A program's words, the state and the cache table are read here to size each dispatch (the rows, the
+ * slots in use): regions of at most SHADOW_BYTES keep a copy in JavaScript of what was written to them.
+ */
+
+import { PARAM_STRIDE, PARAM_WORDS, PRODUCT_ROWS, SHADERS, WORKGROUP } from './shaders.js';
+
+/** kernels.c's step opcodes (plan.py's END ... LORA), words per step, and a product's flags. */
+const OP = { END: 0, NORM: 1, PRODUCT: 2, BIAS: 3, ROPE: 4, APPEND: 5, ATTEND: 6, ADD: 7, GATED: 8, COPY: 9, LORA: 10 };
+const STEP_WORDS = 16;
+const TAIL = 2;
+/** Regions this small keep a JavaScript copy of what is written to them (programs, state, tables). */
+const SHADOW_BYTES = 1 << 20;
+/** The first address handed out (0 means "none" to the plan: a product without mins). */
+const FIRST_ADDRESS = 256;
+const ALIGN = 256;
+/** Workgroups along one dimension of a dispatch (WebGPU's default maxComputeWorkgroupsPerDimension). */
+const MAX_GROUPS = 65535;
+
+const align = (n, to) => Math.ceil(n / to) * to;
+const f32Bits = (value) => new Uint32Array(new Float32Array([value]).buffer)[0];
+const ONE = f32Bits(1);
+
+/**
+ * @typedef {{ at: number, bytes: number, buffer: GPUBuffer, id: number, shadow: Uint8Array | null }} Region
+ * @typedef {{ shader: string, buffers: GPUBuffer[], params: number[], groups: [number, number, number] }} Dispatch
+ * @typedef {{ module: GPUShaderModule, layout: GPUBindGroupLayout, pipeline: GPUComputePipeline }} Pipeline
+ */
+
+export class GpuExecutor {
+  /** @type {Region[]} sorted by address */
+  #regions = [];
+  #free = []; // released ranges of the address space, { at, bytes }
+  #top = FIRST_ADDRESS;
+  #ids = 0;
+  #bindGroups = new Map();
+  #params = null; // the uniform buffer of a call's Params blocks
+  #scores = null; // attention's scores, T * H * S floats
+  #readback = null;
+  /** Per call, what the last one did: dispatches, bytes read back (figures for the benchmark and tests). */
+  last = { dispatches: 0, submits: 0, readBytes: 0 };
+
+  /**
+   * @param {GPUDevice} device
+   * @param {Record<string, Pipeline>} pipelines
+   */
+  constructor(device, pipelines) {
+    this.device = device;
+    this.pipelines = pipelines;
+    // stand-ins for absent operands, a different one for each binding of a dispatch (two writable
+    // bindings of one buffer are refused)
+    this.dummies = Array.from({ length: 4 }, () => device.createBuffer({ size: 256, usage: GPUBufferUsage.STORAGE }));
+  }
+
+  /**
+   * An executor on `device`, its shaders compiled (`replace`: shaders by name whose WGSL is swapped, the
+   * tests' way of breaking one on purpose).
+   * @param {GPUDevice} device
+   * @param {{ replace?: Record<string, (code: string) => string> }} [options]
+   */
+  static async create(device, { replace = {} } = {}) {
+    const pipelines = {};
+    device.pushErrorScope('validation');
+    for (const [name, { code, bindings }] of Object.entries(SHADERS)) {
+      const source = replace[name] ? replace[name](code) : code;
+      const module = device.createShaderModule({ code: source, label: name });
+      const layout = device.createBindGroupLayout({
+        label: name,
+        entries: [
+          {
+            binding: 0,
+            visibility: GPUShaderStage.COMPUTE,
+            buffer: { type: 'uniform', hasDynamicOffset: true, minBindingSize: 4 * PARAM_WORDS },
+          },
+          ...bindings.map((kind, i) => ({
+            binding: i + 1,
+            visibility: GPUShaderStage.COMPUTE,
+            buffer: { type: /** @type {GPUBufferBindingType} */ (kind === 'read' ? 'read-only-storage' : 'storage') },
+          })),
+        ],
+      });
+      const pipeline = await device.createComputePipelineAsync({
+        label: name,
+        layout: device.createPipelineLayout({ bindGroupLayouts: [layout] }),
+        compute: { module, entryPoint: 'main' },
+      });
+      pipelines[name] = { module, layout, pipeline };
+    }
+    const error = await device.popErrorScope();
+    if (error) throw new Error(`WebGPU refused the plan's shaders: ${error.message}`);
+    return new GpuExecutor(device, pipelines);
+  }
+
+  /** Bytes of GPU memory the regions hold. */
+  get bytes() {
+    return this.#regions.reduce((sum, r) => sum + r.buffer.size, 0);
+  }
+
+  // ---- memory ----
+
+  /** A new region of `bytes` bytes (zeroed): its address. */
+  region(bytes) {
+    const size = align(Math.max(bytes, 4), 4);
+    const limit = this.device.limits.maxStorageBufferBindingSize;
+    if (size > limit)
+      throw new Error(
+        `a buffer of ${size} bytes is over this GPU's largest binding (maxStorageBufferBindingSize ${limit})`,
+      );
+    const at = this.#alloc(align(size, ALIGN));
+    const buffer = this.device.createBuffer({
+      size,
+      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+    });
+    const region = {
+      at,
+      bytes: size,
+      buffer,
+      id: ++this.#ids,
+      shadow: size <= SHADOW_BYTES ? new Uint8Array(size) : null,
+    };
+    const i = this.#regions.findIndex((r) => r.at > at);
+    this.#regions.splice(i < 0 ? this.#regions.length : i, 0, region);
+    return at;
+  }
+
+  /** Release the region at `at` (its buffer is destroyed). */
+  free(at) {
+    const i = this.#regions.findIndex((r) => r.at === at);
+    if (i < 0) throw new Error(`no GPU region starts at ${at}`);
+    const [region] = this.#regions.splice(i, 1);
+    region.buffer.destroy();
+    this.#free.push({ at: region.at, bytes: align(region.bytes, ALIGN) });
+    this.#bindGroups.clear(); // (some held its buffer)
+  }
+
+  #alloc(bytes) {
+    let best = -1;
+    this.#free.forEach((r, i) => {
+      if (r.bytes >= bytes && (best < 0 || r.bytes < this.#free[best].bytes)) best = i;
+    });
+    if (best >= 0) {
+      const range = this.#free[best];
+      if (range.bytes > bytes) this.#free[best] = { at: range.at + bytes, bytes: range.bytes - bytes };
+      else this.#free.splice(best, 1);
+      return range.at;
+    }
+    const at = this.#top;
+    if (at + bytes > 2 ** 32) throw new Error('the GPU memory of the decode plan is past 4 GiB of addresses');
+    this.#top += bytes;
+    return at;
+  }
+
+  /** The region holding address `at` and the offset there, checking that `bytes` bytes fit. */
+  resolve(at, bytes = 0) {
+    const regions = this.#regions;
+    let lo = 0;
+    let hi = regions.length - 1;
+    while (lo <= hi) {
+      const mid = (lo + hi) >> 1;
+      const r = regions[mid];
+      if (at < r.at) hi = mid - 1;
+      else if (at >= r.at + r.bytes) lo = mid + 1;
+      else {
+        if (at + bytes > r.at + r.bytes)
+          throw new Error(`${bytes} bytes at ${at} run past the end of their GPU region (${r.bytes} bytes at ${r.at})`);
+        return { region: r, offset: at - r.at };
+      }
+    }
+    throw new Error(`address ${at} is in no GPU region`);
+  }
+
+  /** `data` written at address `at`. */
+  async write(at, data) {
+    const { region, offset } = this.resolve(at, data.byteLength);
+    region.shadow?.set(data, offset);
+    if (offset % 4 === 0 && data.byteLength % 4 === 0) {
+      this.device.queue.writeBuffer(region.buffer, offset, data);
+      return;
+    }
+    // (WebGPU writes whole words: the words around the bytes are read first)
+    const start = offset - (offset % 4);
+    const end = align(offset + data.byteLength, 4);
+    const words = await this.#read(region.buffer, start, end - start);
+    words.set(data, offset - start);
+    this.device.queue.writeBuffer(region.buffer, start, words);
+  }
+
+  /** `bytes` bytes at address `at`, copied out. */
+  async fetch(at, bytes) {
+    const { region, offset } = this.resolve(at, bytes);
+    const start = offset - (offset % 4);
+    const words = await this.#read(region.buffer, start, align(offset + bytes, 4) - start);
+    return words.slice(offset - start, offset - start + bytes);
+  }
+
+  async #read(buffer, offset, bytes) {
+    const staging = this.device.createBuffer({ size: bytes, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    const encoder = this.device.createCommandEncoder();
+    encoder.copyBufferToBuffer(buffer, offset, staging, 0, bytes);
+    this.device.queue.submit([encoder.finish()]);
+    await staging.mapAsync(GPUMapMode.READ);
+    const out = new Uint8Array(staging.getMappedRange().slice(0));
+    staging.destroy();
+    return out;
+  }
+
+  /** `count` int32 words at address `at`, from the region's JavaScript copy. */
+  words(at, count) {
+    const { region, offset } = this.resolve(at, 4 * count);
+    if (!region.shadow) throw new Error(`the words at ${at} are in a GPU region too large to be read as a program`);
+    return new Int32Array(region.shadow.buffer, offset, count);
+  }
+
+  // ---- running a program ----
+
+  /**
+   * Run the program at `program` with the state at `state` for `T` rows (kernels.c run_plan): `inputs`
+   * written first, `outputs` ({ at, bytes }) read back after, in order.
+   * @param {number} program
+   * @param {number} state
+   * @param {number} T
+   * @param {{ at: number, data: Uint8Array }[]} inputs
+   * @param {{ at: number, bytes: number }[]} outputs
+   */
+  async plan(program, state, T, inputs, outputs) {
+    for (const { at, data } of inputs) await this.write(at, data);
+    const dispatches = this.#dispatches(program, this.words(state, 8), T);
+    const device = this.device;
+    device.pushErrorScope('validation');
+    device.pushErrorScope('out-of-memory');
+    const params = new Uint32Array((dispatches.length * PARAM_STRIDE) / 4 || 1);
+    dispatches.forEach((d, i) => params.set(d.params, (i * PARAM_STRIDE) / 4));
+    if (!this.#params || this.#params.size < params.byteLength) {
+      this.#params?.destroy();
+      this.#params = device.createBuffer({
+        size: align(Math.max(params.byteLength, 4096), 4096),
+        usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+      });
+      this.#bindGroups.clear();
+    }
+    device.queue.writeBuffer(this.#params, 0, params);
+    const encoder = device.createCommandEncoder();
+    const pass = encoder.beginComputePass();
+    let current = null;
+    dispatches.forEach((d, i) => {
+      const { pipeline } = this.pipelines[d.shader];
+      if (current !== pipeline) pass.setPipeline((current = pipeline));
+      pass.setBindGroup(0, this.#bindGroup(d), [i * PARAM_STRIDE]);
+      pass.dispatchWorkgroups(...d.groups);
+    });
+    pass.end();
+    const total = outputs.reduce((sum, o) => sum + align(o.bytes, 4), 0);
+    let staging = null;
+    if (total) {
+      if (!this.#readback || this.#readback.size < total) {
+        this.#readback?.destroy();
+        this.#readback = device.createBuffer({
+          size: align(total, 4096),
+          usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+        });
+      }
+      staging = this.#readback;
+      let put = 0;
+      for (const { at, bytes } of outputs) {
+        const { region, offset } = this.resolve(at, bytes);
+        const start = offset - (offset % 4);
+        encoder.copyBufferToBuffer(region.buffer, start, staging, put, align(offset + bytes, 4) - start);
+        put += align(offset + bytes, 4) - start;
+      }
+    }
+    device.queue.submit([encoder.finish()]);
+    const oom = await device.popErrorScope();
+    const invalid = await device.popErrorScope();
+    if (oom || invalid) throw new Error(`WebGPU refused the decode plan's work: ${(oom || invalid).message}`);
+    this.last = { dispatches: dispatches.length, submits: 1, readBytes: total };
+    if (!staging) {
+      await device.queue.onSubmittedWorkDone();
+      return [];
+    }
+    await staging.mapAsync(GPUMapMode.READ, 0, align(total, 4));
+    const mapped = new Uint8Array(staging.getMappedRange(0, align(total, 4)));
+    const results = [];
+    let get = 0;
+    for (const { at, bytes } of outputs) {
+      const skip = at % 4; // (copies start at the word holding the first byte; regions are word aligned)
+      results.push(mapped.slice(get + skip, get + skip + bytes));
+      get += align(skip + bytes, 4);
+    }
+    staging.unmap();
+    return results;
+  }
+
+  #bindGroup({ shader, buffers }) {
+    const key = `${shader}:${buffers.map((b) => this.#bufferId(b)).join(',')}`;
+    let group = this.#bindGroups.get(key);
+    if (!group) {
+      group = this.device.createBindGroup({
+        layout: this.pipelines[shader].layout,
+        entries: [
+          { binding: 0, resource: { buffer: this.#params, size: 4 * PARAM_WORDS } },
+          ...buffers.map((buffer, i) => ({ binding: i + 1, resource: { buffer } })),
+        ],
+      });
+      this.#bindGroups.set(key, group);
+    }
+    return group;
+  }
+
+  #bufferIds = new WeakMap();
+  #bufferId(buffer) {
+    let id = this.#bufferIds.get(buffer);
+    if (id === undefined) this.#bufferIds.set(buffer, (id = ++this.#ids));
+    return id;
+  }
+
+  /** The float32 at address `at`: its buffer and its index there. */
+  #floats(at, count = 0) {
+    const { region, offset } = this.resolve(at >>> 0, 4 * count);
+    if (offset % 4) throw new Error(`address ${at} of a float32 array is not a multiple of 4`);
+    return { buffer: region.buffer, index: offset / 4 };
+  }
+
+  /** A buffer at `at`, or dummy `i` when `at` is 0 (an operand that is absent). */
+  #optional(at, i) {
+    return at ? this.#floats(at).buffer : this.dummies[i];
+  }
+
+  #scoresBuffer(floats) {
+    const bytes = align(Math.max(4 * floats, 256), 256);
+    if (!this.#scores || this.#scores.size < bytes) {
+      this.#scores?.destroy();
+      this.#scores = this.device.createBuffer({ size: align(2 * bytes, 65536), usage: GPUBufferUsage.STORAGE });
+      this.#bindGroups.clear();
+    }
+    return this.#scores;
+  }
+
+  /** The dispatches of one call of the program at `program`, for the state's rows. */
+  #dispatches(program, state, T) {
+    const [rowsT, pos0, last, logits, tap, tapped] = state;
+    if (rowsT !== T) throw new Error(`the plan's state says ${rowsT} rows, the call ${T}`);
+    /** @type {Dispatch[]} */
+    const out = [];
+    const threads = (n) => groupsOf(Math.ceil(n / WORKGROUP));
+    for (let at = program >>> 0; ; at += 4 * STEP_WORDS) {
+      const s = this.words(at, STEP_WORDS);
+      const op = s[0];
+      if (op === OP.END) break;
+      switch (op) {
+        case OP.NORM: {
+          const [, x, w, y, heads, E, ldx, ldy, eps, tail] = s;
+          let rows = T;
+          let xAt = x >>> 0;
+          if (tail && last) {
+            xAt += 4 * (T - 1) * ldx;
+            rows = 1;
+          }
+          const X = this.#floats(xAt);
+          const Y = this.#floats(y);
+          const W = this.#floats(w);
+          const inPlace = X.buffer === Y.buffer;
+          out.push({
+            shader: inPlace ? 'norm_in_place' : 'norm',
+            buffers: inPlace ? [W.buffer, Y.buffer] : [W.buffer, X.buffer, Y.buffer],
+            params: [X.index, Y.index, heads, E, ldx, ldy, eps, W.index],
+            groups: groupsOf(rows * heads),
+          });
+          break;
+        }
+        case OP.PRODUCT: {
+          const [, form, w, scales, mins, offset, N, K, x, y, ldy, , flags] = s;
+          if (flags & TAIL && !logits) break;
+          const rows = flags & TAIL && last ? 1 : T;
+          const W = this.#floats(w);
+          if (W.index) throw new Error('a matrix of the plan does not start its GPU region');
+          const X = this.#floats(x);
+          const Y = this.#floats(y);
+          const S = form ? this.#floats(scales).buffer : this.dummies[0];
+          const M = this.#optional(mins, 1);
+          out.push(this.#product(form, W.buffer, S, M, offset, N, K, rows, X, K, Y, ldy, mins !== 0, false));
+          break;
+        }
+        case OP.BIAS: {
+          const [, y, b, N, ldy] = s;
+          const Y = this.#floats(y);
+          const B = this.#floats(b);
+          out.push({
+            shader: 'bias',
+            buffers: [B.buffer, Y.buffer],
+            params: [Y.index, 0, N, ldy, T, B.index],
+            groups: threads(T * N),
+          });
+          break;
+        }
+        case OP.ROPE: {
+          const [, x, cos, sin, heads, E, ldx] = s;
+          const X = this.#floats(x);
+          const C = this.#floats(cos);
+          const S = this.#floats(sin);
+          out.push({
+            shader: 'rope',
+            buffers: [X.buffer, C.buffer, S.buffer],
+            params: [X.index, ldx, heads, E, T, C.index, S.index],
+            groups: threads((T * heads * E) / 2),
+          });
+          break;
+        }
+        case OP.APPEND: {
+          const [, src, ld, entryAt, KV, E, which] = s;
+          const entry = this.words(entryAt >>> 0, 16);
+          const [, , capacity, count] = entry;
+          const X = this.#floats(src);
+          const C = this.#floats(entry[which]);
+          out.push({
+            shader: 'append',
+            buffers: [X.buffer, C.buffer],
+            params: [X.index, ld, KV, E, T, capacity, count - T, C.index],
+            groups: threads(T * KV * E),
+          });
+          break;
+        }
+        case OP.ATTEND:
+          out.push(...this.#attend(s, T, pos0));
+          break;
+        case OP.ADD: {
+          const [, y, x, n] = s;
+          const Y = this.#floats(y);
+          const X = this.#floats(x);
+          out.push({
+            shader: 'add',
+            buffers: [Y.buffer, X.buffer],
+            params: [Y.index, X.index, T * n],
+            groups: threads(T * n),
+          });
+          break;
+        }
+        case OP.GATED: {
+          const [, kind, gu, y, F] = s;
+          const G = this.#floats(gu);
+          const Y = this.#floats(y);
+          out.push({
+            shader: 'gated',
+            buffers: [G.buffer, Y.buffer],
+            params: [kind, G.index, Y.index, F, T],
+            groups: threads(T * F),
+          });
+          break;
+        }
+        case OP.COPY: {
+          const [, layer, x, n] = s;
+          if (tap !== layer) break;
+          const Y = this.#floats(tapped);
+          const X = this.#floats(x);
+          out.push({
+            shader: 'copy',
+            buffers: [Y.buffer, X.buffer],
+            params: [Y.index, X.index, T * n],
+            groups: threads(T * n),
+          });
+          break;
+        }
+        case OP.LORA: {
+          const [, x, A, r, K, B, N, y, ldy, scale, low, , gates, count] = s;
+          const X = this.#floats(x);
+          const L = this.#floats(low);
+          const Y = this.#floats(y);
+          const [none, other] = this.dummies;
+          out.push(this.#product(0, this.#floats(A).buffer, none, other, 0, r, K, T, X, K, L, r, false, false));
+          const Gt = this.#floats(gates);
+          out.push({
+            shader: 'gate',
+            buffers: [Gt.buffer, L.buffer],
+            params: [L.index, r, T, count, scale, Gt.index],
+            groups: threads(T),
+          });
+          out.push(this.#product(0, this.#floats(B).buffer, none, other, 0, N, r, T, L, r, Y, ldy, false, true));
+          break;
+        }
+        default:
+          throw new Error(`the decode plan has a step with an unknown opcode ${op}`);
+      }
+    }
+    return out;
+  }
+
+  /** A product's dispatch: y (rows, N) at Y, row stride ldy, (+)= x (rows, K) at X @ W.T. */
+  #product(form, w, scales, mins, offset, N, K, rows, X, ldx, Y, ldy, hasMins, accumulate) {
+    const units = form === 0 ? Math.ceil(K / 8) : K / 32; // (a lane's share: a group of 32, or 8 floats)
+    let shift = 0;
+    while (shift < 6 && 2 << shift <= units) shift += 1;
+    const perGroup = WORKGROUP >> shift;
+    const blocks = Math.ceil(N / perGroup);
+    const [x, y] = groupsOf(blocks);
+    return {
+      shader: 'product',
+      buffers: [w, scales, mins, X.buffer, Y.buffer],
+      params: [
+        form,
+        N,
+        K,
+        rows,
+        X.index,
+        ldx,
+        Y.index,
+        ldy,
+        0,
+        offset,
+        hasMins ? 1 : 0,
+        shift,
+        accumulate ? 1 : 0,
+        ONE,
+        blocks,
+      ],
+      groups: [x, y, Math.ceil(rows / PRODUCT_ROWS)],
+    };
+  }
+
+  /** Attention's three dispatches: scores, softmax, the values mixed. */
+  #attend(s, T, pos0) {
+    const [, q, ldq, entryAt, out, ldo, H, KV, E, window, scale] = s;
+    const entry = this.words(entryAt >>> 0, 16);
+    const [k, v, capacity, count, first, ck, cv, cks, cvs, coldCapacity, coldCountWord, positions, bits] = entry;
+    const coldCount = ck ? coldCountWord : 0;
+    const S = coldCount + count;
+    const scores = this.#scoresBuffer(T * H * S);
+    const Q = this.#floats(q);
+    const O = this.#floats(out);
+    const cold = (at, i) => (coldCount ? this.#floats(at).buffer : this.dummies[i]);
+    const shared = [H, KV, E, T, pos0, window, scale, capacity, count, first, coldCapacity, coldCount, bits, S];
+    return [
+      {
+        shader: 'scores',
+        buffers: [Q.buffer, this.#floats(k).buffer, cold(ck, 0), cold(cks, 1), cold(positions, 2), scores],
+        params: [Q.index, ldq, ...shared],
+        groups: groupsOf(Math.ceil((T * H * S) / WORKGROUP)),
+      },
+      { shader: 'softmax', buffers: [scores], params: [0, 0, ...shared], groups: groupsOf(T * H) },
+      {
+        shader: 'mix',
+        buffers: [O.buffer, this.#floats(v).buffer, cold(cv, 0), cold(cvs, 1), scores],
+        params: [O.index, ldo, ...shared],
+        groups: groupsOf(Math.ceil((T * H * E) / WORKGROUP)),
+      },
+    ];
+  }
+}
+
+/** `n` workgroups as a dispatch's x and y (the shaders fold them back: group_of). */
+function groupsOf(n) {
+  if (n <= MAX_GROUPS) return [Math.max(n, 1), 1, 1];
+  const y = Math.ceil(n / MAX_GROUPS);
+  return [Math.ceil(n / y), y, 1];
+}

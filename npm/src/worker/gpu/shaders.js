@@ -1,0 +1,452 @@
+/**
+ * The decode plan's steps (kernels/kernels.c plan_step, written by py_src/ruvllm/model/plan.py) as WGSL
+ * compute shaders, float32 throughout: every WebGPU adapter has it (shader-f16 is an option some lack).
+ *
+ * Every shader reads its operands' sizes and offsets from a block of 16 words (`Params`, a uniform bound
+ * at a dynamic offset: executor.js writes one block per dispatch, all of a call's in one write) and
+ * addresses the buffers as flat arrays. Activations (the plan's buffers, the KV cache's float32 tier,
+ * learning's residual tap) are bound `read_write` even where a shader only reads them: a step may read
+ * and write the same buffer (a head norm in place), and WebGPU lets a buffer be bound twice in one
+ * dispatch only when every binding of it is writable storage. Weights (codes, scales, mins; float32
+ * matrices, norms, biases, adapters) are bound `read`.
+ *
+ * Matrix codes are 32-bit words of packed bytes (WGSL has no 8-bit type), in the kernels' layouts
+ * (py_src/ruvllm/quant/matrices.py): per group of 32 weights along K, w = scale * (code - offset) (+ min),
+ *   q8   int8 codes (N, K): word i of a group holds codes 4i .. 4i+3, low byte first;
+ *   q8h  the same with two scales per group (codes 0..15, 16..31), no mins;
+ *   q4   (N, K/2) bytes: byte j of a group holds code j (low nibble) and code j + 16 (high nibble).
+ * The KV cache's cold tier: int8 (KV, capacity, E), or int4 (KV, capacity, E/2) bytes whose byte c holds
+ * codes c and c + E/2, each + 8, low nibble first (kernels.c ENTRY_WORDS).
+ *
+ * tanh is clamped to |x| <= 15 before WGSL's tanh: some drivers compute it as (e^2x - 1) / (e^2x + 1),
+ * which is NaN past |x| ~ 44 (and tanh(15) is 1 in float32 already).
+ */
+
+/** Words of a dispatch's Params block, and the bytes between two blocks (the dynamic offset alignment). */
+export const PARAM_WORDS = 16;
+export const PARAM_STRIDE = 256;
+/** Threads of every workgroup. */
+export const WORKGROUP = 64;
+/** Rows of x a product's workgroup takes at once (its accumulators). */
+export const PRODUCT_ROWS = 8;
+
+const HEADER = /* wgsl */ `
+struct Params { w: array<vec4<u32>, 4> }
+@group(0) @binding(0) var<uniform> p: Params;
+fn u(i: u32) -> u32 { return p.w[i / 4u][i % 4u]; }
+fn f(i: u32) -> f32 { return bitcast<f32>(p.w[i / 4u][i % 4u]); }
+// A workgroup's number in a dispatch folded over x and y (more than 65535 in a row).
+fn group_of(id: vec3<u32>, n: vec3<u32>) -> u32 { return id.x + id.y * n.x; }
+fn safe_tanh(x: f32) -> f32 { return tanh(clamp(x, -15.0, 15.0)); }
+`;
+
+/**
+ * y = x / sqrt(mean(x^2) + eps) * w over each group of E values: a workgroup per (row, head).
+ * Params: 0 x, 1 y, 2 heads, 3 E, 4 ldx, 5 ldy, 6 eps, 7 w (offsets in floats).
+ */
+const NORM_CODE = /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read> w: array<f32>;
+@group(0) @binding(2) var<storage, read_write> x: array<f32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+var<workgroup> sums: array<f32, ${WORKGROUP}>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+  let unit = group_of(id, n);
+  let heads = u(2u); let E = u(3u);
+  let row = unit / heads; let head = unit % heads;
+  let src = u(0u) + row * u(4u) + head * E;
+  let dst = u(1u) + row * u(5u) + head * E;
+  var s = 0.0;
+  for (var i = lane; i < E; i += ${WORKGROUP}u) { let v = x[src + i]; s += v * v; }
+  sums[lane] = s;
+  workgroupBarrier();
+  for (var stride = ${WORKGROUP / 2}u; stride > 0u; stride /= 2u) {
+    if (lane < stride) { sums[lane] += sums[lane + stride]; }
+    workgroupBarrier();
+  }
+  let root = sqrt(sums[0] / f32(E) + f(6u));
+  workgroupBarrier();
+  for (var i = lane; i < E; i += ${WORKGROUP}u) { y[dst + i] = x[src + i] / root * w[u(7u) + i]; }
+}`;
+/** In place (x is y: one binding, as WebGPU forbids a buffer bound twice where one binding writes). */
+const NORM_IN_PLACE = NORM_CODE.replace('@group(0) @binding(2) var<storage, read_write> x: array<f32>;\n', '')
+  .replace('@binding(3) var<storage, read_write> y', '@binding(2) var<storage, read_write> y')
+  .replaceAll('x[', 'y[');
+
+/**
+ * y[t, n] (+)= alpha * sum_k x[t, k] W[n, k], W in form 0 dense float32, 1 q8, 2 q8h, 3 q4. A workgroup
+ * holds 64 / lanes output features (each summed by `lanes` threads over K, then added up in workgroup
+ * memory) for PRODUCT_ROWS rows of x (the dispatch's z).
+ * Params: 0 form, 1 N, 2 K, 3 T, 4 x, 5 ldx, 6 y, 7 ldy, 8 first row of W in its buffer, 9 code offset
+ * (int32), 10 has mins, 11 log2(lanes), 12 accumulate, 13 alpha, 14 row blocks.
+ */
+const PRODUCT = /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read> w: array<u32>;
+@group(0) @binding(2) var<storage, read> scales: array<f32>;
+@group(0) @binding(3) var<storage, read> mins: array<f32>;
+@group(0) @binding(4) var<storage, read_write> x: array<f32>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+const R = ${PRODUCT_ROWS}u;
+var<workgroup> part: array<f32, ${WORKGROUP * PRODUCT_ROWS}>;
+fn byte_i8(word: u32, b: u32) -> f32 { return f32(bitcast<i32>(word << (24u - 8u * b)) >> 24u); }
+fn bytes_i8(word: u32) -> vec4<f32> {
+  return vec4<f32>(byte_i8(word, 0u), byte_i8(word, 1u), byte_i8(word, 2u), byte_i8(word, 3u));
+}
+fn nibbles(word: u32, shift: u32) -> vec4<f32> {
+  return vec4<f32>(f32((word >> shift) & 15u), f32((word >> (shift + 8u)) & 15u),
+                   f32((word >> (shift + 16u)) & 15u), f32((word >> (shift + 24u)) & 15u));
+}
+fn x4(at: u32) -> vec4<f32> { return vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]); }
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) local: u32) {
+  let form = u(0u); let N = u(1u); let K = u(2u); let T = u(3u); let ldx = u(5u);
+  let shift = u(11u); let lanes = 1u << shift;
+  let block = id.x + id.y * n.x;
+  let row = block * (${WORKGROUP}u >> shift) + (local >> shift);
+  let lane = local & (lanes - 1u);
+  let t0 = id.z * R;
+  let rows = min(R, T - t0);
+  var acc = array<f32, ${PRODUCT_ROWS}>();
+  if (block < u(14u) && row < N) {
+    let wrow = row + u(8u);
+    let xb = u(4u) + t0 * ldx;
+    if (form == 0u) {
+      for (var k = lane; k < K; k += lanes) {
+        let wk = bitcast<f32>(w[wrow * K + k]);
+        for (var t = 0u; t < rows; t++) { acc[t] += wk * x[xb + t * ldx + k]; }
+      }
+    } else {
+      let G = K / 32u;
+      let offset = f32(bitcast<i32>(u(9u)));
+      let has_mins = u(10u) != 0u;
+      for (var g = lane; g < G; g += lanes) {
+        var c = array<vec4<f32>, 8>();
+        var s0 = 0.0; var s1 = 0.0;
+        if (form == 3u) {
+          let at = wrow * (K / 8u) + g * 4u;
+          for (var i = 0u; i < 4u; i++) {
+            let word = w[at + i];
+            c[i] = nibbles(word, 0u) - offset;
+            c[i + 4u] = nibbles(word, 4u) - offset;
+          }
+          s0 = scales[wrow * G + g]; s1 = s0;
+        } else {
+          let at = wrow * (K / 4u) + g * 8u;
+          for (var i = 0u; i < 8u; i++) { c[i] = bytes_i8(w[at + i]) - offset; }
+          if (form == 2u) { s0 = scales[wrow * 2u * G + 2u * g]; s1 = scales[wrow * 2u * G + 2u * g + 1u]; }
+          else { s0 = scales[wrow * G + g]; s1 = s0; }
+        }
+        var m = 0.0;
+        if (has_mins) { m = mins[wrow * G + g]; }
+        for (var t = 0u; t < rows; t++) {
+          let at = xb + t * ldx + g * 32u;
+          var lo = 0.0; var hi = 0.0; var sum = vec4<f32>(0.0);
+          for (var i = 0u; i < 4u; i++) {
+            let a = x4(at + 4u * i); let b = x4(at + 16u + 4u * i);
+            lo += dot(c[i], a); hi += dot(c[i + 4u], b); sum += a + b;
+          }
+          acc[t] += s0 * lo + s1 * hi + m * (sum.x + sum.y + sum.z + sum.w);
+        }
+      }
+    }
+  }
+  for (var t = 0u; t < R; t++) { part[local * R + t] = acc[t]; }
+  workgroupBarrier();
+  for (var stride = lanes / 2u; stride > 0u; stride /= 2u) {
+    if (lane < stride) {
+      for (var t = 0u; t < R; t++) { part[local * R + t] += part[(local + stride) * R + t]; }
+    }
+    workgroupBarrier();
+  }
+  if (lane == 0u && block < u(14u) && row < N) {
+    let alpha = f(13u);
+    for (var t = 0u; t < rows; t++) {
+      let at = u(6u) + (t0 + t) * u(7u) + row;
+      let v = alpha * part[local * R + t];
+      if (u(12u) != 0u) { y[at] += v; } else { y[at] = v; }
+    }
+  }
+}`;
+
+/** Params: 0 y, 1 b, 2 N, 3 ldy, 4 rows, 5 b offset. y[t, n] += b[n]. */
+const BIAS = /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read> b: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+  let i = group_of(id, n) * ${WORKGROUP}u + lane;
+  let N = u(2u);
+  if (i >= N * u(4u)) { return; }
+  y[u(0u) + (i / N) * u(3u) + i % N] += b[u(5u) + i % N];
+}`;
+
+/**
+ * RoPE in place, Hugging Face's halves. Params: 0 x, 1 ldx, 2 heads, 3 E, 4 rows, 5 cos, 6 sin (offsets
+ * in floats; the tables (rows, E/2)).
+ */
+const ROPE = /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read_write> x: array<f32>;
+@group(0) @binding(2) var<storage, read_write> cos: array<f32>;
+@group(0) @binding(3) var<storage, read_write> sin: array<f32>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+  let i = group_of(id, n) * ${WORKGROUP}u + lane;
+  let heads = u(2u); let half = u(3u) / 2u;
+  if (i >= u(4u) * heads * half) { return; }
+  let r = i / (heads * half); let h = (i / half) % heads; let j = i % half;
+  let a = u(0u) + r * u(1u) + h * u(3u) + j; let b = a + half;
+  let c = cos[u(5u) + r * half + j]; let s = sin[u(6u) + r * half + j];
+  let x1 = x[a]; let x2 = x[b];
+  x[a] = x1 * c - x2 * s;
+  x[b] = x2 * c + x1 * s;
+}`;
+
+/**
+ * Rows' keys or values into the float32 tier. Params: 0 src, 1 ld, 2 KV, 3 E, 4 rows, 5 capacity,
+ * 6 first slot written (count - rows), 7 the tier's offset.
+ */
+const APPEND = /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read_write> src: array<f32>;
+@group(0) @binding(2) var<storage, read_write> cache: array<f32>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+  let i = group_of(id, n) * ${WORKGROUP}u + lane;
+  let E = u(3u); let KV = u(2u);
+  if (i >= u(4u) * KV * E) { return; }
+  let t = i / (KV * E); let h = (i / E) % KV; let e = i % E;
+  cache[u(7u) + (h * u(5u) + u(6u) + t) * E + e] = src[u(0u) + t * u(1u) + h * E + e];
+}`;
+
+/**
+ * The scores of attention: one thread per (row, query head, slot), the cold tier's slots first. A slot
+ * the row may not see (after its position, or out of its window) scores -inf (as -3e38).
+ * Params: 0 q, 1 ldq, 2 H, 3 KV, 4 E, 5 rows, 6 pos0, 7 window, 8 scale, 9 capacity, 10 count (float32
+ * slots in use), 11 first (the position of slot 0), 12 cold capacity, 13 cold count, 14 bits (8, 4),
+ * 15 S (slots in all: cold count + count).
+ */
+const SCORES = /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read_write> q: array<f32>;
+@group(0) @binding(2) var<storage, read_write> k: array<f32>;
+@group(0) @binding(3) var<storage, read_write> codes: array<u32>;
+@group(0) @binding(4) var<storage, read_write> scales: array<f32>;
+@group(0) @binding(5) var<storage, read_write> positions: array<i32>;
+@group(0) @binding(6) var<storage, read_write> scores: array<f32>;
+fn code(base: u32, e: u32, E: u32, bits: u32) -> f32 {
+  if (bits == 8u) {
+    let b = base + e;
+    return f32(bitcast<i32>(codes[b / 4u] << (24u - 8u * (b % 4u))) >> 24u);
+  }
+  let half = E / 2u;
+  let c = select(e - half, e, e < half);
+  let b = base + c;
+  let byte = (codes[b / 4u] >> (8u * (b % 4u))) & 255u;
+  return f32(i32(select(byte >> 4u, byte & 15u, e < half)) - 8);
+}
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+  let i = group_of(id, n) * ${WORKGROUP}u + lane;
+  let H = u(2u); let E = u(4u); let S = u(15u); let cold = u(13u);
+  if (i >= u(5u) * H * S) { return; }
+  let t = i / (H * S); let h = (i / S) % H; let j = i % S;
+  let head = h / (H / u(3u));
+  let position = i32(u(6u) + t);
+  let window = i32(u(7u));
+  let qt = u(0u) + t * u(1u) + h * E;
+  var s = -3.0e38;
+  if (j < cold) {
+    let slot = head * u(12u) + j;
+    if (window == 0 || position - positions[j] < window) {
+      let width = select(E / 2u, E, u(14u) == 8u);
+      var d = 0.0;
+      for (var e = 0u; e < E; e++) { d += q[qt + e] * code(slot * width, e, E, u(14u)); }
+      s = d * scales[slot] * f(8u);
+    }
+  } else {
+    let slot = i32(j - cold);
+    let first = i32(u(11u));
+    let visible = slot < position - first + 1 && (window == 0 || slot >= position - window + 1 - first);
+    if (visible) {
+      let kt = (head * u(9u) + u32(slot)) * E;
+      var d = 0.0;
+      for (var e = 0u; e < E; e++) { d += q[qt + e] * k[kt + e]; }
+      s = d * f(8u);
+    }
+  }
+  scores[i] = s;
+}`;
+
+/** exp(s - max) / sum over each (row, head)'s S scores, in place: a workgroup each. Params: 15 S. */
+const SOFTMAX = /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read_write> scores: array<f32>;
+var<workgroup> part: array<f32, ${WORKGROUP}>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+  let S = u(15u);
+  let base = group_of(id, n) * S;
+  var top = -3.0e38;
+  for (var j = lane; j < S; j += ${WORKGROUP}u) { top = max(top, scores[base + j]); }
+  part[lane] = top;
+  workgroupBarrier();
+  for (var stride = ${WORKGROUP / 2}u; stride > 0u; stride /= 2u) {
+    if (lane < stride) { part[lane] = max(part[lane], part[lane + stride]); }
+    workgroupBarrier();
+  }
+  top = part[0];
+  workgroupBarrier();
+  var sum = 0.0;
+  for (var j = lane; j < S; j += ${WORKGROUP}u) {
+    let e = exp(scores[base + j] - top);
+    scores[base + j] = e;
+    sum += e;
+  }
+  part[lane] = sum;
+  workgroupBarrier();
+  for (var stride = ${WORKGROUP / 2}u; stride > 0u; stride /= 2u) {
+    if (lane < stride) { part[lane] += part[lane + stride]; }
+    workgroupBarrier();
+  }
+  let total = part[0];
+  for (var j = lane; j < S; j += ${WORKGROUP}u) { scores[base + j] /= total; }
+}`;
+
+/**
+ * The values mixed by the weights SOFTMAX left: one thread per (row, query head, value). Params as
+ * SCORES, with 0 out and 1 ldo in place of q and ldq.
+ */
+const MIX = /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read_write> out: array<f32>;
+@group(0) @binding(2) var<storage, read_write> v: array<f32>;
+@group(0) @binding(3) var<storage, read_write> codes: array<u32>;
+@group(0) @binding(4) var<storage, read_write> scales: array<f32>;
+@group(0) @binding(5) var<storage, read_write> scores: array<f32>;
+fn code(base: u32, e: u32, E: u32, bits: u32) -> f32 {
+  if (bits == 8u) {
+    let b = base + e;
+    return f32(bitcast<i32>(codes[b / 4u] << (24u - 8u * (b % 4u))) >> 24u);
+  }
+  let half = E / 2u;
+  let c = select(e - half, e, e < half);
+  let b = base + c;
+  let byte = (codes[b / 4u] >> (8u * (b % 4u))) & 255u;
+  return f32(i32(select(byte >> 4u, byte & 15u, e < half)) - 8);
+}
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+  let i = group_of(id, n) * ${WORKGROUP}u + lane;
+  let H = u(2u); let E = u(4u); let S = u(15u); let cold = u(13u);
+  if (i >= u(5u) * H * E) { return; }
+  let t = i / (H * E); let h = (i / E) % H; let e = i % E;
+  let head = h / (H / u(3u));
+  let weights = (t * H + h) * S;
+  var o = 0.0;
+  let width = select(E / 2u, E, u(14u) == 8u);
+  for (var j = 0u; j < cold; j++) {
+    let slot = head * u(12u) + j;
+    let pj = scores[weights + j];
+    if (pj != 0.0) { o += pj * scales[slot] * code(slot * width, e, E, u(14u)); }
+  }
+  let count = S - cold;
+  let vt = head * u(9u) * E + e;
+  for (var j = 0u; j < count; j++) { o += scores[weights + cold + j] * v[vt + j * E]; }
+  out[u(0u) + t * u(1u) + h * E + e] = o;
+}`;
+
+/** Params: 0 y, 1 x, 2 n (values in all). y += x. */
+const ADD = /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<storage, read_write> x: array<f32>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+  let i = group_of(id, n) * ${WORKGROUP}u + lane;
+  if (i < u(2u)) { y[u(0u) + i] += x[u(1u) + i]; }
+}`;
+
+/** Params: 0 y, 1 x, 2 n. y = x (learning's residual tap). */
+const COPY = /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read_write> y: array<f32>;
+@group(0) @binding(2) var<storage, read_write> x: array<f32>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+  let i = group_of(id, n) * ${WORKGROUP}u + lane;
+  if (i < u(2u)) { y[u(0u) + i] = x[u(1u) + i]; }
+}`;
+
+/**
+ * The gated MLP's middle, y (rows, F) = act(gate) * up from gu (rows, 2F). Params: 0 kind (0 SiLU, 1
+ * GELU's tanh form), 1 gu, 2 y, 3 F, 4 rows.
+ */
+const GATED = /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read_write> gu: array<f32>;
+@group(0) @binding(2) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+  let i = group_of(id, n) * ${WORKGROUP}u + lane;
+  let F = u(3u);
+  if (i >= u(4u) * F) { return; }
+  let r = i / F; let c = i % F;
+  let g = gu[u(1u) + r * 2u * F + c];
+  var a = 0.0;
+  if (u(0u) == 0u) { a = g * (0.5 + 0.5 * safe_tanh(0.5 * g)); }
+  else { a = 0.5 * g * (1.0 + safe_tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))); }
+  y[u(2u) + r * F + c] = a * gu[u(1u) + r * 2u * F + F + c];
+}`;
+
+/**
+ * A LoRA adapter's gates and scale on x @ A.T (rows, r), in place: a thread per row (lora.Gate: each
+ * gate scales its part of the row by how open it is at the part's norm). Params: 0 low, 1 r, 2 rows,
+ * 3 gates (their count), 4 scale, 5 the gates' offset (4 words each: start, stop, float32 low, high).
+ */
+const GATE = /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read> gates: array<u32>;
+@group(0) @binding(2) var<storage, read_write> low: array<f32>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+  let t = group_of(id, n) * ${WORKGROUP}u + lane;
+  if (t >= u(2u)) { return; }
+  let row = u(0u) + t * u(1u);
+  for (var g = 0u; g < u(3u); g++) {
+    let at = u(5u) + 4u * g;
+    let start = gates[at]; let stop = gates[at + 1u];
+    let lo = bitcast<f32>(gates[at + 2u]); let hi = bitcast<f32>(gates[at + 3u]);
+    var s = 0.0;
+    for (var i = start; i < stop; i++) { s += low[row + i] * low[row + i]; }
+    s = sqrt(s);
+    var open = 0.0;
+    if (hi <= lo) { open = select(0.0, 1.0, s >= lo); } else { open = clamp((s - lo) / (hi - lo), 0.0, 1.0); }
+    for (var i = start; i < stop; i++) { low[row + i] *= open; }
+  }
+  for (var i = 0u; i < u(1u); i++) { low[row + i] *= f(4u); }
+}`;
+
+/**
+ * Each shader: its WGSL and its bindings after the Params (binding 0), in order: 'read' for read-only
+ * storage, 'write' for read_write storage.
+ * @type {Record<string, { code: string, bindings: ('read' | 'write')[] }>}
+ */
+export const SHADERS = {
+  norm: { code: NORM_CODE, bindings: ['read', 'write', 'write'] },
+  norm_in_place: { code: NORM_IN_PLACE, bindings: ['read', 'write'] },
+  product: { code: PRODUCT, bindings: ['read', 'read', 'read', 'write', 'write'] },
+  bias: { code: BIAS, bindings: ['read', 'write'] },
+  rope: { code: ROPE, bindings: ['write', 'write', 'write'] },
+  append: { code: APPEND, bindings: ['write', 'write'] },
+  scores: { code: SCORES, bindings: ['write', 'write', 'write', 'write', 'write', 'write'] },
+  softmax: { code: SOFTMAX, bindings: ['write'] },
+  mix: { code: MIX, bindings: ['write', 'write', 'write', 'write', 'write'] },
+  add: { code: ADD, bindings: ['write', 'write'] },
+  copy: { code: COPY, bindings: ['write', 'write'] },
+  gated: { code: GATED, bindings: ['write', 'write'] },
+  gate: { code: GATE, bindings: ['read', 'write'] },
+};

@@ -1,0 +1,191 @@
+"""The decode plan on a WebGPU device (npm/src/worker/gpu/executor.js and its WGSL shaders), driven from
+CPython through tests/gpu_host.py (a Node process with Dawn; without a GPU, Chromium's SwiftShader):
+every family's tiny random model against the NumPy forward, in float32, q8 and q4 weights, over a
+prompt in chunks, decoding and a rewind; both cold-tier formats with a byte budget; LoRA adapters with
+gates; the residual tap; and a shader broken on purpose, which the comparison catches.
+
+The GPU's arithmetic is float32 with the weights dequantized in the shaders, where the CPU's plan
+quantizes x to int16 (kernels.c's fast products): the logits agree to the NumPy forward's within
+test_plan.assert_close's bound, and the top token is the same unless the reference has a near-tie.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from gpu_host import GpuHost, HostMemory, gpu_missing
+from ruvllm.model.cache import KVCache, KVOptions
+from ruvllm.model.plan import DecodePlan
+from ruvllm.quant.pool import PoolArray
+from ruvllm.runtime.assembly import load_engine
+
+from conftest import tiny_model
+
+missing = gpu_missing()
+pytestmark = pytest.mark.skipif(missing is not None, reason=f"no WebGPU host: {missing}")
+
+
+@pytest.fixture(scope="module")
+def host():
+    gpu = GpuHost()
+    if gpu.reason:
+        gpu.close()
+        pytest.skip(f"no WebGPU adapter: {gpu.reason}")
+    yield gpu
+    gpu.close()
+
+
+def assert_close(got: np.ndarray, want: np.ndarray, what: str, bound: float = 3e-3) -> None:
+    scale = np.abs(want).max()
+    err = np.abs(got - want).max()
+    assert np.isfinite(got).all(), f"{what}: the GPU's logits are not all finite"
+    assert err <= bound * scale, f"{what}: the GPU's logits differ by {err:.3g} (scale {scale:.3g})"
+    rows = np.arange(len(want))
+    margin = want[rows, want.argmax(-1)] - want[rows, got.argmax(-1)]
+    assert (margin <= 2 * err).all(), f"{what}: the GPU's top token differs by {margin.max():.3g} (not a near-tie)"
+
+
+VARIANTS = [
+    "gemma3 sliding + global layers",
+    "qwen2 with q/k/v biases",
+    "llama tied, GQA",
+    "llama MQA",
+    "qwen3 q/k norms",
+    "phi3 fused, GQA, sliding window",
+]
+
+
+def tiny_engine(tmp_path, variant: str, compute: str):
+    from test_parity import VARIANTS as ALL
+
+    kind, overrides = ALL[variant]
+    tiny_model(kind, tmp_path, **overrides)
+    return load_engine(str(tmp_path), compute=compute, kernels="numpy")
+
+
+@pytest.mark.parametrize("compute", ["f32", "q8", "q4"])
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_plan_on_the_gpu_gives_the_numpy_forwards_logits(host, tmp_path, variant, compute):
+    """A prompt of 7 in chunks of 3 (every row's logits), 6 decoding steps, then a rewind of 4 positions
+    and a 2-token continuation: each forward's logits against the NumPy forward's on its own cache."""
+    engine = tiny_engine(tmp_path, variant, compute)
+    plan = DecodePlan(engine.model, HostMemory(host), 3, engine.context_length)
+    program = plan.program("base")
+    cache = KVCache(engine.config, engine.context_length, engine.kv, None, None, plan.memory.empty)
+    reference = engine.new_cache()
+    assert isinstance(cache.layers[0].hot.k, PoolArray)
+
+    def step(ids: np.ndarray, start: int, what: str, last_only: bool = False) -> np.ndarray:
+        got = plan.forward(program, ids, start, cache, last_only)
+        want = engine.forward(ids, start, reference, last_only)
+        assert_close(got, want, what)
+        return want
+
+    prompt = np.random.default_rng(1).integers(0, engine.config.vocab_size, 7)
+    logits = step(prompt, 0, "the prompt")
+    tokens = prompt.tolist()
+    for n in range(6):
+        token = int(logits[-1].argmax())
+        logits = step(np.array([token]), len(tokens), f"decoding step {n}")
+        tokens.append(token)
+    assert host.last["submits"] == 1 and host.last["readBytes"] == 4 * engine.config.vocab_size
+    step(np.array([3, 5]), len(tokens) - 4, "after a rewind", last_only=True)
+
+
+@pytest.mark.parametrize("kind, cold", [("gemma3", "int4"), ("llama", "int8")])
+def test_the_plan_on_the_gpu_over_a_long_chat_with_both_tiers(host, tmp_path, kind, cold):
+    """Four turns (a 5-token prompt rewinding into the last answer, 9 decoding steps) on a cache with a
+    cold tier and a byte budget, so positions migrate to int8/int4 codes the attention shaders read and
+    the oldest are evicted (but for the sinks): the NumPy forward's logits on a cache of its own, and the
+    residual tap's rows alike."""
+    tiny_model(kind, tmp_path)
+    engine = load_engine(str(tmp_path), compute="q4", kernels="numpy")
+    budget = 40 * engine.kv.hot_bytes_per_position(engine.config) // 8  # (about 40 cold positions)
+    kv = KVOptions(hot_tokens=6, cold=cold, migrate_batch=3, keep=2, budget_bytes=budget)
+    plan = DecodePlan(engine.model, HostMemory(host), 4, engine.context_length)
+    program = plan.program("base")
+    cache = KVCache(engine.config, None, kv, None, None, plan.memory.empty)
+    reference = KVCache(engine.config, None, kv, None)
+    rng = np.random.default_rng(3)
+    tokens: list[int] = []
+
+    def step(ids: np.ndarray, start: int, what: str) -> np.ndarray:
+        got = plan.forward(program, ids, start, cache, last_only=True)
+        want = engine.forward(ids, start, reference, last_only=True)
+        assert_close(got, want, what)
+        return want
+
+    for turn in range(4):
+        del tokens[max(0, len(tokens) - 2 * turn) :]
+        prompt = rng.integers(0, engine.config.vocab_size, 5)
+        logits = step(prompt, len(tokens), f"turn {turn}'s prompt")
+        tokens += prompt.tolist()
+        for n in range(9):
+            token = int(logits[-1].argmax())
+            logits = step(np.array([token]), len(tokens), f"turn {turn}, step {n}")
+            tokens.append(token)
+    stats = cache.stats()
+    assert stats == reference.stats(), "the two caches kept different positions"
+    assert stats["cold_positions"] > 0 and stats["evicted_positions"] > 0, stats
+
+
+def test_the_plan_on_the_gpu_runs_lora_adapters_with_their_gates_and_the_tap(host, tmp_path):
+    """Weights wrapped with gated LoRA adapters (test_plan's), and learning's residual tap: the adapted
+    program's logits and the tapped rows as the NumPy forward's; the base program after it the base's."""
+    from ruvllm.learning.lora import Gate, LoRAMatrix
+
+    tiny_model("qwen3", tmp_path)
+    engine = load_engine(str(tmp_path), compute="q4", kernels="numpy")
+    plan = DecodePlan(engine.model, HostMemory(host), 4, engine.context_length)
+    base_program = plan.program("base")
+    rng = np.random.default_rng(5)
+    prompt = rng.integers(0, engine.config.vocab_size, 6)
+    base = engine.forward(prompt, 0, engine.new_cache())
+    r, layer = 8, engine.weights.layers[1]
+    originals = []
+    for owner, name in ((layer.self_attn, "q_proj"), (layer.self_attn, "v_proj"), (layer.mlp, "down_proj")):
+        linear = getattr(owner, name)
+        N, K = linear.matrix.shape
+        A = rng.normal(0, 0.3, (r, K)).astype(np.float32)
+        B = rng.normal(0, 0.3, (N, r)).astype(np.float32)
+        gates = {
+            "q_proj": [Gate(0, 4, 3.0, 6.0), Gate(4, 8, 4.0, 4.0)],
+            "down_proj": [Gate(0, 4, 12.0, 20.0), Gate(4, 8, 9.0, 9.0)],
+        }.get(name, [])
+        originals.append((linear, linear.matrix))
+        linear.matrix = LoRAMatrix(linear.matrix, A, B, 2.0, gates)
+    tap = 1
+    try:
+        reference = KVCache(engine.config, engine.context_length, engine.kv, tap)
+        want = engine.forward(prompt, 0, reference)
+        assert np.abs(want - base).max() > 0.05, "the adapters change nothing: this test could not fail"
+        planned = KVCache(engine.config, engine.context_length, engine.kv, tap, None, plan.memory.empty)
+        assert_close(plan.forward(plan.program("adapted"), prompt, 0, planned), want, "adapted weights")
+        assert planned.tap is not None and reference.tap is not None
+        got_rows, want_rows = np.asarray(planned.tap.read(6)), reference.tap.read(6)
+        assert np.abs(got_rows - want_rows).max() <= 1e-4 * np.abs(want_rows).max(), "the residual tap's rows"
+    finally:
+        for linear, matrix in originals:
+            linear.matrix = matrix
+    planned = KVCache(engine.config, engine.context_length, engine.kv, None, None, plan.memory.empty)
+    assert_close(plan.forward(base_program, prompt, 0, planned), base, "the base program after them")
+
+
+@pytest.mark.parametrize("shader", ["mix", "gated"])
+def test_a_shader_broken_on_purpose_gives_logits_the_comparison_refuses(tmp_path, shader):
+    """The host with one shader's output scaled by 1.5: the same comparison fails (so the tests above,
+    and the parity check at load that uses it, can see a wrong shader)."""
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path), compute="q8", kernels="numpy")
+    broken = GpuHost(broken=shader)
+    try:
+        plan = DecodePlan(engine.model, HostMemory(broken), 4, engine.context_length)
+        prompt = np.random.default_rng(2).integers(0, engine.config.vocab_size, 5)
+        cache = KVCache(engine.config, engine.context_length, engine.kv, None, None, plan.memory.empty)
+        got = plan.forward(plan.program("base"), prompt, 0, cache)
+        want = engine.forward(prompt, 0, engine.new_cache())
+        with pytest.raises(AssertionError, match="differ by"):
+            assert_close(got, want, "a broken shader")
+    finally:
+        broken.close()
