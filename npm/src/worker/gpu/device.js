@@ -20,7 +20,9 @@ async function entry() {
   }
   let dawn;
   try {
-    dawn = await import('webgpu');
+    // (a name the type checker and the browser bundle do not follow: its types repeat the DOM's WebGPU)
+    const name = 'webgpu';
+    dawn = await import(name);
   } catch {
     return { gpu: null, reason: "Node has no WebGPU of its own: install the 'webgpu' package (Dawn) to use the GPU" };
   }

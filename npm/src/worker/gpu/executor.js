@@ -28,6 +28,11 @@ const ALIGN = 256;
 /** Workgroups along one dimension of a dispatch (WebGPU's default maxComputeWorkgroupsPerDimension). */
 const MAX_GROUPS = 65535;
 
+/** WebGPU's flags (the spec's values: not every runtime defines GPUBufferUsage and the rest globally). */
+const USAGE = { MAP_READ: 0x1, COPY_SRC: 0x4, COPY_DST: 0x8, UNIFORM: 0x40, STORAGE: 0x80 };
+const COMPUTE_STAGE = 0x4;
+const MAP_READ = 0x1;
+
 const align = (n, to) => Math.ceil(n / to) * to;
 const f32Bits = (value) => new Uint32Array(new Float32Array([value]).buffer)[0];
 const ONE = f32Bits(1);
@@ -45,8 +50,11 @@ export class GpuExecutor {
   #top = FIRST_ADDRESS;
   #ids = 0;
   #bindGroups = new Map();
-  #params = null; // the uniform buffer of a call's Params blocks
-  #scores = null; // attention's scores, T * H * S floats
+  /** @type {GPUBuffer | null} the uniform buffer of a call's Params blocks */
+  #params = null;
+  /** @type {GPUBuffer | null} attention's scores, T * H * S floats */
+  #scores = null;
+  /** @type {GPUBuffer | null} where a call's outputs are copied to be read */
   #readback = null;
   /** Per call, what the last one did: dispatches, bytes read back (figures for the benchmark and tests). */
   last = { dispatches: 0, submits: 0, readBytes: 0 };
@@ -60,7 +68,7 @@ export class GpuExecutor {
     this.pipelines = pipelines;
     // stand-ins for absent operands, a different one for each binding of a dispatch (two writable
     // bindings of one buffer are refused)
-    this.dummies = Array.from({ length: 4 }, () => device.createBuffer({ size: 256, usage: GPUBufferUsage.STORAGE }));
+    this.dummies = Array.from({ length: 4 }, () => device.createBuffer({ size: 256, usage: USAGE.STORAGE }));
   }
 
   /**
@@ -80,12 +88,12 @@ export class GpuExecutor {
         entries: [
           {
             binding: 0,
-            visibility: GPUShaderStage.COMPUTE,
+            visibility: COMPUTE_STAGE,
             buffer: { type: 'uniform', hasDynamicOffset: true, minBindingSize: 4 * PARAM_WORDS },
           },
           ...bindings.map((kind, i) => ({
             binding: i + 1,
-            visibility: GPUShaderStage.COMPUTE,
+            visibility: COMPUTE_STAGE,
             buffer: { type: /** @type {GPUBufferBindingType} */ (kind === 'read' ? 'read-only-storage' : 'storage') },
           })),
         ],
@@ -120,7 +128,7 @@ export class GpuExecutor {
     const at = this.#alloc(align(size, ALIGN));
     const buffer = this.device.createBuffer({
       size,
-      usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
+      usage: USAGE.STORAGE | USAGE.COPY_SRC | USAGE.COPY_DST,
     });
     const region = {
       at,
@@ -205,11 +213,11 @@ export class GpuExecutor {
   }
 
   async #read(buffer, offset, bytes) {
-    const staging = this.device.createBuffer({ size: bytes, usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST });
+    const staging = this.device.createBuffer({ size: bytes, usage: USAGE.MAP_READ | USAGE.COPY_DST });
     const encoder = this.device.createCommandEncoder();
     encoder.copyBufferToBuffer(buffer, offset, staging, 0, bytes);
     this.device.queue.submit([encoder.finish()]);
-    await staging.mapAsync(GPUMapMode.READ);
+    await staging.mapAsync(MAP_READ);
     const out = new Uint8Array(staging.getMappedRange().slice(0));
     staging.destroy();
     return out;
@@ -245,13 +253,14 @@ export class GpuExecutor {
       this.#params?.destroy();
       this.#params = device.createBuffer({
         size: align(Math.max(params.byteLength, 4096), 4096),
-        usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+        usage: USAGE.UNIFORM | USAGE.COPY_DST,
       });
       this.#bindGroups.clear();
     }
     device.queue.writeBuffer(this.#params, 0, params);
     const encoder = device.createCommandEncoder();
     const pass = encoder.beginComputePass();
+    /** @type {GPUComputePipeline | null} */
     let current = null;
     dispatches.forEach((d, i) => {
       const { pipeline } = this.pipelines[d.shader];
@@ -261,13 +270,14 @@ export class GpuExecutor {
     });
     pass.end();
     const total = outputs.reduce((sum, o) => sum + align(o.bytes, 4), 0);
+    /** @type {GPUBuffer | null} */
     let staging = null;
     if (total) {
       if (!this.#readback || this.#readback.size < total) {
         this.#readback?.destroy();
         this.#readback = device.createBuffer({
           size: align(total, 4096),
-          usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+          usage: USAGE.MAP_READ | USAGE.COPY_DST,
         });
       }
       staging = this.#readback;
@@ -281,14 +291,14 @@ export class GpuExecutor {
     }
     device.queue.submit([encoder.finish()]);
     const oom = await device.popErrorScope();
-    const invalid = await device.popErrorScope();
-    if (oom || invalid) throw new Error(`WebGPU refused the decode plan's work: ${(oom || invalid).message}`);
+    const refused = (await device.popErrorScope()) ?? oom; // (both scopes popped, whichever caught it)
+    if (refused) throw new Error(`WebGPU refused the decode plan's work: ${refused.message}`);
     this.last = { dispatches: dispatches.length, submits: 1, readBytes: total };
     if (!staging) {
       await device.queue.onSubmittedWorkDone();
       return [];
     }
-    await staging.mapAsync(GPUMapMode.READ, 0, align(total, 4));
+    await staging.mapAsync(MAP_READ, 0, align(total, 4));
     const mapped = new Uint8Array(staging.getMappedRange(0, align(total, 4)));
     const results = [];
     let get = 0;
@@ -340,7 +350,7 @@ export class GpuExecutor {
     const bytes = align(Math.max(4 * floats, 256), 256);
     if (!this.#scores || this.#scores.size < bytes) {
       this.#scores?.destroy();
-      this.#scores = this.device.createBuffer({ size: align(2 * bytes, 65536), usage: GPUBufferUsage.STORAGE });
+      this.#scores = this.device.createBuffer({ size: align(2 * bytes, 65536), usage: USAGE.STORAGE });
       this.#bindGroups.clear();
     }
     return this.#scores;
@@ -494,7 +504,10 @@ export class GpuExecutor {
     return out;
   }
 
-  /** A product's dispatch: y (rows, N) at Y, row stride ldy, (+)= x (rows, K) at X @ W.T. */
+  /**
+   * A product's dispatch: y (rows, N) at Y, row stride ldy, (+)= x (rows, K) at X @ W.T.
+   * @returns {Dispatch}
+   */
   #product(form, w, scales, mins, offset, N, K, rows, X, ldx, Y, ldy, hasMins, accumulate) {
     const units = form === 0 ? Math.ceil(K / 8) : K / 32; // (a lane's share: a group of 32, or 8 floats)
     let shift = 0;
@@ -526,7 +539,10 @@ export class GpuExecutor {
     };
   }
 
-  /** Attention's three dispatches: scores, softmax, the values mixed. */
+  /**
+   * Attention's three dispatches: scores, softmax, the values mixed.
+   * @returns {Dispatch[]}
+   */
   #attend(s, T, pos0) {
     const [, q, ldq, entryAt, out, ldo, H, KV, E, window, scale] = s;
     const entry = this.words(entryAt >>> 0, 16);
@@ -556,7 +572,11 @@ export class GpuExecutor {
   }
 }
 
-/** `n` workgroups as a dispatch's x and y (the shaders fold them back: group_of). */
+/**
+ * `n` workgroups as a dispatch's x and y (the shaders fold them back: group_of).
+ * @param {number} n
+ * @returns {[number, number, number]}
+ */
 function groupsOf(n) {
   if (n <= MAX_GROUPS) return [Math.max(n, 1), 1, 1];
   const y = Math.ceil(n / MAX_GROUPS);
