@@ -19,6 +19,8 @@ import { PARAM_STRIDE, PARAM_WORDS, PRODUCT_ROWS, SHADERS, WORKGROUP } from './s
 /** kernels.c's step opcodes (plan.py's END ... LORA), words per step, and a product's flags. */
 const OP = { END: 0, NORM: 1, PRODUCT: 2, BIAS: 3, ROPE: 4, APPEND: 5, ATTEND: 6, ADD: 7, GATED: 8, COPY: 9, LORA: 10 };
 const STEP_WORDS = 16;
+/** The product shader of each form (plan.py's FORMS: dense, q8, q8h, q4). */
+const FORM_SHADERS = ['dense', 'q8', 'q8h', 'q4'];
 const TAIL = 2;
 /** Regions this small keep a JavaScript copy of what is written to them (programs, state, tables). */
 const SHADOW_BYTES = 1 << 20;
@@ -266,7 +268,7 @@ export class GpuExecutor {
       const { pipeline } = this.pipelines[d.shader];
       if (current !== pipeline) pass.setPipeline((current = pipeline));
       pass.setBindGroup(0, this.#bindGroup(d), [i * PARAM_STRIDE]);
-      pass.dispatchWorkgroups(...d.groups);
+      pass.dispatchWorkgroups(d.groups[0], d.groups[1], d.groups[2]);
     });
     pass.end();
     const total = outputs.reduce((sum, o) => sum + align(o.bytes, 4), 0);
@@ -509,32 +511,14 @@ export class GpuExecutor {
    * @returns {Dispatch}
    */
   #product(form, w, scales, mins, offset, N, K, rows, X, ldx, Y, ldy, hasMins, accumulate) {
-    const units = form === 0 ? Math.ceil(K / 8) : K / 32; // (a lane's share: a group of 32, or 8 floats)
-    let shift = 0;
-    while (shift < 6 && 2 << shift <= units) shift += 1;
-    const perGroup = WORKGROUP >> shift;
-    const blocks = Math.ceil(N / perGroup);
-    const [x, y] = groupsOf(blocks);
+    if (form && (X.index % 4 || ldx % 4 || K % 32))
+      throw new Error(`a quantized product's x is not in whole groups (K ${K}, ldx ${ldx}, at float ${X.index})`);
+    const fours = X.index % 4 === 0 && ldx % 4 === 0 && K % 4 === 0;
+    const [x, y] = groupsOf(Math.ceil(N / WORKGROUP));
     return {
-      shader: 'product',
+      shader: form === 0 && fours ? 'dense4' : FORM_SHADERS[form],
       buffers: [w, scales, mins, X.buffer, Y.buffer],
-      params: [
-        form,
-        N,
-        K,
-        rows,
-        X.index,
-        ldx,
-        Y.index,
-        ldy,
-        0,
-        offset,
-        hasMins ? 1 : 0,
-        shift,
-        accumulate ? 1 : 0,
-        ONE,
-        blocks,
-      ],
+      params: [form, N, K, rows, X.index, ldx, Y.index, ldy, 0, offset, hasMins ? 1 : 0, 0, accumulate ? 1 : 0, ONE, N],
       groups: [x, y, Math.ceil(rows / PRODUCT_ROWS)],
     };
   }

@@ -75,98 +75,113 @@ const NORM_IN_PLACE = NORM_CODE.replace('@group(0) @binding(2) var<storage, read
   .replaceAll('x[', 'y[');
 
 /**
- * y[t, n] (+)= alpha * sum_k x[t, k] W[n, k], W in form 0 dense float32, 1 q8, 2 q8h, 3 q4. A workgroup
- * holds 64 / lanes output features (each summed by `lanes` threads over K, then added up in workgroup
- * memory) for PRODUCT_ROWS rows of x (the dispatch's z).
+ * y[t, n] (+)= alpha * sum_k x[t, k] W[n, k] for W in codes: form 1 q8, 2 q8h, 3 q4. A thread per output
+ * feature (its row of W read once a row of x, in 16-byte words), PRODUCT_ROWS rows of x a dispatch's z.
+ * (Measured on SwiftShader, the lm_head of SmolLM2 in q4: a thread per feature took a quarter of the time
+ * of 16 threads per feature summed in workgroup memory; GPUs with wide subgroups may want those back.)
  * Params: 0 form, 1 N, 2 K, 3 T, 4 x, 5 ldx, 6 y, 7 ldy, 8 first row of W in its buffer, 9 code offset
- * (int32), 10 has mins, 11 log2(lanes), 12 accumulate, 13 alpha, 14 row blocks.
+ * (int32), 10 has mins, 12 accumulate, 13 alpha, 14 features (N: the threads past it idle). x, ldx and
+ * K are multiples of 4 (a group is 32).
  */
-const PRODUCT = /* wgsl */ `${HEADER}
-@group(0) @binding(1) var<storage, read> w: array<u32>;
+/** Each form's share of a product's group g (forms: 1 q8, 2 q8h, 3 q4). */
+const PRODUCT_GROUP = {
+  1: `let d = q8_dots(w[2u * (wrow * G + g)], w[2u * (wrow * G + g) + 1u], xa, offset);
+      acc += scales[wrow * G + g] * (d.x + d.y);`,
+  2: `let d = q8_dots(w[2u * (wrow * G + g)], w[2u * (wrow * G + g) + 1u], xa, offset);
+      acc += scales[2u * (wrow * G + g)] * d.x + scales[2u * (wrow * G + g) + 1u] * d.y;`,
+  3: `let d = q4_dots(w[wrow * G + g], xa, offset);
+      acc += scales[wrow * G + g] * (d.x + d.y);`,
+};
+const product = (form) => /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> scales: array<f32>;
 @group(0) @binding(3) var<storage, read> mins: array<f32>;
-@group(0) @binding(4) var<storage, read_write> x: array<f32>;
+@group(0) @binding(4) var<storage, read_write> x: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
-const R = ${PRODUCT_ROWS}u;
-var<workgroup> part: array<f32, ${WORKGROUP * PRODUCT_ROWS}>;
-fn byte_i8(word: u32, b: u32) -> f32 { return f32(bitcast<i32>(word << (24u - 8u * b)) >> 24u); }
-fn bytes_i8(word: u32) -> vec4<f32> {
-  return vec4<f32>(byte_i8(word, 0u), byte_i8(word, 1u), byte_i8(word, 2u), byte_i8(word, 3u));
+fn i8s(word: u32) -> vec4<f32> {
+  let v = bitcast<vec4<i32>>(vec4<u32>(word << 24u, word << 16u, word << 8u, word)) >> vec4<u32>(24u);
+  return vec4<f32>(v);
 }
 fn nibbles(word: u32, shift: u32) -> vec4<f32> {
   return vec4<f32>(f32((word >> shift) & 15u), f32((word >> (shift + 8u)) & 15u),
                    f32((word >> (shift + 16u)) & 15u), f32((word >> (shift + 24u)) & 15u));
 }
-fn x4(at: u32) -> vec4<f32> { return vec4<f32>(x[at], x[at + 1u], x[at + 2u], x[at + 3u]); }
+// A group's 32 codes (minus the offset) against x's 32 values from vec4 xa: the dot products of codes
+// 0..15 and of 16..31, and the sum of x (for the group's min).
+fn q4_dots(q: vec4<u32>, xa: u32, offset: vec4<f32>) -> vec3<f32> {
+  let a0 = x[xa]; let a1 = x[xa + 1u]; let a2 = x[xa + 2u]; let a3 = x[xa + 3u];
+  let b0 = x[xa + 4u]; let b1 = x[xa + 5u]; let b2 = x[xa + 6u]; let b3 = x[xa + 7u];
+  let lo = dot(nibbles(q.x, 0u) - offset, a0) + dot(nibbles(q.y, 0u) - offset, a1)
+         + dot(nibbles(q.z, 0u) - offset, a2) + dot(nibbles(q.w, 0u) - offset, a3);
+  let hi = dot(nibbles(q.x, 4u) - offset, b0) + dot(nibbles(q.y, 4u) - offset, b1)
+         + dot(nibbles(q.z, 4u) - offset, b2) + dot(nibbles(q.w, 4u) - offset, b3);
+  let s = a0 + a1 + a2 + a3 + b0 + b1 + b2 + b3;
+  return vec3<f32>(lo, hi, s.x + s.y + s.z + s.w);
+}
+fn q8_dots(a: vec4<u32>, b: vec4<u32>, xa: u32, offset: vec4<f32>) -> vec3<f32> {
+  let a0 = x[xa]; let a1 = x[xa + 1u]; let a2 = x[xa + 2u]; let a3 = x[xa + 3u];
+  let b0 = x[xa + 4u]; let b1 = x[xa + 5u]; let b2 = x[xa + 6u]; let b3 = x[xa + 7u];
+  let lo = dot(i8s(a.x) - offset, a0) + dot(i8s(a.y) - offset, a1)
+         + dot(i8s(a.z) - offset, a2) + dot(i8s(a.w) - offset, a3);
+  let hi = dot(i8s(b.x) - offset, b0) + dot(i8s(b.y) - offset, b1)
+         + dot(i8s(b.z) - offset, b2) + dot(i8s(b.w) - offset, b3);
+  let s = a0 + a1 + a2 + a3 + b0 + b1 + b2 + b3;
+  return vec3<f32>(lo, hi, s.x + s.y + s.z + s.w);
+}
 @compute @workgroup_size(${WORKGROUP})
 fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
         @builtin(local_invocation_index) local: u32) {
-  let form = u(0u); let N = u(1u); let K = u(2u); let T = u(3u); let ldx = u(5u);
-  let shift = u(11u); let lanes = 1u << shift;
-  let block = id.x + id.y * n.x;
-  let row = block * (${WORKGROUP}u >> shift) + (local >> shift);
-  let lane = local & (lanes - 1u);
-  let t0 = id.z * R;
-  let rows = min(R, T - t0);
-  var acc = array<f32, ${PRODUCT_ROWS}>();
-  if (block < u(14u) && row < N) {
-    let wrow = row + u(8u);
-    let xb = u(4u) + t0 * ldx;
-    if (form == 0u) {
-      for (var k = lane; k < K; k += lanes) {
-        let wk = bitcast<f32>(w[wrow * K + k]);
-        for (var t = 0u; t < rows; t++) { acc[t] += wk * x[xb + t * ldx + k]; }
-      }
-    } else {
-      let G = K / 32u;
-      let offset = f32(bitcast<i32>(u(9u)));
-      let has_mins = u(10u) != 0u;
-      for (var g = lane; g < G; g += lanes) {
-        var c = array<vec4<f32>, 8>();
-        var s0 = 0.0; var s1 = 0.0;
-        if (form == 3u) {
-          let at = wrow * (K / 8u) + g * 4u;
-          for (var i = 0u; i < 4u; i++) {
-            let word = w[at + i];
-            c[i] = nibbles(word, 0u) - offset;
-            c[i + 4u] = nibbles(word, 4u) - offset;
-          }
-          s0 = scales[wrow * G + g]; s1 = s0;
-        } else {
-          let at = wrow * (K / 4u) + g * 8u;
-          for (var i = 0u; i < 8u; i++) { c[i] = bytes_i8(w[at + i]) - offset; }
-          if (form == 2u) { s0 = scales[wrow * 2u * G + 2u * g]; s1 = scales[wrow * 2u * G + 2u * g + 1u]; }
-          else { s0 = scales[wrow * G + g]; s1 = s0; }
-        }
-        var m = 0.0;
-        if (has_mins) { m = mins[wrow * G + g]; }
-        for (var t = 0u; t < rows; t++) {
-          let at = xb + t * ldx + g * 32u;
-          var lo = 0.0; var hi = 0.0; var sum = vec4<f32>(0.0);
-          for (var i = 0u; i < 4u; i++) {
-            let a = x4(at + 4u * i); let b = x4(at + 16u + 4u * i);
-            lo += dot(c[i], a); hi += dot(c[i + 4u], b); sum += a + b;
-          }
-          acc[t] += s0 * lo + s1 * hi + m * (sum.x + sum.y + sum.z + sum.w);
-        }
-      }
+  let K = u(2u);
+  let row = group_of(id, n) * ${WORKGROUP}u + local;
+  if (row >= u(14u)) { return; }
+  let G = K / 32u;
+  let wrow = row + u(8u);
+  let offset = vec4<f32>(f32(bitcast<i32>(u(9u))));
+  let has_mins = u(10u) != 0u;
+  let t0 = id.z * ${PRODUCT_ROWS}u;
+  let t1 = min(t0 + ${PRODUCT_ROWS}u, u(3u));
+  let alpha = f(13u);
+  for (var t = t0; t < t1; t++) {
+    let xb = (u(4u) + t * u(5u)) / 4u;
+    var acc = 0.0;
+    for (var g = 0u; g < G; g++) {
+      let xa = xb + g * 8u;
+      ${PRODUCT_GROUP[form]}
+      if (has_mins) { acc += mins[wrow * G + g] * d.z; }
     }
+    let at = u(6u) + t * u(7u) + row;
+    if (u(12u) != 0u) { y[at] += alpha * acc; } else { y[at] = alpha * acc; }
   }
-  for (var t = 0u; t < R; t++) { part[local * R + t] = acc[t]; }
-  workgroupBarrier();
-  for (var stride = lanes / 2u; stride > 0u; stride /= 2u) {
-    if (lane < stride) {
-      for (var t = 0u; t < R; t++) { part[local * R + t] += part[(local + stride) * R + t]; }
-    }
-    workgroupBarrier();
-  }
-  if (lane == 0u && block < u(14u) && row < N) {
-    let alpha = f(13u);
-    for (var t = 0u; t < rows; t++) {
-      let at = u(6u) + (t0 + t) * u(7u) + row;
-      let v = alpha * part[local * R + t];
-      if (u(12u) != 0u) { y[at] += v; } else { y[at] = v; }
-    }
+}`;
+
+/**
+ * The same product for W in float32 (form 0): a thread per output feature; `width` 4 reads W and x in
+ * vec4s (K, x and ldx multiples of 4), 1 one value at a time (any K: an adapter's B, K = its rank).
+ * Params as PRODUCT's.
+ */
+const dense = (width) => /* wgsl */ `${HEADER}
+@group(0) @binding(1) var<storage, read> w: array<${width === 4 ? 'vec4<f32>' : 'f32'}>;
+@group(0) @binding(2) var<storage, read> scales: array<f32>;
+@group(0) @binding(3) var<storage, read> mins: array<f32>;
+@group(0) @binding(4) var<storage, read_write> x: array<${width === 4 ? 'vec4<f32>' : 'f32'}>;
+@group(0) @binding(5) var<storage, read_write> y: array<f32>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) local: u32) {
+  let K = u(2u) / ${width}u;
+  let row = group_of(id, n) * ${WORKGROUP}u + local;
+  if (row >= u(14u)) { return; }
+  let wb = (row + u(8u)) * K;
+  let t0 = id.z * ${PRODUCT_ROWS}u;
+  let t1 = min(t0 + ${PRODUCT_ROWS}u, u(3u));
+  let alpha = f(13u);
+  for (var t = t0; t < t1; t++) {
+    let xb = (u(4u) + t * u(5u)) / ${width}u;
+    var acc = ${width === 4 ? 'vec4<f32>(0.0)' : '0.0'};
+    for (var k = 0u; k < K; k++) { acc += w[wb + k] * x[xb + k]; }
+    let sum = ${width === 4 ? 'acc.x + acc.y + acc.z + acc.w' : 'acc'};
+    let at = u(6u) + t * u(7u) + row;
+    if (u(12u) != 0u) { y[at] += alpha * sum; } else { y[at] = alpha * sum; }
   }
 }`;
 
@@ -438,7 +453,11 @@ fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u
 export const SHADERS = {
   norm: { code: NORM_CODE, bindings: ['read', 'write', 'write'] },
   norm_in_place: { code: NORM_IN_PLACE, bindings: ['read', 'write'] },
-  product: { code: PRODUCT, bindings: ['read', 'read', 'read', 'write', 'write'] },
+  q8: { code: product(1), bindings: ['read', 'read', 'read', 'write', 'write'] },
+  q8h: { code: product(2), bindings: ['read', 'read', 'read', 'write', 'write'] },
+  q4: { code: product(3), bindings: ['read', 'read', 'read', 'write', 'write'] },
+  dense: { code: dense(1), bindings: ['read', 'read', 'read', 'write', 'write'] },
+  dense4: { code: dense(4), bindings: ['read', 'read', 'read', 'write', 'write'] },
   bias: { code: BIAS, bindings: ['read', 'write'] },
   rope: { code: ROPE, bindings: ['write', 'write', 'write'] },
   append: { code: APPEND, bindings: ['write', 'write'] },
