@@ -64,7 +64,8 @@ class GpuHost:
         )
         info = self.call({"op": "info"})[0]
         self.adapter, self.reason = info["adapter"], info["reason"]
-        self.last: dict = {}
+        self.last: dict = {}  # what the last plan call did (dispatches, submits, bytes read back)
+        self.written = 0  # bytes written to the GPU by `write` (a plan's inputs not counted)
 
     def close(self) -> None:
         if self.process.poll() is None:
@@ -107,6 +108,7 @@ class GpuHost:
         ctypes.memmove(to, data, nbytes)
 
     def write(self, source: int, nbytes: int, at: int) -> None:
+        self.written += nbytes
         self.call({"op": "write", "at": int(at)}, ctypes.string_at(source, nbytes))
 
     def plan(self, program: int, state: int, T: int, copies: int, count: int) -> None:

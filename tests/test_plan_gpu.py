@@ -189,3 +189,69 @@ def test_a_shader_broken_on_purpose_gives_logits_the_comparison_refuses(tmp_path
             assert_close(got, want, "a broken shader")
     finally:
         broken.close()
+
+
+def test_programs_share_the_base_weights_on_the_gpu(host, tmp_path):
+    """A second program (the weights wrapped with an adapter) copies only the adapter and its own words
+    to the GPU: the base weights are placed once (DecodePlan.shared)."""
+    from ruvllm.learning.lora import LoRAMatrix
+
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path), compute="q4", kernels="numpy")
+    plan = DecodePlan(engine.model, HostMemory(host), 4, engine.context_length)
+    before = host.written
+    plan.program("base")
+    base = host.written - before
+    linear = engine.weights.layers[0].self_attn.q_proj
+    N, K = linear.matrix.shape
+    original = linear.matrix
+    A, B = np.ones((4, K), np.float32), np.ones((N, 4), np.float32)
+    linear.matrix = LoRAMatrix(original, A, B, 1.0, [])
+    try:
+        before = host.written
+        plan.program("adapted")
+        adapted = host.written - before
+    finally:
+        linear.matrix = original
+    assert base > engine.weights.nbytes // 2, "the base program placed less than the weights"
+    assert adapted <= A.nbytes + B.nbytes + 64 * 1024, f"the adapter's program copied {adapted} bytes"
+
+
+@pytest.mark.parametrize("choice", ["auto", "webgpu"])
+def test_a_gpu_that_passes_the_check_runs_every_forward(host, tmp_path, choice):
+    """runtime/device.use_gpu: the check's figures within the bound, the engine's forward on the GPU from
+    then on (its caches in the GPU's memory), giving the CPU's logits."""
+    from ruvllm.runtime.device import use_gpu
+
+    tiny_model("qwen2", tmp_path)
+    engine = load_engine(str(tmp_path), compute="q8", kernels="numpy")
+    want = engine.forward(np.array([3, 1, 4, 1, 5]), 0, engine.new_cache())
+    report = use_gpu(engine, HostMemory(host), choice)
+    assert report["path"] == "webgpu" and report["reason"] is None and engine.device == "webgpu"
+    check = report["check"]
+    assert check["passed"] and check["top1"] == 1.0 and check["relative"] < 1e-4, check
+    cache = engine.new_cache()
+    assert isinstance(cache.layers[0].hot.k, PoolArray)
+    host.last = {}
+    assert_close(engine.forward(np.array([3, 1, 4, 1, 5]), 0, cache), want, "the engine's forward")
+    assert host.last["submits"] == 1, "the forward did not run on the GPU"
+
+
+def test_a_gpu_that_fails_the_check_is_not_used_and_says_why(tmp_path):
+    """A shader broken on purpose: with 'auto' the CPU runs and the report says which check failed, with
+    the figures; with 'webgpu' the load fails, naming them."""
+    from ruvllm.errors import LoadError
+    from ruvllm.runtime.device import use_gpu
+
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path), compute="q4", kernels="numpy")
+    broken = GpuHost(broken="gated")
+    try:
+        report = use_gpu(engine, HostMemory(broken), "auto")
+        assert report["path"] == "cpu" and engine.device == "cpu" and engine.decode_plan is None
+        assert "failed the check" in report["reason"] and not report["check"]["passed"], report
+        assert report["check"]["relative"] > 0.05, report["check"]
+        with pytest.raises(LoadError, match="device 'webgpu': the GPU's logits failed the check"):
+            use_gpu(engine, HostMemory(broken), "webgpu")
+    finally:
+        broken.close()

@@ -12,6 +12,7 @@ await build({
     index: 'src/index.js',
     'worker/main': 'src/worker/main.js',
     'worker/pool-worker': 'src/worker/pool-worker.js', // the kernel thread pool's threads (pool.js)
+    'worker/gpu-worker': 'src/worker/gpu/gpu-worker.js', // the GPU's thread (gpu/client.js)
   },
   outdir: 'browser',
   bundle: true,

@@ -43,6 +43,7 @@ export const SHAPES = Object.freeze({
       plan: 'boolean',
       kv: 'KVOptions',
       sha256: 'Record<string, string> | null (file name -> hex digest: checked as each file arrives)',
+      device: "'auto' | 'webgpu' | 'cpu' (where the decode plan may run)",
     },
   },
   KVOptions: {
@@ -84,6 +85,25 @@ export const SHAPES = Object.freeze({
       arithmetic: 'string',
       decode_plan: 'boolean (each forward is one call of the kernels decode plan)',
       plan_note: 'string | null (why it does not: null when it does)',
+      device: 'DeviceReport | null (a GPU was offered: where the plan runs; null: none was)',
+    },
+  },
+  DeviceReport: {
+    note: 'runtime/device.py use_gpu: the path taken, why not the GPU, the check against the CPU',
+    fields: { path: "'webgpu' | 'cpu'", reason: 'string | null', check: 'DeviceCheck | null' },
+  },
+  DeviceCheck: {
+    note: "runtime/device.py compare: the GPU's logits against the CPU's over the check's rows",
+    fields: {
+      rows: 'int',
+      top1: 'number (the share of rows whose top token agrees)',
+      max_diff: 'number',
+      scale: 'number (the largest logit)',
+      relative: 'number (max_diff / scale)',
+      bound: 'number (the largest relative allowed)',
+      near_ties: 'boolean (every row that disagrees is a near-tie)',
+      passed: 'boolean',
+      refusal: 'string (the plan could not run the weights)',
     },
   },
   // --- generation ----------------------------------------------------------------------------
@@ -288,6 +308,7 @@ export const BRIDGE = Object.freeze({
   ModelLoader: {
     start_kernels: { args: { choice: 'text' }, returns: 'KernelsStarted' },
     offer_kernel_threads: { args: { api: 'proxy' }, returns: 'true' },
+    offer_gpu: { args: { api: 'proxy' }, returns: 'true' },
     set_options: { args: { options_json: 'LoadOptions', gguf: 'text | null (null: a folder)' }, returns: 'true' },
     next: { args: {}, returns: 'Want | null (null: every file is in)' },
     give_document: { args: { name: 'text', data: 'bytes | null (null: missing)' }, returns: 'true' },

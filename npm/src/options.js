@@ -15,7 +15,7 @@
  */
 
 import { RuvLLMError } from './errors.js';
-import { ARITHMETIC, KERNEL_CHOICES, MAX_THREADS } from './protocol.js';
+import { ARITHMETIC, DEVICE_CHOICES, KERNEL_CHOICES, MAX_THREADS } from './protocol.js';
 
 const invalid = (message) => new RuvLLMError('invalid_argument', message);
 
@@ -214,6 +214,7 @@ export const LOAD_OPTIONS = {
   kernels: oneOf(KERNEL_CHOICES),
   arithmetic: oneOf(ARITHMETIC),
   plan: flag,
+  device: oneOf(DEVICE_CHOICES),
   threads: rule(`'auto' or an integer in [1, ${MAX_THREADS}]`, (v) => v === 'auto' || integer(1, MAX_THREADS).test(v)),
   memoryBudget: integer(1),
   kv: options(KV_OPTIONS, 'kv'),

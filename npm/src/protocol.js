@@ -69,6 +69,8 @@ const JS_NAMES = Object.freeze(Object.fromEntries(Object.entries(PYTHON_NAMES).m
 
 /** What computes the matrix products (`kernels` in RuvLLM.load; src/worker/kernels.js). */
 export const KERNEL_CHOICES = Object.freeze(['auto', 'wasm', 'numpy']);
+/** Where the decode plan may run (LoadOptions.device; py_src/ruvllm/runtime/device.py DEVICE_CHOICES). */
+export const DEVICE_CHOICES = Object.freeze(['auto', 'webgpu', 'cpu']);
 /** The most threads that compute the matrix products (`threads` in RuvLLM.load; src/worker/pool.js). */
 export const MAX_THREADS = 64;
 /** How the WebAssembly kernels multiply quantized weights (`arithmetic` in RuvLLM.load). */

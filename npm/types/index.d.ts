@@ -58,8 +58,49 @@ export interface Progress {
   fileTotal?: number;
   /** True when the bytes come from the cache (the browser's Cache API, Node's cache root) rather than the network. */
   fromCache?: boolean;
-  /** How Python started ('runtime', once it has: the same as `info.boot`). */
+/** How Python started ('runtime', once it has: the same as `info.boot`). */
   boot?: BootReport;
+}
+
+/** `info.device`: where the decode plan runs, and why. */
+export interface DeviceInfo {
+  /** 'webgpu': every forward the plan takes runs on the GPU; 'cpu': on the kernels (and threads). */
+  path: 'webgpu' | 'cpu';
+  /** Why not the GPU (no adapter, no shared memory, the check failed, 'cpu' asked for), or null. */
+  reason: string | null;
+  /** The GPU adapter, when one was found (also when the check failed). */
+  adapter: GpuAdapterInfo | null;
+  /** The check of the GPU's logits against the CPU's at load, when it ran. */
+  check: DeviceCheck | null;
+}
+
+/** A WebGPU adapter as it describes itself, with what the plan uses of it. */
+export interface GpuAdapterInfo {
+  vendor: string;
+  architecture: string;
+  device: string;
+  description: string;
+  /** The adapter's optional features (the plan computes in float32 and needs none of them). */
+  features: string[];
+  /** The largest buffer one binding may hold, and the largest buffer. */
+  maxBindingBytes: number;
+  maxBufferBytes: number;
+}
+
+/** The GPU's logits against the CPU's over a fixed prompt and a few decoding steps. */
+export interface DeviceCheck {
+  rows: number;
+  /** The share of rows whose top token is the same. */
+  top1: number;
+  /** The largest difference of a logit, the largest logit, and their ratio. */
+  maxDiff: number;
+  scale: number;
+  relative: number;
+  /** The largest `relative` the check lets through. */
+  bound: number;
+  /** Whether every row whose top token differs is a near-tie of the CPU's two candidates. */
+  nearTies: boolean;
+  passed: boolean;
 }
 
 /**
@@ -182,6 +223,18 @@ export interface LoadOptions {
    * WebAssembly kernels.
    */
   plan?: boolean;
+  /**
+   * Where the decode plan runs. 'auto' (default): on the GPU through WebGPU where the runtime offers an
+   * adapter and its logits pass a check against the CPU at load (a short fixed prompt through both:
+   * `info.device.check`), else on the CPU's kernels and threads; 'webgpu': the GPU, or a 'load' error
+   * saying why not; 'cpu': never the GPU. The GPU needs memory shared with a worker, as threads do (in
+   * browsers a cross-origin isolated page); in Node, the `webgpu` package (Dawn) installed beside this one.
+   * Learning's lessons run on the CPU either way, and the GPU reads the adapter's weights after each.
+   * @example
+   * const llm = await RuvLLM.load({ model: url, device: 'webgpu' });
+   * console.log(llm.info.device.adapter?.description, llm.info.device.check?.relative);
+   */
+  device?: 'auto' | 'webgpu' | 'cpu';
   /**
    * How many threads compute the matrix products with the WebAssembly kernels: an integer from 1 to 64,
    * or 'auto' (the default: the logical cores, at most 8; each kind of product then runs on one thread
@@ -657,6 +710,8 @@ export interface ModelInfo {
    * product picks one thread or all by measurement (threads: 'auto').
    */
   threads: { count: number; reason: string | null; adaptive: boolean };
+  /** Where the decode plan runs (`LoadOptions.device`): the path taken, why not the GPU, the check. */
+  device: DeviceInfo;
   /** Where chat()'s template comes from: the model's files, the built-in Gemma turn format, the chatTemplate option, or none. */
   chatTemplate: 'model' | 'built-in gemma' | 'option' | null;
   /** How Python started: from the boot snapshot or afresh (see `LoadOptions.bootCache`). */

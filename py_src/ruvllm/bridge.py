@@ -54,6 +54,7 @@ from .quant.pool import OutsideFile, PoolKernels
 from .quant.provider import DEFAULT_ARITHMETIC, KERNEL_CHOICES, check_arithmetic
 from .quant.wasm import WasmKernels
 from .runtime.assembly import Arriving, Assembly
+from .runtime.device import DEVICE_CHOICES, gpu_memory, use_gpu
 from .runtime.engine import Engine, LoadOptions
 from .runtime.generate import GenerationOptions, Prefilling
 from .session import Session
@@ -113,6 +114,7 @@ class LoadRequest:
     plan: bool = True
     kv: dict | None = None
     sha256: dict[str, str] | None = None
+    device: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -303,6 +305,8 @@ class ModelLoader:
     def __init__(self) -> None:
         self.kernel_exports: object | None = None  # start_kernels: the wasm module's exports
         self.kernel_threads: object | None = None  # offer_kernel_threads: the kernel thread pool's API
+        self.gpu: object | None = None  # offer_gpu: the GPU worker's memory API (npm/src/worker/gpu/)
+        self.device = "auto"  # set_options: where the decode plan may run (runtime/device.py DEVICE_CHOICES)
         self.assembly: Assembly | None = None  # set_options
         self._engine: EngineHandle | None = None  # built, until take_engine()
 
@@ -332,6 +336,13 @@ class ModelLoader:
         return True
 
     @_json_result
+    def offer_gpu(self, api: object) -> bool:
+        """A WebGPU device (the worker's GPU worker, npm/src/worker/gpu/): the decode plan may run there
+        once built, if it passes the check against the CPU (runtime/device.py)."""
+        self.gpu = api
+        return True
+
+    @_json_result
     def set_options(self, options_json: str, gguf: str | None) -> bool:
         """Load options (the LoadOptions shape of npm/src/bridge-schema.js); gguf: the model's GGUF file
         name (null: a folder)."""
@@ -341,6 +352,10 @@ class ModelLoader:
         if set(kv_raw) - kv_known:
             raise InvalidArgumentError(f"unknown kv option {sorted(set(kv_raw) - kv_known)[0]!r}")
         arithmetic = check_arithmetic(r.arithmetic)
+        if r.device not in DEVICE_CHOICES:
+            choices = ", ".join(DEVICE_CHOICES)
+            raise InvalidArgumentError(f"options.device must be {choices}, got {json.dumps(r.device)}")
+        self.device = r.device
         offered: WasmKernels | PoolKernels | None = None
         if self.kernel_threads is not None and self.kernel_exports is not None:
             offered = PoolKernels(self.kernel_threads, arithmetic, WasmKernels(self.kernel_exports, arithmetic))
@@ -448,6 +463,9 @@ class ModelLoader:
         store = assembly.store()
         engine = assembly.build()  # the engine holds its own compute-form weights; the file buffers can go
         self.assembly = None
+        device = None  # (no GPU offered: the worker says why)
+        if self.gpu is not None and self.device != "cpu":
+            device = use_gpu(engine, gpu_memory(self.gpu), self.device)
         self._engine = EngineHandle(engine, *token_byte_table(data), special_token_ids(data))
         plan = engine.plan
         assert plan is not None  # from_store plans every engine it builds
@@ -463,6 +481,7 @@ class ModelLoader:
             "arithmetic": engine.arithmetic,
             "decode_plan": engine.decode_plan is not None,  # ("plan" is the memory plan above)
             "plan_note": engine.plan_note,
+            "device": device,
         }
 
     def take_engine(self) -> EngineHandle:

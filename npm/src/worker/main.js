@@ -16,6 +16,7 @@ import { createText } from '../text/index.js';
 import { MAX_CHARS } from '../text/chat-template.js';
 import { parseJson, readBytes, readText } from './files.js';
 import { startThreads } from './threads.js';
+import { startGpu } from './gpu/client.js';
 import { callBridge, heapBytes, startPython } from './python.js';
 import { feedLoader } from './weights.js';
 import { cacheRoot } from './cache-folder.js';
@@ -37,7 +38,8 @@ const send = (message, transfer = []) => port.postMessage(message, transfer);
  * @type {{ py: import('pyodide').PyodideInterface | null, engine: import('pyodide/ffi').PyProxy | null,
  *   text: ReturnType<typeof createText> | null, model: string | null, aborted: Set<unknown>,
  *   loading: { id: unknown, controller: AbortController } | null,
- *   pool: import('./pool.js').KernelPool | null, positions: number | null, contextLength: number | null }}
+ *   pool: import('./pool.js').KernelPool | null, positions: number | null, contextLength: number | null,
+ *   gpu: { dispose: () => Promise<unknown> } | null }}
  */
 const state = {
   py: null,
@@ -49,6 +51,7 @@ const state = {
   pool: null, // the kernel thread pool (threads.js), when more than one thread computes
   positions: null, // positions a generated sequence may have (the context length); null: no bound (KV budget)
   contextLength: null, // positions a lesson (prompt and completion) may have
+  gpu: null, // the GPU's thread (gpu/client.js), when the load started one
 };
 
 /** The loaded model's engine and text side: every request but load and dispose needs them (see handle). */
@@ -181,6 +184,9 @@ async function withLoader(id, options, progress, signal, gguf, fill) {
     const threads = await startThreads(py, kernels, options.threads);
     state.pool = threads.pool;
     if (threads.api) unwrap(loader.offer_kernel_threads(threads.api));
+    const gpu = await startGpu(py, options.device ?? 'auto', gpuTesting());
+    state.gpu = gpu;
+    if (gpu.api) unwrap(loader.offer_gpu(gpu.api));
     callBridge(loader, 'set_options', loadOptions(options), gguf);
     const onPlan = (plan) => progress({ phase: 'plan', plan, loaded: 0, total: 0 });
     const download = await fill(loader, onPlan);
@@ -209,6 +215,8 @@ async function withLoader(id, options, progress, signal, gguf, fill) {
       kernelsNote: kernels.reason, // why 'auto' runs NumPy's kernels, if it does
       relaxedSimd: kernels.relaxed, // host.py took the relaxed SIMD build
       threads: { count: threads.count, reason: threads.reason, adaptive: threads.adaptive }, // why one; 'auto'
+      // where the plan runs: Python's report once a GPU was offered (checked against the CPU), else why none was
+      device: { path: 'cpu', reason: gpu.reason, check: null, ...built.device, adapter: gpu.adapter },
       chatTemplate: loaded().text.chatTemplateSource, // 'model', 'built-in gemma', 'option' or null (none)
     };
     send({ type: 'loaded', id, info });
@@ -219,12 +227,27 @@ async function withLoader(id, options, progress, signal, gguf, fill) {
   }
 }
 
-/** End the kernel thread pool's threads, if any. */
+/** End the kernel thread pool's threads and the GPU's, if any. */
 async function stopThreads() {
-  const pool = state.pool;
-  state.pool = null;
+  const { pool, gpu } = state;
+  state.pool = state.gpu = null;
   await pool?.dispose();
+  await gpu?.dispose();
 }
+
+/**
+ * The tests' hooks of the GPU, in Node only: RUVLLM_GPU_BREAK names a shader whose output is scaled by
+ * 1.5 (the check at load must refuse it), RUVLLM_GPU_SOFTWARE=1 lets 'auto' take a software adapter
+ * (SwiftShader, the GPU of the machines without one).
+ * @returns {{ replace?: Record<string, [string, string]>, software?: boolean }}
+ */
+function gpuTesting() {
+  if (!IS_NODE) return {};
+  const { RUVLLM_GPU_BREAK: broken, RUVLLM_GPU_SOFTWARE: software } = globalThis.process.env;
+  return { ...(broken ? { replace: { [broken]: [BREAK_PATTERN, BREAK_WITH] } } : {}), software: software === '1' };
+}
+const BREAK_PATTERN = '(\\n\\s*)(y|out)\\[([^\\]]+)\\] = ';
+const BREAK_WITH = '$1$2[$3] = 1.5 * ';
 
 /** A file URL or path as (the folder it is in, its name): files.js opens files by folder and name. */
 function splitLocation(location) {
@@ -250,6 +273,7 @@ function loadOptions(options) {
     kernels: options.kernels ?? 'auto',
     arithmetic: options.arithmetic,
     plan: options.plan,
+    device: options.device ?? 'auto',
     kv,
     sha256: options.sha256 ?? null, // checked by Python as each weight file arrives
   };

@@ -169,8 +169,11 @@ class Program:
         self.words = plan.memory.place(words)
         self.at = plan.memory.address(self.words)
 
-    def _place(self, a: Any, dtype: Any = None) -> int:
-        kept = self.plan.memory.place(a, dtype)
+    def _place(self, a: Any, dtype: Any = None, base: bool = True) -> int:
+        """The address of `a` in the kernels' memory: a base weight's copy shared by every program of the
+        plan (placed once: a GPU's memory holds each weight once, whichever adapters run), an adapter's
+        own to this program."""
+        kept = self.plan.shared(a, dtype) if base else self.plan.memory.place(a, dtype)
         self.placed.append(kept)
         return self.plan.memory.address(kept)
 
@@ -215,10 +218,11 @@ class Program:
                     np.int32,
                 )
                 low, tmp = (at(b) for b in self.lora)
-                A, B = place(wrapped.A, np.float32), place(wrapped.B, np.float32)
+                A, B = place(wrapped.A, np.float32, False), place(wrapped.B, np.float32, False)
                 r = wrapped.A.shape[0]
                 scale = f32_bits(float(wrapped.scale))
-                after.append([LORA, src, A, r, Kin, B, N, dst, ldy, scale, low, tmp, place(gates), len(wrapped.gates)])
+                gates_at = place(gates, None, False)
+                after.append([LORA, src, A, r, Kin, B, N, dst, ldy, scale, low, tmp, gates_at, len(wrapped.gates)])
             if linear.bias is not None:
                 after.append([BIAS, dst, place(linear.bias, np.float32), N, ldy])
             return step, after
@@ -312,6 +316,23 @@ class DecodePlan:
         self.rope = {key: (staged((rows, E // 2)), staged((rows, E // 2))) for key in self.bases}
         self.held: list[tuple[np.ndarray, ...] | None] = [None] * c.num_hidden_layers  # what the table points at
         self.programs: dict[object, Program | str] = {}  # by weights key: the program, or why there is none
+        # the base weights in the kernels' memory, by id of the array placed (which is kept, so its id
+        # stays its own): every program reads the same copy
+        self._shared: dict[tuple[int, str | None], tuple[Any, Any]] = {}
+
+    def shared(self, a: Any, dtype: Any = None) -> Any:
+        """`a` (a base weight, as `dtype`) in the kernels' memory, placed the first time a program asks."""
+        key = (id(a), None if dtype is None else np.dtype(dtype).str)
+        found = self._shared.get(key)
+        if found is None:
+            found = self._shared[key] = (a, self.memory.place(a, dtype))
+        return found[1]
+
+    def forget(self) -> None:
+        """Drop every program and every base weight placed: the base weights' arrays were replaced (an
+        adapter merged into them)."""
+        self.programs.clear()
+        self._shared.clear()
 
     def program(self, key: object) -> Program | str:
         """The program of the model's weights as they are now, which `key` names (an Engine's

@@ -228,6 +228,11 @@ class Engine:
             else:
                 self.plan_note = refusal
 
+    def use_device_plan(self, plan: DecodePlan) -> None:
+        """Run every forward the plan can take through `plan`, built in a device's memory (a GPU's:
+        runtime/device.py, once it passed its check); caches made from now on live there."""
+        self.decode_plan, self.plan_note, self.device = plan, None, "webgpu"
+
     def plan_now(self) -> str | None:
         """Why a forward with the weights active now does not run through the decode plan (the NumPy
         forward computes it), or None when it does."""
@@ -252,6 +257,7 @@ class Engine:
     decode_plan: DecodePlan | None = None  # the forward as one kernels call (use_plan), where it runs
     plan_merges = 0  # the adapter merges the decode plan's programs include (WeightsIdentity.merges)
     plan_note: str | None = "off (no kernels)"  # why there is no decode_plan (None: there is one)
+    device = "cpu"  # where the decode plan runs: "cpu" (the kernels), "webgpu" (use_device_plan)
 
     def attach(self, wrappers: Wrappers) -> None:
         """Let `wrappers` (the LoRA adapters of learning.adapters.AdapterSet) wrap the weights; they must hold
@@ -332,7 +338,7 @@ class Engine:
             plan = self.decode_plan
             if plan is not None and plan.refusal(cache) is None:
                 if identity.merges != self.plan_merges:  # the base weights' arrays were replaced
-                    plan.programs.clear()
+                    plan.forget()
                     self.plan_merges = identity.merges
                 program = plan.program(identity)
                 if isinstance(program, Program):

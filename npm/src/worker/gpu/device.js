@@ -32,15 +32,30 @@ async function entry() {
   return { gpu: dawnGpu, reason: null };
 }
 
+/** A software adapter (a CPU emulating a GPU): right answers, slower than the CPU's own kernels. */
+export function isSoftware(info) {
+  const named = `${info.vendor} ${info.architecture} ${info.device} ${info.description}`;
+  return info.isFallbackAdapter === true || /swiftshader|llvmpipe|lavapipe|software/i.test(named);
+}
+
 /**
- * A device, with what its adapter says of itself; or `device: null` and why not.
+ * A device, with what its adapter says of itself; or `device: null` and why not. `software`: whether a
+ * software adapter will do (else one is refused, saying so).
+ * @param {{ software?: boolean }} [options]
  * @returns {Promise<{ device: GPUDevice | null, adapter: object | null, reason: string | null }>}
  */
-export async function requestGpu() {
+export async function requestGpu({ software = true } = {}) {
   const { gpu, reason } = await entry();
   if (!gpu) return { device: null, adapter: null, reason };
   const adapter = await gpu.requestAdapter({ powerPreference: 'high-performance' });
   if (!adapter) return { device: null, adapter: null, reason: 'WebGPU offers no adapter here' };
+  const info = adapter.info ?? {};
+  if (!software && isSoftware(info))
+    return {
+      device: null,
+      adapter: null,
+      reason: `the only WebGPU adapter is a software one (${info.architecture || info.description}), slower than the CPU's kernels`,
+    };
   const limits = adapter.limits;
   const device = await adapter.requestDevice({
     requiredLimits: {
@@ -49,7 +64,6 @@ export async function requestGpu() {
       maxStorageBuffersPerShaderStage: limits.maxStorageBuffersPerShaderStage,
     },
   });
-  const info = adapter.info ?? {};
   const described = {
     vendor: info.vendor ?? '',
     architecture: info.architecture ?? '',

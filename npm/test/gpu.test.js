@@ -1,0 +1,206 @@
+// The decode plan on a GPU through WebGPU (src/worker/gpu/: the GPU's thread, its shaders, Python's check
+// at load) in Pyodide under Node, with Dawn (the `webgpu` package). Without a GPU, Dawn runs on Chromium's
+// SwiftShader (its Vulkan driver, named by VK_ICD_FILENAMES): right answers, never a speed.
+// - SmolLM2 and Gemma 3 with device 'webgpu': info names the adapter and the check's figures, and the
+//   greedy tokens of held-out-style prompts equal the CPU plan's, or part only at a near-tie (its top-2
+//   margin printed).
+// - A shader broken on purpose (RUVLLM_GPU_BREAK): 'auto' falls back to the CPU and says why, with the
+//   check's figures; 'webgpu' refuses to load, naming them.
+// - 'auto' does not take a software adapter; 'cpu' starts no GPU.
+// - A generation on the GPU aborted, then another; dispose ends the GPU's thread.
+// Needs a local Pyodide distribution and the `webgpu` package (devDependency); Gemma `./build.sh gemma`.
+import assert from 'node:assert/strict';
+import { existsSync } from 'node:fs';
+import { createRequire } from 'node:module';
+import { join, resolve } from 'node:path';
+import { describe, test } from 'node:test';
+import { fileURLToPath } from 'node:url';
+
+import { AbortError, RuvLLM, RuvLLMError } from '../src/index.js';
+import { DIST, HAVE_DIST } from './support/dist.js';
+
+const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
+const PYODIDE = { indexURL: DIST };
+const SWIFTSHADER = '/usr/lib/chromium/vk_swiftshader_icd.json';
+if (!process.env.VK_ICD_FILENAMES && existsSync(SWIFTSHADER)) process.env.VK_ICD_FILENAMES = SWIFTSHADER;
+const HAVE_DAWN = (() => {
+  try {
+    createRequire(import.meta.url).resolve('webgpu');
+    return true;
+  } catch {
+    return false;
+  }
+})();
+const SMOLLM2 = join(ROOT, 'models', 'smollm2-135m-instruct');
+const GEMMA = join(ROOT, 'build', 'downloads', 'gemma-3-270m-q4_k_m.gguf');
+const skipFor = (model, how) =>
+  !HAVE_DIST
+    ? `no local Pyodide distribution at ${DIST}: set RUVLLM_PYODIDE_DIST (docs/pyodide.md)`
+    : !HAVE_DAWN
+      ? "no 'webgpu' package (cd npm && npm ci)"
+      : existsSync(model)
+        ? false
+        : `no ${model}: ${how}`;
+/** The largest logprob gap between the two top tokens at which the GPU and the CPU may pick differently. */
+const NEAR_TIE = 0.05;
+const PROMPTS = [
+  ['The three primary colors are', false],
+  ['What is the capital of France?', true],
+];
+
+/** The greedy answer's tokens, each with the two most likely tokens' logprobs there. */
+async function greedy(llm, prompt, chat, maxTokens) {
+  const common = { max_tokens: maxTokens, temperature: 0 };
+  if (chat) {
+    const body = { ...common, messages: [{ role: 'user', content: prompt }], logprobs: true, top_logprobs: 2 };
+    const answer = await llm.chat.completions.create(body);
+    return answer.choices[0].logprobs.content.map((c) => ({
+      token: c.token,
+      top: c.top_logprobs.map((t) => t.logprob),
+    }));
+  }
+  const answer = await llm.completions.create({ ...common, prompt, logprobs: 2 });
+  const { tokens, top_logprobs: top } = answer.choices[0].logprobs;
+  return tokens.map((token, i) => ({ token, top: Object.values(top[i]).sort((a, b) => b - a) }));
+}
+
+/** The text of a generation. */
+async function text(llm, prompt, options) {
+  let out = '';
+  for await (const chunk of llm.generate(prompt, options)) out += chunk.text;
+  return out;
+}
+
+/** The GPU's greedy tokens against the CPU's: the same, or parted at a near-tie of the CPU's. */
+async function sameTokens(t, gpu, cpu, prompts, maxTokens) {
+  for (const [prompt, chat] of prompts) {
+    const [got, want] = [await greedy(gpu, prompt, chat, maxTokens), await greedy(cpu, prompt, chat, maxTokens)];
+    const parted = want.findIndex((w, i) => got[i]?.token !== w.token);
+    if (parted < 0) {
+      assert.equal(got.length, want.length);
+      continue;
+    }
+    const margin = want[parted].top[0] - want[parted].top[1];
+    t.diagnostic(`"${prompt}": the GPU and the CPU part at token ${parted}, top-2 margin ${margin.toFixed(4)}`);
+    assert.ok(margin < NEAR_TIE, `"${prompt}" parts at token ${parted} with a top-2 margin of ${margin}`);
+  }
+}
+
+function assertOnGpu(info) {
+  const { device } = info;
+  assert.equal(device.path, 'webgpu', `the plan is not on the GPU: ${device.reason}`);
+  assert.equal(device.reason, null);
+  assert.match(device.adapter.architecture, /swiftshader/i);
+  assert.ok(device.adapter.maxBindingBytes >= 2 ** 27, 'the device did not ask for the adapter largest bindings');
+  const { check } = device;
+  assert.ok(check.passed && check.nearTies && check.rows === 8, JSON.stringify(check));
+  assert.ok(check.relative < check.bound, JSON.stringify(check));
+  assert.deepEqual([info.decodePlan, info.planNote], [true, null]);
+}
+
+describe(
+  'SmolLM2 on the GPU (WebGPU through Dawn) in Pyodide under Node',
+  { skip: skipFor(SMOLLM2, './build.sh all makes it') },
+  () => {
+    test("device 'webgpu': the check passes, and the greedy tokens are the CPU plan's", async (t) => {
+      const gpu = await RuvLLM.load({ model: SMOLLM2, pyodide: PYODIDE, threads: 1, device: 'webgpu' });
+      const cpu = await RuvLLM.load({ model: SMOLLM2, pyodide: PYODIDE, threads: 1, device: 'cpu' });
+      try {
+        assertOnGpu(gpu.info);
+        t.diagnostic(`the check: ${JSON.stringify(gpu.info.device.check)}`);
+        assert.deepEqual(cpu.info.device, {
+          path: 'cpu',
+          reason: "device: 'cpu' (asked for)",
+          check: null,
+          adapter: null,
+        });
+        await sameTokens(t, gpu, cpu, PROMPTS, 12);
+      } finally {
+        await Promise.all([gpu.dispose(), cpu.dispose()]);
+      }
+    });
+
+    test("'auto' does not take a software adapter, and says so", async () => {
+      const llm = await RuvLLM.load({ model: SMOLLM2, pyodide: PYODIDE, threads: 1 });
+      try {
+        assert.equal(llm.info.device.path, 'cpu');
+        assert.match(llm.info.device.reason, /software one \(swiftshader\), slower than the CPU's kernels/);
+      } finally {
+        await llm.dispose();
+      }
+    });
+
+    test('a shader broken on purpose: auto falls back to the CPU saying why, webgpu refuses to load', async () => {
+      process.env.RUVLLM_GPU_BREAK = 'gated';
+      process.env.RUVLLM_GPU_SOFTWARE = '1';
+      try {
+        const llm = await RuvLLM.load({ model: SMOLLM2, pyodide: PYODIDE, threads: 1 });
+        try {
+          const { device } = llm.info;
+          assert.equal(device.path, 'cpu');
+          assert.match(device.reason, /the GPU's logits failed the check against the CPU \(largest difference/);
+          assert.ok(!device.check.passed && device.check.relative > device.check.bound, JSON.stringify(device.check));
+          assert.match(device.adapter.architecture, /swiftshader/i);
+          const answer = await text(llm, 'The sky is', { maxTokens: 4, temperature: 0 });
+          assert.ok(answer.length > 0);
+        } finally {
+          await llm.dispose();
+        }
+        await assert.rejects(
+          RuvLLM.load({ model: SMOLLM2, pyodide: PYODIDE, threads: 1, device: 'webgpu' }),
+          (e) =>
+            e instanceof RuvLLMError &&
+            e.type === 'load' &&
+            /device 'webgpu': the GPU's logits failed the check/.test(e.message),
+        );
+      } finally {
+        delete process.env.RUVLLM_GPU_BREAK;
+        delete process.env.RUVLLM_GPU_SOFTWARE;
+      }
+    });
+
+    test('a generation on the GPU aborted, then another; dispose ends the GPU', async () => {
+      const llm = await RuvLLM.load({ model: SMOLLM2, pyodide: PYODIDE, threads: 1, device: 'webgpu' });
+      try {
+        const controller = new AbortController();
+        let chunks = 0;
+        await assert.rejects(
+          (async () => {
+            for await (const chunk of llm.generate('Count to ten:', {
+              maxTokens: 40,
+              temperature: 0,
+              signal: controller.signal,
+            })) {
+              void chunk;
+              chunks += 1;
+              if (chunks === 2) controller.abort();
+            }
+          })(),
+          (e) => e instanceof AbortError,
+        );
+        const answer = await text(llm, 'Count to ten:', { maxTokens: 3, temperature: 0 });
+        assert.ok(answer.length > 0);
+      } finally {
+        await llm.dispose();
+      }
+    });
+  },
+);
+
+describe(
+  'Gemma 3 on the GPU (WebGPU through Dawn) in Pyodide under Node',
+  { skip: skipFor(GEMMA, './build.sh gemma fetches it') },
+  () => {
+    test("device 'webgpu': the check passes, and the greedy tokens are the CPU plan's", async (t) => {
+      const gpu = await RuvLLM.load({ model: GEMMA, pyodide: PYODIDE, threads: 1, device: 'webgpu' });
+      const cpu = await RuvLLM.load({ model: GEMMA, pyodide: PYODIDE, threads: 1, device: 'cpu' });
+      try {
+        assertOnGpu(gpu.info);
+        t.diagnostic(`the check: ${JSON.stringify(gpu.info.device.check)}`);
+        await sameTokens(t, gpu, cpu, PROMPTS.slice(0, 1), 10);
+      } finally {
+        await Promise.all([gpu.dispose(), cpu.dispose()]);
+      }
+    });
+  },
+);
