@@ -293,12 +293,21 @@ pyodide_wheels() {
 }
 
 browser() {
-  # Debian's chromium for the Playwright tests (Playwright's own browser download cannot work here).
-  if command -v chromium >/dev/null 2>&1; then
-    return
+  # Debian's chromium for the Playwright tests (Playwright's own browser download cannot work here), and
+  # the Vulkan loader, through which Node's WebGPU (the `webgpu` package, Dawn) reaches Chromium's
+  # SwiftShader in the GPU tests (npm/test/gpu.test.js, tests/test_plan_gpu.py) on machines without a GPU.
+  if ! command -v chromium >/dev/null 2>&1; then
+    log "installing Debian's chromium for the browser tests"
+    apt_install chromium
   fi
-  log "installing Debian's chromium for the browser tests"
-  apt_install chromium
+  if ! ldconfig -p 2>/dev/null | grep -q 'libvulkan\.so\.1 '; then
+    if can_apt; then
+      log "installing the Vulkan loader (libvulkan1) for the WebGPU tests"
+      apt_install libvulkan1
+    else
+      log "no Vulkan loader (libvulkan1) and no apt-get: the WebGPU tests skip"
+    fi
+  fi
 }
 
 build_all() {

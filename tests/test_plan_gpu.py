@@ -31,7 +31,7 @@ def host():
     gpu = GpuHost()
     if gpu.reason:
         gpu.close()
-        pytest.skip(f"no WebGPU adapter: {gpu.reason}")
+        pytest.skip(f"no WebGPU adapter ({gpu.reason}): ./build.sh test installs the Vulkan loader for SwiftShader")
     yield gpu
     gpu.close()
 
@@ -173,7 +173,7 @@ def test_the_plan_on_the_gpu_runs_lora_adapters_with_their_gates_and_the_tap(hos
 
 
 @pytest.mark.parametrize("shader", ["mix", "gated"])
-def test_a_shader_broken_on_purpose_gives_logits_the_comparison_refuses(tmp_path, shader):
+def test_a_shader_broken_on_purpose_gives_logits_the_comparison_refuses(host, tmp_path, shader):
     """The host with one shader's output scaled by 1.5: the same comparison fails (so the tests above,
     and the parity check at load that uses it, can see a wrong shader)."""
     tiny_model("llama", tmp_path)
@@ -237,7 +237,7 @@ def test_a_gpu_that_passes_the_check_runs_every_forward(host, tmp_path, choice):
     assert host.last["submits"] == 1, "the forward did not run on the GPU"
 
 
-def test_a_gpu_that_fails_the_check_is_not_used_and_says_why(tmp_path):
+def test_a_gpu_that_fails_the_check_is_not_used_and_says_why(host, tmp_path):
     """A shader broken on purpose: with 'auto' the CPU runs and the report says which check failed, with
     the figures; with 'webgpu' the load fails, naming them."""
     from ruvllm.errors import LoadError

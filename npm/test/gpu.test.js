@@ -17,6 +17,7 @@ import { describe, test } from 'node:test';
 import { fileURLToPath } from 'node:url';
 
 import { AbortError, RuvLLM, RuvLLMError } from '../src/index.js';
+import { requestGpu } from '../src/worker/gpu/device.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
 
 const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
@@ -31,6 +32,8 @@ const HAVE_DAWN = (() => {
     return false;
   }
 })();
+/** Why no adapter is found here (no Vulkan loader, no driver), or null: the GPU's tests need one. */
+const NO_ADAPTER = HAVE_DAWN ? (await requestGpu()).reason : null;
 const SMOLLM2 = join(ROOT, 'models', 'smollm2-135m-instruct');
 const GEMMA = join(ROOT, 'build', 'downloads', 'gemma-3-270m-q4_k_m.gguf');
 const skipFor = (model, how) =>
@@ -38,9 +41,11 @@ const skipFor = (model, how) =>
     ? `no local Pyodide distribution at ${DIST}: set RUVLLM_PYODIDE_DIST (docs/pyodide.md)`
     : !HAVE_DAWN
       ? "no 'webgpu' package (cd npm && npm ci)"
-      : existsSync(model)
-        ? false
-        : `no ${model}: ${how}`;
+      : NO_ADAPTER
+        ? `no WebGPU adapter (${NO_ADAPTER}): ./build.sh test installs the Vulkan loader for SwiftShader`
+        : existsSync(model)
+          ? false
+          : `no ${model}: ${how}`;
 /** The largest logprob gap between the two top tokens at which the GPU and the CPU may pick differently. */
 const NEAR_TIE = 0.05;
 const PROMPTS = [

@@ -1,0 +1,131 @@
+"""`device` in the browser: the npm package's browser build in Debian's Chromium on WebGPU, driven by
+Playwright. Without a GPU, Chromium's `--enable-unsafe-webgpu` gives a SwiftShader adapter: right answers,
+never a speed (and `device: 'auto'` does not take it; 'webgpu' does).
+
+- SmolLM2: with device 'webgpu' the plan runs on the GPU after its check passed (info.device names the
+  adapter and gives the figures), and the greedy tokens of held-out-style prompts equal the CPU plan's in
+  the same page, or part only at a near-tie (the CPU's top-2 margin, printed); 'auto' refuses the
+  software adapter and says why; a generation aborted on the GPU, then another.
+- Tiny random models of three families the same way (token-id prompts; the CPU plan is checked against
+  the NumPy forward in tests/test_plan.py, the GPU's shaders against it for every family and weight form
+  in tests/test_plan_gpu.py).
+
+Needs a local Pyodide distribution (as tests/test_e2e.py) and the browser bundle (npm/browser).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import byte_tokenizer_json, tiny_model
+from e2e_support import CHROMIUM, PYODIDE_MARKS, ROOT, demo_server, serve, url_of
+
+BUILT = (ROOT / "npm" / "browser" / "worker" / "gpu-worker.js").exists()
+pytestmark = [
+    *PYODIDE_MARKS,
+    pytest.mark.skipif(not BUILT, reason="the browser bundle is not built (./build.sh npm)"),
+]
+NEAR_TIE = 0.05  # the largest top-2 logprob gap at which the GPU and the CPU may pick differently
+# biases; q/k norms; Gemma's sandwich norms, GELU, sliding windows and two RoPE bases (all six families, in
+# each weight form, run on the GPU against the NumPy forward in tests/test_plan_gpu.py, through Dawn)
+FAMILIES = ["qwen2", "qwen3", "gemma3"]
+
+# Loads `model` on each device in turn, runs greedy completions of `prompts` (text or token ids) with
+# the top-2 logprobs, and answers {device: {info, answers: [[{token, top}]]}}; `abort`: also a
+# generation aborted after two chunks, then a short one.
+RUN = """async ({ model, devices, prompts, tokens, abort }) => {
+    const { RuvLLM } = await import('/npm/browser/index.js');
+    const out = {};
+    for (const device of devices) {
+        const llm = await RuvLLM.load({ model, pyodide: { indexURL: '/pyodide/' }, cache: false, threads: 1, device });
+        const answers = [];
+        for (const prompt of prompts) {
+            const answer = await llm.completions.create({ prompt, max_tokens: tokens, temperature: 0, logprobs: 2 });
+            const { tokens: got, top_logprobs: top } = answer.choices[0].logprobs;
+            answers.push(got.map((token, i) => ({ token, top: Object.values(top[i]).sort((a, b) => b - a) })));
+        }
+        let aborted = null;
+        if (abort) {
+            const controller = new AbortController();
+            let chunks = 0;
+            try {
+                for await (const chunk of llm.generate('Count to ten:', { maxTokens: 40, signal: controller.signal })) {
+                    if (++chunks === 2) controller.abort();
+                }
+            } catch (error) {
+                aborted = error.name;
+            }
+            let after = '';
+            for await (const chunk of llm.generate('Count to ten:', { maxTokens: 3, temperature: 0 })) after += chunk.text;
+            aborted = { error: aborted, after };
+        }
+        out[device] = { info: { device: llm.info.device, decodePlan: llm.info.decodePlan }, answers, aborted };
+        await llm.dispose();
+    }
+    return out;
+}"""
+
+
+@pytest.fixture(scope="module")
+def gpu_page():
+    """A page of Chromium with WebGPU on SwiftShader (web/serve.py's flags and --enable-unsafe-webgpu)."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[*serve.CHROMIUM_ARGS, "--enable-unsafe-webgpu"])
+        yield browser.new_page()
+        browser.close()
+
+
+def assert_same_tokens(got: list[list[dict]], want: list[list[dict]], what: str) -> None:
+    for i, (g, w) in enumerate(zip(got, want, strict=True)):
+        parted = next((k for k, x in enumerate(w) if k >= len(g) or g[k]["token"] != x["token"]), None)
+        if parted is None:
+            assert len(g) == len(w), f"{what}, prompt {i}"
+            continue
+        margin = w[parted]["top"][0] - w[parted]["top"][1]
+        print(f"{what}, prompt {i}: the GPU and the CPU part at token {parted}, top-2 margin {margin:.4f}")
+        assert margin < NEAR_TIE, f"{what}, prompt {i}: parts at token {parted} with a top-2 margin of {margin}"
+
+
+def assert_on_gpu(report: dict, rows: int) -> None:
+    device = report["info"]["device"]
+    assert device["path"] == "webgpu" and device["reason"] is None, device
+    assert "swiftshader" in device["adapter"]["architecture"].lower(), device["adapter"]
+    check = device["check"]
+    assert check["passed"] and check["rows"] == rows and check["relative"] < check["bound"], check
+    assert report["info"]["decodePlan"] is True
+
+
+def test_smollm2_on_webgpu_gives_the_cpu_plans_greedy_tokens(gpu_page, smollm2_dir):
+    """And 'auto' does not take the software adapter; a generation aborted on the GPU, then another."""
+    prompts = ["The three primary colors are", "Water boils at"]
+    with demo_server() as httpd:
+        gpu_page.goto(url_of(httpd) + "npm/README.md")
+        args = {"devices": ["webgpu", "cpu", "auto"], "prompts": prompts, "tokens": 12, "abort": True}
+        got = gpu_page.evaluate(RUN, {"model": "/models/smollm2-135m-instruct/", **args})
+    assert_on_gpu(got["webgpu"], 8)
+    print("the check:", json.dumps(got["webgpu"]["info"]["device"]["check"]))
+    assert got["cpu"]["info"]["device"]["path"] == "cpu"
+    assert_same_tokens(got["webgpu"]["answers"], got["cpu"]["answers"], "SmolLM2")
+    auto = got["auto"]["info"]["device"]
+    assert auto["path"] == "cpu" and "software one" in auto["reason"], auto
+    assert got["webgpu"]["aborted"]["error"] == "AbortError"
+    assert got["webgpu"]["aborted"]["after"], "nothing was generated after the abort"
+
+
+def test_every_familys_tiny_model_on_webgpu_gives_the_cpu_plans_tokens(gpu_page, tmp_path):
+    for kind in FAMILIES:
+        folder = tmp_path / kind
+        tiny_model(kind, folder)
+        (folder / "tokenizer.json").write_text(json.dumps(byte_tokenizer_json()))
+    with demo_server() as httpd:
+        httpd.mounts = {"/tiny/": tmp_path, **httpd.mounts}
+        gpu_page.goto(url_of(httpd) + "npm/README.md")
+        for kind in FAMILIES:
+            args = {"devices": ["webgpu", "cpu"], "prompts": [[5, 17, 33, 9, 60]], "tokens": 8, "abort": False}
+            got = gpu_page.evaluate(RUN, {"model": f"/tiny/{kind}/", **args})
+            assert_on_gpu(got["webgpu"], 8)
+            assert_same_tokens(got["webgpu"]["answers"], got["cpu"]["answers"], kind)
