@@ -19,8 +19,9 @@ import json
 
 import pytest
 
-from conftest import byte_tokenizer_json, tiny_model
 from e2e_support import CHROMIUM, PYODIDE_MARKS, ROOT, demo_server, serve, url_of
+
+from conftest import byte_tokenizer_json, tiny_model
 
 BUILT = (ROOT / "npm" / "browser" / "worker" / "gpu-worker.js").exists()
 pytestmark = [
@@ -58,7 +59,8 @@ RUN = """async ({ model, devices, prompts, tokens, abort }) => {
                 aborted = error.name;
             }
             let after = '';
-            for await (const chunk of llm.generate('Count to ten:', { maxTokens: 3, temperature: 0 })) after += chunk.text;
+            const more = llm.generate('Count to ten:', { maxTokens: 3, temperature: 0 });
+            for await (const chunk of more) after += chunk.text;
             aborted = { error: aborted, after };
         }
         out[device] = { info: { device: llm.info.device, decodePlan: llm.info.decodePlan }, answers, aborted };
