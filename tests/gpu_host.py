@@ -137,6 +137,7 @@ class HostMemory(PoolMemory):
 
     TABLE_DTYPE = np.uint64
 
-    def __init__(self, host: GpuHost) -> None:
+    def __init__(self, host: GpuHost, half_scales: bool = True) -> None:
         super().__init__(SimpleNamespace(api=host, threads=1))  # type: ignore[arg-type]
         self.host = host
+        self.half_scales = half_scales  # (as runtime/device.gpu_memory sets it)

@@ -255,3 +255,38 @@ def test_a_gpu_that_fails_the_check_is_not_used_and_says_why(host, tmp_path):
             use_gpu(engine, HostMemory(broken), "webgpu")
     finally:
         broken.close()
+
+
+@pytest.mark.parametrize("compute", ["q8", "q4"])
+def test_float16_scales_go_to_the_gpu_as_such(host, tmp_path, compute):
+    """Scales and mins that are exactly float16 (as GGUF's q4_0, q4_1 and q8_0 store them, and our own
+    quantizers) are placed as float16 (plan.py HALF: 20 bytes a group of q4 weights) and give the NumPy
+    forward's logits; nudged off float16, they stay float32 and give them too."""
+    from ruvllm.model.plan import HALF, _linears
+    from ruvllm.quant.matrices import Int8Matrix
+
+    tiny_model("llama", tmp_path)
+    engine = load_engine(str(tmp_path), compute=compute, kernels="numpy")
+    prompt = np.random.default_rng(4).integers(0, engine.config.vocab_size, 6)
+    for exact in (True, False):
+        for _, linear in _linears(engine.model):
+            m = linear.matrix
+            if isinstance(m, Int8Matrix):
+                for part in (m.scales, m.mins):
+                    if part is not None:
+                        part[...] = part.astype(np.float16) * (1 if exact else np.float32(1.0001))
+        want = engine.forward(prompt, 0, engine.new_cache())
+        plan = DecodePlan(engine.model, HostMemory(host), 4, engine.context_length)
+        program = plan.program("base")
+        flags = product_flags(program)
+        assert flags and all(bool(word & HALF) == exact for word in flags), (exact, flags)
+        cache = KVCache(engine.config, engine.context_length, engine.kv, None, None, plan.memory.empty)
+        assert_close(plan.forward(program, prompt, 0, cache), want, f"exactly float16 scales: {exact}")
+
+
+def product_flags(program) -> list[int]:
+    """The flags word of each quantized product step of a program."""
+    from ruvllm.model.plan import PRODUCT
+
+    words = np.asarray(program.words).reshape(-1, 16)
+    return [int(w[12]) for w in words if w[0] == PRODUCT and w[1] != 0]

@@ -366,6 +366,7 @@ export const WORKER_REQUESTS = Object.freeze({
   completion: ['kind', 'body'],
   tokenize: ['prompt', 'messages'],
   cache_stats: [],
+  device_stats: [],
   abort: [],
   dispose: [],
   adapt: ['feedback'],

@@ -258,6 +258,15 @@ export class RuvLLM {
     return this.#answer({ type: 'cache_stats' });
   }
 
+  /**
+   * Where the decode plan runs, and on a GPU the work so far: plan calls (a forward each), submits,
+   * dispatches, bytes read back and written, and the GPU memory held (weights, cache, buffers).
+   * @returns {Promise<import('../types/index.d.ts').DeviceStats>}
+   */
+  deviceStats() {
+    return this.#answer({ type: 'device_stats' });
+  }
+
   // --- MicroLoRA ---------------------------------------------------------------------------
 
   /**

@@ -14,6 +14,7 @@
  *                                                         (JSON schemas in it may hold any key)
  *   { type: 'tokenize', id, prompt | messages }           token ids of raw text, or of a rendered chat
  *   { type: 'cache_stats', id }                           positions and bytes of the KV cache per tier
+ *   { type: 'device_stats', id }                          where the plan runs, and on a GPU its work so far
  *   { type: 'adapt', id, feedback }                       feedback: { prompt | messages, completion, reward,
  *                                                         adapter, steps, lr, untilGreedy }; the first step at
  *                                                         once, the others in idle time ('learning' events)
@@ -39,7 +40,7 @@
  *                                                         finishReason, stats }; completion with body.stream:
  *                                                         one OpenAI stream chunk (chat.completion.chunk or
  *                                                         text_completion), as Python made it
- *   { type: 'result',   id, result }                      the answer to 'tokenize', 'cache_stats' or an adapter
+ *   { type: 'result',   id, result }                      the answer to 'tokenize', the stats or an adapter
  *                                                         request; for 'completion' the whole OpenAI answer
  *                                                         (chat.completion or text_completion), streamed or not
  *   { type: 'learning', id, progress }                    adapt: { key, phase, step, steps, rehearsed, version,

@@ -74,6 +74,20 @@ export interface DeviceInfo {
   check: DeviceCheck | null;
 }
 
+/** `llm.deviceStats()`: the GPU's work so far (all 0 on the CPU). */
+export interface DeviceStats {
+  path: 'webgpu' | 'cpu';
+  /** Plan calls (a forward each: a decoded token, or a prompt chunk). */
+  calls: number;
+  submits: number;
+  dispatches: number;
+  /** Bytes copied back from the GPU (the logits, or a prompt's normed rows), and written to it. */
+  readBytes: number;
+  writtenBytes: number;
+  /** GPU memory held: the weights, the KV cache and the plan's buffers. */
+  gpuBytes: number;
+}
+
 /** A WebGPU adapter as it describes itself, with what the plan uses of it. */
 export interface GpuAdapterInfo {
   vendor: string;
@@ -995,6 +1009,17 @@ export class RuvLLM {
    * @example const { hotBytes, coldBytes } = await llm.cacheStats();
    */
   cacheStats(): Promise<CacheStats>;
+
+  /**
+   * Where the decode plan runs, and on a GPU the work so far (per decoded token: one plan call, one
+   * submit, one readback of the logits).
+   * @example
+   * const before = await llm.deviceStats();
+   * for await (const chunk of llm.generate('Hello', { maxTokens: 16 })) void chunk;
+   * const after = await llm.deviceStats();
+   * console.log((after.dispatches - before.dispatches) / (after.calls - before.calls), 'dispatches a forward');
+   */
+  deviceStats(): Promise<DeviceStats>;
 
   /**
    * Free the model and stop the worker. What is under way stops first, as an abort stops it: a

@@ -39,7 +39,7 @@ const send = (message, transfer = []) => port.postMessage(message, transfer);
  *   text: ReturnType<typeof createText> | null, model: string | null, aborted: Set<unknown>,
  *   loading: { id: unknown, controller: AbortController } | null,
  *   pool: import('./pool.js').KernelPool | null, positions: number | null, contextLength: number | null,
- *   gpu: { dispose: () => Promise<unknown> } | null }}
+ *   gpu: { api: any, dispose: () => Promise<unknown> } | null, device: string }}
  */
 const state = {
   py: null,
@@ -52,6 +52,7 @@ const state = {
   positions: null, // positions a generated sequence may have (the context length); null: no bound (KV budget)
   contextLength: null, // positions a lesson (prompt and completion) may have
   gpu: null, // the GPU's thread (gpu/client.js), when the load started one
+  device: 'cpu', // where the plan runs (info.device.path)
 };
 
 /** The loaded model's engine and text side: every request but load and dispose needs them (see handle). */
@@ -219,6 +220,12 @@ async function withLoader(id, options, progress, signal, gguf, fill) {
       device: { path: 'cpu', reason: gpu.reason, check: null, ...built.device, adapter: gpu.adapter },
       chatTemplate: loaded().text.chatTemplateSource, // 'model', 'built-in gemma', 'option' or null (none)
     };
+    state.device = info.device.path;
+    if (info.device.path !== 'webgpu' && state.gpu?.api) {
+      // the check failed ('auto'): the GPU's thread and memory go
+      await state.gpu.dispose();
+      state.gpu = null;
+    }
     send({ type: 'loaded', id, info });
     done = true;
   } finally {
@@ -572,6 +579,11 @@ const HANDLERS = {
   completion,
   tokenize: async (message) => send({ type: 'result', id: message.id, result: promptIds(message) }),
   cache_stats: answer('cache_stats'),
+  device_stats: async ({ id }) => {
+    const gpu = state.gpu?.api && loaded().engine ? state.gpu.api.stats() : null;
+    const none = { calls: 0, submits: 0, dispatches: 0, readBytes: 0, writtenBytes: 0, gpuBytes: 0 };
+    send({ type: 'result', id, result: { path: state.device, ...(gpu ?? none) } });
+  },
   adapt,
   adapters: answer('adapter_names'),
   new_adapter: answer('new_adapter', (m) => [m.config ?? {}]),

@@ -48,7 +48,10 @@ from .weights import Linear
 STEP_WORDS = 16  # kernels.c: each step's words
 END, NORM, PRODUCT, BIAS, ROPE, APPEND, ATTEND, ADD, GATED, COPY, LORA = range(11)  # kernels.c's PLAN_*
 FORMS = {"dense": 0, "q8": 1, "q8h": 2, "q4": 3}  # kernels.c's FORM_*
-QUANTIZE, TAIL = 1, 2  # a product's flags: quantize x first; the logits (the tail rows)
+# a product's flags: quantize x first; the logits (the tail rows); scales and mins in float16 (a memory
+# whose `half_scales` is true, where they are exactly float16: a GPU's, which reads 20 bytes a group of 32
+# q4 weights then, GGUF's q4_1 size, not 24; kernels.c reads float32 and never sees the flag)
+QUANTIZE, TAIL, HALF = 1, 2, 4
 ACTIVATION_KINDS = {"silu": 0, "gelu_pytorch_tanh": 1}
 STATE_WORDS = 8  # kernels.c run_plan's state: T, pos0, last, logits, tap, tapped, scores
 ENTRY_WORDS = 16  # kernels.c: a layer's cache as attention reads it (both tiers)
@@ -100,6 +103,13 @@ def word(value: int) -> int:
 def quantized_x_bytes(rows: int, K: int) -> int:
     """kernels.c QUANTIZED_X_BYTES: quantize_x's outputs for `rows` rows of K values."""
     return rows * (4 * K + 12 * (K // 32))
+
+
+def exactly_half(m: Int8Matrix) -> bool:
+    """Whether a matrix's scales and mins are all float16 values (GGUF's q4_0, q4_1 and q8_0 store them so;
+    the K-quants' products of two scales mostly are not)."""
+    parts = [np.asarray(m.scales, np.float32)] + ([] if m.mins is None else [np.asarray(m.mins, np.float32)])
+    return all(np.array_equal(p.astype(np.float16).astype(np.float32), p) for p in parts)
 
 
 def plan_refusal(model: Transformer, arithmetic: str) -> str | None:
@@ -205,8 +215,10 @@ class Program:
                 parts = [place(codes, np.float32), 0, 0, 0]
             else:
                 assert isinstance(m, Int8Matrix)  # (every other form the kernels know)
-                mins = 0 if m.mins is None else place(m.mins, np.float32)
-                parts = [place(codes), place(m.scales, np.float32), mins, int(m.offset)]
+                small = np.float16 if getattr(plan.memory, "half_scales", False) and exactly_half(m) else np.float32
+                flags |= HALF if small is np.float16 else 0
+                mins = 0 if m.mins is None else place(m.mins, small)
+                parts = [place(codes), place(m.scales, small), mins, int(m.offset)]
             N, Kin = m.shape
             step = [PRODUCT, FORMS[form], *parts, N, Kin, src, dst, ldy, at(plan.xq), flags, at(plan.scratch)]
             step.append(plan.scratch_stride)

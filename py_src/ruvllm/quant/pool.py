@@ -202,6 +202,7 @@ class PoolMemory:
     and plan; `kernels.threads`): the WebGPU executor's is one (npm/src/worker/gpu/executor.js)."""
 
     TABLE_DTYPE: Any = np.uint32  # run's table of copies: Pyodide's addresses are 32-bit
+    half_scales = False  # whether the plan may place exactly-float16 scales as such (a GPU's: plan.py HALF)
 
     def __init__(self, kernels: PoolKernels) -> None:
         api = kernels.api

@@ -36,7 +36,9 @@ CHECK_STEPS = 2
 def gpu_memory(api: Any) -> PoolMemory:
     """The GPU's memory as the plan's KernelMemory: PoolMemory over the worker's calls (`api`, a JsProxy:
     region, free, fetch, write, plan), one thread (a program's steps run one after another)."""
-    return PoolMemory(SimpleNamespace(api=api, threads=1))  # type: ignore[arg-type]  # (what it reads of PoolKernels)
+    memory = PoolMemory(SimpleNamespace(api=api, threads=1))  # type: ignore[arg-type]  # (what it reads of PoolKernels)
+    memory.half_scales = True  # (exactly float16 scales and mins go as such: plan.py HALF)
+    return memory
 
 
 def check_ids(vocab_size: int) -> np.ndarray:

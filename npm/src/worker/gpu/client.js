@@ -81,11 +81,18 @@ export async function startGpu(py, choice = 'auto', testing = {}) {
     return none(reason);
   }
   const channel = new Channel(spawned.worker, ctl, data);
-  return { api: pythonApi(py, channel), adapter, reason: null, dispose: () => spawned.terminate() };
+  const dispose = async () => {
+    channel.closed = true; // (Python may still free regions as it collects: those calls return at once)
+    await spawned.terminate();
+  };
+  return { api: pythonApi(py, channel), adapter, reason: null, dispose };
 }
 
 /** Synchronous calls of the GPU's thread (the caller blocks: a worker, never a page's main thread). */
 class Channel {
+  /** Set once the GPU's thread is ended: a call then fails at once (a free does nothing). */
+  closed = false;
+
   constructor(worker, ctl, data) {
     this.worker = worker;
     this.ctl = new Int32Array(ctl);
@@ -97,6 +104,7 @@ class Channel {
    * call) and number. `answerBytes`: the most the answer may hold (the buffer grows first if needed).
    */
   call(message, transfer = [], answerBytes = 0) {
+    if (this.closed) throw new RuvLLMError('inference', 'the GPU is no longer in use (the model was disposed)');
     if (answerBytes > this.data.byteLength) {
       this.data = new SharedArrayBuffer(Math.max(answerBytes, 2 * this.data.byteLength));
       message = { ...message, data: this.data };
@@ -131,7 +139,9 @@ function pythonApi(py, channel) {
     threads: 1,
     /** A region of `bytes` bytes in the GPU's memory: its address. */
     region: (bytes) => channel.call({ op: 'region', bytes }).value,
-    free: (at) => void channel.call({ op: 'free', at: u(at) }),
+    free: (at) => {
+      if (!channel.closed) channel.call({ op: 'free', at: u(at) });
+    },
     /** `bytes` bytes at `at` of the GPU's memory, copied to `address` of Pyodide's. */
     fetch: (at, bytes, address) => {
       const answer = channel.call({ op: 'fetch', at: u(at), bytes }, [], bytes);
@@ -170,7 +180,7 @@ function pythonApi(py, channel) {
         from += bytes;
       }
     },
-    /** What the last plan call did (dispatches, submits, bytes read back) and the GPU memory in use. */
+    /** Totals so far (plan calls, submits, dispatches, bytes read back and written) and the GPU memory in use. */
     stats: () => JSON.parse(new TextDecoder().decode(channel.call({ op: 'stats' }, [], 4096).bytes.slice())),
   };
 }

@@ -22,6 +22,7 @@ const STEP_WORDS = 16;
 /** The product shader of each form (plan.py's FORMS: dense, q8, q8h, q4). */
 const FORM_SHADERS = ['dense', 'q8', 'q8h', 'q4'];
 const TAIL = 2;
+const HALF = 4; // (scales and mins in float16)
 /** Regions this small keep a JavaScript copy of what is written to them (programs, state, tables). */
 const SHADOW_BYTES = 1 << 20;
 /** The first address handed out (0 means "none" to the plan: a product without mins). */
@@ -58,8 +59,10 @@ export class GpuExecutor {
   #scores = null;
   /** @type {GPUBuffer | null} where a call's outputs are copied to be read */
   #readback = null;
-  /** Per call, what the last one did: dispatches, bytes read back (figures for the benchmark and tests). */
+  /** What the last plan call did: dispatches, submits, bytes read back (the tests' figures). */
   last = { dispatches: 0, submits: 0, readBytes: 0 };
+  /** Everything so far: plan calls, their submits and dispatches, bytes read back and written (the benchmark's). */
+  totals = { calls: 0, submits: 0, dispatches: 0, readBytes: 0, writtenBytes: 0 };
 
   /**
    * @param {GPUDevice} device
@@ -193,6 +196,7 @@ export class GpuExecutor {
   /** `data` written at address `at`. */
   async write(at, data) {
     const { region, offset } = this.resolve(at, data.byteLength);
+    this.totals.writtenBytes += data.byteLength;
     region.shadow?.set(data, offset);
     if (offset % 4 === 0 && data.byteLength % 4 === 0) {
       this.device.queue.writeBuffer(region.buffer, offset, data);
@@ -296,6 +300,11 @@ export class GpuExecutor {
     const refused = (await device.popErrorScope()) ?? oom; // (both scopes popped, whichever caught it)
     if (refused) throw new Error(`WebGPU refused the decode plan's work: ${refused.message}`);
     this.last = { dispatches: dispatches.length, submits: 1, readBytes: total };
+    const { totals } = this;
+    totals.calls += 1;
+    totals.submits += 1;
+    totals.dispatches += dispatches.length;
+    totals.readBytes += total;
     if (!staging) {
       await device.queue.onSubmittedWorkDone();
       return [];
@@ -400,7 +409,9 @@ export class GpuExecutor {
           const Y = this.#floats(y);
           const S = form ? this.#floats(scales).buffer : this.dummies[0];
           const M = this.#optional(mins, 1);
-          out.push(this.#product(form, W.buffer, S, M, offset, N, K, rows, X, K, Y, ldy, mins !== 0, false));
+          const product = this.#product(form, W.buffer, S, M, offset, N, K, rows, X, K, Y, ldy, mins !== 0, false);
+          if (flags & HALF) product.shader += '_half';
+          out.push(product);
           break;
         }
         case OP.BIAS: {

@@ -61,8 +61,10 @@ async function call(message) {
       }
       return { bytes };
     }
-    case 'stats':
-      return { bytes: new TextEncoder().encode(JSON.stringify({ last: executor.last, bytes: executor.bytes })) };
+    case 'stats': {
+      const stats = { ...executor.totals, gpuBytes: executor.bytes };
+      return { bytes: new TextEncoder().encode(JSON.stringify(stats)) };
+    }
     default:
       throw new Error(`the GPU worker has no call ${message.op}`);
   }

@@ -79,6 +79,7 @@ const NORM_IN_PLACE = NORM_CODE.replace('@group(0) @binding(2) var<storage, read
  * feature (its row of W read once a row of x, in 16-byte words), PRODUCT_ROWS rows of x a dispatch's z.
  * (Measured on SwiftShader, the lm_head of SmolLM2 in q4: a thread per feature took a quarter of the time
  * of 16 threads per feature summed in workgroup memory; GPUs with wide subgroups may want those back.)
+ * `half`: scales and mins are float16, two to a 32-bit word (plan.py's HALF: 20 bytes a group of q4, not 24).
  * Params: 0 form, 1 N, 2 K, 3 T, 4 x, 5 ldx, 6 y, 7 ldy, 8 first row of W in its buffer, 9 code offset
  * (int32), 10 has mins, 12 accumulate, 13 alpha, 14 features (N: the threads past it idle). x, ldx and
  * K are multiples of 4 (a group is 32).
@@ -86,16 +87,23 @@ const NORM_IN_PLACE = NORM_CODE.replace('@group(0) @binding(2) var<storage, read
 /** Each form's share of a product's group g (forms: 1 q8, 2 q8h, 3 q4). */
 const PRODUCT_GROUP = {
   1: `let d = q8_dots(w[2u * (wrow * G + g)], w[2u * (wrow * G + g) + 1u], xa, offset);
-      acc += scales[wrow * G + g] * (d.x + d.y);`,
+      acc += scale(wrow * G + g) * (d.x + d.y);`,
   2: `let d = q8_dots(w[2u * (wrow * G + g)], w[2u * (wrow * G + g) + 1u], xa, offset);
-      acc += scales[2u * (wrow * G + g)] * d.x + scales[2u * (wrow * G + g) + 1u] * d.y;`,
+      acc += scale(2u * (wrow * G + g)) * d.x + scale(2u * (wrow * G + g) + 1u) * d.y;`,
   3: `let d = q4_dots(w[wrow * G + g], xa, offset);
-      acc += scales[wrow * G + g] * (d.x + d.y);`,
+      acc += scale(wrow * G + g) * (d.x + d.y);`,
 };
-const product = (form) => /* wgsl */ `${HEADER}
+const product = (form, half) => /* wgsl */ `${HEADER}
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
-@group(0) @binding(2) var<storage, read> scales: array<f32>;
-@group(0) @binding(3) var<storage, read> mins: array<f32>;
+@group(0) @binding(2) var<storage, read> scales: array<${half ? 'u32' : 'f32'}>;
+@group(0) @binding(3) var<storage, read> mins: array<${half ? 'u32' : 'f32'}>;
+${
+  half
+    ? `fn scale(i: u32) -> f32 { return unpack2x16float(scales[i / 2u])[i % 2u]; }
+fn min_of(i: u32) -> f32 { return unpack2x16float(mins[i / 2u])[i % 2u]; }`
+    : `fn scale(i: u32) -> f32 { return scales[i]; }
+fn min_of(i: u32) -> f32 { return mins[i]; }`
+}
 @group(0) @binding(4) var<storage, read_write> x: array<vec4<f32>>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 fn i8s(word: u32) -> vec4<f32> {
@@ -147,7 +155,7 @@ fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u
     for (var g = 0u; g < G; g++) {
       let xa = xb + g * 8u;
       ${PRODUCT_GROUP[form]}
-      if (has_mins) { acc += mins[wrow * G + g] * d.z; }
+      if (has_mins) { acc += min_of(wrow * G + g) * d.z; }
     }
     let at = u(6u) + t * u(7u) + row;
     if (u(12u) != 0u) { y[at] += alpha * acc; } else { y[at] = alpha * acc; }
@@ -453,9 +461,12 @@ fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u
 export const SHADERS = {
   norm: { code: NORM_CODE, bindings: ['read', 'write', 'write'] },
   norm_in_place: { code: NORM_IN_PLACE, bindings: ['read', 'write'] },
-  q8: { code: product(1), bindings: ['read', 'read', 'read', 'write', 'write'] },
-  q8h: { code: product(2), bindings: ['read', 'read', 'read', 'write', 'write'] },
-  q4: { code: product(3), bindings: ['read', 'read', 'read', 'write', 'write'] },
+  q8: { code: product(1, false), bindings: ['read', 'read', 'read', 'write', 'write'] },
+  q8h: { code: product(2, false), bindings: ['read', 'read', 'read', 'write', 'write'] },
+  q4: { code: product(3, false), bindings: ['read', 'read', 'read', 'write', 'write'] },
+  q8_half: { code: product(1, true), bindings: ['read', 'read', 'read', 'write', 'write'] },
+  q8h_half: { code: product(2, true), bindings: ['read', 'read', 'read', 'write', 'write'] },
+  q4_half: { code: product(3, true), bindings: ['read', 'read', 'read', 'write', 'write'] },
   dense: { code: dense(1), bindings: ['read', 'read', 'read', 'write', 'write'] },
   dense4: { code: dense(4), bindings: ['read', 'read', 'read', 'write', 'write'] },
   bias: { code: BIAS, bindings: ['read', 'write'] },
