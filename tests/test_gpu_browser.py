@@ -131,3 +131,31 @@ def test_every_familys_tiny_model_on_webgpu_gives_the_cpu_plans_tokens(gpu_page,
             got = gpu_page.evaluate(RUN, {"model": f"/tiny/{kind}/", **args})
             assert_on_gpu(got["webgpu"], 8)
             assert_same_tokens(got["webgpu"]["answers"], got["cpu"]["answers"], kind)
+
+
+def test_the_demo_page_says_which_device_runs_and_switches(gpu_page, smollm2_dir):
+    """The page's first load ('Run on: Auto') stays on the CPU, whose details line says why (the software
+    adapter); choosing the GPU loads the model again on it, and the details say which adapter, with the
+    check's figures; the answer comes from the GPU then."""
+    with demo_server() as httpd:
+        gpu_page.goto(url_of(httpd))
+        ready = '[data-testid=status][data-state="ready"]'
+        gpu_page.wait_for_selector(ready, timeout=300_000)
+        details = gpu_page.text_content("[data-testid=details]")
+        assert "Device: CPU (the only WebGPU adapter is a software one (swiftshader)" in details, details
+        gpu_page.select_option("[data-testid=device-select]", "webgpu")
+        gpu_page.wait_for_function(
+            "document.querySelector('[data-testid=details]').textContent.includes('Device: GPU')", timeout=300_000
+        )
+        gpu_page.wait_for_selector(ready, timeout=300_000)
+        details = gpu_page.text_content("[data-testid=details]")
+        assert "Device: GPU through WebGPU (google swiftshader" in details, details
+        assert "checked against the CPU's at load" in details, details
+        gpu_page.fill("[data-testid=temperature]", "0")
+        gpu_page.fill("[data-testid=max-tokens]", "4")
+        gpu_page.fill("[data-testid=prompt]", "What is the capital of France?")
+        gpu_page.click("[data-testid=send]")
+        gpu_page.wait_for_selector(ready, timeout=300_000)
+        gpu_page.wait_for_function(
+            "document.querySelector('[data-testid=output]')?.textContent.length > 0", timeout=300_000
+        )

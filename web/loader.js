@@ -58,6 +58,7 @@ export function createLoader(status, { release, adopt }) {
     loadError: $('load-error', HTMLElement),
     picker: $('picker', HTMLFormElement),
     modelSelect: $('model-select', HTMLSelectElement),
+    deviceSelect: $('device-select', HTMLSelectElement),
     modelUrl: $('model-url', HTMLInputElement),
     plan: $('plan', HTMLElement),
     details: $('details-list', HTMLElement),
@@ -149,7 +150,8 @@ export function createLoader(status, { release, adopt }) {
       checked = await checkModel(entry.model, { signal });
       ui.plan.textContent = named + planWords(checked, null);
       const model = entry.model.startsWith('hf:') ? entry.model : checked.url;
-      next = await RuvLLM.load({ model, pyodide, signal, onProgress: progressOf(checked, named) });
+      const device = /** @type {'auto' | 'webgpu' | 'cpu'} */ (ui.deviceSelect.value);
+      next = await RuvLLM.load({ model, pyodide, signal, device, onProgress: progressOf(checked, named) });
     } catch (error) {
       if (signal.aborted) return;
       if (error instanceof ModelCheckError) loadFailed(error.message, error.retryable);
@@ -229,6 +231,10 @@ export function createLoader(status, { release, adopt }) {
         else ui.modelUrl.focus();
       });
       ui.retry.addEventListener('click', () => loadModel(/** @type {Entry} */ (lastAsked)));
+      // another device takes a new load of the model in use (its weights move to the GPU, or off it)
+      ui.deviceSelect.addEventListener('change', () => {
+        if (lastAsked !== null) loadModel(lastAsked);
+      });
       await loadModel(entryOf(models, first));
     },
   };
@@ -280,9 +286,20 @@ function detailLines(info, checked, seconds) {
     `KV cache: ${mib(plan.kvBytes)} MiB for ${info.contextLength} positions; ` +
       `workspace ${mib(plan.workspaceBytes)} MiB; total ${mib(plan.totalBytes)} MiB`,
     `Kernels: ${kernels}, ${info.arithmetic} arithmetic; ${threadsLine(info.threads)}`,
+    deviceLine(info.device),
     `Chat template: ${template[info.chatTemplate] ?? 'none: text completion only'}`,
     `Loaded in ${seconds} s${cached} from ${checked.url}`,
   ];
+}
+
+/** Where the decode plan runs: the GPU (its adapter, the check's figures) or the CPU and why (info.device). */
+function deviceLine({ path, reason, adapter, check }) {
+  const named = adapter ? [adapter.vendor, adapter.architecture, adapter.description].filter(Boolean).join(' ') : '';
+  if (path === 'webgpu' && check) {
+    const difference = check.relative.toExponential(1);
+    return `Device: GPU through WebGPU (${named}); its logits checked against the CPU's at load: largest difference ${difference} of their scale, the same top tokens`;
+  }
+  return `Device: CPU (${reason})`;
 }
 
 /** How many threads compute the products, and why one when only one does (info.threads). */

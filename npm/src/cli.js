@@ -4,7 +4,7 @@
  *   ruvllm-js generate MODEL --prompt TEXT [--chat] [--system TEXT] [--max-tokens N] [--temperature T]
  *                     [--seed S] [--ignore-eos] [--json] [--pyodide DIR] [--context-length N]
  *                     [--compute auto|f32|q8|q4] [--kernels auto|wasm|numpy] [--arithmetic exact|fast]
- *                     [--threads auto|N] [--no-plan]
+ *                     [--threads auto|N] [--no-plan] [--device auto|webgpu|cpu]
  *
  * With --json it prints exactly the object `ruvllm generate --json` prints on CPython. The Pyodide
  * distribution comes from --pyodide, else RUVLLM_PYODIDE_DIST, else the `pyodide` package (NumPy from
@@ -19,7 +19,7 @@ import { toPython } from './protocol.js';
 const USAGE = `usage: ruvllm-js generate MODEL --prompt TEXT [--chat] [--system TEXT] [--max-tokens N]
                  [--temperature T] [--seed S] [--ignore-eos] [--json] [--pyodide DIR] [--context-length N]
                  [--compute auto|f32|q8|q4] [--kernels auto|wasm|numpy] [--arithmetic exact|fast]
-                 [--threads auto|N] [--no-plan]`;
+                 [--threads auto|N] [--no-plan] [--device auto|webgpu|cpu]`;
 
 class UsageError extends Error {}
 
@@ -53,6 +53,7 @@ export function parse(argv) {
         kernels: { type: 'string' },
         arithmetic: { type: 'string' },
         threads: { type: 'string' },
+        device: { type: 'string' },
         'no-plan': { type: 'boolean', default: false }, // (parseArgs has no --no-X before Node 22.4)
         help: { type: 'boolean', default: false },
       },
@@ -81,6 +82,7 @@ export function parse(argv) {
       arithmetic: values.arithmetic,
       threads: values.threads === 'auto' ? 'auto' : number(values.threads, 'threads', true),
       plan: !values['no-plan'],
+      device: values.device,
     },
     options: {
       maxTokens: number(values['max-tokens'], 'max-tokens', true),

@@ -38,6 +38,8 @@ test('arguments map onto load and generate options', () => {
     '--threads',
     '2',
     '--no-plan',
+    '--device',
+    'webgpu',
   ]);
   assert.deepEqual(args, {
     model: 'm/',
@@ -47,7 +49,7 @@ test('arguments map onto load and generate options', () => {
     json: true,
     pyodide: '/p',
     contextLength: undefined,
-    load: { compute: 'q4', kernels: 'wasm', arithmetic: 'fast', threads: 2, plan: false },
+    load: { compute: 'q4', kernels: 'wasm', arithmetic: 'fast', threads: 2, plan: false, device: 'webgpu' },
     options: { maxTokens: 12, temperature: 0, seed: 3, ignoreEos: true },
   });
   assert.equal(parse(['generate', 'm/', '--prompt', 'Hi']).load.plan, true); // (the default)

@@ -153,6 +153,7 @@ const loadCases = [
   [{ model: 'm/', kernels: 'simd' }, 'options.kernels must be one of auto, wasm, numpy, got "simd"'],
   [{ model: 'm/', arithmetic: 'int8' }, 'options.arithmetic must be one of exact, fast, got "int8"'],
   [{ model: 'm/', plan: 'no' }, 'options.plan must be true or false, got "no"'],
+  [{ model: 'm/', device: 'gpu' }, 'options.device must be one of auto, webgpu, cpu, got "gpu"'],
   [{ model: 'm/', threads: 0 }, "options.threads must be 'auto' or an integer in [1, 64], got 0"],
   [{ model: 'm/', threads: 65 }, "options.threads must be 'auto' or an integer in [1, 64], got 65"],
   [{ model: 'm/', threads: 2.5 }, "options.threads must be 'auto' or an integer in [1, 64], got 2.5"],

@@ -84,6 +84,8 @@ export interface DeviceStats {
   /** Bytes copied back from the GPU (the logits, or a prompt's normed rows), and written to it. */
   readBytes: number;
   writtenBytes: number;
+  /** Bytes of weights the products read (a decoded token reads each matrix once, in its quantized form). */
+  weightBytes: number;
   /** GPU memory held: the weights, the KV cache and the plan's buffers. */
   gpuBytes: number;
 }

@@ -580,8 +580,8 @@ const HANDLERS = {
   tokenize: async (message) => send({ type: 'result', id: message.id, result: promptIds(message) }),
   cache_stats: answer('cache_stats'),
   device_stats: async ({ id }) => {
-    const gpu = state.gpu?.api && loaded().engine ? state.gpu.api.stats() : null;
-    const none = { calls: 0, submits: 0, dispatches: 0, readBytes: 0, writtenBytes: 0, gpuBytes: 0 };
+    const gpu = state.gpu?.api ? state.gpu.api.stats() : null;
+    const none = { calls: 0, submits: 0, dispatches: 0, readBytes: 0, writtenBytes: 0, weightBytes: 0, gpuBytes: 0 };
     send({ type: 'result', id, result: { path: state.device, ...(gpu ?? none) } });
   },
   adapt,

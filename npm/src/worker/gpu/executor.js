@@ -42,7 +42,8 @@ const ONE = f32Bits(1);
 
 /**
  * @typedef {{ at: number, bytes: number, buffer: GPUBuffer, id: number, shadow: Uint8Array | null }} Region
- * @typedef {{ shader: string, buffers: GPUBuffer[], params: number[], groups: [number, number, number] }} Dispatch
+ * @typedef {{ shader: string, buffers: GPUBuffer[], params: number[], groups: [number, number, number],
+ *   weightBytes?: number }} Dispatch
  * @typedef {{ module: GPUShaderModule, layout: GPUBindGroupLayout, pipeline: GPUComputePipeline }} Pipeline
  */
 
@@ -60,9 +61,12 @@ export class GpuExecutor {
   /** @type {GPUBuffer | null} where a call's outputs are copied to be read */
   #readback = null;
   /** What the last plan call did: dispatches, submits, bytes read back (the tests' figures). */
-  last = { dispatches: 0, submits: 0, readBytes: 0 };
-  /** Everything so far: plan calls, their submits and dispatches, bytes read back and written (the benchmark's). */
-  totals = { calls: 0, submits: 0, dispatches: 0, readBytes: 0, writtenBytes: 0 };
+  last = { dispatches: 0, submits: 0, readBytes: 0, weightBytes: 0 };
+  /**
+   * Everything so far: plan calls, their submits and dispatches, bytes read back and written, and the
+   * bytes of weights the products read (the benchmark's: a decoded token reads each matrix once).
+   */
+  totals = { calls: 0, submits: 0, dispatches: 0, readBytes: 0, writtenBytes: 0, weightBytes: 0 };
 
   /**
    * @param {GPUDevice} device
@@ -299,8 +303,10 @@ export class GpuExecutor {
     const oom = await device.popErrorScope();
     const refused = (await device.popErrorScope()) ?? oom; // (both scopes popped, whichever caught it)
     if (refused) throw new Error(`WebGPU refused the decode plan's work: ${refused.message}`);
-    this.last = { dispatches: dispatches.length, submits: 1, readBytes: total };
+    const weightBytes = dispatches.reduce((sum, d) => sum + (d.weightBytes ?? 0), 0);
+    this.last = { dispatches: dispatches.length, submits: 1, readBytes: total, weightBytes };
     const { totals } = this;
+    totals.weightBytes += weightBytes;
     totals.calls += 1;
     totals.submits += 1;
     totals.dispatches += dispatches.length;
@@ -410,7 +416,11 @@ export class GpuExecutor {
           const S = form ? this.#floats(scales).buffer : this.dummies[0];
           const M = this.#optional(mins, 1);
           const product = this.#product(form, W.buffer, S, M, offset, N, K, rows, X, K, Y, ldy, mins !== 0, false);
-          if (flags & HALF) product.shader += '_half';
+          const half = flags & HALF;
+          if (half) product.shader += '_half';
+          const groups = form ? (N * K) / 32 : 0;
+          const small = (half ? 2 : 4) * groups * (form === 2 ? 2 : 1) + (mins ? (half ? 2 : 4) * groups : 0);
+          product.weightBytes = N * [4 * K, K, K, K / 2][form] + small; // (codes, then scales and mins)
           out.push(product);
           break;
         }
