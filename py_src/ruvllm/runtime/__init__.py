@@ -9,4 +9,5 @@
 - `constrain/`: constrained decoding: token masks that keep the output valid JSON for a schema.
 - `sampling.py`: sampler options and the sampler closure.
 - `threads.py`: BLAS threads per forward call.
+- `device.py`: where the decode plan runs: a GPU's memory (WebGPU), once its logits pass a check against the CPU.
 """
