@@ -8,9 +8,13 @@
 //   check's figures; 'webgpu' refuses to load, naming them.
 // - 'auto' does not take a software adapter; 'cpu' starts no GPU.
 // - A generation on the GPU aborted, then another; dispose ends the GPU's thread.
+// - A lesson with the plan on the GPU: it runs on the CPU, and the GPU then answers with the adapter, as
+//   the CPU does with the adapter's files loaded (and without it, as before).
 // Needs a local Pyodide distribution and the `webgpu` package (devDependency); Gemma `./build.sh gemma`.
 import assert from 'node:assert/strict';
 import { existsSync } from 'node:fs';
+import { mkdtemp, writeFile } from 'node:fs/promises';
+import { tmpdir } from 'node:os';
 import { createRequire } from 'node:module';
 import { join, resolve } from 'node:path';
 import { describe, test } from 'node:test';
@@ -187,6 +191,35 @@ describe(
         assert.ok(answer.length > 0);
       } finally {
         await llm.dispose();
+      }
+    });
+
+    test('a lesson runs on the CPU, and the GPU then answers with the adapter, as the CPU does', async (t) => {
+      const gpu = await RuvLLM.load({ model: SMOLLM2, pyodide: PYODIDE, threads: 1, device: 'webgpu' });
+      let cpu = null;
+      try {
+        assert.equal(gpu.info.device.path, 'webgpu');
+        const before = (await greedy(gpu, 'The secret code is', false, 6)).map((c) => c.token);
+        await gpu.newAdapter({ name: 'facts', targets: ['down_proj'] });
+        const report = await gpu.adapt({ prompt: 'The secret code is', completion: ' BLUE-42.', adapter: 'facts' });
+        assert.ok(report.logProbAfter - report.logProbBefore > 3, JSON.stringify(report));
+        const learned = (await greedy(gpu, 'The secret code is', false, 6)).map((c) => c.token);
+        assert.notDeepEqual(learned, before, 'the GPU answers as before the lesson');
+        assert.equal((await gpu.adapters()).decodePlan, true); // (the adapter's program, on the GPU)
+        const files = await gpu.saveAdapter('facts');
+        const dir = await mkdtemp(join(tmpdir(), 'ruvllm-gpu-adapter-'));
+        for (const [name, bytes] of Object.entries(files)) await writeFile(join(dir, name), bytes);
+        cpu = await RuvLLM.load({ model: SMOLLM2, pyodide: PYODIDE, threads: 1, device: 'cpu' });
+        await cpu.loadAdapter(dir, { name: 'facts' });
+        await cpu.setAdapter('facts');
+        await sameTokens(t, gpu, cpu, [['The secret code is', false]], 6);
+        await gpu.setAdapter(null);
+        assert.deepEqual(
+          (await greedy(gpu, 'The secret code is', false, 6)).map((c) => c.token),
+          before,
+        );
+      } finally {
+        await Promise.all([gpu.dispose(), cpu?.dispose()]);
       }
     });
   },
