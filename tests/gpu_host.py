@@ -29,14 +29,18 @@ HOST = ROOT / "npm" / "test" / "support" / "gpu-host.js"
 SWIFTSHADER = Path("/usr/lib/chromium/vk_swiftshader_icd.json")
 
 
-def gpu_environment(broken: str | None = None) -> dict[str, str]:
-    """The host's environment: a software Vulkan (SwiftShader) unless one is named already."""
+def gpu_environment(broken: str | None = None, max_binding: int | None = None) -> dict[str, str]:
+    """The host's environment: a software Vulkan (SwiftShader) unless one is named already; a shader
+    broken on purpose; a largest binding below the device's (matrices split in parts)."""
     env = dict(os.environ)
     if "VK_ICD_FILENAMES" not in env and SWIFTSHADER.exists():
         env["VK_ICD_FILENAMES"] = str(SWIFTSHADER)
     env.pop("RUVLLM_GPU_BREAK", None)
+    env.pop("RUVLLM_GPU_MAX_BINDING", None)
     if broken:
         env["RUVLLM_GPU_BREAK"] = broken
+    if max_binding:
+        env["RUVLLM_GPU_MAX_BINDING"] = str(max_binding)
     return env
 
 
@@ -54,12 +58,12 @@ class GpuHost:
 
     threads = 1
 
-    def __init__(self, broken: str | None = None) -> None:
+    def __init__(self, broken: str | None = None, max_binding: int | None = None) -> None:
         self.process = subprocess.Popen(
             ["node", str(HOST)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
-            env=gpu_environment(broken),
+            env=gpu_environment(broken, max_binding),
             cwd=ROOT / "npm",
         )
         info = self.call({"op": "info"})[0]
@@ -96,8 +100,8 @@ class GpuHost:
 
     # ---- PoolMemory's api ----
 
-    def region(self, nbytes: int) -> int:
-        return int(self.call({"op": "region", "bytes": int(nbytes)})[0]["at"])
+    def region(self, nbytes: int, row: int = 0) -> int:
+        return int(self.call({"op": "region", "bytes": int(nbytes), "row": int(row)})[0]["at"])
 
     def free(self, at: int) -> None:
         if self.process.poll() is None:

@@ -290,3 +290,36 @@ def product_flags(program) -> list[int]:
 
     words = np.asarray(program.words).reshape(-1, 16)
     return [int(w[12]) for w in words if w[0] == PRODUCT and w[1] != 0]
+
+
+@pytest.mark.parametrize("compute", ["f32", "q8", "q4"])
+def test_a_matrix_larger_than_a_binding_is_split_in_parts(tmp_path, compute):
+    """With the largest binding at 48 KiB (RUVLLM_GPU_MAX_BINDING), the tied embedding of a 2048-token
+    vocabulary (64 KiB of q4 codes, 128 KiB of q8, 512 KiB of float32) lies in several buffers and its
+    product runs a dispatch per part: the NumPy forward's logits all the same."""
+    tiny_model("llama", tmp_path, vocab_size=2048, tie_word_embeddings=True)
+    engine = load_engine(str(tmp_path), compute=compute, kernels="numpy", context_length=64)
+    small = GpuHost(max_binding=48 * 1024)
+    try:
+        if small.reason:
+            pytest.skip(f"no WebGPU adapter: {small.reason}")
+        plan = DecodePlan(engine.model, HostMemory(small), 3, engine.context_length)
+        program = plan.program("base")
+        cache = KVCache(engine.config, engine.context_length, engine.kv, None, None, plan.memory.empty)
+        reference = engine.new_cache()
+        prompt = np.random.default_rng(6).integers(0, engine.config.vocab_size, 5)
+        assert_close(plan.forward(program, prompt, 0, cache), engine.forward(prompt, 0, reference), "the prompt")
+        token = np.array([7])
+        assert_close(plan.forward(program, token, 5, cache), engine.forward(token, 5, reference), "a step")
+        split = small.last["dispatches"]
+        whole = GpuHost()
+        try:
+            one = DecodePlan(engine.model, HostMemory(whole), 3, engine.context_length)
+            cache = KVCache(engine.config, 64, engine.kv, None, None, one.memory.empty)
+            one.forward(one.program("base"), token, 0, cache)
+            parts = {"f32": 11, "q8": 3, "q4": 2}[compute]  # (the logits' product, of 2048 rows, in parts)
+            assert split == whole.last["dispatches"] + parts - 1, "the lm_head was not split as expected"
+        finally:
+            whole.close()
+    finally:
+        small.close()

@@ -62,7 +62,7 @@ class FakePoolApi:
         self.memory: PoolMemory | None = None  # the PoolMemory calling (plan reads its staged pairs)
         self.plans = 0  # calls of `plan`
 
-    def region(self, nbytes: int) -> int:
+    def region(self, nbytes: int, row: int = 0) -> int:
         block = np.zeros(nbytes, np.uint8) if self.host is None else self.host.zeros(nbytes, np.uint8)
         at = block.ctypes.data - self.base
         self.regions[at] = block

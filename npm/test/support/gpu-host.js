@@ -19,7 +19,9 @@ const broken = process.env.RUVLLM_GPU_BREAK;
 const replace = broken
   ? { [broken]: (code) => code.replace(/(\n\s*)(y|out)\[([^\]]+)\] = /, '$1$2[$3] = 1.5 * ') }
   : {};
-const executor = device ? await GpuExecutor.create(device, { replace }) : null;
+/** A largest binding below the device's (RUVLLM_GPU_MAX_BINDING bytes): the tests of matrices split in parts. */
+const maxBinding = Number(process.env.RUVLLM_GPU_MAX_BINDING) || Infinity;
+const executor = device ? await GpuExecutor.create(device, { replace, maxBinding }) : null;
 
 const input = [];
 let waiting = null;
@@ -58,7 +60,7 @@ async function handle(request, payload) {
   if (!executor) throw new Error(reason);
   switch (request.op) {
     case 'region':
-      return [{ at: executor.region(request.bytes) }];
+      return [{ at: executor.region(request.bytes, request.row ?? 0) }];
     case 'free':
       executor.free(request.at);
       return [{}];

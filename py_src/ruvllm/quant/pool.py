@@ -221,7 +221,8 @@ class PoolMemory:
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
         dtype = np.dtype(dtype)
         nbytes = math.prod(shape) * dtype.itemsize
-        at = int(self._region(max(nbytes, 16)))
+        row = nbytes // shape[0] if len(shape) > 1 and shape[0] else 0  # (a GPU splits a large matrix by rows)
+        at = int(self._region(max(nbytes, 16), row))
         owner = _Region()
         weakref.finalize(owner, self._free, at).atexit = False
         strides: list[int] = []

@@ -137,8 +137,8 @@ function pythonApi(py, channel) {
   const copy = (address, bytes) => new Uint8Array(heap(), u(address), bytes).slice().buffer;
   return {
     threads: 1,
-    /** A region of `bytes` bytes in the GPU's memory: its address. */
-    region: (bytes) => channel.call({ op: 'region', bytes }).value,
+    /** A region of `bytes` bytes in the GPU's memory (a matrix's rows of `row` bytes): its address. */
+    region: (bytes, row = 0) => channel.call({ op: 'region', bytes, row }).value,
     free: (at) => {
       if (!channel.closed) channel.call({ op: 'free', at: u(at) });
     },

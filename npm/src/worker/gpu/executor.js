@@ -41,7 +41,8 @@ const f32Bits = (value) => new Uint32Array(new Float32Array([value]).buffer)[0];
 const ONE = f32Bits(1);
 
 /**
- * @typedef {{ at: number, bytes: number, buffer: GPUBuffer, id: number, shadow: Uint8Array | null }} Region
+ * @typedef {{ start: number, bytes: number, buffer: GPUBuffer }} Chunk  a buffer holding bytes start.. of a region
+ * @typedef {{ at: number, bytes: number, chunks: Chunk[], rowBytes: number, shadow: Uint8Array | null }} Region
  * @typedef {{ shader: string, buffers: GPUBuffer[], params: number[], groups: [number, number, number],
  *   weightBytes?: number }} Dispatch
  * @typedef {{ module: GPUShaderModule, layout: GPUBindGroupLayout, pipeline: GPUComputePipeline }} Pipeline
@@ -72,9 +73,11 @@ export class GpuExecutor {
    * @param {GPUDevice} device
    * @param {Record<string, Pipeline>} pipelines
    */
-  constructor(device, pipelines) {
+  constructor(device, pipelines, maxBinding = Infinity) {
     this.device = device;
     this.pipelines = pipelines;
+    /** The largest buffer one binding may hold: the device's, or less where asked (the tests' splits). */
+    this.maxBinding = Math.min(device.limits.maxStorageBufferBindingSize, maxBinding);
     // stand-ins for absent operands, a different one for each binding of a dispatch (two writable
     // bindings of one buffer are refused)
     this.dummies = Array.from({ length: 4 }, () => device.createBuffer({ size: 256, usage: USAGE.STORAGE }));
@@ -84,9 +87,10 @@ export class GpuExecutor {
    * An executor on `device`, its shaders compiled (`replace`: shaders by name whose WGSL is swapped, the
    * tests' way of breaking one on purpose).
    * @param {GPUDevice} device
-   * @param {{ replace?: Record<string, (code: string) => string> }} [options]
+   * @param {{ replace?: Record<string, (code: string) => string>, maxBinding?: number }} [options]
+   *   maxBinding: bytes of the largest binding to use, below the device's (the tests split matrices so)
    */
-  static async create(device, { replace = {} } = {}) {
+  static async create(device, { replace = {}, maxBinding = Infinity } = {}) {
     const pipelines = {};
     device.pushErrorScope('validation');
     for (const [name, { code, bindings }] of Object.entries(SHADERS)) {
@@ -116,49 +120,57 @@ export class GpuExecutor {
     }
     const error = await device.popErrorScope();
     if (error) throw new Error(`WebGPU refused the plan's shaders: ${error.message}`);
-    return new GpuExecutor(device, pipelines);
+    return new GpuExecutor(device, pipelines, maxBinding);
   }
 
   /** Bytes of GPU memory the regions hold. */
   get bytes() {
-    return this.#regions.reduce((sum, r) => sum + r.buffer.size, 0);
+    return this.#regions.reduce((sum, r) => sum + r.chunks.reduce((n, c) => n + c.buffer.size, 0), 0);
   }
 
   // ---- memory ----
 
-  /** A new region of `bytes` bytes (zeroed): its address. */
-  region(bytes) {
+  /**
+   * A new region of `bytes` bytes (zeroed): its address. One buffer holds it, or, past the largest binding
+   * (maxStorageBufferBindingSize, or the `maxBinding` asked for), several, each a whole number of its rows
+   * of `rowBytes` (a matrix too large for one binding: its products run a dispatch per part).
+   */
+  region(bytes, rowBytes = 0) {
     const size = align(Math.max(bytes, 4), 4);
-    const limit = this.device.limits.maxStorageBufferBindingSize;
-    if (size > limit)
-      throw new Error(
-        `a buffer of ${size} bytes is over this GPU's largest binding (maxStorageBufferBindingSize ${limit})`,
-      );
+    const limit = this.maxBinding;
+    let per = size;
+    if (size > limit) {
+      // whole rows, a multiple of 16 bytes in all (the shaders read codes in 16-byte words)
+      const step = rowBytes > 0 ? 16 / gcd(rowBytes, 16) : 0;
+      const rows = step ? Math.floor(limit / rowBytes / step) * step : 0;
+      if (!rows)
+        throw new Error(
+          `a buffer of ${size} bytes is over this GPU's largest binding (${limit} bytes), and not a matrix of rows to split`,
+        );
+      per = rows * rowBytes;
+    }
     const at = this.#alloc(align(size, ALIGN));
-    const buffer = this.device.createBuffer({
-      size,
-      usage: USAGE.STORAGE | USAGE.COPY_SRC | USAGE.COPY_DST,
-    });
-    const region = {
-      at,
-      bytes: size,
-      buffer,
-      id: ++this.#ids,
-      shadow: size <= SHADOW_BYTES ? new Uint8Array(size) : null,
-    };
+    const chunks = [];
+    for (let start = 0; start < size; start += per) {
+      const length = Math.min(per, size - start);
+      const usage = USAGE.STORAGE | USAGE.COPY_SRC | USAGE.COPY_DST;
+      chunks.push({ start, bytes: length, buffer: this.device.createBuffer({ size: align(length, 4), usage }) });
+    }
+    const shadow = size <= SHADOW_BYTES ? new Uint8Array(size) : null;
+    const region = { at, bytes: size, chunks, rowBytes, shadow };
     const i = this.#regions.findIndex((r) => r.at > at);
     this.#regions.splice(i < 0 ? this.#regions.length : i, 0, region);
     return at;
   }
 
-  /** Release the region at `at` (its buffer is destroyed). */
+  /** Release the region at `at` (its buffers are destroyed). */
   free(at) {
     const i = this.#regions.findIndex((r) => r.at === at);
     if (i < 0) throw new Error(`no GPU region starts at ${at}`);
     const [region] = this.#regions.splice(i, 1);
-    region.buffer.destroy();
+    for (const chunk of region.chunks) chunk.buffer.destroy();
     this.#free.push({ at: region.at, bytes: align(region.bytes, ALIGN) });
-    this.#bindGroups.clear(); // (some held its buffer)
+    this.#bindGroups.clear(); // (some held its buffers)
   }
 
   #alloc(bytes) {
@@ -202,24 +214,32 @@ export class GpuExecutor {
     const { region, offset } = this.resolve(at, data.byteLength);
     this.totals.writtenBytes += data.byteLength;
     region.shadow?.set(data, offset);
-    if (offset % 4 === 0 && data.byteLength % 4 === 0) {
-      this.device.queue.writeBuffer(region.buffer, offset, data);
-      return;
+    for (const { chunk, from, to } of pieces(region, offset, data.byteLength)) {
+      const part = data.subarray(from - offset, to - offset);
+      const local = from - chunk.start;
+      if (local % 4 === 0 && part.byteLength % 4 === 0) {
+        this.device.queue.writeBuffer(chunk.buffer, local, part);
+        continue;
+      }
+      // (WebGPU writes whole words: the words around the bytes are read first)
+      const start = local - (local % 4);
+      const words = await this.#read(chunk.buffer, start, align(local + part.byteLength, 4) - start);
+      words.set(part, local - start);
+      this.device.queue.writeBuffer(chunk.buffer, start, words);
     }
-    // (WebGPU writes whole words: the words around the bytes are read first)
-    const start = offset - (offset % 4);
-    const end = align(offset + data.byteLength, 4);
-    const words = await this.#read(region.buffer, start, end - start);
-    words.set(data, offset - start);
-    this.device.queue.writeBuffer(region.buffer, start, words);
   }
 
   /** `bytes` bytes at address `at`, copied out. */
   async fetch(at, bytes) {
     const { region, offset } = this.resolve(at, bytes);
-    const start = offset - (offset % 4);
-    const words = await this.#read(region.buffer, start, align(offset + bytes, 4) - start);
-    return words.slice(offset - start, offset - start + bytes);
+    const out = new Uint8Array(bytes);
+    for (const { chunk, from, to } of pieces(region, offset, bytes)) {
+      const local = from - chunk.start;
+      const start = local - (local % 4);
+      const words = await this.#read(chunk.buffer, start, align(local + to - from, 4) - start);
+      out.set(words.subarray(local - start, local - start + to - from), from - offset);
+    }
+    return out;
   }
 
   async #read(buffer, offset, bytes) {
@@ -293,10 +313,10 @@ export class GpuExecutor {
       staging = this.#readback;
       let put = 0;
       for (const { at, bytes } of outputs) {
-        const { region, offset } = this.resolve(at, bytes);
-        const start = offset - (offset % 4);
-        encoder.copyBufferToBuffer(region.buffer, start, staging, put, align(offset + bytes, 4) - start);
-        put += align(offset + bytes, 4) - start;
+        const { buffer, index } = this.#floats(at - (at % 4), Math.ceil(bytes / 4));
+        const length = align((at % 4) + bytes, 4);
+        encoder.copyBufferToBuffer(buffer, 4 * index, staging, put, length);
+        put += length;
       }
     }
     device.queue.submit([encoder.finish()]);
@@ -351,16 +371,33 @@ export class GpuExecutor {
     return id;
   }
 
-  /** The float32 at address `at`: its buffer and its index there. */
+  /** The float32 at address `at` (and `count` after it, in the same buffer): its buffer and its index there. */
   #floats(at, count = 0) {
     const { region, offset } = this.resolve(at >>> 0, 4 * count);
     if (offset % 4) throw new Error(`address ${at} of a float32 array is not a multiple of 4`);
-    return { buffer: region.buffer, index: offset / 4 };
+    if (region.chunks.length > 1)
+      throw new Error(
+        `an array of ${region.bytes} bytes is over this GPU's largest binding (${this.maxBinding} bytes); ` +
+          'only a matrix is split into parts',
+      );
+    return { buffer: region.chunks[0].buffer, index: offset / 4 };
   }
 
-  /** A buffer at `at`, or dummy `i` when `at` is 0 (an operand that is absent). */
-  #optional(at, i) {
-    return at ? this.#floats(at).buffer : this.dummies[i];
+  /**
+   * A matrix's rows as parts that each lie in one buffer: for rows [r0, r1), the buffer and its first
+   * row there, of the region at `at` (rows of `rowBytes`; 0: an absent operand, `dummy`).
+   * @returns {{ r0: number, r1: number, buffer: GPUBuffer, first: number }[]}
+   */
+  #rows(at, rowBytes, N, dummy) {
+    if (!at) return [{ r0: 0, r1: N, buffer: dummy, first: 0 }];
+    const { region, offset } = this.resolve(at >>> 0, N * rowBytes);
+    if (offset) throw new Error('a matrix of the plan does not start its GPU region');
+    return region.chunks.map((c) => ({
+      r0: c.start / rowBytes,
+      r1: Math.min(N, (c.start + c.bytes) / rowBytes),
+      buffer: c.buffer,
+      first: 0,
+    }));
   }
 
   #scoresBuffer(floats) {
@@ -409,19 +446,7 @@ export class GpuExecutor {
           const [, form, w, scales, mins, offset, N, K, x, y, ldy, , flags] = s;
           if (flags & TAIL && !logits) break;
           const rows = flags & TAIL && last ? 1 : T;
-          const W = this.#floats(w);
-          if (W.index) throw new Error('a matrix of the plan does not start its GPU region');
-          const X = this.#floats(x);
-          const Y = this.#floats(y);
-          const S = form ? this.#floats(scales).buffer : this.dummies[0];
-          const M = this.#optional(mins, 1);
-          const product = this.#product(form, W.buffer, S, M, offset, N, K, rows, X, K, Y, ldy, mins !== 0, false);
-          const half = flags & HALF;
-          if (half) product.shader += '_half';
-          const groups = form ? (N * K) / 32 : 0;
-          const small = (half ? 2 : 4) * groups * (form === 2 ? 2 : 1) + (mins ? (half ? 2 : 4) * groups : 0);
-          product.weightBytes = N * [4 * K, K, K, K / 2][form] + small; // (codes, then scales and mins)
-          out.push(product);
+          out.push(...this.#products(form, w, scales, mins, offset, N, K, rows, x, y, ldy, flags & HALF));
           break;
         }
         case OP.BIAS: {
@@ -528,6 +553,52 @@ export class GpuExecutor {
   }
 
   /**
+   * A product step's dispatches: one, or one per part of the rows of a matrix split over several buffers
+   * (past the largest binding), each part's rows in one buffer of the codes, of the scales and of the mins.
+   * @returns {Dispatch[]}
+   */
+  #products(form, w, scales, mins, offset, N, K, rows, x, y, ldy, half) {
+    const G = K / 32;
+    const small = half ? 2 : 4;
+    const W = this.#rows(w, [4 * K, K, K, K / 2][form], N, null);
+    const S = this.#rows(form ? scales : 0, small * G * (form === 2 ? 2 : 1), N, this.dummies[0]);
+    const M = this.#rows(mins, small * G, N, this.dummies[1]);
+    const X = this.#floats(x);
+    const Y = this.#floats(y);
+    const cuts = [...new Set([...W, ...S, ...M].map((p) => p.r0).filter((r) => r < N))].sort((a, b) => a - b);
+    const at = (parts, r) => parts.find((p) => p.r0 <= r && r < p.r1) ?? parts[0];
+    return cuts.map((r0, i) => {
+      const r1 = i + 1 < cuts.length ? cuts[i + 1] : N;
+      const [wp, sp, mp] = [at(W, r0), at(S, r0), at(M, r0)];
+      const part = { index: Y.index + r0 };
+      const d = this.#product(
+        form,
+        wp.buffer,
+        sp.buffer,
+        mp.buffer,
+        offset,
+        r1 - r0,
+        K,
+        rows,
+        X,
+        K,
+        { ...Y, ...part },
+        ldy,
+        mins !== 0,
+        false,
+      );
+      d.params[8] = r0 - wp.r0;
+      d.params[11] = form ? r0 - sp.r0 : 0;
+      d.params[15] = mins ? r0 - mp.r0 : 0;
+      if (half) d.shader += '_half';
+      const groups = form ? ((r1 - r0) * K) / 32 : 0;
+      const scaled = small * groups * (form === 2 ? 2 : 1) + (mins ? small * groups : 0);
+      d.weightBytes = (r1 - r0) * [4 * K, K, K, K / 2][form] + scaled; // (codes, then scales and mins)
+      return d;
+    });
+  }
+
+  /**
    * A product's dispatch: y (rows, N) at Y, row stride ldy, (+)= x (rows, K) at X @ W.T.
    * @returns {Dispatch}
    */
@@ -539,7 +610,24 @@ export class GpuExecutor {
     return {
       shader: form === 0 && fours ? 'dense4' : FORM_SHADERS[form],
       buffers: [w, scales, mins, X.buffer, Y.buffer],
-      params: [form, N, K, rows, X.index, ldx, Y.index, ldy, 0, offset, hasMins ? 1 : 0, 0, accumulate ? 1 : 0, ONE, N],
+      params: [
+        form,
+        N,
+        K,
+        rows,
+        X.index,
+        ldx,
+        Y.index,
+        ldy,
+        0,
+        offset,
+        hasMins ? 1 : 0,
+        0,
+        accumulate ? 1 : 0,
+        ONE,
+        N,
+        0,
+      ],
       groups: [x, y, Math.ceil(rows / PRODUCT_ROWS)],
     };
   }
@@ -586,4 +674,23 @@ function groupsOf(n) {
   if (n <= MAX_GROUPS) return [Math.max(n, 1), 1, 1];
   const y = Math.ceil(n / MAX_GROUPS);
   return [Math.ceil(n / y), y, 1];
+}
+
+const gcd = (a, b) => (b ? gcd(b, a % b) : a);
+
+/**
+ * The pieces of bytes [offset, offset + bytes) of a region, one per buffer it crosses: the chunk, and
+ * the piece's first and end offsets in the region.
+ * @param {Region} region
+ * @param {number} offset
+ * @param {number} bytes
+ */
+function pieces(region, offset, bytes) {
+  const out = [];
+  for (const chunk of region.chunks) {
+    const from = Math.max(offset, chunk.start);
+    const to = Math.min(offset + bytes, chunk.start + chunk.bytes);
+    if (from < to) out.push({ chunk, from, to });
+  }
+  return out;
 }

@@ -40,7 +40,7 @@ async function call(message) {
   if (executor === null) throw new Error('the GPU is not started');
   switch (message.op) {
     case 'region':
-      return { value: executor.region(message.bytes) };
+      return { value: executor.region(message.bytes, message.row ?? 0) };
     case 'free':
       executor.free(message.at);
       return {};

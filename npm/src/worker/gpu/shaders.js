@@ -80,18 +80,19 @@ const NORM_IN_PLACE = NORM_CODE.replace('@group(0) @binding(2) var<storage, read
  * (Measured on SwiftShader, the lm_head of SmolLM2 in q4: a thread per feature took a quarter of the time
  * of 16 threads per feature summed in workgroup memory; GPUs with wide subgroups may want those back.)
  * `half`: scales and mins are float16, two to a 32-bit word (plan.py's HALF: 20 bytes a group of q4, not 24).
- * Params: 0 form, 1 N, 2 K, 3 T, 4 x, 5 ldx, 6 y, 7 ldy, 8 first row of W in its buffer, 9 code offset
- * (int32), 10 has mins, 12 accumulate, 13 alpha, 14 features (N: the threads past it idle). x, ldx and
- * K are multiples of 4 (a group is 32).
+ * Params: 0 form, 1 N, 2 K, 3 T, 4 x, 5 ldx, 6 y, 7 ldy, 8 the first row's index in the codes' buffer, 9
+ * code offset (int32), 10 has mins, 11 the first row's in the scales' buffer, 12 accumulate, 13 alpha, 14
+ * features (N: the threads past it idle), 15 the first row's in the mins' buffer (a matrix split in parts:
+ * executor.js). x, ldx and K are multiples of 4 (a group is 32).
  */
 /** Each form's share of a product's group g (forms: 1 q8, 2 q8h, 3 q4). */
 const PRODUCT_GROUP = {
   1: `let d = q8_dots(w[2u * (wrow * G + g)], w[2u * (wrow * G + g) + 1u], xa, offset);
-      acc += scale(wrow * G + g) * (d.x + d.y);`,
+      acc += scale(srow * G + g) * (d.x + d.y);`,
   2: `let d = q8_dots(w[2u * (wrow * G + g)], w[2u * (wrow * G + g) + 1u], xa, offset);
-      acc += scale(2u * (wrow * G + g)) * d.x + scale(2u * (wrow * G + g) + 1u) * d.y;`,
+      acc += scale(2u * (srow * G + g)) * d.x + scale(2u * (srow * G + g) + 1u) * d.y;`,
   3: `let d = q4_dots(w[wrow * G + g], xa, offset);
-      acc += scale(wrow * G + g) * (d.x + d.y);`,
+      acc += scale(srow * G + g) * (d.x + d.y);`,
 };
 const product = (form, half) => /* wgsl */ `${HEADER}
 @group(0) @binding(1) var<storage, read> w: array<vec4<u32>>;
@@ -143,7 +144,9 @@ fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u
   let row = group_of(id, n) * ${WORKGROUP}u + local;
   if (row >= u(14u)) { return; }
   let G = K / 32u;
-  let wrow = row + u(8u);
+  let wrow = row + u(8u);  // (a row's index in the buffer of its part: codes, scales and mins each their own)
+  let srow = row + u(11u);
+  let mrow = row + u(15u);
   let offset = vec4<f32>(f32(bitcast<i32>(u(9u))));
   let has_mins = u(10u) != 0u;
   let t0 = id.z * ${PRODUCT_ROWS}u;
@@ -155,7 +158,7 @@ fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u
     for (var g = 0u; g < G; g++) {
       let xa = xb + g * 8u;
       ${PRODUCT_GROUP[form]}
-      if (has_mins) { acc += min_of(wrow * G + g) * d.z; }
+      if (has_mins) { acc += min_of(mrow * G + g) * d.z; }
     }
     let at = u(6u) + t * u(7u) + row;
     if (u(12u) != 0u) { y[at] += alpha * acc; } else { y[at] = alpha * acc; }
