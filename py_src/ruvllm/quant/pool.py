@@ -195,8 +195,8 @@ class PoolMemory:
     buffers and the KV cache are PoolArrays there; the arrays Python fills or reads every call are NumPy
     arrays in the heap with a twin region in the pool (`staged`), which each call copies (`run`: in and
     out in the one call from Python, with the plan's run on the pool's threads between). The weights of
-    the matrices the pool holds are read where they are (their RemoteArray stand-ins); the rest (norms,
-    biases, adapters) are copied there once per program.
+    the matrices the pool holds are read where they are (their RemoteArray stand-ins); the rest are copied
+    there: norms and biases once per plan (DecodePlan.shared), an adapter's arrays once per program.
 
     Any memory with the same calls can stand in for the pool's (`kernels.api`: region, free, fetch, write
     and plan; `kernels.threads`): the WebGPU executor's is one (npm/src/worker/gpu/executor.js)."""
