@@ -4,9 +4,10 @@
  * CPU's executor of the same programs).
  *
  * Memory: Python sees the kernels' memory as addresses (KernelMemory). Here an address is virtual: each
- * `region` is a GPU buffer of its own at a range of a 32-bit address space handed out as the thread
- * pool's memory hands out its regions (pool-memory.js), so the plan's steps, which carry addresses and
- * offsets into them (qkv + 4 H E), resolve to a buffer and an offset. `write` and `fetch` copy bytes in
+ * `region` is a GPU buffer of its own (several of whole rows, for a matrix past the largest binding) at a
+ * range of a 32-bit address space handed out as the thread pool's memory hands out its regions
+ * (pool-memory.js), so the plan's steps, which carry addresses and offsets into them (qkv + 4 H E),
+ * resolve to a buffer and an offset. `write` and `fetch` copy bytes in
  * and out; `plan` runs a program for T rows: the call's inputs written, every step a few dispatches in
  * one compute pass, one submit, and one readback of the outputs asked for.
  *
