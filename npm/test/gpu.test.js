@@ -23,6 +23,7 @@ import { fileURLToPath } from 'node:url';
 import { AbortError, RuvLLM, RuvLLMError } from '../src/index.js';
 import { requestGpu } from '../src/worker/gpu/device.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
+import { assertSameOrNearTie, greedy } from './support/greedy.js';
 
 const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
 const PYODIDE = { indexURL: DIST };
@@ -57,22 +58,6 @@ const PROMPTS = [
   ['What is the capital of France?', true],
 ];
 
-/** The greedy answer's tokens, each with the two most likely tokens' logprobs there. */
-async function greedy(llm, prompt, chat, maxTokens) {
-  const common = { max_tokens: maxTokens, temperature: 0 };
-  if (chat) {
-    const body = { ...common, messages: [{ role: 'user', content: prompt }], logprobs: true, top_logprobs: 2 };
-    const answer = await llm.chat.completions.create(body);
-    return answer.choices[0].logprobs.content.map((c) => ({
-      token: c.token,
-      top: c.top_logprobs.map((t) => t.logprob),
-    }));
-  }
-  const answer = await llm.completions.create({ ...common, prompt, logprobs: 2 });
-  const { tokens, top_logprobs: top } = answer.choices[0].logprobs;
-  return tokens.map((token, i) => ({ token, top: Object.values(top[i]).sort((a, b) => b - a) }));
-}
-
 /** The text of a generation. */
 async function text(llm, prompt, options) {
   let out = '';
@@ -84,14 +69,7 @@ async function text(llm, prompt, options) {
 async function sameTokens(t, gpu, cpu, prompts, maxTokens) {
   for (const [prompt, chat] of prompts) {
     const [got, want] = [await greedy(gpu, prompt, chat, maxTokens), await greedy(cpu, prompt, chat, maxTokens)];
-    const parted = want.findIndex((w, i) => got[i]?.token !== w.token);
-    if (parted < 0) {
-      assert.equal(got.length, want.length);
-      continue;
-    }
-    const margin = want[parted].top[0] - want[parted].top[1];
-    t.diagnostic(`"${prompt}": the GPU and the CPU part at token ${parted}, top-2 margin ${margin.toFixed(4)}`);
-    assert.ok(margin < NEAR_TIE, `"${prompt}" parts at token ${parted} with a top-2 margin of ${margin}`);
+    assertSameOrNearTie(t, got, want, prompt, 'the GPU and the CPU', NEAR_TIE);
   }
 }
 

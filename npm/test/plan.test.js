@@ -14,6 +14,7 @@ import { fileURLToPath } from 'node:url';
 
 import { AbortError, RuvLLM } from '../src/index.js';
 import { DIST, HAVE_DIST } from './support/dist.js';
+import { assertSameOrNearTie, greedy } from './support/greedy.js';
 
 const ROOT = resolve(fileURLToPath(new URL('../..', import.meta.url)));
 const PYODIDE = { indexURL: DIST };
@@ -31,22 +32,6 @@ const PROMPTS = [
   ['Write a short poem about the sea.', true],
 ];
 
-/** The greedy answer's tokens, each with the two most likely tokens' logprobs there. */
-async function greedy(llm, prompt, chat) {
-  const common = { max_tokens: 24, temperature: 0 };
-  if (chat) {
-    const body = { ...common, messages: [{ role: 'user', content: prompt }], logprobs: true, top_logprobs: 2 };
-    const answer = await llm.chat.completions.create(body);
-    return answer.choices[0].logprobs.content.map((c) => ({
-      token: c.token,
-      top: c.top_logprobs.map((t) => t.logprob),
-    }));
-  }
-  const answer = await llm.completions.create({ ...common, prompt, logprobs: 2 });
-  const { tokens, top_logprobs: top } = answer.choices[0].logprobs;
-  return tokens.map((token, i) => ({ token, top: Object.values(top[i]).sort((a, b) => b - a) }));
-}
-
 for (const [name, model, how] of MODELS) {
   const skip = !HAVE_DIST ? NO_DIST : existsSync(model) ? false : `no ${model}: ${how}`;
   describe(`${name} through the decode plan in Pyodide under Node`, { skip }, () => {
@@ -58,14 +43,7 @@ for (const [name, model, how] of MODELS) {
         assert.deepEqual([unplanned.info.decodePlan, unplanned.info.planNote], [false, 'off (plan=False)']);
         for (const [prompt, chat] of PROMPTS) {
           const [got, want] = [await greedy(planned, prompt, chat), await greedy(unplanned, prompt, chat)];
-          const parted = want.findIndex((w, i) => got[i]?.token !== w.token);
-          if (parted < 0) {
-            assert.equal(got.length, want.length);
-            continue;
-          }
-          const margin = want[parted].top[0] - want[parted].top[1];
-          t.diagnostic(`"${prompt}": the two paths part at token ${parted}, top-2 margin ${margin.toFixed(4)}`);
-          assert.ok(margin < NEAR_TIE, `"${prompt}" parts at token ${parted} with a top-2 margin of ${margin}`);
+          assertSameOrNearTie(t, got, want, prompt, 'the two paths', NEAR_TIE);
         }
       } finally {
         await Promise.all([planned.dispose(), unplanned.dispose()]);

@@ -246,15 +246,13 @@ async function stopThreads() {
  * The tests' hooks of the GPU, in Node only: RUVLLM_GPU_BREAK names a shader whose output is scaled by
  * 1.5 (the check at load must refuse it), RUVLLM_GPU_SOFTWARE=1 lets 'auto' take a software adapter
  * (SwiftShader, the GPU of the machines without one).
- * @returns {{ replace?: Record<string, [string, string]>, software?: boolean }}
+ * @returns {{ broken?: string, software?: boolean }}
  */
 function gpuTesting() {
   if (!IS_NODE) return {};
   const { RUVLLM_GPU_BREAK: broken, RUVLLM_GPU_SOFTWARE: software } = globalThis.process.env;
-  return { ...(broken ? { replace: { [broken]: [BREAK_PATTERN, BREAK_WITH] } } : {}), software: software === '1' };
+  return { broken, software: software === '1' };
 }
-const BREAK_PATTERN = '(\\n\\s*)(y|out)\\[([^\\]]+)\\] = ';
-const BREAK_WITH = '$1$2[$3] = 1.5 * ';
 
 /** A file URL or path as (the folder it is in, its name): files.js opens files by folder and name. */
 function splitLocation(location) {

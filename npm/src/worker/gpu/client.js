@@ -53,7 +53,7 @@ async function spawn(init) {
  * adapter's description, or `api: null` and why not. 'webgpu' without a usable GPU is a load error.
  * @param {any} py Pyodide
  * @param {string} choice
- * @param {{ replace?: Record<string, [string, string]>, software?: boolean }} [testing] the tests' hooks:
+ * @param {{ broken?: string, software?: boolean }} [testing] the tests' hooks:
  *   shaders broken on purpose, and a software adapter taken by 'auto' too
  */
 export async function startGpu(py, choice = 'auto', testing = {}) {
@@ -71,7 +71,7 @@ export async function startGpu(py, choice = 'auto', testing = {}) {
   try {
     // 'auto' refuses a software adapter (SwiftShader: slower than the kernels); 'webgpu' takes what there is
     const software = choice === 'webgpu' || testing.software === true;
-    spawned = await spawn({ type: 'start', ctl, data, replace: testing.replace, software });
+    spawned = await spawn({ type: 'start', ctl, data, broken: testing.broken ?? null, software });
   } catch (error) {
     return none(`the GPU's thread did not start (${error.message})`);
   }

@@ -15,7 +15,7 @@
  * slots in use): regions of at most SHADOW_BYTES keep a copy in JavaScript of what was written to them.
  */
 
-import { PARAM_STRIDE, PARAM_WORDS, PRODUCT_ROWS, SHADERS, WORKGROUP } from './shaders.js';
+import { PARAM_STRIDE, PARAM_WORDS, PRODUCT_ROWS, SHADERS, WORKGROUP, brokenOn } from './shaders.js';
 
 /** kernels.c's step opcodes (plan.py's END ... LORA), words per step, and a product's flags. */
 const OP = { END: 0, NORM: 1, PRODUCT: 2, BIAS: 3, ROPE: 4, APPEND: 5, ATTEND: 6, ADD: 7, GATED: 8, COPY: 9, LORA: 10 };
@@ -43,7 +43,7 @@ const ONE = f32Bits(1);
 
 /**
  * @typedef {{ start: number, bytes: number, buffer: GPUBuffer }} Chunk  a buffer holding bytes start.. of a region
- * @typedef {{ at: number, bytes: number, chunks: Chunk[], rowBytes: number, shadow: Uint8Array | null }} Region
+ * @typedef {{ at: number, bytes: number, chunks: Chunk[], shadow: Uint8Array | null }} Region
  * @typedef {{ shader: string, buffers: GPUBuffer[], params: number[], groups: [number, number, number],
  *   weightBytes?: number }} Dispatch
  * @typedef {{ module: GPUShaderModule, layout: GPUBindGroupLayout, pipeline: GPUComputePipeline }} Pipeline
@@ -85,17 +85,17 @@ export class GpuExecutor {
   }
 
   /**
-   * An executor on `device`, its shaders compiled (`replace`: shaders by name whose WGSL is swapped, the
-   * tests' way of breaking one on purpose).
+   * An executor on `device`, its shaders compiled.
    * @param {GPUDevice} device
-   * @param {{ replace?: Record<string, (code: string) => string>, maxBinding?: number }} [options]
-   *   maxBinding: bytes of the largest binding to use, below the device's (the tests split matrices so)
+   * @param {{ broken?: string | null, maxBinding?: number }} [options] the tests' hooks: broken, a shader
+   *   whose output is scaled by 1.5 (shaders.js brokenOn); maxBinding, bytes of the largest binding to
+   *   use, below the device's (matrices split in parts)
    */
-  static async create(device, { replace = {}, maxBinding = Infinity } = {}) {
+  static async create(device, { broken = null, maxBinding = Infinity } = {}) {
     const pipelines = {};
     device.pushErrorScope('validation');
     for (const [name, { code, bindings }] of Object.entries(SHADERS)) {
-      const source = replace[name] ? replace[name](code) : code;
+      const source = name === broken ? brokenOn(code) : code;
       const module = device.createShaderModule({ code: source, label: name });
       const layout = device.createBindGroupLayout({
         label: name,
@@ -158,7 +158,7 @@ export class GpuExecutor {
       chunks.push({ start, bytes: length, buffer: this.device.createBuffer({ size: align(length, 4), usage }) });
     }
     const shadow = size <= SHADOW_BYTES ? new Uint8Array(size) : null;
-    const region = { at, bytes: size, chunks, rowBytes, shadow };
+    const region = { at, bytes: size, chunks, shadow };
     const i = this.#regions.findIndex((r) => r.at > at);
     this.#regions.splice(i < 0 ? this.#regions.length : i, 0, region);
     return at;
@@ -385,19 +385,18 @@ export class GpuExecutor {
   }
 
   /**
-   * A matrix's rows as parts that each lie in one buffer: for rows [r0, r1), the buffer and its first
-   * row there, of the region at `at` (rows of `rowBytes`; 0: an absent operand, `dummy`).
-   * @returns {{ r0: number, r1: number, buffer: GPUBuffer, first: number }[]}
+   * A matrix's rows as parts that each lie in one buffer, whose first row is r0: rows [r0, r1) and that
+   * buffer, of the region at `at` (rows of `rowBytes`; 0: an absent operand, `dummy`).
+   * @returns {{ r0: number, r1: number, buffer: GPUBuffer }[]}
    */
   #rows(at, rowBytes, N, dummy) {
-    if (!at) return [{ r0: 0, r1: N, buffer: dummy, first: 0 }];
+    if (!at) return [{ r0: 0, r1: N, buffer: dummy }];
     const { region, offset } = this.resolve(at >>> 0, N * rowBytes);
     if (offset) throw new Error('a matrix of the plan does not start its GPU region');
     return region.chunks.map((c) => ({
       r0: c.start / rowBytes,
       r1: Math.min(N, (c.start + c.bytes) / rowBytes),
       buffer: c.buffer,
-      first: 0,
     }));
   }
 
@@ -559,11 +558,15 @@ export class GpuExecutor {
    * @returns {Dispatch[]}
    */
   #products(form, w, scales, mins, offset, N, K, rows, x, y, ldy, half) {
-    const G = K / 32;
-    const small = half ? 2 : 4;
-    const W = this.#rows(w, [4 * K, K, K, K / 2][form], N, null);
-    const S = this.#rows(form ? scales : 0, small * G * (form === 2 ? 2 : 1), N, this.dummies[0]);
-    const M = this.#rows(mins, small * G, N, this.dummies[1]);
+    const small = (half ? 2 : 4) * (K / 32); // bytes of a row's mins, and of its scales (twice: q8h)
+    const bytes = {
+      w: [4 * K, K, K, K / 2][form],
+      scales: form ? small * (form === 2 ? 2 : 1) : 0,
+      mins: mins ? small : 0,
+    };
+    const W = this.#rows(w, bytes.w, N, null);
+    const S = this.#rows(form ? scales : 0, bytes.scales, N, this.dummies[0]);
+    const M = this.#rows(mins, bytes.mins, N, this.dummies[1]);
     const X = this.#floats(x);
     const Y = this.#floats(y);
     const cuts = [...new Set([...W, ...S, ...M].map((p) => p.r0).filter((r) => r < N))].sort((a, b) => a - b);
@@ -571,7 +574,7 @@ export class GpuExecutor {
     return cuts.map((r0, i) => {
       const r1 = i + 1 < cuts.length ? cuts[i + 1] : N;
       const [wp, sp, mp] = [at(W, r0), at(S, r0), at(M, r0)];
-      const part = { index: Y.index + r0 };
+      const Yr = { ...Y, index: Y.index + r0 };
       const d = this.#product(
         form,
         wp.buffer,
@@ -583,18 +586,16 @@ export class GpuExecutor {
         rows,
         X,
         K,
-        { ...Y, ...part },
+        Yr,
         ldy,
-        mins !== 0,
+        !!mins,
         false,
       );
-      d.params[8] = r0 - wp.r0;
+      d.params[8] = r0 - wp.r0; // (each row's index in its part's buffers)
       d.params[11] = form ? r0 - sp.r0 : 0;
       d.params[15] = mins ? r0 - mp.r0 : 0;
       if (half) d.shader += '_half';
-      const groups = form ? ((r1 - r0) * K) / 32 : 0;
-      const scaled = small * groups * (form === 2 ? 2 : 1) + (mins ? small * groups : 0);
-      d.weightBytes = (r1 - r0) * [4 * K, K, K, K / 2][form] + scaled; // (codes, then scales and mins)
+      d.weightBytes = (r1 - r0) * (bytes.w + bytes.scales + bytes.mins);
       return d;
     });
   }

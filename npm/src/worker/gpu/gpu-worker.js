@@ -70,7 +70,7 @@ async function call(message) {
   }
 }
 
-async function start({ ctl: control, data: shared, replace, software }) {
+async function start({ ctl: control, data: shared, broken, software }) {
   ctl = new Int32Array(control);
   data = shared;
   const { device, adapter, reason } = await requestGpu({ software });
@@ -79,14 +79,7 @@ async function start({ ctl: control, data: shared, replace, software }) {
     executor = null;
     lost = `the GPU device was lost (${info.reason}: ${info.message})`;
   });
-  // `replace`: the tests' way of breaking a shader on purpose (names -> a regular expression and text)
-  const swaps = Object.fromEntries(
-    Object.entries(replace ?? {}).map(([name, [pattern, text]]) => [
-      name,
-      (code) => code.replace(new RegExp(pattern), text),
-    ]),
-  );
-  executor = await GpuExecutor.create(device, { replace: swaps });
+  executor = await GpuExecutor.create(device, { broken }); // (the tests' shader broken on purpose, if any)
   return { adapter, reason: null };
 }
 

@@ -22,6 +22,14 @@
  * which is NaN past |x| ~ 44 (and tanh(15) is 1 in float32 already).
  */
 
+/**
+ * `code` with its (first) output scaled by 1.5: a shader broken on purpose, for the tests of the check
+ * at load (runtime/device.py must refuse what it computes).
+ */
+export function brokenOn(code) {
+  return code.replace(/(\n\s*)(y|out)\[([^\]]+)\] = /, '$1$2[$3] = 1.5 * ');
+}
+
 /** Words of a dispatch's Params block, and the bytes between two blocks (the dynamic offset alignment). */
 export const PARAM_WORDS = 16;
 export const PARAM_STRIDE = 256;
@@ -248,6 +256,19 @@ fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u
   cache[u(7u) + (h * u(5u) + u(6u) + t) * E + e] = src[u(0u) + t * u(1u) + h * E + e];
 }`;
 
+/** Value e of a cold row of E values whose codes start at byte `base` of `codes` (int8, or int4 + 8). */
+const COLD_CODE = /* wgsl */ `fn code(base: u32, e: u32, E: u32, bits: u32) -> f32 {
+  if (bits == 8u) {
+    let b = base + e;
+    return f32(bitcast<i32>(codes[b / 4u] << (24u - 8u * (b % 4u))) >> 24u);
+  }
+  let half = E / 2u;
+  let c = select(e - half, e, e < half);
+  let b = base + c;
+  let byte = (codes[b / 4u] >> (8u * (b % 4u))) & 255u;
+  return f32(i32(select(byte >> 4u, byte & 15u, e < half)) - 8);
+}`;
+
 /**
  * The scores of attention: one thread per (row, query head, slot), the cold tier's slots first. A slot
  * the row may not see (after its position, or out of its window) scores -inf (as -3e38).
@@ -262,17 +283,7 @@ const SCORES = /* wgsl */ `${HEADER}
 @group(0) @binding(4) var<storage, read_write> scales: array<f32>;
 @group(0) @binding(5) var<storage, read_write> positions: array<i32>;
 @group(0) @binding(6) var<storage, read_write> scores: array<f32>;
-fn code(base: u32, e: u32, E: u32, bits: u32) -> f32 {
-  if (bits == 8u) {
-    let b = base + e;
-    return f32(bitcast<i32>(codes[b / 4u] << (24u - 8u * (b % 4u))) >> 24u);
-  }
-  let half = E / 2u;
-  let c = select(e - half, e, e < half);
-  let b = base + c;
-  let byte = (codes[b / 4u] >> (8u * (b % 4u))) & 255u;
-  return f32(i32(select(byte >> 4u, byte & 15u, e < half)) - 8);
-}
+${COLD_CODE}
 @compute @workgroup_size(${WORKGROUP})
 fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
         @builtin(local_invocation_index) lane: u32) {
@@ -352,17 +363,7 @@ const MIX = /* wgsl */ `${HEADER}
 @group(0) @binding(3) var<storage, read_write> codes: array<u32>;
 @group(0) @binding(4) var<storage, read_write> scales: array<f32>;
 @group(0) @binding(5) var<storage, read_write> scores: array<f32>;
-fn code(base: u32, e: u32, E: u32, bits: u32) -> f32 {
-  if (bits == 8u) {
-    let b = base + e;
-    return f32(bitcast<i32>(codes[b / 4u] << (24u - 8u * (b % 4u))) >> 24u);
-  }
-  let half = E / 2u;
-  let c = select(e - half, e, e < half);
-  let b = base + c;
-  let byte = (codes[b / 4u] >> (8u * (b % 4u))) & 255u;
-  return f32(i32(select(byte >> 4u, byte & 15u, e < half)) - 8);
-}
+${COLD_CODE}
 @compute @workgroup_size(${WORKGROUP})
 fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
         @builtin(local_invocation_index) lane: u32) {
