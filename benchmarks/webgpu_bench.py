@@ -130,7 +130,7 @@ def report(model: str, args: argparse.Namespace, results: dict) -> None:
         check = gpu["device"]["check"]
         print(
             f"per decoded token on the GPU: {per['calls']:.2f} plan calls, {per['submits']:.2f} submits, "
-            f"{per['dispatches']:.0f} dispatches, {per['readBytes'] / 1024:.0f} KiB read back, "
+            f"{per['dispatches']:.0f} dispatches, {per['readBytes']:.0f} bytes read back, "
             f"{per['weightBytes'] / MiB:.1f} MiB of weights read"
         )
         held, read = gpu["weightBytes"], per["weightBytes"]

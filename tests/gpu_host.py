@@ -115,7 +115,7 @@ class GpuHost:
         self.written += nbytes
         self.call({"op": "write", "at": int(at)}, ctypes.string_at(source, nbytes))
 
-    def plan(self, program: int, state: int, T: int, copies: int, count: int) -> None:
+    def plan(self, program: int, state: int, T: int, copies: int, count: int, pick: int = 0) -> None:
         rows = np.frombuffer(ctypes.string_at(copies, 32 * count), np.uint64).reshape(count, 4)
         inputs = [(int(h), int(at), int(n)) for d, h, at, n in rows if d == 0]
         outputs = [(int(h), int(at), int(n)) for d, h, at, n in rows if d == 1]
@@ -127,6 +127,7 @@ class GpuHost:
             "T": int(T),
             "inputs": [{"at": at, "bytes": n} for _, at, n in inputs],
             "outputs": [{"at": at, "bytes": n} for _, at, n in outputs],
+            "pick": int(pick),
         }
         answer, data = self.call(request, payload)
         self.last = answer["last"]
@@ -141,7 +142,7 @@ class HostMemory(PoolMemory):
 
     TABLE_DTYPE = np.uint64
 
-    def __init__(self, host: GpuHost, half_scales: bool = True) -> None:
+    def __init__(self, host: GpuHost, half_scales: bool = True, picks: bool = True) -> None:
         super().__init__(SimpleNamespace(api=host, threads=1))  # type: ignore[arg-type]
         self.host = host
-        self.half_scales = half_scales  # (as runtime/device.gpu_memory sets it)
+        self.half_scales, self.picks = half_scales, picks  # (as runtime/device.gpu_memory sets them)

@@ -3,9 +3,9 @@ Playwright. Without a GPU, Chromium's `--enable-unsafe-webgpu` gives a SwiftShad
 never a speed (and `device: 'auto'` does not take it; 'webgpu' does).
 
 - SmolLM2: with device 'webgpu' the plan runs on the GPU after its check passed (info.device names the
-  adapter and gives the figures), and the greedy tokens of held-out-style prompts equal the CPU plan's in
-  the same page, or part only at a near-tie (the CPU's top-2 margin, printed); a generation aborted on
-  the GPU, then another.
+  adapter and gives the figures), and the greedy tokens of held-out-style prompts (read back alone: the
+  plan's pick) equal the CPU plan's in the same page, or part only at a near-tie (the CPU's top-2 margin,
+  printed); a generation aborted on the GPU, then another.
 - Tiny random models of three families the same way (token-id prompts; the CPU plan is checked against
   the NumPy forward in tests/test_plan.py, the GPU's shaders against it for every family and weight form
   in tests/test_plan_gpu.py).
@@ -35,8 +35,10 @@ NEAR_TIE = 0.05  # the largest top-2 logprob gap at which the GPU and the CPU ma
 # each weight form, run on the GPU against the NumPy forward in tests/test_plan_gpu.py, through Dawn)
 FAMILIES = ["qwen2", "qwen3", "gemma3"]
 
-# Loads `model` on each device in turn, runs greedy completions of `prompts` (text or token ids) with
-# the top-2 logprobs, and answers {device: {info, answers: [[{token, top}]]}}; `abort`: also a
+# Loads `model` on each device in turn and runs greedy generations of `prompts` (text or token ids): their
+# token ids, as the sampler takes them (on the GPU: read back alone, the plan's pick), with the GPU's bytes
+# read back and plan calls meanwhile; on the CPU also the same completions' top-2 logprobs (the margins of
+# a near-tie). Answers {device: {info, answers: [{ids, top}], picks}}; `abort`: also a
 # generation aborted after two chunks, then a short one.
 RUN = """async ({ model, devices, prompts, tokens, abort }) => {
     const { RuvLLM } = await import('/npm/browser/index.js');
@@ -44,10 +46,17 @@ RUN = """async ({ model, devices, prompts, tokens, abort }) => {
     for (const device of devices) {
         const llm = await RuvLLM.load({ model, pyodide: { indexURL: '/pyodide/' }, cache: false, threads: 1, device });
         const answers = [];
+        const before = device === 'cpu' ? null : await llm.deviceStats();
         for (const prompt of prompts) {
+            const ids = [];
+            const chunks = llm.generate(prompt, { maxTokens: tokens, temperature: 0 });
+            for await (const chunk of chunks) ids.push(chunk.tokenId);
+            answers.push({ ids });
+        }
+        const after = device === 'cpu' ? null : await llm.deviceStats();
+        for (const [i, prompt] of device === 'cpu' ? prompts.entries() : []) {
             const answer = await llm.completions.create({ prompt, max_tokens: tokens, temperature: 0, logprobs: 2 });
-            const { tokens: got, top_logprobs: top } = answer.choices[0].logprobs;
-            answers.push(got.map((token, i) => ({ token, top: Object.values(top[i]).sort((a, b) => b - a) })));
+            answers[i].top = answer.choices[0].logprobs.top_logprobs.map((t) => Object.values(t).sort((a, b) => b - a));
         }
         let aborted = null;
         if (abort) {
@@ -65,7 +74,8 @@ RUN = """async ({ model, devices, prompts, tokens, abort }) => {
             for await (const chunk of more) after += chunk.text;
             aborted = { error: aborted, after };
         }
-        out[device] = { info: { device: llm.info.device, decodePlan: llm.info.decodePlan }, answers, aborted };
+        const picks = before && { calls: after.calls - before.calls, readBytes: after.readBytes - before.readBytes };
+        out[device] = { info: { device: llm.info.device, decodePlan: llm.info.decodePlan }, answers, aborted, picks };
         await llm.dispose();
     }
     return out;
@@ -83,15 +93,22 @@ def gpu_page():
         browser.close()
 
 
-def assert_same_tokens(got: list[list[dict]], want: list[list[dict]], what: str) -> None:
+def assert_same_tokens(got: list[dict], want: list[dict], what: str) -> None:
     for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        parted = next((k for k, x in enumerate(w) if k >= len(g) or g[k]["token"] != x["token"]), None)
+        parted = next((k for k, x in enumerate(w["ids"]) if k >= len(g["ids"]) or g["ids"][k] != x), None)
         if parted is None:
-            assert len(g) == len(w), f"{what}, prompt {i}"
+            assert len(g["ids"]) == len(w["ids"]), f"{what}, prompt {i}"
             continue
-        margin = w[parted]["top"][0] - w[parted]["top"][1]
+        margin = w["top"][parted][0] - w["top"][parted][1]
         print(f"{what}, prompt {i}: the GPU and the CPU part at token {parted}, top-2 margin {margin:.4f}")
         assert margin < NEAR_TIE, f"{what}, prompt {i}: parts at token {parted} with a top-2 margin of {margin}"
+
+
+def assert_picked(report: dict) -> None:
+    """Greedy generations on the GPU read back one pick a call (12 bytes: plan.py TopLogits), or nothing
+    (a prompt's chunks before its last)."""
+    picks = report["picks"]
+    assert picks["calls"] > 0 and picks["readBytes"] <= 12 * picks["calls"], picks
 
 
 def assert_on_gpu(report: dict, rows: int) -> None:
@@ -113,6 +130,7 @@ def test_smollm2_on_webgpu_gives_the_cpu_plans_greedy_tokens(gpu_page, smollm2_d
     assert_on_gpu(got["webgpu"], 8)
     print("the check:", json.dumps(got["webgpu"]["info"]["device"]["check"]))
     assert got["cpu"]["info"]["device"]["path"] == "cpu"
+    assert_picked(got["webgpu"])
     assert_same_tokens(got["webgpu"]["answers"], got["cpu"]["answers"], "SmolLM2")
     assert got["webgpu"]["aborted"]["error"] == "AbortError"
     assert got["webgpu"]["aborted"]["after"], "nothing was generated after the abort"
@@ -130,6 +148,7 @@ def test_every_familys_tiny_model_on_webgpu_gives_the_cpu_plans_tokens(gpu_page,
             args = {"devices": ["webgpu", "cpu"], "prompts": [[5, 17, 33, 9, 60]], "tokens": 8, "abort": False}
             got = gpu_page.evaluate(RUN, {"model": f"/tiny/{kind}/", **args})
             assert_on_gpu(got["webgpu"], 8)
+            assert_picked(got["webgpu"])
             assert_same_tokens(got["webgpu"]["answers"], got["cpu"]["answers"], kind)
 
 

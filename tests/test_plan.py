@@ -60,7 +60,7 @@ class HostMemory:
     def place(self, a: np.ndarray, dtype=None) -> np.ndarray:
         return self.host.put(np.ascontiguousarray(a, dtype))
 
-    def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list) -> None:
+    def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list, pick: int = 0) -> None:
         self.exports.run_plan(program, self.address(state))
 
 

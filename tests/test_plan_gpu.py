@@ -323,3 +323,98 @@ def test_a_matrix_larger_than_a_binding_is_split_in_parts(tmp_path, compute):
             whole.close()
     finally:
         small.close()
+
+
+def grouped_model(tmp_path, group: int = 8, nan_rows: tuple[int, ...] = ()) -> None:
+    """A tiny Llama whose output rows come in groups of `group` equal rows (so every logit is tied with
+    group - 1 others, exactly: equal rows give equal sums), and rows of NaN at `nan_rows`."""
+    import torch
+
+    model = tiny_model("llama")
+    with torch.no_grad():
+        w = model.get_output_embeddings().weight  # (V, D)
+        w.copy_(w[(torch.arange(w.shape[0]) // group) * group])
+        for row in nan_rows:
+            w[row] = float("nan")
+    model.save_pretrained(tmp_path)
+
+
+@pytest.mark.parametrize("compute", ["f32", "q4"])
+def test_a_pick_reads_back_the_largest_logits_of_the_gpus_row_in_order(host, tmp_path, compute):
+    """plan.pick against the GPU's own row of logits (plan.forward on a twin cache): the same ids as
+    sampling.top_candidates takes from it, ties by id at the cut too, the values bit for bit; only
+    1 + 2k words read back."""
+    from ruvllm.runtime.sampling import top_candidates
+
+    grouped_model(tmp_path)
+    engine = load_engine(str(tmp_path), compute=compute, kernels="numpy")
+    plan = DecodePlan(engine.model, HostMemory(host), 4, engine.context_length)
+    program = plan.program("base")
+
+    def cache() -> KVCache:
+        return KVCache(engine.config, engine.context_length, engine.kv, None, None, plan.memory.empty)
+
+    rows, picks = cache(), cache()
+    ids = np.array([5, 17, 99, 3, 64, 12])
+    for k in (1, 5, 8, 13, 64):
+        row = plan.forward(program, ids, 0, rows, last_only=True)[0]
+        top = plan.pick(program, ids, 0, picks, k)
+        assert host.last["readBytes"] == 4 * (1 + 2 * k) and host.last["submits"] == 1
+        want_ids, want_values = top_candidates(row, k)
+        assert top.ids.tolist() == want_ids.tolist(), f"k={k}"
+        assert top.values.tobytes() == want_values.tobytes() and top.nonfinite == 0
+    assert len(set(row.tolist())) == engine.config.vocab_size // 8, "the logits are not tied in groups of 8"
+
+
+def test_a_pick_counts_non_finite_logits_and_the_decoder_refuses_them(host, tmp_path):
+    """Rows of NaN weights: the pick never takes their logits and counts them, and the Decoder raises
+    the error the CPU's row gives."""
+    from ruvllm.errors import InferenceError
+    from ruvllm.runtime.generate import Decoder, GenerationOptions
+
+    grouped_model(tmp_path, group=1, nan_rows=(7, 40, 41))
+    engine = load_engine(str(tmp_path), compute="f32", kernels="numpy")
+    plan = DecodePlan(engine.model, HostMemory(host), 4, engine.context_length)
+    cache = KVCache(engine.config, engine.context_length, engine.kv, None, None, plan.memory.empty)
+    top = plan.pick(plan.program("base"), np.array([1, 2, 3]), 0, cache, 64)
+    assert top.nonfinite == 3 and not {7, 40, 41} & set(top.ids.tolist()) and len(top.ids) == 64
+    decoder = Decoder([1, 2, 3], GenerationOptions.from_kwargs(temperature=0), set(), None)
+    with pytest.raises(InferenceError, match="non-finite logits at position 2"):
+        decoder.choose(top)
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [dict(temperature=0), dict(temperature=0.9, top_k=40, seed=3), dict(temperature=1.5, top_k=5, top_p=0.8, seed=9)],
+    ids=str,
+)
+def test_generation_on_the_gpu_picks_the_tokens_its_rows_give(host, tmp_path, sampling):
+    """generate_tokens on an engine whose plan runs on the GPU: greedy and top-k sampling read back only
+    the largest logits (1 + 2k words a token) and give the tokens the same generation gives reading
+    back whole rows (the plan told it picks nothing); repetition penalties and log-probabilities read rows."""
+    from ruvllm.runtime.device import use_gpu
+    from ruvllm.runtime.generate import GenerationOptions, Step, generate_tokens
+
+    tiny_model("qwen3", tmp_path)
+    engine = load_engine(str(tmp_path), compute="q4", kernels="numpy")
+    assert use_gpu(engine, HostMemory(host), "webgpu")["path"] == "webgpu"
+    plan = engine.decode_plan
+
+    def tokens(**extra) -> list[int]:
+        options = GenerationOptions.from_kwargs(max_tokens=12, ignore_eos=True, **sampling, **extra)
+        steps = generate_tokens(engine, [3, 14, 15, 92, 65], options)
+        return [s.token_id for s in steps if isinstance(s, Step)]
+
+    picked = tokens()
+    k = 1 if sampling["temperature"] == 0 else sampling["top_k"]
+    assert host.last["readBytes"] == 4 * (1 + 2 * k)
+    plan.picks = False
+    try:
+        assert tokens() == picked
+        assert host.last["readBytes"] == 4 * engine.config.vocab_size
+    finally:
+        plan.picks = True
+    tokens(repetition_penalty=1.1)
+    assert host.last["readBytes"] == 4 * engine.config.vocab_size
+    tokens(logprobs=2)
+    assert host.last["readBytes"] == 4 * engine.config.vocab_size

@@ -18,8 +18,16 @@ from transformers.generation.logits_process import (
 )
 
 from ruvllm.errors import InvalidArgumentError
+from ruvllm.model.plan import PICK_MAX, TopLogits
 from ruvllm.runtime.generate import GenerationOptions
-from ruvllm.runtime.sampling import SamplingOptions, apply_repetition_penalty, filter_candidates, make_sampler
+from ruvllm.runtime.sampling import (
+    SamplingOptions,
+    apply_repetition_penalty,
+    filter_candidates,
+    make_sampler,
+    picked,
+    top_candidates,
+)
 
 pytestmark = pytest.mark.parity
 
@@ -96,6 +104,41 @@ def test_same_seed_same_tokens_different_seed_different_tokens():
 
     assert draws(1) == draws(1)
     assert draws(1) != draws(2)
+
+
+def test_top_candidates_take_equal_logits_by_id_at_the_cut_too():
+    x = np.array([1, 3, 2, 3, 0, 2, 3, 2], np.float32)
+    ids, values = top_candidates(x, 5)
+    assert ids.tolist() == [1, 3, 6, 2, 5] and values.tolist() == [3, 3, 3, 2, 2]
+    assert top_candidates(x, 0)[0].tolist() == [1, 3, 6, 2, 5, 7, 0, 4] == top_candidates(x, 8)[0].tolist()
+
+
+@pytest.mark.parametrize(
+    "case",
+    [dict(temperature=0), CASES[0], CASES[3], dict(temperature=0.5, top_k=PICK_MAX, top_p=0.7, min_p=0.1)],
+    ids=str,
+)
+def test_the_largest_logits_alone_give_the_rows_tokens(case):
+    """What a GPU's plan reads back in place of the row (plan.TopLogits: the `picked` largest, as
+    top_candidates takes them): the sampler draws the same tokens from them as from the row, ties
+    included (every logit here is one of 50 values)."""
+    x = np.repeat(logits(7)[:50], V // 50)[np.random.default_rng(1).permutation(V)]
+    o = SamplingOptions(**case, seed=4)
+    k = picked(o, V)
+    assert k == (1 if o.temperature == 0 else o.top_k)
+    from_rows, from_top = make_sampler(o), make_sampler(o)
+    top = TopLogits(*top_candidates(x, k), nonfinite=0)
+    drawn = [from_rows(x, []) for _ in range(300)]
+    assert drawn == [from_top(top, []) for _ in range(300)]
+    assert len(set(drawn)) == 1 if o.temperature == 0 else len(set(drawn)) > 1
+
+
+def test_only_greedy_and_top_k_without_a_penalty_pick():
+    assert picked(SamplingOptions(top_k=0), V) == 0  # every logit counts
+    assert picked(SamplingOptions(top_k=PICK_MAX + 1), V) == 0
+    assert picked(SamplingOptions(top_k=40, repetition_penalty=1.1), V) == 0  # seen tokens' logits change
+    assert picked(SamplingOptions(temperature=0, repetition_penalty=1.1), V) == 0
+    assert picked(SamplingOptions(top_k=40), 30) == 30  # a vocabulary smaller than k: all of it
 
 
 def test_repetition_penalty_matches_transformers():

@@ -3,7 +3,7 @@
  * stdout (tests/gpu_host.py), so the decode plan's tests run every family's programs on a GPU without
  * Pyodide. Each message, both ways: a 4-byte little-endian length, a JSON header, a 4-byte length, then
  * that many bytes of payload. Requests: region {bytes}, free {at}, write {at} + the bytes, fetch {at,
- * bytes}, plan {program, state, T, inputs: [{at, bytes}], outputs: [{at, bytes}]} + the inputs' bytes
+ * bytes}, plan {program, state, T, inputs: [{at, bytes}], outputs: [{at, bytes}], pick} + the inputs' bytes
  * one after another, info {}. Answers: {ok: true, ...} + bytes (a fetch's, a plan's outputs), or {error}.
  *
  * Without a GPU, Dawn runs on a software Vulkan: VK_ICD_FILENAMES names one (Chromium's SwiftShader).
@@ -73,7 +73,8 @@ async function handle(request, payload) {
         at += bytes;
         return { at: to, data };
       });
-      const results = await executor.plan(request.program, request.state, request.T, inputs, request.outputs);
+      const { program, state, T, outputs, pick } = request;
+      const results = await executor.plan(program, state, T, inputs, outputs, pick ?? 0);
       return [{ last: executor.last }, Buffer.concat(results)];
     }
     default:

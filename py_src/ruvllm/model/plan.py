@@ -33,6 +33,7 @@ F MLP size, V vocab; L layers.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import numpy as np
@@ -55,6 +56,20 @@ QUANTIZE, TAIL, HALF = 1, 2, 4
 ACTIVATION_KINDS = {"silu": 0, "gelu_pytorch_tanh": 1}
 STATE_WORDS = 8  # kernels.c run_plan's state: T, pos0, last, logits, tap, tapped, scores
 ENTRY_WORDS = 16  # kernels.c: a layer's cache as attention reads it (both tiers)
+PICK_MAX = 64  # the most logits a memory that picks (a GPU's: `picks`) reads back in place of the row
+NONE = 0xFFFFFFFF  # a pick's id where the row has fewer finite logits than were asked for
+
+
+@dataclass(frozen=True)
+class TopLogits:
+    """A row's largest logits, best first (equal ones in the order of their ids, the lower first),
+    picked where the logits are (a GPU's plan: npm/src/worker/gpu/shaders.js PICK_*), so that only
+    they are read back, not the row: runtime/sampling.py's sampler chooses from them what it would from
+    the row."""
+
+    ids: np.ndarray  # (k,) int64
+    values: np.ndarray  # (k,) float32
+    nonfinite: int  # the row's logits that are NaN or infinite (never picked)
 
 
 class KernelMemory(Protocol):
@@ -83,9 +98,11 @@ class KernelMemory(Protocol):
         copy there: what the plan's steps read weights from (the plan keeps it)."""
         ...
 
-    def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list) -> None:
+    def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list, pick: int = 0) -> None:
         """kernels.c run_plan(program, state) for `rows` rows, after copying `inputs` into the kernels'
-        memory, then `outputs` out of it (where the two differ): (staged array, bytes from its start)."""
+        memory, then `outputs` out of it (where the two differ): (staged array, bytes from its start).
+        `pick` k (a memory whose `picks` is true; never asked of others): the logits' k largest go to
+        the one output in place of the row, as uint32 words [nonfinite, k ids, k float32 values]."""
         ...
 
 
@@ -314,6 +331,8 @@ class DecodePlan:
         self.gu = empty((rows, 2 * F))  # gate then up
         self.s = empty((rows, F))
         self.logits = staged((1, V))
+        self.picks = bool(getattr(memory, "picks", False))  # whether `pick` reads back only the largest logits
+        self.top = staged(1 + 2 * PICK_MAX, np.uint32) if self.picks else None  # a pick's words (KernelMemory.run)
         widest = max(D, F, H * E)
         self.xq = empty(quantized_x_bytes(GROUPED_MAX_ROWS, widest), np.uint8)
         self.scratch_stride = TILE_ROWS * widest  # floats of each thread's scratch (a prompt's exact tiles)
@@ -397,28 +416,61 @@ class DecodePlan:
     ) -> np.ndarray:
         """forward.forward's logits for `tokens` at positions start.. of `cache` through `program` (this
         plan's, for the weights as they are now): (T, V), or (1, V) for the last token only."""
+        out, _ = self._forward(program, tokens, start, cache, last_only, 0)
+        return out[0] if len(out) == 1 else np.concatenate(out)
+
+    def pick(self, program: Program, tokens: np.ndarray, start: int, cache: KVCache, k: int) -> TopLogits:
+        """forward's last row as its k <= PICK_MAX largest logits, picked in the memory (whose `picks` is
+        true): only those are read back."""
+        assert self.picks and 0 < k <= PICK_MAX, f"a pick of {k} logits in a memory that picks {self.picks}"
+        _, top = self._forward(program, tokens, start, cache, True, k)
+        assert top is not None
+        return top
+
+    def _forward(
+        self, program: Program, tokens: np.ndarray, start: int, cache: KVCache, last_only: bool, pick: int
+    ) -> tuple[list[np.ndarray], TopLogits | None]:
+        """The rows of logits wanted, or the last row's `pick` largest."""
         if start < len(cache.tokens):
             cache.truncate(start)  # rewinding: what came after `start` is forgotten
         for layer in cache.layers:
             layer.migrate()  # once a forward, before writing (as LayerCache.update_and_fetch does)
-        T, out = len(tokens), []
+        T, out, top = len(tokens), [], None
         for at in range(0, T, self.rows):
             chunk = tokens[at : at + self.rows]
             n = len(chunk)
             wanted = not last_only or at + n == T
             direct = wanted and (last_only or n == 1)  # the plan's own logits product serves one row
-            self._run(program, chunk, start + at, cache, last=last_only, logits=direct, normed=wanted and not direct)
-            if direct:
+            picked = pick if direct else 0
+            self._run(program, chunk, start + at, cache, last_only, direct, wanted and not direct, picked)
+            if picked:
+                top = self._picked(picked)
+            elif direct:
                 out.append(self.logits.copy())
             elif wanted:
                 out.append(self.model.weights.lm_head(self.a[:n]))
-        return out[0] if len(out) == 1 else np.concatenate(out)
+        return out, top
+
+    def _picked(self, k: int) -> TopLogits:
+        """What a pick of k wrote to `top`: [nonfinite, k ids, k float32 values], NONE ids past the finite logits."""
+        words = self.top[: 1 + 2 * k]  # type: ignore[index]
+        ids, values = words[1 : 1 + k], words[1 + k :].view(np.float32)
+        found = ids != NONE
+        return TopLogits(ids[found].astype(np.int64), values[found].copy(), int(words[0]))
 
     def _run(
-        self, program: Program, tokens: np.ndarray, start: int, cache: KVCache, last: bool, logits: bool, normed: bool
+        self,
+        program: Program,
+        tokens: np.ndarray,
+        start: int,
+        cache: KVCache,
+        last: bool,
+        logits: bool,
+        normed: bool,
+        pick: int = 0,
     ) -> None:
         """Run `program` over `tokens` at `start`; then `logits` holds the last row's logits (logits), or
-        `a` the final norm's rows (normed)."""
+        `top` their `pick` largest (logits and pick), or `a` the final norm's rows (normed)."""
         T = len(tokens)
         layers = cache.layers
         hot, cold = layers[0].hot, layers[0].cold
@@ -460,8 +512,11 @@ class DecodePlan:
             rows(self.table, len(self.table)),
         ]
         inputs.append((self.state, self.state.nbytes))
-        outputs = [rows(self.logits, 1)] if logits else [rows(self.a)] if normed else []
-        self.memory.run(program.at, self.state, T, inputs, outputs)
+        if pick:
+            outputs = [(self.top, 4 * (1 + 2 * pick))]
+        else:
+            outputs = [rows(self.logits, 1)] if logits else [rows(self.a)] if normed else []
+        self.memory.run(program.at, self.state, T, inputs, outputs, pick)
         for each in layers:
             each.hot.occupy(positions)  # (the plan wrote their keys and values)
         cache.record(tokens)

@@ -203,6 +203,7 @@ class PoolMemory:
 
     TABLE_DTYPE: Any = np.uint32  # run's table of copies: Pyodide's addresses are 32-bit
     half_scales = False  # whether the plan may place exactly-float16 scales as such (a GPU's: plan.py HALF)
+    picks = False  # whether `run` can pick the largest logits (a GPU's: plan.py TopLogits)
 
     def __init__(self, kernels: PoolKernels) -> None:
         api = kernels.api
@@ -262,7 +263,7 @@ class PoolMemory:
         kept[...] = a
         return kept
 
-    def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list) -> None:
+    def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list, pick: int = 0) -> None:
         # the copies' table for these inputs and outputs, made once (each address costs microseconds in
         # Pyodide; a token's table is the same every time, a prompt's chunks take a few)
         key = (*((id(a), n) for a, n in inputs), None, *((id(a), n) for a, n in outputs))
@@ -275,7 +276,7 @@ class PoolMemory:
             each = np.array([(d, address(a) & mask, self.address(a), n) for d, a, n in copies], self.TABLE_DTYPE)
             self._tables[key] = table = (each, address(each), len(copies), self.address(state))
         _, at, count, state_at = table
-        self._plan(program, state_at, rows, at, count)
+        self._plan(program, state_at, rows, at, count, pick)  # (the pool's plan is never asked to pick)
 
 
 class _Region:

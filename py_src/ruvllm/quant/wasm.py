@@ -203,8 +203,8 @@ class HeapMemory:
     def place(self, a: np.ndarray, dtype: Any = None) -> np.ndarray:
         return np.ascontiguousarray(a, dtype)
 
-    def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list) -> None:
-        self.exports.run_plan(program, address(state))
+    def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list, pick: int = 0) -> None:
+        self.exports.run_plan(program, address(state))  # (never asked to pick: no `picks`)
 
 
 class WasmAttention:

@@ -38,6 +38,7 @@ def gpu_memory(api: Any) -> PoolMemory:
     region, free, fetch, write, plan), one thread (a program's steps run one after another)."""
     memory = PoolMemory(SimpleNamespace(api=api, threads=1))  # type: ignore[arg-type]  # (what it reads of PoolKernels)
     memory.half_scales = True  # (exactly float16 scales and mins go as such: plan.py HALF)
+    memory.picks = True  # (greedy and top-k sampling read back only the largest logits: plan.py TopLogits)
     return memory
 
 

@@ -19,7 +19,7 @@ from ..model.cache import KVCache, KVOptions
 from ..model.config import ModelConfig
 from ..model.forward import forward, hidden_batch, logits, recompute_layers
 from ..model.kv import Cache, WeightsIdentity
-from ..model.plan import DecodePlan, Program, plan_refusal
+from ..model.plan import DecodePlan, Program, TopLogits, plan_refusal
 from ..model.transformer import Transformer
 from ..model.weights import ComputeOptions, Weights, load_weights
 from ..quant.provider import AttentionProducts, KernelProvider, resolve_kernels
@@ -322,6 +322,27 @@ class Engine:
         calls interleaved from other generations or threads cannot change its adapter); None: the
         active adapter. Calls from several threads take turns.
         """
+        out = self._forward(tokens, start, cache, last_only, weights, 0)
+        assert isinstance(out, np.ndarray)
+        return out
+
+    def forward_top(
+        self, tokens: list[int] | np.ndarray, start: int, cache: KVCache, k: int, weights: WeightsIdentity | None = None
+    ) -> np.ndarray | TopLogits:
+        """The last token's logits (V,), as forward; or, where the decode plan runs in a memory that picks
+        (a GPU's), only their k <= PICK_MAX largest (TopLogits), which is all that is read back."""
+        out = self._forward(tokens, start, cache, True, weights, k)
+        return out if isinstance(out, TopLogits) else out[0]
+
+    def _forward(
+        self,
+        tokens: list[int] | np.ndarray,
+        start: int,
+        cache: KVCache,
+        last_only: bool,
+        weights: WeightsIdentity | None,
+        pick: int,
+    ) -> np.ndarray | TopLogits:
         tokens = np.asarray(tokens, dtype=np.int64)
         if tokens.ndim != 1 or tokens.size == 0:
             raise InvalidArgumentError("tokens must be a non-empty 1-D sequence of ids")
@@ -342,6 +363,8 @@ class Engine:
                     self.plan_merges = identity.merges
                 program = plan.program(identity)
                 if isinstance(program, Program):
+                    if pick and plan.picks:
+                        return plan.pick(program, tokens, start, cache, pick)
                     return plan.forward(program, tokens, start, cache, last_only)
             return forward(self.model, tokens, start, cache, last_only)
 

@@ -20,8 +20,9 @@ import numpy as np
 
 from ..errors import ContextFullError, InferenceError, InvalidArgumentError
 from ..model.cache import KVCache
+from ..model.plan import TopLogits
 from .engine import Engine, WeightsIdentity
-from .sampling import SamplingOptions, apply_repetition_penalty, make_sampler, shifted_logits
+from .sampling import SamplingOptions, apply_repetition_penalty, make_sampler, picked, shifted_logits
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -122,17 +123,34 @@ class Decoder:
         self.history = list(prompt)
         self.count = 0  # tokens chosen
 
-    def choose(self, logits: np.ndarray, first: dict | None = None) -> Step:
-        """The Step for logits (V,) of the last position; `first`: Step fields of the first step."""
+    def picks(self, vocab: int) -> int:
+        """How many of the largest logits this sequence's choices need (0: all of them, the row): none
+        when a constraint masks or log-probabilities are asked for, else as sampling.picked."""
+        if self.constraint is not None or self.options.logprobs is not None:
+            return 0
+        return picked(self.options.sampling, vocab)
+
+    def choose(self, logits: np.ndarray | TopLogits, first: dict | None = None) -> Step:
+        """The Step for logits (V,) of the last position, or their largest (TopLogits, when `picks` asked
+        for them); `first`: Step fields of the first step."""
         position = len(self.history) - 1
-        if not np.isfinite(logits).all():  # NaN or inf weights, or an overflow: never sample from garbage
+        if isinstance(logits, TopLogits):
+            broken = logits.nonfinite > 0 or not np.isfinite(logits.values).all()
+        else:
+            broken = not np.isfinite(logits).all()
+        if broken:  # NaN or inf weights, or an overflow: never sample from garbage
             raise InferenceError(
                 f"the model computed non-finite logits at position {position} (its weights or config values are broken)"
             )
         if self.constraint is not None:
+            assert not isinstance(logits, TopLogits), "a constraint masks the whole row"
             logits = np.where(self.constraint.allowed(), logits, np.float32(-np.inf))  # (V,)
         token = self.sample(logits, self.history)
-        logprob, top = self._logprobs(logits, token) if self.options.logprobs is not None else (None, ())
+        logprob: float | None = None
+        top: tuple[tuple[int, float], ...] = ()
+        if self.options.logprobs is not None:
+            assert not isinstance(logits, TopLogits), "log-probabilities need the whole row"
+            logprob, top = self._logprobs(logits, token)
         self.history.append(token)
         self.count += 1
         position += 1  # where this token goes when fed back
@@ -230,8 +248,11 @@ def _token_loop(
 ) -> Iterator[Step | Prefilling]:
     limit = cache.max_positions
     decoder = Decoder(prompt, options, eos, limit, constraint)
+    picks = decoder.picks(engine.config.vocab_size)
 
-    def next_logits(tokens: list[int], start: int) -> np.ndarray:
+    def next_logits(tokens: list[int], start: int) -> np.ndarray | TopLogits:
+        if picks:  # (a GPU's plan reads back only the largest logits)
+            return engine.forward_top(tokens, start, cache, picks, weights)
         return engine.forward(tokens, start, cache, last_only=True, weights=weights)[0]  # (V,)
 
     cache.truncate(reused)

@@ -16,8 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..model.plan import PICK_MAX, TopLogits
 
-Sampler = Callable[[np.ndarray, Sequence[int]], int]
+Sampler = Callable[[np.ndarray | TopLogits, Sequence[int]], int]
 _LARGEST = np.finfo(np.float64).max
 
 
@@ -83,15 +84,31 @@ def shifted_logits(logits: np.ndarray, temperature: float) -> np.ndarray:
         return (logits - logits.max()) / temperature  # (V,)
 
 
+def top_candidates(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token ids, logits) of the k largest logits (all of them when k is 0 or >= V), best first; equal
+    logits in the order of their ids, the lower first, at the cut too (as np.argmax takes the first). A
+    GPU's plan picks the same ones from the same logits (TopLogits), so either way the sampler sees the
+    same candidates in the same order."""
+    V = logits.size
+    if 0 < k < V:
+        kth = np.partition(logits, V - k)[V - k]  # the k-th largest value
+        above = np.flatnonzero(logits > kth)
+        ids = np.concatenate([above, np.flatnonzero(logits == kth)[: k - above.size]])  # (k,)
+    else:
+        ids = np.arange(V)
+    ids = ids[np.lexsort((ids, -logits[ids]))]  # by value, then by id
+    return ids, logits[ids]
+
+
 def filter_candidates(logits: np.ndarray, options: SamplingOptions) -> tuple[np.ndarray, np.ndarray]:
     """(token ids, probabilities) that survive temperature, top-k, top-p and min-p; probabilities sum to 1."""
-    scaled = shifted_logits(logits, options.temperature)  # (V,)
-    ids = np.arange(scaled.size)
-    if 0 < options.top_k < scaled.size:
-        ids = np.argpartition(-scaled, options.top_k - 1)[: options.top_k]  # (N,)
-    order = np.argsort(-scaled[ids], kind="stable")  # best first
-    ids = ids[order]  # (N,)
-    probs = np.exp(scaled[ids])  # the best token's is 1
+    return filter_top(*top_candidates(logits, options.top_k), options)
+
+
+def filter_top(ids: np.ndarray, values: np.ndarray, options: SamplingOptions) -> tuple[np.ndarray, np.ndarray]:
+    """filter_candidates after top-k: from the candidates (ids, logits) of top_candidates, best first."""
+    scaled = shifted_logits(values, options.temperature)  # (N,)
+    probs = np.exp(scaled)  # the best token's is 1
     probs /= probs.sum()  # (N,)
     if options.top_p < 1.0:
         # Keep the smallest prefix whose mass reaches top_p: a token stays if the mass before it is < top_p.
@@ -105,14 +122,22 @@ def filter_candidates(logits: np.ndarray, options: SamplingOptions) -> tuple[np.
 
 
 def make_sampler(options: SamplingOptions) -> Sampler:
-    """A closure `sample(logits (V,), history) -> token id` with its own random generator."""
+    """A closure `sample(logits, history) -> token id` with its own random generator. `logits`: the (V,)
+    row, or only its largest (TopLogits, from a GPU's plan: greedy or top-k sampling without a
+    repetition penalty needs no more), which give the same token as the row they come from."""
     rng = np.random.default_rng(options.seed)
 
-    def sample(logits: np.ndarray, history: Sequence[int]) -> int:
-        logits = apply_repetition_penalty(logits, history, options.repetition_penalty)
-        if options.temperature == 0:
-            return int(np.argmax(logits))
-        ids, probs = filter_candidates(logits, options)
+    def sample(logits: np.ndarray | TopLogits, history: Sequence[int]) -> int:
+        if isinstance(logits, TopLogits):
+            ids, values = logits.ids, logits.values
+            if options.temperature == 0:
+                return int(ids[0])
+        else:
+            logits = apply_repetition_penalty(logits, history, options.repetition_penalty)
+            if options.temperature == 0:
+                return int(np.argmax(logits))
+            ids, values = top_candidates(logits, options.top_k)
+        ids, probs = filter_top(ids, values, options)
         mass = np.cumsum(probs)  # (N,)
         # Below the sum as it came out of the rounding: the draw never falls past the end, onto a token of
         # probability 0 (whose log-probability, -inf, is no JSON number).
@@ -120,3 +145,13 @@ def make_sampler(options: SamplingOptions) -> Sampler:
         return int(ids[np.searchsorted(mass, draw, side="right")])
 
     return sample
+
+
+def picked(options: SamplingOptions, vocab: int) -> int:
+    """How many of the largest logits decide the sampler's choice (0: it reads them all): 1 when greedy,
+    top_k with top-k sampling, when no repetition penalty looks at the others; a GPU's plan then reads
+    back only those (TopLogits), up to PICK_MAX of them."""
+    if options.repetition_penalty != 1.0:
+        return 0
+    k = 1 if options.temperature == 0 else min(options.top_k, vocab)
+    return k if 0 < k <= PICK_MAX else 0

@@ -155,9 +155,10 @@ function pythonApi(py, channel) {
     /**
      * A decode plan's call: the copies described at `copies` of Pyodide's memory (uint32 rows: direction
      * 0 in before the run, 1 out after it; address in Pyodide's memory; address in the GPU's; bytes),
-     * then the program at `program` with the state at `state` for T rows, on the GPU.
+     * then the program at `program` with the state at `state` for T rows, on the GPU; `pick` K > 0: the
+     * logits' K largest in place of them (executor.js plan).
      */
-    plan: (program, state, T, copies, count) => {
+    plan: (program, state, T, copies, count, pick = 0) => {
       const rows = new Uint32Array(heap(), u(copies), 4 * count).slice();
       const inputs = [];
       const outputs = [];
@@ -167,7 +168,7 @@ function pythonApi(py, channel) {
         else outputs.push({ address, at, bytes });
       }
       const total = outputs.reduce((sum, o) => sum + o.bytes, 0);
-      const message = { op: 'plan', program: u(program), state: u(state), T, inputs, outputs };
+      const message = { op: 'plan', program: u(program), state: u(state), T, inputs, outputs, pick };
       const answer = channel.call(
         message,
         inputs.map((i) => i.bytes),

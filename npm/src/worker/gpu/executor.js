@@ -29,6 +29,9 @@ const SHADOW_BYTES = 1 << 20;
 /** The first address handed out (0 means "none" to the plan: a product without mins). */
 const FIRST_ADDRESS = 256;
 const ALIGN = 256;
+/** A pick's blocks: at least PICK_BLOCK logits each, at most PICK_GROUPS of them (the merge's candidates: K each). */
+const PICK_BLOCK = 1024;
+const PICK_GROUPS = 256;
 /** Workgroups along one dimension of a dispatch (WebGPU's default maxComputeWorkgroupsPerDimension). */
 const MAX_GROUPS = 65535;
 
@@ -62,6 +65,10 @@ export class GpuExecutor {
   #scores = null;
   /** @type {GPUBuffer | null} where a call's outputs are copied to be read */
   #readback = null;
+  /** @type {GPUBuffer | null} a pick's candidates, each block's */
+  #found = null;
+  /** @type {{ at: number, N: number } | null} the last row of logits the last call's program wrote */
+  #logits = null;
   /** What the last plan call did: dispatches, submits, bytes read back (the tests' figures). */
   last = { dispatches: 0, submits: 0, readBytes: 0, weightBytes: 0 };
   /**
@@ -271,10 +278,13 @@ export class GpuExecutor {
    * @param {number} T
    * @param {{ at: number, data: Uint8Array }[]} inputs
    * @param {{ at: number, bytes: number }[]} outputs
+   * @param {number} [pick] K > 0: the logits' K largest (the pick shaders) go to the one output in place
+   *   of the logits, as words [non-finite logits, K ids, K float32 values] (plan.py TopLogits)
    */
-  async plan(program, state, T, inputs, outputs) {
+  async plan(program, state, T, inputs, outputs, pick = 0) {
     for (const { at, data } of inputs) await this.write(at, data);
     const dispatches = this.#dispatches(program, this.words(state, 8), T);
+    if (pick) dispatches.push(...this.#pick(pick, outputs));
     const device = this.device;
     device.pushErrorScope('validation');
     device.pushErrorScope('out-of-memory');
@@ -414,6 +424,7 @@ export class GpuExecutor {
   #dispatches(program, state, T) {
     const [rowsT, pos0, last, logits, tap, tapped] = state;
     if (rowsT !== T) throw new Error(`the plan's state says ${rowsT} rows, the call ${T}`);
+    this.#logits = null;
     /** @type {Dispatch[]} */
     const out = [];
     const threads = (n) => groupsOf(Math.ceil(n / WORKGROUP));
@@ -446,6 +457,7 @@ export class GpuExecutor {
           const [, form, w, scales, mins, offset, N, K, x, y, ldy, , flags] = s;
           if (flags & TAIL && !logits) break;
           const rows = flags & TAIL && last ? 1 : T;
+          if (flags & TAIL) this.#logits = { at: (y >>> 0) + 4 * (rows - 1) * ldy, N };
           out.push(...this.#products(form, w, scales, mins, offset, N, K, rows, x, y, ldy, flags & HALF));
           break;
         }
@@ -632,6 +644,32 @@ export class GpuExecutor {
       ],
       groups: [x, y, Math.ceil(rows / PRODUCT_ROWS)],
     };
+  }
+
+  /**
+   * A pick's two dispatches (shaders.js PICK_BLOCKS, PICK_MERGE): the K largest of the logits the last
+   * call's program wrote (its last row), into the one output.
+   * @returns {Dispatch[]}
+   */
+  #pick(K, outputs) {
+    if (!this.#logits) throw new Error('a pick of the logits from a program that computed none');
+    if (outputs.length !== 1 || outputs[0].bytes < 4 * (1 + 2 * K))
+      throw new Error(`a pick of ${K} logits needs one output of ${4 * (1 + 2 * K)} bytes`);
+    const { at, N } = this.#logits;
+    const B = Math.max(PICK_BLOCK, Math.ceil(N / PICK_GROUPS)); // logits a workgroup
+    const G = Math.ceil(N / B);
+    const bytes = align(4 * (2 * G * K + G), 256);
+    if (!this.#found || this.#found.size < bytes) {
+      this.#found?.destroy();
+      this.#found = this.device.createBuffer({ size: align(bytes, 65536), usage: USAGE.STORAGE });
+      this.#bindGroups.clear();
+    }
+    const L = this.#floats(at, N);
+    const out = this.#floats(outputs[0].at);
+    return [
+      { shader: 'pick_blocks', buffers: [L.buffer, this.#found], params: [L.index, N, K, B, G], groups: groupsOf(G) },
+      { shader: 'pick_merge', buffers: [this.#found, out.buffer], params: [out.index, G, K], groups: [1, 1, 1] },
+    ];
   }
 
   /**

@@ -51,7 +51,8 @@ async function call(message) {
       return { bytes: await executor.fetch(message.at, message.bytes) };
     case 'plan': {
       const inputs = message.inputs.map(({ at, bytes }) => ({ at, data: new Uint8Array(bytes) }));
-      const results = await executor.plan(message.program, message.state, message.T, inputs, message.outputs);
+      const { program, state, T, outputs, pick } = message;
+      const results = await executor.plan(program, state, T, inputs, outputs, pick ?? 0);
       const total = results.reduce((sum, r) => sum + r.byteLength, 0);
       const bytes = new Uint8Array(total);
       let at = 0;

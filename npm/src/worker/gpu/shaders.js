@@ -458,6 +458,101 @@ fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u
 }`;
 
 /**
+ * A pick: a row's K largest logits, best first, equal ones by their ids (the lower first), NaN and
+ * infinities counted and never picked (their bits tested: WGSL may assume floats finite), as
+ * runtime/sampling.py top_candidates orders them. Two dispatches: each workgroup finds its block's K
+ * (PICK_BLOCKS), then one workgroup the K best of those (PICK_MERGE). Each takes the best candidate
+ * after the previous pick in that order, K times: nothing is sorted or moved.
+ */
+const PICK_COMMON = /* wgsl */ `${HEADER}
+const NONE = 0xffffffffu;
+// Whether (v, i) comes before (bv, bi): a larger value, or the same and a lower id; no candidate last.
+fn before(v: f32, i: u32, bv: f32, bi: u32) -> bool {
+  return i != NONE && (bi == NONE || v > bv || (v == bv && i < bi));
+}
+fn finite(v: f32) -> bool { return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u; }
+var<workgroup> best_v: array<f32, ${WORKGROUP}>;
+var<workgroup> best_i: array<u32, ${WORKGROUP}>;
+var<workgroup> counts: array<u32, ${WORKGROUP}>;
+// The lanes' best (v, i), for every lane to read at best_v[0], best_i[0].
+fn reduce_best(lane: u32, v: f32, i: u32) {
+  best_v[lane] = v; best_i[lane] = i;
+  workgroupBarrier();
+  for (var stride = ${WORKGROUP / 2}u; stride > 0u; stride /= 2u) {
+    if (lane < stride && before(best_v[lane + stride], best_i[lane + stride], best_v[lane], best_i[lane])) {
+      best_v[lane] = best_v[lane + stride]; best_i[lane] = best_i[lane + stride];
+    }
+    workgroupBarrier();
+  }
+}
+// The lanes' counts summed, at counts[0].
+fn reduce_count(lane: u32, n: u32) {
+  counts[lane] = n;
+  workgroupBarrier();
+  for (var stride = ${WORKGROUP / 2}u; stride > 0u; stride /= 2u) {
+    if (lane < stride) { counts[lane] += counts[lane + stride]; }
+    workgroupBarrier();
+  }
+}
+`;
+
+/**
+ * Params: 0 logits, 1 V, 2 K, 3 B (logits a block), 4 G (blocks). found: block b's K picks at words
+ * 2 (b K + k) (float32 bits, id; NONE past its finite logits), then G counts of non-finite logits.
+ */
+const PICK_BLOCKS = /* wgsl */ `${PICK_COMMON}
+@group(0) @binding(1) var<storage, read_write> logits: array<f32>;
+@group(0) @binding(2) var<storage, read_write> found: array<u32>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(workgroup_id) id: vec3<u32>, @builtin(num_workgroups) n: vec3<u32>,
+        @builtin(local_invocation_index) lane: u32) {
+  let block = group_of(id, n);
+  let K = u(2u);
+  let first = block * u(3u); let end = min(first + u(3u), u(1u));
+  var bad = 0u;
+  for (var i = first + lane; i < end; i += ${WORKGROUP}u) { bad += select(1u, 0u, finite(logits[u(0u) + i])); }
+  reduce_count(lane, bad);
+  if (lane == 0u) { found[2u * u(4u) * K + block] = counts[0]; }
+  var pv = 0.0; var pi = NONE;
+  for (var k = 0u; k < K; k++) {
+    var bv = 0.0; var bi = NONE;
+    for (var i = first + lane; i < end; i += ${WORKGROUP}u) {
+      let v = logits[u(0u) + i];
+      if (finite(v) && (k == 0u || before(pv, pi, v, i)) && before(v, i, bv, bi)) { bv = v; bi = i; }
+    }
+    reduce_best(lane, bv, bi);
+    pv = best_v[0]; pi = best_i[0];
+    workgroupBarrier();
+    if (lane == 0u) { found[2u * (block * K + k)] = bitcast<u32>(pv); found[2u * (block * K + k) + 1u] = pi; }
+  }
+}`;
+
+/** Params: 0 out (its offset in words), 1 G, 2 K. out: [non-finite logits, K ids, K float32 bits]. */
+const PICK_MERGE = /* wgsl */ `${PICK_COMMON}
+@group(0) @binding(1) var<storage, read_write> found: array<u32>;
+@group(0) @binding(2) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(${WORKGROUP})
+fn main(@builtin(local_invocation_index) lane: u32) {
+  let K = u(2u); let n = u(1u) * K;
+  var bad = 0u;
+  for (var b = lane; b < u(1u); b += ${WORKGROUP}u) { bad += found[2u * n + b]; }
+  reduce_count(lane, bad);
+  if (lane == 0u) { out[u(0u)] = counts[0]; }
+  var pv = 0.0; var pi = NONE;
+  for (var k = 0u; k < K; k++) {
+    var bv = 0.0; var bi = NONE;
+    for (var j = lane; j < n; j += ${WORKGROUP}u) {
+      let v = bitcast<f32>(found[2u * j]); let i = found[2u * j + 1u];
+      if ((k == 0u || before(pv, pi, v, i)) && before(v, i, bv, bi)) { bv = v; bi = i; }
+    }
+    reduce_best(lane, bv, bi);
+    pv = best_v[0]; pi = best_i[0];
+    workgroupBarrier();
+    if (lane == 0u) { out[u(0u) + 1u + k] = pi; out[u(0u) + 1u + K + k] = bitcast<u32>(pv); }
+  }
+}`;
+
+/**
  * Each shader: its WGSL and its bindings after the Params (binding 0), in order: 'read' for read-only
  * storage, 'write' for read_write storage.
  * @type {Record<string, { code: string, bindings: ('read' | 'write')[] }>}
@@ -483,4 +578,6 @@ export const SHADERS = {
   copy: { code: COPY, bindings: ['write', 'write'] },
   gated: { code: GATED, bindings: ['write', 'write'] },
   gate: { code: GATE, bindings: ['read', 'write'] },
+  pick_blocks: { code: PICK_BLOCKS, bindings: ['write', 'write'] },
+  pick_merge: { code: PICK_MERGE, bindings: ['write', 'write'] },
 };
