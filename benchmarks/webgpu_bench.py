@@ -140,6 +140,9 @@ def report(model: str, args: argparse.Namespace, results: dict) -> None:
         )
         relative, bound, top1 = check["relative"], check["bound"], check["top1"]
         print(f"the check at load: relative difference {relative:.2g} (bound {bound}), top-1 agreement {top1}")
+    heaps = {d: r["heapBytes"] / MiB for d, r in results.items() if "heapBytes" in r}
+    if heaps:  # (the GPU's weights are copied from the CPU's a matrix at a time: no second copy in the heap)
+        print("Pyodide's heap after load: " + ", ".join(f"{d} {mib:.0f} MiB" for d, mib in heaps.items()))
 
 
 if __name__ == "__main__":
