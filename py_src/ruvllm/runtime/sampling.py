@@ -93,10 +93,10 @@ def top_candidates(logits: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
     if 0 < k < V:
         kth = np.partition(logits, V - k)[V - k]  # the k-th largest value
         above = np.flatnonzero(logits > kth)
-        ids = np.concatenate([above, np.flatnonzero(logits == kth)[: k - above.size]])  # (k,)
+        ids = np.sort(np.concatenate([above, np.flatnonzero(logits == kth)[: k - above.size]]))  # (k,)
     else:
         ids = np.arange(V)
-    ids = ids[np.lexsort((ids, -logits[ids]))]  # by value, then by id
+    ids = ids[np.argsort(-logits[ids], kind="stable")]  # by value; equal ones stay in the order of their ids
     return ids, logits[ids]
 
 
