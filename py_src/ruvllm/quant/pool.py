@@ -276,7 +276,7 @@ class PoolMemory:
             each = np.array([(d, address(a) & mask, self.address(a), n) for d, a, n in copies], self.TABLE_DTYPE)
             self._tables[key] = table = (each, address(each), len(copies), self.address(state))
         _, at, count, state_at = table
-        self._plan(program, state_at, rows, at, count, pick)  # (the pool's plan is never asked to pick)
+        self._plan(program, state_at, rows, at, count, *((pick,) if pick else ()))  # (only a GPU's picks)
 
 
 class _Region:
