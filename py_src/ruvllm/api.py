@@ -328,8 +328,10 @@ def load(
     products use (default: one or the CPUs available, whichever measures faster as it runs; decoding
     always uses one; see runtime/threads.py).
     kernels: what computes the matrix products: "auto" (a faster kernel provider where the runtime
-    offers one, NumPy otherwise; CPython offers none, its NumPy has a BLAS), "wasm" (the WebAssembly
-    SIMD kernels, in any Pyodide on a runtime with SIMD128: host.py) or "numpy".
+    offers one, NumPy otherwise; on CPython, NumPy and its BLAS for now), "wasm" (the WebAssembly SIMD
+    kernels: in any Pyodide on a runtime with SIMD128, host.py; on CPython the same binary through
+    wasmtime, `pip install 'ruvllm[kernels]'`, quant/native.py, with the decode plan on one thread) or
+    "numpy".
     chat_template: a Jinja chat template to use instead of the model's own (or for a model without one).
     arithmetic: the WebAssembly kernels' ("fast": int16 products when decoding; "exact": NumPy's values
     summed in another order; docs/kernels.md). NumPy's is exact.
@@ -419,11 +421,17 @@ def load_options(
 
 def host_kernels(kernels: str, arithmetic: str) -> KernelProvider | None:
     """The kernel provider this runtime offers for `kernels` (host.py: the WebAssembly kernels in
-    Pyodide, nothing on CPython); with kernels="wasm", an error saying why when they cannot run."""
+    Pyodide; on CPython, the same kernels through wasmtime, quant/native.py, when asked for by name:
+    "auto" keeps NumPy's BLAS there); with kernels="wasm", an error saying why when they cannot run."""
     check_arithmetic(arithmetic)
-    if kernels == "numpy" or not host.IN_PYODIDE:
-        return None  # (kernels="wasm" on CPython: LoadOptions refuses it, saying where they run)
-    provider, reason = host.wasm_kernels(arithmetic)
+    if kernels == "numpy" or (kernels == "auto" and not host.IN_PYODIDE):
+        return None
+    if host.IN_PYODIDE:
+        provider, reason = host.wasm_kernels(arithmetic)
+    else:
+        from .quant.native import native_kernels
+
+        provider, reason = native_kernels(arithmetic)
     if provider is None and kernels == "wasm":
         raise InvalidArgumentError(f"kernels='wasm' cannot run here: {reason}")
     return provider

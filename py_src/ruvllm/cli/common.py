@@ -103,7 +103,8 @@ def add_load_options(p: argparse.ArgumentParser) -> None:
         choices=KERNEL_CHOICES,
         default=LoadOptions.kernels,
         help="what computes the matrix products: auto (the WebAssembly kernels in Pyodide, NumPy on CPython), "
-        "wasm (an error where they cannot run) or numpy",
+        "wasm (the same kernels; on CPython through wasmtime: pip install 'ruvllm[kernels]'; an error where they "
+        "cannot run) or numpy",
     )
     p.add_argument(
         "--arithmetic",

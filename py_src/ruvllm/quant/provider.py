@@ -3,8 +3,9 @@
 NumPy multiplies through a BLAS on CPython; inside Pyodide it has neither a BLAS nor SIMD. A kernel
 provider fills that gap: given a matrix, it returns the function that computes `x @ W.T` for it (or
 None to leave that matrix to NumPy). The NumPy kernels stay the reference, the fallback, and what
-CPython runs. The core never knows where a provider comes from: in Pyodide, host.py (or the npm
-worker, through the bridge) builds the WebAssembly one (wasm.py) and passes it in with the load options.
+CPython runs by default. The core never knows where a provider comes from: in Pyodide, host.py (or the
+npm worker, through the bridge) builds the WebAssembly one (wasm.py) and passes it in with the load
+options; on CPython, api.py builds the same kernels over wasmtime (native.py) when asked for by name.
 
     kernels="auto"   the provider the runtime offers, if any; NumPy otherwise
     kernels="wasm"   the WebAssembly SIMD provider; an error where the runtime has none
@@ -72,7 +73,8 @@ def resolve_kernels(choice: str, offered: KernelProvider | None) -> KernelProvid
         return None
     if choice == "wasm" and offered is None:
         raise InvalidArgumentError(
-            "kernels='wasm' needs the WebAssembly SIMD kernels, which run inside Pyodide on a runtime that "
-            "supports SIMD128; this runtime has none: use kernels='auto' or 'numpy'"
+            "kernels='wasm' needs the WebAssembly SIMD kernels (in Pyodide on a runtime with SIMD128, or on "
+            "CPython through wasmtime: ruvllm.load(..., kernels='wasm')), and none were offered to this load: "
+            "use kernels='auto' or 'numpy'"
         )
     return offered

@@ -55,6 +55,28 @@ def address(a: np.ndarray) -> int:
     return a.ctypes.data
 
 
+class Heap:
+    """Where the kernels' arrays live, as NumPy sees them: Pyodide's heap, where every NumPy array is in
+    the kernels' memory and an address is its data pointer. quant/native.py's NativeHost is the other
+    one: a wasm memory on CPython, whose arrays are NumPy views of it."""
+
+    def address(self, a: np.ndarray) -> int:
+        """The kernels' address of the array's data (it must be in their memory)."""
+        return address(a)
+
+    def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> np.ndarray:
+        """A new array in the kernels' memory."""
+        return np.empty(shape, dtype)
+
+    def inside(self, a: Any, dtype: Any = None) -> np.ndarray:
+        """`a` (as `dtype`, C-contiguous) itself where it is in the kernels' memory already, else a copy
+        there."""
+        return np.ascontiguousarray(a, dtype)
+
+
+PYODIDE_HEAP = Heap()
+
+
 def kernel_form(matrix: object) -> tuple[str, np.ndarray] | None:
     """The kernels' name for a matrix's form ("dense", "q4", "q8", "q8h") and the array of its weights
     or codes; None for forms the kernels do not compute (Q2_K: groups of 16 with mins; Q8_K: 256)."""
@@ -82,17 +104,19 @@ class WasmKernels:
 
     name = "wasm"
 
-    def __init__(self, exports: Any, arithmetic: str = DEFAULT_ARITHMETIC) -> None:  # (a JsProxy: dynamic)
-        self.exports = exports
+    def __init__(
+        self, exports: Any, arithmetic: str = DEFAULT_ARITHMETIC, heap: Heap = PYODIDE_HEAP
+    ) -> None:  # (exports: a JsProxy in Pyodide, dynamic)
+        self.exports, self.heap = exports, heap
         self.arithmetic = check_arithmetic(arithmetic)
-        self._scratch = np.empty(0, dtype=np.float32)
-        self._scratch_at = address(self._scratch)
+        self._scratch = heap.empty(0, dtype=np.float32)
+        self._scratch_at = heap.address(self._scratch)
 
     def scratch(self, floats: int) -> int:
         """The address of a buffer of at least `floats` float32 values, kept for the next calls."""
         if self._scratch.size < floats:
-            self._scratch = np.empty(max(floats, 2 * self._scratch.size), dtype=np.float32)
-            self._scratch_at = address(self._scratch)
+            self._scratch = self.heap.empty(max(floats, 2 * self._scratch.size), dtype=np.float32)
+            self._scratch_at = self.heap.address(self._scratch)
         return self._scratch_at
 
     def prepare(self, matrix: object) -> Callable[[np.ndarray], np.ndarray] | None:
@@ -113,42 +137,52 @@ class WasmKernels:
             return None
         form, codes = known
         N, K = matrix.shape  # type: ignore[attr-defined]  # (a form the kernels know: a matrix)
+        at, inside = self.heap.address, self.heap.inside
+
+        def into(kernel: Callable[[int, int], None], dy: np.ndarray, y: np.ndarray) -> None:
+            """kernel(dy's address, y's), with both in the kernels' memory (y copied back if it was not)."""
+            there = inside(y)
+            kernel(at(inside(dy)), at(there))
+            if there is not y:
+                y[...] = there
+
         if isinstance(matrix, DenseMatrix):
-            w, dense_t = address(matrix.weight), self.exports.dense_t
+            w, dense_t = at(matrix.weight), self.exports.dense_t
 
             def add_dense(dy: np.ndarray, y: np.ndarray, n0: int, n1: int) -> None:
-                dense_t(address(dy), w, address(y), dy.shape[0], N, K, n0, n1, 0, K)
+                into(lambda d, o: dense_t(d, w, o, dy.shape[0], N, K, n0, n1, 0, K), dy, y)
 
             return add_dense
         assert isinstance(matrix, Int8Matrix)  # (every other form the kernels know)
-        w, scales = address(codes), address(matrix.scales)
-        mins = 0 if matrix.mins is None else address(matrix.mins)
+        w, scales = at(codes), at(matrix.scales)
+        mins = 0 if matrix.mins is None else at(matrix.mins)
         offset, kernel = int(matrix.offset), getattr(self.exports, f"{form}_t")
 
         def add(dy: np.ndarray, y: np.ndarray, n0: int, n1: int) -> None:
             scratch = self.scratch(4 * min(K, TRANSPOSED_COLUMNS))
-            kernel(address(dy), w, scales, mins, offset, address(y), scratch, dy.shape[0], N, K, n0, n1, 0, K)
+            into(lambda d, o: kernel(d, w, scales, mins, offset, o, scratch, dy.shape[0], N, K, n0, n1, 0, K), dy, y)
 
         return add
 
     @functools.cached_property
     def memory(self) -> HeapMemory:
-        """The memory the decode plan runs in (Pyodide's heap)."""
-        return HeapMemory(self.exports)
+        """The memory the decode plan runs in (the kernels' heap)."""
+        return HeapMemory(self.exports, self.heap)
 
     @property
     def attention(self) -> WasmAttention:
         """Attention's products through these kernels (provider.AttentionProducts)."""
-        return WasmAttention(self.exports)
+        return WasmAttention(self.exports, self.heap)
 
     def _dense(self, m: DenseMatrix) -> Callable[[np.ndarray], np.ndarray]:
         N, K = m.shape
-        w, dense = address(m.weight), self.exports.dense
+        at, inside, empty = self.heap.address, self.heap.inside, self.heap.empty
+        w, dense = at(m.weight), self.exports.dense
 
         def product(x: np.ndarray) -> np.ndarray:
-            x = np.ascontiguousarray(x, dtype=np.float32)  # (T, K)
-            y = np.empty((x.shape[0], N), dtype=np.float32)  # (T, N)
-            dense(address(x), w, address(y), x.shape[0], N, K)
+            x = inside(x, np.float32)  # (T, K)
+            y = empty((x.shape[0], N), np.float32)  # (T, N)
+            dense(at(x), w, at(y), x.shape[0], N, K)
             return y
 
         return product
@@ -156,55 +190,57 @@ class WasmKernels:
     def _quantized(self, m: Int8Matrix, codes: np.ndarray, kind: str) -> Callable[[np.ndarray], np.ndarray]:
         N, K = m.shape
         G = K // GROUP
-        w, scales = address(codes), address(m.scales)
-        mins = 0 if m.mins is None else address(m.mins)
+        at, inside, empty = self.heap.address, self.heap.inside, self.heap.empty
+        w, scales = at(codes), at(m.scales)
+        mins = 0 if m.mins is None else at(m.mins)
         offset = int(m.offset)
         exact = getattr(self.exports, f"{kind}_exact")
         fast = getattr(self.exports, f"{kind}_fast") if self.arithmetic == "fast" else None
         quantize_x = self.exports.quantize_x
 
         def product(x: np.ndarray) -> np.ndarray:
-            x = np.ascontiguousarray(x, dtype=np.float32)  # (T, K)
+            x = inside(x, np.float32)  # (T, K)
             T = x.shape[0]
-            y = np.empty((T, N), dtype=np.float32)  # (T, N)
+            y = empty((T, N), np.float32)  # (T, N)
             if fast is not None and T <= GROUPED_MAX_ROWS:
                 # scratch: quantize_x's outputs (kernels.c QUANTIZED_X_BYTES), xq int16 (T, K) first, then
                 # d (T, G) and group sums (T, G), then space the relaxed build's split x takes
                 xq = self.scratch(T * K + 3 * T * G)
                 d = xq + 2 * T * K
                 xs = d + 4 * T * G
-                quantize_x(address(x), xq, d, xs, T, K)
-                fast(xq, d, xs, w, scales, mins, offset, address(y), T, N, K)
+                quantize_x(at(x), xq, d, xs, T, K)
+                fast(xq, d, xs, w, scales, mins, offset, at(y), T, N, K)
             else:
                 need = T * G if T <= GROUPED_MAX_ROWS else TILE_ROWS * K
-                exact(address(x), w, scales, mins, offset, address(y), self.scratch(need), T, N, K)
+                exact(at(x), w, scales, mins, offset, at(y), self.scratch(need), T, N, K)
             return y
 
         return product
 
 
 class HeapMemory:
-    """Pyodide's heap as the kernels' memory (model/plan.py KernelMemory): the kernels were instantiated
-    on it, so every NumPy array is in it, its address is its data pointer, and nothing is copied."""
+    """The kernels' heap as the decode plan's memory (model/plan.py KernelMemory): Pyodide's, where every
+    NumPy array is and nothing is copied; or a wasm memory on CPython whose arrays are NumPy views of it
+    (native.py), where the plan's buffers and the cache are made and the weights placed once."""
 
     threads = 1
 
-    def __init__(self, exports: Any) -> None:
-        self.exports = exports
+    def __init__(self, exports: Any, heap: Heap = PYODIDE_HEAP) -> None:
+        self.exports, self.heap = exports, heap
 
     def empty(self, shape: tuple[int, ...] | int, dtype: Any = np.float32) -> np.ndarray:
-        return np.empty(shape, dtype)
+        return self.heap.empty(shape, dtype)
 
     staged = empty
 
     def address(self, a: np.ndarray) -> int:
-        return address(a)
+        return self.heap.address(a)
 
     def place(self, a: np.ndarray, dtype: Any = None) -> np.ndarray:
-        return np.ascontiguousarray(a, dtype)
+        return self.heap.inside(a, dtype)
 
     def run(self, program: int, state: np.ndarray, rows: int, inputs: list, outputs: list, pick: int = 0) -> None:
-        self.exports.run_plan(program, address(state))  # (never asked to pick: no `picks`)
+        self.exports.run_plan(program, self.heap.address(state))  # (never asked to pick: no `picks`)
 
 
 class WasmAttention:
@@ -213,8 +249,8 @@ class WasmAttention:
     at ~0.7 GFLOP/s without a BLAS, and a prompt's attention grows with the square of its length: 8-13x
     slower than the kernels on a 1024-token prompt (benchmarks/RESULTS.md, "Long chats")."""
 
-    def __init__(self, exports: Any) -> None:
-        self.dense, self.mixer = exports.dense, exports.mix
+    def __init__(self, exports: Any, heap: Heap = PYODIDE_HEAP) -> None:
+        self.dense, self.mixer, self.heap = exports.dense, exports.mix, heap
 
     def scores(self, q: np.ndarray, keys: np.ndarray) -> np.ndarray:
         K, Q, E = q.shape
@@ -226,12 +262,12 @@ class WasmAttention:
         E = values.shape[2]
         return self._per_head(self.mixer, probs, values, (K, Q, E), Q, S, E)  # mix(p, v, y, Q, S, E)
 
-    @staticmethod
-    def _per_head(kernel: Any, a: np.ndarray, b: np.ndarray, shape: tuple[int, ...], *sizes: int) -> np.ndarray:
+    def _per_head(self, kernel: Any, a: np.ndarray, b: np.ndarray, shape: tuple[int, ...], *sizes: int) -> np.ndarray:
         """kernel(a[h], b[h], y[h], *sizes) for each key/value head h; y of `shape`, float32."""
-        a = np.ascontiguousarray(a, dtype=np.float32)
-        y = np.empty(shape, dtype=np.float32)
+        at, inside = self.heap.address, self.heap.inside
+        a = inside(a, np.float32)
+        y = self.heap.empty(shape, np.float32)
         for h in range(shape[0]):
-            b_h = np.ascontiguousarray(b[h], dtype=np.float32)  # (S, E): a view of the cache, as it is
-            kernel(address(a[h]), address(b_h), address(y[h]), *sizes)
+            b_h = inside(b[h], np.float32)  # (S, E): a view of the cache, as it is
+            kernel(at(a[h]), at(b_h), at(y[h]), *sizes)
         return y
