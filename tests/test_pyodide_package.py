@@ -321,3 +321,46 @@ result = {"on": kernels_on, "error": error, "scale": scale, "same_top": same_top
     )
     assert got["on"] and got["same_top"]
     assert got["error"] <= 1e-3 * got["scale"], got
+
+
+# The kernels' fast arithmetic through the decode plan: 48 greedy ids and the bits of a forward's logits.
+SAME_KERNELS = """
+import hashlib, sys
+from ruvllm.runtime.assembly import open_model
+from ruvllm.runtime.engine import Engine, LoadOptions
+from ruvllm.runtime.generate import GenerationOptions, generate_tokens
+if sys.platform == "emscripten":
+    from ruvllm import host
+    provider, reason = host.wasm_kernels("fast")
+    relaxed = bool(provider.exports.relaxed_simd())
+else:
+    from ruvllm.quant.native import NativeHost, NativeKernels, kernel_wasm_paths
+    path = [p for p in kernel_wasm_paths() if ("relaxed" in p.name) == RELAXED][0]
+    heap = NativeHost(path)
+    provider, relaxed = NativeKernels(heap.exports, "fast", heap), heap.relaxed_simd
+engine = Engine.from_store(*open_model(MODEL), LoadOptions(kernels="wasm", provider=provider))
+options = GenerationOptions.from_kwargs(max_tokens=48, temperature=0, ignore_eos=True)
+ids = [s.token_id for s in generate_tokens(engine, PROMPT, options)]
+logits = engine.forward(PROMPT + ids[:8], 0, engine.new_cache())
+bits = hashlib.sha256(logits.tobytes()).hexdigest()
+result = {"ids": ids, "plan": engine.plan_note, "relaxed": relaxed, "bits": bits, "compute": engine.plan.compute}
+"""
+
+
+@pytest.mark.parametrize("model", ["smollm2", "gemma3"])
+def test_cpython_with_the_kernels_gives_pyodides_bits(model, smollm2_dir, request):
+    """kernels='wasm' on CPython (wasmtime, quant/native.py) and in Pyodide run the same binary (the build
+    Pyodide's runtime took) through the decode plan: the same 48 greedy ids, and a forward's logits bit
+    for bit (issue 40, item 4)."""
+    pytest.importorskip("wasmtime")
+    path = smollm2_dir if model == "smollm2" else request.getfixturevalue("gemma_gguf")
+    prompt = PROMPT if model == "smollm2" else [2, 818, 5279, 529, 7001, 563]  # (ids: no tokenizer needed)
+    mount = "/models/m" + ("" if model == "smollm2" else ".gguf")
+    got = in_pyodide(f"MODEL, PROMPT = {mount!r}, {prompt!r}\n" + SAME_KERNELS, {mount: str(path)})
+    scope: dict = {}
+    exec(f"MODEL, PROMPT, RELAXED = {str(path)!r}, {prompt!r}, {got['relaxed']!r}\n" + SAME_KERNELS, scope)
+    want = scope["result"]
+    assert got["plan"] is None and want["plan"] is None, (got["plan"], want["plan"])
+    assert got["compute"] == want["compute"]
+    assert got["ids"] == want["ids"] and len(set(want["ids"])) > 5
+    assert got["bits"] == want["bits"], "the logits differ in their bits"
