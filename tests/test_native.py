@@ -125,3 +125,26 @@ def test_two_engines_on_two_threads_share_the_kernels_store_in_turns(tmp_path):
         t.join()
     for a, b in zip(alone, together, strict=True):
         assert len(b) == 40 and all(np.array_equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_a_build_that_fails_the_known_answer_is_not_used_and_says_which(monkeypatch):
+    """The self-test (host.py's known answer) runs before the kernels compute a model: a wrong answer
+    refuses them, naming the build."""
+    from ruvllm import host
+
+    right = host.known_answer
+
+    def wrong() -> dict:
+        case = right()
+        case["answer_fast"] = case["answer_fast"] + 1
+        return case
+
+    monkeypatch.setattr(host, "known_answer", wrong)
+    native.native_host.cache_clear()
+    try:
+        found, why = native.native_host()
+        assert found is None and why.endswith("gave a wrong answer on the kernels' self-test under this wasmtime")
+        assert why.startswith("kernels.wasm")  # (the relaxed build was refused first, then the plain one)
+    finally:
+        monkeypatch.undo()
+        native.native_host.cache_clear()

@@ -283,15 +283,18 @@ def self_test(host: NativeHost) -> bool:
     e, at, put = host.exports, host.address, host.put
     packed, scales, mins = put(case["packed"]), put(np.full(2, 0.5, np.float32)), put(np.full(2, -1, np.float32))
     x, x_fast, dense = put(case["x"]), put(case["x_fast"]), put(case["dense"])
-    y, scratch, xq = host.zeros(2), host.zeros(1024), host.zeros(64, np.int16)
-    d, xs = host.zeros(4), host.zeros(4)
+    y, scratch = host.zeros(2), host.zeros(1024)
+    # quantize_x's outputs as WasmKernels lays them out: xq int16 (1, 32), d, the group sums, then the
+    # relaxed build's split x (room to spare)
+    xq = at(host.zeros(1024, np.uint8))
+    d, xs = xq + 2 * 32, xq + 2 * 32 + 4
 
     def exact(T: int) -> None:
         e.q4_exact(at(x), at(packed), at(scales), at(mins), 0, at(y), at(scratch), T, 2, 32)
 
     def fast(offset: int) -> None:
-        e.quantize_x(at(x_fast), at(xq), at(d), at(xs), 1, 32)
-        e.q4_fast(at(xq), at(d), at(xs), at(packed), at(scales), at(mins), offset, at(y), 1, 2, 32)
+        e.quantize_x(at(x_fast), xq, d, xs, 1, 32)
+        e.q4_fast(xq, d, xs, at(packed), at(scales), at(mins), offset, at(y), 1, 2, 32)
 
     runs = [
         (lambda: exact(1), "answer"),
@@ -317,16 +320,19 @@ def native_host() -> tuple[NativeHost | None, str | None]:
     paths = {path.name: path for path in kernel_wasm_paths()}
     if "kernels.wasm" not in paths:
         return None, "this ruvllm installation has no quant/kernels.wasm (./build.sh wheel puts it in)"
+    why = None
     for name in ("kernels-relaxed.wasm", "kernels.wasm"):
         if name not in paths:
             continue
         try:
             host = NativeHost(paths[name])
-        except Exception:  # (a build this wasmtime does not validate: the next one)
+        except Exception as error:  # (a build this wasmtime does not validate: the next one)
+            why = f"wasmtime cannot run {name}: {str(error).splitlines()[0]}"
             continue
         if self_test(host):
             return host, None
-    return None, "the kernels gave a wrong answer on their self-test under this wasmtime"
+        why = f"{name} gave a wrong answer on the kernels' self-test under this wasmtime"
+    return None, why
 
 
 def native_kernels(arithmetic: str = DEFAULT_ARITHMETIC) -> tuple[NativeKernels | None, str | None]:
