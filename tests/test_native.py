@@ -128,18 +128,18 @@ def test_two_engines_on_two_threads_share_the_kernels_store_in_turns(tmp_path):
 
 
 def test_a_build_that_fails_the_known_answer_is_not_used_and_says_which(monkeypatch):
-    """The self-test (host.py's known answer) runs before the kernels compute a model: a wrong answer
-    refuses them, naming the build."""
-    from ruvllm import host
+    """The self-test (wasm.py's known answer, host.py's in Pyodide) runs before the kernels compute a
+    model: a wrong answer refuses them, naming the build."""
+    from ruvllm.quant import wasm
 
-    right = host.known_answer
+    right = wasm.known_answer
 
     def wrong() -> dict:
         case = right()
         case["answer_fast"] = case["answer_fast"] + 1
         return case
 
-    monkeypatch.setattr(host, "known_answer", wrong)
+    monkeypatch.setattr(wasm, "known_answer", wrong)
     native.native_host.cache_clear()
     try:
         found, why = native.native_host()

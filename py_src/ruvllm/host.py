@@ -28,7 +28,7 @@ from .files.hub import is_hub_name, parse
 from .files.layout import is_gguf_name
 from .files.transfer import Stall
 from .quant.provider import DEFAULT_ARITHMETIC
-from .quant.wasm import WasmKernels
+from .quant.wasm import WasmKernels, known_answer
 from .runtime.assembly import Assembly
 from .runtime.engine import LoadOptions
 
@@ -40,31 +40,6 @@ def kernels_wasm(name: str = "kernels.wasm") -> bytes | None:
     has clang-19, kernels-relaxed.wasm in it)."""
     file = resources.files("ruvllm.quant").joinpath(name)
     return file.read_bytes() if file.is_file() else None
-
-
-def known_answer() -> dict[str, np.ndarray]:
-    """The self-test's inputs and answers: y = x @ W.T for two rows of q4 codes (0..15, the second row
-    reversed) with scale 0.5 and min -1, also as float32 weights:
-    - x = [1, ..., 32] (5 rows), through the exact paths;
-    - x_fast, integers from 16383 down to -16353 (so the fast arithmetic's 15-bit x is x itself, and the
-      relaxed build's split x takes high bytes from 127 to -128), through the fast path, as q4_1
-      (offset 0: answer_fast) and as q4_0 (offset 8: answer_fast8). Every sum is an exact float32."""
-    k = np.arange(32)
-    codes = np.stack([k % 16, 15 - k % 16]).astype(np.uint8)  # (2, 32)
-    packed = (codes[:, :16] | (codes[:, 16:] << 4)).astype(np.uint8)  # low nibbles first, as kernels.c
-    dense = (0.5 * codes - 1).astype(np.float32)
-    x = np.tile(np.arange(1, 33, dtype=np.float32), (5, 1))
-    x_fast = (16383 - 1056 * k).astype(np.float32)[None]  # (1, 32)
-    dense8 = (0.5 * (codes.astype(np.float32) - 8) - 1).astype(np.float32)
-    return {
-        "x": x,
-        "packed": packed,
-        "dense": dense,
-        "answer": (x[:1] @ dense.T)[0],
-        "x_fast": x_fast,
-        "answer_fast": (x_fast.astype(np.float64) @ dense.T)[0].astype(np.float32),
-        "answer_fast8": (x_fast.astype(np.float64) @ dense8.T)[0].astype(np.float32),
-    }
 
 
 def _self_test(js: Any, module: Any) -> bool:
